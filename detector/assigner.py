@@ -1,0 +1,101 @@
+"""Task-aligned assigner (TOOD): which anchors learn which ground-truth box, and how strongly.
+
+Pure: tensors in, targets out. An anchor is a candidate for a box when its centre lies inside the box;
+among candidates, the ``top_k`` with the highest alignment ``score**alpha * iou**beta`` become positives.
+An anchor claimed by several boxes keeps the one it overlaps most.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torchvision.ops import box_iou
+
+EPS = 1e-9
+
+
+@dataclass
+class AssignedTargets:
+    labels: torch.Tensor  # [B, A] long, class of the matched box (0 where background)
+    boxes: torch.Tensor  # [B, A, 4] xyxy pixels of the matched box
+    scores: torch.Tensor  # [B, A, C] soft one-hot targets scaled by normalised alignment
+    foreground: torch.Tensor  # [B, A] bool
+
+
+def _pairwise_iou(gt_boxes: torch.Tensor, pred_boxes: torch.Tensor) -> torch.Tensor:
+    """[B, M, 4] x [B, A, 4] -> [B, M, A] IoU."""
+    return torch.stack([box_iou(g, p) for g, p in zip(gt_boxes, pred_boxes)]) if len(gt_boxes) else gt_boxes.new_zeros(0)
+
+
+@torch.no_grad()
+def assign_targets(
+    pred_scores: torch.Tensor,
+    pred_boxes: torch.Tensor,
+    anchor_points: torch.Tensor,
+    gt_labels: torch.Tensor,
+    gt_boxes: torch.Tensor,
+    gt_mask: torch.Tensor,
+    *,
+    num_classes: int,
+    top_k: int = 10,
+    alpha: float = 0.5,
+    beta: float = 6.0,
+) -> AssignedTargets:
+    """Assign ground truth to anchors.
+
+    Args:
+        pred_scores: ``[B, A, C]`` class probabilities (after sigmoid).
+        pred_boxes: ``[B, A, 4]`` predicted xyxy boxes, pixels.
+        anchor_points: ``[A, 2]`` anchor centres, pixels.
+        gt_labels: ``[B, M]`` class ids (padded).
+        gt_boxes: ``[B, M, 4]`` xyxy pixels (padded).
+        gt_mask: ``[B, M]`` bool, True for real (non-padding) boxes.
+    """
+    batch, anchors, _ = pred_scores.shape
+    device = pred_scores.device
+    if gt_boxes.shape[1] == 0:
+        return AssignedTargets(
+            labels=torch.zeros(batch, anchors, dtype=torch.long, device=device),
+            boxes=torch.zeros(batch, anchors, 4, device=device),
+            scores=torch.zeros_like(pred_scores),
+            foreground=torch.zeros(batch, anchors, dtype=torch.bool, device=device),
+        )
+    pred_scores, pred_boxes, gt_boxes = pred_scores.float(), pred_boxes.float(), gt_boxes.float()
+    gt_labels = gt_labels.long().clamp(0, num_classes - 1)
+
+    # Candidates: anchor centre strictly inside a real box.  [B, M, A]
+    x, y = anchor_points[:, 0], anchor_points[:, 1]
+    gx1, gy1, gx2, gy2 = (gt_boxes[..., i, None] for i in range(4))
+    inside = torch.stack((x - gx1, y - gy1, gx2 - x, gy2 - y), -1).amin(-1) > EPS
+    candidates = inside & gt_mask[..., None]
+
+    iou = _pairwise_iou(gt_boxes, pred_boxes).clamp_(0) * candidates
+    class_score = pred_scores.gather(2, gt_labels[:, None, :].expand(-1, anchors, -1)).transpose(1, 2)
+    alignment = class_score.pow(alpha) * iou.pow(beta) * candidates
+
+    # Top-k anchors per box by alignment, restricted to candidates.
+    k = min(top_k, anchors)
+    top_idx = alignment.topk(k, dim=-1).indices
+    in_top_k = torch.zeros_like(candidates).scatter_(-1, top_idx, True)
+    positive = in_top_k & candidates
+
+    # An anchor claimed by several boxes keeps the box it overlaps most.
+    multi = positive.sum(1, keepdim=True) > 1
+    best_gt = iou.argmax(1, keepdim=True)
+    best_onehot = torch.zeros_like(positive).scatter_(1, best_gt, True)
+    positive = torch.where(multi, best_onehot, positive) & candidates
+
+    foreground = positive.any(1)
+    gt_index = positive.float().argmax(1)  # [B, A]
+    labels = gt_labels.gather(1, gt_index)
+    boxes = gt_boxes.gather(1, gt_index[..., None].expand(-1, -1, 4))
+
+    # Soft targets: alignment normalised so each box's best anchor gets that box's best IoU.
+    alignment = alignment * positive
+    max_alignment = alignment.amax(-1, keepdim=True)
+    max_iou = (iou * positive).amax(-1, keepdim=True)
+    norm = (alignment * max_iou / (max_alignment + EPS)).amax(1)  # [B, A]
+    scores = torch.nn.functional.one_hot(labels, num_classes).float()
+    scores = scores * (foreground * norm)[..., None]
+    return AssignedTargets(labels=labels, boxes=boxes, scores=scores, foreground=foreground)

@@ -1,0 +1,63 @@
+"""Box geometry shared by the loss, the assigner and the postprocess.
+
+Conventions: ``xyxy`` is (x1, y1, x2, y2), ``cxcywh`` is (centre x, centre y, width, height).
+Distances ``ltrb`` are from an anchor point to the left, top, right and bottom box sides.
+Units are whatever the caller passes (grid cells or pixels); nothing here rescales.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def make_anchors(
+    feature_shapes: list[tuple[int, int]], strides: tuple[int, ...], *, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchor centres for every cell of every level.
+
+    Returns:
+        points ``[A, 2]`` (x, y) in grid units of their own level (cell centre, +0.5),
+        strides ``[A, 1]`` so that ``points * strides`` are pixel positions.
+    """
+    points, stride_list = [], []
+    for (height, width), stride in zip(feature_shapes, strides):
+        ys = torch.arange(height, device=device, dtype=dtype) + 0.5
+        xs = torch.arange(width, device=device, dtype=dtype) + 0.5
+        grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
+        points.append(torch.stack((grid_x, grid_y), -1).view(-1, 2))
+        stride_list.append(torch.full((height * width, 1), stride, device=device, dtype=dtype))
+    return torch.cat(points), torch.cat(stride_list)
+
+
+def distances_to_boxes(points: torch.Tensor, ltrb: torch.Tensor) -> torch.Tensor:
+    """Anchor points ``[..., 2]`` and distances ``[..., 4]`` -> xyxy boxes ``[..., 4]``."""
+    left_top, right_bottom = ltrb.chunk(2, -1)
+    return torch.cat((points - left_top, points + right_bottom), -1)
+
+
+def boxes_to_distances(points: torch.Tensor, boxes: torch.Tensor, max_distance: float) -> torch.Tensor:
+    """Inverse of :func:`distances_to_boxes`, clamped to ``[0, max_distance]`` (the DFL bin range)."""
+    x1y1, x2y2 = boxes.chunk(2, -1)
+    return torch.cat((points - x1y1, x2y2 - points), -1).clamp_(0, max_distance)
+
+
+def xyxy_to_cxcywh(boxes: torch.Tensor) -> torch.Tensor:
+    x1, y1, x2, y2 = boxes.unbind(-1)
+    return torch.stack(((x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1), -1)
+
+
+def cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
+    cx, cy, w, h = boxes.unbind(-1)
+    return torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), -1)
+
+
+def flatten_head_outputs(outputs: list[torch.Tensor]) -> torch.Tensor:
+    """Per-level maps ``[B, C, H_i, W_i]`` -> one tensor ``[B, A, C]`` with anchors in level order."""
+    return torch.cat([o.flatten(2) for o in outputs], 2).transpose(1, 2)
+
+
+def dfl_expectation(box_logits: torch.Tensor, reg_max: int) -> torch.Tensor:
+    """DFL bin logits ``[..., 4*reg_max]`` -> expected distances ``[..., 4]`` in grid units."""
+    probs = box_logits.unflatten(-1, (4, reg_max)).softmax(-1)
+    bins = torch.arange(reg_max, device=box_logits.device, dtype=probs.dtype)
+    return probs @ bins

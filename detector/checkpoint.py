@@ -1,0 +1,77 @@
+"""Checkpoints: atomic writes, safe loads (``weights_only=True``), and model rebuilding from a file.
+
+A checkpoint is a plain dict of tensors and builtin types::
+
+    {"model": state_dict, "ema": state_dict | None, "optimizer": ..., "scaler": ..., "epoch": int,
+     "model_args": {"num_classes", "scale", "reg_max"}, "names": [...], "config": {...}, ...}
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from detector.model import YOLO, build_model
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file."""
+
+
+def all_finite(state_dict: dict[str, torch.Tensor]) -> bool:
+    return all(torch.isfinite(t).all() for t in state_dict.values() if t.is_floating_point())
+
+
+def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
+    """Write atomically: a temporary file in the same folder, fsync, then rename over ``path``.
+
+    A crash at any moment leaves either the old file or the new one, never half of one. Refuses to
+    write non-finite weights, which would poison a resume.
+    """
+    path = Path(path)
+    for key in ("model", "ema"):
+        if payload.get(key) is not None and not all_finite(payload[key]):
+            raise CheckpointError(f"{path}: refusing to save non-finite '{key}' weights")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            torch.save(payload, file)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Load without unpickling arbitrary objects."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises several types for corrupt or foreign files
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{path}: not a loadable detector checkpoint ({first_line})") from None
+
+
+def model_from_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[YOLO, dict[str, Any]]:
+    """Rebuild the model (EMA weights when present) in eval mode; return it and the checkpoint dict."""
+    checkpoint = load_checkpoint(path)
+    if "model_args" not in checkpoint or "model" not in checkpoint:
+        raise CheckpointError(f"{path}: missing 'model_args' or 'model'; not a detector checkpoint")
+    model = build_model(**checkpoint["model_args"])
+    weights = checkpoint["ema"] if use_ema and checkpoint.get("ema") is not None else checkpoint["model"]
+    model.load_state_dict(weights)
+    return model.eval(), checkpoint
+
+
+def is_finite_number(value: float) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

@@ -1,0 +1,177 @@
+"""Per-image augmentation in OpenCV/NumPy: letterbox, mosaic, random affine, HSV, flip, albumentations.
+
+Images are ``uint8 [H, W, 3]`` RGB; boxes are ``float32 [n, 4]`` xyxy pixels with classes ``[n]`` beside them.
+Every geometric step clips boxes to the image and drops those that shrink to slivers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import albumentations as A
+import cv2
+import numpy as np
+
+PAD_VALUE = 114  # grey letterbox / mosaic fill, as YOLO tools use
+
+
+@dataclass(frozen=True)
+class AugmentConfig:
+    mosaic: float = 1.0  # probability of a 4-image mosaic
+    degrees: float = 0.0  # max rotation (deg)
+    translate: float = 0.1  # max shift as a fraction of the output size
+    scale: float = 0.5  # zoom drawn from [1 - scale, 1 + scale]
+    shear: float = 0.0  # max shear (deg)
+    hsv_h: float = 0.015  # hue gain (fraction)
+    hsv_s: float = 0.7  # saturation gain (fraction)
+    hsv_v: float = 0.4  # value gain (fraction)
+    fliplr: float = 0.5  # horizontal flip probability
+    flipud: float = 0.0  # vertical flip probability
+    albumentations: float = 0.01  # probability of each albumentations pixel transform
+
+
+def letterbox(image: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[float, float]]:
+    """Resize keeping aspect ratio so the long side is ``size``, pad to ``size x size``.
+
+    Returns the image, the scale ratio and the (left, top) padding in pixels: original coordinates map
+    to letterboxed ones as ``x * ratio + pad``.
+    """
+    height, width = image.shape[:2]
+    ratio = size / max(height, width)
+    new_w, new_h = round(width * ratio), round(height * ratio)
+    if (new_w, new_h) != (width, height):
+        image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+    left, top = (size - new_w) // 2, (size - new_h) // 2
+    image = cv2.copyMakeBorder(
+        image, top, size - new_h - top, left, size - new_w - left, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3
+    )
+    return image, ratio, (float(left), float(top))
+
+
+def filter_boxes(
+    boxes: np.ndarray, classes: np.ndarray, width: int, height: int, before: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Clip to the image; drop boxes under 2 px a side, or that kept under 10% of their area."""
+    boxes = boxes.copy()
+    boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, width)
+    boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, height)
+    box_w, box_h = boxes[:, 2] - boxes[:, 0], boxes[:, 3] - boxes[:, 1]
+    keep = (box_w > 2) & (box_h > 2)
+    if before is not None:
+        area_before = (before[:, 2] - before[:, 0]) * (before[:, 3] - before[:, 1])
+        keep &= box_w * box_h > 0.1 * area_before
+        aspect = np.maximum(box_w / (box_h + 1e-9), box_h / (box_w + 1e-9))
+        keep &= aspect < 20
+    return boxes[keep], classes[keep]
+
+
+def mosaic(
+    images: list[np.ndarray], boxes: list[np.ndarray], classes: list[np.ndarray], size: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Four images (long side ``size``) around a random centre of a ``2*size`` canvas."""
+    canvas = np.full((2 * size, 2 * size, 3), PAD_VALUE, np.uint8)
+    centre_x, centre_y = (int(rng.uniform(0.5 * size, 1.5 * size)) for _ in range(2))
+    out_boxes, out_classes = [], []
+    for index, (image, image_boxes, image_classes) in enumerate(zip(images, boxes, classes)):
+        height, width = image.shape[:2]
+        # Corner of the canvas this tile grows from, and the matching crop of the tile.
+        if index == 0:  # top left
+            x1, y1, x2, y2 = max(centre_x - width, 0), max(centre_y - height, 0), centre_x, centre_y
+            tile_x1, tile_y1 = width - (x2 - x1), height - (y2 - y1)
+        elif index == 1:  # top right
+            x1, y1, x2, y2 = centre_x, max(centre_y - height, 0), min(centre_x + width, 2 * size), centre_y
+            tile_x1, tile_y1 = 0, height - (y2 - y1)
+        elif index == 2:  # bottom left
+            x1, y1, x2, y2 = max(centre_x - width, 0), centre_y, centre_x, min(2 * size, centre_y + height)
+            tile_x1, tile_y1 = width - (x2 - x1), 0
+        else:  # bottom right
+            x1, y1, x2, y2 = centre_x, centre_y, min(centre_x + width, 2 * size), min(2 * size, centre_y + height)
+            tile_x1, tile_y1 = 0, 0
+        canvas[y1:y2, x1:x2] = image[tile_y1 : tile_y1 + (y2 - y1), tile_x1 : tile_x1 + (x2 - x1)]
+        shift = np.array([x1 - tile_x1, y1 - tile_y1] * 2, np.float32)
+        out_boxes.append(image_boxes + shift)
+        out_classes.append(image_classes)
+    all_boxes = np.concatenate(out_boxes) if out_boxes else np.zeros((0, 4), np.float32)
+    all_classes = np.concatenate(out_classes) if out_classes else np.zeros(0, np.float32)
+    all_boxes, all_classes = filter_boxes(all_boxes, all_classes, 2 * size, 2 * size)
+    return canvas, all_boxes, all_classes
+
+
+def random_affine(
+    image: np.ndarray,
+    boxes: np.ndarray,
+    classes: np.ndarray,
+    out_size: int,
+    config: AugmentConfig,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rotate/scale/shear/translate around the image centre into an ``out_size`` square, in one warp."""
+    height, width = image.shape[:2]
+    to_origin = np.array([[1, 0, -width / 2], [0, 1, -height / 2], [0, 0, 1]], np.float64)
+    angle = rng.uniform(-config.degrees, config.degrees)
+    # A mosaic canvas is twice the output size; fold that into the zoom so objects keep their scale.
+    zoom = rng.uniform(1 - config.scale, 1 + config.scale) * out_size / max(height, width) * (
+        2 if height >= 2 * out_size else 1
+    )
+    rotate = np.eye(3)
+    rotate[:2] = cv2.getRotationMatrix2D((0, 0), angle, zoom)
+    shear = np.eye(3)
+    shear[0, 1] = math.tan(math.radians(rng.uniform(-config.shear, config.shear)))
+    shear[1, 0] = math.tan(math.radians(rng.uniform(-config.shear, config.shear)))
+    to_output = np.eye(3)
+    to_output[0, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_size
+    to_output[1, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_size
+    matrix = to_output @ shear @ rotate @ to_origin
+    warped = cv2.warpAffine(image, matrix[:2], (out_size, out_size), borderValue=(PAD_VALUE,) * 3)
+    if len(boxes) == 0:
+        return warped, boxes, classes
+    corners = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(-1, 2)  # 4 corners per box
+    corners = np.concatenate((corners, np.ones((len(corners), 1))), 1) @ matrix.T
+    corners = corners[:, :2].reshape(-1, 8)
+    xs, ys = corners[:, 0::2], corners[:, 1::2]
+    moved = np.stack((xs.min(1), ys.min(1), xs.max(1), ys.max(1)), 1).astype(np.float32)
+    scaled_before = boxes * np.float32(zoom)
+    new_boxes, new_classes = filter_boxes(moved, classes, out_size, out_size, before=scaled_before)
+    return warped, new_boxes, new_classes
+
+
+def augment_hsv(image: np.ndarray, config: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
+    """Random hue/saturation/value gains through lookup tables (fast, in place on a copy)."""
+    gains = rng.uniform(-1, 1, 3) * [config.hsv_h, config.hsv_s, config.hsv_v] + 1
+    hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
+    table = np.arange(256, dtype=np.float32)
+    lut_hue = ((table * gains[0]) % 180).astype(np.uint8)
+    lut_sat = np.clip(table * gains[1], 0, 255).astype(np.uint8)
+    lut_val = np.clip(table * gains[2], 0, 255).astype(np.uint8)
+    merged = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
+    return cv2.cvtColor(merged, cv2.COLOR_HSV2RGB)
+
+
+def flip(
+    image: np.ndarray, boxes: np.ndarray, config: AugmentConfig, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    height, width = image.shape[:2]
+    if rng.random() < config.fliplr:
+        image = np.ascontiguousarray(image[:, ::-1])
+        boxes = boxes.copy()
+        boxes[:, [0, 2]] = width - boxes[:, [2, 0]]
+    if rng.random() < config.flipud:
+        image = np.ascontiguousarray(image[::-1])
+        boxes = boxes.copy()
+        boxes[:, [1, 3]] = height - boxes[:, [3, 1]]
+    return image, boxes
+
+
+def build_albumentations(probability: float) -> A.Compose | None:
+    """Pixel-level transforms only, so boxes stay valid by construction."""
+    if probability <= 0:
+        return None
+    return A.Compose(
+        [
+            A.Blur(p=probability),
+            A.MedianBlur(p=probability),
+            A.ToGray(p=probability),
+            A.CLAHE(p=probability),
+        ]
+    )

@@ -1,0 +1,179 @@
+"""Detection dataset: decoded (optionally RAM-cached) images, augmented for training, letterboxed for eval."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+from PIL import Image, ImageOps
+from torch.utils.data import Dataset
+
+from detector.data.augment import (
+    AugmentConfig,
+    augment_hsv,
+    build_albumentations,
+    flip,
+    letterbox,
+    mosaic,
+    random_affine,
+)
+from detector.data.labels import ImageRecord
+
+cv2.setNumThreads(0)  # loader workers give the parallelism; OpenCV's own threads would oversubscribe 2 cores
+
+
+@dataclass(frozen=True)
+class ImageMeta:
+    image_id: int
+    original_hw: tuple[int, int]
+    ratio: float  # letterboxed = original * ratio + pad
+    pad: tuple[float, float]  # (left, top) pixels
+
+
+def verify_images(records: list[ImageRecord]) -> tuple[list[ImageRecord], list[str]]:
+    """Drop unreadable, empty or truncated images; return the rest and one problem line per drop."""
+    kept, problems = [], []
+    for record in records:
+        try:
+            if record.path.stat().st_size == 0:
+                raise OSError("zero-byte file")
+            with Image.open(record.path) as image:
+                image.verify()
+            with Image.open(record.path) as image:  # verify() leaves the file unusable; reopen to decode
+                image.load()
+        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
+            problems.append(f"{record.path}: unreadable image ({error}); skipped")
+            continue
+        kept.append(record)
+    return kept, problems
+
+
+def read_image_rgb(path: Path) -> np.ndarray:
+    """Decode to ``uint8 [H, W, 3]`` RGB, honouring EXIF rotation and flattening gray/alpha/16-bit."""
+    with Image.open(path) as image:
+        image = ImageOps.exif_transpose(image)
+        if image.mode in ("I;16", "I;16B", "I;16L", "I"):
+            array = np.asarray(image, dtype=np.float32)
+            array = (array / max(float(array.max()), 1.0) * 255).astype(np.uint8)
+            return np.ascontiguousarray(np.repeat(array[..., None], 3, 2))
+        return np.ascontiguousarray(np.asarray(image.convert("RGB")))
+
+
+class DetectionDataset(Dataset):
+    """Images and labels for one split.
+
+    Training items are ``(image uint8 [3, S, S], labels [n, 5] (class, cx, cy, w, h normalised), meta)``
+    after mosaic/affine/HSV/flip/albumentations; evaluation items are letterboxed to ``S x S`` with
+    no augmentation.
+    """
+
+    def __init__(
+        self,
+        records: list[ImageRecord],
+        *,
+        image_size: int,
+        augment: AugmentConfig | None = None,
+        cache_ram: bool = False,
+    ) -> None:
+        self.records = records
+        self.image_size = image_size
+        self.augment = augment
+        self.mosaic_enabled = augment is not None and augment.mosaic > 0
+        self.albumentations = build_albumentations(augment.albumentations) if augment else None
+        self._cache: list[tuple[np.ndarray, tuple[int, int]] | None] = [None] * len(records)
+        self._cache_ram = cache_ram
+        self._rng: np.random.Generator | None = None
+        self._rng_pid = -1
+        if cache_ram:
+            for index in range(len(records)):
+                self._cache[index] = self._load_resized(index)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    @property
+    def rng(self) -> np.random.Generator:
+        # One generator per process, seeded from torch's per-worker seed, so --seed makes runs repeatable.
+        if self._rng is None or self._rng_pid != os.getpid():
+            self._rng = np.random.default_rng(torch.initial_seed() % 2**63)
+            self._rng_pid = os.getpid()
+        return self._rng
+
+    def _load_resized(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """Image with its long side at ``image_size``, and its original (h, w)."""
+        image = read_image_rgb(self.records[index].path)
+        height, width = image.shape[:2]
+        ratio = self.image_size / max(height, width)
+        if ratio != 1:
+            interpolation = cv2.INTER_AREA if ratio < 1 else cv2.INTER_LINEAR
+            image = cv2.resize(image, (round(width * ratio), round(height * ratio)), interpolation=interpolation)
+        return image, (height, width)
+
+    def load(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:
+        cached = self._cache[index]
+        return cached if cached is not None else self._load_resized(index)
+
+    def _image_and_boxes(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Resized image, its boxes as xyxy pixels, and their classes."""
+        image, _ = self.load(index)
+        height, width = image.shape[:2]
+        labels = self.records[index].labels
+        cx, cy, w, h = (labels[:, i] for i in range(1, 5))
+        boxes = np.stack(((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height), 1)
+        return image, boxes.astype(np.float32).reshape(-1, 4), labels[:, 0].copy()
+
+    def _train_item(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        config, rng, size = self.augment, self.rng, self.image_size
+        assert config is not None
+        if self.mosaic_enabled and rng.random() < config.mosaic:
+            picks = [index, *rng.integers(0, len(self.records), 3)]
+            parts = [self._image_and_boxes(int(i)) for i in picks]
+            image, boxes, classes = mosaic([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], size, rng)
+        else:
+            image, boxes, classes = self._image_and_boxes(index)
+        image, boxes, classes = random_affine(image, boxes, classes, size, config, rng)
+        image = augment_hsv(image, config, rng)
+        if self.albumentations is not None:
+            image = self.albumentations(image=image)["image"]
+        image, boxes = flip(image, boxes, config, rng)
+        return image, boxes, classes
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, ImageMeta]:
+        record = self.records[index]
+        if self.augment is not None:
+            image, boxes, classes = self._train_item(index)
+            meta = ImageMeta(record.image_id, image.shape[:2], 1.0, (0.0, 0.0))
+        else:
+            resized, original_hw = self.load(index)
+            image, _, pad = letterbox(resized, self.image_size)
+            ratio = self.image_size / max(original_hw)
+            _, boxes, classes = self._image_and_boxes(index)
+            boxes = boxes + np.array(pad * 2, np.float32)
+            meta = ImageMeta(record.image_id, original_hw, ratio, pad)
+        size = image.shape[0]
+        centres = (boxes[:, :2] + boxes[:, 2:]) / 2 / size
+        sides = (boxes[:, 2:] - boxes[:, :2]) / size
+        labels = np.concatenate((classes[:, None], centres, sides), 1).astype(np.float32)
+        return torch.from_numpy(image.transpose(2, 0, 1).copy()), torch.from_numpy(labels), meta
+
+
+def collate(batch: list[tuple[torch.Tensor, torch.Tensor, ImageMeta]]) -> tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]:
+    """-> images ``uint8 [B, 3, S, S]``, targets ``[N, 6]`` (image index, class, cx, cy, w, h), metas."""
+    images, labels, metas = zip(*batch)
+    targets = [torch.cat((torch.full((len(l), 1), i, dtype=torch.float32), l), 1) for i, l in enumerate(labels)]
+    return torch.stack(images), torch.cat(targets), list(metas)
+
+
+def estimate_cache_bytes(records: list[ImageRecord], image_size: int) -> int:
+    """Upper bound on RAM for caching every image at ``image_size`` (long side), 3 bytes a pixel."""
+    return len(records) * image_size * image_size * 3
+
+
+def warn_if(problems: list[str]) -> None:
+    for problem in problems:
+        warnings.warn(problem, stacklevel=2)

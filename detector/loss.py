@@ -1,0 +1,144 @@
+"""The detection criterion: CIoU box loss + BCE classification + distribution focal loss.
+
+Computed in FP32, outside autocast, whatever precision the forward pass used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torchvision.ops import complete_box_iou_loss
+
+from detector.assigner import assign_targets
+from detector.boxes import (
+    boxes_to_distances,
+    cxcywh_to_xyxy,
+    dfl_expectation,
+    distances_to_boxes,
+    flatten_head_outputs,
+    make_anchors,
+)
+
+
+@dataclass(frozen=True)
+class LossGains:
+    box: float = 7.5
+    cls: float = 0.5
+    dfl: float = 1.5
+
+
+def targets_to_padded(
+    targets: torch.Tensor, batch_size: int, image_hw: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Targets ``[N, 6]`` (image index, class, cx, cy, w, h normalised) -> padded per-image tensors.
+
+    Returns labels ``[B, M]``, xyxy pixel boxes ``[B, M, 4]`` and a validity mask ``[B, M]``.
+    """
+    device = targets.device
+    counts = torch.bincount(targets[:, 0].long(), minlength=batch_size) if len(targets) else torch.zeros(
+        batch_size, dtype=torch.long, device=device
+    )
+    most = int(counts.max()) if batch_size else 0
+    labels = torch.zeros(batch_size, most, dtype=torch.long, device=device)
+    boxes = torch.zeros(batch_size, most, 4, device=device)
+    mask = torch.zeros(batch_size, most, dtype=torch.bool, device=device)
+    if len(targets):
+        image_index = targets[:, 0].long()
+        order = torch.argsort(image_index, stable=True)
+        image_index = image_index[order]
+        starts = torch.cumsum(counts, 0) - counts
+        slot = torch.arange(len(targets), device=device) - starts[image_index]
+        height, width = image_hw
+        scale = torch.tensor([width, height, width, height], device=device, dtype=torch.float)
+        labels[image_index, slot] = targets[order, 1].long()
+        boxes[image_index, slot] = cxcywh_to_xyxy(targets[order, 2:6].float() * scale)
+        mask[image_index, slot] = True
+    return labels, boxes, mask
+
+
+def distribution_focal_loss(bin_logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """``[N, 4, reg_max]`` logits, ``[N, 4]`` continuous targets in bin units -> ``[N]`` loss.
+
+    Cross-entropy against the two bins either side of the target, weighted by proximity.
+    """
+    left = target.long()
+    right = left + 1
+    weight_left = right - target
+    weight_right = 1 - weight_left
+    logits = bin_logits.flatten(0, 1)
+    loss = F.cross_entropy(logits, left.flatten(), reduction="none") * weight_left.flatten()
+    loss = loss + F.cross_entropy(logits, right.flatten(), reduction="none") * weight_right.flatten()
+    return loss.view(target.shape).mean(-1)
+
+
+class DetectionLoss(torch.nn.Module):
+    """Callable criterion: ``loss(outputs, targets, image_hw) -> (total, {box, cls, dfl})``.
+
+    ``total`` is the gain-weighted sum multiplied by the batch size (so the gradient scale does not
+    depend on batch size once the optimizer's nominal-batch accumulation is taken into account).
+    """
+
+    def __init__(
+        self,
+        *,
+        num_classes: int,
+        strides: tuple[int, ...],
+        reg_max: int = 16,
+        gains: LossGains = LossGains(),
+        top_k: int = 10,
+        alpha: float = 0.5,
+        beta: float = 6.0,
+    ) -> None:
+        super().__init__()
+        self.num_classes, self.strides, self.reg_max, self.gains = num_classes, strides, reg_max, gains
+        self.top_k, self.alpha, self.beta = top_k, alpha, beta
+
+    def forward(
+        self, outputs: list[torch.Tensor], targets: torch.Tensor, image_hw: tuple[int, int]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        flat = flatten_head_outputs([o.float() for o in outputs])  # [B, A, 4*reg_max + C]
+        batch = flat.shape[0]
+        box_logits, cls_logits = flat.split((4 * self.reg_max, self.num_classes), -1)
+        points, stride = make_anchors(
+            [o.shape[2:] for o in outputs], self.strides, device=flat.device, dtype=flat.dtype
+        )
+        pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits, self.reg_max))  # grid units
+        gt_labels, gt_boxes, gt_mask = targets_to_padded(targets.to(flat.device), batch, image_hw)
+
+        assigned = assign_targets(
+            cls_logits.detach().sigmoid(),
+            (pred_boxes.detach() * stride),
+            points * stride,
+            gt_labels,
+            gt_boxes,
+            gt_mask,
+            num_classes=self.num_classes,
+            top_k=self.top_k,
+            alpha=self.alpha,
+            beta=self.beta,
+        )
+        score_sum = assigned.scores.sum().clamp(min=1)
+        cls_loss = F.binary_cross_entropy_with_logits(cls_logits, assigned.scores, reduction="sum") / score_sum
+
+        fg = assigned.foreground
+        if fg.any():
+            weight = assigned.scores.sum(-1)[fg]
+            target_boxes = assigned.boxes / stride  # grid units, per anchor
+            box_loss = (complete_box_iou_loss(pred_boxes[fg], target_boxes[fg], reduction="none") * weight).sum()
+            box_loss = box_loss / score_sum
+            target_dist = boxes_to_distances(points, target_boxes, self.reg_max - 1 - 0.01)[fg]
+            bins = box_logits[fg].view(-1, 4, self.reg_max)
+            dfl_loss = (distribution_focal_loss(bins, target_dist) * weight).sum() / score_sum
+        else:
+            # Keep the graph connected so DDP and the scaler see every parameter.
+            box_loss = dfl_loss = box_logits.sum() * 0.0
+
+        parts = {
+            "box": box_loss * self.gains.box,
+            "cls": cls_loss * self.gains.cls,
+            "dfl": dfl_loss * self.gains.dfl,
+        }
+        total = sum(parts.values()) * batch
+        return total, {k: v.detach() for k, v in parts.items()}

@@ -1,0 +1,92 @@
+"""Building blocks of the YOLOv8 family: Conv-BN-SiLU, Bottleneck, C2f and SPPF.
+
+Attribute names (``conv``, ``bn``, ``cv1``, ``cv2``, ``m``) follow the YOLOv8 layout on purpose, so a
+pretrained YOLOv8 state dict maps onto these modules tensor for tensor.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Conv(nn.Module):
+    """Conv2d (no bias) -> BatchNorm -> SiLU, with 'same' padding for odd kernels."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int = 1, stride: int = 1, groups: int = 1) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, kernel, stride, kernel // 2, groups=groups, bias=False)
+        # YOLO's BN settings: a small eps and a slow running-stat momentum suit small, noisy batches.
+        self.bn = nn.BatchNorm2d(c_out, eps=1e-3, momentum=0.03)
+        self.act = nn.SiLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class Bottleneck(nn.Module):
+    """Two 3x3 convs with an optional residual connection."""
+
+    def __init__(self, c_in: int, c_out: int, shortcut: bool = True) -> None:
+        super().__init__()
+        self.cv1 = Conv(c_in, c_out, 3)
+        self.cv2 = Conv(c_out, c_out, 3)
+        self.add = shortcut and c_in == c_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.cv2(self.cv1(x))
+        return x + y if self.add else y
+
+
+class C2f(nn.Module):
+    """CSP block with two convolutions and ``n`` bottlenecks whose every output is concatenated."""
+
+    def __init__(self, c_in: int, c_out: int, n: int = 1, shortcut: bool = False) -> None:
+        super().__init__()
+        self.c = c_out // 2  # hidden channels per branch
+        self.cv1 = Conv(c_in, 2 * self.c, 1)
+        self.cv2 = Conv((2 + n) * self.c, c_out, 1)
+        self.m = nn.ModuleList(Bottleneck(self.c, self.c, shortcut) for _ in range(n))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = list(self.cv1(x).chunk(2, 1))
+        for block in self.m:
+            parts.append(block(parts[-1]))
+        return self.cv2(torch.cat(parts, 1))
+
+
+class SPPF(nn.Module):
+    """Spatial pyramid pooling (fast): three chained 5x5 max-pools, concatenated."""
+
+    def __init__(self, c_in: int, c_out: int, kernel: int = 5) -> None:
+        super().__init__()
+        hidden = c_in // 2
+        self.cv1 = Conv(c_in, hidden, 1)
+        self.cv2 = Conv(hidden * 4, c_out, 1)
+        self.m = nn.MaxPool2d(kernel, 1, kernel // 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        parts = [self.cv1(x)]
+        for _ in range(3):
+            parts.append(self.m(parts[-1]))
+        return self.cv2(torch.cat(parts, 1))
+
+
+class DFL(nn.Module):
+    """Distribution focal loss integral: the expectation of a softmax over ``reg_max`` bins.
+
+    Kept as a frozen 1x1 conv (weights 0..reg_max-1) so it exports to ONNX as a plain conv and
+    matches the YOLOv8 state dict layout.
+    """
+
+    def __init__(self, reg_max: int = 16) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(reg_max, 1, 1, bias=False).requires_grad_(False)
+        self.conv.weight.data[:] = torch.arange(reg_max, dtype=torch.float).view(1, reg_max, 1, 1)
+        self.reg_max = reg_max
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, 4*reg_max, A] bin logits -> [B, 4, A] distances in grid units."""
+        batch, _, anchors = x.shape
+        probs = x.view(batch, 4, self.reg_max, anchors).transpose(2, 1).softmax(1)
+        return self.conv(probs).view(batch, 4, anchors)

@@ -1,0 +1,46 @@
+"""Decoupled, anchor-free detection head with distribution-focal box regression."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from detector.model.blocks import DFL, Conv
+
+
+class Detect(nn.Module):
+    """One box branch (``cv2``) and one class branch (``cv3``) per pyramid level.
+
+    ``forward`` returns the raw per-level maps ``[B, 4*reg_max + num_classes, H_i, W_i]``; decoding
+    lives in :mod:`detector.postprocess`, and the loss in :mod:`detector.loss`.
+    """
+
+    def __init__(self, num_classes: int, channels: tuple[int, ...], strides: tuple[int, ...], reg_max: int = 16):
+        super().__init__()
+        self.num_classes = num_classes
+        self.reg_max = reg_max
+        self.strides = strides
+        box_ch = max(16, channels[0] // 4, reg_max * 4)
+        cls_ch = max(channels[0], min(num_classes, 100))
+        self.cv2 = nn.ModuleList(
+            nn.Sequential(Conv(c, box_ch, 3), Conv(box_ch, box_ch, 3), nn.Conv2d(box_ch, 4 * reg_max, 1))
+            for c in channels
+        )
+        self.cv3 = nn.ModuleList(
+            nn.Sequential(Conv(c, cls_ch, 3), Conv(cls_ch, cls_ch, 3), nn.Conv2d(cls_ch, num_classes, 1))
+            for c in channels
+        )
+        # Part of the YOLOv8 layout (and so of its state dict); used by the exportable decode path.
+        self.dfl = DFL(reg_max)
+        self.init_biases()
+
+    def init_biases(self) -> None:
+        """Start box logits flat and class scores near a 1% prior for ~5 objects in a 640 px image."""
+        for box_branch, cls_branch, stride in zip(self.cv2, self.cv3, self.strides):
+            box_branch[-1].bias.data[:] = 1.0
+            cls_branch[-1].bias.data[:] = math.log(5 / self.num_classes / (640 / stride) ** 2)
+
+    def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
+        return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(features, self.cv2, self.cv3)]

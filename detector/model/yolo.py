@@ -1,0 +1,86 @@
+"""YOLOv8-style backbone + PAN-FPN neck + head, at the n/s/m/l/x scales."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from detector.model.blocks import C2f, SPPF, Conv
+from detector.model.head import Detect
+
+# scale -> (depth multiplier, width multiplier, max channels), as in YOLOv8.
+SCALES: dict[str, tuple[float, float, int]] = {
+    "n": (0.33, 0.25, 1024),
+    "s": (0.33, 0.50, 1024),
+    "m": (0.67, 0.75, 768),
+    "l": (1.00, 1.00, 512),
+    "x": (1.00, 1.25, 512),
+}
+STRIDES = (8, 16, 32)
+
+
+def _width(channels: int, width: float, max_channels: int) -> int:
+    """Scale a channel count and round up to a multiple of 8."""
+    return int(math.ceil(min(channels, max_channels) * width / 8) * 8)
+
+
+def _depth(repeats: int, depth: float) -> int:
+    return max(round(repeats * depth), 1)
+
+
+class YOLO(nn.Module):
+    """Anchor-free detector. ``model(images)`` returns raw head maps, one per stride (8, 16, 32).
+
+    Args:
+        num_classes: number of object classes.
+        scale: one of ``n s m l x``.
+        reg_max: DFL bins per box side.
+    """
+
+    def __init__(self, num_classes: int = 80, scale: str = "n", reg_max: int = 16) -> None:
+        super().__init__()
+        if scale not in SCALES:
+            raise ValueError(f"unknown model scale {scale!r}; choose one of {', '.join(SCALES)}")
+        depth, width, max_ch = SCALES[scale]
+        c = {k: _width(k, width, max_ch) for k in (64, 128, 256, 512, 1024)}
+        d3, d6 = _depth(3, depth), _depth(6, depth)
+        self.num_classes, self.scale, self.reg_max, self.strides = num_classes, scale, reg_max, STRIDES
+        # Backbone. Names stay positional-free; detector.weights maps YOLOv8 layer indices onto them.
+        self.stem = Conv(3, c[64], 3, 2)  # P1/2
+        self.down2 = Conv(c[64], c[128], 3, 2)  # P2/4
+        self.stage2 = C2f(c[128], c[128], d3, shortcut=True)
+        self.down3 = Conv(c[128], c[256], 3, 2)  # P3/8
+        self.stage3 = C2f(c[256], c[256], d6, shortcut=True)
+        self.down4 = Conv(c[256], c[512], 3, 2)  # P4/16
+        self.stage4 = C2f(c[512], c[512], d6, shortcut=True)
+        self.down5 = Conv(c[512], c[1024], 3, 2)  # P5/32
+        self.stage5 = C2f(c[1024], c[1024], d3, shortcut=True)
+        self.sppf = SPPF(c[1024], c[1024], 5)
+        # Neck: top-down (FPN) then bottom-up (PAN).
+        self.upsample = nn.Upsample(scale_factor=2, mode="nearest")
+        self.top_down4 = C2f(c[1024] + c[512], c[512], d3)
+        self.top_down3 = C2f(c[512] + c[256], c[256], d3)
+        self.bottom_up_down3 = Conv(c[256], c[256], 3, 2)
+        self.bottom_up4 = C2f(c[256] + c[512], c[512], d3)
+        self.bottom_up_down4 = Conv(c[512], c[512], 3, 2)
+        self.bottom_up5 = C2f(c[512] + c[1024], c[1024], d3)
+        self.head = Detect(num_classes, (c[256], c[512], c[1024]), STRIDES, reg_max)
+
+    def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
+        """images ``[B, 3, H, W]`` in [0, 1], H and W multiples of 32 -> 3 maps ``[B, 4*reg_max+C, H/s, W/s]``."""
+        x = self.stage2(self.down2(self.stem(images)))
+        p3 = self.stage3(self.down3(x))
+        p4 = self.stage4(self.down4(p3))
+        p5 = self.sppf(self.stage5(self.down5(p4)))
+        n4 = self.top_down4(torch.cat((self.upsample(p5), p4), 1))
+        n3 = self.top_down3(torch.cat((self.upsample(n4), p3), 1))
+        o4 = self.bottom_up4(torch.cat((self.bottom_up_down3(n3), n4), 1))
+        o5 = self.bottom_up5(torch.cat((self.bottom_up_down4(o4), p5), 1))
+        return self.head([n3, o4, o5])
+
+
+def build_model(*, num_classes: int, scale: str = "n", reg_max: int = 16) -> YOLO:
+    """Build a freshly initialised detector."""
+    return YOLO(num_classes=num_classes, scale=scale, reg_max=reg_max)

@@ -1,0 +1,56 @@
+"""Raw head maps -> final detections: DFL decode, confidence filter, class-aware NMS."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torchvision.ops import batched_nms
+
+from detector.boxes import dfl_expectation, distances_to_boxes, flatten_head_outputs, make_anchors
+
+
+def decode_outputs(outputs: list[torch.Tensor], strides: tuple[int, ...], reg_max: int) -> torch.Tensor:
+    """Raw maps -> ``[B, A, 4 + C]``: xyxy boxes in input pixels, then per-class sigmoid scores."""
+    flat = flatten_head_outputs(outputs).float()
+    points, stride = make_anchors([o.shape[2:] for o in outputs], strides, device=flat.device, dtype=flat.dtype)
+    distances = dfl_expectation(flat[..., : 4 * reg_max], reg_max)
+    boxes = distances_to_boxes(points, distances) * stride
+    return torch.cat((boxes, flat[..., 4 * reg_max :].sigmoid()), -1)
+
+
+@dataclass(frozen=True)
+class NMSConfig:
+    conf_threshold: float = 0.25  # drop candidates below this class score
+    iou_threshold: float = 0.7  # suppress same-class boxes overlapping more than this
+    max_detections: int = 300  # keep at most this many per image
+    max_candidates: int = 30000  # cap on boxes that enter NMS (bounds worst-case time)
+    multi_label: bool = False  # one candidate per (box, class) above threshold, as COCO eval expects
+
+
+def non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) -> list[dict[str, torch.Tensor]]:
+    """``[B, A, 4 + C]`` decoded predictions -> per image ``{boxes [N,4] xyxy px, scores [N], labels [N]}``."""
+    results = []
+    for image_preds in decoded:
+        boxes, class_scores = image_preds[:, :4], image_preds[:, 4:]
+        if config.multi_label:
+            anchor_idx, labels = (class_scores > config.conf_threshold).nonzero(as_tuple=True)
+            scores = class_scores[anchor_idx, labels]
+            boxes = boxes[anchor_idx]
+        else:
+            scores, labels = class_scores.max(1)
+            keep = scores > config.conf_threshold
+            boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        if scores.numel() > config.max_candidates:
+            top = scores.topk(config.max_candidates).indices
+            boxes, scores, labels = boxes[top], scores[top], labels[top]
+        keep = batched_nms(boxes, scores, labels, config.iou_threshold)[: config.max_detections]
+        results.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+    return results
+
+
+def postprocess(
+    outputs: list[torch.Tensor], *, strides: tuple[int, ...], reg_max: int, config: NMSConfig = NMSConfig()
+) -> list[dict[str, torch.Tensor]]:
+    """Raw head maps -> detections in input-image pixels (undo any letterbox separately)."""
+    return non_max_suppression(decode_outputs(outputs, strides, reg_max), config)
