@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,9 +34,12 @@ class ImageMeta:
     pad: tuple[float, float]  # (left, top) pixels
 
 
-def verify_images(records: list[ImageRecord]) -> tuple[list[ImageRecord], list[str]]:
-    """Drop unreadable, empty or truncated images; return the rest and one problem line per drop."""
-    kept, problems = [], []
+def verify_images(records: list[ImageRecord]) -> tuple[list[ImageRecord], list[tuple[int, int]], list[str]]:
+    """Drop unreadable, empty or truncated images.
+
+    Returns the kept records, their upright (EXIF-applied) ``(height, width)``, and one line per drop.
+    """
+    kept, sizes, problems = [], [], []
     for record in records:
         try:
             if record.path.stat().st_size == 0:
@@ -46,11 +48,15 @@ def verify_images(records: list[ImageRecord]) -> tuple[list[ImageRecord], list[s
                 image.verify()
             with Image.open(record.path) as image:  # verify() leaves the file unusable; reopen to decode
                 image.load()
+                width, height = image.size
+                if image.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # EXIF orientations that swap the axes
+                    width, height = height, width
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
             problems.append(f"{record.path}: unreadable image ({error}); skipped")
             continue
         kept.append(record)
-    return kept, problems
+        sizes.append((height, width))
+    return kept, sizes, problems
 
 
 def read_image_rgb(path: Path) -> np.ndarray:
@@ -172,8 +178,3 @@ def collate(batch: list[tuple[torch.Tensor, torch.Tensor, ImageMeta]]) -> tuple[
 def estimate_cache_bytes(records: list[ImageRecord], image_size: int) -> int:
     """Upper bound on RAM for caching every image at ``image_size`` (long side), 3 bytes a pixel."""
     return len(records) * image_size * image_size * 3
-
-
-def warn_if(problems: list[str]) -> None:
-    for problem in problems:
-        warnings.warn(problem, stacklevel=2)

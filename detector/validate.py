@@ -1,0 +1,68 @@
+"""Validation loop shared by training, `detector val` and export parity checks.
+
+Any backend plugs in as ``infer(images uint8 [B, 3, S, S]) -> list[{boxes, scores, labels}]`` with boxes
+in letterboxed-input pixels; this module handles batching, letterbox undo and pycocotools.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from detector.data.build import SplitData
+from detector.data.dataset import collate
+from detector.evaluate import EvalResult, evaluate_coco, to_coco_detections
+
+Detections = list[dict[str, torch.Tensor]]
+
+
+def make_val_loader(split: SplitData, *, batch_size: int, workers: int) -> DataLoader:
+    return DataLoader(
+        split.dataset,
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=workers,
+        collate_fn=collate,
+        persistent_workers=workers > 0,
+    )
+
+
+def run_validation(
+    infer: Callable[[torch.Tensor], Detections],
+    split: SplitData,
+    *,
+    loader: DataLoader | None = None,
+    batch_size: int = 32,
+    workers: int = 2,
+    results_json: Path | None = None,
+    progress: bool = True,
+    keep_predictions: bool = False,
+) -> tuple[EvalResult, dict]:
+    """Run ``infer`` over the split and score it with pycocotools.
+
+    Returns the result and timing/prediction info: ``{"seconds", "images", "predictions"?}``.
+    """
+    loader = loader or make_val_loader(split, batch_size=batch_size, workers=workers)
+    coco_detections, predictions = [], []
+    start = time.perf_counter()
+    for images, _targets, metas in tqdm(loader, desc="val", leave=False, disable=not progress):
+        detections = infer(images)
+        coco_detections.extend(to_coco_detections(detections, metas, split.category_ids))
+        if keep_predictions:
+            predictions.extend(zip(detections, metas))
+    assert split.ground_truth is not None, "evaluation split was built without ground truth"
+    result = evaluate_coco(
+        split.ground_truth,
+        coco_detections,
+        image_ids=[r.image_id for r in split.records],
+        results_json=results_json,
+    )
+    info: dict = {"seconds": time.perf_counter() - start, "images": len(split.records)}
+    if keep_predictions:
+        info["predictions"] = predictions
+    return result, info
