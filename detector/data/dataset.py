@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,30 +84,20 @@ class DetectionDataset(Dataset):
         image_size: int,
         augment: AugmentConfig | None = None,
         cache_ram: bool = False,
+        seed: int = 0,
     ) -> None:
         self.records = records
         self.image_size = image_size
         self.augment = augment
-        self.mosaic_enabled = augment is not None and augment.mosaic > 0
+        self.seed = seed
         self.albumentations = build_albumentations(augment.albumentations) if augment else None
         self._cache: list[tuple[np.ndarray, tuple[int, int]] | None] = [None] * len(records)
-        self._cache_ram = cache_ram
-        self._rng: np.random.Generator | None = None
-        self._rng_pid = -1
         if cache_ram:
             for index in range(len(records)):
                 self._cache[index] = self._load_resized(index)
 
     def __len__(self) -> int:
         return len(self.records)
-
-    @property
-    def rng(self) -> np.random.Generator:
-        # One generator per process, seeded from torch's per-worker seed, so --seed makes runs repeatable.
-        if self._rng is None or self._rng_pid != os.getpid():
-            self._rng = np.random.default_rng(torch.initial_seed() % 2**63)
-            self._rng_pid = os.getpid()
-        return self._rng
 
     def _load_resized(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:
         """Image with its long side at ``image_size``, and its original (h, w)."""
@@ -133,10 +122,13 @@ class DetectionDataset(Dataset):
         boxes = np.stack(((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height), 1)
         return image, boxes.astype(np.float32).reshape(-1, 4), labels[:, 0].copy()
 
-    def _train_item(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        config, rng, size = self.augment, self.rng, self.image_size
+    def _train_item(self, index: int, epoch: int, use_mosaic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        config, size = self.augment, self.image_size
         assert config is not None
-        if self.mosaic_enabled and rng.random() < config.mosaic:
+        # Augmentation is a pure function of (seed, epoch, index): the same with any number of workers,
+        # and a resumed run replays exactly what an uninterrupted one would have drawn.
+        rng = np.random.default_rng((self.seed, epoch, index))
+        if use_mosaic and rng.random() < config.mosaic:
             picks = [index, *rng.integers(0, len(self.records), 3)]
             parts = [self._image_and_boxes(int(i)) for i in picks]
             image, boxes, classes = mosaic([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], size, rng)
@@ -145,14 +137,17 @@ class DetectionDataset(Dataset):
         image, boxes, classes = random_affine(image, boxes, classes, size, config, rng)
         image = augment_hsv(image, config, rng)
         if self.albumentations is not None:
+            self.albumentations.set_random_seed(int(rng.integers(2**31)))
             image = self.albumentations(image=image)["image"]
         image, boxes = flip(image, boxes, config, rng)
         return image, boxes, classes
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, ImageMeta]:
+    def __getitem__(self, key: int | tuple[int, int, bool]) -> tuple[torch.Tensor, torch.Tensor, ImageMeta]:
+        """``key`` is an index (evaluation) or ``(index, epoch, use_mosaic)`` from :class:`EpochSampler`."""
+        index, epoch, use_mosaic = key if isinstance(key, tuple) else (key, 0, False)
         record = self.records[index]
         if self.augment is not None:
-            image, boxes, classes = self._train_item(index)
+            image, boxes, classes = self._train_item(index, epoch, use_mosaic)
             meta = ImageMeta(record.image_id, image.shape[:2], 1.0, (0.0, 0.0))
         else:
             resized, original_hw = self.load(index)

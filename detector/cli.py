@@ -1,0 +1,48 @@
+"""``train.py`` / ``python -m detector train``: flags generated from :class:`TrainConfig`."""
+
+from __future__ import annotations
+
+import argparse
+import pickle
+import sys
+import warnings
+from dataclasses import MISSING, fields
+
+from detector.checkpoint import CheckpointError
+from detector.config import TrainConfig
+from detector.data.spec import DatasetError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="train.py",
+        description="Train an anchor-free YOLO detector (mixed precision by default).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for item in fields(TrainConfig):
+        flag = "--" + item.name.replace("_", "-")
+        default = item.default if item.default is not MISSING else None
+        help_text = item.metadata.get("help", "")
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=item.name, action=argparse.BooleanOptionalAction, default=default, help=help_text)
+        else:
+            parser.add_argument(flag, dest=item.name, type=type(default), default=default, help=help_text,
+                                choices=item.metadata.get("choices"))
+    # Common spellings users bring from other tools.
+    parser.add_argument("--img", dest="imgsz", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--no-amp-check-alias", dest="amp_check", action="store_false", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    from detector.trainer import train  # heavy imports after argument parsing, so --help is instant
+
+    warnings.formatwarning = lambda message, category, *_: f"warning: {message}\n"
+    try:
+        train(config)
+    except (DatasetError, CheckpointError, ValueError, FileNotFoundError, pickle.UnpicklingError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0

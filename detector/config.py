@@ -1,0 +1,114 @@
+"""Training configuration: one flat, typed, commented set of defaults, validated once.
+
+Every field becomes a ``train.py`` flag (``image_size`` -> ``--image-size``); the help text is the
+comment beside it. Only ``build_*`` functions see the whole config; the rest take explicit arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from detector.precision import CHOICES as PRECISION_CHOICES
+
+
+def knob(default: Any, help: str, **extra: Any) -> Any:  # noqa: A002 - mirrors argparse's name
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    # Data and model
+    data: str = knob("", "data YAML (Ultralytics-style or COCO JSON); empty = built-in synthetic shapes dataset")
+    model: str = knob("n", "model scale", choices=("n", "s", "m", "l", "x"))
+    weights: str = knob("", "start from these weights: our .pt, or an Ultralytics YOLOv8 .pt (bare names look in weights/)")
+    imgsz: int = knob(320, "training and validation image size (pixels, multiple of 32)")
+    epochs: int = knob(40, "number of training epochs")
+    batch: int = knob(16, "images per step (per process under torchrun)")
+    workers: int = knob(2, "data-loading worker processes")
+    cache: str = knob("auto", "cache decoded images in RAM: auto (when they fit), ram, none", choices=("auto", "ram", "none"))
+    device: str = knob("", "cpu, cuda, cuda:N; empty = cuda if available else cpu")
+    seed: int = knob(0, "random seed (data order, augmentation, multi-scale sizes, initial weights)")
+    # Precision
+    precision: str = knob("auto", "auto: FP16 on CUDA, BF16 on CPUs with native BF16, else FP32", choices=PRECISION_CHOICES)
+    unamp: bool = knob(False, "true FP32 for ablations: no autocast, no loss scaling, TF32 off")
+    channels_last: bool = knob(True, "channels-last memory format (faster convolutions under AMP)")
+    # Optimisation
+    optimizer: str = knob("auto", "SGD, AdamW, or auto (AdamW for short runs under 10k steps, else SGD)", choices=("auto", "SGD", "AdamW"))
+    lr0: float = knob(0.01, "initial learning rate (SGD; 'auto' picks its own for AdamW)")
+    lrf: float = knob(0.01, "final learning rate as a fraction of lr0")
+    cosine: bool = knob(False, "cosine learning-rate decay instead of linear")
+    momentum: float = knob(0.937, "SGD momentum / Adam beta1")
+    weight_decay: float = knob(5e-4, "weight decay at the nominal batch (scaled with the real one)")
+    nominal_batch: int = knob(64, "gradients accumulate until this many images per optimizer step")
+    warmup_epochs: float = knob(3.0, "warm-up length in epochs (at least 100 steps)")
+    warmup_bias_lr: float = knob(0.1, "starting learning rate of biases during warm-up")
+    warmup_momentum: float = knob(0.8, "starting momentum during warm-up")
+    clip_grad: float = knob(10.0, "clip the gradient norm to this (after unscaling)")
+    ema_decay: float = knob(0.9999, "EMA decay (ramped up over the first ~2000 updates)")
+    # Loss
+    box_gain: float = knob(7.5, "box (CIoU) loss gain")
+    cls_gain: float = knob(0.5, "classification (BCE) loss gain")
+    dfl_gain: float = knob(1.5, "distribution focal loss gain")
+    assigner_topk: int = knob(10, "task-aligned assigner: candidates per box")
+    assigner_alpha: float = knob(0.5, "task-aligned assigner: class-score exponent")
+    assigner_beta: float = knob(6.0, "task-aligned assigner: IoU exponent")
+    # Augmentation
+    mosaic: float = knob(1.0, "mosaic probability")
+    close_mosaic: int = knob(10, "turn mosaic off for the last N epochs")
+    degrees: float = knob(0.0, "random rotation (+/- degrees)")
+    translate: float = knob(0.1, "random translation (+/- fraction of image size)")
+    scale: float = knob(0.5, "random zoom gain (+/- fraction)")
+    shear: float = knob(0.0, "random shear (+/- degrees)")
+    hsv_h: float = knob(0.015, "hue augmentation (fraction)")
+    hsv_s: float = knob(0.7, "saturation augmentation (fraction)")
+    hsv_v: float = knob(0.4, "value augmentation (fraction)")
+    fliplr: float = knob(0.5, "horizontal flip probability")
+    flipud: float = knob(0.0, "vertical flip probability")
+    albumentations: float = knob(0.01, "probability of each albumentations pixel transform (blur, CLAHE, gray)")
+    multi_scale: bool = knob(True, "resize each batch to a random multiple of 32 in [min, max] x imgsz")
+    multi_scale_min: float = knob(0.5, "smallest multi-scale factor of imgsz")
+    multi_scale_max: float = knob(1.5, "largest multi-scale factor of imgsz")
+    # Evaluation, logging, output
+    val_interval: int = knob(1, "evaluate every N epochs (and always after the last)")
+    val_conf: float = knob(0.001, "validation confidence threshold")
+    val_iou: float = knob(0.7, "validation NMS IoU threshold")
+    max_det: int = knob(300, "detections kept per image in validation")
+    final_fp32: bool = knob(False, "run the final evaluation in FP32 regardless of the training precision")
+    plots: bool = knob(True, "write PNG plots into the run folder")
+    tensorboard: bool = knob(False, "log scalars and plots to TensorBoard in the run folder")
+    project: str = knob("runs/train", "parent folder of run folders")
+    name: str = knob("exp", "run folder name (a number is appended if it exists)")
+    resume: str = knob("", "resume from this last.pt (or 'auto': the newest under --project)")
+    amp_check: bool = knob(True, "before training, compare one AMP step with FP32 and fall back if AMP misbehaves")
+    sync_bn: bool = knob(False, "SyncBatchNorm under torchrun")
+
+    def validate(self) -> "TrainConfig":
+        """Reject values that cannot work, with a message naming the flag."""
+        problems = []
+        if self.epochs < 1:
+            problems.append(f"--epochs must be at least 1 (got {self.epochs})")
+        if self.batch < 1:
+            problems.append(f"--batch must be at least 1 (got {self.batch})")
+        if self.imgsz < 32 or self.imgsz % 32:
+            problems.append(f"--imgsz must be a positive multiple of 32 (got {self.imgsz}); try {max(32, round(self.imgsz / 32) * 32)}")
+        if self.workers < 0:
+            problems.append(f"--workers must be >= 0 (got {self.workers})")
+        if not 0 < self.multi_scale_min <= 1 <= self.multi_scale_max:
+            problems.append("--multi-scale-min must be in (0, 1] and --multi-scale-max >= 1")
+        if self.val_interval < 1:
+            problems.append(f"--val-interval must be at least 1 (got {self.val_interval})")
+        for name in ("mosaic", "fliplr", "flipud", "albumentations"):
+            if not 0 <= getattr(self, name) <= 1:
+                problems.append(f"--{name} is a probability in [0, 1] (got {getattr(self, name)})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})

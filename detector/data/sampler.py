@@ -1,0 +1,39 @@
+"""Training sampler: a seeded shuffle per epoch, sharded across processes, carrying augmentation state.
+
+It yields ``(index, epoch, use_mosaic)`` keys, so the dataset's augmentation depends only on those
+(persistent workers never hold stale state when mosaic closes), and every rank sees its own shard.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class EpochSampler(Sampler[tuple[int, int, bool]]):
+    def __init__(
+        self, size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True
+    ) -> None:
+        self.size, self.seed, self.rank, self.world_size, self.shuffle = size, seed, rank, world_size, shuffle
+        self.epoch = 0
+        self.use_mosaic = True
+        self.per_rank = math.ceil(size / world_size)
+
+    def set_epoch(self, epoch: int, *, use_mosaic: bool) -> None:
+        self.epoch, self.use_mosaic = epoch, use_mosaic
+
+    def __len__(self) -> int:
+        return self.per_rank
+
+    def __iter__(self) -> Iterator[tuple[int, int, bool]]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            order = torch.randperm(self.size, generator=generator).tolist()
+        else:
+            order = list(range(self.size))
+        order += order[: self.per_rank * self.world_size - self.size]  # pad so every rank gets as many
+        for index in order[self.rank :: self.world_size]:
+            yield index, self.epoch, self.use_mosaic

@@ -1,0 +1,193 @@
+"""The training and evaluation loops, as plain functions."""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from detector.ema import ModelEMA, unwrap
+from detector.loss import DetectionLoss
+from detector.optim import accumulation_steps, lr_factor, warmup_values
+from detector.postprocess import NMSConfig, postprocess
+from detector.precision import Precision
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """What the loop needs to know about learning rate, warm-up and accumulation."""
+
+    epochs: int
+    steps_per_epoch: int
+    warmup_steps: int
+    base_lr: float
+    final_lr_fraction: float
+    cosine: bool
+    warmup_bias_lr: float
+    warmup_momentum: float
+    momentum: float
+    batch_size: int  # images per step across all processes
+    nominal_batch: int
+    clip_grad: float
+
+
+@dataclass(frozen=True)
+class MultiScale:
+    """Per-step input size: a multiple of 32 drawn uniformly from ``[low, high] * image_size``."""
+
+    image_size: int
+    low: float = 0.5
+    high: float = 1.5
+    enabled: bool = True
+
+    def sizes(self, count: int, *, seed: int, epoch: int) -> list[int]:
+        """Sizes for every step of an epoch, drawn from (seed, epoch) alone so all ranks agree without talking."""
+        if not self.enabled:
+            return [self.image_size] * count
+        smallest = max(32, math.ceil(self.image_size * self.low / 32) * 32)
+        largest = max(smallest, math.floor(self.image_size * self.high / 32) * 32)
+        generator = torch.Generator().manual_seed(seed * 7919 + epoch)
+        steps = torch.randint(smallest // 32, largest // 32 + 1, (count,), generator=generator)
+        return (steps * 32).tolist()
+
+
+def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, epoch_progress: float, schedule: StepSchedule) -> None:
+    """Apply the schedule: warm-up interpolation first, then linear/cosine decay. Groups: [decay, no-decay, bias]."""
+    target = schedule.base_lr * lr_factor(
+        epoch_progress, epochs=schedule.epochs, final_fraction=schedule.final_lr_fraction, cosine=schedule.cosine
+    )
+    weight_lr, bias_lr, momentum = warmup_values(
+        step,
+        warmup_steps=schedule.warmup_steps,
+        target_lr=target,
+        bias_lr=schedule.warmup_bias_lr,
+        start_momentum=schedule.warmup_momentum,
+        momentum=schedule.momentum,
+    )
+    for index, group in enumerate(optimizer.param_groups):
+        group["lr"] = bias_lr if index == 2 else weight_lr
+        if "betas" in group:
+            group["betas"] = (momentum, group["betas"][1])
+        elif "momentum" in group:
+            group["momentum"] = momentum
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak GPU memory allocated on CUDA; peak resident memory of this process elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def train_one_epoch(
+    *,
+    model: nn.Module,
+    criterion: DetectionLoss,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    ema: ModelEMA | None,
+    precision: Precision,
+    schedule: StepSchedule,
+    multi_scale: MultiScale,
+    epoch: int,
+    seed: int,
+    device: torch.device,
+    channels_last: bool,
+    world_size: int = 1,
+    progress: bool = True,
+) -> dict[str, float]:
+    """One pass over ``loader``; returns mean losses and telemetry for ``results.csv``."""
+    model.train()
+    steps = len(loader)
+    sizes = multi_scale.sizes(steps, seed=seed, epoch=epoch)
+    loss_sums = torch.zeros(3, device=device)
+    nonfinite_losses = torch.zeros((), device=device, dtype=torch.long)
+    scales: list[float] = []
+    skipped = optimizer_steps = images_seen = 0
+    last_step = epoch * steps - 1
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}", disable=not progress, leave=True)
+    start = time.perf_counter()
+    for index, (images, targets, _metas) in enumerate(bar):
+        step = epoch * steps + index
+        set_learning_rates(optimizer, step, epoch + index / steps, schedule)
+        accumulate = accumulation_steps(
+            step, warmup_steps=schedule.warmup_steps, batch_size=schedule.batch_size, nominal_batch=schedule.nominal_batch
+        )
+        images = images.to(device, non_blocking=True).float().div_(255)
+        if sizes[index] != images.shape[-1]:
+            images = F.interpolate(images, size=(sizes[index], sizes[index]), mode="bilinear", align_corners=False)
+        if channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        with precision.autocast():
+            outputs = model(images)
+        # The loss runs in FP32 outside autocast; x world_size because DDP averages gradients over ranks.
+        loss, parts = criterion(outputs, targets.to(device, non_blocking=True), images.shape[2:])
+        nonfinite_losses += ~torch.isfinite(loss)
+        scaler.scale(loss * world_size).backward()
+        loss_sums += torch.stack([parts["box"], parts["cls"], parts["dfl"]]).nan_to_num(0.0)
+        images_seen += len(images)
+
+        if step - last_step >= accumulate or index == steps - 1:
+            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+            grad_norm = nn.utils.clip_grad_norm_(parameters, schedule.clip_grad)
+            finite = bool(torch.isfinite(grad_norm))
+            if precision.uses_scaler:
+                scales.append(scaler.get_scale())
+                scaler.step(optimizer)  # skips the step itself when it found inf/nan
+                scaler.update()
+            elif finite:
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            optimizer_steps += 1
+            if finite:
+                if ema is not None:
+                    ema.update(model)
+            else:
+                skipped += 1
+            last_step = step
+        if progress and (index % 5 == 0 or index == steps - 1):
+            means = (loss_sums / (index + 1)).tolist()
+            bar.set_postfix(box=f"{means[0]:.3f}", cls=f"{means[1]:.3f}", dfl=f"{means[2]:.3f}", size=sizes[index])
+    seconds = time.perf_counter() - start
+    means = (loss_sums / max(steps, 1)).tolist()
+    return {
+        "train/box": means[0],
+        "train/cls": means[1],
+        "train/dfl": means[2],
+        "lr": optimizer.param_groups[0]["lr"],
+        "images_per_s": images_seen * world_size / seconds,
+        "epoch_seconds": seconds,
+        "peak_mem_mb": peak_memory_mb(device),
+        "loss_scale_min": min(scales) if scales else 1.0,
+        "loss_scale_max": max(scales) if scales else 1.0,
+        "optimizer_steps": optimizer_steps,
+        "skipped_steps": skipped,
+        "nonfinite_losses": int(nonfinite_losses),
+    }
+
+
+def make_torch_infer(
+    model: nn.Module, *, precision: Precision, nms: NMSConfig, device: torch.device, channels_last: bool = False
+):
+    """``infer(images uint8 [B,3,S,S]) -> detections`` for :func:`detector.validate.run_validation`."""
+    bare = unwrap(model)
+
+    @torch.no_grad()
+    def infer(images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        batch = images.to(device, non_blocking=True).float().div_(255)
+        if channels_last:
+            batch = batch.contiguous(memory_format=torch.channels_last)
+        with precision.autocast():
+            outputs = bare(batch)
+        return postprocess(outputs, strides=bare.strides, reg_max=bare.reg_max, config=nms)
+
+    return infer

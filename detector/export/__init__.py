@@ -1,0 +1,19 @@
+"""Export a trained detector to ONNX (and TensorRT), check it against PyTorch, and describe it in metadata.
+
+    from detector.export import ModelInfo, export_onnx
+    export_onnx(model, "best.onnx", ModelInfo(names=names, strides=model.strides, imgsz=640, precision="fp16"))
+
+See :mod:`detector.export.wrapper` for the graph's inputs and outputs, :mod:`detector.export.metadata`
+for the stored keys and :mod:`detector.export.cli` for the command line.
+"""
+
+from __future__ import annotations
+
+from detector.export.metadata import INPUT_NAME, ModelInfo, decode_metadata, encode_metadata
+from detector.export.onnx import export_onnx, read_onnx_info
+from detector.export.wrapper import EXPORT_NMS, ExportWrapper, pack_detections
+
+__all__ = [
+    "EXPORT_NMS", "INPUT_NAME", "ExportWrapper", "ModelInfo", "decode_metadata", "encode_metadata", "export_onnx",
+    "pack_detections", "read_onnx_info",
+]

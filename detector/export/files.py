@@ -1,0 +1,58 @@
+"""Atomic file writes: exported artefacts appear whole or not at all."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def write_atomically(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to a temporary file beside ``path``, fsync, then rename it over ``path``.
+
+    A crash or an exception at any point leaves the old ``path`` (or none), never half a file.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "wb") as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp makes 0600; exports are meant to be shared
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def staging_folder(beside: Path) -> Iterator[Path]:
+    """A hidden temporary folder next to the final outputs (same file system, so renames are atomic).
+
+    Exports are written here, checked, and only then moved into place with :func:`publish`; the folder
+    and whatever is left in it are removed on exit, success or not.
+    """
+    beside.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=".export-", dir=beside))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def publish(staged: Path, final: Path) -> Path:
+    """Move a checked artefact from the staging folder to its final name in one rename."""
+    os.replace(staged, final)
+    return final

@@ -1,0 +1,145 @@
+"""Exported model vs the FP32 PyTorch model on the same images: largest differences, and mAP on a dataset.
+
+Raw graphs (``boxes``, ``scores``) are compared anchor by anchor. Graphs with NMS inside are compared
+detection by detection against our Python NMS run with the same baked thresholds: each exported box is
+matched to the reference box of the same class with the highest IoU (> 0.5); boxes without a partner on
+the other side are counted as ``unmatched``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torchvision.ops import box_iou
+
+from detector.data.build import SplitData
+from detector.data.synthetic import make_image
+from detector.inference.backend import Backend
+from detector.inference.preprocess import Detections, prepare_batch
+from detector.postprocess import NMSConfig
+from detector.validate import run_validation
+
+EVAL_NMS = NMSConfig(conf_threshold=0.001, iou_threshold=0.7, max_detections=300, multi_label=True)
+# Without a dataset there is no mAP; a score off by more than this means a broken export, not rounding
+# (FP16 moves sigmoid scores by ~1e-3 on trained models).
+SCORE_TOLERANCE = 0.05
+MATCH_IOU = 0.5
+
+
+@dataclass
+class ParityReport:
+    """Differences exported - reference; mAP50-95 in points (0-100), ``None`` without a dataset."""
+
+    name: str
+    images: int
+    max_box_diff: float = 0.0  # pixels, largest |coordinate| difference
+    max_score_diff: float = 0.0
+    unmatched: int = 0  # NMS graphs only
+    map_reference: float | None = None
+    map_exported: float | None = None
+    map_images: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def summary(self) -> str:
+        lines = [
+            f"parity {self.name} vs pytorch fp32 on {self.images} images: max box diff {self.max_box_diff:.4g} px, "
+            f"max score diff {self.max_score_diff:.4g}" + (f", unmatched detections {self.unmatched}" if self.unmatched else "")
+        ]
+        if self.map_reference is not None and self.map_exported is not None:
+            lines.append(
+                f"mAP50-95 on {self.map_images} val images: pytorch fp32 {self.map_reference:.2f}, {self.name} {self.map_exported:.2f} "
+                f"(change {self.map_exported - self.map_reference:+.2f} points)"
+            )
+        lines += [f"parity FAILED: {failure}" for failure in self.failures]
+        return "\n".join(lines)
+
+
+def synthetic_images(size: int, count: int = 4, seed: int = 0) -> torch.Tensor:
+    """Deterministic shapes images, letterboxed: uint8 ``[count, 3, size, size]``."""
+    rng = np.random.default_rng(seed)
+    images = [make_image(rng, size)[0] for _ in range(count)]
+    return prepare_batch(images, size)[0]
+
+
+def split_images(split: SplitData, count: int = 8) -> torch.Tensor:
+    """The first ``count`` letterboxed validation images, uint8 ``[count, 3, S, S]``."""
+    return torch.stack([split.dataset[index][0] for index in range(min(count, len(split.dataset)))])
+
+
+def match_detections(reference: Detections, exported: Detections) -> tuple[float, float, int]:
+    """-> (max box diff px, max score diff, unmatched count) over same-class pairs with IoU > 0.5."""
+    box_diff = score_diff = 0.0
+    unmatched = 0
+    for ref, exp in zip(reference, exported):
+        if len(ref["boxes"]) == 0 or len(exp["boxes"]) == 0:
+            unmatched += len(ref["boxes"]) + len(exp["boxes"])
+            continue
+        iou = box_iou(exp["boxes"].float(), ref["boxes"].float())
+        iou[exp["labels"][:, None] != ref["labels"][None, :]] = -1
+        best_iou, partner = iou.max(1)
+        matched = best_iou > MATCH_IOU
+        unmatched += int((~matched).sum()) + len(ref["boxes"]) - len(partner[matched].unique())
+        if matched.any():
+            pairs = partner[matched]
+            box_diff = max(box_diff, float((exp["boxes"][matched] - ref["boxes"][pairs]).abs().max()))
+            score_diff = max(score_diff, float((exp["scores"][matched] - ref["scores"][pairs]).abs().max()))
+    return box_diff, score_diff, unmatched
+
+
+def compare_on_images(reference: Backend, exported: Backend, images: torch.Tensor, report: ParityReport, batch: int = 8) -> None:
+    """Fill the difference fields of ``report`` (and flag non-finite outputs)."""
+    for start in range(0, len(images), batch):
+        chunk = images[start : start + batch]
+        ref_raw, exp_raw = reference.infer(chunk), exported.infer(chunk)
+        if not all(torch.isfinite(tensor.float()).all() for tensor in exp_raw):
+            report.failures.append("the exported model produced NaN or infinite outputs")
+            return
+        if exported.info.nms is None:
+            box_diff = float((exp_raw[0] - ref_raw[0]).abs().max())
+            score_diff = float((exp_raw[1].float() - ref_raw[1]).abs().max())
+            unmatched = 0
+        else:
+            box_diff, score_diff, unmatched = match_detections(reference.postprocess(ref_raw), exported.postprocess(exp_raw))
+        report.max_box_diff = max(report.max_box_diff, box_diff)
+        report.max_score_diff = max(report.max_score_diff, score_diff)
+        report.unmatched += unmatched
+
+
+def map50_95(backend: Backend, split: SplitData, *, batch_size: int, workers: int) -> float:
+    result, _ = run_validation(backend, split, batch_size=batch_size, workers=workers, progress=False)
+    return 100 * result.metrics["mAP50-95"]
+
+
+def check_parity(
+    reference: Backend, exported: Backend, *, images: torch.Tensor, split: SplitData | None = None,
+    map_margin: float = 0.5, score_tolerance: float = SCORE_TOLERANCE, batch_size: int = 8, workers: int = 2,
+) -> ParityReport:
+    """Compare ``exported`` with the FP32 PyTorch ``reference`` on ``images`` (uint8 ``[N, 3, S, S]``).
+
+    With ``split``, also score both with pycocotools and fail when the exported mAP50-95 is more than
+    ``map_margin`` points lower; without it, fail when a score differs by more than ``score_tolerance``.
+    Sets both backends' NMS to the evaluation thresholds (conf 0.001, IoU 0.7, 300, multi-label), or to
+    the exported graph's own thresholds when it has NMS inside, so both sides are judged alike.
+    """
+    reference.nms = exported.nms = exported.info.nms or EVAL_NMS
+    report = ParityReport(exported.name, images=len(images))
+    compare_on_images(reference, exported, images, report, batch=batch_size)
+    if report.failures:
+        return report
+    if split is not None:
+        report.map_images = len(split.records)
+        report.map_reference = map50_95(reference, split, batch_size=batch_size, workers=workers)
+        report.map_exported = map50_95(exported, split, batch_size=batch_size, workers=workers)
+        drop = report.map_reference - report.map_exported
+        if not math.isfinite(drop) or drop > map_margin:
+            report.failures.append(f"mAP50-95 fell by {drop:.2f} points, more than --map-margin {map_margin}")
+    elif report.max_score_diff > score_tolerance:
+        report.failures.append(f"a score differs by {report.max_score_diff:.3g}, more than --score-tol {score_tolerance}")
+    return report

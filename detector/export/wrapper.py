@@ -1,0 +1,130 @@
+"""The exportable module: model + box decode (+ optional NMS) with named inputs and outputs.
+
+Every backend runs this same module (eagerly for PyTorch, as a graph for ONNX Runtime and TensorRT), so
+decode arithmetic is written once. Output contract:
+
+* without NMS: ``boxes [B, A, 4]`` xyxy in input pixels and ``scores [B, A, C]`` sigmoid class scores,
+  both FP32, anchors in level order (stride 8, 16, 32) exactly as :func:`detector.postprocess.decode_outputs`;
+* with NMS: ``detections [B, K, 6]`` rows ``(x1, y1, x2, y2, score, label)`` sorted by score, K =
+  ``max_detections``; rows past ``num_detections [B]`` (int64) are padding (all zeros).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from detector.boxes import distances_to_boxes, make_anchors
+from detector.model import YOLO
+from detector.postprocess import NMSConfig
+
+EXPORT_NMS = NMSConfig(conf_threshold=0.25, iou_threshold=0.7, max_detections=300)
+
+
+class OnnxNMS(torch.autograd.Function):
+    """ONNX ``NonMaxSuppression`` (per batch, per class); eagerly the same thing via torchvision.
+
+    boxes ``[B, A, 4]`` xyxy, scores ``[B, C, A]`` -> selected ``[N, 3]`` int64 (batch, class, anchor).
+    Keeps boxes with score strictly above ``conf_threshold``, as ONNX Runtime and TensorRT do.
+    """
+
+    @staticmethod
+    def forward(ctx, boxes, scores, max_per_class: int, iou_threshold: float, conf_threshold: float):  # noqa: ANN001
+        from torchvision.ops import nms
+
+        selected = []
+        for batch_index in range(scores.shape[0]):
+            for class_index in range(scores.shape[1]):
+                class_scores = scores[batch_index, class_index]
+                candidates = (class_scores > conf_threshold).nonzero().flatten()
+                keep = candidates[nms(boxes[batch_index, candidates], class_scores[candidates], iou_threshold)]
+                keep = keep[:max_per_class]
+                columns = (torch.full_like(keep, batch_index), torch.full_like(keep, class_index), keep)
+                selected.append(torch.stack(columns, 1))
+        return torch.cat(selected) if selected else torch.zeros((0, 3), dtype=torch.int64)
+
+    @staticmethod
+    def symbolic(graph, boxes, scores, max_per_class, iou_threshold, conf_threshold):  # noqa: ANN001
+        def constant(value, dtype):  # noqa: ANN001, ANN202
+            return graph.op("Constant", value_t=torch.tensor([value], dtype=dtype))
+
+        return graph.op(
+            "NonMaxSuppression",
+            boxes,
+            scores,
+            constant(max_per_class, torch.int64),
+            constant(iou_threshold, torch.float32),
+            constant(conf_threshold, torch.float32),
+        )
+
+
+def pack_detections(boxes: torch.Tensor, scores: torch.Tensor, config: NMSConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Class-aware NMS with a fixed-size result, written with ops that export to ONNX.
+
+    boxes ``[B, A, 4]`` and scores ``[B, A, C]`` (FP32) -> ``detections [B, K, 6]``, ``num_detections [B]``.
+    Same rule as :func:`detector.postprocess.non_max_suppression` minus its ``max_candidates`` cap:
+    with ``multi_label`` every (box, class) pair above threshold is a candidate, otherwise only each
+    box's best class.
+    """
+    batch, anchors, classes = scores.shape
+    if not config.multi_label:  # zero every class score but the best one of each box
+        scores = scores * (scores == scores.amax(-1, keepdim=True))
+    per_class = scores.transpose(1, 2).contiguous()  # [B, C, A], the layout NonMaxSuppression wants
+    selected = OnnxNMS.apply(boxes, per_class, config.max_detections, config.iou_threshold, config.conf_threshold)
+    batch_index, class_index, anchor_index = selected.unbind(1)
+    # Scatter the survivors' scores into a dense [B, C*A] grid, then take the top K per image: a fixed
+    # output shape without a loop over images. K zero columns guarantee top-k has K entries to pick.
+    flat_index = (batch_index * classes + class_index) * anchors + anchor_index
+    flat_scores = per_class.flatten()
+    kept = torch.zeros_like(flat_scores).scatter(0, flat_index, flat_scores.gather(0, flat_index))
+    kept = torch.cat((kept.view(batch, classes * anchors), kept.new_zeros(batch, config.max_detections)), 1)
+    top_scores, top_index = kept.topk(config.max_detections, 1)
+    valid = top_scores > 0
+    labels = torch.div(top_index, anchors, rounding_mode="floor").clamp(max=classes - 1)
+    top_boxes = boxes.gather(1, (top_index % anchors).unsqueeze(-1).expand(-1, -1, 4))
+    detections = torch.cat((top_boxes, top_scores.unsqueeze(-1), labels.unsqueeze(-1).to(boxes.dtype)), -1)
+    return detections * valid.unsqueeze(-1).to(boxes.dtype), valid.sum(1)
+
+
+class ExportWrapper(nn.Module):
+    """``images [B, 3, H, W]`` float in [0, 1] RGB (H, W multiples of 32) -> decoded boxes and scores.
+
+    Args:
+        model: the trained detector; deep-copied so the caller's module is untouched.
+        half: run backbone, neck and head convolutions in FP16; inputs, outputs, the DFL expectation,
+            box arithmetic and NMS stay FP32. Why: FP16 has a 0.25-0.5 px step at 256-1024 px, which
+            would quantise box corners, and FP32 I/O lets callers feed the same tensors to every export.
+        nms: append in-graph NMS with this config (see module docstring for the output layout).
+    """
+
+    def __init__(self, model: YOLO, *, half: bool = False, nms: NMSConfig | None = None) -> None:
+        super().__init__()
+        self.model = copy.deepcopy(model).eval()
+        self.dfl = copy.deepcopy(model.head.dfl).float()  # the frozen 1x1 conv: exports as a plain Conv
+        self.compute_dtype = torch.float16 if half else torch.float32
+        self.model.to(self.compute_dtype)
+        self.strides = tuple(model.strides)
+        self.reg_max = model.reg_max
+        self.nms = nms
+        self.eval()  # torch.onnx.export restores the wrapper's mode afterwards; train mode would flip BN
+
+    @property
+    def output_names(self) -> list[str]:
+        return ["detections", "num_detections"] if self.nms else ["boxes", "scores"]
+
+    def decode(self, maps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Raw maps ``[B, 4*reg_max+C, H/s, W/s]`` -> boxes ``[B, A, 4]`` px xyxy, scores ``[B, A, C]``."""
+        flat = torch.cat([m.float().flatten(2) for m in maps], 2)  # [B, 4*reg_max+C, A]
+        box_bins, class_logits = flat.split((4 * self.reg_max, flat.shape[1] - 4 * self.reg_max), 1)
+        distances = self.dfl(box_bins).transpose(1, 2)  # [B, A, 4] in grid cells
+        points, strides = make_anchors([m.shape[2:] for m in maps], self.strides, device=flat.device, dtype=flat.dtype)
+        boxes = distances_to_boxes(points, distances) * strides
+        return boxes, class_logits.sigmoid().transpose(1, 2)
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        boxes, scores = self.decode(self.model(images.to(self.compute_dtype)))
+        if self.nms is None:
+            return boxes, scores
+        return pack_detections(boxes, scores, self.nms)

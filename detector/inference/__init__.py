@@ -1,0 +1,55 @@
+"""Run a trained or exported detector: one :class:`Backend` interface over PyTorch, ONNX Runtime and TensorRT.
+
+    backend = load_backend("runs/train/exp/weights/best.onnx")
+    batch, transforms = prepare_batch([image_rgb], backend.info.imgsz)
+    detections = backend(batch)  # letterboxed pixels; to_original_pixels() undoes the letterbox
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from detector.inference.backend import Backend, RawOutputs, unpack_detections
+from detector.inference.preprocess import Detections, Letterbox, prepare_batch, to_original_pixels
+from detector.postprocess import NMSConfig
+
+SUFFIXES = (".pt", ".onnx", ".engine")
+
+__all__ = [
+    "Backend", "Detections", "Letterbox", "RawOutputs", "SUFFIXES", "find_latest_checkpoint", "load_backend",
+    "prepare_batch", "to_original_pixels", "unpack_detections",
+]
+
+
+def load_backend(
+    weights: str | Path, *, device: str = "cpu", precision: str = "fp32", imgsz: int | None = None,
+    nms: NMSConfig | None = None,
+) -> Backend:
+    """Pick the runtime by suffix: ``.pt`` PyTorch, ``.onnx`` ONNX Runtime, ``.engine`` TensorRT.
+
+    ``precision`` (fp32 | fp16 | bf16 autocast) and ``imgsz`` apply to ``.pt`` only; exported files carry
+    their own in their metadata.
+    """
+    path = Path(weights)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: weights not found")
+    suffix = path.suffix.lower()
+    if suffix == ".pt":
+        from detector.inference.torch_backend import TorchBackend
+
+        return TorchBackend.from_checkpoint(path, imgsz=imgsz, device=device, precision=precision, nms=nms)
+    if suffix == ".onnx":
+        from detector.inference.onnx_backend import OnnxBackend
+
+        return OnnxBackend(path, device=device, nms=nms)
+    if suffix == ".engine":
+        from detector.inference.tensorrt_backend import TensorRTBackend
+
+        return TensorRTBackend(path, device=device if device.startswith("cuda") else "cuda", nms=nms)
+    raise ValueError(f"{path}: unknown weights type {suffix!r}; expected one of {', '.join(SUFFIXES)}")
+
+
+def find_latest_checkpoint(root: str | Path = "runs/train", name: str = "best.pt") -> Path | None:
+    """The most recently modified ``<root>/*/weights/<name>``, or ``None`` when there is none."""
+    candidates = [path for path in Path(root).glob(f"*/weights/{name}") if path.is_file()]
+    return max(candidates, key=lambda path: path.stat().st_mtime) if candidates else None

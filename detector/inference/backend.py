@@ -1,0 +1,94 @@
+"""The one interface every runtime implements: letterboxed uint8 images in, detections out.
+
+A backend splits a call into :meth:`Backend.infer` (runtime-specific: the network and box decode) and
+:meth:`Backend.postprocess` (shared: our Python NMS, or unpacking an in-graph NMS), so the benchmark
+can time the two apart and every runtime is judged by the same NMS.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+
+import torch
+
+from detector.export.metadata import ModelInfo
+from detector.inference.preprocess import Detections
+from detector.postprocess import NMSConfig, non_max_suppression
+
+RawOutputs = tuple[torch.Tensor, torch.Tensor]  # (boxes, scores) or (detections, num_detections)
+
+
+class Backend(ABC):
+    """``backend(images uint8 [B, 3, S, S]) -> list[{boxes [N, 4] xyxy letterboxed px, scores, labels}]``.
+
+    Attributes:
+        info: names, strides, input size, precision and any in-graph NMS of the model.
+        nms: thresholds of the Python NMS; for graphs with NMS inside only a higher ``conf_threshold``
+            than the baked one has an effect (as a filter on the graph's detections).
+        name: a short label for tables, e.g. ``"onnxruntime fp16"``.
+    """
+
+    name = "backend"
+
+    def __init__(self, info: ModelInfo, nms: NMSConfig | None = None) -> None:
+        self.info = info
+        self.nms = nms or NMSConfig()
+
+    @abstractmethod
+    def infer(self, images: torch.Tensor) -> RawOutputs:
+        """uint8 ``[B, 3, S, S]`` -> the graph outputs named in ``info.outputs``."""
+
+    def postprocess(self, raw: RawOutputs) -> Detections:
+        if self.info.nms is None:
+            boxes, scores = raw
+            return non_max_suppression(torch.cat((boxes.float(), scores.float()), -1), self.nms)
+        return unpack_detections(*raw, conf_threshold=self.nms.conf_threshold)
+
+    def __call__(self, images: torch.Tensor) -> Detections:
+        return self.postprocess(self.infer(images))
+
+    def check_input(self, images: torch.Tensor) -> None:
+        """Reject batches a fixed-shape graph cannot take, with a message that says what it needs."""
+        if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:
+            raise ValueError(f"expected uint8 images [B, 3, S, S], got {images.dtype} {list(images.shape)}")
+        height, width = images.shape[2:]
+        if not self.info.dynamic and (height, width) != (self.info.imgsz, self.info.imgsz):
+            raise ValueError(f"this model was exported at {self.info.imgsz} px (not --dynamic); got {height}x{width}")
+        if height % self.info.stride or width % self.info.stride:
+            raise ValueError(f"image sides must be multiples of {self.info.stride}; got {height}x{width}")
+
+
+def unpack_detections(detections: torch.Tensor, counts: torch.Tensor, *, conf_threshold: float) -> Detections:
+    """In-graph NMS output ``[B, K, 6]`` (x1, y1, x2, y2, score, label) + counts ``[B]`` -> per-image dicts."""
+    results = []
+    for rows, count in zip(detections.float(), counts.tolist()):
+        rows = rows[: int(count)]
+        rows = rows[rows[:, 4] > conf_threshold]
+        results.append({"boxes": rows[:, :4], "scores": rows[:, 4], "labels": rows[:, 5].long()})
+    return results
+
+
+def run_in_fixed_batches(run, images: torch.Tensor, batch: int) -> RawOutputs:  # noqa: ANN001
+    """Feed a fixed-batch graph: split ``images`` into chunks of ``batch``, zero-pad the last, trim after.
+
+    ``run(chunk) -> tuple of tensors with the batch first``.
+    """
+    outputs = []
+    for start in range(0, images.shape[0], batch):
+        chunk = images[start : start + batch]
+        real = chunk.shape[0]
+        if real < batch:
+            chunk = torch.cat((chunk, chunk.new_zeros((batch - real, *chunk.shape[1:]))))
+        outputs.append([tensor[:real] for tensor in run(chunk)])
+    return tuple(torch.cat(parts) for parts in zip(*outputs))
+
+
+def warn_if_below_baked(backend: Backend) -> None:
+    """A graph with NMS inside cannot return detections under the threshold it was exported with."""
+    baked = backend.info.nms
+    if baked is not None and backend.nms.conf_threshold < baked.conf_threshold:
+        warnings.warn(
+            f"this model has NMS inside with conf {baked.conf_threshold}; lower thresholds have no effect",
+            stacklevel=2,
+        )

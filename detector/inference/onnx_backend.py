@@ -1,0 +1,45 @@
+"""ONNX Runtime backend for files written by :func:`detector.export.export_onnx`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from detector.export.metadata import INPUT_NAME, decode_metadata
+from detector.inference.backend import Backend, RawOutputs, run_in_fixed_batches
+from detector.postprocess import NMSConfig
+
+
+class OnnxBackend(Backend):
+    """An ``onnxruntime.InferenceSession``; CUDA provider when ``device`` is CUDA and onnxruntime-gpu has it.
+
+    Inputs go in as float32 ``[B, 3, S, S]`` in [0, 1] (the graph casts to FP16 inside when exported with
+    ``--half``); fixed-batch graphs are fed in chunks of their batch size.
+    """
+
+    def __init__(self, path: str | Path, *, device: str = "cpu", nms: NMSConfig | None = None, threads: int = 0) -> None:
+        import onnxruntime as ort  # optional dependency (the `export` extra)
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads  # 0 = onnxruntime's default (one per core)
+        options.log_severity_level = 3  # errors only: the FP16 graph on CPU logs a warning per inserted cast
+        providers = ["CPUExecutionProvider"]
+        if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, "CUDAExecutionProvider")
+        self.session = ort.InferenceSession(str(path), options, providers=providers)
+        info = decode_metadata(self.session.get_modelmeta().custom_metadata_map, source=str(path))
+        super().__init__(info, nms)
+        self.name = f"onnxruntime {info.precision}" + (" +nms" if info.nms else "")
+
+    def infer(self, images: torch.Tensor) -> RawOutputs:
+        self.check_input(images)
+
+        def run(chunk: torch.Tensor) -> list[torch.Tensor]:
+            inputs = chunk.cpu().numpy().astype(np.float32) / np.float32(255)
+            return [torch.from_numpy(out) for out in self.session.run(self.info.outputs, {INPUT_NAME: inputs})]
+
+        if self.info.dynamic:
+            return tuple(run(images))
+        return run_in_fixed_batches(run, images, self.info.batch)

@@ -1,0 +1,237 @@
+"""Prediction <-> ground-truth matching at one IoU threshold, PR curves and the confusion matrix.
+
+These numbers feed the plots and the P / R columns of the val table only; mAP always comes from
+pycocotools (``detector.evaluate``). As in Ultralytics, candidate pairs above the IoU threshold are
+paired by IoU (see :func:`match_pairs`), each prediction and each ground-truth box used once. All boxes
+are xyxy pixels of the original image.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torchvision.ops import box_iou
+
+from detector.data.dataset import ImageMeta
+from detector.data.labels import ImageRecord
+
+CONF_GRID = np.linspace(0, 1, 1000)  # confidence thresholds at which P, R and F1 are sampled
+RECALL_GRID = np.linspace(0, 1, 101)  # COCO's 101 recall points, for the PR plot and its AP50 legend
+PR_IOU = 0.5  # TP/FP decision for the PR curves
+CM_CONF, CM_IOU = 0.25, 0.45  # confusion-matrix thresholds, as Ultralytics uses
+F1_SMOOTH = 0.1  # fraction of the confidence grid averaged when picking the best-F1 threshold
+
+
+def unletterbox_boxes(boxes: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
+    """``[N, 4]`` xyxy pixels of the letterboxed input -> xyxy pixels of the original image (clipped)."""
+    boxes = boxes.detach().float().cpu().reshape(-1, 4).clone()
+    height, width = meta.original_hw
+    boxes[:, [0, 2]] = ((boxes[:, [0, 2]] - meta.pad[0]) / meta.ratio).clamp(0, width)
+    boxes[:, [1, 3]] = ((boxes[:, [1, 3]] - meta.pad[1]) / meta.ratio).clamp(0, height)
+    return boxes
+
+
+def labels_to_boxes(labels: np.ndarray, image_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[n, 5]`` (class, cx, cy, w, h normalised) -> classes ``[n]`` long and xyxy pixel boxes ``[n, 4]``."""
+    labels = torch.as_tensor(np.asarray(labels, dtype=np.float32)).reshape(-1, 5)
+    height, width = image_hw
+    centre, size = labels[:, 1:3], labels[:, 3:5]
+    scale = torch.tensor([width, height, width, height], dtype=torch.float32)
+    return labels[:, 0].long(), torch.cat((centre - size / 2, centre + size / 2), 1) * scale
+
+
+def match_pairs(iou: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One-to-one pairs among ``allowed`` entries of ``iou [M gt, N pred]``, by IoU.
+
+    Returns ``(gt_index [K], pred_index [K])``. Each round, every prediction proposes to its best
+    ground truth and each ground truth keeps its best proposal (Ultralytics' vectorised step); rounds
+    repeat on what is left, so no free prediction and free ground truth that could pair stay apart.
+    Rounds are few in practice (each one takes at least the best remaining pair).
+    """
+    allowed = allowed.copy()
+    matched_gt, matched_pred = [], []
+    while allowed.any():
+        gt_index, pred_index = np.nonzero(allowed)
+        order = np.argsort(-iou[gt_index, pred_index], kind="stable")
+        gt_index, pred_index = gt_index[order], pred_index[order]
+        first = np.sort(np.unique(pred_index, return_index=True)[1])  # sorting restores the IoU order
+        gt_index, pred_index = gt_index[first], pred_index[first]
+        first = np.unique(gt_index, return_index=True)[1]
+        gt_index, pred_index = gt_index[first], pred_index[first]
+        matched_gt.append(gt_index)
+        matched_pred.append(pred_index)
+        allowed[gt_index, :] = False
+        allowed[:, pred_index] = False
+    if not matched_gt:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(matched_gt), np.concatenate(matched_pred)
+
+
+def match_predictions(
+    pred_boxes: torch.Tensor,
+    pred_labels: torch.Tensor,
+    gt_boxes: torch.Tensor,
+    gt_labels: torch.Tensor,
+    *,
+    iou_threshold: float = PR_IOU,
+) -> np.ndarray:
+    """Which predictions are true positives: same class and IoU >= ``iou_threshold`` with an unused box.
+
+    Args: ``pred_boxes [N, 4]``, ``pred_labels [N]``, ``gt_boxes [M, 4]``, ``gt_labels [M]`` (xyxy pixels).
+    Returns ``correct``: bool ``[N]``.
+    """
+    correct = np.zeros(len(pred_boxes), dtype=bool)
+    if not len(pred_boxes) or not len(gt_boxes):
+        return correct
+    iou = box_iou(gt_boxes.float().cpu(), pred_boxes.float().cpu()).numpy()
+    same_class = gt_labels.view(-1, 1).cpu().numpy() == pred_labels.view(1, -1).cpu().numpy()
+    _, pred_index = match_pairs(iou, (iou >= iou_threshold) & same_class)
+    correct[pred_index] = True
+    return correct
+
+
+def confusion_matrix(
+    pred_boxes: torch.Tensor,
+    pred_labels: torch.Tensor,
+    pred_scores: torch.Tensor,
+    gt_boxes: torch.Tensor,
+    gt_labels: torch.Tensor,
+    num_classes: int,
+    *,
+    conf_threshold: float = CM_CONF,
+    iou_threshold: float = CM_IOU,
+    matrix: np.ndarray | None = None,
+) -> np.ndarray:
+    """Add one image to a ``[C + 1, C + 1]`` count matrix (rows: predicted class, columns: true class).
+
+    Index ``C`` is background: ``[C, j]`` counts missed boxes of class ``j``, ``[i, C]`` predictions of
+    class ``i`` that match nothing. Matching is class-agnostic (so confusions show up off the diagonal)
+    over predictions scoring above ``conf_threshold`` with IoU above ``iou_threshold``.
+    """
+    matrix = np.zeros((num_classes + 1, num_classes + 1), np.int64) if matrix is None else matrix
+    keep = (pred_scores > conf_threshold).cpu()
+    pred_boxes, pred_labels = pred_boxes.cpu()[keep], pred_labels.cpu()[keep].long().numpy()
+    gt_labels = gt_labels.cpu().long().numpy()
+    gt_index = pred_index = np.zeros(0, dtype=np.int64)
+    if len(pred_boxes) and len(gt_boxes):
+        iou = box_iou(gt_boxes.float().cpu(), pred_boxes.float()).numpy()
+        gt_index, pred_index = match_pairs(iou, iou > iou_threshold)
+    np.add.at(matrix, (pred_labels[pred_index], gt_labels[gt_index]), 1)
+    missed = np.setdiff1d(np.arange(len(gt_labels)), gt_index)
+    np.add.at(matrix, (num_classes, gt_labels[missed]), 1)
+    unmatched = np.setdiff1d(np.arange(len(pred_labels)), pred_index)
+    np.add.at(matrix, (pred_labels[unmatched], num_classes), 1)
+    return matrix
+
+
+@dataclass
+class DatasetMatches:
+    """Every prediction of a split with its TP flag, plus ground-truth counts and the confusion matrix."""
+
+    correct: np.ndarray  # [N] bool, TP at PR_IOU
+    scores: np.ndarray  # [N]
+    labels: np.ndarray  # [N] predicted class
+    gt_labels: np.ndarray  # [M] class of every ground-truth box
+    confusion: np.ndarray  # [C + 1, C + 1] counts, see confusion_matrix
+
+
+def match_dataset(
+    predictions: list[tuple[dict[str, torch.Tensor], ImageMeta]],
+    records: list[ImageRecord],
+    image_hw: list[tuple[int, int]],
+    num_classes: int,
+) -> DatasetMatches:
+    """Match ``run_validation(..., keep_predictions=True)`` predictions against the records' labels.
+
+    ``predictions`` are per image ``({boxes [n, 4] letterboxed xyxy px, scores, labels}, meta)``; they are
+    paired with records by ``meta.image_id``. Images without predictions still count their ground truth.
+    """
+    by_id = {meta.image_id: (detection, meta) for detection, meta in predictions}
+    correct, scores, labels, gt_all = [], [], [], []
+    confusion = np.zeros((num_classes + 1, num_classes + 1), np.int64)
+    empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.long)}
+    for record, hw in zip(records, image_hw):
+        gt_labels, gt_boxes = labels_to_boxes(record.labels, hw)
+        if record.image_id in by_id:
+            detection, meta = by_id[record.image_id]
+            boxes = unletterbox_boxes(detection["boxes"], meta)
+        else:
+            detection, boxes = empty, empty["boxes"]
+        pred_scores, pred_labels = detection["scores"].float().cpu(), detection["labels"].long().cpu()
+        correct.append(match_predictions(boxes, pred_labels, gt_boxes, gt_labels))
+        confusion_matrix(boxes, pred_labels, pred_scores, gt_boxes, gt_labels, num_classes, matrix=confusion)
+        scores.append(pred_scores.numpy())
+        labels.append(pred_labels.numpy())
+        gt_all.append(gt_labels.numpy())
+
+    def join(parts: list[np.ndarray], dtype: type) -> np.ndarray:
+        return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
+
+    return DatasetMatches(join(correct, bool), join(scores, np.float64), join(labels, np.int64),
+                          join(gt_all, np.int64), confusion)
+
+
+@dataclass
+class PRCurves:
+    """Per-class curves at IoU 0.5. Classes without ground truth have NaN best P / R and AP50."""
+
+    precision: np.ndarray  # [C, len(CONF_GRID)] precision at each confidence threshold
+    recall: np.ndarray  # [C, len(CONF_GRID)]
+    f1: np.ndarray  # [C, len(CONF_GRID)]
+    precision_at_recall: np.ndarray  # [C, len(RECALL_GRID)] interpolated (monotone) precision, for the PR plot
+    ap50: np.ndarray  # [C] mean of precision_at_recall (101-point, COCO style; legend only, not the table)
+    instances: np.ndarray  # [C] ground-truth boxes per class
+    best_confidence: float  # threshold maximising the (smoothed) mean F1 over classes with ground truth
+    best_precision: np.ndarray  # [C] precision at best_confidence
+    best_recall: np.ndarray  # [C] recall at best_confidence
+
+
+def _smooth(values: np.ndarray, fraction: float) -> np.ndarray:
+    window = round(len(values) * fraction * 2) // 2 + 1  # odd
+    padded = np.concatenate((np.full(window // 2, values[0]), values, np.full(window // 2, values[-1])))
+    return np.convolve(padded, np.ones(window) / window, mode="valid")
+
+
+def pr_curves(
+    correct: np.ndarray, scores: np.ndarray, labels: np.ndarray, gt_labels: np.ndarray, num_classes: int
+) -> PRCurves:
+    """Precision / recall / F1 against confidence, and precision against recall, per class.
+
+    Args: ``correct [N]`` TP flags, ``scores [N]``, ``labels [N]`` predicted classes (all predictions of a
+    split), ``gt_labels [M]`` classes of all ground-truth boxes.
+    """
+    instances = np.bincount(gt_labels.astype(np.int64), minlength=num_classes)[:num_classes]
+    order = np.lexsort((-scores, labels))  # by class, then by descending score
+    correct, scores, labels = correct[order], scores[order], labels[order]
+    bounds = np.searchsorted(labels, np.arange(num_classes + 1))
+    shape = (num_classes, len(CONF_GRID))
+    precision, recall = np.zeros(shape), np.zeros(shape)
+    precision_at_recall = np.zeros((num_classes, len(RECALL_GRID)))
+    for cls in range(num_classes):
+        start, end = bounds[cls], bounds[cls + 1]
+        if start == end or instances[cls] == 0:
+            continue
+        true_pos = np.cumsum(correct[start:end])
+        cls_recall = true_pos / instances[cls]
+        cls_precision = true_pos / np.arange(1, end - start + 1)
+        # Step functions of the threshold: keeping detections scoring >= t keeps the first `kept` of them.
+        # Above the highest score nothing is kept: precision 1 by convention, recall 0.
+        kept = np.searchsorted(-scores[start:end], -CONF_GRID, side="right")
+        last = np.maximum(kept - 1, 0)
+        precision[cls] = np.where(kept > 0, cls_precision[last], 1.0)
+        recall[cls] = np.where(kept > 0, cls_recall[last], 0.0)
+        envelope = np.maximum.accumulate(cls_precision[::-1])[::-1]
+        index = np.searchsorted(cls_recall, RECALL_GRID, side="left")
+        reached = index < len(cls_recall)
+        precision_at_recall[cls, reached] = envelope[index[reached]]
+    f1 = 2 * precision * recall / (precision + recall + 1e-16)
+    has_truth = instances > 0
+    best = int(_smooth(f1[has_truth].mean(0), F1_SMOOTH).argmax()) if has_truth.any() else 0
+    ap50 = precision_at_recall.mean(1)
+    nan_without_truth = np.where(has_truth, 1.0, np.nan)
+    return PRCurves(
+        precision, recall, f1, precision_at_recall, ap50 * nan_without_truth, instances, float(CONF_GRID[best]),
+        precision[:, best] * nan_without_truth, recall[:, best] * nan_without_truth,
+    )

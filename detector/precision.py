@@ -1,0 +1,90 @@
+"""Everything about numeric precision: choosing it, autocast, the gradient scaler, strict FP32.
+
+One code path for every precision: ``autocast(enabled=...)`` and ``GradScaler(enabled=...)`` turn
+themselves off, so the training step has no AMP/no-AMP branches.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+CHOICES = ("auto", "fp16", "bf16", "fp32")
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str  # "fp16" | "bf16" | "fp32"
+    device_type: str  # "cuda" | "cpu" | ...
+    reason: str  # one line: why this precision was chosen
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return {"fp16": torch.float16, "bf16": torch.bfloat16}.get(self.name)
+
+    @property
+    def uses_scaler(self) -> bool:
+        # BF16 keeps FP32's exponent range, so only FP16 needs loss scaling.
+        return self.name == "fp16"
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device_type, dtype=self.dtype)
+
+    def make_scaler(self) -> torch.amp.GradScaler:
+        return torch.amp.GradScaler(self.device_type, enabled=self.uses_scaler)
+
+
+def cpu_has_native_bf16() -> bool:
+    """True where the CPU computes BF16 in hardware (AVX-512 BF16 or AMX); emulated BF16 is slower than FP32."""
+    checker = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    if checker is not None and checker():
+        return True
+    amx = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    if amx is not None and amx():
+        return True
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        flags = cpuinfo.read_text(errors="ignore")
+        return "avx512_bf16" in flags or "amx_bf16" in flags
+    return False
+
+
+def resolve_precision(requested: str, device: torch.device, *, unamp: bool = False) -> Precision:
+    """Pick the training precision for ``device``.
+
+    ``auto``: FP16 on CUDA (with dynamic loss scaling), BF16 on a CPU with native BF16, else FP32.
+    ``unamp`` overrides everything: true FP32, no autocast, no scaler, TF32 off.
+    """
+    if requested not in CHOICES:
+        raise ValueError(f"unknown precision {requested!r}; choose one of {', '.join(CHOICES)}")
+    device_type = device.type
+    if unamp:
+        set_strict_fp32()
+        return Precision("fp32", device_type, "--unamp: true FP32 (no autocast, no loss scaling, TF32 off)")
+    if requested == "fp32":
+        return Precision("fp32", device_type, "--precision fp32 requested")
+    if requested == "fp16":
+        if device_type == "cpu":
+            return Precision("fp32", device_type, "FP16 autocast is not worthwhile on CPU; using FP32")
+        return Precision("fp16", device_type, "--precision fp16 requested (dynamic loss scaling on)")
+    if requested == "bf16":
+        if device_type == "cuda" and not torch.cuda.is_bf16_supported():
+            return Precision("fp32", device_type, "this GPU has no BF16; using FP32")
+        return Precision("bf16", device_type, "--precision bf16 requested")
+    if device_type == "cuda":
+        return Precision("fp16", device_type, "auto: CUDA device, FP16 autocast with dynamic loss scaling")
+    if device_type == "cpu" and cpu_has_native_bf16():
+        return Precision("bf16", device_type, "auto: CPU has native BF16 (AVX-512 BF16/AMX), BF16 autocast")
+    return Precision("fp32", device_type, f"auto: no native reduced precision on {device_type}; FP32")
+
+
+def set_strict_fp32() -> None:
+    """Disable TF32 so FP32 ablations are really FP32 on Ampere+ GPUs."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")

@@ -1,0 +1,166 @@
+"""``python -m detector predict``: run a .pt / .onnx / .engine model on an image, a folder or a video.
+
+Writes ``<project>/<name>/predictions.json`` (a list, one entry per image or video frame:
+``{"file", "frame", "boxes" [[x1, y1, x2, y2] original pixels], "scores", "labels", "names"}``) and, with
+``--save``, annotated images (same file names) or an annotated ``<video stem>.mp4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from detector.data.dataset import read_image_rgb
+from detector.data.spec import IMAGE_SUFFIXES
+from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
+from detector.inference.backend import warn_if_below_baked
+from detector.postprocess import NMSConfig
+
+VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
+PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),
+           (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0), (168, 153, 44), (255, 194, 0)]  # BGR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m detector predict", description=__doc__.split("\n")[0].strip("`: "))
+    add = parser.add_argument
+    add("--weights", type=Path, help=".pt, .onnx or .engine (default: the newest runs/train/*/weights/best.pt)")
+    add("--source", type=Path, required=True, help="an image, a folder of images, or a video file")
+    add("--save", action="store_true", help="write annotated images / video (default: off; predictions.json always)")
+    add("--conf", type=float, default=0.25, help="score threshold (default: 0.25)")
+    add("--iou", type=float, default=0.7, help="NMS IoU threshold (default: 0.7)")
+    add("--max-det", type=int, default=300, help="detections kept per image (default: 300)")
+    add("--imgsz", type=int, help="input size (default: the model's own: training or export size)")
+    add("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    add("--project", type=Path, default=Path("runs/predict"), help="parent folder of runs (default: runs/predict)")
+    add("--name", default="exp", help="run folder; exp, exp2, ... when taken (default: exp)")
+    return parser
+
+
+def increment_path(path: Path) -> Path:
+    """``path`` if free, else ``path2``, ``path3``, ..."""
+    if not path.exists():
+        return path
+    index = 2
+    while (candidate := path.with_name(f"{path.name}{index}")).exists():
+        index += 1
+    return candidate
+
+
+def iterate_source(source: Path) -> Iterator[tuple[str, int | None, np.ndarray, float]]:
+    """-> (file name, frame index or None, RGB ``uint8 [H, W, 3]``, fps (0 for images))."""
+    if source.is_dir():
+        files = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise FileNotFoundError(f"{source}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
+        for file in files:
+            yield file.name, None, read_image_rgb(file), 0.0
+    elif source.suffix.lower() in VIDEO_SUFFIXES:
+        capture = cv2.VideoCapture(str(source))
+        if not capture.isOpened():
+            raise FileNotFoundError(f"{source}: cannot open video")
+        fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
+        frame = 0
+        while (read := capture.read())[0]:
+            yield source.name, frame, cv2.cvtColor(read[1], cv2.COLOR_BGR2RGB), fps
+            frame += 1
+        capture.release()
+    elif source.is_file() and source.suffix.lower() in IMAGE_SUFFIXES:
+        yield source.name, None, read_image_rgb(source), 0.0
+    else:
+        raise FileNotFoundError(f"{source}: not an image, a folder or a video ({', '.join(sorted(VIDEO_SUFFIXES))})")
+
+
+def annotate(image_rgb: np.ndarray, result: dict, names: list[str]) -> np.ndarray:
+    """-> BGR copy with one labelled box per detection."""
+    canvas = cv2.cvtColor(image_rgb, cv2.COLOR_RGB2BGR)
+    thickness = max(1, round(sum(canvas.shape[:2]) / 600))
+    for box, score, label in zip(result["boxes"].tolist(), result["scores"].tolist(), result["labels"].tolist()):
+        colour = PALETTE[int(label) % len(PALETTE)]
+        x1, y1, x2, y2 = (int(round(v)) for v in box)
+        cv2.rectangle(canvas, (x1, y1), (x2, y2), colour, thickness, cv2.LINE_AA)
+        text = f"{names[int(label)] if int(label) < len(names) else label} {score:.2f}"
+        cv2.putText(canvas, text, (x1, max(y1 - 3, 10)), cv2.FONT_HERSHEY_SIMPLEX, thickness / 3, colour, thickness, cv2.LINE_AA)
+    return canvas
+
+
+def to_record(file: str, frame: int | None, result: dict, names: list[str]) -> dict:
+    labels = [int(v) for v in result["labels"].tolist()]
+    return {
+        "file": file,
+        "frame": frame,
+        "boxes": [[round(v, 2) for v in box] for box in result["boxes"].tolist()],
+        "scores": [round(v, 4) for v in result["scores"].tolist()],
+        "labels": labels,
+        "names": [names[i] if i < len(names) else str(i) for i in labels],
+    }
+
+
+def input_size(backend: Backend, requested: int | None) -> int:
+    info = backend.info
+    if requested and not info.dynamic and requested != info.imgsz:
+        raise ValueError(f"this model was exported at a fixed {info.imgsz} px; drop --imgsz or re-export with --dynamic")
+    size = requested or info.imgsz
+    if size % info.stride:
+        raise ValueError(f"--imgsz must be a multiple of {info.stride}; got {size}")
+    return size
+
+
+def predict(backend: Backend, source: Path, out_dir: Path, *, size: int, save: bool) -> list[dict]:
+    """Run over every image/frame of ``source``; write annotations under ``out_dir``; return the records."""
+    records, writer = [], None
+    names = backend.info.names
+    try:
+        for file, frame, image, fps in iterate_source(source):
+            start = time.perf_counter()
+            batch, transforms = prepare_batch([image], size)
+            result = to_original_pixels(backend(batch)[0], transforms[0])
+            records.append(to_record(file, frame, result, names))
+            counts = Counter(records[-1]["names"])
+            where = file if frame is None else f"{file} frame {frame}"
+            summary = ", ".join(f"{n} {c}" for c, n in sorted(((c, n) for n, c in counts.items()), reverse=True)) or "nothing"
+            print(f"{where}: {summary} ({1000 * (time.perf_counter() - start):.1f} ms)")
+            if not save:
+                continue
+            canvas = annotate(image, result, names)
+            if frame is None:
+                cv2.imwrite(str(out_dir / file), canvas)
+            else:
+                if writer is None:
+                    path = out_dir / f"{Path(file).stem}.mp4"
+                    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, canvas.shape[1::-1])
+                writer.write(canvas)
+    finally:
+        if writer is not None:
+            writer.release()
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        weights = args.weights or find_latest_checkpoint()
+        if weights is None:
+            raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
+        nms = NMSConfig(conf_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det)
+        backend = load_backend(weights, device=args.device, imgsz=args.imgsz, nms=nms)
+        warn_if_below_baked(backend)
+        size = input_size(backend, args.imgsz)
+        out_dir = increment_path(args.project / args.name)
+        out_dir.mkdir(parents=True)
+        records = predict(backend, args.source, out_dir, size=size, save=args.save)
+    except (FileNotFoundError, ValueError, RuntimeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    # One record per line: readable, diffable, and still a single JSON list.
+    (out_dir / "predictions.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in records) + "\n]\n")
+    print(f"{backend.name} on {len(records)} images/frames at {size} px; results in {out_dir}")
+    return 0

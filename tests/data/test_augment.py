@@ -1,0 +1,55 @@
+import numpy as np
+import pytest
+
+from detector.data.augment import AugmentConfig, letterbox, mosaic, random_affine
+from detector.data.dataset import DetectionDataset
+from detector.data.labels import ImageRecord
+from detector.data.synthetic import make_image
+
+
+def test_letterbox_keeps_aspect_and_reports_padding():
+    image = np.zeros((50, 100, 3), np.uint8)
+    boxed, ratio, (left, top) = letterbox(image, 64)
+    assert boxed.shape == (64, 64, 3) and ratio == pytest.approx(0.64) and left == 0 and top == 16
+
+
+def test_mosaic_and_affine_keep_boxes_inside_the_image():
+    rng = np.random.default_rng(0)
+    config = AugmentConfig(degrees=20, shear=5, translate=0.2, scale=0.5)
+    for _ in range(20):
+        images, boxes, classes = [], [], []
+        for _ in range(4):
+            image, labels = make_image(rng, 64)
+            cx, cy, w, h = (labels[:, i] * 64 for i in range(1, 5))
+            images.append(image)
+            boxes.append(np.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), 1).astype(np.float32))
+            classes.append(labels[:, 0])
+        canvas, out_boxes, out_classes = mosaic(images, boxes, classes, 64, rng)
+        assert canvas.shape == (128, 128, 3)
+        warped, final, final_classes = random_affine(canvas, out_boxes, out_classes, 64, config, rng)
+        assert warped.shape == (64, 64, 3) and len(final) == len(final_classes)
+        if len(final):
+            assert final.min() >= 0 and final[:, [0, 2]].max() <= 64 and final[:, [1, 3]].max() <= 64
+            assert ((final[:, 2:] - final[:, :2]) > 2).all()
+
+
+def test_training_items_are_deterministic_per_epoch_and_boxes_normalised(tmp_path):
+    rng = np.random.default_rng(1)
+    records = []
+    for index in range(4):
+        image, labels = make_image(rng, 64)
+        path = tmp_path / f"{index}.png"
+        import cv2
+
+        cv2.imwrite(str(path), image)
+        records.append(ImageRecord(path, labels, index))
+    dataset = DetectionDataset(records, image_size=64, augment=AugmentConfig(albumentations=0.5), seed=3)
+    first, again, other_epoch = dataset[(0, 5, True)], dataset[(0, 5, True)], dataset[(0, 6, True)]
+    assert first[0].shape == (3, 64, 64)
+    assert np.array_equal(first[0].numpy(), again[0].numpy())
+    assert not np.array_equal(first[0].numpy(), other_epoch[0].numpy())
+    for key in range(4):
+        _, labels, _ = dataset[(key, 0, True)]
+        if len(labels):
+            corners = np.concatenate((labels[:, 1:3] - labels[:, 3:5] / 2, labels[:, 1:3] + labels[:, 3:5] / 2), 1)
+            assert corners.min() >= -1e-6 and corners.max() <= 1 + 1e-6

@@ -1,0 +1,124 @@
+"""Matching, PR curves and the confusion matrix on hand-made cases with known answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from detector.data.dataset import ImageMeta
+from detector.plots import confusion_matrix, match_dataset, match_predictions, plot_all_validation, pr_curves
+from detector.plots.matching import labels_to_boxes, match_pairs, unletterbox_boxes
+
+GT_BOXES = torch.tensor([[0.0, 0, 10, 10], [20, 20, 30, 30]])
+GT_LABELS = torch.tensor([0, 1])
+
+
+def test_one_tp_one_fp_one_fn() -> None:
+    # Prediction 0 sits on ground truth 0 (TP); prediction 1 is far from everything (FP);
+    # ground truth 1 is never found (FN).
+    pred_boxes = torch.tensor([[1.0, 0, 10, 10], [50, 50, 60, 60]])
+    pred_labels = torch.tensor([0, 0])
+    assert match_predictions(pred_boxes, pred_labels, GT_BOXES, GT_LABELS).tolist() == [True, False]
+    matrix = confusion_matrix(pred_boxes, pred_labels, torch.tensor([0.9, 0.8]), GT_BOXES, GT_LABELS, 2)
+    expected = np.zeros((3, 3), int)
+    expected[0, 0] = 1  # TP: predicted 0, true 0
+    expected[0, 2] = 1  # FP: predicted 0, background
+    expected[2, 1] = 1  # FN: class 1 missed
+    np.testing.assert_array_equal(matrix, expected)
+
+
+def test_wrong_class_is_fp_for_pr_and_off_diagonal_in_confusion() -> None:
+    pred_boxes, pred_labels = GT_BOXES[:1].clone(), torch.tensor([1])
+    assert match_predictions(pred_boxes, pred_labels, GT_BOXES, GT_LABELS).tolist() == [False]
+    matrix = confusion_matrix(pred_boxes, pred_labels, torch.tensor([0.9]), GT_BOXES, GT_LABELS, 2)
+    assert matrix[1, 0] == 1 and matrix[2, 1] == 1 and matrix.sum() == 2
+
+
+def test_duplicates_and_thresholds() -> None:
+    # Two predictions on one box: the better-overlapping one is the TP, the other an FP.
+    pred_boxes = torch.tensor([[0.0, 0, 9, 10], [0, 0, 10, 10]])
+    correct = match_predictions(pred_boxes, torch.tensor([0, 0]), GT_BOXES[:1], GT_LABELS[:1])
+    assert correct.tolist() == [False, True]
+    # Confusion matrix: a low score is ignored, so the box counts as missed.
+    matrix = confusion_matrix(pred_boxes[1:], torch.tensor([0]), torch.tensor([0.2]), GT_BOXES[:1], GT_LABELS[:1], 1)
+    np.testing.assert_array_equal(matrix, [[0, 0], [1, 0]])
+    # IoU exactly 0.5 counts for the PR matching (>=), as COCO does.
+    half = torch.tensor([[0.0, 0, 10, 5]])
+    assert match_predictions(half, torch.tensor([0]), GT_BOXES[:1], GT_LABELS[:1]).tolist() == [True]
+
+
+def test_empty_inputs() -> None:
+    none = torch.zeros(0, 4)
+    assert match_predictions(none, torch.zeros(0), GT_BOXES, GT_LABELS).shape == (0,)
+    assert match_predictions(GT_BOXES, GT_LABELS, none, torch.zeros(0)).tolist() == [False, False]
+    matrix = confusion_matrix(GT_BOXES, GT_LABELS, torch.ones(2), none, torch.zeros(0), 2)
+    assert matrix[0, 2] == 1 and matrix[1, 2] == 1 and matrix.sum() == 2
+
+
+def test_match_pairs_is_one_to_one_by_iou() -> None:
+    iou = np.array([[0.9, 0.8], [0.85, 0.6]])
+    gt_index, pred_index = match_pairs(iou, iou > 0.5)
+    assert sorted(zip(gt_index.tolist(), pred_index.tolist())) == [(0, 0), (1, 1)]
+
+
+def test_pr_curves_known_values() -> None:
+    # Class 0: 2 ground truths; predictions by score: TP (0.9), FP (0.8), TP (0.7).
+    # Class 1: 1 ground truth, never predicted. Class 2: no ground truth, one FP.
+    correct = np.array([True, False, True, False])
+    scores = np.array([0.9, 0.8, 0.7, 0.6])
+    labels = np.array([0, 0, 0, 2])
+    curves = pr_curves(correct, scores, labels, np.array([0, 0, 1]), 3)
+    assert curves.instances.tolist() == [2, 1, 0]
+    # Envelope: precision 1 up to recall 0.5, then 2/3 up to recall 1 -> 101-point AP.
+    expected_ap = (51 * 1.0 + 50 * 2 / 3) / 101
+    assert np.isclose(curves.ap50[0], expected_ap) and curves.ap50[1] == 0 and np.isnan(curves.ap50[2])
+    assert np.isnan(curves.best_precision[2]) and np.isnan(curves.best_recall[2])
+    at = lambda conf: int(np.abs(np.linspace(0, 1, 1000) - conf).argmin())  # noqa: E731
+    assert curves.recall[0, at(0.75)] == 0.5 and curves.precision[0, at(0.75)] == 0.5
+    assert curves.recall[0, at(0.5)] == 1.0 and np.isclose(curves.precision[0, at(0.5)], 2 / 3)
+    assert curves.recall[0, at(0.95)] == 0 and curves.precision[0, at(0.95)] == 1  # nothing predicted yet
+
+
+def test_coordinate_conversions() -> None:
+    meta = ImageMeta(image_id=0, original_hw=(50, 100), ratio=0.64, pad=(0.0, 16.0))
+    original = torch.tensor([[10.0, 5, 60, 45]])
+    letterboxed = original * meta.ratio + torch.tensor([0, 16, 0, 16])
+    torch.testing.assert_close(unletterbox_boxes(letterboxed, meta), original)
+    classes, boxes = labels_to_boxes(np.array([[1, 0.5, 0.5, 0.2, 0.4]]), (50, 100))
+    assert classes.tolist() == [1]
+    torch.testing.assert_close(boxes, torch.tensor([[40.0, 15, 60, 35]]))
+
+
+def perfect_predictions(split) -> list:
+    """Ground truth turned into letterboxed-pixel predictions with score 0.9."""
+    predictions = []
+    for index in range(len(split.dataset)):
+        _, labels, meta = split.dataset[index]
+        size = split.dataset.image_size
+        centre, side = labels[:, 1:3] * size, labels[:, 3:5] * size
+        boxes = torch.cat((centre - side / 2, centre + side / 2), 1)
+        detection = {"boxes": boxes, "scores": torch.full((len(labels),), 0.9), "labels": labels[:, 0].long()}
+        predictions.append((detection, meta))
+    return predictions
+
+
+def test_perfect_predictions_give_full_precision_and_recall(tiny_split, tmp_path: Path, assert_png) -> None:
+    predictions = perfect_predictions(tiny_split)
+    matches = match_dataset(predictions, tiny_split.records, tiny_split.image_hw, 2)
+    assert matches.correct.all() and len(matches.gt_labels) == 4
+    np.testing.assert_array_equal(matches.confusion, [[2, 0, 0], [0, 2, 0], [0, 0, 0]])
+    stats = plot_all_validation(predictions, tiny_split, ["square", "bar"], tmp_path / "val")
+    np.testing.assert_allclose(stats.precision, [1, 1])
+    np.testing.assert_allclose(stats.recall, [1, 1])
+    assert {p.name for p in stats.files} == {"PR_curve.png", "confusion_matrix.png", "val_batch0_pred.png"}
+    for path in stats.files:
+        assert_png(path)
+
+
+def test_images_without_predictions_count_as_misses(tiny_split) -> None:
+    predictions = perfect_predictions(tiny_split)[:1]  # only the first image was predicted
+    matches = match_dataset(predictions, tiny_split.records, tiny_split.image_hw, 2)
+    assert matches.correct.sum() == 2 and len(matches.gt_labels) == 4
+    assert matches.confusion[2].tolist() == [1, 1, 0]

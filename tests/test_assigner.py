@@ -1,0 +1,48 @@
+import torch
+
+from detector.assigner import assign_targets
+
+
+def _inputs(seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    anchors = torch.stack(torch.meshgrid(torch.arange(8) * 8 + 4.0, torch.arange(8) * 8 + 4.0, indexing="xy"), -1).view(-1, 2)
+    scores = torch.rand(2, 64, 3, generator=generator)
+    centres = anchors[None].expand(2, -1, -1)
+    pred_boxes = torch.cat((centres - 6 - torch.rand(2, 64, 2, generator=generator) * 4,
+                            centres + 6 + torch.rand(2, 64, 2, generator=generator) * 4), -1)
+    gt_boxes = torch.tensor([[[2.0, 2.0, 30.0, 30.0], [30.0, 10.0, 60.0, 40.0], [0, 0, 0, 0]],
+                             [[10.0, 20.0, 50.0, 60.0], [0, 0, 0, 0], [0, 0, 0, 0]]])
+    gt_labels = torch.tensor([[0, 2, 0], [1, 0, 0]])
+    gt_mask = torch.tensor([[True, True, False], [True, False, False]])
+    return scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask
+
+
+def test_batched_equals_per_image():
+    scores, pred_boxes, anchors, labels, boxes, mask = _inputs()
+    batched = assign_targets(scores, pred_boxes, anchors, labels, boxes, mask, num_classes=3)
+    for i in range(2):
+        real = int(mask[i].sum())  # per image, without the padding rows
+        single = assign_targets(scores[i:i + 1], pred_boxes[i:i + 1], anchors, labels[i:i + 1, :real],
+                                boxes[i:i + 1, :real], mask[i:i + 1, :real], num_classes=3)
+        assert torch.equal(single.foreground[0], batched.foreground[i])
+        assert torch.allclose(single.scores[0], batched.scores[i])
+        assert torch.allclose(single.boxes[0][single.foreground[0]], batched.boxes[i][batched.foreground[i]])
+
+
+def test_positives_lie_inside_their_box_and_respect_top_k():
+    scores, pred_boxes, anchors, labels, boxes, mask = _inputs()
+    result = assign_targets(scores, pred_boxes, anchors, labels, boxes, mask, num_classes=3, top_k=5)
+    assert result.foreground.any()
+    for b in range(2):
+        fg = result.foreground[b]
+        points, assigned = anchors[fg], result.boxes[b][fg]
+        assert ((points > assigned[:, :2]) & (points < assigned[:, 2:])).all()
+        assert fg.sum() <= 5 * int(mask[b].sum())
+        assert torch.equal(result.scores[b][~fg], torch.zeros_like(result.scores[b][~fg]))
+
+
+def test_empty_targets_give_no_foreground():
+    scores, pred_boxes, anchors, *_ = _inputs()
+    result = assign_targets(scores, pred_boxes, anchors, torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, 4),
+                            torch.zeros(2, 0, dtype=torch.bool), num_classes=3)
+    assert not result.foreground.any() and result.scores.sum() == 0

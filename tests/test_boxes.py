@@ -1,0 +1,42 @@
+import torch
+
+from detector.boxes import (
+    boxes_to_distances,
+    cxcywh_to_xyxy,
+    dfl_expectation,
+    distances_to_boxes,
+    make_anchors,
+    xyxy_to_cxcywh,
+)
+
+
+def test_xyxy_cxcywh_round_trip():
+    boxes = torch.tensor([[10.0, 20.0, 50.0, 80.0], [0.0, 0.0, 1.0, 2.0]])
+    assert torch.allclose(cxcywh_to_xyxy(xyxy_to_cxcywh(boxes)), boxes)
+    assert torch.allclose(xyxy_to_cxcywh(boxes)[0], torch.tensor([30.0, 50.0, 40.0, 60.0]))
+
+
+def test_distances_round_trip_inside_range():
+    points = torch.tensor([[5.0, 5.0], [2.5, 7.5]])
+    boxes = torch.tensor([[1.0, 2.0, 9.0, 8.0], [0.5, 3.0, 4.0, 10.0]])
+    distances = boxes_to_distances(points, boxes, max_distance=15)
+    assert torch.allclose(distances_to_boxes(points, distances), boxes)
+
+
+def test_distances_are_clamped_to_bin_range():
+    distances = boxes_to_distances(torch.tensor([[0.5, 0.5]]), torch.tensor([[0.0, 0.0, 40.0, 40.0]]), max_distance=14.99)
+    assert distances.max() <= 14.99
+
+
+def test_anchor_layout_and_strides():
+    points, strides = make_anchors([(4, 6), (2, 3)], (8, 16), device=torch.device("cpu"), dtype=torch.float32)
+    assert points.shape == (24 + 6, 2) and strides.shape == (30, 1)
+    assert torch.equal(points[0], torch.tensor([0.5, 0.5])) and torch.equal(points[1], torch.tensor([1.5, 0.5]))
+    assert strides[:24].eq(8).all() and strides[24:].eq(16).all()
+
+
+def test_dfl_expectation_of_one_hot_logits_is_the_bin():
+    logits = torch.full((1, 4 * 16), -1e4)
+    for side, bin_index in enumerate((0, 3, 7, 15)):
+        logits[0, side * 16 + bin_index] = 1e4
+    assert torch.allclose(dfl_expectation(logits, 16), torch.tensor([[0.0, 3.0, 7.0, 15.0]]))

@@ -1,0 +1,144 @@
+"""``python -m detector val`` end to end, and the per-class table against pycocotools."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from detector.__main__ import main as detector_main
+from detector.checkpoint import save_checkpoint
+from detector.data.dataset import ImageMeta
+from detector.data.labels import ImageRecord
+from detector.evaluate import build_coco_ground_truth, evaluate_coco, load_coco, to_coco_detections
+from detector.model import build_model
+from detector.report import per_class_rows, per_class_table
+from detector.val import increment_path, main, resolve_image_size
+
+NAMES = ["cat", "dog"]
+PNG_FILES = ("PR_curve.png", "confusion_matrix.png", "val_batch0_pred.png")
+
+
+def hand_made_result():
+    """Three 100x100 images: both cat boxes found (one false positive outranks them), no dog ever found."""
+    labels = [
+        [[0, 0.3, 0.3, 0.2, 0.2], [1, 0.7, 0.7, 0.2, 0.2]],
+        [[0, 0.5, 0.5, 0.4, 0.4]],
+        [[1, 0.5, 0.5, 0.3, 0.3]],
+    ]
+    records = [ImageRecord(Path(f"{i}.jpg"), np.array(rows, np.float32), i) for i, rows in enumerate(labels)]
+    image_hw = [(100, 100)] * 3
+    ground_truth = load_coco(build_coco_ground_truth(records, image_hw, NAMES, [1, 2]))
+    # Image 0: the cat box exactly, plus a false positive scoring above it; image 1: the cat box exactly.
+    boxes = [torch.tensor([[20.0, 20, 40, 40], [70, 10, 90, 30]]), torch.tensor([[30.0, 30, 70, 70]]),
+             torch.zeros(0, 4)]
+    scores = [torch.tensor([0.9, 0.95]), torch.tensor([0.8]), torch.zeros(0)]
+    detections = [
+        {"boxes": box, "scores": score, "labels": torch.zeros(len(score), dtype=torch.long)}
+        for box, score in zip(boxes, scores)
+    ]
+    metas = [ImageMeta(i, (100, 100), 1.0, (0.0, 0.0)) for i in range(3)]
+    result = evaluate_coco(ground_truth, to_coco_detections(detections, metas, [1, 2]))
+    return records, result
+
+
+def test_table_ap_columns_are_the_pycocotools_numbers() -> None:
+    records, result = hand_made_result()
+    assert result.per_class_ap50[1] == 0 and 0 < result.per_class_ap50[0] < 1  # the FP ranks above both TPs
+    precision, recall = np.array([2 / 3, 0.0]), np.array([1.0, 0.0])
+    rows = per_class_rows(NAMES, records, result, precision, recall)
+    assert [(r.name, r.images, r.instances) for r in rows] == [("all", 3, 4), ("cat", 2, 2), ("dog", 2, 2)]
+    assert rows[0].ap50 == result.metrics["mAP50"] and rows[0].ap50_95 == result.metrics["mAP50-95"]
+    for row, ap50, ap in zip(rows[1:], result.per_class_ap50, result.per_class_ap):
+        assert row.ap50 == ap50 and row.ap50_95 == ap
+    table = per_class_table(NAMES, records, result, precision, recall).splitlines()
+    assert table[0].split() == ["Class", "Images", "Instances", "P", "R", "AP50", "AP50-95"]
+    assert table[1].split() == ["all", "3", "4", "0.333", "0.500",
+                                f"{result.metrics['mAP50']:.3f}", f"{result.metrics['mAP50-95']:.3f}"]
+    assert table[2].split()[-2:] == [f"{result.per_class_ap50[0]:.3f}", f"{result.per_class_ap[0]:.3f}"]
+    assert table[3].split()[-2:] == ["0.000", "0.000"]
+    assert len({len(line) for line in table}) == 1  # fixed width
+
+
+def test_table_marks_classes_without_ground_truth() -> None:
+    records, result = hand_made_result()
+    result.per_class_ap50[1] = result.per_class_ap[1] = np.nan
+    table = per_class_table(NAMES, records, result, np.array([1.0, np.nan]), np.array([1.0, np.nan]))
+    assert table.splitlines()[3].split()[3:] == ["-", "-", "-", "-"]
+
+
+def write_dataset(root: Path) -> Path:
+    """Five 64x64 images with one or two rectangles each, YOLO labels, and a data YAML."""
+    rng = np.random.default_rng(0)
+    for index in range(5):
+        image = rng.integers(0, 50, (64, 64, 3), dtype=np.uint8)
+        rows = [(index % 2, 0.25 + 0.1 * index, 0.5, 0.3, 0.4)] + ([(1, 0.7, 0.3, 0.2, 0.2)] if index < 2 else [])
+        for cls, cx, cy, w, h in rows:
+            top, bottom, left, right = (round(v * 64) for v in (cy - h / 2, cy + h / 2, cx - w / 2, cx + w / 2))
+            image[top:bottom, left:right] = 200 - 100 * cls
+        for kind in ("images", "labels"):
+            (root / kind / "val").mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(root / "images" / "val" / f"{index}.jpg"), image)
+        (root / "labels" / "val" / f"{index}.txt").write_text("".join(" ".join(map(str, row)) + "\n" for row in rows))
+    yaml_path = root / "data.yaml"
+    yaml_path.write_text(f"path: {root}\ntrain: images/val\nval: images/val\nnames: {NAMES}\n")
+    return yaml_path
+
+
+@pytest.fixture
+def val_inputs(tmp_path: Path) -> tuple[Path, Path]:
+    torch.manual_seed(0)
+    model = build_model(num_classes=2, scale="n")
+    weights = tmp_path / "best.pt"
+    model_args = {"num_classes": 2, "scale": "n", "reg_max": 16}
+    save_checkpoint({"model": model.state_dict(), "ema": None, "model_args": model_args, "names": NAMES,
+                     "config": {"imgsz": 64}, "epoch": 0}, weights)
+    return weights, write_dataset(tmp_path / "data")
+
+
+def test_val_command_end_to_end(val_inputs, tmp_path: Path, capsys) -> None:
+    weights, data = val_inputs
+    common = ["--weights", str(weights), "--data", str(data), "--workers", "0", "--batch", "4",
+              "--project", str(tmp_path / "runs")]
+    # --conf 0 keeps every candidate, so even a random model's (tiny) scores give detections to score and plot.
+    assert main([*common, "--conf", "0", "--name", "exp"]) == 0
+    out = capsys.readouterr().out
+    assert "imgsz 64" in out and "FP32" in out  # size taken from the checkpoint's config
+    assert "Average Precision" in out and out.count("\nall ") == 1
+    run = tmp_path / "runs" / "exp"
+    predictions = json.loads((run / "predictions.json").read_text())
+    assert predictions and {"image_id", "category_id", "bbox", "score"} <= set(predictions[0])
+    assert "AP50-95" in (run / "results.txt").read_text()
+    for name in PNG_FILES:
+        assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert cv2.imread(str(run / name)) is not None
+    # A second run goes to exp2; --no-plots writes no figures; the dispatcher reaches the same main.
+    assert detector_main(["val", *common, "--name", "exp", "--no-plots"]) == 0
+    second = tmp_path / "runs" / "exp2"
+    assert (second / "predictions.json").is_file() and not any((second / n).exists() for n in PNG_FILES)
+
+
+def test_val_errors_are_one_line_and_return_2(val_inputs, tmp_path: Path, capsys) -> None:
+    weights, data = val_inputs
+    project = ["--project", str(tmp_path / "runs")]
+    assert main(["--weights", str(tmp_path / "missing.pt"), "--data", str(data), *project]) == 2
+    assert main(["--weights", str(weights), "--data", str(tmp_path / "missing.yaml"), *project]) == 2
+    assert main(["--weights", str(weights), "--data", str(data), "--split", "test", *project]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
+    assert "missing.pt" in errors[0] and "missing.yaml" in errors[1] and "test" in errors[2]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_helpers(tmp_path: Path) -> None:
+    assert increment_path(tmp_path / "exp") == tmp_path / "exp"
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp2").mkdir()
+    assert increment_path(tmp_path / "exp") == tmp_path / "exp3"
+    assert resolve_image_size(None, {"imgsz": 320}) == 320
+    assert resolve_image_size(None, None) == 640
+    assert resolve_image_size(100, {"imgsz": 320}) == 128  # rounded up to a multiple of 32

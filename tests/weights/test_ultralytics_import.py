@@ -1,0 +1,263 @@
+"""Ultralytics YOLOv8 checkpoints: parity with Ultralytics itself, class-count changes, hostile files.
+
+The Ultralytics models are built from their YAMLs (random weights, nothing downloaded) and saved the
+ways Ultralytics 8.4 saves them; ``ultralytics`` is only an oracle here and the tests that need it
+skip without it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from detector.model import build_model
+from detector.postprocess import NMSConfig, postprocess
+from detector.weights import (
+    UnsafeCheckpointError,
+    convert_yolov8_state_dict,
+    load_pretrained,
+    read_ultralytics_checkpoint,
+    resolve_weights,
+)
+
+os.environ.setdefault("YOLO_OFFLINE", "1")  # read by ultralytics at import: never reach the network
+
+
+def _ultralytics_model(yaml_name: str, seed: int = 0):
+    """An Ultralytics ``YOLO`` whose BN statistics and class biases are not at their defaults.
+
+    Default BN (mean 0, var 1, weight 1, bias 0) would hide a swapped or skipped tensor; random class
+    biases spread the scores so that NMS has real work to do.
+    """
+    ultralytics = pytest.importorskip("ultralytics")
+    torch.manual_seed(seed)
+    wrapper = ultralytics.YOLO(yaml_name, verbose=False)
+    network = wrapper.model
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in network.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.weight.uniform_(0.5, 1.5, generator=generator)
+                module.bias.normal_(0.0, 0.2, generator=generator)
+                module.running_mean.normal_(0.0, 0.2, generator=generator)
+                module.running_var.uniform_(0.5, 2.0, generator=generator)
+        for branch in network.model[-1].cv3:
+            branch[-1].bias.normal_(-6.0, 2.0, generator=generator)
+    return wrapper
+
+
+def _save_release(wrapper, path: Path) -> None:
+    """The layout of released ``yolov8n.pt`` files: ``Model.save`` writes an FP16 ``"model"`` and ``"ema": None``."""
+    wrapper.save(path)
+
+
+def _save_training(wrapper, path: Path) -> None:
+    """What ``BaseTrainer.save_model`` writes in Ultralytics 8.4 (last.pt / best.pt): FP16 EMA, ``"model": None``."""
+    from ultralytics import __version__
+    from ultralytics.cfg import get_cfg
+    from ultralytics.utils.torch_utils import convert_optimizer_state_dict_to_fp16
+
+    network, args = wrapper.model, get_cfg()
+    network.nc, network.names, network.args = 80, {i: f"class{i}" for i in range(80)}, args  # set_model_attributes
+    optimizer = torch.optim.SGD(network.parameters(), lr=0.01, momentum=0.9)
+    for parameter in network.parameters():
+        parameter.grad = torch.zeros_like(parameter)  # one zero step: momentum buffers, unchanged weights
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    ema = copy.deepcopy(network).half().to(memory_format=torch.contiguous_format)
+    checkpoint = {
+        "epoch": 3,
+        "best_fitness": 0.1,
+        "stopper": {"best_fitness": 0.1, "best_epoch": 3},
+        "model": None,
+        "ema": ema,
+        "updates": 120,
+        "modelopt": None,
+        "optimizer": convert_optimizer_state_dict_to_fp16(copy.deepcopy(optimizer.state_dict())),
+        "scaler": torch.amp.GradScaler("cpu", enabled=False).state_dict(),
+        "train_args": vars(args),
+        "train_metrics": {"metrics/mAP50(B)": 0.2, "fitness": 0.1},
+        "train_results": {"epoch": [1, 2, 3], "metrics/mAP50(B)": [0.1, 0.15, 0.2]},
+        "date": "2025-01-01T00:00:00+00:00",
+        "version": __version__,
+        "git": {"root": None, "branch": None, "commit": None, "message": None, "origin": None},
+        "license": "AGPL-3.0 (https://ultralytics.com/license)",
+        "docs": "https://docs.ultralytics.com",
+    }
+    torch.save(checkpoint, path)
+
+
+@pytest.fixture(scope="module")
+def saved_checkpoint(tmp_path_factory: pytest.TempPathFactory):
+    """``saved_checkpoint(arch, layout) -> Path``, each file built once per module (building yolov8s is slow)."""
+    files: dict[tuple[str, str], Path] = {}
+
+    def get(arch: str, layout: str = "release") -> Path:
+        if (arch, layout) not in files:
+            path = tmp_path_factory.mktemp(layout) / f"{arch}.pt"
+            save = {"release": _save_release, "training": _save_training}[layout]
+            save(_ultralytics_model(f"{arch}.yaml"), path)
+            files[arch, layout] = path
+        return files[arch, layout]
+
+    return get
+
+
+def _synthetic_images(batch: int = 2, height: int = 192, width: int = 320) -> torch.Tensor:
+    """``[B, 3, H, W]`` in [0, 1]: colour gradients with solid rectangles on top (non-square on purpose)."""
+    generator = torch.Generator().manual_seed(1)
+    rows, cols = torch.meshgrid(torch.linspace(0, 1, height), torch.linspace(0, 1, width), indexing="ij")
+    images = torch.stack((cols, rows, 1 - rows * cols)).repeat(batch, 1, 1, 1) * 0.6
+    for image in images:
+        for _ in range(8):
+            top, left = (torch.randint(0, limit - 48, (1,), generator=generator).item() for limit in (height, width))
+            box_height, box_width = torch.randint(16, 48, (2,), generator=generator).tolist()
+            image[:, top : top + box_height, left : left + box_width] = torch.rand(3, 1, 1, generator=generator)
+    return images
+
+
+@pytest.mark.parametrize(("scale", "layout"), [("n", "training"), ("s", "release")])
+def test_outputs_match_ultralytics(saved_checkpoint, scale: str, layout: str) -> None:
+    pytest.importorskip("ultralytics")
+    from ultralytics.utils.nms import non_max_suppression
+
+    path = saved_checkpoint(f"yolov8{scale}", layout)
+    # The oracle is the file as Ultralytics reads it back, so both sides see the same FP16 rounding.
+    stored = torch.load(path, map_location="cpu", weights_only=False)
+    oracle = (stored["ema"] or stored["model"]).float().eval()
+    checkpoint = read_ultralytics_checkpoint(path)
+    assert checkpoint.scale == scale
+    assert checkpoint.num_classes == 80 and len(checkpoint.names) == 80
+    model = build_model(num_classes=80, scale=scale).eval()
+    report = load_pretrained(model, checkpoint)
+    assert report.reinitialised == () and report.matched == len(model.state_dict())
+
+    images = _synthetic_images()
+    with torch.no_grad():
+        ours = model(images)
+        decoded, raw = oracle(images)
+    ours_flat = torch.cat([level.flatten(2) for level in ours], 2)  # [B, 64 + C, anchors]
+    theirs_flat = torch.cat((raw["boxes"], raw["scores"]), 1)
+    max_diff = (ours_flat - theirs_flat).abs().max().item()
+    print(f"\nYOLOv8{scale}: max |raw output difference| = {max_diff:.3g}")
+    assert max_diff < 1e-4
+
+    # Random weights give arbitrary score levels: put the threshold below the 500th best score so NMS has work.
+    conf, iou = decoded[:, 4:].amax(1).flatten().topk(500).values[-1].item(), 0.7
+    our_detections = postprocess(ours, strides=model.strides, reg_max=16, config=NMSConfig(conf, iou))
+    their_detections = non_max_suppression(decoded, conf_thres=conf, iou_thres=iou)
+    counts = [len(image["boxes"]) for image in our_detections]
+    print(f"YOLOv8{scale}: detections per image {counts} at confidence > {conf:.3g}")
+    assert all(count > 0 for count in counts), "too few detections for a meaningful comparison"
+    for ours_image, theirs_image in zip(our_detections, their_detections):
+        assert len(ours_image["boxes"]) == len(theirs_image)
+        torch.testing.assert_close(ours_image["boxes"], theirs_image[:, :4], atol=1e-3, rtol=0)
+        torch.testing.assert_close(ours_image["scores"], theirs_image[:, 4], atol=1e-5, rtol=0)
+        assert torch.equal(ours_image["labels"], theirs_image[:, 5].long())
+
+
+def test_ema_is_preferred_over_model(tmp_path: Path) -> None:
+    ema = _ultralytics_model("yolov8n.yaml").model
+    live = copy.deepcopy(ema)
+    live.model[0].conv.weight.data.zero_()
+    path = tmp_path / "both.pt"
+    torch.save({"model": live.half(), "ema": ema.half()}, path)
+    checkpoint = read_ultralytics_checkpoint(path)
+    assert checkpoint.source == "ema"
+    torch.testing.assert_close(checkpoint.state_dict["model.0.conv.weight"], ema.model[0].conv.weight.detach())
+
+
+@pytest.mark.parametrize(
+    ("scale", "expected"),
+    [
+        # yolov8s's class branch is 128 wide whatever the class count: only the final convs change.
+        ("s", {f"head.cv3.{level}.2.{name}" for level in range(3) for name in ("weight", "bias")}),
+        # yolov8n's is max(64, min(classes, 100)) wide: 80 classes -> 80, 3 -> 64, so the whole branch changes.
+        ("n", None),
+    ],
+)
+def test_other_class_count_reinitialises_only_the_class_branch(saved_checkpoint, scale: str, expected) -> None:
+    path = saved_checkpoint(f"yolov8{scale}")
+    model = build_model(num_classes=3, scale=scale)
+    fresh = {key: tensor.clone() for key, tensor in model.state_dict().items()}
+    report = load_pretrained(model, path)
+    incoming = convert_yolov8_state_dict(read_ultralytics_checkpoint(path).state_dict)
+
+    loaded = model.state_dict()
+    if expected is None:
+        expected = {key for key in loaded if key.startswith("head.cv3.")}
+    assert set(report.reinitialised) == expected
+    assert report.source_num_classes == 80 and "3 classes" in report.summary()
+    for key, tensor in loaded.items():
+        assert torch.equal(tensor, fresh[key] if key in expected else incoming[key]), key
+
+
+def test_wrong_scale_and_other_architectures_are_named(saved_checkpoint) -> None:
+    path = saved_checkpoint("yolov8s")
+    with pytest.raises(ValueError, match=r"yolov8s\.pt: holds YOLOv8s weights but the model is scale 'n'"):
+        load_pretrained(build_model(num_classes=80, scale="n"), path)
+
+    path = saved_checkpoint("yolo11n")
+    with pytest.raises(ValueError, match=r"yolo11n\.pt: not a YOLOv8 detection model \(layer 2 is C3k2"):
+        read_ultralytics_checkpoint(path)
+
+
+class _Exploit:
+    """Pickles as a call to ``function(*args)``: what a hostile checkpoint would contain."""
+
+    def __init__(self, function, args) -> None:
+        self.function, self.args = function, args
+
+    def __reduce__(self):
+        return self.function, self.args
+
+
+@pytest.mark.parametrize("attack", ["os.system", "builtins.eval", "subprocess.Popen"])
+def test_hostile_pickle_is_refused(tmp_path: Path, attack: str) -> None:
+    marker = Path("/tmp") / f"pwned_{uuid.uuid4().hex}"
+    payload = {
+        "os.system": (os.system, (f"touch {marker}",)),
+        "builtins.eval": (eval, (f"__import__('os').system('touch {marker}')",)),
+        "subprocess.Popen": (subprocess.Popen, (["touch", str(marker)],)),
+    }[attack]
+    path = tmp_path / "yolov8n.pt"
+    torch.save({"model": {"layer": _Exploit(*payload)}, "ema": None}, path)
+    # os.system pickles under its defining module, which is "posix" on Linux and "nt" on Windows.
+    refused = attack.replace("os.", f"{os.name}.") if attack == "os.system" else attack
+    with pytest.raises(UnsafeCheckpointError, match=rf"^{re.escape(str(path))}: refuses to load global '{refused}'$"):
+        load_pretrained(build_model(num_classes=80, scale="n"), path)
+    assert not marker.exists()
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # torch.jit is deprecated, but old archives still exist
+def test_torchscript_archive_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "scripted.pt"
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), path)
+    with pytest.raises(UnsafeCheckpointError, match="TorchScript"):
+        read_ultralytics_checkpoint(path)
+
+
+def test_missing_weights_name_where_we_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"'yolov8_missing\.pt' not found .*weights.*by hand") as error:
+        resolve_weights("yolov8_missing.pt")
+    assert "\n" not in str(error.value)
+    with pytest.raises(FileNotFoundError, match="yolov8_missing.pt"):
+        load_pretrained(build_model(num_classes=80, scale="n"), "yolov8_missing.pt")
+
+
+def test_bare_name_is_found_in_the_weights_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    weights_dir, elsewhere = tmp_path / "weights", tmp_path / "elsewhere"
+    weights_dir.mkdir(), elsewhere.mkdir()
+    (weights_dir / "yolov8n.pt").touch()
+    monkeypatch.chdir(elsewhere)
+    assert resolve_weights("yolov8n.pt", weights_dir=weights_dir) == weights_dir / "yolov8n.pt"
+    (elsewhere / "yolov8n.pt").touch()  # an existing path wins over the weights folder
+    assert resolve_weights("yolov8n.pt", weights_dir=weights_dir) == Path("yolov8n.pt")

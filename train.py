@@ -1,0 +1,8 @@
+"""Train a detector: ``python train.py --data my.yaml`` (no --data: the built-in shapes dataset)."""
+
+import sys
+
+from detector.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
