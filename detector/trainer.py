@@ -252,7 +252,8 @@ class Trainer:
             f"{self.optimizer_name} lr {self.schedule.base_lr:g} | run {self.run_dir}"
         )
 
-    def fit(self) -> dict[str, Any]:
+    def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
+        """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
         config = self.config
         self.log(self.header())
         previous_handler = signal.signal(signal.SIGINT, self._on_interrupt) if self.dist.is_main else None
@@ -274,6 +275,8 @@ class Trainer:
                 if self.dist.is_main:
                     metrics = self._end_epoch(epoch, stats, evaluate=last or (epoch + 1) % config.val_interval == 0)
                 barrier(self.dist)
+                if stop_after_epochs is not None and epoch + 1 >= stop_after_epochs:
+                    self.interrupted = True
                 if self.interrupted:
                     self.log(f"interrupted: saved {self.run_dir / 'weights' / 'last.pt'} after epoch {epoch + 1}")
                     break
@@ -328,6 +331,6 @@ class Trainer:
         print("\nCtrl-C: finishing this epoch and saving last.pt (press again to abort)", flush=True)
 
 
-def train(config: TrainConfig, *, progress: bool = True) -> dict[str, Any]:
+def train(config: TrainConfig, *, progress: bool = True, stop_after_epochs: int | None = None) -> dict[str, Any]:
     """Train from a config; returns ``{"run_dir", "metrics", "seconds", "epochs_done", "precision"}``."""
-    return Trainer(config, progress=progress).fit()
+    return Trainer(config, progress=progress).fit(stop_after_epochs=stop_after_epochs)

@@ -9,9 +9,9 @@ pycocotools summary, and writes into ``<project>/<name>`` (``exp``, ``exp2``, ..
     confusion_matrix.png  at conf 0.25, IoU 0.45
     val_batch0_pred.png   ground truth beside predictions for the first 16 images
 
-Precision: FP32 on CPU (BF16 autocast is slower than FP32 on CPUs without AMX and shifts scores);
-on CUDA the forward runs under autocast (BF16 where supported, else FP16) unless ``--fp32``.
-NMS and box decoding always run in FP32.
+Precision follows training's ``auto`` rule (``detector.precision``): FP16 autocast on CUDA, BF16 on a
+CPU with native BF16 (AVX-512 BF16 / AMX), else FP32; ``--fp32`` turns autocast off. Box decoding and
+NMS always run in FP32.
 """
 
 from __future__ import annotations
@@ -19,18 +19,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
-from detector.model import YOLO
+from detector.engine import make_torch_infer
 from detector.plots.validation import plot_all_validation, validation_stats
-from detector.postprocess import NMSConfig, postprocess
+from detector.postprocess import NMSConfig
+from detector.precision import resolve_precision
 from detector.report import per_class_table
-from detector.validate import Detections, run_validation
+from detector.runs import next_run_dir
+from detector.validate import run_validation
 
 DEFAULT_IMGSZ = 640  # when the checkpoint's config does not say
 STRIDE_MULTIPLE = 32  # the model needs input sides divisible by its largest stride
@@ -49,46 +50,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-det", type=int, default=300, help="detections kept per image")
     parser.add_argument("--split", choices=("val", "test"), default="val", help="dataset split to score")
     parser.add_argument("--device", default="", help="cpu, cuda or cuda:N (default: cuda when available)")
-    parser.add_argument("--fp32", action="store_true", help="no autocast on CUDA (CPU always runs FP32)")
+    parser.add_argument("--fp32", action="store_true", help="run the model in FP32 (no FP16/BF16 autocast)")
     parser.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
                         help="write PR curve, confusion matrix and prediction images")
     parser.add_argument("--project", type=Path, default=Path("runs/val"), help="parent folder of the run folder")
     parser.add_argument("--name", default="exp", help="run folder name (suffixed 2, 3... when it exists)")
     return parser.parse_args(argv)
-
-
-def increment_path(path: Path) -> Path:
-    """``path`` if free, else ``path2``, ``path3``, ... (the first that does not exist)."""
-    if not path.exists():
-        return path
-    number = 2
-    while path.with_name(f"{path.name}{number}").exists():
-        number += 1
-    return path.with_name(f"{path.name}{number}")
-
-
-def autocast_dtype(device: torch.device, fp32: bool) -> torch.dtype | None:
-    """The autocast dtype for inference, or None for plain FP32 (see the module docstring for why)."""
-    if fp32 or device.type != "cuda":
-        return None
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-
-
-def make_infer(
-    model: YOLO, *, device: torch.device, amp_dtype: torch.dtype | None, nms: NMSConfig
-) -> Callable[[torch.Tensor], Detections]:
-    """``uint8 [B, 3, S, S]`` -> per image ``{boxes [n, 4] xyxy input px, scores [n], labels [n]}`` on CPU."""
-
-    @torch.no_grad()
-    def infer(images: torch.Tensor) -> Detections:
-        inputs = images.to(device, non_blocking=True).float() / 255
-        with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
-            outputs = model(inputs)
-        outputs = [output.float() for output in outputs]  # decode + NMS in FP32
-        detections = postprocess(outputs, strides=model.strides, reg_max=model.reg_max, config=nms)
-        return [{key: value.cpu() for key, value in detection.items()} for detection in detections]
-
-    return infer
 
 
 def resolve_image_size(requested: int | None, config: dict | None) -> int:
@@ -122,16 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print(f"error: --device {args.device} asked for, but CUDA is not available", file=sys.stderr)
         return 2
-    amp_dtype = autocast_dtype(device, args.fp32)
+    precision = resolve_precision("fp32" if args.fp32 else "auto", device)
     model = model.to(device).float()
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det, multi_label=True)
-    save_dir = increment_path(args.project / args.name)
+    save_dir = next_run_dir(args.project, args.name)
     save_dir.mkdir(parents=True)
     print(f"val: {args.weights} on {spec.yaml_path.name} '{args.split}' ({len(split.records)} images), "
-          f"imgsz {image_size}, {device.type} {'FP32' if amp_dtype is None else str(amp_dtype).removeprefix('torch.')}")
+          f"imgsz {image_size}, {device.type} {precision.name.upper()} ({precision.reason})")
 
     result, info = run_validation(
-        make_infer(model, device=device, amp_dtype=amp_dtype, nms=nms),
+        make_torch_infer(model, precision=precision, nms=nms, device=device),
         split,
         batch_size=args.batch,
         workers=args.workers,

@@ -1,0 +1,66 @@
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from detector.checkpoint import load_checkpoint
+from detector.cli import main as train_main
+from detector.config import TrainConfig
+from detector.trainer import train
+
+
+def _config(data: Path, project: Path, **overrides) -> TrainConfig:
+    values = dict(data=str(data), imgsz=64, epochs=2, batch=4, workers=0, cache="none", project=str(project),
+                  name="run", plots=False, amp_check=False, close_mosaic=1, seed=0, warmup_epochs=0.5)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path):
+    summary = train(_config(yolo_yaml, tmp_path), progress=False)
+    run_dir = summary["run_dir"]
+    assert math.isfinite(summary["metrics"]["mAP50-95"]) and 0 <= summary["metrics"]["mAP50-95"] <= 1
+    rows = list(csv.DictReader((run_dir / "results.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    for column in ("train/box", "mAP50-95", "precision", "images_per_s", "peak_mem_mb", "loss_scale_min", "skipped_steps"):
+        assert rows[-1][column] != ""
+    checkpoint = load_checkpoint(run_dir / "weights" / "last.pt")  # weights_only=True inside
+    assert checkpoint["epoch"] == 1 and checkpoint["names"] == ["circle", "square", "triangle"]
+    assert (run_dir / "weights" / "best.pt").is_file() and (run_dir / "predictions.json").is_file()
+
+
+def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
+    full = train(_config(yolo_yaml, tmp_path / "a", epochs=3), progress=False)
+    partial = train(_config(yolo_yaml, tmp_path / "b", epochs=3), progress=False, stop_after_epochs=2)
+    assert partial["epochs_done"] == 2
+    resumed = train(_config(yolo_yaml, tmp_path / "c", resume=str(partial["run_dir"] / "weights" / "last.pt")),
+                    progress=False)
+    assert resumed["run_dir"] == partial["run_dir"] and resumed["epochs_done"] == 3
+    expected = load_checkpoint(full["run_dir"] / "weights" / "last.pt")
+    actual = load_checkpoint(resumed["run_dir"] / "weights" / "last.pt")
+    assert actual["epoch"] == expected["epoch"] == 2
+    for key in ("model", "ema"):
+        for name, tensor in expected[key].items():
+            if tensor.is_floating_point():
+                torch.testing.assert_close(actual[key][name], tensor, rtol=1e-4, atol=1e-5, msg=f"{key}.{name}")
+
+
+def test_cli_rejects_bad_values_with_exit_code_2(capsys):
+    assert train_main(["--epochs", "0", "--imgsz", "100"]) == 2
+    message = capsys.readouterr().err
+    assert "--epochs" in message and "multiple of 32" in message and message.count("\n") == 1
+
+
+def test_cli_reports_missing_data_yaml(tmp_path: Path, capsys):
+    assert train_main(["--data", str(tmp_path / "none.yaml"), "--project", str(tmp_path)]) == 2
+    assert "none.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--unamp", "--precision=fp32"])
+def test_training_runs_in_fp32(flag, yolo_yaml: Path, tmp_path: Path):
+    assert train_main(["--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "1", "--batch", "4", "--workers", "0",
+                       "--project", str(tmp_path), "--no-plots", "--no-amp-check", flag]) == 0
+    rows = list(csv.DictReader((tmp_path / "exp" / "results.csv").open()))
+    assert rows[0]["precision"] == "fp32"
