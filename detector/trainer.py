@@ -32,6 +32,7 @@ from detector.model import YOLO, build_model
 from detector.optim import build_optimizer
 from detector.postprocess import NMSConfig
 from detector.precision import Precision, resolve_precision
+from detector.reporting import RunReporter
 from detector.runs import append_results, newest_file, next_run_dir
 from detector.validate import make_val_loader, run_validation
 
@@ -169,6 +170,8 @@ class Trainer:
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
             )
         self.run_dir = self._make_run_dir()
+        self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots,
+                                    tensorboard=config.tensorboard) if self.dist.is_main else None
         self.interrupted = False
 
     # ----------------------------------------------------------------------------------------- set-up
@@ -228,7 +231,7 @@ class Trainer:
             "precision": self.precision.name,
         }
 
-    def evaluate(self, *, force_fp32: bool = False) -> tuple[EvalResult, dict]:
+    def evaluate(self, *, force_fp32: bool = False, keep_predictions: bool = False) -> tuple[EvalResult, dict]:
         assert self.val_data is not None
         precision = Precision("fp32", self.device.type, "final FP32 evaluation") if force_fp32 else self.precision
         nms = NMSConfig(conf_threshold=self.config.val_conf, iou_threshold=self.config.val_iou,
@@ -238,7 +241,7 @@ class Trainer:
         if not hasattr(self, "_val_loader"):
             self._val_loader = make_val_loader(self.val_data, batch_size=self.config.batch * 2,
                                                workers=self.config.workers)
-        return run_validation(infer, self.val_data, loader=self._val_loader,
+        return run_validation(infer, self.val_data, loader=self._val_loader, keep_predictions=keep_predictions,
                               results_json=self.run_dir / "predictions.json", progress=self.progress)
 
     def header(self) -> str:
@@ -256,6 +259,9 @@ class Trainer:
         """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
         config = self.config
         self.log(self.header())
+        if self.reporter is not None and self.start_epoch == 0:
+            self.sampler.set_epoch(0, use_mosaic=config.close_mosaic < config.epochs)
+            self.reporter.on_start(self.train_data, list(self.sampler)[: config.batch])
         previous_handler = signal.signal(signal.SIGINT, self._on_interrupt) if self.dist.is_main else None
         metrics: dict[str, float] = {}
         start = time.perf_counter()
@@ -273,7 +279,7 @@ class Trainer:
                 )
                 last = epoch == config.epochs - 1
                 if self.dist.is_main:
-                    metrics = self._end_epoch(epoch, stats, evaluate=last or (epoch + 1) % config.val_interval == 0)
+                    metrics = self._end_epoch(epoch, stats, last=last)
                 barrier(self.dist)
                 if stop_after_epochs is not None and epoch + 1 >= stop_after_epochs:
                     self.interrupted = True
@@ -295,21 +301,25 @@ class Trainer:
                      f"mAP50 {metrics.get('mAP50', float('nan')):.4f} | best {self.run_dir / 'weights' / 'best.pt'}")
         return summary
 
-    def _end_epoch(self, epoch: int, stats: dict[str, float], *, evaluate: bool) -> dict[str, float]:
+    def _end_epoch(self, epoch: int, stats: dict[str, float], *, last: bool) -> dict[str, float]:
         metrics: dict[str, float] = {}
         val_seconds = float("nan")
-        if evaluate:
-            result, info = self.evaluate()
+        if last or (epoch + 1) % self.config.val_interval == 0:
+            result, info = self.evaluate(keep_predictions=last)
             metrics, val_seconds = result.metrics, info["seconds"]
             self.log(
                 f"epoch {epoch + 1}: mAP50-95 {metrics['mAP50-95']:.4f}  mAP50 {metrics['mAP50']:.4f}  "
                 f"mAP75 {metrics['mAP75']:.4f} | {stats['images_per_s']:.1f} img/s | val {val_seconds:.1f}s"
             )
+            if last and self.reporter is not None:
+                self.log(self.reporter.on_final(result, info, self.val_data) + "\n" + result.summary)
         row: dict[str, object] = {"epoch": epoch + 1, **{k: stats[k] for k in ("train/box", "train/cls", "train/dfl", "lr")}}
         row.update({k: metrics.get(k, "") for k in ("mAP50-95", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large")})
         row.update({"precision": self.precision.name, "val_seconds": val_seconds})
         row.update({k: v for k, v in stats.items() if k not in row})
         append_results(self.run_dir / "results.csv", row)
+        if self.reporter is not None:
+            self.reporter.on_epoch_end(row, epoch)
         if stats["skipped_steps"] and stats["skipped_steps"] >= max(stats["optimizer_steps"] // 2, 1):
             self.log(f"warning: {stats['skipped_steps']}/{stats['optimizer_steps']} steps had non-finite gradients")
         if metrics and fitness(metrics) > self.best_fitness:

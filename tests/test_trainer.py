@@ -18,8 +18,8 @@ def _config(data: Path, project: Path, **overrides) -> TrainConfig:
     return TrainConfig(**values)
 
 
-def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path):
-    summary = train(_config(yolo_yaml, tmp_path), progress=False)
+def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys):
+    summary = train(_config(yolo_yaml, tmp_path, plots=True), progress=False)
     run_dir = summary["run_dir"]
     assert math.isfinite(summary["metrics"]["mAP50-95"]) and 0 <= summary["metrics"]["mAP50-95"] <= 1
     rows = list(csv.DictReader((run_dir / "results.csv").open()))
@@ -29,6 +29,10 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path):
     checkpoint = load_checkpoint(run_dir / "weights" / "last.pt")  # weights_only=True inside
     assert checkpoint["epoch"] == 1 and checkpoint["names"] == ["circle", "square", "triangle"]
     assert (run_dir / "weights" / "best.pt").is_file() and (run_dir / "predictions.json").is_file()
+    for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "val_batch0_pred"):
+        assert (run_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    printed = capsys.readouterr().out
+    assert "AP50-95" in printed and "Average Precision" in printed  # per-class table + pycocotools summary
 
 
 def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):

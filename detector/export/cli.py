@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--no-check", action="store_true", help="skip the parity check (default: check)")
     add("--map-margin", type=float, default=0.5, help="with --data: largest allowed mAP50-95 drop in points (default: 0.5)")
     add("--score-tol", type=float, default=SCORE_TOLERANCE, help=f"without --data: largest allowed score difference (default: {SCORE_TOLERANCE})")
+    add("--workers", type=int, default=2, help="with --data: data-loading processes for the check (default: 2)")
     add("--device", choices=("cpu", "cuda"), help="device for tracing and the check (default: cuda if available, else cpu)")
     add("--workspace", type=float, default=DEFAULT_WORKSPACE_GIB, help=f"TensorRT workspace in GiB (default: {DEFAULT_WORKSPACE_GIB})")
     return parser
@@ -123,7 +124,7 @@ def run_export(args: argparse.Namespace) -> int:
             for fmt in formats:
                 report = check_parity(
                     reference, load_backend(staged[fmt], device=device), images=images, split=split,
-                    map_margin=args.map_margin, score_tolerance=args.score_tol,
+                    map_margin=args.map_margin, score_tolerance=args.score_tol, workers=args.workers,
                 )
                 print(report.summary())
                 if not report.passed:

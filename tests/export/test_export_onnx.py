@@ -11,6 +11,7 @@ import torch
 from conftest import IMGSZ, NAMES
 
 from detector.export import ExportWrapper, ModelInfo, export_onnx, read_onnx_info
+from detector.export.parity import synthetic_images
 from detector.inference.onnx_backend import OnnxBackend
 from detector.model import YOLO
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
@@ -65,19 +66,10 @@ def test_fp16_onnx_close_to_pytorch_fp32(model: YOLO, images: torch.Tensor, tmp_
     assert (scores - ref_scores).abs().max() < 0.03
 
 
-def test_metadata_round_trips(model: YOLO, tmp_path: Path) -> None:
-    info = info_for(precision="fp16", dynamic=True, nms=NMSConfig(conf_threshold=0.3, iou_threshold=0.6, max_detections=50))
-    path = export_onnx(model, tmp_path / "meta.onnx", info)
-    assert read_onnx_info(path) == info
-    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
-    assert props["names"] == '["circle", "square", "triangle"]' and props["stride"] == "32"
-    assert props["precision"] == '"fp16"' and props["nms"] == "true" and props["imgsz"] == str(IMGSZ)
-
-
 def test_dynamic_slimmed_graph_takes_other_batch_and_size(model: YOLO, tmp_path: Path) -> None:
     path = export_onnx(model, tmp_path / "dynamic.onnx", info_for(batch=1, dynamic=True), simplify=True)
     backend = OnnxBackend(path)
-    inputs = (torch.rand(2, 3, 96, 64) * 255).to(torch.uint8)
+    inputs = synthetic_images(96, count=2)[..., 16:80].contiguous()  # [2, 3, 96, 64]: other batch, not square
     boxes, scores = backend.infer(inputs)
     ref_boxes, ref_scores = reference(model, inputs)
     torch.testing.assert_close(boxes, ref_boxes, rtol=1e-4, atol=1e-4 * 96)
@@ -87,7 +79,12 @@ def test_dynamic_slimmed_graph_takes_other_batch_and_size(model: YOLO, tmp_path:
 @pytest.mark.parametrize("multi_label", [False, True])
 def test_nms_graph_equals_python_postprocess(model: YOLO, images: torch.Tensor, tmp_path: Path, multi_label: bool) -> None:
     config = NMSConfig(conf_threshold=0.3, iou_threshold=0.5, max_detections=20, multi_label=multi_label)
-    path = export_onnx(model, tmp_path / "nms.onnx", info_for(nms=config))
+    info = info_for(nms=config, precision="fp32", dynamic=multi_label)  # one of the two with free batch
+    path = export_onnx(model, tmp_path / "nms.onnx", info)
+    assert read_onnx_info(path) == info  # metadata round-trips, NMS thresholds included
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert props["names"] == '["circle", "square", "triangle"]' and props["stride"] == "32"
+    assert props["precision"] == '"fp32"' and props["nms"] == "true" and props["imgsz"] == str(IMGSZ)
     detections, counts = OnnxBackend(path).infer(images)
     assert detections.shape == (4, 20, 6) and counts.dtype == torch.int64
     with torch.no_grad():

@@ -1,0 +1,90 @@
+"""``export.py`` end to end: files appear only after a passing parity check; failures leave nothing."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import IMGSZ
+
+from detector.data.synthetic import generate_shapes
+from detector.export import read_onnx_info
+from detector.export.cli import build_parser, main
+from detector.export.tensorrt import tensorrt_missing
+from detector.inference.onnx_backend import OnnxBackend
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def leftovers(folder: Path) -> list[str]:
+    """Everything in the weights folder but the checkpoint itself (staging folders, temp files, exports)."""
+    return sorted(p.name for p in folder.iterdir() if p.name != "best.pt")
+
+
+def test_help_shows_every_default() -> None:
+    for action in build_parser()._actions:
+        if action.dest != "help":
+            assert "default" in action.help, action.dest
+
+
+def test_newest_checkpoint_is_exported_at_fp16(checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
+    monkeypatch.chdir(checkpoint.parents[4])  # the folder holding runs/
+    assert main(["--half", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "using the newest checkpoint runs/train/exp/weights/best.pt" in out
+    assert "parity onnxruntime fp16 vs pytorch fp32" in out and "max box diff" in out
+    assert leftovers(checkpoint.parent) == ["best.onnx"]
+    info = read_onnx_info(checkpoint.with_suffix(".onnx"))
+    assert info.precision == "fp16" and info.imgsz == IMGSZ and info.names == ["circle", "square", "triangle"]
+
+
+def test_failed_parity_exits_nonzero_and_writes_nothing(checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:  # noqa: ANN001
+    original = OnnxBackend.infer
+
+    def perturbed(self, images):  # noqa: ANN001, ANN202
+        boxes, scores = original(self, images)
+        return boxes, (scores + 0.2).clamp(max=1)  # what a broken export would look like
+
+    monkeypatch.setattr(OnnxBackend, "infer", perturbed)
+    assert main(["--weights", str(checkpoint), "--device", "cpu"]) == 1
+    captured = capsys.readouterr()
+    assert "parity FAILED" in captured.out and "nothing was written" in captured.err
+    assert leftovers(checkpoint.parent) == []
+
+
+def test_map_check_on_a_dataset(checkpoint: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    data = generate_shapes(tmp_path / "data", train=1, val=4, size=IMGSZ)
+    common = ["--weights", str(checkpoint), "--data", str(data), "--workers", "0", "--device", "cpu"]
+    # An untrained model scores ~0 mAP either way; a negative margin demands a gain, so this must fail.
+    assert main([*common, "--map-margin", "-1"]) == 1
+    assert "mAP50-95 on 4 val images: pytorch fp32" in capsys.readouterr().out
+    assert leftovers(checkpoint.parent) == []
+    assert main(common) == 0
+    assert leftovers(checkpoint.parent) == ["best.onnx"]
+
+
+@pytest.mark.skipif(tensorrt_missing() is None, reason="TensorRT and a GPU are present")
+def test_engine_without_tensorrt_is_one_line_error(checkpoint: Path) -> None:
+    command = [sys.executable, str(REPO / "export.py"), "--weights", str(checkpoint), "--format", "onnx,engine"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert result.returncode != 0
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "TensorRT" in lines[0] and "nothing was written" in lines[0]
+    assert leftovers(checkpoint.parent) == []
+
+
+def test_bad_format_and_size_are_rejected(checkpoint: Path, capsys) -> None:  # noqa: ANN001
+    assert main(["--weights", str(checkpoint), "--format", "tflite"]) == 1
+    assert main(["--weights", str(checkpoint), "--imgsz", "50"]) == 1
+    assert "multiple of 32" in capsys.readouterr().err
+    assert leftovers(checkpoint.parent) == []
+
+
+def test_torch_state_is_untouched_by_export(checkpoint: Path) -> None:
+    """Export deep-copies: the FP16 cast must not leak into the default dtype or grad mode."""
+    assert main(["--weights", str(checkpoint), "--half", "--no-check", "--device", "cpu"]) == 0
+    assert torch.get_default_dtype() == torch.float32 and torch.is_grad_enabled()
