@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.formatwarning = lambda message, category, *_: f"warning: {message}\n"
     try:
         train(config)
-    except (DatasetError, CheckpointError, ValueError, FileNotFoundError, pickle.UnpicklingError) as error:
+    except (DatasetError, CheckpointError, ValueError, FileNotFoundError, FloatingPointError, pickle.UnpicklingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

@@ -15,6 +15,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from detector.amp_check import amp_preflight, save_preflight
 from detector.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from detector.config import TrainConfig
 from detector.data.augment import AugmentConfig
@@ -258,10 +259,14 @@ class Trainer:
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
         config = self.config
-        self.log(self.header())
-        if self.reporter is not None and self.start_epoch == 0:
+        if self.start_epoch == 0:
             self.sampler.set_epoch(0, use_mosaic=config.close_mosaic < config.epochs)
-            self.reporter.on_start(self.train_data, list(self.sampler)[: config.batch])
+            first_batch = collate([self.train_data.dataset[key] for key in list(self.sampler)[: config.batch]])
+            if config.amp_check:
+                self._preflight(first_batch)
+            if self.reporter is not None:
+                self.reporter.on_start(self.train_data, list(self.sampler)[: config.batch])
+        self.log(self.header())
         previous_handler = signal.signal(signal.SIGINT, self._on_interrupt) if self.dist.is_main else None
         metrics: dict[str, float] = {}
         start = time.perf_counter()
@@ -320,8 +325,7 @@ class Trainer:
         append_results(self.run_dir / "results.csv", row)
         if self.reporter is not None:
             self.reporter.on_epoch_end(row, epoch)
-        if stats["skipped_steps"] and stats["skipped_steps"] >= max(stats["optimizer_steps"] // 2, 1):
-            self.log(f"warning: {stats['skipped_steps']}/{stats['optimizer_steps']} steps had non-finite gradients")
+        self._fall_back_if_unstable(stats)
         if metrics and fitness(metrics) > self.best_fitness:
             self.best_fitness = fitness(metrics)
             is_best = True
@@ -333,6 +337,38 @@ class Trainer:
         if is_best:
             save_checkpoint(payload, weights_dir / "best.pt")
         return metrics
+
+    def _preflight(self, batch: tuple) -> None:
+        """AMP check on rank 0's first batch; every rank adopts its verdict."""
+        chosen = [self.precision.name]
+        if self.dist.is_main and self.precision.name != "fp32":
+            images = batch[0].to(self.device).float().div_(255)
+            if self.config.channels_last:
+                images = images.contiguous(memory_format=torch.channels_last)
+            precision, result = amp_preflight(unwrap(self.model), self.criterion, images, batch[1].to(self.device),
+                                              self.precision)
+            save_preflight(result, self.run_dir / "amp_check.json")
+            self.log(result.line())
+            chosen = [precision.name]
+        if self.dist.enabled:
+            torch.distributed.broadcast_object_list(chosen, src=0)
+        if chosen[0] != self.precision.name:
+            self._set_precision(chosen[0], "chosen by the AMP check")
+
+    def _set_precision(self, name: str, reason: str) -> None:
+        self.precision = Precision(name, self.device.type, reason)
+        self.scaler = self.precision.make_scaler()
+
+    def _fall_back_if_unstable(self, stats: dict[str, float]) -> None:
+        """Most steps of an epoch non-finite: drop to a safer precision, or stop in FP32."""
+        if not stats["skipped_steps"] or stats["skipped_steps"] < max(stats["optimizer_steps"] // 2, 1):
+            return
+        message = f"{stats['skipped_steps']}/{stats['optimizer_steps']} optimizer steps had non-finite gradients"
+        safer = {"fp16": "bf16" if self.device.type == "cpu" or torch.cuda.is_bf16_supported() else "fp32", "bf16": "fp32"}
+        if self.precision.name == "fp32":
+            raise FloatingPointError(f"{message} in FP32: training diverged; lower --lr0 or check the data")
+        self.log(f"warning: {message}; switching {self.precision.name} -> {safer[self.precision.name]}")
+        self._set_precision(safer[self.precision.name], "fallback after non-finite steps")
 
     def _on_interrupt(self, signum: int, frame: object) -> None:
         if self.interrupted:  # second Ctrl-C: give up at once

@@ -24,6 +24,9 @@ class OnnxBackend(Backend):
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads  # 0 = onnxruntime's default (one per core)
+        # Idle worker threads would otherwise busy-wait after each run and starve our letterbox and NMS,
+        # which run on the same cores between calls.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only: the FP16 graph on CPU logs a warning per inserted cast
         providers = ["CPUExecutionProvider"]
         if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():

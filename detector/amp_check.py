@@ -1,0 +1,126 @@
+"""AMP preflight: one step in FP32 and one under the chosen precision, from the same weights and batch.
+
+If the reduced-precision step gives a non-finite loss or gradients, or strays from FP32 by more than the
+tolerances below, training falls back (FP16 -> BF16 where supported -> FP32) before the first epoch.
+Works offline on the user's own model and data; a few seconds for a nano model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from detector.loss import DetectionLoss
+from detector.precision import Precision, cpu_has_native_bf16
+
+# BF16 keeps 8 mantissa bits, FP16 11. On one step the loss agrees with FP32 within ~1%, but the
+# gradient can differ a lot in norm: the assigner's top-k choices are discrete, so a rounding change
+# re-assigns a few anchors. Measured on a fresh nano model: cosine similarity to the FP32 gradient
+# 0.82-0.86 in BF16 and 0.96-0.997 in FP16. A broken precision (overflow, gradients flushed to zero,
+# NaN) gives a non-finite or near-orthogonal gradient, so the test is on direction, not norm.
+LOSS_TOLERANCE = 0.05
+MIN_GRADIENT_COSINE = 0.5
+FP16_TEST_SCALE = 2.0**10  # a fixed loss scale, so FP16 gradients are not lost to underflow in the test
+
+
+@dataclass
+class StepCheck:
+    precision: str
+    loss_fp32: float
+    loss_amp: float
+    loss_relative_error: float
+    gradient_cosine: float
+    passed: bool
+    reason: str
+
+
+@dataclass
+class PreflightResult:
+    requested: str
+    chosen: str
+    checks: list[StepCheck]
+
+    @property
+    def fell_back(self) -> bool:
+        return self.chosen != self.requested
+
+    def line(self) -> str:
+        last = self.checks[-1] if self.checks else None
+        if not self.fell_back:
+            detail = f" (loss diff {last.loss_relative_error:.2%}, gradient cosine {last.gradient_cosine:.3f})" if last else ""
+            return f"AMP check: {self.chosen} passed{detail}"
+        failed = "; ".join(f"{c.precision}: {c.reason}" for c in self.checks if not c.passed)
+        return f"AMP check: {failed} -> falling back to {self.chosen}"
+
+
+def _step(model: nn.Module, criterion: DetectionLoss, images: torch.Tensor, targets: torch.Tensor,
+          precision: Precision) -> tuple[float, torch.Tensor]:
+    """Loss and the flattened gradient of one step on a private copy of the model."""
+    work = copy.deepcopy(model).train()
+    with precision.autocast():
+        outputs = work(images)
+    loss, _ = criterion(outputs, targets, images.shape[2:])
+    scale = FP16_TEST_SCALE if precision.uses_scaler else 1.0
+    (loss * scale).backward()
+    grads = [p.grad.float().flatten() / scale for p in work.parameters() if p.grad is not None]
+    return float(loss.detach()), torch.cat(grads) if grads else torch.zeros(1)
+
+
+def compare_step(model: nn.Module, criterion: DetectionLoss, images: torch.Tensor, targets: torch.Tensor,
+                 precision: Precision, reference: tuple[float, torch.Tensor]) -> StepCheck:
+    loss_ref, grad_ref = reference
+    loss_amp, grad_amp = _step(model, criterion, images, targets, precision)
+    finite = torch.isfinite(torch.tensor(loss_amp)) and bool(torch.isfinite(grad_amp).all())
+    loss_error = abs(loss_amp - loss_ref) / max(abs(loss_ref), 1e-12) if finite else float("inf")
+    cosine = float(torch.nn.functional.cosine_similarity(grad_amp, grad_ref, dim=0)) if finite else float("nan")
+    if not finite:
+        reason = "non-finite loss or gradients"
+    elif loss_error > LOSS_TOLERANCE:
+        reason = f"loss differs from FP32 by {loss_error:.1%} (> {LOSS_TOLERANCE:.0%})"
+    elif not cosine >= MIN_GRADIENT_COSINE:
+        reason = f"gradient direction differs from FP32 (cosine {cosine:.2f} < {MIN_GRADIENT_COSINE})"
+    else:
+        reason = "ok"
+    return StepCheck(precision.name, loss_ref, loss_amp, loss_error, cosine, reason == "ok", reason)
+
+
+def fallback_chain(precision: Precision) -> list[Precision]:
+    """The chosen precision, then the safer ones to try: FP16 -> BF16 (where native) -> FP32."""
+    chain = [precision]
+    if precision.name == "fp16":
+        has_bf16 = torch.cuda.is_bf16_supported() if precision.device_type == "cuda" else cpu_has_native_bf16()
+        if has_bf16:
+            chain.append(Precision("bf16", precision.device_type, "AMP check fell back from FP16"))
+    if precision.name != "fp32":
+        chain.append(Precision("fp32", precision.device_type, "AMP check fell back to FP32"))
+    return chain
+
+
+def amp_preflight(model: nn.Module, criterion: DetectionLoss, images: torch.Tensor, targets: torch.Tensor,
+                  precision: Precision) -> tuple[Precision, PreflightResult]:
+    """Check ``precision`` on this model and batch; return the precision to train with and the evidence.
+
+    ``images`` are float ``[B, 3, H, W]`` in [0, 1] on the model's device; ``targets`` ``[N, 6]``.
+    """
+    if precision.name == "fp32":
+        return precision, PreflightResult("fp32", "fp32", [])
+    reference = _step(model, criterion, images, targets, Precision("fp32", precision.device_type, "reference"))
+    checks = []
+    for candidate in fallback_chain(precision):
+        if candidate.name == "fp32":
+            return candidate, PreflightResult(precision.name, "fp32", checks)
+        check = compare_step(model, criterion, images, targets, candidate, reference)
+        checks.append(check)
+        if check.passed:
+            return candidate, PreflightResult(precision.name, candidate.name, checks)
+    raise AssertionError("unreachable: the chain always ends in FP32")
+
+
+def save_preflight(result: PreflightResult, path: Path) -> None:
+    path.write_text(json.dumps({"requested": result.requested, "chosen": result.chosen,
+                                "checks": [asdict(c) for c in result.checks]}, indent=2))

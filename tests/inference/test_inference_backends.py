@@ -1,0 +1,62 @@
+"""One Backend interface over PyTorch and ONNX Runtime: same letterbox, same NMS, same detections."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import IMGSZ
+
+from detector.export.parity import match_detections, synthetic_images
+from detector.export.tensorrt import tensorrt_missing
+from detector.inference import load_backend, prepare_batch, to_original_pixels
+from detector.inference.onnx_backend import OnnxBackend
+from detector.inference.torch_backend import TorchBackend
+from detector.postprocess import NMSConfig
+
+NMS = NMSConfig(conf_threshold=0.3, iou_threshold=0.5)
+
+
+def test_suffix_picks_the_runtime(checkpoint: Path, onnx_fp32: Path, tmp_path: Path) -> None:
+    assert isinstance(load_backend(checkpoint), TorchBackend)
+    assert isinstance(load_backend(onnx_fp32), OnnxBackend)
+    (tmp_path / "model.tflite").write_bytes(b"")
+    with pytest.raises(ValueError, match="unknown weights type"):
+        load_backend(tmp_path / "model.tflite")
+
+
+@pytest.mark.skipif(tensorrt_missing() is None, reason="TensorRT and a GPU are present")
+def test_engine_without_tensorrt_says_why(tmp_path: Path) -> None:
+    (tmp_path / "m.engine").write_bytes(b"\x00" * 8)
+    with pytest.raises(RuntimeError, match="needs"):
+        load_backend(tmp_path / "m.engine")
+
+
+def test_onnx_and_pytorch_give_the_same_detections(checkpoint: Path, onnx_fp32: Path) -> None:
+    images = synthetic_images(IMGSZ, count=3)  # 3 images through a batch-2 graph: padded chunking
+    expected = load_backend(checkpoint, nms=NMS)(images)
+    got = load_backend(onnx_fp32, nms=NMS)(images)
+    assert [len(e["scores"]) for e in got] == [len(e["scores"]) for e in expected]
+    assert sum(len(e["scores"]) for e in expected) > 0
+    box_diff, score_diff, unmatched = match_detections(expected, got)
+    assert unmatched == 0 and box_diff < 1e-2 and score_diff < 1e-4
+
+
+def test_fixed_shape_graph_rejects_other_sizes(onnx_fp32: Path) -> None:
+    with pytest.raises(ValueError, match="exported at 64 px"):
+        load_backend(onnx_fp32)(torch.zeros(1, 3, 96, 96, dtype=torch.uint8))
+
+
+def test_bf16_autocast_runs_on_cpu(checkpoint: Path) -> None:
+    boxes, scores = load_backend(checkpoint, precision="bf16").infer(synthetic_images(IMGSZ, count=1))
+    assert boxes.dtype == scores.dtype == torch.float32  # decode stays FP32 under autocast
+
+
+def test_letterbox_is_undone() -> None:
+    image = np.zeros((50, 100, 3), np.uint8)  # wide: padded top and bottom
+    batch, (transform,) = prepare_batch([image], 64)
+    assert batch.shape == (1, 3, 64, 64) and transform.ratio == 0.64 and transform.pad == (0.0, 16.0)
+    boxed = {"boxes": torch.tensor([[6.4, 22.4, 64.0, 48.0]]), "scores": torch.ones(1), "labels": torch.zeros(1)}
+    torch.testing.assert_close(to_original_pixels(boxed, transform)["boxes"], torch.tensor([[10.0, 10.0, 100.0, 50.0]]))

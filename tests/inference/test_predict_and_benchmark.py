@@ -1,0 +1,76 @@
+"""``python -m detector predict`` and ``benchmark`` on tiny inputs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from detector.benchmark import main as benchmark_main
+from detector.data.synthetic import make_image
+from detector.predict import main as predict_main
+
+
+def write_images(folder: Path) -> list[str]:
+    rng = np.random.default_rng(0)
+    folder.mkdir()
+    names = []
+    for index, (height, width) in enumerate([(80, 100), (100, 60), (64, 64)]):
+        image = make_image(rng, max(height, width))[0][:height, :width]
+        names.append(f"{index}.jpg")
+        cv2.imwrite(str(folder / names[-1]), image[..., ::-1])
+    (folder / "notes.txt").write_text("not an image")
+    return names
+
+
+def test_predict_folder_writes_images_and_json(checkpoint: Path, onnx_fp32: Path, tmp_path: Path) -> None:
+    names = write_images(tmp_path / "images")
+    common = ["--source", str(tmp_path / "images"), "--project", str(tmp_path / "runs"), "--conf", "0.3"]
+    assert predict_main(["--weights", str(checkpoint), "--save", *common]) == 0
+    out = tmp_path / "runs" / "exp"
+    assert sorted(p.name for p in out.iterdir()) == sorted([*names, "predictions.json"])
+    records = json.loads((out / "predictions.json").read_text())
+    assert [r["file"] for r in records] == names
+    assert sum(len(r["boxes"]) for r in records) > 0
+    for record, (height, width) in zip(records, [(80, 100), (100, 60), (64, 64)]):
+        assert set(record) == {"file", "frame", "boxes", "scores", "labels", "names"}
+        boxes = np.array(record["boxes"]).reshape(-1, 4)
+        assert (boxes[:, 2] <= width).all() and (boxes[:, 3] <= height).all() and (boxes >= 0).all()
+        assert len(record["scores"]) == len(record["labels"]) == len(record["names"]) == len(boxes)
+    # Same source through ONNX Runtime: a new run folder, the same detections.
+    assert predict_main(["--weights", str(onnx_fp32), *common]) == 0
+    again = json.loads((tmp_path / "runs" / "exp2" / "predictions.json").read_text())
+    assert [r["labels"] for r in again] == [r["labels"] for r in records]
+    np.testing.assert_allclose(sum((r["boxes"] for r in again), []), sum((r["boxes"] for r in records), []), atol=0.02)
+
+
+def test_predict_video_writes_annotated_video(checkpoint: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    video = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 5, (96, 64))
+    for _ in range(3):
+        writer.write(make_image(rng, 96)[0][:64])
+    writer.release()
+    runs = tmp_path / "runs"
+    assert predict_main(["--weights", str(checkpoint), "--source", str(video), "--save", "--project", str(runs), "--name", "v"]) == 0
+    records = json.loads((runs / "v" / "predictions.json").read_text())
+    assert [r["frame"] for r in records] == [0, 1, 2]
+    capture = cv2.VideoCapture(str(runs / "v" / "clip.mp4"))
+    assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == 3
+    capture.release()
+
+
+def test_predict_missing_source_is_an_error(checkpoint: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    assert predict_main(["--weights", str(checkpoint), "--source", str(tmp_path / "nope.jpg"), "--project", str(tmp_path)]) == 1
+    assert "nope.jpg" in capsys.readouterr().err
+
+
+def test_benchmark_prints_a_markdown_row_per_backend(checkpoint: Path, capsys) -> None:  # noqa: ANN001
+    assert benchmark_main(["--weights", str(checkpoint), "--imgsz", "64", "--runs", "1", "--warmup", "0", "--device", "cpu"]) == 0
+    table = capsys.readouterr().out
+    assert "| backend | pre-process ms | inference ms | post-process ms | total ms |" in table
+    for name in ("| pytorch fp32 |", "| onnxruntime fp32 |", "| onnxruntime fp16 |"):
+        assert name in table
+    assert "tensorrt" in table  # timed where present, otherwise a skip note saying why
