@@ -23,21 +23,26 @@ import torch
 from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.synthetic import make_image
 from detector.export.metadata import ModelInfo
-from detector.export.onnx import export_onnx
 from detector.export.tensorrt import build_engine, tensorrt_missing
 from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
+from detector.precision import cpu_has_native_bf16
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m detector benchmark", description=__doc__.split("\n")[0].strip("`: "))
+    parser = argparse.ArgumentParser(
+        prog="python -m detector benchmark",
+        description="Time pre-process / inference / post-process per image for each available backend.",
+    )
     add = parser.add_argument
-    add("--weights", type=Path, help=".pt (all backends) or one .onnx/.engine (default: the newest runs/train/*/weights/best.pt)")
+    add("--weights", type=Path,
+        help=".pt (all backends) or one .onnx/.engine (default: the newest runs/train/*/weights/best.pt)")
     add("--imgsz", type=int, help=f"input size for .pt weights (default: the training size, else {DEFAULT_IMGSZ})")
     add("--batch", type=int, default=1, help="images per call (default: 1)")
     add("--runs", type=int, default=20, help="timed batches per backend (default: 20)")
     add("--warmup", type=int, default=3, help="untimed batches first (default: 3)")
-    add("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda (default: cuda if available)")
+    add("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu or cuda (default: cuda if available, else cpu)")
     return parser
 
 
@@ -52,7 +57,9 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def time_backend(backend: Backend, images: list[np.ndarray], *, size: int, runs: int, warmup: int, device: str) -> dict[str, float]:
+def time_backend(
+    backend: Backend, images: list[np.ndarray], *, size: int, runs: int, warmup: int, device: str
+) -> dict[str, float]:
     """Median per-image milliseconds of each stage (inference includes host<->device copies)."""
     stages: dict[str, list[float]] = {"pre-process": [], "inference": [], "post-process": []}
     for run in range(warmup + runs):
@@ -70,13 +77,6 @@ def time_backend(backend: Backend, images: list[np.ndarray], *, size: int, runs:
     return {stage: statistics.median(values) for stage, values in stages.items()}
 
 
-def native_bf16() -> bool:
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
-
-
 def backends_for_checkpoint(weights: Path, imgsz: int | None, device: str, folder: Path) -> Iterator[Backend | str]:
     """Yield each backend in turn (built lazily, so exports happen just before they are timed), or a skip note."""
     model, checkpoint = model_from_checkpoint(weights)
@@ -84,10 +84,17 @@ def backends_for_checkpoint(weights: Path, imgsz: int | None, device: str, folde
     yield reference
     if device.startswith("cuda"):
         yield TorchBackend(model, reference.info, device=device, precision="fp16")
-    elif native_bf16():
+    elif cpu_has_native_bf16():
         yield TorchBackend(model, reference.info, device=device, precision="bf16")
     else:
         yield "pytorch bf16 autocast: skipped (this CPU has no native BF16)"
+    try:
+        import onnxruntime  # noqa: F401
+
+        from detector.export.onnx import export_onnx
+    except ImportError:
+        yield "onnxruntime: skipped (install the 'export' extra: onnx, onnxruntime)"
+        return
     static = dataclasses.replace(reference.info, dynamic=False)
     for precision in ("fp32", "fp16"):
         info = dataclasses.replace(static, precision=precision)
@@ -117,7 +124,9 @@ def run_benchmark(args: argparse.Namespace, report: Callable[[str], None] = prin
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="detector-benchmark-") as folder:
         if Path(weights).suffix == ".pt":
-            candidates: Iterator[Backend | str] = backends_for_checkpoint(Path(weights), args.imgsz, args.device, Path(folder))
+            candidates: Iterator[Backend | str] = backends_for_checkpoint(
+                Path(weights), args.imgsz, args.device, Path(folder)
+            )
         else:
             candidates = iter([load_backend(weights, device=args.device)])
         for backend in candidates:
@@ -126,8 +135,10 @@ def run_benchmark(args: argparse.Namespace, report: Callable[[str], None] = prin
                 continue
             size = args.imgsz if backend.info.dynamic and args.imgsz else backend.info.imgsz
             report(f"timing {backend.name} at {size} px ...")
-            rows.append((backend.name, time_backend(backend, images, size=size, runs=args.runs, warmup=args.warmup, device=args.device)))
-    header = f"{weights}, batch {args.batch}, {args.device} ({torch.get_num_threads()} torch threads), median of {args.runs} runs\n\n"
+            times = time_backend(backend, images, size=size, runs=args.runs, warmup=args.warmup, device=args.device)
+            rows.append((backend.name, times))
+    threads = torch.get_num_threads()
+    header = f"{weights}, batch {args.batch}, {args.device} ({threads} torch threads), median of {args.runs} runs\n\n"
     return header + markdown_table(rows, notes)
 
 

@@ -76,8 +76,9 @@ def distribution_focal_loss(bin_logits: torch.Tensor, target: torch.Tensor) -> t
 class DetectionLoss(torch.nn.Module):
     """Callable criterion: ``loss(outputs, targets, image_hw) -> (total, {box, cls, dfl})``.
 
-    ``total`` is the gain-weighted sum multiplied by the batch size (so the gradient scale does not
-    depend on batch size once the optimizer's nominal-batch accumulation is taken into account).
+    ``total`` is the gain-weighted sum multiplied by the (global) batch size, so the gradient scale does
+    not depend on batch size once the optimizer's nominal-batch accumulation is taken into account.
+    Under torch.distributed each rank returns its share: the parts of all ranks sum to the global loss.
     """
 
     def __init__(
@@ -119,7 +120,13 @@ class DetectionLoss(torch.nn.Module):
             alpha=self.alpha,
             beta=self.beta,
         )
-        score_sum = assigned.scores.sum().clamp(min=1)
+        score_sum, global_batch = assigned.scores.sum(), batch
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Normalise by the target mass of the whole global batch (as DETR does with its box count):
+            # the ranks' loss parts then add up to exactly what one process with that batch computes.
+            torch.distributed.all_reduce(score_sum)
+            global_batch = batch * torch.distributed.get_world_size()
+        score_sum = score_sum.clamp(min=1)
         cls_loss = F.binary_cross_entropy_with_logits(cls_logits, assigned.scores, reduction="sum") / score_sum
 
         fg = assigned.foreground
@@ -140,5 +147,5 @@ class DetectionLoss(torch.nn.Module):
             "cls": cls_loss * self.gains.cls,
             "dfl": dfl_loss * self.gains.dfl,
         }
-        total = sum(parts.values()) * batch
+        total = sum(parts.values()) * global_batch
         return total, {k: v.detach() for k, v in parts.items()}

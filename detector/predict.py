@@ -17,12 +17,13 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import torch
 
 from detector.data.dataset import read_image_rgb
 from detector.data.spec import IMAGE_SUFFIXES
 from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
-from detector.inference.backend import warn_if_below_baked
 from detector.postprocess import NMSConfig
+from detector.runs import next_run_dir
 
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
 PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),
@@ -30,7 +31,10 @@ PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m detector predict", description=__doc__.split("\n")[0].strip("`: "))
+    parser = argparse.ArgumentParser(
+        prog="python -m detector predict",
+        description="Run a .pt / .onnx / .engine model on an image, a folder of images or a video.",
+    )
     add = parser.add_argument
     add("--weights", type=Path, help=".pt, .onnx or .engine (default: the newest runs/train/*/weights/best.pt)")
     add("--source", type=Path, required=True, help="an image, a folder of images, or a video file")
@@ -39,20 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--iou", type=float, default=0.7, help="NMS IoU threshold (default: 0.7)")
     add("--max-det", type=int, default=300, help="detections kept per image (default: 300)")
     add("--imgsz", type=int, help="input size (default: the model's own: training or export size)")
-    add("--device", default="cpu", help="cpu, cuda or cuda:N (default: cpu)")
+    add("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+        help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     add("--project", type=Path, default=Path("runs/predict"), help="parent folder of runs (default: runs/predict)")
     add("--name", default="exp", help="run folder; exp, exp2, ... when taken (default: exp)")
     return parser
-
-
-def increment_path(path: Path) -> Path:
-    """``path`` if free, else ``path2``, ``path3``, ..."""
-    if not path.exists():
-        return path
-    index = 2
-    while (candidate := path.with_name(f"{path.name}{index}")).exists():
-        index += 1
-    return candidate
 
 
 def iterate_source(source: Path) -> Iterator[tuple[str, int | None, np.ndarray, float]]:
@@ -88,7 +83,8 @@ def annotate(image_rgb: np.ndarray, result: dict, names: list[str]) -> np.ndarra
         x1, y1, x2, y2 = (int(round(v)) for v in box)
         cv2.rectangle(canvas, (x1, y1), (x2, y2), colour, thickness, cv2.LINE_AA)
         text = f"{names[int(label)] if int(label) < len(names) else label} {score:.2f}"
-        cv2.putText(canvas, text, (x1, max(y1 - 3, 10)), cv2.FONT_HERSHEY_SIMPLEX, thickness / 3, colour, thickness, cv2.LINE_AA)
+        origin = (x1, max(y1 - 3, 10))
+        cv2.putText(canvas, text, origin, cv2.FONT_HERSHEY_SIMPLEX, thickness / 3, colour, thickness, cv2.LINE_AA)
     return canvas
 
 
@@ -107,7 +103,7 @@ def to_record(file: str, frame: int | None, result: dict, names: list[str]) -> d
 def input_size(backend: Backend, requested: int | None) -> int:
     info = backend.info
     if requested and not info.dynamic and requested != info.imgsz:
-        raise ValueError(f"this model was exported at a fixed {info.imgsz} px; drop --imgsz or re-export with --dynamic")
+        raise ValueError(f"this model was exported at a fixed {info.imgsz} px; drop --imgsz or export with --dynamic")
     size = requested or info.imgsz
     if size % info.stride:
         raise ValueError(f"--imgsz must be a multiple of {info.stride}; got {size}")
@@ -124,9 +120,9 @@ def predict(backend: Backend, source: Path, out_dir: Path, *, size: int, save: b
             batch, transforms = prepare_batch([image], size)
             result = to_original_pixels(backend(batch)[0], transforms[0])
             records.append(to_record(file, frame, result, names))
-            counts = Counter(records[-1]["names"])
+            counts = Counter(records[-1]["names"]).most_common()
             where = file if frame is None else f"{file} frame {frame}"
-            summary = ", ".join(f"{n} {c}" for c, n in sorted(((c, n) for n, c in counts.items()), reverse=True)) or "nothing"
+            summary = ", ".join(f"{count} {name}" for name, count in counts) or "nothing"
             print(f"{where}: {summary} ({1000 * (time.perf_counter() - start):.1f} ms)")
             if not save:
                 continue
@@ -147,14 +143,19 @@ def predict(backend: Backend, source: Path, out_dir: Path, *, size: int, save: b
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if not args.source.exists():
+            raise FileNotFoundError(f"{args.source}: no such image, folder or video")
         weights = args.weights or find_latest_checkpoint()
         if weights is None:
             raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
         nms = NMSConfig(conf_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det)
         backend = load_backend(weights, device=args.device, imgsz=args.imgsz, nms=nms)
-        warn_if_below_baked(backend)
+        baked = backend.info.nms
+        if baked is not None and args.conf < baked.conf_threshold:
+            warning = f"the graph has NMS inside at conf {baked.conf_threshold}; --conf {args.conf} cannot go lower"
+            print(f"warning: {warning}", file=sys.stderr)
         size = input_size(backend, args.imgsz)
-        out_dir = increment_path(args.project / args.name)
+        out_dir = next_run_dir(args.project, args.name)
         out_dir.mkdir(parents=True)
         records = predict(backend, args.source, out_dir, size=size, save=args.save)
     except (FileNotFoundError, ValueError, RuntimeError) as error:

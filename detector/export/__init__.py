@@ -9,11 +9,21 @@ for the stored keys and :mod:`detector.export.cli` for the command line.
 
 from __future__ import annotations
 
+from typing import Any
+
 from detector.export.metadata import INPUT_NAME, ModelInfo, decode_metadata, encode_metadata
-from detector.export.onnx import export_onnx, read_onnx_info
 from detector.export.wrapper import EXPORT_NMS, ExportWrapper, pack_detections
 
 __all__ = [
     "EXPORT_NMS", "INPUT_NAME", "ExportWrapper", "ModelInfo", "decode_metadata", "encode_metadata", "export_onnx",
     "pack_detections", "read_onnx_info",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: `onnx` is an optional extra, and PyTorch-only inference imports this package for ModelInfo.
+    if name in ("export_onnx", "read_onnx_info"):
+        from detector.export import onnx as onnx_export
+
+        return getattr(onnx_export, name)
+    raise AttributeError(f"module 'detector.export' has no attribute {name!r}")

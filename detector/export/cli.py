@@ -24,6 +24,7 @@ from detector.export.tensorrt import DEFAULT_WORKSPACE_GIB, build_engine, tensor
 from detector.export.wrapper import EXPORT_NMS
 from detector.inference import find_latest_checkpoint, load_backend
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
+from detector.model import YOLO
 from detector.postprocess import NMSConfig
 
 FORMATS = ("onnx", "engine")
@@ -37,25 +38,36 @@ def build_parser() -> argparse.ArgumentParser:
         "with --nms 'detections' [B,K,6] (x1,y1,x2,y2,score,label; zero rows pad) + 'num_detections' [B].",
     )
     add = parser.add_argument
+    nms = EXPORT_NMS
     add("--weights", type=Path, help="checkpoint .pt (default: the newest runs/train/*/weights/best.pt)")
     add("--format", default="onnx", help="onnx, engine, or onnx,engine (default: onnx)")
     add("--half", action="store_true", help="FP16 convolutions; inputs/outputs stay FP32 (default: off)")
-    add("--imgsz", type=int, help=f"square input size, a multiple of 32 (default: the training size, else {DEFAULT_IMGSZ})")
+    add("--imgsz", type=int,
+        help=f"square input size, a multiple of 32 (default: the training size, else {DEFAULT_IMGSZ})")
     add("--batch", type=int, default=1, help="batch size; with --dynamic the largest TensorRT batch (default: 1)")
     add("--dynamic", action="store_true", help="free batch, height and width (default: off, fixed shape)")
     add("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset (default: {DEFAULT_OPSET})")
     add("--simplify", action="store_true", help="slim the ONNX graph with onnxslim (default: off)")
-    add("--nms", action="store_true", help="NMS inside the graph: outputs detections [B,K,6] + num_detections (default: off)")
-    add("--conf", type=float, default=EXPORT_NMS.conf_threshold, help=f"with --nms: score threshold (default: {EXPORT_NMS.conf_threshold})")
-    add("--iou", type=float, default=EXPORT_NMS.iou_threshold, help=f"with --nms: IoU threshold (default: {EXPORT_NMS.iou_threshold})")
-    add("--max-det", type=int, default=EXPORT_NMS.max_detections, help=f"with --nms: K, detections per image (default: {EXPORT_NMS.max_detections})")
-    add("--data", type=Path, help="dataset YAML: check parity on its val split, with mAP (default: synthetic images, no mAP)")
+    add("--nms", action="store_true",
+        help="NMS inside the graph, one class per box: outputs detections + num_detections (default: off)")
+    add("--conf", type=float, default=nms.conf_threshold,
+        help=f"with --nms: score threshold (default: {nms.conf_threshold})")
+    add("--iou", type=float, default=nms.iou_threshold,
+        help=f"with --nms: IoU threshold (default: {nms.iou_threshold})")
+    add("--max-det", type=int, default=nms.max_detections,
+        help=f"with --nms: K, detections per image (default: {nms.max_detections})")
+    add("--data", type=Path,
+        help="dataset YAML: check parity on its val split, with mAP (default: synthetic images, no mAP)")
     add("--no-check", action="store_true", help="skip the parity check (default: check)")
-    add("--map-margin", type=float, default=0.5, help="with --data: largest allowed mAP50-95 drop in points (default: 0.5)")
-    add("--score-tol", type=float, default=SCORE_TOLERANCE, help=f"without --data: largest allowed score difference (default: {SCORE_TOLERANCE})")
+    add("--map-margin", type=float, default=0.5,
+        help="with --data: largest allowed mAP50-95 drop in points (default: 0.5)")
+    add("--score-tol", type=float, default=SCORE_TOLERANCE,
+        help=f"without --data: largest allowed score difference (default: {SCORE_TOLERANCE})")
     add("--workers", type=int, default=2, help="with --data: data-loading processes for the check (default: 2)")
-    add("--device", choices=("cpu", "cuda"), help="device for tracing and the check (default: cuda if available, else cpu)")
-    add("--workspace", type=float, default=DEFAULT_WORKSPACE_GIB, help=f"TensorRT workspace in GiB (default: {DEFAULT_WORKSPACE_GIB})")
+    add("--device", choices=("cpu", "cuda"),
+        help="device for tracing and the check (default: cuda if available, else cpu)")
+    add("--workspace", type=float, default=DEFAULT_WORKSPACE_GIB,
+        help=f"TensorRT workspace in GiB (default: {DEFAULT_WORKSPACE_GIB})")
     return parser
 
 
@@ -77,15 +89,57 @@ def resolve_weights(weights: Path | None) -> Path:
     return latest
 
 
-def model_info(args: argparse.Namespace, names: list[str], strides: tuple[int, ...], trained_imgsz: int | None) -> ModelInfo:
-    imgsz = args.imgsz or trained_imgsz or DEFAULT_IMGSZ
+def model_info(args: argparse.Namespace, names: list[str], strides: tuple[int, ...], trained: int | None) -> ModelInfo:
+    """What the export will be: ``trained`` is the checkpoint's training image size, if it recorded one."""
+    imgsz = args.imgsz or trained or DEFAULT_IMGSZ
     if imgsz % max(strides) or args.batch < 1:
-        raise ValueError(f"--imgsz must be a multiple of {max(strides)} (got {imgsz}) and --batch >= 1 (got {args.batch})")
+        raise ValueError(f"--imgsz must be a multiple of {max(strides)} (got {imgsz}), --batch >= 1 (got {args.batch})")
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det) if args.nms else None
     return ModelInfo(
         names=names, strides=strides, imgsz=imgsz, batch=args.batch, dynamic=args.dynamic,
         precision="fp16" if args.half else "fp32", nms=nms,
     )
+
+
+def stage_exports(
+    model: YOLO, info: ModelInfo, formats: list[str], staging: Path, stem: str, args: argparse.Namespace, device: str
+) -> dict[str, Path]:
+    """Write every requested format into ``staging``; -> format -> file."""
+    staged: dict[str, Path] = {}
+    options = {"opset": args.opset, "simplify": args.simplify, "device": device}
+    if "onnx" in formats:
+        staged["onnx"] = export_onnx(model, staging / f"{stem}.onnx", info, **options)
+    if "engine" in formats:
+        # TensorRT gets the FP32 graph and picks FP16 kernels itself under BuilderFlag.FP16.
+        if "onnx" in staged and info.precision == "fp32":
+            source = staged["onnx"]
+        else:
+            fp32_info = dataclasses.replace(info, precision="fp32")
+            source = export_onnx(model, staging / "engine-source.onnx", fp32_info, **options)
+        staged["engine"] = build_engine(source, staging / f"{stem}.engine", info, workspace_gib=args.workspace)
+    return staged
+
+
+def parity_passes(model: YOLO, info: ModelInfo, staged: dict[str, Path], args: argparse.Namespace, device: str) -> bool:
+    """Check each staged file against the FP32 PyTorch model; print the reports."""
+    split = None
+    if args.data is not None:
+        from detector.data.build import build_split
+        from detector.data.spec import load_dataset_spec
+
+        split = build_split(load_dataset_spec(args.data), "val", image_size=info.imgsz, augment=None)
+    reference = TorchBackend(model, dataclasses.replace(info, dynamic=True, nms=None), device=device)
+    images = split_images(split) if split is not None else synthetic_images(info.imgsz)
+    for fmt, path in staged.items():
+        report = check_parity(
+            reference, load_backend(path, device=device), images=images, split=split,
+            map_margin=args.map_margin, score_tolerance=args.score_tol, workers=args.workers,
+        )
+        print(report.summary())
+        if not report.passed:
+            print(f"error: {fmt} export failed the parity check; nothing was written", file=sys.stderr)
+            return False
+    return True
 
 
 def run_export(args: argparse.Namespace) -> int:
@@ -98,40 +152,12 @@ def run_export(args: argparse.Namespace) -> int:
     model, checkpoint = model_from_checkpoint(weights)
     names = list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)])
     info = model_info(args, names, tuple(model.strides), (checkpoint.get("config") or {}).get("imgsz"))
-    split = None
-    if args.data is not None and not args.no_check:
-        from detector.data.build import build_split
-        from detector.data.spec import load_dataset_spec
-
-        split = build_split(load_dataset_spec(args.data), "val", image_size=info.imgsz, augment=None)
-
     with staging_folder(weights.parent) as staging:
-        staged: dict[str, Path] = {}
-        options = {"opset": args.opset, "simplify": args.simplify, "device": device}
-        if "onnx" in formats:
-            staged["onnx"] = export_onnx(model, staging / f"{weights.stem}.onnx", info, **options)
-        if "engine" in formats:
-            # TensorRT gets the FP32 graph and picks FP16 kernels itself under BuilderFlag.FP16.
-            if "onnx" in staged and not args.half:
-                source = staged["onnx"]
-            else:
-                fp32_info = dataclasses.replace(info, precision="fp32")
-                source = export_onnx(model, staging / "engine-source.onnx", fp32_info, **options)
-            staged["engine"] = build_engine(source, staging / f"{weights.stem}.engine", info, workspace_gib=args.workspace)
-        if not args.no_check:
-            reference = TorchBackend(model, dataclasses.replace(info, dynamic=True, nms=None), device=device)
-            images = split_images(split) if split is not None else synthetic_images(info.imgsz)
-            for fmt in formats:
-                report = check_parity(
-                    reference, load_backend(staged[fmt], device=device), images=images, split=split,
-                    map_margin=args.map_margin, score_tolerance=args.score_tol, workers=args.workers,
-                )
-                print(report.summary())
-                if not report.passed:
-                    print(f"error: {fmt} export failed the parity check; nothing was written", file=sys.stderr)
-                    return 1
-        for fmt in formats:
-            print(f"export: wrote {publish(staged[fmt], weights.with_suffix('.' + fmt))}")
+        staged = stage_exports(model, info, formats, staging, weights.stem, args, device)
+        if not args.no_check and not parity_passes(model, info, staged, args, device):
+            return 1
+        for fmt, path in staged.items():
+            print(f"export: wrote {publish(path, weights.with_suffix('.' + fmt))}")
     return 0
 
 

@@ -80,4 +80,5 @@ def decode_metadata(props: dict[str, str], *, source: str = "<model>") -> ModelI
             nms=nms,
         )
     except (KeyError, TypeError, ValueError) as error:
-        raise ValueError(f"{source}: missing or malformed detector metadata ({error}); was it made by export.py?") from None
+        message = f"{source}: missing or malformed detector metadata ({error}); was it made by export.py?"
+        raise ValueError(message) from None

@@ -48,14 +48,15 @@ class ParityReport:
         return not self.failures
 
     def summary(self) -> str:
-        lines = [
-            f"parity {self.name} vs pytorch fp32 on {self.images} images: max box diff {self.max_box_diff:.4g} px, "
-            f"max score diff {self.max_score_diff:.4g}" + (f", unmatched detections {self.unmatched}" if self.unmatched else "")
-        ]
+        line = (
+            f"parity {self.name} vs pytorch fp32 on {self.images} images: "
+            f"max box diff {self.max_box_diff:.4g} px, max score diff {self.max_score_diff:.4g}"
+        )
+        lines = [line + (f", unmatched detections {self.unmatched}" if self.unmatched else "")]
         if self.map_reference is not None and self.map_exported is not None:
             lines.append(
-                f"mAP50-95 on {self.map_images} val images: pytorch fp32 {self.map_reference:.2f}, {self.name} {self.map_exported:.2f} "
-                f"(change {self.map_exported - self.map_reference:+.2f} points)"
+                f"mAP50-95 on {self.map_images} val images: pytorch fp32 {self.map_reference:.2f}, "
+                f"{self.name} {self.map_exported:.2f} (change {self.map_exported - self.map_reference:+.2f} points)"
             )
         lines += [f"parity FAILED: {failure}" for failure in self.failures]
         return "\n".join(lines)
@@ -93,11 +94,15 @@ def match_detections(reference: Detections, exported: Detections) -> tuple[float
     return box_diff, score_diff, unmatched
 
 
-def compare_on_images(reference: Backend, exported: Backend, images: torch.Tensor, report: ParityReport, batch: int = 8) -> None:
+def compare_on_images(
+    reference: Backend, exported: Backend, images: torch.Tensor, report: ParityReport, batch: int = 8
+) -> None:
     """Fill the difference fields of ``report`` (and flag non-finite outputs)."""
     for start in range(0, len(images), batch):
         chunk = images[start : start + batch]
-        ref_raw, exp_raw = reference.infer(chunk), exported.infer(chunk)
+        # On CPU: a TensorRT engine answers on the GPU while the reference may run on the CPU.
+        ref_raw = tuple(tensor.cpu() for tensor in reference.infer(chunk))
+        exp_raw = tuple(tensor.cpu() for tensor in exported.infer(chunk))
         if not all(torch.isfinite(tensor.float()).all() for tensor in exp_raw):
             report.failures.append("the exported model produced NaN or infinite outputs")
             return
@@ -106,7 +111,8 @@ def compare_on_images(reference: Backend, exported: Backend, images: torch.Tenso
             score_diff = float((exp_raw[1].float() - ref_raw[1]).abs().max())
             unmatched = 0
         else:
-            box_diff, score_diff, unmatched = match_detections(reference.postprocess(ref_raw), exported.postprocess(exp_raw))
+            pairs = reference.postprocess(ref_raw), exported.postprocess(exp_raw)
+            box_diff, score_diff, unmatched = match_detections(*pairs)
         report.max_box_diff = max(report.max_box_diff, box_diff)
         report.max_score_diff = max(report.max_score_diff, score_diff)
         report.unmatched += unmatched
@@ -141,5 +147,6 @@ def check_parity(
         if not math.isfinite(drop) or drop > map_margin:
             report.failures.append(f"mAP50-95 fell by {drop:.2f} points, more than --map-margin {map_margin}")
     elif report.max_score_diff > score_tolerance:
-        report.failures.append(f"a score differs by {report.max_score_diff:.3g}, more than --score-tol {score_tolerance}")
+        drift = report.max_score_diff
+        report.failures.append(f"a score differs by {drift:.3g}, more than --score-tol {score_tolerance}")
     return report

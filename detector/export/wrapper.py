@@ -12,6 +12,7 @@ decode arithmetic is written once. Output contract:
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,7 +32,10 @@ class OnnxNMS(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, boxes, scores, max_per_class: int, iou_threshold: float, conf_threshold: float):  # noqa: ANN001
+    def forward(
+        ctx: Any, boxes: torch.Tensor, scores: torch.Tensor, max_per_class: int, iou_threshold: float,
+        conf_threshold: float,
+    ) -> torch.Tensor:
         from torchvision.ops import nms
 
         selected = []
@@ -43,11 +47,15 @@ class OnnxNMS(torch.autograd.Function):
                 keep = keep[:max_per_class]
                 columns = (torch.full_like(keep, batch_index), torch.full_like(keep, class_index), keep)
                 selected.append(torch.stack(columns, 1))
-        return torch.cat(selected) if selected else torch.zeros((0, 3), dtype=torch.int64)
+        return torch.cat(selected) if selected else torch.zeros((0, 3), dtype=torch.int64, device=boxes.device)
 
     @staticmethod
-    def symbolic(graph, boxes, scores, max_per_class, iou_threshold, conf_threshold):  # noqa: ANN001
-        def constant(value, dtype):  # noqa: ANN001, ANN202
+    def symbolic(
+        graph: Any, boxes: Any, scores: Any, max_per_class: int, iou_threshold: float, conf_threshold: float
+    ) -> Any:
+        """Graph and values are TorchScript internals (``torch._C.Graph`` / ``Value``)."""
+
+        def constant(value: float, dtype: torch.dtype) -> Any:
             return graph.op("Constant", value_t=torch.tensor([value], dtype=dtype))
 
         return graph.op(

@@ -12,6 +12,7 @@ from pathlib import Path
 from detector.inference.backend import Backend, RawOutputs, unpack_detections
 from detector.inference.preprocess import Detections, Letterbox, prepare_batch, to_original_pixels
 from detector.postprocess import NMSConfig
+from detector.runs import newest_file
 
 SUFFIXES = (".pt", ".onnx", ".engine")
 
@@ -51,5 +52,4 @@ def load_backend(
 
 def find_latest_checkpoint(root: str | Path = "runs/train", name: str = "best.pt") -> Path | None:
     """The most recently modified ``<root>/*/weights/<name>``, or ``None`` when there is none."""
-    candidates = [path for path in Path(root).glob(f"*/weights/{name}") if path.is_file()]
-    return max(candidates, key=lambda path: path.stat().st_mtime) if candidates else None
+    return newest_file(root, f"*/weights/{name}")

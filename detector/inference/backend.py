@@ -7,8 +7,8 @@ can time the two apart and every runtime is judged by the same NMS.
 
 from __future__ import annotations
 
-import warnings
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -69,7 +69,9 @@ def unpack_detections(detections: torch.Tensor, counts: torch.Tensor, *, conf_th
     return results
 
 
-def run_in_fixed_batches(run, images: torch.Tensor, batch: int) -> RawOutputs:  # noqa: ANN001
+def run_in_fixed_batches(
+    run: Callable[[torch.Tensor], Sequence[torch.Tensor]], images: torch.Tensor, batch: int
+) -> RawOutputs:
     """Feed a fixed-batch graph: split ``images`` into chunks of ``batch``, zero-pad the last, trim after.
 
     ``run(chunk) -> tuple of tensors with the batch first``.
@@ -83,12 +85,3 @@ def run_in_fixed_batches(run, images: torch.Tensor, batch: int) -> RawOutputs:  
         outputs.append([tensor[:real] for tensor in run(chunk)])
     return tuple(torch.cat(parts) for parts in zip(*outputs))
 
-
-def warn_if_below_baked(backend: Backend) -> None:
-    """A graph with NMS inside cannot return detections under the threshold it was exported with."""
-    baked = backend.info.nms
-    if baked is not None and backend.nms.conf_threshold < baked.conf_threshold:
-        warnings.warn(
-            f"this model has NMS inside with conf {baked.conf_threshold}; lower thresholds have no effect",
-            stacklevel=2,
-        )

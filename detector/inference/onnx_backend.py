@@ -19,7 +19,9 @@ class OnnxBackend(Backend):
     ``--half``); fixed-batch graphs are fed in chunks of their batch size.
     """
 
-    def __init__(self, path: str | Path, *, device: str = "cpu", nms: NMSConfig | None = None, threads: int = 0) -> None:
+    def __init__(
+        self, path: str | Path, *, device: str = "cpu", nms: NMSConfig | None = None, threads: int = 0
+    ) -> None:
         import onnxruntime as ort  # optional dependency (the `export` extra)
 
         options = ort.SessionOptions()

@@ -34,7 +34,9 @@ class TensorRTBackend(Backend):
         if self.engine is None:
             raise RuntimeError(f"{path}: TensorRT could not load the engine (built by another TensorRT version?)")
         self.context = self.engine.create_execution_context()
-        self.dtypes = {trt.float32: torch.float32, trt.float16: torch.float16, trt.int32: torch.int32, trt.bool: torch.bool}
+        self.dtypes = {
+            trt.float32: torch.float32, trt.float16: torch.float16, trt.int32: torch.int32, trt.bool: torch.bool,
+        }
         if hasattr(trt, "int64"):
             self.dtypes[trt.int64] = torch.int64
         self.name = f"tensorrt {info.precision}" + (" +nms" if info.nms else "")

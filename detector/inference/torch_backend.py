@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -28,7 +29,8 @@ class TorchBackend(Backend):
     """
 
     def __init__(
-        self, model: YOLO, info: ModelInfo, *, device: str = "cpu", precision: str = "fp32", nms: NMSConfig | None = None
+        self, model: YOLO, info: ModelInfo, *, device: str = "cpu", precision: str = "fp32",
+        nms: NMSConfig | None = None,
     ) -> None:
         if precision not in AUTOCAST_DTYPES:
             raise ValueError(f"precision must be one of {', '.join(AUTOCAST_DTYPES)}; got {precision!r}")
@@ -39,7 +41,7 @@ class TorchBackend(Backend):
         self.name = f"pytorch {precision}" + ("" if precision == "fp32" else " autocast")
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, *, imgsz: int | None = None, **kwargs) -> TorchBackend:  # noqa: ANN003
+    def from_checkpoint(cls, path: str | Path, *, imgsz: int | None = None, **kwargs: Any) -> TorchBackend:
         """EMA weights when the checkpoint has them; ``imgsz`` defaults to the training size, else 640."""
         model, checkpoint = model_from_checkpoint(path)
         config = checkpoint.get("config") or {}

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import IMGSZ, NAMES
 
 from detector.export import ExportWrapper, ModelInfo, export_onnx, read_onnx_info
 from detector.export.parity import synthetic_images
@@ -16,10 +16,11 @@ from detector.inference.onnx_backend import OnnxBackend
 from detector.model import YOLO
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
 
-pytest.importorskip("onnxruntime")
+IMGSZ = 64  # conftest fixtures use 64 px images
+NAMES = ["circle", "square", "triangle"]
 
 
-def info_for(**overrides) -> ModelInfo:  # noqa: ANN003
+def info_for(**overrides: Any) -> ModelInfo:
     return ModelInfo(**{"names": NAMES, "strides": (8, 16, 32), "imgsz": IMGSZ, "batch": 4, **overrides})
 
 
@@ -77,7 +78,9 @@ def test_dynamic_slimmed_graph_takes_other_batch_and_size(model: YOLO, tmp_path:
 
 
 @pytest.mark.parametrize("multi_label", [False, True])
-def test_nms_graph_equals_python_postprocess(model: YOLO, images: torch.Tensor, tmp_path: Path, multi_label: bool) -> None:
+def test_nms_graph_equals_python_postprocess(
+    model: YOLO, images: torch.Tensor, tmp_path: Path, multi_label: bool
+) -> None:
     config = NMSConfig(conf_threshold=0.3, iou_threshold=0.5, max_detections=20, multi_label=multi_label)
     info = info_for(nms=config, precision="fp32", dynamic=multi_label)  # one of the two with free batch
     path = export_onnx(model, tmp_path / "nms.onnx", info)
@@ -88,7 +91,8 @@ def test_nms_graph_equals_python_postprocess(model: YOLO, images: torch.Tensor, 
     detections, counts = OnnxBackend(path).infer(images)
     assert detections.shape == (4, 20, 6) and counts.dtype == torch.int64
     with torch.no_grad():
-        expected = non_max_suppression(decode_outputs(model(images.float() / 255), model.strides, model.reg_max), config)
+        decoded = decode_outputs(model(images.float() / 255), model.strides, model.reg_max)
+    expected = non_max_suppression(decoded, config)
     assert sum(len(e["scores"]) for e in expected) > 10  # the comparison is not vacuous
     for rows, count, wanted in zip(detections, counts, expected):
         assert int(count) == len(wanted["scores"])

@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import IMGSZ, NAMES
 
 from detector.export import ExportWrapper, ModelInfo, export_onnx
 from detector.export.tensorrt import build_engine, read_engine_file, write_engine_file
 from detector.model import YOLO
 from detector.postprocess import NMSConfig
+
+IMGSZ = 64  # conftest fixtures use 64 px images
+NAMES = ["circle", "square", "triangle"]
 
 
 def test_engine_header_round_trips(tmp_path: Path) -> None:

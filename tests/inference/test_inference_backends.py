@@ -7,16 +7,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import IMGSZ
 
+from detector.export import ModelInfo, export_onnx
 from detector.export.parity import match_detections, synthetic_images
 from detector.export.tensorrt import tensorrt_missing
 from detector.inference import load_backend, prepare_batch, to_original_pixels
 from detector.inference.onnx_backend import OnnxBackend
 from detector.inference.torch_backend import TorchBackend
+from detector.model import YOLO
 from detector.postprocess import NMSConfig
 
 NMS = NMSConfig(conf_threshold=0.3, iou_threshold=0.5)
+
+IMGSZ = 64  # conftest fixtures use 64 px images
 
 
 def test_suffix_picks_the_runtime(checkpoint: Path, onnx_fp32: Path, tmp_path: Path) -> None:
@@ -60,3 +63,15 @@ def test_letterbox_is_undone() -> None:
     assert batch.shape == (1, 3, 64, 64) and transform.ratio == 0.64 and transform.pad == (0.0, 16.0)
     boxed = {"boxes": torch.tensor([[6.4, 22.4, 64.0, 48.0]]), "scores": torch.ones(1), "labels": torch.zeros(1)}
     torch.testing.assert_close(to_original_pixels(boxed, transform)["boxes"], torch.tensor([[10.0, 10.0, 100.0, 50.0]]))
+
+
+def test_nms_graph_backend_matches_python_nms(model: YOLO, checkpoint: Path, tmp_path: Path) -> None:
+    baked = NMSConfig(conf_threshold=0.2, iou_threshold=0.5, max_detections=50)
+    info = ModelInfo(names=["circle", "square", "triangle"], strides=model.strides, imgsz=IMGSZ, batch=1, nms=baked)
+    graph = load_backend(export_onnx(model, tmp_path / "nms.onnx", info), nms=NMS)  # conf 0.3 filters the 0.2 graph
+    images = synthetic_images(IMGSZ, count=2)
+    expected = load_backend(checkpoint, nms=NMSConfig(conf_threshold=0.3, iou_threshold=0.5, max_detections=50))(images)
+    got = graph(images)
+    assert [len(e["scores"]) for e in got] == [len(e["scores"]) for e in expected]
+    box_diff, score_diff, unmatched = match_detections(expected, got)
+    assert unmatched == 0 and box_diff < 1e-2 and score_diff < 1e-4

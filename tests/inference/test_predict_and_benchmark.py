@@ -7,6 +7,7 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 
 from detector.benchmark import main as benchmark_main
 from detector.data.synthetic import make_image
@@ -54,7 +55,8 @@ def test_predict_video_writes_annotated_video(checkpoint: Path, tmp_path: Path) 
         writer.write(make_image(rng, 96)[0][:64])
     writer.release()
     runs = tmp_path / "runs"
-    assert predict_main(["--weights", str(checkpoint), "--source", str(video), "--save", "--project", str(runs), "--name", "v"]) == 0
+    args = ["--weights", str(checkpoint), "--source", str(video), "--save", "--project", str(runs), "--name", "v"]
+    assert predict_main(args) == 0
     records = json.loads((runs / "v" / "predictions.json").read_text())
     assert [r["frame"] for r in records] == [0, 1, 2]
     capture = cv2.VideoCapture(str(runs / "v" / "clip.mp4"))
@@ -62,13 +64,17 @@ def test_predict_video_writes_annotated_video(checkpoint: Path, tmp_path: Path) 
     capture.release()
 
 
-def test_predict_missing_source_is_an_error(checkpoint: Path, tmp_path: Path, capsys) -> None:  # noqa: ANN001
-    assert predict_main(["--weights", str(checkpoint), "--source", str(tmp_path / "nope.jpg"), "--project", str(tmp_path)]) == 1
+def test_predict_missing_source_is_an_error(
+    checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--weights", str(checkpoint), "--source", str(tmp_path / "nope.jpg"), "--project", str(tmp_path)]
+    assert predict_main(args) == 1
     assert "nope.jpg" in capsys.readouterr().err
 
 
-def test_benchmark_prints_a_markdown_row_per_backend(checkpoint: Path, capsys) -> None:  # noqa: ANN001
-    assert benchmark_main(["--weights", str(checkpoint), "--imgsz", "64", "--runs", "1", "--warmup", "0", "--device", "cpu"]) == 0
+def test_benchmark_prints_a_markdown_row_per_backend(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--weights", str(checkpoint), "--imgsz", "64", "--runs", "1", "--warmup", "0", "--device", "cpu"]
+    assert benchmark_main(args) == 0
     table = capsys.readouterr().out
     assert "| backend | pre-process ms | inference ms | post-process ms | total ms |" in table
     for name in ("| pytorch fp32 |", "| onnxruntime fp32 |", "| onnxruntime fp16 |"):
