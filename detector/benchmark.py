@@ -69,7 +69,8 @@ def time_backend(
         raw = backend.infer(batch)
         synchronize(device)
         marks.append(time.perf_counter())
-        [to_original_pixels(result, transform) for result, transform in zip(backend.postprocess(raw), transforms)]
+        for result, transform in zip(backend.postprocess(raw), transforms):
+            to_original_pixels(result, transform)
         marks.append(time.perf_counter())
         if run >= warmup:
             for stage, start, end in zip(stages, marks, marks[1:]):
@@ -77,9 +78,11 @@ def time_backend(
     return {stage: statistics.median(values) for stage, values in stages.items()}
 
 
-def backends_for_checkpoint(weights: Path, imgsz: int | None, device: str, folder: Path) -> Iterator[Backend | str]:
+def backends_for_checkpoint(
+    weights: Path, *, imgsz: int | None, batch: int, device: str, folder: Path
+) -> Iterator[Backend | str]:
     """Yield each backend in turn (built lazily, so exports happen just before they are timed), or a skip note."""
-    model, checkpoint = model_from_checkpoint(weights)
+    model, _ = model_from_checkpoint(weights)
     reference = TorchBackend.from_checkpoint(weights, imgsz=imgsz, device=device)
     yield reference
     if device.startswith("cuda"):
@@ -95,7 +98,7 @@ def backends_for_checkpoint(weights: Path, imgsz: int | None, device: str, folde
     except ImportError:
         yield "onnxruntime: skipped (install the 'export' extra: onnx, onnxruntime)"
         return
-    static = dataclasses.replace(reference.info, dynamic=False)
+    static = dataclasses.replace(reference.info, dynamic=False, batch=batch)
     for precision in ("fp32", "fp16"):
         info = dataclasses.replace(static, precision=precision)
         yield load_backend(export_onnx(model, folder / f"{precision}.onnx", info, device=device), device=device)
@@ -116,7 +119,8 @@ def markdown_table(rows: list[tuple[str, dict[str, float]]], notes: list[str]) -
     return "\n".join(lines + [f"\n{note}" for note in notes])
 
 
-def run_benchmark(args: argparse.Namespace, report: Callable[[str], None] = print) -> str:
+def run_benchmark(args: argparse.Namespace, progress: Callable[[str], None] = print) -> str:
+    """Time every backend; -> a header line and the markdown table (``progress`` gets one line per backend)."""
     weights = args.weights or find_latest_checkpoint()
     if weights is None:
         raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
@@ -125,7 +129,7 @@ def run_benchmark(args: argparse.Namespace, report: Callable[[str], None] = prin
     with tempfile.TemporaryDirectory(prefix="detector-benchmark-") as folder:
         if Path(weights).suffix == ".pt":
             candidates: Iterator[Backend | str] = backends_for_checkpoint(
-                Path(weights), args.imgsz, args.device, Path(folder)
+                Path(weights), imgsz=args.imgsz, batch=args.batch, device=args.device, folder=Path(folder)
             )
         else:
             candidates = iter([load_backend(weights, device=args.device)])
@@ -134,7 +138,7 @@ def run_benchmark(args: argparse.Namespace, report: Callable[[str], None] = prin
                 notes.append(backend)
                 continue
             size = args.imgsz if backend.info.dynamic and args.imgsz else backend.info.imgsz
-            report(f"timing {backend.name} at {size} px ...")
+            progress(f"timing {backend.name} at {size} px ...")
             times = time_backend(backend, images, size=size, runs=args.runs, warmup=args.warmup, device=args.device)
             rows.append((backend.name, times))
     threads = torch.get_num_threads()
@@ -145,7 +149,7 @@ def run_benchmark(args: argparse.Namespace, report: Callable[[str], None] = prin
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        print(run_benchmark(args))
+        print(run_benchmark(args, progress=lambda line: print(line, file=sys.stderr)))
     except (CheckpointError, FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

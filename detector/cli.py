@@ -30,7 +30,6 @@ def build_parser() -> argparse.ArgumentParser:
                                 choices=item.metadata.get("choices"))
     # Common spellings users bring from other tools.
     parser.add_argument("--img", dest="imgsz", type=int, help=argparse.SUPPRESS)
-    parser.add_argument("--no-amp-check-alias", dest="amp_check", action="store_false", help=argparse.SUPPRESS)
     return parser
 
 

@@ -106,7 +106,7 @@ class Trainer:
     """Holds the objects of one run; ``fit()`` runs it. Built only from the config."""
 
     def __init__(self, config: TrainConfig, *, progress: bool = True) -> None:
-        self.config = config.validate()
+        self.config = config.with_defaults().validate()
         self.progress = progress
         self.dist, self.device = init_distributed(config.device)
         self.resume_state: dict[str, Any] | None = None
@@ -188,7 +188,7 @@ class Trainer:
         saved = TrainConfig.from_dict(state["config"])
         # Keep the run's own settings; only the device and worker count may change on resume.
         saved.device, saved.workers, saved.resume = self.config.device, self.config.workers, str(path)
-        self.config = saved.validate()
+        self.config = saved.with_defaults().validate()
         self.resume_state = state
         self.resume_path = path
 

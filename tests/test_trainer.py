@@ -52,7 +52,7 @@ def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
 
 
 def test_cli_rejects_bad_values_with_exit_code_2(capsys):
-    assert train_main(["--epochs", "0", "--imgsz", "100"]) == 2
+    assert train_main(["--epochs", "-1", "--imgsz", "100"]) == 2
     message = capsys.readouterr().err
     assert "--epochs" in message and "multiple of 32" in message and message.count("\n") == 1
 

@@ -1,0 +1,13 @@
+from pathlib import Path
+
+from detector.ablate import main
+
+
+def test_ablate_amp_runs_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys):
+    assert main(["--data", str(yolo_yaml), "--epochs", "1", "--project", str(tmp_path), "--imgsz", "64",
+                 "--batch", "4", "--workers", "0", "--cache", "none"]) == 0
+    report = (tmp_path / "exp" / "ablation.md").read_text()
+    assert "| fp32 |" in report and "1.00x" in report
+    assert (tmp_path / "exp" / "ablation.png").read_bytes()[:4] == b"\x89PNG"
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "precision" not in line]
+    assert len(rows) >= 1 and all(float(row.split("|")[2]) > 0 for row in rows)  # real images/s
