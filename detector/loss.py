@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import complete_box_iou_loss
 
-from detector.assigner import assign_targets
+from detector.assigner import AssignedTargets, assign_targets
 from detector.boxes import (
     boxes_to_distances,
     cxcywh_to_xyxy,
@@ -97,8 +97,14 @@ class DetectionLoss(torch.nn.Module):
         self.top_k, self.alpha, self.beta = top_k, alpha, beta
 
     def forward(
-        self, outputs: list[torch.Tensor], targets: torch.Tensor, image_hw: tuple[int, int]
+        self,
+        outputs: list[torch.Tensor],
+        targets: torch.Tensor,
+        image_hw: tuple[int, int],
+        *,
+        assigned: AssignedTargets | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """``assigned``: reuse an earlier assignment (the AMP check holds it fixed to compare precisions)."""
         flat = flatten_head_outputs([o.float() for o in outputs])  # [B, A, 4*reg_max + C]
         batch = flat.shape[0]
         box_logits, cls_logits = flat.split((4 * self.reg_max, self.num_classes), -1)
@@ -108,7 +114,7 @@ class DetectionLoss(torch.nn.Module):
         pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits, self.reg_max))  # grid units
         gt_labels, gt_boxes, gt_mask = targets_to_padded(targets.to(flat.device), batch, image_hw)
 
-        assigned = assign_targets(
+        assigned = assigned or assign_targets(
             cls_logits.detach().sigmoid(),
             (pred_boxes.detach() * stride),
             points * stride,
@@ -148,4 +154,5 @@ class DetectionLoss(torch.nn.Module):
             "dfl": dfl_loss * self.gains.dfl,
         }
         total = sum(parts.values()) * global_batch
+        self.last_assignment = assigned
         return total, {k: v.detach() for k, v in parts.items()}

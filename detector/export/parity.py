@@ -26,6 +26,7 @@ EVAL_NMS = NMSConfig(conf_threshold=0.001, iou_threshold=0.7, max_detections=300
 # Without a dataset there is no mAP; a score off by more than this means a broken export, not rounding
 # (FP16 moves sigmoid scores by ~1e-3 on trained models).
 SCORE_TOLERANCE = 0.05
+CONFIDENT = 0.25  # box differences are also reported over anchors the reference scores above this
 MATCH_IOU = 0.5
 
 
@@ -36,11 +37,13 @@ class ParityReport:
     name: str
     images: int
     max_box_diff: float = 0.0  # pixels, largest |coordinate| difference
+    max_box_diff_confident: float | None = None  # the same over anchors scored > CONFIDENT (raw graphs)
     max_score_diff: float = 0.0
     unmatched: int = 0  # NMS graphs only
     map_reference: float | None = None
     map_exported: float | None = None
     map_images: int = 0
+    nms: NMSConfig = EVAL_NMS  # thresholds both sides were post-processed with
     failures: list[str] = field(default_factory=list)
 
     @property
@@ -48,15 +51,16 @@ class ParityReport:
         return not self.failures
 
     def summary(self) -> str:
-        line = (
-            f"parity {self.name} vs pytorch fp32 on {self.images} images: "
-            f"max box diff {self.max_box_diff:.4g} px, max score diff {self.max_score_diff:.4g}"
-        )
+        line = f"parity {self.name} vs pytorch fp32 on {self.images} images: max box diff {self.max_box_diff:.4g} px"
+        if self.max_box_diff_confident is not None:
+            line += f" ({self.max_box_diff_confident:.4g} px where score > {CONFIDENT})"
+        line += f", max score diff {self.max_score_diff:.4g}"
         lines = [line + (f", unmatched detections {self.unmatched}" if self.unmatched else "")]
         if self.map_reference is not None and self.map_exported is not None:
             lines.append(
-                f"mAP50-95 on {self.map_images} val images: pytorch fp32 {self.map_reference:.2f}, "
-                f"{self.name} {self.map_exported:.2f} (change {self.map_exported - self.map_reference:+.2f} points)"
+                f"mAP50-95 on {self.map_images} val images (NMS conf {self.nms.conf_threshold}, IoU "
+                f"{self.nms.iou_threshold}): pytorch fp32 {self.map_reference:.2f}, {self.name} "
+                f"{self.map_exported:.2f} (change {self.map_exported - self.map_reference:+.2f} points)"
             )
         lines += [f"parity FAILED: {failure}" for failure in self.failures]
         return "\n".join(lines)
@@ -107,9 +111,14 @@ def compare_on_images(
             report.failures.append("the exported model produced NaN or infinite outputs")
             return
         if exported.info.nms is None:
-            box_diff = float((exp_raw[0] - ref_raw[0]).abs().max())
+            anchor_diff = (exp_raw[0] - ref_raw[0]).abs().amax(-1)  # [B, A] px
+            box_diff = float(anchor_diff.max())
             score_diff = float((exp_raw[1].float() - ref_raw[1]).abs().max())
             unmatched = 0
+            confident = ref_raw[1].amax(-1) > CONFIDENT
+            if confident.any():
+                previous = report.max_box_diff_confident or 0.0
+                report.max_box_diff_confident = max(previous, float(anchor_diff[confident].max()))
         else:
             pairs = reference.postprocess(ref_raw), exported.postprocess(exp_raw)
             box_diff, score_diff, unmatched = match_detections(*pairs)
@@ -135,7 +144,7 @@ def check_parity(
     the exported graph's own thresholds when it has NMS inside, so both sides are judged alike.
     """
     reference.nms = exported.nms = exported.info.nms or EVAL_NMS
-    report = ParityReport(exported.name, images=len(images))
+    report = ParityReport(exported.name, images=len(images), nms=reference.nms)
     compare_on_images(reference, exported, images, report, batch=batch_size)
     if report.failures:
         return report

@@ -64,7 +64,7 @@ def test_map_check_on_a_dataset(checkpoint: Path, tmp_path: Path, capsys: pytest
     common = ["--weights", str(checkpoint), "--data", str(data), "--workers", "0", "--device", "cpu"]
     # An untrained model scores ~0 mAP either way; a negative margin demands a gain, so this must fail.
     assert main([*common, "--map-margin", "-1"]) == 1
-    assert "mAP50-95 on 4 val images: pytorch fp32" in capsys.readouterr().out
+    assert "mAP50-95 on 4 val images (NMS conf 0.001, IoU 0.7): pytorch fp32" in capsys.readouterr().out
     assert leftovers(checkpoint.parent) == []
     assert main(common) == 0
     assert leftovers(checkpoint.parent) == ["best.onnx"]
