@@ -14,7 +14,7 @@ from detector.precision import CHOICES as PRECISION_CHOICES
 
 # Defaults for the built-in shapes dataset, chosen so `python train.py` finishes in minutes on a 2-core CPU.
 BUILTIN_IMGSZ = 320
-BUILTIN_EPOCHS = 40
+BUILTIN_EPOCHS = 20
 
 
 def knob(default: Any, help: str, **extra: Any) -> Any:  # noqa: A002 - mirrors argparse's name

@@ -9,9 +9,10 @@ from pathlib import Path
 from pycocotools.coco import COCO
 
 from detector.data.augment import AugmentConfig
-from detector.data.dataset import DetectionDataset, estimate_cache_bytes, verify_images
+from detector.data.dataset import DetectionDataset, estimate_cache_bytes
 from detector.data.labels import ImageRecord, load_coco_records, load_yolo_records, warn_problems
 from detector.data.spec import DatasetError, DatasetSpec
+from detector.data.verify_cache import verify_images_cached
 from detector.evaluate import build_coco_ground_truth, load_coco
 
 CACHE_RAM_FRACTION = 0.3  # `--cache auto` caches when the images need under this share of free RAM
@@ -37,7 +38,7 @@ def load_records(spec: DatasetSpec, split: str) -> tuple[list[ImageRecord], list
     else:
         records, problems = load_yolo_records(entry.images, spec.num_classes)
         category_ids = list(range(1, spec.num_classes + 1))
-    records, image_hw, bad_images = verify_images(records)
+    records, image_hw, bad_images = verify_images_cached(records)
     warn_problems(problems + bad_images)
     if not records:
         raise DatasetError(f"{spec.yaml_path}: '{split}' split has no readable images")

@@ -33,10 +33,10 @@ class ImageMeta:
     pad: tuple[float, float]  # (left, top) pixels
 
 
-def verify_images(records: list[ImageRecord]) -> tuple[list[ImageRecord], list[tuple[int, int]], list[str]]:
+def verify_images(records: list[ImageRecord]) -> tuple[list[ImageRecord], list[tuple[int, int]], list[tuple[Path, str]]]:
     """Drop unreadable, empty or truncated images.
 
-    Returns the kept records, their upright (EXIF-applied) ``(height, width)``, and one line per drop.
+    Returns the kept records, their upright (EXIF-applied) ``(height, width)``, and (path, reason) per drop.
     """
     kept, sizes, problems = [], [], []
     for record in records:
@@ -51,7 +51,7 @@ def verify_images(records: list[ImageRecord]) -> tuple[list[ImageRecord], list[t
                 if image.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # EXIF orientations that swap the axes
                     width, height = height, width
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-            problems.append(f"{record.path}: unreadable image ({error}); skipped")
+            problems.append((record.path, f"{record.path}: unreadable image ({error}); skipped"))
             continue
         kept.append(record)
         sizes.append((height, width))

@@ -261,3 +261,46 @@ def test_bare_name_is_found_in_the_weights_folder(tmp_path: Path, monkeypatch: p
     assert resolve_weights("yolov8n.pt", weights_dir=weights_dir) == weights_dir / "yolov8n.pt"
     (elsewhere / "yolov8n.pt").touch()  # an existing path wins over the weights folder
     assert resolve_weights("yolov8n.pt", weights_dir=weights_dir) == Path("yolov8n.pt")
+
+
+def test_exported_onnx_matches_ultralytics(saved_checkpoint, tmp_path: Path) -> None:
+    """The whole chain: Ultralytics file -> our model -> our FP32 ONNX export, against Ultralytics itself."""
+    pytest.importorskip("ultralytics")
+    ort = pytest.importorskip("onnxruntime")
+    from ultralytics.utils.nms import non_max_suppression
+
+    from detector.export.metadata import ModelInfo
+    from detector.export.onnx import export_onnx
+
+    path = saved_checkpoint("yolov8n", "training")
+    stored = torch.load(path, map_location="cpu", weights_only=False)
+    oracle = (stored["ema"] or stored["model"]).float().eval()
+    model = build_model(num_classes=80, scale="n").eval()
+    load_pretrained(model, read_ultralytics_checkpoint(path))
+    onnx_path = export_onnx(model, tmp_path / "v8n.onnx", ModelInfo(names=[f"c{i}" for i in range(80)],
+                                                                    strides=model.strides, imgsz=320, dynamic=True))
+    images = _synthetic_images()
+    session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    boxes, scores = session.run(None, {session.get_inputs()[0].name: images.numpy()})
+    with torch.no_grad():
+        decoded, _ = oracle(images)  # [B, 4 + C, A]: cx, cy, w, h pixels, then class probabilities
+    cx, cy, w, h = decoded[:, :4].unbind(1)
+    their_boxes = torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), -1)
+    box_diff = (torch.from_numpy(boxes) - their_boxes).abs().max().item()
+    score_diff = (torch.from_numpy(scores) - decoded[:, 4:].transpose(1, 2)).abs().max().item()
+    print(f"\nYOLOv8n ONNX vs Ultralytics: max box diff {box_diff:.3g} px, max score diff {score_diff:.3g}")
+    assert box_diff < 1e-2 and score_diff < 1e-5
+
+    conf = decoded[:, 4:].amax(1).flatten().topk(500).values[-1].item()
+    ours = non_max_suppression_ours(torch.from_numpy(boxes), torch.from_numpy(scores), conf)
+    theirs = non_max_suppression(decoded, conf_thres=conf, iou_thres=0.7)
+    for ours_image, theirs_image in zip(ours, theirs):
+        assert len(ours_image["boxes"]) == len(theirs_image) > 0
+        torch.testing.assert_close(ours_image["boxes"], theirs_image[:, :4], atol=1e-2, rtol=0)
+        assert torch.equal(ours_image["labels"], theirs_image[:, 5].long())
+
+
+def non_max_suppression_ours(boxes: torch.Tensor, scores: torch.Tensor, conf: float):
+    from detector.postprocess import non_max_suppression
+
+    return non_max_suppression(torch.cat((boxes, scores), -1), NMSConfig(conf, 0.7))

@@ -1,0 +1,184 @@
+"""Training speed, validation time, memory and mAP: detector (AMP and --unamp) vs Ultralytics YOLOv8n.
+
+Same data, image size, batch size, epochs and worker count, one run after the other on this machine.
+Each run is its own process. Every model is scored with the same pycocotools evaluation (Ultralytics'
+best.pt is read into our model with detector.weights, so the decode and NMS are identical too).
+
+    python benchmarks/train_speed.py                      # built-in shapes dataset, 320 px, batch 16
+    python benchmarks/train_speed.py --data ../shared/data/coco128/coco128.yaml --epochs 3
+    python benchmarks/train_speed.py --runs amp,unamp     # without Ultralytics
+
+Prints a markdown table. Ultralytics (AGPL-3.0) is a benchmark extra: `pip install ultralytics`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ULTRALYTICS_TRAIN = r"""
+import json, resource, sys, time
+from ultralytics import YOLO
+args = json.loads(sys.argv[1])
+epochs = []
+def start(trainer): epochs.append([time.perf_counter(), None])
+def end(trainer): epochs[-1][1] = time.perf_counter()
+model = YOLO("yolov8n.yaml")
+model.add_callback("on_train_epoch_start", start)
+model.add_callback("on_train_epoch_end", end)  # fires after the batches, before validation
+model.train(data=args["data"], epochs=args["epochs"], imgsz=args["imgsz"], batch=args["batch"], workers=args["workers"],
+            device="cpu", project=args["project"], name="ultralytics", exist_ok=True, plots=False, seed=0,
+            val=False, verbose=False)
+train_seconds = sum(b - a for a, b in epochs)
+print("RESULT", json.dumps({"train_seconds": train_seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                            "weights": str(model.trainer.best)}))
+"""
+
+ULTRALYTICS_VAL = r"""
+import json, sys, time
+from ultralytics import YOLO
+args = json.loads(sys.argv[1])
+model = YOLO(args["weights"])
+start = time.perf_counter()
+metrics = model.val(data=args["data"], imgsz=args["imgsz"], batch=args["batch"] * 2, device="cpu", plots=False,
+                    workers=args["workers"], verbose=False)
+print("RESULT", json.dumps({"val_seconds": time.perf_counter() - start, "own_map": float(metrics.box.map)}))
+"""
+
+OUR_VAL = r"""
+import json, sys, time
+import torch
+from detector.data.build import build_split
+from detector.data.spec import load_dataset_spec
+from detector.engine import make_torch_infer
+from detector.model import build_model
+from detector.postprocess import NMSConfig
+from detector.precision import resolve_precision
+from detector.validate import run_validation
+args = json.loads(sys.argv[1])
+if args["weights"].endswith(".pt") and args.get("ultralytics"):
+    from detector.weights import load_pretrained, read_ultralytics_checkpoint
+    checkpoint = read_ultralytics_checkpoint(args["weights"])
+    model = build_model(num_classes=len(load_dataset_spec(args["data"]).names), scale=checkpoint.scale)
+    load_pretrained(model, checkpoint)
+else:
+    from detector.checkpoint import model_from_checkpoint
+    model, _ = model_from_checkpoint(args["weights"])
+model.eval()
+precision = resolve_precision("fp32" if args.get("fp32") else "auto", torch.device("cpu"))
+start = time.perf_counter()
+split = build_split(load_dataset_spec(args["data"]), "val", image_size=args["imgsz"], augment=None, cache="none")
+infer = make_torch_infer(model, precision=precision, device=torch.device("cpu"),
+                         nms=NMSConfig(conf_threshold=0.001, iou_threshold=0.7, max_detections=300, multi_label=True))
+result, _ = run_validation(infer, split, batch_size=args["batch"] * 2, workers=args["workers"], progress=False)
+print("RESULT", json.dumps({"val_seconds": time.perf_counter() - start, "map": result.metrics["mAP50-95"],
+                            "map50": result.metrics["mAP50"]}))
+"""
+
+
+def run_script(script: str, payload: dict) -> dict:
+    process = subprocess.run([sys.executable, "-c", script, json.dumps(payload)], capture_output=True, text=True, cwd=ROOT)
+    lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
+    if process.returncode != 0 or not lines:
+        raise RuntimeError(f"benchmark step failed:\n{process.stderr[-3000:]}")
+    return json.loads(lines[-1][7:])
+
+
+def absolute_yaml(data: Path, out_dir: Path) -> Path:
+    """Ultralytics resolves a relative `path` against its own datasets folder, not the YAML's: make it absolute."""
+    spec = yaml.safe_load(data.read_text())
+    root = Path(spec.get("path") or ".")
+    spec["path"] = str(root if root.is_absolute() else (data.parent / root).resolve())
+    spec.pop("download", None)
+    out = out_dir / "data.yaml"
+    out.write_text(yaml.safe_dump(spec))
+    return out
+
+
+def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path, project: Path) -> dict:
+    command = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--epochs", str(args.epochs), "--imgsz",
+               str(args.imgsz), "--batch", str(args.batch), "--workers", str(args.workers), "--project", str(project),
+               "--name", name, "--no-plots", "--val-interval", str(args.epochs), *flags]
+    start = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    rows = list(csv.DictReader((project / name / "results.csv").open()))
+    train_seconds = sum(float(r["epoch_seconds"]) for r in rows)
+    weights = project / name / "weights" / "last.pt"
+    evaluation = run_script(OUR_VAL, {"weights": str(weights), "data": str(data), "imgsz": args.imgsz,
+                                      "batch": args.batch, "workers": args.workers, "fp32": "--unamp" in flags})
+    return {"train_seconds": train_seconds, "wall_seconds": wall, "peak_rss_mb": max(float(r["peak_mem_mb"]) for r in rows),
+            "precision": rows[-1]["precision"], **evaluation}
+
+
+def train_ultralytics(args: argparse.Namespace, data: Path, project: Path) -> dict:
+    payload = {"data": str(data), "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
+               "workers": args.workers, "project": str(project)}
+    start = time.perf_counter()
+    trained = run_script(ULTRALYTICS_TRAIN, payload)
+    wall = time.perf_counter() - start
+    own = run_script(ULTRALYTICS_VAL, {**payload, "weights": trained["weights"]})
+    ours = run_script(OUR_VAL, {"weights": trained["weights"], "data": str(data), "imgsz": args.imgsz, "batch": args.batch,
+                                "workers": args.workers, "ultralytics": True, "fp32": True})
+    # Validation time is Ultralytics' own val(); mAP is scored by the same pycocotools code as ours.
+    return {"train_seconds": trained["train_seconds"], "wall_seconds": wall, "peak_rss_mb": trained["peak_rss_mb"],
+            "precision": "fp32 (AMP off on CPU)", "val_seconds": own["val_seconds"], "map": ours["map"],
+            "map50": ours["map50"], "own_map": own["own_map"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="", help="data YAML (default: the built-in shapes dataset)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--imgsz", type=int, default=320)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--runs", default="amp,unamp,ultralytics", help="comma list of amp, unamp, ultralytics")
+    parser.add_argument("--extra", default="", help="extra flags for our runs, e.g. '--no-multi-scale'")
+    args = parser.parse_args()
+    if not args.data:
+        from detector.data.synthetic import generate_shapes
+
+        args.data = str(generate_shapes())
+    work = Path(tempfile.mkdtemp(prefix="train_speed_"))
+    data = absolute_yaml(Path(args.data), work)
+    images = len(__import__("detector.data.spec", fromlist=["x"]).load_dataset_spec(data).train.images)
+    results = {}
+    extra = args.extra.split()
+    for run in args.runs.split(","):
+        print(f"running {run} ...", file=sys.stderr, flush=True)
+        if run == "amp":
+            results["detector (AMP default)"] = train_ours("amp", extra, args, data, work)
+        elif run == "unamp":
+            results["detector --unamp"] = train_ours("unamp", ["--unamp", *extra], args, data, work)
+        elif run == "ultralytics":
+            results["Ultralytics YOLOv8n"] = train_ultralytics(args, data, work)
+    print(f"\n{images} train images, {args.epochs} epochs, imgsz {args.imgsz}, batch {args.batch}, workers {args.workers}, "
+          f"data {args.data}\n")
+    print("| trainer | precision | train images/s | wall s (whole run) | val s | peak RSS MB | mAP50-95 (pycocotools) | mAP50 |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        rate = images * args.epochs / r["train_seconds"]
+        print(f"| {name} | {r['precision']} | {rate:.1f} | {r['wall_seconds']:.0f} | {r['val_seconds']:.1f} | "
+              f"{r['peak_rss_mb']:.0f} | {r['map']:.4f} | {r['map50']:.4f} |")
+    names = list(results)
+    base = {n: images * args.epochs / results[n]["train_seconds"] for n in names}
+    if "Ultralytics YOLOv8n" in base and "detector (AMP default)" in base:
+        print(f"\nAMP default vs Ultralytics: {base['detector (AMP default)'] / base['Ultralytics YOLOv8n']:.2f}x images/s")
+    if "detector --unamp" in base and "detector (AMP default)" in base:
+        print(f"AMP default vs --unamp: {base['detector (AMP default)'] / base['detector --unamp']:.2f}x images/s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
