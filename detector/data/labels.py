@@ -69,7 +69,7 @@ def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>")
     x1y1 = labels[:, 1:3] - labels[:, 3:5] / 2
     x2y2 = labels[:, 1:3] + labels[:, 3:5] / 2
     corners = np.concatenate((x1y1, x2y2), 1)
-    absurd = ((corners < -CLIP_TOLERANCE) | (corners > 1 + CLIP_TOLERANCE)).any(1) | (labels[:, 3:5] <= 0).any(1)
+    absurd = ((corners < -CLIP_TOLERANCE) | (corners > 1 + CLIP_TOLERANCE)).any(1) | (labels[:, 3:5] < 0).any(1)
     if absurd.any():
         problems.append(f"{source}: {int(absurd.sum())} box(es) far outside the image or with negative size; dropped")
     if ((corners < 0) | (corners > 1)).any():

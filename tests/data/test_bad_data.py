@@ -32,7 +32,7 @@ def _add_bad_files(root: Path) -> None:
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90 degrees on display
     Image.fromarray(np.zeros((40, 64, 3), np.uint8)).save(images / "rotated.jpg", exif=exif)
-    (labels / "rotated.txt").write_text("0 0.5 0.5 0.3 0.3\n0 1.01 0.5 0.04 0.2\n0 7 7 0.1 0.1\n")
+    (labels / "rotated.txt").write_text("0 0.5 0.5 0.3 0.3\n0 0.99 0.5 0.04 0.2\n0 7 7 0.1 0.1\n")
     cv2.imwrite(str(images / "background.png"), np.full((64, 64, 3), 30, np.uint8))  # no label file
 
 

@@ -267,7 +267,6 @@ def test_exported_onnx_matches_ultralytics(saved_checkpoint, tmp_path: Path) -> 
     """The whole chain: Ultralytics file -> our model -> our FP32 ONNX export, against Ultralytics itself."""
     pytest.importorskip("ultralytics")
     ort = pytest.importorskip("onnxruntime")
-    from ultralytics.utils.nms import non_max_suppression
 
     from detector.export.metadata import ModelInfo
     from detector.export.onnx import export_onnx
@@ -289,18 +288,8 @@ def test_exported_onnx_matches_ultralytics(saved_checkpoint, tmp_path: Path) -> 
     box_diff = (torch.from_numpy(boxes) - their_boxes).abs().max().item()
     score_diff = (torch.from_numpy(scores) - decoded[:, 4:].transpose(1, 2)).abs().max().item()
     print(f"\nYOLOv8n ONNX vs Ultralytics: max box diff {box_diff:.3g} px, max score diff {score_diff:.3g}")
-    assert box_diff < 1e-2 and score_diff < 1e-5
+    assert box_diff < 1e-3 and score_diff < 1e-5
 
-    conf = decoded[:, 4:].amax(1).flatten().topk(500).values[-1].item()
-    ours = non_max_suppression_ours(torch.from_numpy(boxes), torch.from_numpy(scores), conf)
-    theirs = non_max_suppression(decoded, conf_thres=conf, iou_thres=0.7)
-    for ours_image, theirs_image in zip(ours, theirs):
-        assert len(ours_image["boxes"]) == len(theirs_image) > 0
-        torch.testing.assert_close(ours_image["boxes"], theirs_image[:, :4], atol=1e-2, rtol=0)
-        assert torch.equal(ours_image["labels"], theirs_image[:, 5].long())
-
-
-def non_max_suppression_ours(boxes: torch.Tensor, scores: torch.Tensor, conf: float):
-    from detector.postprocess import non_max_suppression
-
-    return non_max_suppression(torch.cat((boxes, scores), -1), NMSConfig(conf, 0.7))
+    # Detections after NMS are not compared here: this random-weight model's boxes and scores are full of
+    # near-ties, and ~1e-7 differences reorder them, so NMS keeps different but equivalent boxes. The
+    # PyTorch-model test above compares NMS output where both sides are bit-identical.
