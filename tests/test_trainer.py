@@ -68,3 +68,26 @@ def test_training_runs_in_fp32(flag, yolo_yaml: Path, tmp_path: Path):
                        "--project", str(tmp_path), "--no-plots", "--no-amp-check", flag]) == 0
     rows = list(csv.DictReader((tmp_path / "exp" / "results.csv").open()))
     assert rows[0]["precision"] == "fp32"
+
+
+def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(yolo_yaml: Path, tmp_path: Path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    process = subprocess.Popen(
+        [sys.executable, str(root / "train.py"), "--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "200",
+         "--batch", "4", "--workers", "0", "--cache", "none", "--no-plots", "--no-amp-check", "--project", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    deadline = time.time() + 120
+    while not last.exists() and time.time() < deadline and process.poll() is None:
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output[-2000:]
+    assert "interrupted: saved" in output
+    state = load_checkpoint(last)
+    assert 0 <= state["epoch"] < 199

@@ -112,7 +112,8 @@ def load_dataset_spec(yaml_path: str | Path) -> DatasetSpec:
     root = Path(raw.get("path") or ".")
     root = (root if root.is_absolute() else source.parent / root).resolve()
     if not root.is_dir():
-        raise DatasetError(f"{source}: 'path' folder does not exist: {root}")
+        hint = "; its 'download:' entry is never executed: fetch the data by hand" if raw.get("download") else ""
+        raise DatasetError(f"{source}: 'path' folder does not exist: {root}{hint}")
     names = _parse_names(raw.get("names"), source)
     if "nc" in raw and int(raw["nc"]) != len(names):
         raise DatasetError(f"{source}: 'nc' is {raw['nc']} but 'names' lists {len(names)} classes")

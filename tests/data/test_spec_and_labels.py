@@ -72,3 +72,12 @@ def test_label_parsing_fixes_or_drops_bad_lines():
     joined = "\n".join(problems)
     for expected in ("expected 5 columns", "outside 0..2", "far outside", "clipped", "duplicate"):
         assert expected in joined
+
+
+def test_download_entry_is_never_run(tmp_path: Path):
+    marker = tmp_path / "ran"
+    yaml = tmp_path / "dl.yaml"
+    yaml.write_text(f"path: missing\ntrain: a\nval: b\nnames: [x]\ndownload: |\n  open('{marker}', 'w').write('x')\n")
+    with pytest.raises(DatasetError, match="never executed: fetch the data by hand"):
+        load_dataset_spec(yaml)
+    assert not marker.exists()
