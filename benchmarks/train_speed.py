@@ -7,6 +7,7 @@ best.pt is read into our model with detector.weights, so the decode and NMS are 
     python benchmarks/train_speed.py                      # built-in shapes dataset, 320 px, batch 16
     python benchmarks/train_speed.py --data ../shared/data/coco128/coco128.yaml --epochs 3
     python benchmarks/train_speed.py --runs amp,unamp     # without Ultralytics
+    python benchmarks/train_speed.py --extra=--no-multi-scale   # our runs at a fixed size, as Ultralytics trains
 
 Prints a markdown table. Ultralytics (AGPL-3.0) is a benchmark extra: `pip install ultralytics`.
 """

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -13,25 +12,11 @@ from detector.checkpoint import save_checkpoint
 from detector.export import ModelInfo, export_onnx
 from detector.export.parity import synthetic_images
 from detector.model import YOLO, build_model
+from tests.conftest import one_torch_thread
 
 NAMES = ["circle", "square", "triangle"]
 IMGSZ = 64
 
-
-
-@contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """Run torch on one intra-op thread, then restore the setting.
-
-    The test machines share 2 cores between workers; there, OpenMP barriers between two threads make
-    64 px convolutions ~5x slower than one thread (measured: these tests 118 s -> 22 s).
-    """
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 @pytest.fixture(autouse=True)
