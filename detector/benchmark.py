@@ -22,7 +22,6 @@ import torch
 
 from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.synthetic import make_image
-from detector.export.metadata import ModelInfo
 from detector.export.tensorrt import build_engine, tensorrt_missing
 from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend

@@ -8,7 +8,6 @@ A checkpoint is a plain dict of tensors and builtin types::
 
 from __future__ import annotations
 
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -71,7 +70,3 @@ def model_from_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[YO
     weights = checkpoint["ema"] if use_ema and checkpoint.get("ema") is not None else checkpoint["model"]
     model.load_state_dict(weights)
     return model.eval(), checkpoint
-
-
-def is_finite_number(value: float) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import random
 import signal
 import time
@@ -24,7 +23,7 @@ from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler
 from detector.data.spec import DatasetSpec, load_dataset_spec
 from detector.data.synthetic import generate_shapes
-from detector.distributed import DistInfo, barrier, cleanup, init_distributed
+from detector.distributed import barrier, cleanup, init_distributed
 from detector.ema import ModelEMA, unwrap
 from detector.engine import MultiScale, StepSchedule, make_torch_infer, train_one_epoch
 from detector.evaluate import EvalResult
@@ -193,6 +192,9 @@ class Trainer:
         self.resume_path = path
 
     def _restore(self, state: dict[str, Any]) -> None:
+        if state.get("precision", self.precision.name) != self.precision.name and not self.config.unamp:
+            # The run had fallen back (AMP check or non-finite steps): keep the precision it ended with.
+            self._set_precision(state["precision"], "restored from the checkpoint (the run had fallen back)")
         self.model.load_state_dict(state["model"])
         self.ema.module.load_state_dict(state["ema"])
         self.ema.updates = state["ema_updates"]
