@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from detector.data.synthetic import make_image
+from detector.data.synthetic import make_image, write_yolo_split
 
 NAMES = ["circle", "square", "triangle"]
 
@@ -36,13 +36,7 @@ def write_yolo_dataset(root: Path, *, train: int = 8, val: int = 4, size: int = 
     """Synthetic shapes in YOLO layout (images/ + labels/) with a data YAML; returns the YAML path."""
     rng = np.random.default_rng(seed)
     for split, count in (("train", train), ("val", val)):
-        (root / "images" / split).mkdir(parents=True, exist_ok=True)
-        (root / "labels" / split).mkdir(parents=True, exist_ok=True)
-        for index in range(count):
-            image, labels = make_image(rng, size)
-            cv2.imwrite(str(root / "images" / split / f"{index}.png"), image)
-            lines = "".join(f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
-            (root / "labels" / split / f"{index}.txt").write_text(lines)
+        write_yolo_split(root, split, count, size, rng, suffix=".png")
     yaml_path = root / "data.yaml"
     yaml_path.write_text(f"path: .\ntrain: images/train\nval: images/val\nnames: {NAMES}\n")
     return yaml_path

@@ -76,9 +76,9 @@ def test_verification_cache_is_reused_and_invalidated(tmp_path: Path, monkeypatc
     original = verify_cache.verify_images
     monkeypatch.setattr(verify_cache, "verify_images", lambda records: calls.append(len(records)) or original(records))
     load_records(spec, "train")
-    (tmp_path / "d" / "images" / "train" / "0.png").write_bytes(b"broken now")
+    (tmp_path / "d" / "images" / "train" / "train_00000.png").write_bytes(b"broken now")
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
         records, *_ = load_records(spec, "train")
     assert calls == [0, 1]  # nothing re-decoded the second time; only the changed file the third
-    assert "0.png" not in {r.path.name for r in records}
+    assert "train_00000.png" not in {r.path.name for r in records}
