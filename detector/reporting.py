@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from detector.data.build import SplitData
-from detector.data.dataset import collate
 from detector.evaluate import EvalResult
 
 
@@ -21,14 +20,14 @@ class RunReporter:
 
             self.board = TensorBoardLogger(run_dir)
 
-    def on_start(self, train: SplitData, first_batch_keys: list[tuple[int, int, bool]]) -> None:
-        """Label statistics, and the first training batch exactly as the loader will augment it."""
+    def on_start(self, train: SplitData, first_batch: tuple) -> None:
+        """Label statistics, and the first training batch (``collate`` output) as the loader augments it."""
         if not self.plots:
             return
         from detector.plots import plot_batch, plot_label_stats
 
         plot_label_stats(train.records, self.names, self.run_dir / "labels.png")
-        images, targets, _ = collate([train.dataset[key] for key in first_batch_keys])
+        images, targets, _ = first_batch
         plot_batch(images, targets, self.names, self.run_dir / "train_batch0.png")
 
     def on_epoch_end(self, row: dict[str, object], epoch: int) -> None:

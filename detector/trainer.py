@@ -261,13 +261,14 @@ class Trainer:
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
         config = self.config
-        if self.start_epoch == 0:
+        if self.start_epoch == 0 and (config.amp_check or self.reporter is not None):
+            # The first batch exactly as epoch 0 will see it: input to the AMP check and the batch plot.
             self.sampler.set_epoch(0, use_mosaic=config.close_mosaic < config.epochs)
             first_batch = collate([self.train_data.dataset[key] for key in list(self.sampler)[: config.batch]])
             if config.amp_check:
                 self._preflight(first_batch)
             if self.reporter is not None:
-                self.reporter.on_start(self.train_data, list(self.sampler)[: config.batch])
+                self.reporter.on_start(self.train_data, first_batch)
         self.log(self.header())
         previous_handler = signal.signal(signal.SIGINT, self._on_interrupt) if self.dist.is_main else None
         metrics: dict[str, float] = {}

@@ -12,9 +12,13 @@ import numpy as np
 import pytest
 import torch
 
+from detector.checkpoint import save_checkpoint
 from detector.data.synthetic import make_image, write_yolo_split
+from detector.export.parity import synthetic_images
+from detector.model import YOLO, build_model
 
 NAMES = ["circle", "square", "triangle"]
+MODEL_IMGSZ = 64  # input size of the small checkpoints the export and inference tests share
 
 
 @contextmanager
@@ -75,3 +79,34 @@ def yolo_yaml(tmp_path: Path) -> Path:
 @pytest.fixture
 def coco_yaml(tmp_path: Path) -> Path:
     return write_coco_dataset(tmp_path / "coco")
+
+
+def lively_model(seed: int = 0, *, randomise_boxes: bool = True) -> YOLO:
+    """A nano model with varied scores (and, by default, varied box bins); a fresh one is near-uniform.
+
+    BatchNorm statistics are calibrated on a few images (fresh BN stats shrink activations to ~1e-9 by
+    the head), then the last class convs (and box convs) get random weights: scores spread over (0, 1).
+    """
+    torch.manual_seed(seed)
+    model = build_model(num_classes=len(NAMES), scale="n")
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.reset_running_stats()
+            module.momentum = None  # cumulative average: one pass sets the statistics
+    with torch.no_grad():
+        model.train()(synthetic_images(MODEL_IMGSZ, count=8, seed=1).float() / 255)
+        for box_branch, class_branch in zip(model.head.cv2, model.head.cv3):
+            class_branch[-1].weight.normal_(0, 0.01)
+            class_branch[-1].bias.fill_(-1.0)
+            if randomise_boxes:
+                box_branch[-1].weight.normal_(0, 0.01)
+    return model.eval()
+
+
+def write_checkpoint(model: YOLO, path: Path, imgsz: int = MODEL_IMGSZ) -> Path:
+    """A training-style checkpoint (no EMA) for ``model``, class names :data:`NAMES`."""
+    model_args = {"num_classes": model.num_classes, "scale": model.scale, "reg_max": model.reg_max}
+    payload = {"model": model.state_dict(), "ema": None, "model_args": model_args, "names": NAMES,
+               "config": {"imgsz": imgsz}, "epoch": 0}
+    save_checkpoint(payload, path)
+    return path

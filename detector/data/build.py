@@ -24,7 +24,7 @@ class SplitData:
     records: list[ImageRecord]
     category_ids: list[int]  # class index -> COCO category id
     image_hw: list[tuple[int, int]]  # upright original sizes, per record
-    ground_truth: COCO | None = None  # built lazily for evaluation
+    ground_truth: COCO | None = None  # evaluation splits only (augment=None)
 
 
 def load_records(spec: DatasetSpec, split: str) -> tuple[list[ImageRecord], list[int], list[tuple[int, int]], Path | None]:
