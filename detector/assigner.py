@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torchvision.ops import box_iou
 
 EPS = 1e-9
 
@@ -24,8 +23,13 @@ class AssignedTargets:
 
 
 def _pairwise_iou(gt_boxes: torch.Tensor, pred_boxes: torch.Tensor) -> torch.Tensor:
-    """[B, M, 4] x [B, A, 4] -> [B, M, A] IoU."""
-    return torch.stack([box_iou(g, p) for g, p in zip(gt_boxes, pred_boxes)]) if len(gt_boxes) else gt_boxes.new_zeros(0)
+    """[B, M, 4] x [B, A, 4] -> [B, M, A] IoU, the whole batch at once (torchvision's box_iou is per image)."""
+    gt, pred = gt_boxes[:, :, None], pred_boxes[:, None]
+    wh = (torch.minimum(gt[..., 2:], pred[..., 2:]) - torch.maximum(gt[..., :2], pred[..., :2])).clamp_(min=0)
+    inter = wh[..., 0] * wh[..., 1]
+    area_gt = (gt[..., 2] - gt[..., 0]) * (gt[..., 3] - gt[..., 1])
+    area_pred = (pred[..., 2] - pred[..., 0]) * (pred[..., 3] - pred[..., 1])
+    return inter / (area_gt + area_pred - inter + EPS)
 
 
 @torch.no_grad()
@@ -82,12 +86,13 @@ def assign_targets(
 
     # An anchor claimed by several boxes keeps the box it overlaps most.
     multi = positive.sum(1, keepdim=True) > 1
-    best_gt = iou.argmax(1, keepdim=True)
+    # max(dim).indices, not argmax(dim): same first-maximum rule, ~5x faster over a non-innermost dim on CPU.
+    best_gt = iou.max(1, keepdim=True).indices
     best_onehot = torch.zeros_like(positive).scatter_(1, best_gt, True)
     positive = torch.where(multi, best_onehot, positive) & candidates
 
     foreground = positive.any(1)
-    gt_index = positive.float().argmax(1)  # [B, A]
+    gt_index = positive.to(torch.uint8).max(1).indices  # [B, A]; at most one True per anchor by now
     labels = gt_labels.gather(1, gt_index)
     boxes = gt_boxes.gather(1, gt_index[..., None].expand(-1, -1, 4))
 

@@ -52,8 +52,10 @@ def cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
 
 
 def flatten_head_outputs(outputs: list[torch.Tensor]) -> torch.Tensor:
-    """Per-level maps ``[B, C, H_i, W_i]`` -> one tensor ``[B, A, C]`` with anchors in level order."""
-    return torch.cat([o.flatten(2) for o in outputs], 2).transpose(1, 2)
+    """Per-level maps ``[B, C, H_i, W_i]`` -> one contiguous tensor ``[B, A, C]`` with anchors in level order."""
+    # Moving channels last is free for channels-last maps (the training layout), and a contiguous [B, A, C]
+    # lets the per-anchor DFL softmax and the foreground gathers read memory in order.
+    return torch.cat([o.permute(0, 2, 3, 1).flatten(1, 2) for o in outputs], 1)
 
 
 def dfl_expectation(box_logits: torch.Tensor, reg_max: int) -> torch.Tensor:

@@ -58,6 +58,13 @@ class MultiScale:
         return (steps * 32).tolist()
 
 
+def model_input(images: torch.Tensor, device: torch.device, *, channels_last: bool) -> torch.Tensor:
+    """uint8 ``[B, 3, H, W]`` batch -> float in [0, 1] on ``device``, in the memory layout the model runs in."""
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    # The loader's batches are already channels-last, so on that path this is one conversion pass, no transpose.
+    return images.to(device, non_blocking=True).contiguous(memory_format=layout).float().div_(255)
+
+
 def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, epoch_progress: float, schedule: StepSchedule) -> None:
     """Apply the schedule: warm-up interpolation first, then linear/cosine decay. Groups: [decay, no-decay, bias]."""
     target = schedule.base_lr * lr_factor(
@@ -122,11 +129,9 @@ def train_one_epoch(
         accumulate = accumulation_steps(
             step, warmup_steps=schedule.warmup_steps, batch_size=schedule.batch_size, nominal_batch=schedule.nominal_batch
         )
-        images = images.to(device, non_blocking=True).float().div_(255)
-        if sizes[index] != images.shape[-1]:
+        images = model_input(images, device, channels_last=channels_last)
+        if sizes[index] != images.shape[-1]:  # bilinear keeps the memory layout of its input
             images = F.interpolate(images, size=(sizes[index], sizes[index]), mode="bilinear", align_corners=False)
-        if channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
         with precision.autocast():
             outputs = model(images)
         # The loss runs in FP32 outside autocast; x world_size because DDP averages gradients over ranks.
@@ -185,11 +190,8 @@ def make_torch_infer(
 
     @torch.no_grad()
     def infer(images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        batch = images.to(device, non_blocking=True).float().div_(255)
-        if channels_last:
-            batch = batch.contiguous(memory_format=torch.channels_last)
         with precision.autocast():
-            outputs = bare(batch)
+            outputs = bare(model_input(images, device, channels_last=channels_last))
         return postprocess(outputs, strides=bare.strides, reg_max=bare.reg_max, config=nms)
 
     return infer

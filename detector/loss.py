@@ -105,7 +105,7 @@ class DetectionLoss(torch.nn.Module):
         assigned: AssignedTargets | None = None,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``assigned``: reuse an earlier assignment (the AMP check holds it fixed to compare precisions)."""
-        flat = flatten_head_outputs([o.float() for o in outputs])  # [B, A, 4*reg_max + C]
+        flat = flatten_head_outputs(outputs).float()  # [B, A, 4*reg_max + C]
         batch = flat.shape[0]
         box_logits, cls_logits = flat.split((4 * self.reg_max, self.num_classes), -1)
         points, stride = make_anchors(

@@ -25,7 +25,7 @@ from detector.data.spec import DatasetSpec, load_dataset_spec
 from detector.data.synthetic import generate_shapes
 from detector.distributed import barrier, cleanup, init_distributed
 from detector.ema import ModelEMA, unwrap
-from detector.engine import MultiScale, StepSchedule, make_torch_infer, train_one_epoch
+from detector.engine import MultiScale, StepSchedule, make_torch_infer, model_input, train_one_epoch
 from detector.evaluate import EvalResult
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
@@ -345,9 +345,7 @@ class Trainer:
         """AMP check on rank 0's first batch; every rank adopts its verdict."""
         chosen = [self.precision.name]
         if self.dist.is_main and self.precision.name != "fp32":
-            images = batch[0].to(self.device).float().div_(255)
-            if self.config.channels_last:
-                images = images.contiguous(memory_format=torch.channels_last)
+            images = model_input(batch[0], self.device, channels_last=self.config.channels_last)
             precision, result = amp_preflight(unwrap(self.model), self.criterion, images, batch[1].to(self.device),
                                               self.precision)
             save_preflight(result, self.run_dir / "amp_check.json")

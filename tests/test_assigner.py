@@ -1,6 +1,7 @@
 import torch
+from torchvision.ops import box_iou
 
-from detector.assigner import assign_targets
+from detector.assigner import _pairwise_iou, assign_targets
 
 
 def _inputs(seed: int = 0):
@@ -46,3 +47,22 @@ def test_empty_targets_give_no_foreground():
     result = assign_targets(scores, pred_boxes, anchors, torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, 4),
                             torch.zeros(2, 0, dtype=torch.bool), num_classes=3)
     assert not result.foreground.any() and result.scores.sum() == 0
+
+
+def test_batched_iou_matches_torchvision_per_image():
+    _, pred_boxes, _, _, boxes, _ = _inputs(seed=3)
+    batched = _pairwise_iou(boxes[:, :2], pred_boxes)
+    for i in range(2):
+        assert torch.allclose(batched[i], box_iou(boxes[i, :2], pred_boxes[i]), atol=1e-6)
+
+
+def test_anchor_claimed_by_two_boxes_keeps_the_one_it_overlaps_most():
+    anchors = torch.tensor([[16.0, 16.0], [48.0, 48.0]])
+    pred_boxes = torch.tensor([[[4.0, 4.0, 28.0, 28.0], [40.0, 40.0, 56.0, 56.0]]])
+    # Both boxes contain anchor 0; the second (index 1) matches its prediction far better.
+    gt_boxes = torch.tensor([[[0.0, 0.0, 60.0, 60.0], [5.0, 5.0, 27.0, 27.0]]])
+    result = assign_targets(torch.full((1, 2, 2), 0.5), pred_boxes, anchors, torch.tensor([[0, 1]]), gt_boxes,
+                            torch.tensor([[True, True]]), num_classes=2, top_k=2)
+    assert result.foreground[0].tolist() == [True, True]
+    assert result.labels[0].tolist() == [1, 0]  # anchor 0 -> box 1 (higher IoU); anchor 1 only in box 0
+    assert torch.equal(result.boxes[0, 0], gt_boxes[0, 1])

@@ -5,6 +5,7 @@ from detector.boxes import (
     cxcywh_to_xyxy,
     dfl_expectation,
     distances_to_boxes,
+    flatten_head_outputs,
     make_anchors,
     xyxy_to_cxcywh,
 )
@@ -40,3 +41,12 @@ def test_dfl_expectation_of_one_hot_logits_is_the_bin():
     for side, bin_index in enumerate((0, 3, 7, 15)):
         logits[0, side * 16 + bin_index] = 1e4
     assert torch.allclose(dfl_expectation(logits, 16), torch.tensor([[0.0, 3.0, 7.0, 15.0]]))
+
+
+def test_flattened_head_is_contiguous_anchor_major_in_either_layout():
+    maps = [torch.randn(2, 7, 4, 4), torch.randn(2, 7, 2, 2)]
+    expected = torch.cat([m.flatten(2) for m in maps], 2).transpose(1, 2)  # [B, A, C], level by level
+    for layout in (torch.contiguous_format, torch.channels_last):
+        flat = flatten_head_outputs([m.contiguous(memory_format=layout) for m in maps])
+        assert flat.shape == (2, 20, 7) and flat.is_contiguous()
+        assert torch.equal(flat, expected)

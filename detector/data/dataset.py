@@ -160,14 +160,21 @@ class DetectionDataset(Dataset):
         centres = (boxes[:, :2] + boxes[:, 2:]) / 2 / size
         sides = (boxes[:, 2:] - boxes[:, :2]) / size
         labels = np.concatenate((classes[:, None], centres, sides), 1).astype(np.float32)
-        return torch.from_numpy(image.transpose(2, 0, 1).copy()), torch.from_numpy(labels), meta
+        # A [3, S, S] view of the HWC pixels, no copy: collate stacks them straight into channels-last.
+        image_chw = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+        return image_chw, torch.from_numpy(labels), meta
 
 
 def collate(batch: list[tuple[torch.Tensor, torch.Tensor, ImageMeta]]) -> tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]:
-    """-> images ``uint8 [B, 3, S, S]``, targets ``[N, 6]`` (image index, class, cx, cy, w, h), metas."""
+    """-> images ``uint8 [B, 3, S, S]``, targets ``[N, 6]`` (image index, class, cx, cy, w, h), metas.
+
+    The images come out in channels-last memory (the decoder's HWC order), the layout the model trains
+    in, so the training step needs no transposing copy of the batch.
+    """
     images, labels, metas = zip(*batch)
     targets = [torch.cat((torch.full((len(l), 1), i, dtype=torch.float32), l), 1) for i, l in enumerate(labels)]
-    return torch.stack(images), torch.cat(targets), list(metas)
+    pixels = torch.stack([image.permute(1, 2, 0) for image in images]).permute(0, 3, 1, 2)
+    return pixels, torch.cat(targets), list(metas)
 
 
 def estimate_cache_bytes(records: list[ImageRecord], image_size: int) -> int:

@@ -1,8 +1,10 @@
+import cv2
 import numpy as np
 import pytest
+import torch
 
 from detector.data.augment import AugmentConfig, letterbox, mosaic, random_affine
-from detector.data.dataset import DetectionDataset
+from detector.data.dataset import DetectionDataset, collate
 from detector.data.labels import ImageRecord
 from detector.data.synthetic import make_image
 
@@ -39,8 +41,6 @@ def test_training_items_are_deterministic_per_epoch_and_boxes_normalised(tmp_pat
     for index in range(4):
         image, labels = make_image(rng, 64)
         path = tmp_path / f"{index}.png"
-        import cv2
-
         cv2.imwrite(str(path), image)
         records.append(ImageRecord(path, labels, index))
     dataset = DetectionDataset(records, image_size=64, augment=AugmentConfig(albumentations=0.5), seed=3)
@@ -53,3 +53,20 @@ def test_training_items_are_deterministic_per_epoch_and_boxes_normalised(tmp_pat
         if len(labels):
             corners = np.concatenate((labels[:, 1:3] - labels[:, 3:5] / 2, labels[:, 1:3] + labels[:, 3:5] / 2), 1)
             assert corners.min() >= -1e-6 and corners.max() <= 1 + 1e-6
+
+
+def test_collated_batch_is_channels_last_with_the_items_pixels(tmp_path):
+    rng = np.random.default_rng(2)
+    records = []
+    for index in range(3):
+        image, labels = make_image(rng, 64)
+        path = tmp_path / f"{index}.png"
+        cv2.imwrite(str(path), image)
+        records.append(ImageRecord(path, labels, index))
+    dataset = DetectionDataset(records, image_size=64, augment=AugmentConfig(), seed=0)
+    items = [dataset[(i, 0, True)] for i in range(3)] + [DetectionDataset(records, image_size=64)[0]]
+    images, targets, _ = collate(items)
+    assert images.shape == (4, 3, 64, 64) and images.dtype == torch.uint8
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(images, torch.stack([item[0].contiguous() for item in items]))
+    assert targets[:, 0].tolist() == [i for i, item in enumerate(items) for _ in range(len(item[1]))]
