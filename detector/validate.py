@@ -16,12 +16,14 @@ from tqdm import tqdm
 
 from detector.data.build import SplitData
 from detector.data.dataset import collate
+from detector.data.workers import worker_init
 from detector.evaluate import EvalResult, evaluate_coco, to_coco_detections
 
 Detections = list[dict[str, torch.Tensor]]
 
 
-def make_val_loader(split: SplitData, *, batch_size: int, workers: int) -> DataLoader:
+def make_val_loader(split: SplitData, *, batch_size: int, workers: int, cpu_compute: bool = False) -> DataLoader:
+    """``cpu_compute``: the model runs on the CPU, so the workers yield to it (see detector.data.workers)."""
     return DataLoader(
         split.dataset,
         batch_size=batch_size,
@@ -29,6 +31,7 @@ def make_val_loader(split: SplitData, *, batch_size: int, workers: int) -> DataL
         num_workers=workers,
         collate_fn=collate,
         persistent_workers=workers > 0,
+        worker_init_fn=worker_init(shares_cores_with_compute=cpu_compute),
     )
 
 
