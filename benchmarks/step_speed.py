@@ -1,0 +1,135 @@
+"""The bare training step (forward, loss, backward, optimizer), without the data loader: what each lever buys.
+
+Each row runs in its own process, because oneDNN reads its kernel-cache size once per process. Batches come
+from the built-in dataset (mosaic on, cached in RAM), so the loss sees realistic targets.
+
+    python benchmarks/step_speed.py                  # 320 px, batch 16, nano model
+    python benchmarks/step_speed.py --cycles 4 --compile
+
+Rows: FP32 / BF16 autocast, NCHW / channels-last, one fixed size / the 11 multi-scale sizes in turn
+(160-480 px at 320), and under multi-scale oneDNN's default kernel cache (1024) against the one detector sets.
+Prints a markdown table of images/s and milliseconds per phase (input: resize + float conversion).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from detector.engine import MultiScale
+
+ROOT = Path(__file__).resolve().parents[1]
+
+ROW = r"""
+import json, sys, time
+import torch
+import detector
+from detector.data.augment import AugmentConfig
+from detector.data.build import build_split
+from detector.data.dataset import collate
+from detector.data.spec import load_dataset_spec
+from detector.data.synthetic import generate_shapes
+from detector.engine import MultiScale, model_input, resize_batch
+from detector.loss import DetectionLoss
+from detector.model import build_model
+
+args = json.loads(sys.argv[1])
+torch.manual_seed(0)
+spec = load_dataset_spec(generate_shapes())
+model = build_model(num_classes=spec.num_classes, scale="n").train()
+if args["channels_last"]:
+    model.to(memory_format=torch.channels_last)
+criterion = DetectionLoss(num_classes=spec.num_classes, strides=model.strides)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9, nesterov=True)
+dataset = build_split(spec, "train", image_size=args["imgsz"], augment=AugmentConfig(), cache="ram").dataset
+batches = [collate([dataset[(i + b * args["batch"], 0, True)] for i in range(args["batch"])]) for b in range(6)]
+ladder = MultiScale(args["imgsz"], enabled=args["multi_scale"]).ladder()
+step_model = torch.compile(model) if args["compile"] else model
+phases = {"input": 0.0, "forward": 0.0, "loss": 0.0, "backward": 0.0, "optimizer": 0.0}
+
+def step(index, record):
+    images, targets, _ = batches[index % len(batches)]
+    size = ladder[(index * 7) % len(ladder)]  # every size in turn, not in order
+    tp = time.perf_counter()
+    x = model_input(resize_batch(images, size), torch.device("cpu"), channels_last=args["channels_last"])
+    t0 = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args["bf16"]):
+        outputs = step_model(x)
+    t1 = time.perf_counter()
+    loss, _ = criterion(outputs, targets, x.shape[2:])
+    t2 = time.perf_counter()
+    loss.backward()
+    t3 = time.perf_counter()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    t4 = time.perf_counter()
+    if record:
+        for name, seconds in zip(phases, (t0 - tp, t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            phases[name] += seconds
+
+for index in range(2 * len(ladder)):  # warm-up: every size's kernels built (compiled, with --compile)
+    step(index, False)
+start = time.perf_counter()
+for index in range(args["steps"]):
+    step(index, True)
+seconds = time.perf_counter() - start
+print("RESULT", json.dumps({"images_per_s": args["steps"] * args["batch"] / seconds,
+                            **{k: 1000 * v / args["steps"] for k, v in phases.items()}}))
+"""
+
+# (label, bf16, channels_last, multi_scale, default oneDNN cache)
+CONFIGS = [
+    ("FP32, NCHW, fixed size", False, False, False, False),
+    ("FP32, channels-last, fixed size (= --unamp --no-multi-scale)", False, True, False, False),
+    ("BF16, NCHW, fixed size", True, False, False, False),
+    ("BF16, channels-last, fixed size (= --no-multi-scale)", True, True, False, False),
+    ("BF16, channels-last, multi-scale, oneDNN default cache", True, True, True, True),
+    ("BF16, channels-last, multi-scale (= default)", True, True, True, False),
+    ("FP32, channels-last, multi-scale (= --unamp)", False, True, True, False),
+]
+
+
+def run_row(payload: dict, default_cache: bool) -> dict:
+    env = dict(os.environ)
+    if default_cache:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "1024"  # oneDNN's own default; detector keeps a value set by the user
+    else:
+        env.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)
+    process = subprocess.run([sys.executable, "-c", ROW, json.dumps(payload)], capture_output=True, text=True,
+                             cwd=ROOT, env=env, check=False)
+    lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
+    if process.returncode != 0 or not lines:
+        raise RuntimeError(f"step benchmark row failed:\n{process.stderr[-3000:]}")
+    return json.loads(lines[-1][7:])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--imgsz", type=int, default=320)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--cycles", type=int, default=2,
+                        help="timed steps per row = cycles x the 11 multi-scale sizes (after two warm-up cycles)")
+    parser.add_argument("--compile", action="store_true", help="add a torch.compile row (BF16, channels-last, fixed)")
+    args = parser.parse_args()
+    configs = list(CONFIGS)
+    if args.compile:
+        configs.append(("BF16, channels-last, fixed size, torch.compile", True, True, False, False))
+    print(f"threads {__import__('torch').get_num_threads()}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
+    print("| step | images/s | input ms | forward ms | loss ms | backward ms | optimizer ms |")
+    print("|---|---|---|---|---|---|---|")
+    for label, bf16, channels_last, multi_scale, default_cache in configs:
+        steps = args.cycles * len(MultiScale(args.imgsz).ladder())  # whole cycles: every size equally often
+        payload = {"imgsz": args.imgsz, "batch": args.batch, "steps": steps, "bf16": bf16,
+                   "channels_last": channels_last, "multi_scale": multi_scale, "compile": "compile" in label}
+        r = run_row(payload, default_cache)
+        print(f"| {label} | {r['images_per_s']:.1f} | {r['input']:.0f} | {r['forward']:.0f} | {r['loss']:.0f} | {r['backward']:.0f} | "
+              f"{r['optimizer']:.0f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
