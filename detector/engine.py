@@ -57,10 +57,11 @@ class MultiScale:
 
     def sizes(self, count: int, *, seed: int, epoch: int) -> list[int]:
         """Sizes for every step of an epoch, drawn from (seed, epoch) alone so all ranks agree without talking."""
+        if not self.enabled:
+            return [self.image_size] * count
         ladder = self.ladder()
         generator = torch.Generator().manual_seed(seed * 7919 + epoch)
-        picks = torch.randint(0, len(ladder), (count,), generator=generator) if self.enabled else torch.zeros(count)
-        return [ladder[int(i)] for i in picks]
+        return [ladder[i] for i in torch.randint(0, len(ladder), (count,), generator=generator).tolist()]
 
 
 def model_input(images: torch.Tensor, device: torch.device, *, channels_last: bool) -> torch.Tensor:

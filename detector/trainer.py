@@ -20,10 +20,10 @@ from detector.config import TrainConfig
 from detector.data.augment import AugmentConfig
 from detector.data.build import SplitData, build_split
 from detector.data.dataset import collate
-from detector.data.workers import worker_init
 from detector.data.sampler import EpochSampler
 from detector.data.spec import DatasetSpec, load_dataset_spec
 from detector.data.synthetic import generate_shapes
+from detector.data.workers import worker_init
 from detector.distributed import barrier, cleanup, init_distributed
 from detector.ema import ModelEMA, unwrap
 from detector.engine import MultiScale, StepSchedule, make_torch_infer, model_input, train_one_epoch

@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         split,
         batch_size=args.batch,
         workers=args.workers,
+        cpu_compute=device.type == "cpu",
         results_json=save_dir / "predictions.json",
         progress=sys.stderr.isatty(),
         keep_predictions=True,

@@ -42,6 +42,7 @@ def run_validation(
     loader: DataLoader | None = None,
     batch_size: int = 32,
     workers: int = 2,
+    cpu_compute: bool = False,
     results_json: Path | None = None,
     progress: bool = True,
     keep_predictions: bool = False,
@@ -50,7 +51,7 @@ def run_validation(
 
     Returns the result and timing/prediction info: ``{"seconds", "images", "predictions"?}``.
     """
-    loader = loader or make_val_loader(split, batch_size=batch_size, workers=workers)
+    loader = loader or make_val_loader(split, batch_size=batch_size, workers=workers, cpu_compute=cpu_compute)
     coco_detections, predictions = [], []
     start = time.perf_counter()
     for images, _targets, metas in tqdm(loader, desc="val", leave=False, disable=not progress):
