@@ -8,6 +8,35 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.autograd.function import FunctionCtx
+
+
+class _ConcatDenseGrad(torch.autograd.Function):
+    """``torch.cat`` whose backward hands every input a dense gradient in the output gradient's layout.
+
+    The gradient of a concatenated input is a channel slice of the output's gradient; in channels-last
+    memory such a slice is not dense, and the elementwise backward kernels it feeds (SiLU, BatchNorm) drop
+    off their vectorised path: SiLU backward measured 7x slower on a slice than on a dense copy (bf16,
+    2-core AVX-512 CPU). One copy per slice costs far less.
+    """
+
+    @staticmethod
+    def forward(ctx: FunctionCtx, dim: int, *tensors: torch.Tensor) -> torch.Tensor:
+        ctx.dim, ctx.sizes = dim, [t.shape[dim] for t in tensors]
+        return torch.cat(tensors, dim)
+
+    @staticmethod
+    def backward(ctx: FunctionCtx, grad: torch.Tensor) -> tuple:
+        channels_last = grad.dim() == 4 and grad.is_contiguous(memory_format=torch.channels_last)
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        return (None, *(g.contiguous(memory_format=layout) for g in grad.split(ctx.sizes, ctx.dim)))
+
+
+def concat(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...], dim: int = 1) -> torch.Tensor:
+    """``torch.cat`` for the model: dense input gradients when training, the plain op otherwise (export)."""
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        return _ConcatDenseGrad.apply(dim, *tensors)
+    return torch.cat(tensors, dim)
 
 
 class Conv(nn.Module):
@@ -52,7 +81,7 @@ class C2f(nn.Module):
         parts = list(self.cv1(x).chunk(2, 1))
         for block in self.m:
             parts.append(block(parts[-1]))
-        return self.cv2(torch.cat(parts, 1))
+        return self.cv2(concat(parts, 1))
 
 
 class SPPF(nn.Module):
@@ -69,7 +98,7 @@ class SPPF(nn.Module):
         parts = [self.cv1(x)]
         for _ in range(3):
             parts.append(self.m(parts[-1]))
-        return self.cv2(torch.cat(parts, 1))
+        return self.cv2(concat(parts, 1))
 
 
 class DFL(nn.Module):

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from detector.model.blocks import DFL, Conv
+from detector.model.blocks import DFL, Conv, concat
 
 
 class Detect(nn.Module):
@@ -43,4 +43,4 @@ class Detect(nn.Module):
             cls_branch[-1].bias.data[:] = math.log(5 / self.num_classes / (640 / stride) ** 2)
 
     def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [torch.cat((box(x), cls(x)), 1) for x, box, cls in zip(features, self.cv2, self.cv3)]
+        return [concat((box(x), cls(x)), 1) for x, box, cls in zip(features, self.cv2, self.cv3)]

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from detector.model.blocks import C2f, SPPF, Conv
+from detector.model.blocks import SPPF, C2f, Conv, concat
 from detector.model.head import Detect
 
 # scale -> (depth multiplier, width multiplier, max channels), as in YOLOv8.
@@ -74,10 +74,10 @@ class YOLO(nn.Module):
         p3 = self.stage3(self.down3(x))
         p4 = self.stage4(self.down4(p3))
         p5 = self.sppf(self.stage5(self.down5(p4)))
-        n4 = self.top_down4(torch.cat((self.upsample(p5), p4), 1))
-        n3 = self.top_down3(torch.cat((self.upsample(n4), p3), 1))
-        o4 = self.bottom_up4(torch.cat((self.bottom_up_down3(n3), n4), 1))
-        o5 = self.bottom_up5(torch.cat((self.bottom_up_down4(o4), p5), 1))
+        n4 = self.top_down4(concat((self.upsample(p5), p4), 1))
+        n3 = self.top_down3(concat((self.upsample(n4), p3), 1))
+        o4 = self.bottom_up4(concat((self.bottom_up_down3(n3), n4), 1))
+        o5 = self.bottom_up5(concat((self.bottom_up_down4(o4), p5), 1))
         return self.head([n3, o4, o5])
 
 
