@@ -35,14 +35,19 @@ def test_mosaic_and_affine_keep_boxes_inside_the_image():
             assert ((final[:, 2:] - final[:, :2]) > 2).all()
 
 
-def test_training_items_are_deterministic_per_epoch_and_boxes_normalised(tmp_path):
-    rng = np.random.default_rng(1)
+def _write_records(folder, count: int, seed: int) -> list[ImageRecord]:
+    rng = np.random.default_rng(seed)
     records = []
-    for index in range(4):
+    for index in range(count):
         image, labels = make_image(rng, 64)
-        path = tmp_path / f"{index}.png"
+        path = folder / f"{index}.png"
         cv2.imwrite(str(path), image)
         records.append(ImageRecord(path, labels, index))
+    return records
+
+
+def test_training_items_are_deterministic_per_epoch_and_boxes_normalised(tmp_path):
+    records = _write_records(tmp_path, 4, seed=1)
     dataset = DetectionDataset(records, image_size=64, augment=AugmentConfig(albumentations=0.5), seed=3)
     first, again, other_epoch = dataset[(0, 5, True)], dataset[(0, 5, True)], dataset[(0, 6, True)]
     assert first[0].shape == (3, 64, 64)
@@ -56,13 +61,7 @@ def test_training_items_are_deterministic_per_epoch_and_boxes_normalised(tmp_pat
 
 
 def test_collated_batch_is_channels_last_with_the_items_pixels(tmp_path):
-    rng = np.random.default_rng(2)
-    records = []
-    for index in range(3):
-        image, labels = make_image(rng, 64)
-        path = tmp_path / f"{index}.png"
-        cv2.imwrite(str(path), image)
-        records.append(ImageRecord(path, labels, index))
+    records = _write_records(tmp_path, 3, seed=2)
     dataset = DetectionDataset(records, image_size=64, augment=AugmentConfig(), seed=0)
     items = [dataset[(i, 0, True)] for i in range(3)] + [DetectionDataset(records, image_size=64)[0]]
     images, targets, _ = collate(items)
