@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from detector.engine import MultiScale
@@ -81,16 +82,26 @@ print("RESULT", json.dumps({"images_per_s": args["steps"] * args["batch"] / seco
                             **{k: 1000 * v / args["steps"] for k, v in phases.items()}}))
 """
 
-# (label, bf16, channels_last, multi_scale, default oneDNN cache)
-CONFIGS = [
-    ("FP32, NCHW, fixed size", False, False, False, False),
-    ("FP32, channels-last, fixed size (= --unamp --no-multi-scale)", False, True, False, False),
-    ("BF16, NCHW, fixed size", True, False, False, False),
-    ("BF16, channels-last, fixed size (= --no-multi-scale)", True, True, False, False),
-    ("BF16, channels-last, multi-scale, oneDNN default cache", True, True, True, True),
-    ("BF16, channels-last, multi-scale (= default)", True, True, True, False),
-    ("FP32, channels-last, multi-scale (= --unamp)", False, True, True, False),
+@dataclass(frozen=True)
+class Row:
+    label: str
+    bf16: bool
+    channels_last: bool
+    multi_scale: bool
+    default_cache: bool = False  # oneDNN's own 1024-entry kernel cache instead of detector's
+    compile: bool = False
+
+
+ROWS = [
+    Row("FP32, NCHW, fixed size", False, False, False),
+    Row("FP32, channels-last, fixed size (= --unamp --no-multi-scale)", False, True, False),
+    Row("BF16, NCHW, fixed size", True, False, False),
+    Row("BF16, channels-last, fixed size (= --no-multi-scale)", True, True, False),
+    Row("BF16, channels-last, multi-scale, oneDNN default cache", True, True, True, default_cache=True),
+    Row("BF16, channels-last, multi-scale (= default)", True, True, True),
+    Row("FP32, channels-last, multi-scale (= --unamp)", False, True, True),
 ]
+COMPILE_ROW = Row("BF16, channels-last, fixed size, torch.compile", True, True, False, compile=True)
 
 
 def run_row(payload: dict, default_cache: bool) -> dict:
@@ -115,19 +126,17 @@ def main() -> int:
                         help="timed steps per row = cycles x the 11 multi-scale sizes (after two warm-up cycles)")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile row (BF16, channels-last, fixed)")
     args = parser.parse_args()
-    configs = list(CONFIGS)
-    if args.compile:
-        configs.append(("BF16, channels-last, fixed size, torch.compile", True, True, False, False))
+    rows = [*ROWS, COMPILE_ROW] if args.compile else ROWS
+    steps = args.cycles * len(MultiScale(args.imgsz).ladder())  # whole cycles: every size equally often
     print(f"threads {__import__('torch').get_num_threads()}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
     print("| step | images/s | input ms | forward ms | loss ms | backward ms | optimizer ms |")
     print("|---|---|---|---|---|---|---|")
-    for label, bf16, channels_last, multi_scale, default_cache in configs:
-        steps = args.cycles * len(MultiScale(args.imgsz).ladder())  # whole cycles: every size equally often
-        payload = {"imgsz": args.imgsz, "batch": args.batch, "steps": steps, "bf16": bf16,
-                   "channels_last": channels_last, "multi_scale": multi_scale, "compile": "compile" in label}
-        r = run_row(payload, default_cache)
-        print(f"| {label} | {r['images_per_s']:.1f} | {r['input']:.0f} | {r['forward']:.0f} | {r['loss']:.0f} | {r['backward']:.0f} | "
-              f"{r['optimizer']:.0f} |", flush=True)
+    for row in rows:
+        payload = {"imgsz": args.imgsz, "batch": args.batch, "steps": steps, "bf16": row.bf16,
+                   "channels_last": row.channels_last, "multi_scale": row.multi_scale, "compile": row.compile}
+        r = run_row(payload, row.default_cache)
+        print(f"| {row.label} | {r['images_per_s']:.1f} | {r['input']:.0f} | {r['forward']:.0f} | {r['loss']:.0f} | "
+              f"{r['backward']:.0f} | {r['optimizer']:.0f} |", flush=True)
     return 0
 
 
