@@ -11,7 +11,6 @@ from typing import Any
 
 from detector.precision import CHOICES as PRECISION_CHOICES
 
-
 # Defaults for the built-in shapes dataset, chosen so `python train.py` finishes in minutes on a 2-core CPU.
 BUILTIN_IMGSZ = 320
 BUILTIN_EPOCHS = 20

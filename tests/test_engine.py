@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from detector.engine import MultiScale, StepSchedule, train_one_epoch
 from detector.ema import ModelEMA
+from detector.engine import MultiScale, StepSchedule, train_one_epoch
 from detector.loss import DetectionLoss
 from detector.model import build_model
 from detector.optim import build_optimizer

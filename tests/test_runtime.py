@@ -1,6 +1,10 @@
 import os
+import platform
+import resource
 import subprocess
 import sys
+
+import pytest
 
 from detector.runtime import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV
 
@@ -19,3 +23,38 @@ def test_importing_detector_enlarges_the_onednn_kernel_cache():
 
 def test_a_users_own_cache_size_is_kept():
     assert _imported_value({**os.environ, ONEDNN_CACHE_ENV: "77"}) == "77"
+
+
+FAULTS = """
+import resource, sys
+import torch
+from detector.runtime import hold_freed_memory
+applied = hold_freed_memory() if sys.argv[1] == "hold" else False
+def touch_and_free():
+    block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB: above glibc's largest mmap threshold
+    del block
+for _ in range(10):  # the heap settles first: early holes are too small for the next block until they merge
+    touch_and_free()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(4):
+    touch_and_free()
+print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _faults(mode: str) -> tuple[str, int]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    done = subprocess.run([sys.executable, "-c", FAULTS, mode], env=environment, capture_output=True, text=True,
+                          check=True)
+    applied, faults = done.stdout.split()
+    return applied, int(faults)
+
+
+@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_held_memory_is_reused_without_new_page_faults():
+    pages = 4 * (64 << 20) // resource.getpagesize()
+    applied, faults = _faults("hold")
+    assert applied == "True"
+    assert faults < pages // 20
+    # Without it, every 64 MiB block is mapped afresh and faulted in page by page: the check above can fail.
+    assert _faults("default")[1] > pages // 2
