@@ -1,13 +1,17 @@
 """Training speed, validation time, memory and mAP: detector (AMP and --unamp) vs Ultralytics YOLOv8n.
 
 Same data, image size, batch size, epochs and worker count, one run after the other on this machine.
-Each run is its own process. Every model is scored with the same pycocotools evaluation (Ultralytics'
+Each run is its own process. With --repeats N the trainers take turns N times (A B C A B C ...) and the
+table gives medians with their range; ratios are taken round by round, so a machine that drifts between
+rounds moves both sides of a ratio together. Every model is scored with the same pycocotools evaluation (Ultralytics'
 best.pt is read into our model with detector.weights, so the decode and NMS are identical too).
 
     python benchmarks/train_speed.py                      # built-in shapes dataset, 320 px, batch 16
     python benchmarks/train_speed.py --data ../shared/data/coco128/coco128.yaml --epochs 3
     python benchmarks/train_speed.py --runs amp,unamp     # without Ultralytics
     python benchmarks/train_speed.py --extra=--no-multi-scale   # our runs at a fixed size, as Ultralytics trains
+    python benchmarks/train_speed.py --repeats 3          # medians of 3 rounds: single runs move by ~5-10% here
+    python benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64   # the GPU comparison (FP16 AMP)
 
 Prints a markdown table. Ultralytics (AGPL-3.0) is a benchmark extra: `pip install ultralytics`.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -29,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 ULTRALYTICS_TRAIN = r"""
 import json, resource, sys, time
+import torch
 from ultralytics import YOLO
 args = json.loads(sys.argv[1])
 epochs = []
@@ -38,11 +44,13 @@ model = YOLO("yolov8n.yaml")
 model.add_callback("on_train_epoch_start", start)
 model.add_callback("on_train_epoch_end", end)  # fires after the batches, before validation
 model.train(data=args["data"], epochs=args["epochs"], imgsz=args["imgsz"], batch=args["batch"], workers=args["workers"],
-            device="cpu", project=args["project"], name="ultralytics", exist_ok=True, plots=False, seed=0,
+            device=args["device"], project=args["project"], name="ultralytics", exist_ok=True, plots=False, seed=0,
             val=False, verbose=False)
 train_seconds = sum(b - a for a, b in epochs)
-print("RESULT", json.dumps({"train_seconds": train_seconds, "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                            "weights": str(model.trainer.best)}))
+peak = (torch.cuda.max_memory_allocated() if args["device"] != "cpu" else
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**20
+print("RESULT", json.dumps({"train_seconds": train_seconds, "peak_mb": peak, "weights": str(model.trainer.best),
+                            "amp": bool(getattr(model.trainer, "amp", False))}))
 """
 
 ULTRALYTICS_VAL = r"""
@@ -51,7 +59,7 @@ from ultralytics import YOLO
 args = json.loads(sys.argv[1])
 model = YOLO(args["weights"])
 start = time.perf_counter()
-metrics = model.val(data=args["data"], imgsz=args["imgsz"], batch=args["batch"] * 2, device="cpu", plots=False,
+metrics = model.val(data=args["data"], imgsz=args["imgsz"], batch=args["batch"] * 2, device=args["device"], plots=False,
                     workers=args["workers"], verbose=False)
 print("RESULT", json.dumps({"val_seconds": time.perf_counter() - start, "own_map": float(metrics.box.map)}))
 """
@@ -76,10 +84,12 @@ else:
     from detector.checkpoint import model_from_checkpoint
     model, _ = model_from_checkpoint(args["weights"])
 model.eval()
-precision = resolve_precision("fp32" if args.get("fp32") else "auto", torch.device("cpu"))
+device = torch.device(args["device"])
+model.to(device)
+precision = resolve_precision("fp32" if args.get("fp32") else "auto", device)
 start = time.perf_counter()
 split = build_split(load_dataset_spec(args["data"]), "val", image_size=args["imgsz"], augment=None, cache="none")
-infer = make_torch_infer(model, precision=precision, device=torch.device("cpu"),
+infer = make_torch_infer(model, precision=precision, device=device,
                          nms=NMSConfig(conf_threshold=0.001, iou_threshold=0.7, max_detections=300, multi_label=True))
 result, _ = run_validation(infer, split, batch_size=args["batch"] * 2, workers=args["workers"], progress=False)
 print("RESULT", json.dumps({"val_seconds": time.perf_counter() - start, "map": result.metrics["mAP50-95"],
@@ -109,32 +119,42 @@ def absolute_yaml(data: Path, out_dir: Path) -> Path:
 def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path, project: Path) -> dict:
     command = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--epochs", str(args.epochs), "--imgsz",
                str(args.imgsz), "--batch", str(args.batch), "--workers", str(args.workers), "--project", str(project),
-               "--name", name, "--no-plots", "--val-interval", str(args.epochs), *flags]
+               "--name", name, "--no-plots", "--val-interval", str(args.epochs), "--device", args.device, *flags]
     start = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
     wall = time.perf_counter() - start
     rows = list(csv.DictReader((project / name / "results.csv").open()))
     train_seconds = sum(float(r["epoch_seconds"]) for r in rows)
     weights = project / name / "weights" / "last.pt"
-    evaluation = run_script(OUR_VAL, {"weights": str(weights), "data": str(data), "imgsz": args.imgsz,
-                                      "batch": args.batch, "workers": args.workers, "fp32": "--unamp" in flags})
-    return {"train_seconds": train_seconds, "wall_seconds": wall, "peak_rss_mb": max(float(r["peak_mem_mb"]) for r in rows),
+    evaluation = run_script(OUR_VAL, {"weights": str(weights), "data": str(data), "imgsz": args.imgsz, "batch": args.batch,
+                                      "workers": args.workers, "fp32": "--unamp" in flags, "device": args.device})
+    return {"train_seconds": train_seconds, "wall_seconds": wall, "peak_mb": max(float(r["peak_mem_mb"]) for r in rows),
             "precision": rows[-1]["precision"], **evaluation}
 
 
 def train_ultralytics(args: argparse.Namespace, data: Path, project: Path) -> dict:
     payload = {"data": str(data), "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
-               "workers": args.workers, "project": str(project)}
+               "workers": args.workers, "project": str(project), "device": args.device}
     start = time.perf_counter()
     trained = run_script(ULTRALYTICS_TRAIN, payload)
     wall = time.perf_counter() - start
     own = run_script(ULTRALYTICS_VAL, {**payload, "weights": trained["weights"]})
     ours = run_script(OUR_VAL, {"weights": trained["weights"], "data": str(data), "imgsz": args.imgsz, "batch": args.batch,
-                                "workers": args.workers, "ultralytics": True, "fp32": True})
+                                "workers": args.workers, "ultralytics": True, "fp32": True, "device": args.device})
     # Validation time is Ultralytics' own val(); mAP is scored by the same pycocotools code as ours.
-    return {"train_seconds": trained["train_seconds"], "wall_seconds": wall, "peak_rss_mb": trained["peak_rss_mb"],
-            "precision": "fp32 (AMP off on CPU)", "val_seconds": own["val_seconds"], "map": ours["map"],
+    precision = "fp16 AMP" if trained["amp"] else ("fp32 (AMP off on CPU)" if args.device == "cpu" else "fp32")
+    return {"train_seconds": trained["train_seconds"], "wall_seconds": wall, "peak_mb": trained["peak_mb"],
+            "precision": precision, "val_seconds": own["val_seconds"], "map": ours["map"],
             "map50": ours["map50"], "own_map": own["own_map"]}
+
+
+RUNS = {"amp": "detector (AMP default)", "unamp": "detector --unamp", "ultralytics": "Ultralytics YOLOv8n"}
+
+
+def spread(values: list[float], digits: int = 1) -> str:
+    """Median, and the range when there is more than one value."""
+    middle = f"{statistics.median(values):.{digits}f}"
+    return middle if len(values) == 1 else f"{middle} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def main() -> int:
@@ -144,9 +164,14 @@ def main() -> int:
     parser.add_argument("--imgsz", type=int, default=320)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the GPU comparison")
     parser.add_argument("--runs", default="amp,unamp,ultralytics", help="comma list of amp, unamp, ultralytics")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds of all runs; the table gives medians")
     parser.add_argument("--extra", default="", help="extra flags for our runs, e.g. '--no-multi-scale'")
     args = parser.parse_args()
+    runs = args.runs.split(",")
+    if unknown := [run for run in runs if run not in RUNS]:
+        parser.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
     if not args.data:
         from detector.data.synthetic import generate_shapes
 
@@ -154,30 +179,35 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="train_speed_"))
     data = absolute_yaml(Path(args.data), work)
     images = len(__import__("detector.data.spec", fromlist=["x"]).load_dataset_spec(data).train.images)
-    results = {}
     extra = args.extra.split()
-    for run in args.runs.split(","):
-        print(f"running {run} ...", file=sys.stderr, flush=True)
-        if run == "amp":
-            results["detector (AMP default)"] = train_ours("amp", extra, args, data, work)
-        elif run == "unamp":
-            results["detector --unamp"] = train_ours("unamp", ["--unamp", *extra], args, data, work)
-        elif run == "ultralytics":
-            results["Ultralytics YOLOv8n"] = train_ultralytics(args, data, work)
+    rounds: list[dict[str, dict]] = []
+    for repeat in range(args.repeats):
+        results = {}
+        for run in runs:
+            print(f"round {repeat + 1}/{args.repeats}: running {run} ...", file=sys.stderr, flush=True)
+            project = work / f"round{repeat}"
+            if run == "amp":
+                results[RUNS[run]] = train_ours("amp", extra, args, data, project)
+            elif run == "unamp":
+                results[RUNS[run]] = train_ours("unamp", ["--unamp", *extra], args, data, project)
+            else:
+                results[RUNS[run]] = train_ultralytics(args, data, project)
+            results[RUNS[run]]["rate"] = images * args.epochs / results[RUNS[run]]["train_seconds"]
+        rounds.append(results)
+    memory = "peak GPU memory MB" if args.device != "cpu" else "peak RSS MB"
     print(f"\n{images} train images, {args.epochs} epochs, imgsz {args.imgsz}, batch {args.batch}, workers {args.workers}, "
-          f"data {args.data}\n")
-    print("| trainer | precision | train images/s | wall s (whole run) | val s | peak RSS MB | mAP50-95 (pycocotools) | mAP50 |")
+          f"device {args.device}, {args.repeats} round(s), data {args.data}\n")
+    print(f"| trainer | precision | train images/s | wall s (whole run) | val s | {memory} | mAP50-95 (pycocotools) | mAP50 |")
     print("|---|---|---|---|---|---|---|---|")
-    for name, r in results.items():
-        rate = images * args.epochs / r["train_seconds"]
-        print(f"| {name} | {r['precision']} | {rate:.1f} | {r['wall_seconds']:.0f} | {r['val_seconds']:.1f} | "
-              f"{r['peak_rss_mb']:.0f} | {r['map']:.4f} | {r['map50']:.4f} |")
-    names = list(results)
-    base = {n: images * args.epochs / results[n]["train_seconds"] for n in names}
-    if "Ultralytics YOLOv8n" in base and "detector (AMP default)" in base:
-        print(f"\nAMP default vs Ultralytics: {base['detector (AMP default)'] / base['Ultralytics YOLOv8n']:.2f}x images/s")
-    if "detector --unamp" in base and "detector (AMP default)" in base:
-        print(f"AMP default vs --unamp: {base['detector (AMP default)'] / base['detector --unamp']:.2f}x images/s")
+    for name in (RUNS[run] for run in runs):
+        column = lambda key: [r[name][key] for r in rounds]  # noqa: E731
+        print(f"| {name} | {rounds[-1][name]['precision']} | {spread(column('rate'))} | {spread(column('wall_seconds'), 0)} | "
+              f"{spread(column('val_seconds'))} | {max(column('peak_mb')):.0f} | {spread(column('map'), 4)} | "
+              f"{spread(column('map50'), 4)} |")
+    for a, b, label in (("amp", "ultralytics", "AMP default vs Ultralytics"), ("amp", "unamp", "AMP default vs --unamp")):
+        if a in runs and b in runs:
+            ratios = [r[RUNS[a]]["rate"] / r[RUNS[b]]["rate"] for r in rounds]
+            print(f"{label}: {spread(ratios, 2)}x images/s" + (" (median of per-round ratios)" if len(ratios) > 1 else ""))
     return 0
 
 

@@ -35,7 +35,7 @@ from detector.postprocess import NMSConfig
 from detector.precision import Precision, resolve_precision
 from detector.reporting import RunReporter
 from detector.runs import append_results, newest_file, next_run_dir
-from detector.runtime import hold_freed_memory
+from detector.runtime import tune_for_training
 from detector.validate import make_val_loader, run_validation
 
 
@@ -110,8 +110,7 @@ class Trainer:
         self.config = config.with_defaults().validate()
         self.progress = progress
         self.dist, self.device = init_distributed(config.device)
-        if self.device.type == "cpu":
-            hold_freed_memory()  # before the data cache and the workers' fork: see detector/runtime.py
+        tune_for_training(self.device)  # before the data cache and the workers' fork: see detector/runtime.py
         self.resume_state: dict[str, Any] | None = None
         if config.resume:
             self._load_resume(config.resume)

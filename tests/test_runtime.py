@@ -5,8 +5,9 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
-from detector.runtime import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV
+from detector.runtime import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, tune_for_training
 
 SHOW = "import os, detector; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
 
@@ -58,3 +59,10 @@ def test_held_memory_is_reused_without_new_page_faults():
     assert faults < pages // 20
     # Without it, every 64 MiB block is mapped afresh and faulted in page by page: the check above can fail.
     assert _faults("default")[1] > pages // 2
+
+
+def test_cuda_training_lets_cudnn_pick_its_fastest_algorithms(monkeypatch):
+    # Setting the flag needs no GPU; monkeypatch restores it for the other tests.
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    tune_for_training(torch.device("cuda"))
+    assert torch.backends.cudnn.benchmark is True
