@@ -7,7 +7,8 @@ from the built-in dataset (mosaic on, cached in RAM), so the loss sees realistic
     python benchmarks/step_speed.py --cycles 4 --compile
 
 Rows: FP32 / BF16 autocast, NCHW / channels-last, one fixed size / the 11 multi-scale sizes in turn
-(160-480 px at 320), and under multi-scale oneDNN's default kernel cache (1024) against the one detector sets.
+(160-480 px at 320), and under multi-scale oneDNN's default kernel cache (1024) against the one detector sets
+and glibc's default heap against the held one the trainer sets (detector/runtime.py explains both).
 Prints a markdown table of images/s and milliseconds per phase (input: resize + float conversion).
 """
 
@@ -37,8 +38,11 @@ from detector.data.synthetic import generate_shapes
 from detector.engine import MultiScale, model_input, resize_batch
 from detector.loss import DetectionLoss
 from detector.model import build_model
+from detector.runtime import hold_freed_memory
 
 args = json.loads(sys.argv[1])
+if not args["default_heap"]:
+    hold_freed_memory()  # as the trainer does on the CPU
 torch.manual_seed(0)
 spec = load_dataset_spec(generate_shapes())
 model = build_model(num_classes=spec.num_classes, scale="n").train()
@@ -89,6 +93,7 @@ class Row:
     channels_last: bool
     multi_scale: bool
     default_cache: bool = False  # oneDNN's own 1024-entry kernel cache instead of detector's
+    default_heap: bool = False  # glibc's own malloc behaviour instead of the held heap
     compile: bool = False
 
 
@@ -98,7 +103,9 @@ ROWS = [
     Row("BF16, NCHW, fixed size", True, False, False),
     Row("BF16, channels-last, fixed size (= --no-multi-scale)", True, True, False),
     Row("BF16, channels-last, multi-scale, oneDNN default cache", True, True, True, default_cache=True),
+    Row("BF16, channels-last, multi-scale, glibc default heap", True, True, True, default_heap=True),
     Row("BF16, channels-last, multi-scale (= default)", True, True, True),
+    Row("FP32, channels-last, multi-scale, glibc default heap", False, True, True, default_heap=True),
     Row("FP32, channels-last, multi-scale (= --unamp)", False, True, True),
 ]
 COMPILE_ROW = Row("BF16, channels-last, fixed size, torch.compile", True, True, False, compile=True)
@@ -133,7 +140,8 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         payload = {"imgsz": args.imgsz, "batch": args.batch, "steps": steps, "bf16": row.bf16,
-                   "channels_last": row.channels_last, "multi_scale": row.multi_scale, "compile": row.compile}
+                   "channels_last": row.channels_last, "multi_scale": row.multi_scale, "compile": row.compile,
+                   "default_heap": row.default_heap}
         r = run_row(payload, row.default_cache)
         print(f"| {row.label} | {r['images_per_s']:.1f} | {r['input']:.0f} | {r['forward']:.0f} | {r['loss']:.0f} | "
               f"{r['backward']:.0f} | {r['optimizer']:.0f} |", flush=True)
