@@ -135,7 +135,8 @@ def main() -> int:
     args = parser.parse_args()
     rows = [*ROWS, COMPILE_ROW] if args.compile else ROWS
     steps = args.cycles * len(MultiScale(args.imgsz).ladder())  # whole cycles: every size equally often
-    print(f"threads {__import__('torch').get_num_threads()}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
+    threads = __import__("torch").get_num_threads()
+    print(f"threads {threads}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
     print("| step | images/s | input ms | forward ms | loss ms | backward ms | optimizer ms |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:

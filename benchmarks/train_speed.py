@@ -1,10 +1,11 @@
 """Training speed, validation time, memory and mAP: detector (AMP and --unamp) vs Ultralytics YOLOv8n.
 
 Same data, image size, batch size, epochs and worker count, one run after the other on this machine.
-Each run is its own process. With --repeats N the trainers take turns N times (A B C A B C ...) and the
-table gives medians with their range; ratios are taken round by round, so a machine that drifts between
-rounds moves both sides of a ratio together. Every model is scored with the same pycocotools evaluation (Ultralytics'
-best.pt is read into our model with detector.weights, so the decode and NMS are identical too).
+Each run is its own process. Every model is scored with the same pycocotools evaluation (Ultralytics'
+best.pt is read into our model with detector.weights, so the decode and NMS are identical too). With
+--repeats N the trainers take turns N times (A B C A B C ...) and the table gives medians with their
+range; ratios are taken round by round, so a machine that drifts between rounds moves both sides of a
+ratio together.
 
     python benchmarks/train_speed.py                      # built-in shapes dataset, 320 px, batch 16
     python benchmarks/train_speed.py --data ../shared/data/coco128/coco128.yaml --epochs 3
@@ -98,7 +99,8 @@ print("RESULT", json.dumps({"val_seconds": time.perf_counter() - start, "map": r
 
 
 def run_script(script: str, payload: dict) -> dict:
-    process = subprocess.run([sys.executable, "-c", script, json.dumps(payload)], capture_output=True, text=True, cwd=ROOT)
+    process = subprocess.run([sys.executable, "-c", script, json.dumps(payload)], capture_output=True, text=True,
+                             cwd=ROOT)
     lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
     if process.returncode != 0 or not lines:
         raise RuntimeError(f"benchmark step failed:\n{process.stderr[-3000:]}")
@@ -126,21 +128,25 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
     rows = list(csv.DictReader((project / name / "results.csv").open()))
     train_seconds = sum(float(r["epoch_seconds"]) for r in rows)
     weights = project / name / "weights" / "last.pt"
-    evaluation = run_script(OUR_VAL, {"weights": str(weights), "data": str(data), "imgsz": args.imgsz, "batch": args.batch,
-                                      "workers": args.workers, "fp32": "--unamp" in flags, "device": args.device})
+    evaluation = run_script(OUR_VAL, {"weights": str(weights), "data": str(data), "imgsz": args.imgsz,
+                                      "batch": args.batch, "workers": args.workers, "fp32": "--unamp" in flags,
+                                      "device": args.device})
     return {"train_seconds": train_seconds, "wall_seconds": wall, "peak_mb": max(float(r["peak_mem_mb"]) for r in rows),
             "precision": rows[-1]["precision"], **evaluation}
 
 
 def train_ultralytics(args: argparse.Namespace, data: Path, project: Path) -> dict:
+    # Ultralytics names GPUs by index ("0"), not "cuda:0".
+    device = args.device if args.device == "cpu" else (args.device.partition(":")[2] or "0")
     payload = {"data": str(data), "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
-               "workers": args.workers, "project": str(project), "device": args.device}
+               "workers": args.workers, "project": str(project), "device": device}
     start = time.perf_counter()
     trained = run_script(ULTRALYTICS_TRAIN, payload)
     wall = time.perf_counter() - start
     own = run_script(ULTRALYTICS_VAL, {**payload, "weights": trained["weights"]})
-    ours = run_script(OUR_VAL, {"weights": trained["weights"], "data": str(data), "imgsz": args.imgsz, "batch": args.batch,
-                                "workers": args.workers, "ultralytics": True, "fp32": True, "device": args.device})
+    ours = run_script(OUR_VAL, {"weights": trained["weights"], "data": str(data), "imgsz": args.imgsz,
+                                "batch": args.batch, "workers": args.workers, "ultralytics": True, "fp32": True,
+                                "device": args.device})
     # Validation time is Ultralytics' own val(); mAP is scored by the same pycocotools code as ours.
     precision = "fp16 AMP" if trained["amp"] else ("fp32 (AMP off on CPU)" if args.device == "cpu" else "fp32")
     return {"train_seconds": trained["train_seconds"], "wall_seconds": wall, "peak_mb": trained["peak_mb"],
@@ -195,19 +201,22 @@ def main() -> int:
             results[RUNS[run]]["rate"] = images * args.epochs / results[RUNS[run]]["train_seconds"]
         rounds.append(results)
     memory = "peak GPU memory MB" if args.device != "cpu" else "peak RSS MB"
-    print(f"\n{images} train images, {args.epochs} epochs, imgsz {args.imgsz}, batch {args.batch}, workers {args.workers}, "
-          f"device {args.device}, {args.repeats} round(s), data {args.data}\n")
-    print(f"| trainer | precision | train images/s | wall s (whole run) | val s | {memory} | mAP50-95 (pycocotools) | mAP50 |")
+    print(f"\n{images} train images, {args.epochs} epochs, imgsz {args.imgsz}, batch {args.batch}, "
+          f"workers {args.workers}, device {args.device}, {args.repeats} round(s), data {args.data}\n")
+    print(f"| trainer | precision | train images/s | wall s (whole run) | val s | {memory} | "
+          "mAP50-95 (pycocotools) | mAP50 |")
     print("|---|---|---|---|---|---|---|---|")
     for name in (RUNS[run] for run in runs):
-        column = lambda key: [r[name][key] for r in rounds]  # noqa: E731
-        print(f"| {name} | {rounds[-1][name]['precision']} | {spread(column('rate'))} | {spread(column('wall_seconds'), 0)} | "
-              f"{spread(column('val_seconds'))} | {max(column('peak_mb')):.0f} | {spread(column('map'), 4)} | "
-              f"{spread(column('map50'), 4)} |")
-    for a, b, label in (("amp", "ultralytics", "AMP default vs Ultralytics"), ("amp", "unamp", "AMP default vs --unamp")):
+        keys = ("rate", "wall_seconds", "val_seconds", "peak_mb", "map", "map50")
+        column = {key: [r[name][key] for r in rounds] for key in keys}
+        print(f"| {name} | {rounds[-1][name]['precision']} | {spread(column['rate'])} | "
+              f"{spread(column['wall_seconds'], 0)} | {spread(column['val_seconds'])} | {max(column['peak_mb']):.0f} | "
+              f"{spread(column['map'], 4)} | {spread(column['map50'], 4)} |")
+    for a, b in (("amp", "ultralytics"), ("amp", "unamp")):
         if a in runs and b in runs:
             ratios = [r[RUNS[a]]["rate"] / r[RUNS[b]]["rate"] for r in rounds]
-            print(f"{label}: {spread(ratios, 2)}x images/s" + (" (median of per-round ratios)" if len(ratios) > 1 else ""))
+            how = " (median of per-round ratios)" if len(ratios) > 1 else ""
+            print(f"{RUNS[a]} vs {RUNS[b]}: {spread(ratios, 2)}x images/s{how}")
     return 0
 
 
