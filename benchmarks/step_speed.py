@@ -35,7 +35,7 @@ from detector.data.build import build_split
 from detector.data.dataset import collate
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import generate_shapes
-from detector.engine import MultiScale, model_input, resize_batch
+from detector.engine import MultiScale, step_input
 from detector.loss import DetectionLoss
 from detector.model import build_model
 from detector.runtime import hold_freed_memory
@@ -60,7 +60,7 @@ def step(index, record):
     images, targets, _ = batches[index % len(batches)]
     size = ladder[(index * 7) % len(ladder)]  # every size in turn, not in order
     tp = time.perf_counter()
-    x = model_input(resize_batch(images, size), torch.device("cpu"), channels_last=args["channels_last"])
+    x = step_input(images, size, torch.device("cpu"), channels_last=args["channels_last"])
     t0 = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args["bf16"]):
         outputs = step_model(x)

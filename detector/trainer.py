@@ -19,14 +19,14 @@ from detector.checkpoint import CheckpointError, load_checkpoint, save_checkpoin
 from detector.config import TrainConfig
 from detector.data.augment import AugmentConfig
 from detector.data.build import SplitData, build_split
-from detector.data.dataset import collate
+from detector.data.dataset import collate, model_input
 from detector.data.sampler import EpochSampler
 from detector.data.spec import DatasetSpec, load_dataset_spec
 from detector.data.synthetic import generate_shapes
 from detector.data.workers import worker_init
 from detector.distributed import barrier, cleanup, init_distributed
 from detector.ema import ModelEMA, unwrap
-from detector.engine import MultiScale, StepSchedule, make_torch_infer, model_input, train_one_epoch
+from detector.engine import MultiScale, StepSchedule, make_torch_infer, train_one_epoch
 from detector.evaluate import EvalResult
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model

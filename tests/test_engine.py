@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from detector.ema import ModelEMA
-from detector.engine import MultiScale, StepSchedule, train_one_epoch
+from detector.engine import MultiScale, StepSchedule, resize_batch, step_input, train_one_epoch
 from detector.loss import DetectionLoss
 from detector.model import build_model
 from detector.optim import build_optimizer
@@ -61,3 +61,16 @@ def test_multi_scale_sizes_are_multiples_of_32_in_range_and_seeded():
     assert all(s % 32 == 0 and 160 <= s <= 480 for s in sizes) and len(set(sizes)) > 5
     assert sizes == multi.sizes(200, seed=1, epoch=3) and sizes != multi.sizes(200, seed=1, epoch=4)
     assert MultiScale(320, enabled=False).sizes(3, seed=0, epoch=0) == [320, 320, 320]
+
+
+def test_step_input_resizes_in_uint8_on_cpu_close_to_the_float_path():
+    generator = torch.Generator().manual_seed(0)
+    images = (torch.rand(2, 3, 64, 64, generator=generator) * 255).to(torch.uint8)
+    images = images.contiguous(memory_format=torch.channels_last)
+    out = step_input(images, 96, torch.device("cpu"), channels_last=True)
+    assert out.shape == (2, 3, 96, 96) and out.dtype == torch.float32
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    # The float path (what a GPU step does): resizing before or after the conversion differs by the uint8
+    # rounding of the interpolated value, one grey level at most (plus float error).
+    reference = resize_batch(images.float() / 255, 96)
+    assert (out - reference).abs().max() <= 1.01 / 255

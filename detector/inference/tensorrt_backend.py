@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from detector.data.dataset import model_input
 from detector.export.metadata import INPUT_NAME
 from detector.export.tensorrt import read_engine_file, tensorrt_missing
 from detector.inference.backend import Backend, RawOutputs, run_in_fixed_batches
@@ -42,7 +43,7 @@ class TensorRTBackend(Backend):
         self.name = f"tensorrt {info.precision}" + (" +nms" if info.nms else "")
 
     def run(self, images: torch.Tensor) -> list[torch.Tensor]:
-        inputs = (images.to(self.device).float() / 255).contiguous()
+        inputs = model_input(images, self.device, channels_last=False)  # dense NCHW: TensorRT reads raw memory
         self.context.set_input_shape(INPUT_NAME, tuple(inputs.shape))
         self.context.set_tensor_address(INPUT_NAME, inputs.data_ptr())
         outputs = []

@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from detector.checkpoint import model_from_checkpoint
+from detector.data.dataset import model_input
 from detector.export.metadata import ModelInfo
 from detector.export.wrapper import ExportWrapper
 from detector.inference.backend import Backend, RawOutputs
@@ -56,7 +57,7 @@ class TorchBackend(Backend):
     @torch.inference_mode()
     def infer(self, images: torch.Tensor) -> RawOutputs:
         self.check_input(images)
-        inputs = images.to(self.device, non_blocking=True).float() / 255
+        inputs = model_input(images, self.device, channels_last=False)
         dtype = AUTOCAST_DTYPES[self.precision]
         with torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             maps = self.wrapper.model(inputs)
