@@ -15,16 +15,13 @@ Prints a markdown table of images/s and milliseconds per phase (input: resize + 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
+
+from isolated import run_isolated
 
 from detector.engine import MultiScale
-
-ROOT = Path(__file__).resolve().parents[1]
 
 ROW = r"""
 import json, sys, time
@@ -117,12 +114,7 @@ def run_row(payload: dict, default_cache: bool) -> dict:
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "1024"  # oneDNN's own default; detector keeps a value set by the user
     else:
         env.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)
-    process = subprocess.run([sys.executable, "-c", ROW, json.dumps(payload)], capture_output=True, text=True,
-                             cwd=ROOT, env=env, check=False)
-    lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
-    if process.returncode != 0 or not lines:
-        raise RuntimeError(f"step benchmark row failed:\n{process.stderr[-3000:]}")
-    return json.loads(lines[-1][7:])
+    return run_isolated(ROW, payload, env=env)
 
 
 def main() -> int:

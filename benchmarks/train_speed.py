@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import statistics
 import subprocess
 import sys
@@ -30,8 +29,7 @@ import time
 from pathlib import Path
 
 import yaml
-
-ROOT = Path(__file__).resolve().parents[1]
+from isolated import ROOT, run_isolated
 
 ULTRALYTICS_TRAIN = r"""
 import json, resource, sys, time
@@ -98,15 +96,6 @@ print("RESULT", json.dumps({"val_seconds": time.perf_counter() - start, "map": r
 """
 
 
-def run_script(script: str, payload: dict) -> dict:
-    process = subprocess.run([sys.executable, "-c", script, json.dumps(payload)], capture_output=True, text=True,
-                             cwd=ROOT)
-    lines = [line for line in process.stdout.splitlines() if line.startswith("RESULT ")]
-    if process.returncode != 0 or not lines:
-        raise RuntimeError(f"benchmark step failed:\n{process.stderr[-3000:]}")
-    return json.loads(lines[-1][7:])
-
-
 def absolute_yaml(data: Path, out_dir: Path) -> Path:
     """Ultralytics resolves a relative `path` against its own datasets folder, not the YAML's: make it absolute."""
     spec = yaml.safe_load(data.read_text())
@@ -128,7 +117,7 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
     rows = list(csv.DictReader((project / name / "results.csv").open()))
     train_seconds = sum(float(r["epoch_seconds"]) for r in rows)
     weights = project / name / "weights" / "last.pt"
-    evaluation = run_script(OUR_VAL, {"weights": str(weights), "data": str(data), "imgsz": args.imgsz,
+    evaluation = run_isolated(OUR_VAL, {"weights": str(weights), "data": str(data), "imgsz": args.imgsz,
                                       "batch": args.batch, "workers": args.workers, "fp32": "--unamp" in flags,
                                       "device": args.device})
     return {"train_seconds": train_seconds, "wall_seconds": wall, "peak_mb": max(float(r["peak_mem_mb"]) for r in rows),
@@ -141,10 +130,10 @@ def train_ultralytics(args: argparse.Namespace, data: Path, project: Path) -> di
     payload = {"data": str(data), "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
                "workers": args.workers, "project": str(project), "device": device}
     start = time.perf_counter()
-    trained = run_script(ULTRALYTICS_TRAIN, payload)
+    trained = run_isolated(ULTRALYTICS_TRAIN, payload)
     wall = time.perf_counter() - start
-    own = run_script(ULTRALYTICS_VAL, {**payload, "weights": trained["weights"]})
-    ours = run_script(OUR_VAL, {"weights": trained["weights"], "data": str(data), "imgsz": args.imgsz,
+    own = run_isolated(ULTRALYTICS_VAL, {**payload, "weights": trained["weights"]})
+    ours = run_isolated(OUR_VAL, {"weights": trained["weights"], "data": str(data), "imgsz": args.imgsz,
                                 "batch": args.batch, "workers": args.workers, "ultralytics": True, "fp32": True,
                                 "device": args.device})
     # Validation time is Ultralytics' own val(); mAP is scored by the same pycocotools code as ours.
