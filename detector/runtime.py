@@ -46,15 +46,18 @@ M_MMAP_MAX = -4
 _USER_MALLOC_ENV = ("GLIBC_TUNABLES", "MALLOC_MMAP_MAX_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_")
 
 
+def on_glibc() -> bool:
+    """Linux with the GNU C library, whose malloc ``hold_freed_memory`` tunes."""
+    return platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+
+
 def hold_freed_memory() -> bool:
     """Make glibc keep freed memory for reuse instead of returning it to the kernel; True when applied.
 
     Resident memory then stays at the run's peak, which it reaches in the first steps anyway. A no-op off
     glibc, and when the user tuned malloc through the environment.
     """
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return False
-    if any(name in os.environ for name in _USER_MALLOC_ENV):
+    if not on_glibc() or any(name in os.environ for name in _USER_MALLOC_ENV):
         return False
     try:
         mallopt = ctypes.CDLL("libc.so.6").mallopt

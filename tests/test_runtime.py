@@ -1,5 +1,4 @@
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -7,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from detector.runtime import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, tune_for_training
+from detector.runtime import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, on_glibc, tune_for_training
 
 SHOW = "import os, detector; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
 
@@ -51,7 +50,7 @@ def _faults(mode: str) -> tuple[str, int]:
     return applied, int(faults)
 
 
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
+@pytest.mark.skipif(not on_glibc(), reason="glibc only")
 def test_held_memory_is_reused_without_new_page_faults():
     pages = 4 * (64 << 20) // resource.getpagesize()
     applied, faults = _faults("hold")
