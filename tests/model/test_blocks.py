@@ -26,21 +26,20 @@ def test_concat_equals_torch_cat_and_its_gradients():
         assert torch.equal(mine, reference)
 
 
-def test_concat_hands_back_dense_channels_last_gradients():
-    parts = _parts()
-    seen = []
+def _dense_channels_last_grads(cat) -> list[bool]:
+    """Which of the parts' gradients arrive dense in channels-last memory after ``cat(parts, 1)``."""
+    parts, seen = _parts(), []
     for p in parts:
         p.register_hook(lambda grad: seen.append(grad.is_contiguous(memory_format=torch.channels_last)))
     upstream = torch.randn(2, 9, 5, 6, dtype=torch.double).contiguous(memory_format=torch.channels_last)
-    concat(parts, 1).backward(upstream)
-    assert seen == [True, True, True]
+    cat(parts, 1).backward(upstream)
+    return seen
+
+
+def test_concat_hands_back_dense_channels_last_gradients():
+    assert _dense_channels_last_grads(concat) == [True, True, True]
     # torch.cat alone hands back channel slices, which are not dense: the case concat exists for.
-    sliced = []
-    fresh = _parts()
-    for p in fresh:
-        p.register_hook(lambda grad: sliced.append(grad.is_contiguous(memory_format=torch.channels_last)))
-    torch.cat(fresh, 1).backward(upstream)
-    assert sliced == [False, False, False]
+    assert _dense_channels_last_grads(torch.cat) == [False, False, False]
 
 
 def test_concat_is_the_plain_op_without_autograd():
