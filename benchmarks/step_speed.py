@@ -17,11 +17,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
+import torch
 from isolated import run_isolated
 
 from detector.engine import MultiScale
+from detector.runtime import ONEDNN_CACHE_ENV
 
 ROW = r"""
 import json, sys, time
@@ -108,13 +110,13 @@ ROWS = [
 COMPILE_ROW = Row("BF16, channels-last, fixed size, torch.compile", True, True, False, compile=True)
 
 
-def run_row(payload: dict, default_cache: bool) -> dict:
+def run_row(row: Row, *, imgsz: int, batch: int, steps: int) -> dict:
     env = dict(os.environ)
-    if default_cache:
-        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = "1024"  # oneDNN's own default; detector keeps a value set by the user
+    if row.default_cache:
+        env[ONEDNN_CACHE_ENV] = "1024"  # oneDNN's own default; detector keeps a value set by the user
     else:
-        env.pop("ONEDNN_PRIMITIVE_CACHE_CAPACITY", None)
-    return run_isolated(ROW, payload, env=env)
+        env.pop(ONEDNN_CACHE_ENV, None)
+    return run_isolated(ROW, {**asdict(row), "imgsz": imgsz, "batch": batch, "steps": steps}, env=env)
 
 
 def main() -> int:
@@ -127,15 +129,11 @@ def main() -> int:
     args = parser.parse_args()
     rows = [*ROWS, COMPILE_ROW] if args.compile else ROWS
     steps = args.cycles * len(MultiScale(args.imgsz).ladder())  # whole cycles: every size equally often
-    threads = __import__("torch").get_num_threads()
-    print(f"threads {threads}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
+    print(f"threads {torch.get_num_threads()}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
     print("| step | images/s | input ms | forward ms | loss ms | backward ms | optimizer ms |")
     print("|---|---|---|---|---|---|---|")
     for row in rows:
-        payload = {"imgsz": args.imgsz, "batch": args.batch, "steps": steps, "bf16": row.bf16,
-                   "channels_last": row.channels_last, "multi_scale": row.multi_scale, "compile": row.compile,
-                   "default_heap": row.default_heap}
-        r = run_row(payload, row.default_cache)
+        r = run_row(row, imgsz=args.imgsz, batch=args.batch, steps=steps)
         print(f"| {row.label} | {r['images_per_s']:.1f} | {r['input']:.0f} | {r['forward']:.0f} | {r['loss']:.0f} | "
               f"{r['backward']:.0f} | {r['optimizer']:.0f} |", flush=True)
     return 0
