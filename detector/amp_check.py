@@ -17,7 +17,7 @@ from torch import nn
 
 from detector.assigner import AssignedTargets
 from detector.loss import DetectionLoss
-from detector.precision import Precision, cpu_has_native_bf16
+from detector.precision import Precision, fallback_chain
 
 # BF16 keeps 8 mantissa bits, FP16 11. The assigner's top-k choices are discrete, so a rounding change
 # re-assigns a few anchors and swings the gradient (cosine to FP32 fell to 0.50 in BF16 when each
@@ -68,7 +68,8 @@ def _step(model: nn.Module, criterion: DetectionLoss, images: torch.Tensor, targ
     work = copy.deepcopy(model).train()
     with precision.autocast():
         outputs = work(images)
-    loss, _ = criterion(outputs, targets, images.shape[2:], assigned=assigned)
+    # One rank runs the check by itself: the loss must not wait on the other ranks (see DetectionLoss).
+    loss, _ = criterion(outputs, targets, images.shape[2:], assigned=assigned, across_ranks=False)
     scale = FP16_TEST_SCALE if precision.uses_scaler else 1.0
     (loss * scale).backward()
     grads = [p.grad.float().flatten() / scale for p in work.parameters() if p.grad is not None]
@@ -94,18 +95,6 @@ def compare_step(model: nn.Module, criterion: DetectionLoss, images: torch.Tenso
     else:
         reason = "ok"
     return StepCheck(precision.name, loss_ref, loss_amp, loss_error, cosine, reason == "ok", reason)
-
-
-def fallback_chain(precision: Precision) -> list[Precision]:
-    """The chosen precision, then the safer ones to try: FP16 -> BF16 (where native) -> FP32."""
-    chain = [precision]
-    if precision.name == "fp16":
-        has_bf16 = torch.cuda.is_bf16_supported() if precision.device_type == "cuda" else cpu_has_native_bf16()
-        if has_bf16:
-            chain.append(Precision("bf16", precision.device_type, "AMP check fell back from FP16"))
-    if precision.name != "fp32":
-        chain.append(Precision("fp32", precision.device_type, "AMP check fell back to FP32"))
-    return chain
 
 
 def amp_preflight(model: nn.Module, criterion: DetectionLoss, images: torch.Tensor, targets: torch.Tensor,

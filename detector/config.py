@@ -75,6 +75,7 @@ class TrainConfig:
     multi_scale_max: float = knob(1.5, "largest multi-scale factor of imgsz")
     # Evaluation, logging, output
     val_interval: int = knob(1, "evaluate every N epochs (and always after the last)")
+    patience: int = knob(100, "stop when fitness has not improved for N epochs (counted where evaluated); 0 = never")
     val_conf: float = knob(0.001, "validation confidence threshold")
     val_iou: float = knob(0.7, "validation NMS IoU threshold")
     max_det: int = knob(300, "detections kept per image in validation")
@@ -109,6 +110,8 @@ class TrainConfig:
             problems.append(f"--workers must be >= 0 (got {self.workers})")
         if not 0 < self.multi_scale_min <= 1 <= self.multi_scale_max:
             problems.append("--multi-scale-min must be in (0, 1] and --multi-scale-max >= 1")
+        if self.patience < 0:
+            problems.append(f"--patience must be >= 0 (got {self.patience})")
         if self.val_interval < 1:
             problems.append(f"--val-interval must be at least 1 (got {self.val_interval})")
         for name in ("mosaic", "fliplr", "flipud", "albumentations"):

@@ -1,9 +1,18 @@
-"""torch.distributed set-up for torchrun: rank/world from the environment, gloo on CPU, NCCL on GPU."""
+"""torch.distributed for torchrun: set-up, and the one place where ranks agree on a decision.
+
+Every decision that changes what a rank computes (precision after the AMP check or a fallback, stopping
+on Ctrl-C, a time budget or early stopping, an error that ends the run) is taken once and applied by all
+ranks: a rank that decided alone would average gradients of another precision with the others, or wait
+at a collective the others never reach.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -42,6 +51,65 @@ def init_distributed(device_request: str) -> tuple[DistInfo, torch.device]:
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     return DistInfo(rank, local_rank, world_size), device
+
+
+T = TypeVar("T")
+
+
+def broadcast_from_main(value: T, info: DistInfo) -> T:
+    """Rank 0's ``value`` on every rank (any picklable object); the value itself in one process."""
+    if not info.enabled:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def decide_on_main(decide: Callable[[], T], info: DistInfo) -> T:
+    """Run ``decide()`` on rank 0 alone; its result, or the exception it raised, reaches every rank.
+
+    Without this, an error on rank 0 (a diverged run, a full disk) would leave the others waiting at their
+    next collective until the timeout.
+    """
+    outcome: tuple[bool, object] | None = None
+    if info.is_main:
+        try:
+            outcome = (True, decide())
+        except Exception as error:  # re-raised below, on every rank
+            if not info.enabled:
+                raise
+            outcome = (False, error)
+    outcome = broadcast_from_main(outcome, info)
+    assert outcome is not None
+    succeeded, value = outcome
+    if not succeeded:
+        raise value  # type: ignore[misc]
+    return value  # type: ignore[return-value]
+
+
+def any_rank(flag: bool, info: DistInfo) -> bool:
+    """True on every rank when ``flag`` is true on at least one (e.g. one rank saw Ctrl-C)."""
+    if not info.enabled:
+        return flag
+    tensor = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
+
+
+@contextlib.contextmanager
+def local_main_first(info: DistInfo) -> Iterator[None]:
+    """Run the block on each node's local rank 0 first, then on the other ranks of the node.
+
+    For one-time preparation (generating the built-in dataset, verifying images, writing caches): the
+    first process does the work, the others wait and then find it done. Nodes prepare in parallel.
+    """
+    if info.enabled and info.local_rank != 0:
+        dist.barrier()
+    try:
+        yield
+    finally:
+        if info.enabled and info.local_rank == 0:
+            dist.barrier()
 
 
 def barrier(info: DistInfo) -> None:

@@ -110,6 +110,48 @@ def peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+# GradScaler starts at 2**16 and halves its scale on every overflow: early skipped steps are its calibration,
+# not a sign of trouble. A skip counts as instability when the loss itself was not finite, when no scaler is
+# in play (BF16/FP32: nothing to calibrate), or when the scale is already down to 1 (the gradients overflow
+# FP16 even unscaled, so more halving cannot help).
+SCALER_EXHAUSTED = 1.0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    applied: bool  # the gradients were finite and the optimizer stepped
+    unstable: bool  # skipped for a reason more loss scaling cannot fix (see SCALER_EXHAUSTED)
+    scale: float  # loss scale used for this step (1.0 without a scaler)
+
+
+def optimizer_step(
+    *,
+    model: nn.Module,
+    parameters: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    ema: ModelEMA | None,
+    precision: Precision,
+    clip_grad: float,
+    loss_was_finite: bool,
+) -> StepResult:
+    """Unscale, clip, step (or skip on non-finite gradients), clear the gradients, update the EMA."""
+    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+    grad_norm = nn.utils.clip_grad_norm_(parameters, clip_grad)
+    finite = bool(torch.isfinite(grad_norm))
+    scale = scaler.get_scale() if precision.uses_scaler else 1.0
+    if precision.uses_scaler:
+        scaler.step(optimizer)  # skips the step itself when it found inf/nan
+        scaler.update()
+    elif finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if finite and ema is not None:
+        ema.update(model)
+    unstable = not finite and (not loss_was_finite or not precision.uses_scaler or scale <= SCALER_EXHAUSTED)
+    return StepResult(applied=finite, unstable=unstable, scale=scale)
+
+
 def train_one_epoch(
     *,
     model: nn.Module,
@@ -135,8 +177,9 @@ def train_one_epoch(
     loss_sums = torch.zeros(3, device=device)
     nonfinite_losses = torch.zeros((), device=device, dtype=torch.long)
     scales: list[float] = []
-    skipped = optimizer_steps = images_seen = 0
+    skipped = unstable = optimizer_steps = images_seen = 0
     last_step = epoch * steps - 1
+    losses_before_step = nonfinite_losses.clone()
     parameters = [p for p in model.parameters() if p.requires_grad]
     bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}", disable=not progress, leave=True)
     start = time.perf_counter()
@@ -157,22 +200,16 @@ def train_one_epoch(
         images_seen += len(images)
 
         if step - last_step >= accumulate or index == steps - 1:
-            scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-            grad_norm = nn.utils.clip_grad_norm_(parameters, schedule.clip_grad)
-            finite = bool(torch.isfinite(grad_norm))
-            if precision.uses_scaler:
-                scales.append(scaler.get_scale())
-                scaler.step(optimizer)  # skips the step itself when it found inf/nan
-                scaler.update()
-            elif finite:
-                optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            result = optimizer_step(
+                model=model, parameters=parameters, optimizer=optimizer, scaler=scaler, ema=ema,
+                precision=precision, clip_grad=schedule.clip_grad,
+                loss_was_finite=bool(nonfinite_losses == losses_before_step),
+            )
+            losses_before_step = nonfinite_losses.clone()
+            scales.append(result.scale)
             optimizer_steps += 1
-            if finite:
-                if ema is not None:
-                    ema.update(model)
-            else:
-                skipped += 1
+            skipped += not result.applied
+            unstable += result.unstable
             last_step = step
         if progress and (index % 5 == 0 or index == steps - 1):
             means = (loss_sums / (index + 1)).tolist()
@@ -193,6 +230,7 @@ def train_one_epoch(
         "loss_scale_max": max(scales) if scales else 1.0,
         "optimizer_steps": optimizer_steps,
         "skipped_steps": skipped,
+        "unstable_steps": unstable,
         "nonfinite_losses": int(nonfinite_losses),
     }
 

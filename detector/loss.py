@@ -103,8 +103,13 @@ class DetectionLoss(torch.nn.Module):
         image_hw: tuple[int, int],
         *,
         assigned: AssignedTargets | None = None,
+        across_ranks: bool = True,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``assigned``: reuse an earlier assignment (the AMP check holds it fixed to compare precisions)."""
+        """``assigned``: reuse an earlier assignment (the AMP check holds it fixed to compare precisions).
+
+        ``across_ranks=False`` computes this process's loss alone, with no collective call: for work that
+        one rank does by itself (the AMP check), where a collective would wait forever for the others.
+        """
         flat = flatten_head_outputs(outputs).float()  # [B, A, 4*reg_max + C]
         batch = flat.shape[0]
         box_logits, cls_logits = flat.split((4 * self.reg_max, self.num_classes), -1)
@@ -127,7 +132,7 @@ class DetectionLoss(torch.nn.Module):
             beta=self.beta,
         )
         score_sum, global_batch = assigned.scores.sum(), batch
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if across_ranks and torch.distributed.is_available() and torch.distributed.is_initialized():
             # Normalise by the target mass of the whole global batch (as DETR does with its box count):
             # the ranks' loss parts then add up to exactly what one process with that batch computes.
             torch.distributed.all_reduce(score_sum)

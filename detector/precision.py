@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 
 CHOICES = ("auto", "fp16", "bf16", "fp32")
+# The fallback ladder, least safe first: FP16's 5-bit exponent overflows where BF16's (FP32's range) does not.
+LADDER = ("fp16", "bf16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,50 @@ def cpu_has_native_bf16() -> bool:
     return False
 
 
+def gpu_has_native_bf16() -> bool:
+    """True on CUDA GPUs that compute BF16 in hardware (Ampere and newer).
+
+    ``torch.cuda.is_bf16_supported()`` also answers True where BF16 is only emulated (T4, V100), which is
+    slower than FP32 there, so emulation is excluded (the keyword exists from torch 2.4; older: by arch).
+    """
+    if not torch.cuda.is_available():
+        return False
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:
+        return torch.cuda.get_device_capability()[0] >= 8
+
+
+def has_native_bf16(device_type: str) -> bool:
+    """Native BF16 on this kind of device: the one test used by the choice and by every fallback."""
+    if device_type == "cuda":
+        return gpu_has_native_bf16()
+    if device_type == "cpu":
+        return cpu_has_native_bf16()
+    return False
+
+
+def safer_precision(name: str, device_type: str) -> str | None:
+    """The next rung down the ladder that this device runs natively; None below FP32."""
+    for candidate in LADDER[LADDER.index(name) + 1:]:
+        if candidate != "bf16" or has_native_bf16(device_type):
+            return candidate
+    return None
+
+
+def fallback_chain(precision: Precision) -> list[Precision]:
+    """The chosen precision, then every safer one this device runs natively, ending in FP32."""
+    chain = [precision]
+    while (safer := safer_precision(chain[-1].name, precision.device_type)) is not None:
+        chain.append(Precision(safer, precision.device_type, f"fell back from {chain[-1].name.upper()}"))
+    return chain
+
+
+def safest(first: Precision, second: Precision) -> Precision:
+    """Of two precisions, the one further down the ladder (the first on a tie)."""
+    return second if LADDER.index(second.name) > LADDER.index(first.name) else first
+
+
 def resolve_precision(requested: str, device: torch.device, *, unamp: bool = False) -> Precision:
     """Pick the training precision for ``device``.
 
@@ -73,8 +119,8 @@ def resolve_precision(requested: str, device: torch.device, *, unamp: bool = Fal
             return Precision("fp32", device_type, "FP16 autocast is not worthwhile on CPU; using FP32")
         return Precision("fp16", device_type, "--precision fp16 requested (dynamic loss scaling on)")
     if requested == "bf16":
-        if device_type == "cuda" and not torch.cuda.is_bf16_supported():
-            return Precision("fp32", device_type, "this GPU has no BF16; using FP32")
+        if device_type == "cuda" and not gpu_has_native_bf16():
+            return Precision("fp32", device_type, "this GPU has no native BF16 (only emulated); using FP32")
         return Precision("bf16", device_type, "--precision bf16 requested")
     if device_type == "cuda":
         return Precision("fp16", device_type, "auto: CUDA device, FP16 autocast with dynamic loss scaling")

@@ -1,10 +1,16 @@
-"""``train(config)``: build everything from the config, run the epochs, evaluate, checkpoint."""
+"""``train(config)``: build everything from the config, run the epochs, evaluate, checkpoint.
+
+Under torchrun every rank runs this same code. What one rank alone can know (metrics, a Ctrl-C, the
+clock) becomes an :class:`EpochDecision` on rank 0 that every rank then applies (detector/distributed.py).
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,15 +30,23 @@ from detector.data.sampler import EpochSampler
 from detector.data.spec import DatasetSpec, load_dataset_spec
 from detector.data.synthetic import generate_shapes
 from detector.data.workers import worker_init
-from detector.distributed import barrier, cleanup, init_distributed
+from detector.distributed import (
+    DistInfo,
+    any_rank,
+    broadcast_from_main,
+    cleanup,
+    decide_on_main,
+    init_distributed,
+    local_main_first,
+)
 from detector.ema import ModelEMA, unwrap
 from detector.engine import MultiScale, StepSchedule, make_torch_infer, train_one_epoch
 from detector.evaluate import EvalResult
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
-from detector.optim import build_optimizer
+from detector.optim import OptimizerChoice, build_optimizer
 from detector.postprocess import NMSConfig
-from detector.precision import Precision, resolve_precision
+from detector.precision import Precision, resolve_precision, safer_precision, safest
 from detector.reporting import RunReporter
 from detector.runs import append_results, newest_file, next_run_dir
 from detector.runtime import tune_for_training
@@ -50,6 +64,7 @@ def fitness(metrics: dict[str, float]) -> float:
     return 0.9 * metrics.get("mAP50-95", 0.0) + 0.1 * metrics.get("mAP50", 0.0)
 
 
+# ------------------------------------------------------------------------------------------------ builders
 def build_augment(config: TrainConfig) -> AugmentConfig:
     return AugmentConfig(
         mosaic=config.mosaic, degrees=config.degrees, translate=config.translate, scale=config.scale,
@@ -63,12 +78,55 @@ def resolve_data(config: TrainConfig) -> DatasetSpec:
     return load_dataset_spec(yaml_path)
 
 
+def build_data(config: TrainConfig, *, with_val: bool) -> tuple[DatasetSpec, SplitData, SplitData | None]:
+    """The dataset spec, the augmented training split, and (where evaluation runs) the validation split."""
+    spec = resolve_data(config)
+    train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache)
+    train.dataset.seed = config.seed
+    val = build_split(spec, "val", image_size=config.imgsz, augment=None, cache=config.cache) if with_val else None
+    return spec, train, val
+
+
 def build_criterion(config: TrainConfig, model: YOLO) -> DetectionLoss:
     return DetectionLoss(
         num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max,
         gains=LossGains(box=config.box_gain, cls=config.cls_gain, dfl=config.dfl_gain),
         top_k=config.assigner_topk, alpha=config.assigner_alpha, beta=config.assigner_beta,
     )
+
+
+def build_train_loader(
+    data: SplitData, config: TrainConfig, dist: DistInfo, device: torch.device
+) -> tuple[EpochSampler, DataLoader]:
+    sampler = EpochSampler(len(data.dataset), seed=config.seed, rank=dist.rank, world_size=dist.world_size)
+    loader = DataLoader(
+        data.dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
+        collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=device.type == "cuda",
+        drop_last=False, worker_init_fn=worker_init(shares_cores_with_compute=device.type == "cpu"),
+    )
+    return sampler, loader
+
+
+def build_optimization(
+    config: TrainConfig, model: YOLO, *, steps_per_epoch: int, world_size: int
+) -> tuple[OptimizerChoice, StepSchedule]:
+    """The optimizer (three parameter groups) and the schedule the loop follows, for ``config.epochs``."""
+    global_batch = config.batch * world_size
+    accumulate = max(round(config.nominal_batch / global_batch), 1)
+    choice = build_optimizer(
+        model, name=config.optimizer, lr=config.lr0, momentum=config.momentum,
+        weight_decay=config.weight_decay * global_batch * accumulate / config.nominal_batch,
+        num_classes=model.num_classes, total_steps=steps_per_epoch * config.epochs // accumulate,
+        warmup_bias_lr=config.warmup_bias_lr,
+    )
+    schedule = StepSchedule(
+        epochs=config.epochs, steps_per_epoch=steps_per_epoch,
+        warmup_steps=max(round(config.warmup_epochs * steps_per_epoch), 100) if config.warmup_epochs > 0 else 0,
+        base_lr=choice.lr, final_lr_fraction=config.lrf, cosine=config.cosine,
+        warmup_bias_lr=choice.warmup_bias_lr, warmup_momentum=config.warmup_momentum, momentum=choice.momentum,
+        batch_size=global_batch, nominal_batch=config.nominal_batch, clip_grad=config.clip_grad,
+    )
+    return choice, schedule
 
 
 def build_model_from_weights(config: TrainConfig, num_classes: int, log) -> YOLO:
@@ -103,28 +161,55 @@ def build_model_from_weights(config: TrainConfig, num_classes: int, log) -> YOLO
     return model
 
 
+def wrap_distributed(model: YOLO, config: TrainConfig, dist: DistInfo, device: torch.device) -> torch.nn.Module:
+    if not dist.enabled:
+        return model
+    if config.sync_bn and device.type == "cuda":
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+# --------------------------------------------------------------------------------------------- decisions
+@dataclass(frozen=True)
+class EpochDecision:
+    """What rank 0 decided after an epoch; every rank applies it (see the module docstring)."""
+
+    precision: str  # for the next epoch
+    precision_reason: str
+    epochs: int  # planned total (a time budget may change it)
+    stop: str = ""  # why the run ends after this epoch; "" = go on
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def fallback_after_epoch(precision: Precision, stats: dict[str, float], device_type: str) -> tuple[str, str] | None:
+    """``(safer precision, message)`` when most optimizer steps were unstable; None when all is well.
+
+    Counts ``unstable_steps``, not every skipped step: GradScaler's normal calibration skips are not a
+    reason to leave FP16 (see detector/engine.py). Raises FloatingPointError when FP32 itself diverged.
+    """
+    unstable, steps = stats["unstable_steps"], stats["optimizer_steps"]
+    if not unstable or unstable < max(steps // 2, 1):
+        return None
+    message = f"{unstable}/{steps} optimizer steps had non-finite gradients"
+    safer = safer_precision(precision.name, device_type)
+    if safer is None:
+        raise FloatingPointError(f"{message} in FP32: training diverged; lower --lr0 or check the data")
+    return safer, f"{message}; switching {precision.name} -> {safer}"
+
+
 class Trainer:
     """Holds the objects of one run; ``fit()`` runs it. Built only from the config."""
 
     def __init__(self, config: TrainConfig, *, progress: bool = True) -> None:
         self.config = config.with_defaults().validate()
         self.progress = progress
-        self.dist, self.device = init_distributed(config.device)
+        self.dist, self.device = init_distributed(self.config.device)
         tune_for_training(self.device)  # before the data cache and the workers' fork: see detector/runtime.py
-        self.resume_state: dict[str, Any] | None = None
-        if config.resume:
-            self._load_resume(config.resume)
+        self.resume_state = self._load_resume(self.config.resume) if self.config.resume else None
         config = self.config
         seed_everything(config.seed + self.dist.rank)
-        self.spec = resolve_data(config)
-        self.train_data = build_split(
-            self.spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache
-        )
-        self.train_data.dataset.seed = config.seed
-        self.val_data: SplitData | None = (
-            build_split(self.spec, "val", image_size=config.imgsz, augment=None, cache=config.cache)
-            if self.dist.is_main else None
-        )
+        with local_main_first(self.dist):  # one process per node prepares the data; the others then read it
+            self.spec, self.train_data, self.val_data = build_data(config, with_val=self.dist.is_main)
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         if self.resume_state is None:
             self.model = build_model_from_weights(config, self.spec.num_classes, self.log)
@@ -136,53 +221,29 @@ class Trainer:
         if config.channels_last:
             self.model.to(memory_format=torch.channels_last)
         self.criterion = build_criterion(config, self.model)
-        self.sampler = EpochSampler(
-            len(self.train_data.dataset), seed=config.seed, rank=self.dist.rank, world_size=self.dist.world_size
+        self.sampler, self.train_loader = build_train_loader(self.train_data, config, self.dist, self.device)
+        choice, self.schedule = build_optimization(
+            config, self.model, steps_per_epoch=len(self.train_loader), world_size=self.dist.world_size
         )
-        self.train_loader = DataLoader(
-            self.train_data.dataset, batch_size=config.batch, sampler=self.sampler, num_workers=config.workers,
-            collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=self.device.type == "cuda",
-            drop_last=False, worker_init_fn=worker_init(shares_cores_with_compute=self.device.type == "cpu"),
-        )
-        steps_per_epoch = len(self.train_loader)
-        global_batch = config.batch * self.dist.world_size
-        accumulate = max(round(config.nominal_batch / global_batch), 1)
-        self.optimizer, self.optimizer_name, base_lr = build_optimizer(
-            self.model, name=config.optimizer, lr=config.lr0, momentum=config.momentum,
-            weight_decay=config.weight_decay * global_batch * accumulate / config.nominal_batch,
-            num_classes=self.spec.num_classes, total_steps=steps_per_epoch * config.epochs // accumulate,
-        )
-        self.schedule = StepSchedule(
-            epochs=config.epochs, steps_per_epoch=steps_per_epoch,
-            warmup_steps=max(round(config.warmup_epochs * steps_per_epoch), 100) if config.warmup_epochs > 0 else 0,
-            base_lr=base_lr, final_lr_fraction=config.lrf, cosine=config.cosine,
-            warmup_bias_lr=config.warmup_bias_lr, warmup_momentum=config.warmup_momentum,
-            momentum=config.momentum if self.optimizer_name == "SGD" else 0.9,
-            batch_size=global_batch, nominal_batch=config.nominal_batch, clip_grad=config.clip_grad,
-        )
+        self.optimizer, self.optimizer_name = choice.optimizer, choice.name
         self.multi_scale = MultiScale(config.imgsz, config.multi_scale_min, config.multi_scale_max, config.multi_scale)
         self.ema = ModelEMA(self.model, decay=config.ema_decay)
         self.scaler = self.precision.make_scaler()
-        self.start_epoch, self.best_fitness = 0, -1.0
+        self.epochs, self.start_epoch, self.best_fitness, self.best_epoch = config.epochs, 0, -1.0, -1
         if self.resume_state is not None:
             self._restore(self.resume_state)
-        if self.dist.enabled:
-            if config.sync_bn and self.device.type == "cuda":
-                self.model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(self.model)
-            self.model = DistributedDataParallel(
-                self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None
-            )
+        self.model = wrap_distributed(self.model, config, self.dist, self.device)
         self.run_dir = self._make_run_dir()
         self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots,
                                     tensorboard=config.tensorboard) if self.dist.is_main else None
-        self.interrupted = False
+        self.stop_requested = False
 
     # ----------------------------------------------------------------------------------------- set-up
     def log(self, message: str) -> None:
         if self.dist.is_main:
             print(message, flush=True)
 
-    def _load_resume(self, resume: str) -> None:
+    def _load_resume(self, resume: str) -> dict[str, Any]:
         path = newest_file(self.config.project, "*/weights/last.pt") if resume == "auto" else Path(resume)
         if path is None:
             raise CheckpointError(f"{self.config.project}: no last.pt to resume from")
@@ -191,23 +252,29 @@ class Trainer:
         # Keep the run's own settings; only the device and worker count may change on resume.
         saved.device, saved.workers, saved.resume = self.config.device, self.config.workers, str(path)
         self.config = saved.with_defaults().validate()
-        self.resume_state = state
         self.resume_path = path
+        return state
 
     def _restore(self, state: dict[str, Any]) -> None:
-        if state.get("precision", self.precision.name) != self.precision.name and not self.config.unamp:
-            # The run had fallen back (AMP check or non-finite steps): keep the precision it ended with.
-            self._set_precision(state["precision"], "restored from the checkpoint (the run had fallen back)")
+        saved = state.get("precision", self.precision.name)
+        if saved in ("fp16", "bf16", "fp32") and not self.config.unamp:
+            # The saved precision is kept only where it is safer than what this device resolves to (the run
+            # had fallen back); a GPU run's FP16 resumed on a CPU, or BF16 on a CPU without it, is not.
+            restored = safest(self.precision, Precision(saved, self.device.type, "restored from the checkpoint "
+                                                              "(the run had fallen back)"))
+            self._set_precision(restored.name, restored.reason)
         self.model.load_state_dict(state["model"])
         self.ema.module.load_state_dict(state["ema"])
         self.ema.updates = state["ema_updates"]
         self.optimizer.load_state_dict(state["optimizer"])
-        if state.get("scaler"):
+        if state.get("scaler") and self.precision.uses_scaler:
             self.scaler.load_state_dict(state["scaler"])
         self.start_epoch = state["epoch"] + 1
         self.best_fitness = state.get("best_fitness", -1.0)
-        if self.start_epoch >= self.config.epochs:
-            raise CheckpointError(f"{self.resume_path}: run already finished all {self.config.epochs} epochs")
+        self.best_epoch = state.get("best_epoch", -1)
+        self._plan_epochs(state.get("planned_epochs", self.epochs))
+        if self.start_epoch >= self.epochs:
+            raise CheckpointError(f"{self.resume_path}: run already finished all {self.epochs} epochs")
 
     def _make_run_dir(self) -> Path:
         if self.resume_state is not None:
@@ -217,7 +284,7 @@ class Trainer:
         if self.dist.is_main:
             (run_dir / "weights").mkdir(parents=True, exist_ok=True)
             (run_dir / "config.yaml").write_text(yaml.safe_dump(self.config.to_dict(), sort_keys=False))
-        return run_dir
+        return broadcast_from_main(run_dir, self.dist)  # the others would see rank 0's folder and pick name2
 
     # ------------------------------------------------------------------------------------- the run
     def checkpoint_payload(self, epoch: int, metrics: dict[str, float]) -> dict[str, Any]:
@@ -229,7 +296,9 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "epoch": epoch,
+            "planned_epochs": self.epochs,
             "best_fitness": self.best_fitness,
+            "best_epoch": self.best_epoch,
             "metrics": metrics,
             "model_args": {"num_classes": model.num_classes, "scale": model.scale, "reg_max": model.reg_max},
             "names": self.spec.names,
@@ -258,7 +327,7 @@ class Trainer:
             f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | data {data} "
             f"({len(self.train_data.records)} train / {len(self.val_data.records) if self.val_data else '?'} val) | "
             f"{self.device} x{self.dist.world_size} | precision {self.precision.name}: {self.precision.reason} | "
-            f"{self.optimizer_name} lr {self.schedule.base_lr:g} | run {self.run_dir}"
+            f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.epochs} epochs | run {self.run_dir}"
         )
 
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
@@ -269,20 +338,20 @@ class Trainer:
             # (not collating by hand) also forks its workers now, before the AMP check's freed activations
             # fill this process's heap: forked later, the first steps pay copy-on-write faults for all of
             # that memory (measured: ~2 s on the first step, 2-core CPU).
-            self.sampler.set_epoch(0, use_mosaic=config.close_mosaic < config.epochs)
+            self.sampler.set_epoch(0, use_mosaic=config.close_mosaic < self.epochs)
             first_batch = next(iter(self.train_loader))
             if config.amp_check:
                 self._preflight(first_batch)
             if self.reporter is not None:
                 self.reporter.on_start(self.train_data, first_batch)
         self.log(self.header())
-        previous_handler = signal.signal(signal.SIGINT, self._on_interrupt) if self.dist.is_main else None
-        metrics: dict[str, float] = {}
+        previous_handler = signal.signal(signal.SIGINT, self._on_interrupt)
+        decision = None
         start = time.perf_counter()
-        epoch = self.start_epoch - 1
+        epoch = self.start_epoch
         try:
-            for epoch in range(self.start_epoch, config.epochs):
-                use_mosaic = epoch < config.epochs - config.close_mosaic
+            while epoch < self.epochs:
+                use_mosaic = epoch < self.epochs - config.close_mosaic
                 self.sampler.set_epoch(epoch, use_mosaic=use_mosaic)
                 stats = train_one_epoch(
                     model=self.model, criterion=self.criterion, loader=self.train_loader, optimizer=self.optimizer,
@@ -291,22 +360,23 @@ class Trainer:
                     channels_last=config.channels_last, world_size=self.dist.world_size,
                     progress=self.progress and self.dist.is_main,
                 )
-                last = epoch == config.epochs - 1
-                if self.dist.is_main:
-                    metrics = self._end_epoch(epoch, stats, last=last)
-                barrier(self.dist)
+                interrupted = any_rank(self.stop_requested, self.dist)  # a Ctrl-C seen by any rank stops all
                 if stop_after_epochs is not None and epoch + 1 >= stop_after_epochs:
-                    self.interrupted = True
-                if self.interrupted:
-                    self.log(f"interrupted: saved {self.run_dir / 'weights' / 'last.pt'} after epoch {epoch + 1}")
+                    interrupted = True
+                decision = decide_on_main(lambda: self._end_epoch(epoch, stats, interrupted=interrupted), self.dist)
+                self._apply(decision)
+                epoch += 1
+                if decision.stop:
+                    self.log(decision.stop)
                     break
         finally:
-            if previous_handler is not None:
-                signal.signal(signal.SIGINT, previous_handler)
+            signal.signal(signal.SIGINT, previous_handler)
             cleanup(self.dist)
+        interrupted = bool(decision and decision.stop.startswith("interrupted"))
+        metrics = decision.metrics if decision else {}
         summary = {"run_dir": self.run_dir, "metrics": metrics, "seconds": time.perf_counter() - start,
-                   "epochs_done": epoch + 1, "precision": self.precision.name}
-        if self.dist.is_main and not self.interrupted:
+                   "epochs_done": epoch, "precision": self.precision.name, "interrupted": interrupted}
+        if self.dist.is_main and not interrupted:
             if config.final_fp32:
                 result, _ = self.evaluate(force_fp32=True)
                 self.log(f"final FP32 evaluation: mAP50-95 {result.metrics['mAP50-95']:.4f}")
@@ -315,18 +385,46 @@ class Trainer:
                      f"mAP50 {metrics.get('mAP50', float('nan')):.4f} | best {self.run_dir / 'weights' / 'best.pt'}")
         return summary
 
-    def _end_epoch(self, epoch: int, stats: dict[str, float], *, last: bool) -> dict[str, float]:
-        metrics: dict[str, float] = {}
-        val_seconds = float("nan")
-        if last or (epoch + 1) % self.config.val_interval == 0:
-            result, info = self.evaluate(keep_predictions=last)
-            metrics, val_seconds = result.metrics, info["seconds"]
-            self.log(
-                f"epoch {epoch + 1}: mAP50-95 {metrics['mAP50-95']:.4f}  mAP50 {metrics['mAP50']:.4f}  "
-                f"mAP75 {metrics['mAP75']:.4f} | {stats['images_per_s']:.1f} img/s | val {val_seconds:.1f}s"
-            )
-            if last and self.reporter is not None:
-                self.log(self.reporter.on_final(result, info, self.val_data) + "\n" + result.summary)
+    def _end_epoch(self, epoch: int, stats: dict[str, float], *, interrupted: bool) -> EpochDecision:
+        """Rank 0: evaluate, log, decide what happens next, checkpoint. Returns the decision for all ranks."""
+        last = epoch == self.epochs - 1
+        metrics, val_seconds = self._validate_if_due(epoch, stats, last=last)
+        self._record(epoch, stats, metrics, val_seconds)
+        precision, reason = self.precision.name, self.precision.reason
+        if (fallback := fallback_after_epoch(self.precision, stats, self.device.type)) is not None:
+            precision, reason = fallback
+            self.log(f"warning: {reason}")
+        if metrics and fitness(metrics) > self.best_fitness:
+            self.best_fitness, self.best_epoch = fitness(metrics), epoch
+        stop = ""
+        if interrupted:
+            stop = f"interrupted: saved {self.run_dir / 'weights' / 'last.pt'} after epoch {epoch + 1}"
+        elif self.config.patience and metrics and epoch - self.best_epoch >= self.config.patience:
+            stop = (f"early stop: no better fitness for {self.config.patience} epochs (best at epoch "
+                    f"{self.best_epoch + 1}); --patience 0 turns this off")
+        decision = EpochDecision(precision, reason, self.epochs, stop, metrics)
+        self._apply(decision)  # before the checkpoint, so a resume continues as the run would have
+        payload = self.checkpoint_payload(epoch, metrics)
+        save_checkpoint(payload, self.run_dir / "weights" / "last.pt")
+        if self.best_epoch == epoch:
+            save_checkpoint(payload, self.run_dir / "weights" / "best.pt")
+        return decision
+
+    def _validate_if_due(self, epoch: int, stats: dict[str, float], *, last: bool) -> tuple[dict[str, float], float]:
+        if not (last or (epoch + 1) % self.config.val_interval == 0):
+            return {}, float("nan")
+        result, info = self.evaluate(keep_predictions=last)
+        metrics = result.metrics
+        self.log(
+            f"epoch {epoch + 1}: mAP50-95 {metrics['mAP50-95']:.4f}  mAP50 {metrics['mAP50']:.4f}  "
+            f"mAP75 {metrics['mAP75']:.4f} | {stats['images_per_s']:.1f} img/s | val {info['seconds']:.1f}s"
+        )
+        if last and self.reporter is not None:
+            self.log(self.reporter.on_final(result, info, self.val_data) + "\n" + result.summary)
+        return metrics, info["seconds"]
+
+    def _record(self, epoch: int, stats: dict[str, float], metrics: dict[str, float], val_seconds: float) -> None:
+        """One ``results.csv`` row (and TensorBoard / plots through the reporter)."""
         row: dict[str, object] = {"epoch": epoch + 1, **{k: stats[k] for k in ("train/box", "train/cls", "train/dfl", "lr")}}
         row.update({k: metrics.get(k, "") for k in ("mAP50-95", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large")})
         row.update({"precision": self.precision.name, "val_seconds": val_seconds})
@@ -334,56 +432,49 @@ class Trainer:
         append_results(self.run_dir / "results.csv", row)
         if self.reporter is not None:
             self.reporter.on_epoch_end(row, epoch)
-        self._fall_back_if_unstable(stats)
-        if metrics and fitness(metrics) > self.best_fitness:
-            self.best_fitness = fitness(metrics)
-            is_best = True
-        else:
-            is_best = False
-        payload = self.checkpoint_payload(epoch, metrics)
-        weights_dir = self.run_dir / "weights"
-        save_checkpoint(payload, weights_dir / "last.pt")
-        if is_best:
-            save_checkpoint(payload, weights_dir / "best.pt")
-        return metrics
+
+    def _apply(self, decision: EpochDecision) -> None:
+        """Make this rank follow ``decision`` (idempotent: rank 0 applies it before its checkpoint, then again)."""
+        if decision.precision != self.precision.name:
+            self._set_precision(decision.precision, decision.precision_reason)
+        self._plan_epochs(decision.epochs)
+
+    def _plan_epochs(self, epochs: int) -> None:
+        if epochs != self.epochs:
+            self.epochs = epochs
+            self.schedule = dataclasses.replace(self.schedule, epochs=epochs)
 
     def _preflight(self, batch: tuple) -> None:
-        """AMP check on rank 0's first batch; every rank adopts its verdict."""
-        chosen = [self.precision.name]
-        if self.dist.is_main and self.precision.name != "fp32":
+        """AMP check on rank 0's first batch, without collectives; every rank adopts its verdict."""
+
+        def check() -> tuple[str, str]:
+            if self.precision.name == "fp32":
+                return self.precision.name, self.precision.reason
             images = model_input(batch[0], self.device, channels_last=self.config.channels_last)
             precision, result = amp_preflight(unwrap(self.model), self.criterion, images, batch[1].to(self.device),
                                               self.precision)
             save_preflight(result, self.run_dir / "amp_check.json")
             self.log(result.line())
-            chosen = [precision.name]
-        if self.dist.enabled:
-            torch.distributed.broadcast_object_list(chosen, src=0)
-        if chosen[0] != self.precision.name:
-            self._set_precision(chosen[0], "chosen by the AMP check")
+            return precision.name, ("chosen by the AMP check" if result.fell_back else self.precision.reason)
+
+        name, reason = decide_on_main(check, self.dist)
+        if name != self.precision.name:
+            self._set_precision(name, reason)
 
     def _set_precision(self, name: str, reason: str) -> None:
         self.precision = Precision(name, self.device.type, reason)
         self.scaler = self.precision.make_scaler()
 
-    def _fall_back_if_unstable(self, stats: dict[str, float]) -> None:
-        """Most steps of an epoch non-finite: drop to a safer precision, or stop in FP32."""
-        if not stats["skipped_steps"] or stats["skipped_steps"] < max(stats["optimizer_steps"] // 2, 1):
-            return
-        message = f"{stats['skipped_steps']}/{stats['optimizer_steps']} optimizer steps had non-finite gradients"
-        safer = {"fp16": "bf16" if self.device.type == "cpu" or torch.cuda.is_bf16_supported() else "fp32", "bf16": "fp32"}
-        if self.precision.name == "fp32":
-            raise FloatingPointError(f"{message} in FP32: training diverged; lower --lr0 or check the data")
-        self.log(f"warning: {message}; switching {self.precision.name} -> {safer[self.precision.name]}")
-        self._set_precision(safer[self.precision.name], "fallback after non-finite steps")
-
     def _on_interrupt(self, signum: int, frame: object) -> None:
-        if self.interrupted:  # second Ctrl-C: give up at once
+        # Under torchrun a Ctrl-C reaches each worker twice (from the terminal and forwarded by the launcher),
+        # so only a single process aborts on a second one; torchrun ends its workers itself when they linger.
+        if self.stop_requested and not self.dist.enabled:
             raise KeyboardInterrupt
-        self.interrupted = True
-        print("\nCtrl-C: finishing this epoch and saving last.pt (press again to abort)", flush=True)
+        self.stop_requested = True
+        if self.dist.is_main:
+            print("\nCtrl-C: finishing this epoch and saving last.pt (press again to abort)", flush=True)
 
 
 def train(config: TrainConfig, *, progress: bool = True, stop_after_epochs: int | None = None) -> dict[str, Any]:
-    """Train from a config; returns ``{"run_dir", "metrics", "seconds", "epochs_done", "precision"}``."""
+    """Train from a config; returns ``{"run_dir", "metrics", "seconds", "epochs_done", "precision", ...}``."""
     return Trainer(config, progress=progress).fit(stop_after_epochs=stop_after_epochs)

@@ -20,8 +20,9 @@ def _run_epoch(precision: Precision):
     torch.manual_seed(0)
     model = build_model(num_classes=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    optimizer, _, lr = build_optimizer(model, name="AdamW", lr=1e-3, momentum=0.9, weight_decay=0.0,
-                                       num_classes=2, total_steps=2)
+    choice = build_optimizer(model, name="AdamW", lr=1e-3, momentum=0.9, weight_decay=0.0,
+                             num_classes=2, total_steps=2)
+    optimizer, lr = choice.optimizer, choice.lr
     schedule = StepSchedule(epochs=1, steps_per_epoch=2, warmup_steps=0, base_lr=lr, final_lr_fraction=1.0,
                             cosine=False, warmup_bias_lr=0.0, warmup_momentum=0.9, momentum=0.9, batch_size=2,
                             nominal_batch=2, clip_grad=10.0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from detector.data.dataset import verify_images
@@ -62,10 +63,24 @@ def verify_images_cached(records: list[ImageRecord]) -> tuple[list[ImageRecord],
             kept.append(record)
             sizes.append((int(entry["hw"][0]), int(entry["hw"][1])))
     if cache_file is not None and unknown:
-        try:
-            temporary = cache_file.with_suffix(".tmp")
-            temporary.write_text(json.dumps({"version": VERSION, "images": fresh}))
-            os.replace(temporary, cache_file)
-        except OSError:
-            pass  # read-only dataset folder: verify again next time
+        write_atomically(cache_file, json.dumps({"version": VERSION, "images": fresh}))
     return kept, sizes, problems
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file of this process's own, then rename.
+
+    Several processes (torchrun nodes sharing a file system) may write the same cache at once: each writes
+    its own temporary file, and the rename is atomic, so readers see one whole file, never a mix.
+    An unwritable folder just means no cache.
+    """
+    try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    except OSError:
+        return  # read-only dataset folder: verify again next time
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(text)
+        os.replace(temporary, path)
+    except OSError:
+        Path(temporary).unlink(missing_ok=True)
