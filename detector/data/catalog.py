@@ -89,7 +89,8 @@ DOWNLOADS = {
     "coco": Download("coco", "coco.yaml", "coco", (
         Archive(f"{COCO_ZIPS}/annotations/annotations_trainval2017.zip", 252_907_541,
                 "f4bbac642086de4f52a3fdda2de5fa2c", ("train", "val"), ("annotations",)),
-        Archive(f"{COCO_ZIPS}/zips/val2017.zip", 815_585_330, "442b8da7639aecaf257c1dceb8ba8c80", ("val",), ("val2017",)),
+        Archive(f"{COCO_ZIPS}/zips/val2017.zip", 815_585_330, "442b8da7639aecaf257c1dceb8ba8c80",
+                ("val",), ("val2017",)),
         Archive(f"{COCO_ZIPS}/zips/train2017.zip", 19_336_861_798, "cced6f7f71b7629ddf16f17bbcfab6b2",
                 ("train",), ("train2017",)),
     )),

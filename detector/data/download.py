@@ -76,6 +76,9 @@ def _transfer(url: str, part: Path, size: int | None, *, timeout: float, label: 
     start = part.stat().st_size if part.exists() else 0
     with _open(url, start, timeout) as response:
         if start and not _resumes_at(response, start):
+            if response.status == 206:  # some other byte range: useless here, so start over without Range
+                part.unlink()
+                raise CutTransfer(f"server sent {response.headers.get('Content-Range')!r} for bytes={start}-")
             start = 0  # the server ignored Range and is sending the whole file: start over
         length = response.headers.get("Content-Length")
         total = size or (start + int(length) if length else None)
@@ -97,6 +100,8 @@ def _transfer(url: str, part: Path, size: int | None, *, timeout: float, label: 
 def fetch(url: str, target: Path, size: int | None, *, timeout: float = 30.0, attempts: int = 3,
           retry_wait: float = 2.0) -> Path:
     """Download ``url`` to ``target`` through ``target.part``, resuming cut transfers; returns ``target``."""
+    if target.exists():
+        return target  # fetched by an earlier run whose extraction failed; verify() checks it again
     part = target.with_name(target.name + ".part")
     if size is not None and part.exists() and part.stat().st_size > size:
         part.unlink()  # longer than the published file: not a prefix of it
@@ -205,8 +210,10 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m detector download",
-                                     description="Fetch a dataset into the datasets root (explicit; nothing downloads by itself).")
+    parser = argparse.ArgumentParser(
+        prog="python -m detector download",
+        description="Fetch a dataset into the datasets root (explicit: nothing in detector downloads by itself).",
+    )
     parser.add_argument("name", choices=sorted(DOWNLOADS), help="dataset to fetch")
     parser.add_argument("--split", choices=("all", "val"), default="all",
                         help="val: only what the val split needs (COCO: annotations + val2017, 1.1 GB)")

@@ -130,11 +130,12 @@ def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> t
     base = datasets_root(datasets_dir) if relative_to == "datasets" else source.parent
     root = Path(raw.get("path") or ".")
     root = (root if root.is_absolute() else base / root).resolve()
-    hint = download_hint(root, datasets_root(datasets_dir).resolve()) if relative_to == "datasets" else ""
+    in_datasets = relative_to == "datasets"
+    hint = download_hint(root, datasets_root(datasets_dir).resolve()) if in_datasets else ""
     if not root.is_dir():
-        where = f" (datasets root {base}, set by --datasets-dir or ${DATASETS_ENV})" if relative_to == "datasets" else ""
-        never = "; its 'download:' entry is never executed: fetch the data by hand" if raw.get("download") and not hint else ""
-        raise DatasetError(f"{source}: 'path' folder does not exist: {root}{where}{hint}{never}")
+        where = f" (datasets root {base}, set by --datasets-dir or ${DATASETS_ENV})" if in_datasets else ""
+        never = "; its 'download:' entry is never executed: fetch the data by hand" if raw.get("download") else ""
+        raise DatasetError(f"{source}: 'path' folder does not exist: {root}{where}{hint or never}")
     return root, hint
 
 

@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from detector import cli
-from detector.data.catalog import DATASETS_ENV, DOWNLOADS, PACKAGE_DIR, datasets_root, resolve_data_yaml, shipped_yaml_dir
+from detector.data.catalog import (
+    DATASETS_ENV, DOWNLOADS, PACKAGE_DIR, datasets_root, resolve_data_yaml, shipped_yaml_dir,
+)
 from detector.data.spec import DatasetError, load_dataset_spec, load_split
 from detector.data.synthetic import SHAPES_YAML
 from tests.conftest import write_coco_dataset, write_yolo_dataset

@@ -189,6 +189,9 @@ def test_failed_extraction_leaves_nothing_half_extracted(tmp_path: Path, server:
         download("coco128", root=root, **fetch_options(base))
     assert "\n" not in str(error.value)
     assert sorted(p.name for p in root.iterdir()) == ["coco128.zip"]  # verified zip kept; no partial folder
+    monkeypatch.undo()
+    download("coco128", root=root, **fetch_options(base))  # the kept zip is verified and extracted, not fetched
+    assert len(served.requests) == 1 and sorted(p.name for p in root.iterdir()) == ["coco128"]
 
 
 def test_unreachable_host_is_named_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
