@@ -116,6 +116,6 @@ def download_hint(folder: Path, root: Path) -> str:
     missing = download.missing(root) or download.archives
     approx = "" if all(a.exact_size for a in missing) else "about "
     command = f"python -m detector download {download.name}"
-    if root != datasets_root(None):  # the user named another root: the command must name it too
+    if root != datasets_root(None).resolve():  # the user named another root: the command must name it too
         command += f" --datasets-dir {root}"
     return f"; fetch it ({approx}{human_size(sum(a.size for a in missing))}): {command}"

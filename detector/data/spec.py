@@ -127,11 +127,11 @@ def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> t
     relative_to = raw.get("relative_to", "yaml")
     if relative_to not in ("yaml", "datasets"):
         raise DatasetError(f"{source}: 'relative_to' must be 'yaml' or 'datasets' (got {relative_to!r})")
-    base = datasets_root(datasets_dir) if relative_to == "datasets" else source.parent
+    in_datasets = relative_to == "datasets"
+    base = datasets_root(datasets_dir) if in_datasets else source.parent
     root = Path(raw.get("path") or ".")
     root = (root if root.is_absolute() else base / root).resolve()
-    in_datasets = relative_to == "datasets"
-    hint = download_hint(root, datasets_root(datasets_dir).resolve()) if in_datasets else ""
+    hint = download_hint(root, base.resolve()) if in_datasets else ""
     if not root.is_dir():
         where = f" (datasets root {base}, set by --datasets-dir or ${DATASETS_ENV})" if in_datasets else ""
         never = "; its 'download:' entry is never executed: fetch the data by hand" if raw.get("download") else ""
