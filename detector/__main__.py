@@ -1,4 +1,4 @@
-"""``python -m detector <command>``: train, val, predict, benchmark, ablate-amp."""
+"""``python -m detector <command>``: train, val, predict, benchmark, export, ablate-amp, download."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ COMMANDS = {
     "benchmark": ("detector.benchmark", "time pre-process / inference / post-process per backend"),
     "export": ("detector.export.cli", "export to ONNX / TensorRT (same as export.py)"),
     "ablate-amp": ("detector.ablate", "train with AMP and with --unamp, and report the difference"),
+    "download": ("detector.data.download", "fetch a dataset (coco, coco128) into the datasets root"),
 }
 
 

@@ -24,6 +24,7 @@ def knob(default: Any, help: str, **extra: Any) -> Any:  # noqa: A002 - mirrors 
 class TrainConfig:
     # Data and model
     data: str = knob("", "data YAML (Ultralytics-style or COCO JSON); empty = built-in synthetic shapes dataset")
+    datasets_dir: str = knob("", "root of downloaded datasets (--data coco); empty = $DETECTOR_DATASETS or ./datasets")
     model: str = knob("n", "model scale", choices=("n", "s", "m", "l", "x"))
     weights: str = knob("", "start from these weights: our .pt, or an Ultralytics YOLOv8 .pt (bare names look in weights/)")
     imgsz: int = knob(0, "image size (pixels, multiple of 32); 0 = 320 on the built-in dataset, else 640")

@@ -75,7 +75,7 @@ def build_augment(config: TrainConfig) -> AugmentConfig:
 
 def resolve_data(config: TrainConfig) -> DatasetSpec:
     yaml_path = config.data or generate_shapes()
-    return load_dataset_spec(yaml_path)
+    return load_dataset_spec(yaml_path, datasets_dir=config.datasets_dir or None)
 
 
 def build_data(config: TrainConfig, *, with_val: bool) -> tuple[DatasetSpec, SplitData, SplitData | None]:

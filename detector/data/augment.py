@@ -7,11 +7,17 @@ Every geometric step clips boxes to the image and drops those that shrink to sli
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 
-import albumentations as A
 import cv2
 import numpy as np
+
+# albumentations checks PyPI for a newer version on import (a warning, or a network timeout offline);
+# a trainer should be quiet and offline-safe. A value the user set is left alone.
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+
+import albumentations as A  # noqa: E402 - after the variable above, which it reads on import
 
 PAD_VALUE = 114  # grey letterbox / mosaic fill, as YOLO tools use
 

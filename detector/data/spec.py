@@ -11,6 +11,10 @@ and COCO-JSON datasets, where a split is a mapping naming the JSON and the image
 
     train: {json: annotations/instances_train2017.json, images: images/train2017}
 
+``relative_to: datasets`` makes a relative ``path`` resolve against the datasets root instead of the
+YAML's folder (the shipped YAMLs do this; see :mod:`detector.data.catalog`). ``yaml_path`` may also be
+the name of a shipped YAML (``coco``, ``coco.yaml``).
+
 YAMLs are read with ``yaml.safe_load``; a ``download:`` entry is never executed.
 """
 
@@ -20,6 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from detector.data.catalog import (
+    DATASETS_ENV, datasets_root, download_hint, resolve_data_yaml, shipped_yaml_dir, shipped_yaml_names,
+)
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 
@@ -78,54 +86,90 @@ def list_images(entry: str | Path, root: Path, source: Path, field_name: str) ->
     raise DatasetError(f"{source}: '{field_name}' path does not exist: {path}")
 
 
-def _parse_split(raw: object, root: Path, source: Path, field_name: str) -> Split:
+def _parse_split(raw: object, root: Path, source: Path, field_name: str, hint: str = "") -> Split:
     if isinstance(raw, dict):
         if "json" not in raw or "images" not in raw:
             raise DatasetError(f"{source}: '{field_name}' mapping needs both 'json' and 'images'")
         json_path = Path(raw["json"]) if Path(raw["json"]).is_absolute() else root / raw["json"]
         if not json_path.is_file():
-            raise DatasetError(f"{source}: '{field_name}.json' does not exist: {json_path}")
+            raise DatasetError(f"{source}: '{field_name}.json' does not exist: {json_path}{hint}")
         images_dir = Path(raw["images"]) if Path(raw["images"]).is_absolute() else root / raw["images"]
         if not images_dir.is_dir():
-            raise DatasetError(f"{source}: '{field_name}.images' folder does not exist: {images_dir}")
+            raise DatasetError(f"{source}: '{field_name}.images' folder does not exist: {images_dir}{hint}")
         return Split(images=[images_dir], coco_json=json_path)
     entries = raw if isinstance(raw, list) else [raw]
     images: list[Path] = []
     for entry in entries:
-        images.extend(list_images(entry, root, source, field_name))
+        try:
+            images.extend(list_images(entry, root, source, field_name))
+        except DatasetError as error:
+            raise DatasetError(f"{error}{hint}") from None
     if not images:
         raise DatasetError(f"{source}: '{field_name}' split holds no images")
     return Split(images=images)
 
 
-def load_dataset_spec(yaml_path: str | Path) -> DatasetSpec:
-    """Read and validate a data YAML; raises :class:`DatasetError` with a one-line reason."""
-    source = Path(yaml_path)
+def _read_yaml(source: Path) -> dict:
     if not source.is_file():
-        raise DatasetError(f"{source}: data YAML not found")
+        raise DatasetError(f"{source}: data YAML not found (nor a shipped one in {shipped_yaml_dir()}: "
+                           f"{', '.join(shipped_yaml_names())})")
     try:
         raw = yaml.safe_load(source.read_text())
     except yaml.YAMLError as error:
         raise DatasetError(f"{source}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(raw, dict):
         raise DatasetError(f"{source}: expected a mapping with 'train', 'val' and 'names'")
+    return raw
+
+
+def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> tuple[Path, str]:
+    """The dataset folder ``path`` names, and the download hint for paths missing under it."""
+    relative_to = raw.get("relative_to", "yaml")
+    if relative_to not in ("yaml", "datasets"):
+        raise DatasetError(f"{source}: 'relative_to' must be 'yaml' or 'datasets' (got {relative_to!r})")
+    in_datasets = relative_to == "datasets"
+    base = datasets_root(datasets_dir) if in_datasets else source.parent
     root = Path(raw.get("path") or ".")
-    root = (root if root.is_absolute() else source.parent / root).resolve()
+    root = (root if root.is_absolute() else base / root).resolve()
+    hint = download_hint(root, base.resolve()) if in_datasets else ""
     if not root.is_dir():
-        hint = "; its 'download:' entry is never executed: fetch the data by hand" if raw.get("download") else ""
-        raise DatasetError(f"{source}: 'path' folder does not exist: {root}{hint}")
+        where = f" (datasets root {base}, set by --datasets-dir or ${DATASETS_ENV})" if in_datasets else ""
+        never = "; its 'download:' entry is never executed: fetch the data by hand" if raw.get("download") else ""
+        raise DatasetError(f"{source}: 'path' folder does not exist: {root}{where}{hint or never}")
+    return root, hint
+
+
+def load_dataset_spec(yaml_path: str | Path, *, datasets_dir: str | Path | None = None) -> DatasetSpec:
+    """Read and validate a data YAML (a path or a shipped YAML's name); raises :class:`DatasetError`.
+
+    ``datasets_dir`` is the datasets root for ``relative_to: datasets`` YAMLs (default: see
+    :func:`detector.data.catalog.datasets_root`). Every error is one line naming the file and field.
+    """
+    source = resolve_data_yaml(yaml_path)
+    raw = _read_yaml(source)
+    root, hint = _dataset_root(raw, source, datasets_dir)
     names = _parse_names(raw.get("names"), source)
     if "nc" in raw and int(raw["nc"]) != len(names):
         raise DatasetError(f"{source}: 'nc' is {raw['nc']} but 'names' lists {len(names)} classes")
     for key in ("train", "val"):
         if not raw.get(key):
             raise DatasetError(f"{source}: '{key}' is missing")
-    test = _parse_split(raw["test"], root, source, "test") if raw.get("test") else None
+    test = _parse_split(raw["test"], root, source, "test", hint) if raw.get("test") else None
     return DatasetSpec(
         yaml_path=source.resolve(),
         names=names,
-        train=_parse_split(raw["train"], root, source, "train"),
-        val=_parse_split(raw["val"], root, source, "val"),
+        train=_parse_split(raw["train"], root, source, "train", hint),
+        val=_parse_split(raw["val"], root, source, "val", hint),
         test=test,
         extra={k: v for k, v in raw.items() if k == "download"},
     )
+
+
+def load_split(yaml_path: str | Path, split: str, *, datasets_dir: str | Path | None = None) -> Split:
+    """One split of a data YAML, for checking part of a dataset (``download coco --split val``)."""
+    source = resolve_data_yaml(yaml_path)
+    raw = _read_yaml(source)
+    root, hint = _dataset_root(raw, source, datasets_dir)
+    if not raw.get(split):
+        raise DatasetError(f"{source}: '{split}' is missing")
+    return _parse_split(raw[split], root, source, split, hint)

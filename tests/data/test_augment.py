@@ -1,3 +1,8 @@
+import os
+import subprocess
+import sys
+import textwrap
+
 import cv2
 import numpy as np
 import pytest
@@ -69,3 +74,26 @@ def test_collated_batch_is_channels_last_with_the_items_pixels(tmp_path):
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(images, torch.stack([item[0].contiguous() for item in items]))
     assert targets[:, 0].tolist() == [i for i, item in enumerate(items) for _ in range(len(item[1]))]
+
+
+@pytest.mark.parametrize("user_value", [None, "0"])
+def test_importing_augment_silences_the_albumentations_update_check_unless_the_user_chose(user_value):
+    """A fresh interpreter; an import hook records the variable at the moment albumentations is imported."""
+    env = {k: v for k, v in os.environ.items() if k != "NO_ALBUMENTATIONS_UPDATE"}
+    if user_value is not None:
+        env["NO_ALBUMENTATIONS_UPDATE"] = user_value
+    code = textwrap.dedent("""
+        import os, sys
+        seen = []
+        class Spy:
+            def find_spec(self, name, path=None, target=None):
+                if name == "albumentations":
+                    seen.append(os.environ.get("NO_ALBUMENTATIONS_UPDATE"))
+        sys.meta_path.insert(0, Spy())
+        import detector.data.augment
+        print(seen[0], os.environ["NO_ALBUMENTATIONS_UPDATE"])
+    """)
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    expected = user_value or "1"
+    assert result.stdout.split() == [expected, expected]

@@ -1,0 +1,121 @@
+"""Where data YAMLs and datasets live, and what ``python -m detector download NAME`` would fetch.
+
+* The shipped YAMLs (``coco.yaml``, ``coco128.yaml``, ``shapes.yaml``) are the files of the top-level
+  ``data/`` folder; a non-editable install copies them to ``detector/datasets/`` (see pyproject.toml).
+* ``--data NAME`` is a path first, then a shipped YAML (``coco`` and ``coco.yaml`` both work).
+* The datasets root holds downloaded datasets: ``--datasets-dir``, else ``$DETECTOR_DATASETS``, else
+  ``./datasets`` in the working directory (Ultralytics' ``datasets_dir`` convention).
+
+No network code here: :mod:`detector.data.download` does the fetching; this module only describes it,
+so the loader can say in one line what is missing and which command fetches it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DATASETS_ENV = "DETECTOR_DATASETS"
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
+def shipped_yaml_dir() -> Path:
+    """``detector/datasets`` when installed from a wheel, else the repository's top-level ``data/``."""
+    installed = PACKAGE_DIR / "datasets"
+    return installed if installed.is_dir() else PACKAGE_DIR.parent / "data"
+
+
+def shipped_yaml_names() -> list[str]:
+    return sorted(path.stem for path in shipped_yaml_dir().glob("*.yaml"))
+
+
+def resolve_data_yaml(name: str | Path) -> Path:
+    """The data YAML ``name`` refers to: the path as given, else a shipped YAML of that name.
+
+    Returns the path as given when neither exists, so the caller's "not found" names what the user typed.
+    """
+    path = Path(name)
+    if path.is_file() or path.is_absolute():
+        return path
+    shipped = shipped_yaml_dir() / path
+    for candidate in (shipped, shipped.with_name(shipped.name + ".yaml")):
+        if candidate.is_file():
+            return candidate
+    return path
+
+
+def datasets_root(explicit: str | Path | None = None) -> Path:
+    """The folder that ``relative_to: datasets`` YAMLs resolve their ``path`` against (absolute)."""
+    chosen = explicit or os.environ.get(DATASETS_ENV) or Path.cwd() / "datasets"
+    return Path(chosen).expanduser().absolute()
+
+
+@dataclass(frozen=True)
+class Archive:
+    """One zip: its official URL, published size and MD5, and the top-level entries it extracts to."""
+
+    url: str
+    size: int  # bytes; approximate when ``md5`` is None and ``exact_size`` is False
+    md5: str | None
+    splits: tuple[str, ...]  # the splits it is needed for ("train", "val")
+    provides: tuple[str, ...]  # top-level files/folders inside the zip; all present = already extracted
+    exact_size: bool = True
+
+    @property
+    def filename(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class Download:
+    name: str  # also the dataset folder under the datasets root
+    yaml: str  # the shipped YAML that describes the result
+    extract_to: str  # folder under the datasets root the archives are unpacked in ("" = the root)
+    archives: tuple[Archive, ...]
+
+    def archives_for(self, split: str) -> tuple[Archive, ...]:
+        """``all``: every archive; ``val``: only those the val split needs."""
+        return self.archives if split == "all" else tuple(a for a in self.archives if split in a.splits)
+
+    def missing(self, root: Path, split: str = "all") -> tuple[Archive, ...]:
+        folder = root / self.extract_to
+        return tuple(a for a in self.archives_for(split) if not all((folder / p).exists() for p in a.provides))
+
+
+# Sizes and MD5s are the ones published with COCO 2017 and quoted by torchvision, mmdetection and others.
+COCO_ZIPS = "http://images.cocodataset.org"
+DOWNLOADS = {
+    "coco": Download("coco", "coco.yaml", "coco", (
+        Archive(f"{COCO_ZIPS}/annotations/annotations_trainval2017.zip", 252_907_541,
+                "f4bbac642086de4f52a3fdda2de5fa2c", ("train", "val"), ("annotations",)),
+        Archive(f"{COCO_ZIPS}/zips/val2017.zip", 815_585_330, "442b8da7639aecaf257c1dceb8ba8c80",
+                ("val",), ("val2017",)),
+        Archive(f"{COCO_ZIPS}/zips/train2017.zip", 19_336_861_798, "cced6f7f71b7629ddf16f17bbcfab6b2",
+                ("train",), ("train2017",)),
+    )),
+    # Ultralytics publishes no checksum for this asset: the size comes from the server (Content-Length) and
+    # the archive is checked with zipfile's CRC test before anything is extracted.
+    "coco128": Download("coco128", "coco128.yaml", "", (
+        Archive("https://github.com/ultralytics/assets/releases/download/v0.0.0/coco128.zip", 7_000_000, None,
+                ("train", "val"), ("coco128",), exact_size=False),
+    )),
+}
+
+
+def human_size(size: int) -> str:
+    return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{max(1, round(size / 1e6))} MB"
+
+
+def download_hint(folder: Path, root: Path) -> str:
+    """``"; fetch it (1.1 GB): python -m detector download coco"`` when ``folder`` is what a download makes."""
+    relative = folder.relative_to(root) if folder.is_relative_to(root) else None
+    download = DOWNLOADS.get(relative.parts[0]) if relative is not None and relative.parts else None
+    if download is None:
+        return ""
+    missing = download.missing(root) or download.archives
+    approx = "" if all(a.exact_size for a in missing) else "about "
+    command = f"python -m detector download {download.name}"
+    if root != datasets_root(None).resolve():  # the user named another root: the command must name it too
+        command += f" --datasets-dir {root}"
+    return f"; fetch it ({approx}{human_size(sum(a.size for a in missing))}): {command}"

@@ -1,0 +1,105 @@
+"""Shipped data YAMLs, ``--data NAME`` resolution, the datasets root, and the missing-dataset line."""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from detector import cli
+from detector.data.catalog import (
+    DATASETS_ENV, DOWNLOADS, PACKAGE_DIR, datasets_root, resolve_data_yaml, shipped_yaml_dir,
+)
+from detector.data.spec import DatasetError, load_dataset_spec, load_split
+from detector.data.synthetic import SHAPES_YAML
+from tests.conftest import write_coco_dataset, write_yolo_dataset
+
+REPO = PACKAGE_DIR.parent
+
+
+def test_shipped_yamls_are_the_top_level_data_folder():
+    assert shipped_yaml_dir() == REPO / "data"
+    assert {p.name for p in (REPO / "data").glob("*.yaml")} >= {"coco.yaml", "coco128.yaml", "shapes.yaml"}
+
+
+def test_coco_yamls_list_the_80_classes_in_category_order():
+    coco = yaml.safe_load((REPO / "data/coco.yaml").read_text())
+    coco128 = yaml.safe_load((REPO / "data/coco128.yaml").read_text())
+    assert len(coco["names"]) == 80 and len(set(coco["names"])) == 80
+    assert coco["names"] == coco128["names"]
+    assert coco["names"][:3] == ["person", "bicycle", "car"] and coco["names"][-1] == "toothbrush"
+    assert coco["train"] == {"json": "annotations/instances_train2017.json", "images": "train2017"}
+    assert coco["relative_to"] == coco128["relative_to"] == "datasets"
+    assert "download" not in coco and "download" not in coco128  # fetching is explicit, never from a YAML
+
+
+def test_committed_shapes_yaml_is_what_the_generator_writes():
+    assert (REPO / "data/shapes.yaml").read_text() == SHAPES_YAML
+
+
+def test_names_resolve_as_a_path_first_then_as_a_shipped_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    assert resolve_data_yaml("coco") == resolve_data_yaml("coco.yaml") == REPO / "data/coco.yaml"
+    (tmp_path / "coco.yaml").write_text("path: .\n")
+    assert resolve_data_yaml("coco.yaml") == Path("coco.yaml")  # the user's own file wins
+    assert resolve_data_yaml("nothing.yaml") == Path("nothing.yaml")
+
+
+def test_datasets_root_flag_then_environment_then_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(DATASETS_ENV, raising=False)
+    assert datasets_root() == tmp_path / "datasets"
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path / "env"))
+    assert datasets_root() == tmp_path / "env"
+    assert datasets_root(tmp_path / "flag") == tmp_path / "flag"
+
+
+def test_shipped_coco128_loads_from_the_datasets_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    write_yolo_dataset(tmp_path / "coco128")
+    (tmp_path / "coco128/images/train").rename(tmp_path / "coco128/images/train2017")
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path))
+    spec = load_dataset_spec("coco128")
+    assert spec.num_classes == 80 and len(spec.train.images) == 8 and spec.val.images == spec.train.images
+
+
+def test_coco_val_split_alone_loads_and_training_names_the_missing_archive(tmp_path: Path):
+    write_coco_dataset(tmp_path / "coco")
+    (tmp_path / "coco/annotations").mkdir()
+    shutil.move(tmp_path / "coco/instances.json", tmp_path / "coco/annotations/instances_val2017.json")
+    (tmp_path / "coco/images").rename(tmp_path / "coco/val2017")
+    split = load_split("coco.yaml", "val", datasets_dir=tmp_path)
+    assert split.coco_json == tmp_path / "coco/annotations/instances_val2017.json"
+    with pytest.raises(DatasetError) as error:
+        load_dataset_spec("coco.yaml", datasets_dir=tmp_path)
+    train_size = DOWNLOADS["coco"].archives[-1].size
+    assert "'train.json'" in str(error.value) and f"({train_size / 1e9:.1f} GB)" in str(error.value)
+    assert f"python -m detector download coco --datasets-dir {tmp_path}" in str(error.value)
+
+
+def test_train_on_a_missing_dataset_prints_one_line_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture):
+    empty = tmp_path / "datasets"
+    empty.mkdir()
+    code = cli.main(["--data", "coco.yaml", "--datasets-dir", str(empty), "--device", "cpu", "--epochs", "1"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1, lines
+    assert str(empty / "coco") in lines[0] and "20.4 GB" in lines[0]
+    assert f"python -m detector download coco --datasets-dir {empty}" in lines[0]
+
+
+def test_yaml_relative_paths_still_resolve_against_the_yaml_folder(yolo_yaml: Path, tmp_path: Path):
+    assert len(load_dataset_spec(yolo_yaml, datasets_dir=tmp_path / "elsewhere").train.images) == 8
+    yolo_yaml.write_text(yolo_yaml.read_text() + "relative_to: somewhere\n")
+    with pytest.raises(DatasetError, match="'relative_to'"):
+        load_dataset_spec(yolo_yaml)
+
+
+def test_pyproject_lists_every_subpackage_and_ships_the_yamls():
+    """packages is an explicit list (to map data/ -> detector.datasets): a new subpackage must be added."""
+    setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "detector").rglob("__init__.py")}
+    assert found | {"detector.datasets"} == set(setuptools["packages"])
+    assert setuptools["package-dir"] == {"detector.datasets": "data"}
+    assert setuptools["package-data"]["detector.datasets"] == ["*.yaml"]

@@ -1,0 +1,241 @@
+"""End-to-end downloads from a real HTTP server on 127.0.0.1 (Range support, cut transfers, bad archives).
+
+Nothing here can hang: the client uses a 5 s socket timeout, and the server thread is joined with a timeout.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import socket
+import struct
+import threading
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from detector.data import download as downloader
+from detector.data.catalog import DOWNLOADS
+from detector.data.download import DownloadError, download
+from detector.data.synthetic import make_image, write_yolo_split
+
+TIMEOUT_S = 5.0
+
+
+@dataclass
+class Served:
+    """What the server holds and how it misbehaves; ``requests`` records each (path, Range header)."""
+
+    files: dict[str, bytes] = field(default_factory=dict)
+    cut_first: bool = False  # close the first response to each file halfway through its body
+    ignore_range: bool = False
+    requests: list[tuple[str, str | None]] = field(default_factory=list)
+
+
+def _handler(served: Served) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            name = self.path.lstrip("/")
+            first = all(path != name for path, _ in served.requests)
+            served.requests.append((name, self.headers.get("Range")))
+            body = served.files.get(name)
+            if body is None:
+                self.send_error(404)
+                return
+            start = 0
+            if self.headers.get("Range") and not served.ignore_range:
+                start = int(self.headers["Range"].removeprefix("bytes=").rstrip("-"))
+                if start >= len(body):
+                    self.send_error(416)
+                    return
+                self.send_response(206)
+                self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+            else:
+                self.send_response(200)
+            self.send_header("Content-Length", str(len(body) - start))
+            self.end_headers()
+            if served.cut_first and first:
+                self.wfile.write(body[start:start + len(body) // 2])
+                self.wfile.flush()
+                self.close_connection = True
+                return
+            self.wfile.write(body[start:])
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, Served]]:
+    served = Served()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(served))
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", served
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(TIMEOUT_S)
+    assert not thread.is_alive()
+
+
+def coco128_zip(tmp_path: Path) -> bytes:
+    """A tiny dataset in coco128.zip's layout: coco128/{images,labels}/train2017 (stored, so cuts land mid-file)."""
+    source = tmp_path / "zip-source" / "coco128"
+    write_yolo_split(source, "train2017", 6, 64, np.random.default_rng(0))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for path in sorted(source.rglob("*")):
+            archive.write(path, path.relative_to(source.parent).as_posix())
+    return buffer.getvalue()
+
+
+def fetch_options(base: str) -> dict:
+    return {"base_url": base, "timeout": TIMEOUT_S, "retry_wait": 0.0}
+
+
+def assert_nothing_extracted(root: Path) -> None:
+    """No dataset folder, no staging folder, no zip (a corrupt download is deleted)."""
+    assert not root.exists() or sorted(p.name for p in root.iterdir()) == []
+
+
+def test_cut_transfer_resumes_with_range_and_the_yaml_loads(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    served.files["coco128.zip"] = coco128_zip(tmp_path)
+    served.cut_first = True
+    root = tmp_path / "datasets"
+    folder = download("coco128", root=root, **fetch_options(base))
+    assert folder == root / "coco128" and len(list((folder / "images/train2017").iterdir())) == 6
+    size = len(served.files["coco128.zip"])
+    assert served.requests == [("coco128.zip", None), ("coco128.zip", f"bytes={size // 2}-")]
+    assert sorted(p.name for p in root.iterdir()) == ["coco128"]  # no .part, no zip, no staging folder
+    download("coco128", root=root, **fetch_options(base))  # already there: nothing fetched again
+    assert len(served.requests) == 2
+
+
+def test_a_server_that_ignores_range_restarts_the_file(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    served.files["coco128.zip"] = coco128_zip(tmp_path)
+    served.cut_first = served.ignore_range = True
+    root = tmp_path / "datasets"
+    download("coco128", root=root, **fetch_options(base))
+    assert (root / "coco128/labels/train2017").is_dir() and len(served.requests) == 2
+
+
+def test_a_partial_file_from_an_earlier_run_is_resumed(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    body = coco128_zip(tmp_path)
+    served.files["coco128.zip"] = body
+    root = tmp_path / "datasets"
+    root.mkdir()
+    (root / "coco128.zip.part").write_bytes(body[:1000])
+    download("coco128", root=root, **fetch_options(base))
+    assert served.requests == [("coco128.zip", "bytes=1000-")] and (root / "coco128/images/train2017").is_dir()
+
+
+def test_checksum_mismatch_is_refused_in_one_line_and_nothing_is_extracted(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    body = coco128_zip(tmp_path)
+    served.files["coco128.zip"] = body
+    archive = replace(DOWNLOADS["coco128"].archives[0], size=len(body), exact_size=True, md5="0" * 32)
+    dataset = replace(DOWNLOADS["coco128"], archives=(archive,))
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError) as error:
+        download(dataset, root=root, **fetch_options(base))
+    message = str(error.value)
+    assert "\n" not in message and "coco128.zip" in message and "MD5" in message
+    assert hashlib.md5(body).hexdigest() in message
+    assert_nothing_extracted(root)
+
+
+def test_corrupt_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    body = bytearray(coco128_zip(tmp_path))
+    member = next(m for m in zipfile.ZipFile(io.BytesIO(bytes(body))).infolist() if m.filename.endswith(".jpg"))
+    name_length, extra_length = struct.unpack("<HH", body[member.header_offset + 26:member.header_offset + 30])
+    body[member.header_offset + 30 + name_length + extra_length + 10] ^= 0xFF  # a byte of its (stored) data
+    served.files["coco128.zip"] = bytes(body)
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError) as error:
+        download("coco128", root=root, **fetch_options(base))
+    message = str(error.value)
+    assert "\n" not in message and "CRC" in message and member.filename in message and base in message
+    assert_nothing_extracted(root)
+
+
+def test_failed_extraction_leaves_nothing_half_extracted(tmp_path: Path, server: tuple[str, Served],
+                                                         monkeypatch: pytest.MonkeyPatch):
+    base, served = server
+    served.files["coco128.zip"] = coco128_zip(tmp_path)
+    calls = []
+
+    def fail_on_third(self: zipfile.ZipFile, member: object, path: object, pwd: object) -> str:
+        calls.append(member)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return original(self, member, path, pwd)
+
+    original = zipfile.ZipFile._extract_member  # what extractall calls for each member (CPython 3.10-3.13)
+    monkeypatch.setattr(zipfile.ZipFile, "_extract_member", fail_on_third)
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError, match="No space left") as error:
+        download("coco128", root=root, **fetch_options(base))
+    assert "\n" not in str(error.value)
+    assert sorted(p.name for p in root.iterdir()) == ["coco128.zip"]  # verified zip kept; no partial folder
+    monkeypatch.undo()
+    download("coco128", root=root, **fetch_options(base))  # the kept zip is verified and extracted, not fetched
+    assert len(served.requests) == 1 and sorted(p.name for p in root.iterdir()) == ["coco128"]
+
+
+def test_unreachable_host_is_named_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                               monkeypatch: pytest.MonkeyPatch):
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv(downloader.BASE_URL_ENV, f"http://127.0.0.1:{port}")
+    code = downloader.main(["coco128", "--datasets-dir", str(tmp_path / "datasets")])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1, lines
+    assert f"http://127.0.0.1:{port}/coco128.zip" in lines[0] and "cannot connect" in lines[0]
+
+
+def test_a_missing_file_is_named_with_its_http_status(tmp_path: Path, server: tuple[str, Served]):
+    base, _ = server
+    with pytest.raises(DownloadError, match=f"{base}/coco128.zip: HTTP 404"):
+        download("coco128", root=tmp_path / "datasets", **fetch_options(base))
+
+
+def test_coco_val_split_fetches_annotations_and_val_only(tmp_path: Path, server: tuple[str, Served]):
+    """The real COCO catalogue entry, with its sizes/MD5s swapped for the small archives served here."""
+    base, served = server
+    rng = np.random.default_rng(0)
+    images = tmp_path / "val2017"
+    images.mkdir()
+    image, _ = make_image(rng, 32)
+    cv2.imwrite(str(images / "000000000001.jpg"), image)
+    instances = ('{"images": [{"id": 1, "file_name": "000000000001.jpg", "width": 32, "height": 32}], '
+                 '"annotations": [], "categories": [{"id": 1, "name": "person"}]}')
+    archives = []
+    for archive, members in zip(DOWNLOADS["coco"].archives, (
+        {"annotations/instances_val2017.json": instances.encode()},
+        {"val2017/000000000001.jpg": (images / "000000000001.jpg").read_bytes()},
+        {"train2017/x.jpg": b"never fetched"},
+    )):
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as bundle:
+            for name, data in members.items():
+                bundle.writestr(name, data)
+        served.files[archive.filename] = buffer.getvalue()
+        archives.append(replace(archive, size=len(buffer.getvalue()), md5=hashlib.md5(buffer.getvalue()).hexdigest()))
+    dataset = replace(DOWNLOADS["coco"], archives=tuple(archives))
+    root = tmp_path / "datasets"
+    folder = download(dataset, root=root, split="val", **fetch_options(base))
+    assert sorted(p.name for p in folder.iterdir()) == ["annotations", "val2017"]
+    assert [path for path, _ in served.requests] == ["annotations_trainval2017.zip", "val2017.zip"]
