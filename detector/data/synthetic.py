@@ -8,6 +8,9 @@ Deterministic (fixed seed), generated on first use into ``data/shapes/`` in YOLO
 from __future__ import annotations
 
 import math
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import cv2
@@ -96,12 +99,26 @@ def generate_shapes(
     stamp = folder / f".complete-v{VERSION}-{train}-{val}-{size}-{seed}"
     if stamp.is_file() and yaml_path.is_file():
         return yaml_path
-    rng = np.random.default_rng(seed)
-    for split, count in (("train", train), ("val", val)):
-        write_yolo_split(folder, split, count, size, rng)
+    # Written into a private folder and renamed into place, so a process that finds the folder finds all of
+    # it: several torchrun nodes on one shared file system may generate at the same time.
+    root.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=".shapes-", dir=root))
+    try:
+        rng = np.random.default_rng(seed)
+        for split, count in (("train", train), ("val", val)):
+            write_yolo_split(work, split, count, size, rng)
+        (work / stamp.name).touch()
+        if folder.exists() and not stamp.is_file():
+            shutil.rmtree(folder, ignore_errors=True)  # another version's images, or an interrupted older run
+        try:
+            os.rename(work, folder)
+        except OSError:
+            if not stamp.is_file():  # not because another process finished first
+                raise
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
     # The repository's data/shapes.yaml is committed with this text: rewrite only when it differs, so a
     # built-in run leaves the working tree clean (tests write their own roots).
     if not yaml_path.is_file() or yaml_path.read_text() != SHAPES_YAML:
         yaml_path.write_text(SHAPES_YAML)
-    stamp.touch()
     return yaml_path
