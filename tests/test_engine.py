@@ -75,3 +75,43 @@ def test_step_input_resizes_in_uint8_on_cpu_close_to_the_float_path():
     # rounding of the interpolated value, one grey level at most (plus float error).
     reference = resize_batch(images.float() / 255, 96)
     assert (out - reference).abs().max() <= 1.01 / 255
+
+
+def _step_with_gradient(value: float, precision: Precision, scale: float):
+    from detector.engine import optimizer_step
+
+    layer = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale, enabled=precision.uses_scaler)
+    loss = layer(torch.ones(1, 2)).sum() * value
+    scaler.scale(loss).backward()
+    return optimizer_step(model=layer, parameters=list(layer.parameters()), optimizer=optimizer, scaler=scaler,
+                          ema=None, precision=precision, clip_grad=10.0, loss_was_finite=bool(torch.isfinite(loss)))
+
+
+def test_gradscaler_calibration_skips_are_not_instability():
+    fp16 = Precision("fp16", "cpu", "test")
+    # Overflowing gradients at a large loss scale: GradScaler halves the scale and skips; that is normal.
+    calibrating = _step_with_gradient(1e38, fp16, scale=2.0**16)
+    assert not calibrating.applied and not calibrating.unstable
+    # The same at scale 1: no room left to scale down, FP16 cannot hold these gradients.
+    exhausted = _step_with_gradient(1e38, fp16, scale=1.0)
+    assert not exhausted.applied and exhausted.unstable
+    # A non-finite loss is never the scaler's business; without a scaler any skip is real.
+    assert _step_with_gradient(float("nan"), fp16, scale=2.0**16).unstable
+    assert _step_with_gradient(float("inf"), Precision("bf16", "cpu", "test"), scale=1.0).unstable
+    assert _step_with_gradient(1.0, fp16, scale=2.0**16).applied
+
+
+def test_fallback_waits_for_unstable_steps_and_stops_in_fp32():
+    import pytest as _pytest
+
+    from detector.trainer import fallback_after_epoch
+
+    fp16 = Precision("fp16", "cpu", "test")
+    # coco128 in FP16: 8 optimizer steps in epoch 1, half of them GradScaler's calibration skips.
+    assert fallback_after_epoch(fp16, {"unstable_steps": 0, "skipped_steps": 4, "optimizer_steps": 8}, "cpu") is None
+    safer, message = fallback_after_epoch(fp16, {"unstable_steps": 5, "skipped_steps": 5, "optimizer_steps": 8}, "cpu")
+    assert safer == ("bf16" if cpu_has_native_bf16() else "fp32") and "5/8" in message
+    with _pytest.raises(FloatingPointError, match="diverged"):
+        fallback_after_epoch(Precision("fp32", "cpu", "t"), {"unstable_steps": 8, "optimizer_steps": 8}, "cpu")

@@ -91,3 +91,19 @@ def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(yolo_yaml: Path, tmp_pat
     assert "interrupted: saved" in output
     state = load_checkpoint(last)
     assert 0 <= state["epoch"] < 199
+
+
+@pytest.mark.parametrize("saved", ["fp16", "fp32"])
+def test_resume_re_resolves_the_precision_on_this_device(saved, yolo_yaml: Path, tmp_path: Path):
+    """A GPU run's FP16 resumed on a CPU gets the CPU's choice; a run that had fallen back to FP32 stays there."""
+    from detector.checkpoint import save_checkpoint
+    from detector.precision import resolve_precision
+
+    partial = train(_config(yolo_yaml, tmp_path, device="cpu"), progress=False, stop_after_epochs=1)
+    last = partial["run_dir"] / "weights" / "last.pt"
+    state = load_checkpoint(last)
+    state["precision"] = saved
+    save_checkpoint(state, last)
+    resumed = train(_config(yolo_yaml, tmp_path, resume=str(last), device="cpu"), progress=False)
+    cpu_choice = resolve_precision("auto", torch.device("cpu")).name
+    assert resumed["precision"] == (cpu_choice if saved == "fp16" else "fp32")
