@@ -167,8 +167,8 @@ class TimeBudget:
             final_seconds: expected extra cost of the end of the run on top of an ordinary validation
                 (final plots, predictions.json, an FP32 re-evaluation).
             val_interval: the run validates every this many epochs, and always after the last.
-            prior_epoch_seconds: a guess of one epoch's training seconds before any epoch is measured
-                (e.g. a few timed steps x steps per epoch). Without it and without measurements the
+            prior_epoch_seconds: a guess of one epoch's seconds, validation included, before any epoch is
+                measured (e.g. a few timed steps x steps per epoch). Without it and without measurements the
                 configured epoch count is kept, marked ``measured=False``.
             mosaic_closed_at: the epoch at which mosaic was already turned off, if it was: it stays off
                 (a longer fitted run must not turn it back on).
@@ -191,8 +191,11 @@ class TimeBudget:
 
             def cost(extra: int) -> float:  # seconds for `extra` more epochs and the end of the run
                 total = epochs_done + extra
-                validations = total // val_interval - epochs_done // val_interval + (1 if total % val_interval else 0)
-                return extra * epoch_cost + (validations if extra else 0) * val_estimate + final_seconds
+                if extra == 0:  # stopping now: the last done epoch needs its validation if it skipped one
+                    validations = 1 if epochs_done and epochs_done % val_interval else 0
+                else:
+                    validations = total // val_interval - epochs_done // val_interval + (1 if total % val_interval else 0)
+                return extra * epoch_cost + validations * val_estimate + final_seconds
 
             extra = _largest_fitting(cost, usable, upper=int(max(usable, 0) // epoch_cost) + 1)
             epochs = epochs_done + extra

@@ -171,3 +171,10 @@ def test_bad_arguments() -> None:
         TimeBudget(0)
     with pytest.raises(ValueError):
         fit("8m", configured_epochs=0)
+
+
+def test_stopping_after_an_unvalidated_epoch_reserves_its_validation() -> None:
+    common = dict(epoch_seconds=[30.0] * 4, val_seconds=[None, None, 5.0, None], epochs_done=4, val_interval=3,
+                  final_seconds=5.0)
+    assert fit("8m", elapsed_seconds=480 - 9.0, **common).over_budget  # 5 s final + 5 s validation > 9 s left
+    assert not fit("8m", elapsed_seconds=480 - 16.0, **common).over_budget
