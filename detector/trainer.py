@@ -21,6 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from detector.amp_check import amp_preflight, save_preflight
+from detector.budget import TimeBudget
 from detector.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from detector.config import TrainConfig
 from detector.data.augment import AugmentConfig
@@ -121,12 +122,17 @@ def build_optimization(
     )
     schedule = StepSchedule(
         epochs=config.epochs, steps_per_epoch=steps_per_epoch,
-        warmup_steps=max(round(config.warmup_epochs * steps_per_epoch), 100) if config.warmup_epochs > 0 else 0,
+        warmup_steps=warmup_steps(config.warmup_epochs, steps_per_epoch),
         base_lr=choice.lr, final_lr_fraction=config.lrf, cosine=config.cosine,
         warmup_bias_lr=choice.warmup_bias_lr, warmup_momentum=config.warmup_momentum, momentum=choice.momentum,
         batch_size=global_batch, nominal_batch=config.nominal_batch, clip_grad=config.clip_grad,
     )
     return choice, schedule
+
+
+def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
+    """Warm-up length in steps: ``warmup_epochs`` of them, but at least 100 (none when 0)."""
+    return max(round(warmup_epochs * steps_per_epoch), 100) if warmup_epochs > 0 else 0
 
 
 def build_model_from_weights(config: TrainConfig, num_classes: int, log) -> YOLO:
@@ -170,13 +176,18 @@ def wrap_distributed(model: YOLO, config: TrainConfig, dist: DistInfo, device: t
 
 
 # --------------------------------------------------------------------------------------------- decisions
+# The end of a run beyond one more validation: the per-class table, PR curves, confusion matrix and
+# prediction images: a few seconds on the built-in dataset (see the README's demo figures), with room to spare.
+FINAL_REPORT_SECONDS = 10.0
 @dataclass(frozen=True)
 class EpochDecision:
     """What rank 0 decided after an epoch; every rank applies it (see the module docstring)."""
 
     precision: str  # for the next epoch
     precision_reason: str
-    epochs: int  # planned total (a time budget may change it)
+    epochs: int  # planned total (a time budget may change it), with the two below
+    close_mosaic: int
+    warmup_epochs: float
     stop: str = ""  # why the run ends after this epoch; "" = go on
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
 
@@ -201,6 +212,7 @@ class Trainer:
     """Holds the objects of one run; ``fit()`` runs it. Built only from the config."""
 
     def __init__(self, config: TrainConfig, *, progress: bool = True) -> None:
+        self.clock_start = time.monotonic()  # a --time budget counts set-up, the AMP check and evaluation too
         self.config = config.with_defaults().validate()
         self.progress = progress
         self.dist, self.device = init_distributed(self.config.device)
@@ -230,6 +242,11 @@ class Trainer:
         self.ema = ModelEMA(self.model, decay=config.ema_decay)
         self.scaler = self.precision.make_scaler()
         self.epochs, self.start_epoch, self.best_fitness, self.best_epoch = config.epochs, 0, -1.0, -1
+        self.close_mosaic, self.warmup_epochs = config.close_mosaic, config.warmup_epochs
+        self.budget = TimeBudget.parse(config.time) if config.time else None
+        self.epoch_seconds: list[float] = []  # rank 0's measurements, for the budget
+        self.val_seconds: list[float | None] = []
+        self.mosaic_closed_at: int | None = None
         if self.resume_state is not None:
             self._restore(self.resume_state)
         self.model = wrap_distributed(self.model, config, self.dist, self.device)
@@ -272,7 +289,13 @@ class Trainer:
         self.start_epoch = state["epoch"] + 1
         self.best_fitness = state.get("best_fitness", -1.0)
         self.best_epoch = state.get("best_epoch", -1)
-        self._plan_epochs(state.get("planned_epochs", self.epochs))
+        self.clock_start -= state.get("time_spent", 0.0)  # the budget covers the whole run, before and after
+        self.epoch_seconds = list(state.get("epoch_seconds", []))
+        self.val_seconds = list(state.get("val_seconds", []))
+        self.mosaic_closed_at = state.get("mosaic_closed_at")
+        plan = state.get("plan", {})
+        self._plan_epochs(plan.get("epochs", self.epochs), plan.get("close_mosaic", self.close_mosaic),
+                          plan.get("warmup_epochs", self.warmup_epochs))
         if self.start_epoch >= self.epochs:
             raise CheckpointError(f"{self.resume_path}: run already finished all {self.epochs} epochs")
 
@@ -296,7 +319,11 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "epoch": epoch,
-            "planned_epochs": self.epochs,
+            "plan": {"epochs": self.epochs, "close_mosaic": self.close_mosaic, "warmup_epochs": self.warmup_epochs},
+            "time_spent": time.monotonic() - self.clock_start,
+            "epoch_seconds": self.epoch_seconds,
+            "val_seconds": self.val_seconds,
+            "mosaic_closed_at": self.mosaic_closed_at,
             "best_fitness": self.best_fitness,
             "best_epoch": self.best_epoch,
             "metrics": metrics,
@@ -327,8 +354,13 @@ class Trainer:
             f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | data {data} "
             f"({len(self.train_data.records)} train / {len(self.val_data.records) if self.val_data else '?'} val) | "
             f"{self.device} x{self.dist.world_size} | precision {self.precision.name}: {self.precision.reason} | "
-            f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.epochs} epochs | run {self.run_dir}"
+            f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.epochs_text()} | run {self.run_dir}"
         )
+
+    def epochs_text(self) -> str:
+        if self.budget is None:
+            return f"{self.epochs} epochs"
+        return f"time budget {self.budget.text}: epochs fitted to it after the first epoch is timed"
 
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
@@ -338,7 +370,7 @@ class Trainer:
             # (not collating by hand) also forks its workers now, before the AMP check's freed activations
             # fill this process's heap: forked later, the first steps pay copy-on-write faults for all of
             # that memory (measured: ~2 s on the first step, 2-core CPU).
-            self.sampler.set_epoch(0, use_mosaic=config.close_mosaic < self.epochs)
+            self.sampler.set_epoch(0, use_mosaic=self.close_mosaic < self.epochs)
             first_batch = next(iter(self.train_loader))
             if config.amp_check:
                 self._preflight(first_batch)
@@ -351,7 +383,9 @@ class Trainer:
         epoch = self.start_epoch
         try:
             while epoch < self.epochs:
-                use_mosaic = epoch < self.epochs - config.close_mosaic
+                use_mosaic = epoch < self.epochs - self.close_mosaic
+                if not use_mosaic and self.mosaic_closed_at is None:
+                    self.mosaic_closed_at = epoch
                 self.sampler.set_epoch(epoch, use_mosaic=use_mosaic)
                 stats = train_one_epoch(
                     model=self.model, criterion=self.criterion, loader=self.train_loader, optimizer=self.optimizer,
@@ -387,9 +421,16 @@ class Trainer:
 
     def _end_epoch(self, epoch: int, stats: dict[str, float], *, interrupted: bool) -> EpochDecision:
         """Rank 0: evaluate, log, decide what happens next, checkpoint. Returns the decision for all ranks."""
-        last = epoch == self.epochs - 1
-        metrics, val_seconds = self._validate_if_due(epoch, stats, last=last)
-        self._record(epoch, stats, metrics, val_seconds)
+        evaluation = self._evaluate_if_due(epoch, stats, due=(epoch + 1) % self.config.val_interval == 0)
+        self.epoch_seconds.append(stats["epoch_seconds"])
+        self.val_seconds.append(evaluation[1]["seconds"] if evaluation else None)
+        epochs, close_mosaic, warmup = self._fit_to_budget(epoch)
+        if epoch + 1 >= epochs:  # the last epoch: it is always evaluated, with the final report
+            evaluation = evaluation or self._evaluate_if_due(epoch, stats, due=True)
+            if self.reporter is not None:
+                self.log(self.reporter.on_final(*evaluation, self.val_data) + "\n" + evaluation[0].summary)
+        metrics = evaluation[0].metrics if evaluation else {}
+        self._record(epoch, stats, metrics, evaluation[1]["seconds"] if evaluation else float("nan"))
         precision, reason = self.precision.name, self.precision.reason
         if (fallback := fallback_after_epoch(self.precision, stats, self.device.type)) is not None:
             precision, reason = fallback
@@ -402,7 +443,7 @@ class Trainer:
         elif self.config.patience and metrics and epoch - self.best_epoch >= self.config.patience:
             stop = (f"early stop: no better fitness for {self.config.patience} epochs (best at epoch "
                     f"{self.best_epoch + 1}); --patience 0 turns this off")
-        decision = EpochDecision(precision, reason, self.epochs, stop, metrics)
+        decision = EpochDecision(precision, reason, epochs, close_mosaic, warmup, stop, metrics)
         self._apply(decision)  # before the checkpoint, so a resume continues as the run would have
         payload = self.checkpoint_payload(epoch, metrics)
         save_checkpoint(payload, self.run_dir / "weights" / "last.pt")
@@ -410,18 +451,34 @@ class Trainer:
             save_checkpoint(payload, self.run_dir / "weights" / "best.pt")
         return decision
 
-    def _validate_if_due(self, epoch: int, stats: dict[str, float], *, last: bool) -> tuple[dict[str, float], float]:
-        if not (last or (epoch + 1) % self.config.val_interval == 0):
-            return {}, float("nan")
-        result, info = self.evaluate(keep_predictions=last)
+    def _evaluate_if_due(self, epoch: int, stats: dict[str, float], *, due: bool) -> tuple[EvalResult, dict] | None:
+        if not due:
+            return None
+        # Predictions are kept whenever this may be the last epoch: a time budget can decide so afterwards.
+        keep = self.budget is not None or epoch + 1 >= self.epochs
+        result, info = self.evaluate(keep_predictions=keep)
         metrics = result.metrics
         self.log(
             f"epoch {epoch + 1}: mAP50-95 {metrics['mAP50-95']:.4f}  mAP50 {metrics['mAP50']:.4f}  "
             f"mAP75 {metrics['mAP75']:.4f} | {stats['images_per_s']:.1f} img/s | val {info['seconds']:.1f}s"
         )
-        if last and self.reporter is not None:
-            self.log(self.reporter.on_final(result, info, self.val_data) + "\n" + result.summary)
-        return metrics, info["seconds"]
+        return result, info
+
+    def _fit_to_budget(self, epoch: int) -> tuple[int, int, float]:
+        """(epochs, close-mosaic, warm-up epochs) for the rest of the run: as they are, or fitted to ``--time``."""
+        if self.budget is None:
+            return self.epochs, self.close_mosaic, self.warmup_epochs
+        config = self.config
+        plan = self.budget.fit(
+            elapsed_seconds=time.monotonic() - self.clock_start, epoch_seconds=self.epoch_seconds,
+            val_seconds=self.val_seconds, epochs_done=epoch + 1, configured_epochs=config.epochs,
+            close_mosaic=config.close_mosaic, warmup_epochs=config.warmup_epochs,
+            final_seconds=FINAL_REPORT_SECONDS if config.plots else 0.0, val_interval=config.val_interval,
+            mosaic_closed_at=self.mosaic_closed_at,
+        )
+        if plan.epochs != self.epochs or epoch == 0:
+            self.log(plan.describe())
+        return plan.epochs, plan.close_mosaic, plan.warmup_epochs
 
     def _record(self, epoch: int, stats: dict[str, float], metrics: dict[str, float], val_seconds: float) -> None:
         """One ``results.csv`` row (and TensorBoard / plots through the reporter)."""
@@ -437,12 +494,13 @@ class Trainer:
         """Make this rank follow ``decision`` (idempotent: rank 0 applies it before its checkpoint, then again)."""
         if decision.precision != self.precision.name:
             self._set_precision(decision.precision, decision.precision_reason)
-        self._plan_epochs(decision.epochs)
+        self._plan_epochs(decision.epochs, decision.close_mosaic, decision.warmup_epochs)
 
-    def _plan_epochs(self, epochs: int) -> None:
-        if epochs != self.epochs:
-            self.epochs = epochs
-            self.schedule = dataclasses.replace(self.schedule, epochs=epochs)
+    def _plan_epochs(self, epochs: int, close_mosaic: int, warmup_epochs: float) -> None:
+        self.epochs, self.close_mosaic, self.warmup_epochs = epochs, close_mosaic, warmup_epochs
+        self.schedule = dataclasses.replace(
+            self.schedule, epochs=epochs, warmup_steps=warmup_steps(warmup_epochs, self.schedule.steps_per_epoch)
+        )
 
     def _preflight(self, batch: tuple) -> None:
         """AMP check on rank 0's first batch, without collectives; every rank adopts its verdict."""
