@@ -200,7 +200,7 @@ def train_one_epoch(
 def make_torch_infer(
     model: nn.Module, *, precision: Precision, nms: NMSConfig, device: torch.device, channels_last: bool = False
 ):
-    """``infer(images uint8 [B,3,S,S]) -> detections`` for :func:`detector.validate.run_validation`."""
+    """``infer(images uint8 [B,3,S,S]) -> detections`` for :func:`detector.metrics.loop.run_validation`."""
     bare = unwrap(model)
 
     @torch.no_grad()

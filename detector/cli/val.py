@@ -26,12 +26,11 @@ from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
 from detector.engine import make_torch_infer
-from detector.plots.validation import plot_all_validation, validation_stats
+from detector.metrics.loop import run_validation
+from detector.plots.reporter import validation_report
 from detector.postprocess import NMSConfig
 from detector.precision import resolve_precision
-from detector.report import per_class_table
 from detector.runs import next_run_dir
-from detector.validate import run_validation
 
 DEFAULT_IMGSZ = 640  # when the checkpoint's config does not say
 STRIDE_MULTIPLE = 32  # the model needs input sides divisible by its largest stride
@@ -107,10 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         progress=sys.stderr.isatty(),
         keep_predictions=True,
     )
-    names = spec.names
-    stats = (plot_all_validation(info["predictions"], split, names, save_dir) if args.plots
-             else validation_stats(info["predictions"], split, len(names)))
-    table = per_class_table(names, split.records, result, stats.precision, stats.recall)
+    table = validation_report(info["predictions"], split, spec.names, result, plot_dir=save_dir if args.plots else None)
     speed = 1000 * info["seconds"] / max(info["images"], 1)
     report = f"{table}\n\n{result.summary}\n\nSpeed: {speed:.1f} ms/image (inference, NMS and pycocotools)"
     (save_dir / "results.txt").write_text(report + "\n")

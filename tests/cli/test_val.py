@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from detector.__main__ import main as detector_main
+from detector.cli import main as detector_main
 from detector.checkpoint import save_checkpoint
 from detector.data.dataset import ImageMeta
 from detector.data.labels import ImageRecord
-from detector.evaluate import build_coco_ground_truth, evaluate_coco, load_coco, to_coco_detections
+from detector.metrics.coco import build_coco_ground_truth, evaluate_coco, load_coco, to_coco_detections
 from detector.model import build_model
-from detector.report import per_class_rows, per_class_table
-from detector.val import main, resolve_image_size
+from detector.metrics.table import per_class_rows, per_class_table
+from detector.cli.val import main, resolve_image_size
 
 NAMES = ["cat", "dog"]
 PNG_FILES = ("PR_curve.png", "confusion_matrix.png", "val_batch0_pred.png")

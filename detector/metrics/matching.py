@@ -1,19 +1,21 @@
 """Prediction <-> ground-truth matching at one IoU threshold, PR curves and the confusion matrix.
 
 These numbers feed the plots and the P / R columns of the val table only; mAP always comes from
-pycocotools (``detector.evaluate``). As in Ultralytics, candidate pairs above the IoU threshold are
+pycocotools (``detector.metrics.coco``). As in Ultralytics, candidate pairs above the IoU threshold are
 paired by IoU (see :func:`match_pairs`), each prediction and each ground-truth box used once. All boxes
 are xyxy pixels of the original image.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from torchvision.ops import box_iou
 
+from detector.data.build import SplitData
 from detector.data.dataset import ImageMeta
 from detector.data.labels import ImageRecord
 
@@ -235,3 +237,34 @@ def pr_curves(
         precision, recall, f1, precision_at_recall, ap50 * nan_without_truth, instances, float(CONF_GRID[best]),
         precision[:, best] * nan_without_truth, recall[:, best] * nan_without_truth,
     )
+
+
+Predictions = list[tuple[dict[str, torch.Tensor], ImageMeta]]  # run_validation(..., keep_predictions=True)
+
+
+@dataclass
+class ValidationStats:
+    precision: np.ndarray  # [C] at best_confidence; NaN for classes without ground truth
+    recall: np.ndarray  # [C]
+    best_confidence: float
+    curves: PRCurves
+    matches: DatasetMatches
+    files: list[Path] = field(default_factory=list)  # figures written, if any
+
+    @property
+    def mean_precision(self) -> float:
+        return float(np.nanmean(self.precision)) if np.isfinite(self.precision).any() else 0.0
+
+    @property
+    def mean_recall(self) -> float:
+        return float(np.nanmean(self.recall)) if np.isfinite(self.recall).any() else 0.0
+
+
+def validation_stats(predictions: Predictions, split: SplitData, num_classes: int) -> ValidationStats:
+    """Match ``run_validation(..., keep_predictions=True)``'s ``info["predictions"]`` to the split's labels.
+
+    No figures; cheap enough to call every epoch for a ``precision`` / ``recall`` column.
+    """
+    matches = match_dataset(predictions, split.records, split.image_hw, num_classes)
+    curves = pr_curves(matches.correct, matches.scores, matches.labels, matches.gt_labels, num_classes)
+    return ValidationStats(curves.best_precision, curves.best_recall, curves.best_confidence, curves, matches)
