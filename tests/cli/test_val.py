@@ -137,4 +137,5 @@ def test_val_errors_are_one_line_and_return_2(val_inputs, tmp_path: Path, capsys
 def test_image_size_resolution() -> None:
     assert resolve_image_size(None, {"imgsz": 320}) == 320
     assert resolve_image_size(None, None) == 640
-    assert resolve_image_size(100, {"imgsz": 320}) == 128  # rounded up to a multiple of 32
+    with pytest.raises(ValueError, match=r"must be a positive multiple of 32 \(got 100\); try 96"):
+        resolve_image_size(100, {"imgsz": 320})  # refused, as training refuses it
