@@ -15,8 +15,9 @@ import numpy as np
 import torch
 from torchvision.ops import box_iou
 
+from detector.boxes import cxcywh_to_xyxy
 from detector.data.build import SplitData
-from detector.data.dataset import ImageMeta
+from detector.data.letterbox import ImageMeta, unletterbox_boxes
 from detector.data.labels import ImageRecord
 
 CONF_GRID = np.linspace(0, 1, 1000)  # confidence thresholds at which P, R and F1 are sampled
@@ -26,22 +27,12 @@ CM_CONF, CM_IOU = 0.25, 0.45  # confusion-matrix thresholds, as Ultralytics uses
 F1_SMOOTH = 0.1  # fraction of the confidence grid averaged when picking the best-F1 threshold
 
 
-def unletterbox_boxes(boxes: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
-    """``[N, 4]`` xyxy pixels of the letterboxed input -> xyxy pixels of the original image (clipped)."""
-    boxes = boxes.detach().float().cpu().reshape(-1, 4).clone()
-    height, width = meta.original_hw
-    boxes[:, [0, 2]] = ((boxes[:, [0, 2]] - meta.pad[0]) / meta.ratio).clamp(0, width)
-    boxes[:, [1, 3]] = ((boxes[:, [1, 3]] - meta.pad[1]) / meta.ratio).clamp(0, height)
-    return boxes
-
-
 def labels_to_boxes(labels: np.ndarray, image_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``[n, 5]`` (class, cx, cy, w, h normalised) -> classes ``[n]`` long and xyxy pixel boxes ``[n, 4]``."""
     labels = torch.as_tensor(np.asarray(labels, dtype=np.float32)).reshape(-1, 5)
     height, width = image_hw
-    centre, size = labels[:, 1:3], labels[:, 3:5]
     scale = torch.tensor([width, height, width, height], dtype=torch.float32)
-    return labels[:, 0].long(), torch.cat((centre - size / 2, centre + size / 2), 1) * scale
+    return labels[:, 0].long(), cxcywh_to_xyxy(labels[:, 1:5]) * scale
 
 
 def match_pairs(iou: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

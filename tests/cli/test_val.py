@@ -12,7 +12,7 @@ import torch
 
 from detector.cli import main as detector_main
 from detector.checkpoint import save_checkpoint
-from detector.data.dataset import ImageMeta
+from detector.data.letterbox import ImageMeta
 from detector.data.labels import ImageRecord
 from detector.metrics.coco import build_coco_ground_truth, evaluate_coco, load_coco, to_coco_detections
 from detector.model import build_model

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detector.data.dataset import ImageMeta
+from detector.data.letterbox import ImageMeta, unletterbox_boxes
 from detector.metrics.matching import (
     confusion_matrix,
     labels_to_boxes,
@@ -15,7 +15,6 @@ from detector.metrics.matching import (
     match_pairs,
     match_predictions,
     pr_curves,
-    unletterbox_boxes,
 )
 from detector.plots import plot_all_validation
 
