@@ -24,7 +24,7 @@ from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
 from detector.device import resolve_device
-from detector.engine import make_torch_infer
+from detector.inference.torch_backend import DEFAULT_IMGSZ, make_torch_infer
 from detector.metrics.loop import run_validation
 from detector.model import image_size_problem
 from detector.plots.reporter import validation_report
@@ -32,8 +32,6 @@ from detector.postprocess import NMSConfig
 from detector.precision import resolve_precision
 from detector.runs import next_run_dir
 from detector.runtime import enlarge_onednn_cache
-
-DEFAULT_IMGSZ = 640  # when the checkpoint's config does not say
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
