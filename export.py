@@ -1,11 +1,11 @@
 """Export a trained checkpoint to ONNX / TensorRT: ``python export.py --weights runs/train/exp/weights/best.pt``.
 
-Thin entry point; the logic (and ``--help``) lives in :mod:`detector.export.cli`.
+Thin entry point; the logic (and ``--help``) lives in :mod:`detector.cli.export`.
 """
 
 import sys
 
-from detector.export.cli import main
+from detector.cli.export import main
 
 if __name__ == "__main__":
     sys.exit(main())

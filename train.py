@@ -2,7 +2,7 @@
 
 import sys
 
-from detector.cli import main
+from detector.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

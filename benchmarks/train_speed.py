@@ -68,11 +68,11 @@ import json, sys, time
 import torch
 from detector.data.build import build_split
 from detector.data.spec import load_dataset_spec
-from detector.engine import make_torch_infer
+from detector.inference.torch_backend import make_torch_infer
+from detector.metrics.loop import run_validation
 from detector.model import build_model
 from detector.postprocess import NMSConfig
 from detector.precision import resolve_precision
-from detector.validate import run_validation
 args = json.loads(sys.argv[1])
 if args["weights"].endswith(".pt") and args.get("ultralytics"):
     from detector.weights import load_pretrained, read_ultralytics_checkpoint

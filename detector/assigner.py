@@ -32,6 +32,77 @@ def _pairwise_iou(gt_boxes: torch.Tensor, pred_boxes: torch.Tensor) -> torch.Ten
     return inter / (area_gt + area_pred - inter + EPS)
 
 
+def empty_targets(pred_scores: torch.Tensor) -> AssignedTargets:
+    """All background: what a batch without ground-truth boxes assigns."""
+    batch, anchors, _ = pred_scores.shape
+    device = pred_scores.device
+    return AssignedTargets(
+        labels=torch.zeros(batch, anchors, dtype=torch.long, device=device),
+        boxes=torch.zeros(batch, anchors, 4, device=device),
+        scores=torch.zeros_like(pred_scores),
+        foreground=torch.zeros(batch, anchors, dtype=torch.bool, device=device),
+    )
+
+
+def candidate_anchors(anchor_points: torch.Tensor, gt_boxes: torch.Tensor, gt_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, M, A]`` bool: the anchor centre ``[A, 2]`` lies strictly inside a real (unpadded) box ``[B, M, 4]``."""
+    x, y = anchor_points[:, 0], anchor_points[:, 1]
+    gx1, gy1, gx2, gy2 = (gt_boxes[..., i, None] for i in range(4))
+    inside = torch.stack((x - gx1, y - gy1, gx2 - x, gy2 - y), -1).amin(-1) > EPS
+    return inside & gt_mask[..., None]
+
+
+def alignment_metric(
+    pred_scores: torch.Tensor, pred_boxes: torch.Tensor, gt_labels: torch.Tensor, gt_boxes: torch.Tensor,
+    candidates: torch.Tensor, *, alpha: float, beta: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (alignment ``score**alpha * iou**beta``, IoU), both ``[B, M, A]`` and zero outside ``candidates``."""
+    anchors = pred_scores.shape[1]
+    iou = _pairwise_iou(gt_boxes, pred_boxes).clamp_(0) * candidates
+    class_score = pred_scores.gather(2, gt_labels[:, None, :].expand(-1, anchors, -1)).transpose(1, 2)
+    return class_score.pow(alpha) * iou.pow(beta) * candidates, iou
+
+
+def select_positives(
+    alignment: torch.Tensor, iou: torch.Tensor, candidates: torch.Tensor, *, top_k: int
+) -> torch.Tensor:
+    """``[B, M, A]`` bool: each box's ``top_k`` candidates by alignment; an anchor claimed by several boxes
+    keeps the box it overlaps most, so every anchor ends with at most one box."""
+    k = min(top_k, alignment.shape[-1])
+    top_idx = alignment.topk(k, dim=-1).indices
+    in_top_k = torch.zeros_like(candidates).scatter_(-1, top_idx, True)
+    positive = in_top_k & candidates
+    multi = positive.sum(1, keepdim=True) > 1
+    # max(dim).indices, not argmax(dim): same first-maximum rule, ~5x faster over a non-innermost dim on CPU.
+    best_gt = iou.max(1, keepdim=True).indices
+    best_onehot = torch.zeros_like(positive).scatter_(1, best_gt, True)
+    return torch.where(multi, best_onehot, positive) & candidates
+
+
+def gather_matched(
+    positive: torch.Tensor, gt_labels: torch.Tensor, gt_boxes: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> per anchor: foreground ``[B, A]`` bool, class ``[B, A]`` and xyxy box ``[B, A, 4]`` of its box."""
+    foreground = positive.any(1)
+    gt_index = positive.to(torch.uint8).max(1).indices  # [B, A]; at most one True per anchor by now
+    labels = gt_labels.gather(1, gt_index)
+    boxes = gt_boxes.gather(1, gt_index[..., None].expand(-1, -1, 4))
+    return foreground, labels, boxes
+
+
+def soft_class_targets(
+    alignment: torch.Tensor, iou: torch.Tensor, positive: torch.Tensor, labels: torch.Tensor,
+    foreground: torch.Tensor, num_classes: int,
+) -> torch.Tensor:
+    """``[B, A, C]`` one-hot targets scaled so each box's best anchor gets that box's best IoU."""
+    alignment = alignment * positive
+    max_alignment = alignment.amax(-1, keepdim=True)
+    max_iou = (iou * positive).amax(-1, keepdim=True)
+    norm = (alignment * max_iou / (max_alignment + EPS)).amax(1)  # [B, A]
+    scores = torch.nn.functional.one_hot(labels, num_classes).float()
+    return scores * (foreground * norm)[..., None]
+
+
 @torch.no_grad()
 def assign_targets(
     pred_scores: torch.Tensor,
@@ -56,51 +127,13 @@ def assign_targets(
         gt_boxes: ``[B, M, 4]`` xyxy pixels (padded).
         gt_mask: ``[B, M]`` bool, True for real (non-padding) boxes.
     """
-    batch, anchors, _ = pred_scores.shape
-    device = pred_scores.device
     if gt_boxes.shape[1] == 0:
-        return AssignedTargets(
-            labels=torch.zeros(batch, anchors, dtype=torch.long, device=device),
-            boxes=torch.zeros(batch, anchors, 4, device=device),
-            scores=torch.zeros_like(pred_scores),
-            foreground=torch.zeros(batch, anchors, dtype=torch.bool, device=device),
-        )
+        return empty_targets(pred_scores)
     pred_scores, pred_boxes, gt_boxes = pred_scores.float(), pred_boxes.float(), gt_boxes.float()
     gt_labels = gt_labels.long().clamp(0, num_classes - 1)
-
-    # Candidates: anchor centre strictly inside a real box.  [B, M, A]
-    x, y = anchor_points[:, 0], anchor_points[:, 1]
-    gx1, gy1, gx2, gy2 = (gt_boxes[..., i, None] for i in range(4))
-    inside = torch.stack((x - gx1, y - gy1, gx2 - x, gy2 - y), -1).amin(-1) > EPS
-    candidates = inside & gt_mask[..., None]
-
-    iou = _pairwise_iou(gt_boxes, pred_boxes).clamp_(0) * candidates
-    class_score = pred_scores.gather(2, gt_labels[:, None, :].expand(-1, anchors, -1)).transpose(1, 2)
-    alignment = class_score.pow(alpha) * iou.pow(beta) * candidates
-
-    # Top-k anchors per box by alignment, restricted to candidates.
-    k = min(top_k, anchors)
-    top_idx = alignment.topk(k, dim=-1).indices
-    in_top_k = torch.zeros_like(candidates).scatter_(-1, top_idx, True)
-    positive = in_top_k & candidates
-
-    # An anchor claimed by several boxes keeps the box it overlaps most.
-    multi = positive.sum(1, keepdim=True) > 1
-    # max(dim).indices, not argmax(dim): same first-maximum rule, ~5x faster over a non-innermost dim on CPU.
-    best_gt = iou.max(1, keepdim=True).indices
-    best_onehot = torch.zeros_like(positive).scatter_(1, best_gt, True)
-    positive = torch.where(multi, best_onehot, positive) & candidates
-
-    foreground = positive.any(1)
-    gt_index = positive.to(torch.uint8).max(1).indices  # [B, A]; at most one True per anchor by now
-    labels = gt_labels.gather(1, gt_index)
-    boxes = gt_boxes.gather(1, gt_index[..., None].expand(-1, -1, 4))
-
-    # Soft targets: alignment normalised so each box's best anchor gets that box's best IoU.
-    alignment = alignment * positive
-    max_alignment = alignment.amax(-1, keepdim=True)
-    max_iou = (iou * positive).amax(-1, keepdim=True)
-    norm = (alignment * max_iou / (max_alignment + EPS)).amax(1)  # [B, A]
-    scores = torch.nn.functional.one_hot(labels, num_classes).float()
-    scores = scores * (foreground * norm)[..., None]
+    candidates = candidate_anchors(anchor_points, gt_boxes, gt_mask)
+    alignment, iou = alignment_metric(pred_scores, pred_boxes, gt_labels, gt_boxes, candidates, alpha=alpha, beta=beta)
+    positive = select_positives(alignment, iou, candidates, top_k=top_k)
+    foreground, labels, boxes = gather_matched(positive, gt_labels, gt_boxes)
+    scores = soft_class_targets(alignment, iou, positive, labels, foreground, num_classes)
     return AssignedTargets(labels=labels, boxes=boxes, scores=scores, foreground=foreground)

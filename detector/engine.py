@@ -1,4 +1,4 @@
-"""The training and evaluation loops, as plain functions."""
+"""The training loop, as plain functions (evaluation: :mod:`detector.metrics.loop` over :mod:`detector.inference`)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from detector.data.dataset import model_input
-from detector.ema import ModelEMA, unwrap
+from detector.ema import ModelEMA
 from detector.loss import DetectionLoss
 from detector.optim import accumulation_steps, lr_factor, warmup_values
-from detector.postprocess import NMSConfig, postprocess
 from detector.precision import Precision
 
 
@@ -233,18 +232,3 @@ def train_one_epoch(
         "unstable_steps": unstable,
         "nonfinite_losses": int(nonfinite_losses),
     }
-
-
-def make_torch_infer(
-    model: nn.Module, *, precision: Precision, nms: NMSConfig, device: torch.device, channels_last: bool = False
-):
-    """``infer(images uint8 [B,3,S,S]) -> detections`` for :func:`detector.validate.run_validation`."""
-    bare = unwrap(model)
-
-    @torch.no_grad()
-    def infer(images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        with precision.autocast():
-            outputs = bare(model_input(images, device, channels_last=channels_last))
-        return postprocess(outputs, strides=bare.strides, reg_max=bare.reg_max, config=nms)
-
-    return infer

@@ -1,6 +1,6 @@
 """Process-wide settings for fast training.
 
-oneDNN kernel cache (set when ``detector`` is imported). oneDNN, which runs PyTorch's CPU convolutions,
+oneDNN kernel cache (set when a run starts: by :func:`tune_for_training`, and by every other command first thing). oneDNN, which runs PyTorch's CPU convolutions,
 keeps its compiled kernels ("primitives") in a cache keyed by shape, 1024 entries by default. Multi-scale
 training cycles about 11 input sizes through ~65 convolutions, each with a forward, a backward-data and a
 backward-weights kernel: over 2,000 keys, so the default cache thrashes and every size change rebuilds its
@@ -35,7 +35,8 @@ def enlarge_onednn_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
     """Ask oneDNN for a larger kernel cache, unless the user already chose a size.
 
     oneDNN reads the variable when it first builds a kernel, so this must run before the first convolution
-    of the process; importing ``detector`` does it.
+    of the process: :func:`tune_for_training` and the other commands call it first thing. Importing
+    ``detector`` changes nothing in the environment.
     """
     os.environ.setdefault(ONEDNN_CACHE_ENV, str(capacity))
 
@@ -71,6 +72,7 @@ def hold_freed_memory() -> bool:
 
 def tune_for_training(device: torch.device) -> None:
     """The process-wide settings a training run on ``device`` wants (the module docstring says why)."""
+    enlarge_onednn_cache()
     if device.type == "cpu":
         hold_freed_memory()
     elif device.type == "cuda":

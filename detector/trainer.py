@@ -41,17 +41,18 @@ from detector.distributed import (
     local_main_first,
 )
 from detector.ema import ModelEMA, unwrap
-from detector.engine import MultiScale, StepSchedule, make_torch_infer, train_one_epoch
-from detector.evaluate import EvalResult
+from detector.engine import MultiScale, StepSchedule, train_one_epoch
+from detector.inference.torch_backend import make_torch_infer
 from detector.loss import DetectionLoss, LossGains
+from detector.metrics.coco import EvalResult
+from detector.metrics.loop import make_val_loader, run_validation
 from detector.model import YOLO, build_model
 from detector.optim import OptimizerChoice, build_optimizer
+from detector.plots.reporter import RunReporter
 from detector.postprocess import NMSConfig
 from detector.precision import Precision, resolve_precision, safer_precision, safest
-from detector.reporting import RunReporter
 from detector.runs import append_results, newest_file, next_run_dir
 from detector.runtime import tune_for_training
-from detector.validate import make_val_loader, run_validation
 
 
 def seed_everything(seed: int) -> None:

@@ -8,21 +8,31 @@ import torch
 
 from detector.runtime import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, on_glibc, tune_for_training
 
-SHOW = "import os, detector; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY'])"
+SHOW = """
+import os, sys
+import torch
+import detector, detector.cli, detector.trainer
+from detector.runtime import tune_for_training
+print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "unset"))
+tune_for_training(torch.device(sys.argv[1]))
+print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "unset"))
+"""
 
 
-def _imported_value(environment: dict[str, str]) -> str:
-    done = subprocess.run([sys.executable, "-c", SHOW], env=environment, capture_output=True, text=True, check=True)
-    return done.stdout.strip()
+def _cache_values(environment: dict[str, str], device: str = "cpu") -> list[str]:
+    """The variable after importing detector, then after tune_for_training (in a fresh process)."""
+    done = subprocess.run([sys.executable, "-c", SHOW, device], env=environment, capture_output=True, text=True,
+                          check=True)
+    return done.stdout.split()
 
 
-def test_importing_detector_enlarges_the_onednn_kernel_cache():
+def test_importing_detector_leaves_the_environment_alone_and_a_run_enlarges_the_onednn_kernel_cache():
     environment = {k: v for k, v in os.environ.items() if k != ONEDNN_CACHE_ENV}
-    assert _imported_value(environment) == str(ONEDNN_CACHE_CAPACITY)
+    assert _cache_values(environment) == ["unset", str(ONEDNN_CACHE_CAPACITY)]
 
 
 def test_a_users_own_cache_size_is_kept():
-    assert _imported_value({**os.environ, ONEDNN_CACHE_ENV: "77"}) == "77"
+    assert _cache_values({**os.environ, ONEDNN_CACHE_ENV: "77"}) == ["77", "77"]
 
 
 FAULTS = """

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from detector.checkpoint import load_checkpoint
-from detector.cli import main as train_main
+from detector.cli.train import main as train_main
 from detector.config import TrainConfig
 from detector.trainer import train
 

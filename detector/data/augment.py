@@ -1,4 +1,4 @@
-"""Per-image augmentation in OpenCV/NumPy: letterbox, mosaic, random affine, HSV, flip, albumentations.
+"""Per-image augmentation in OpenCV/NumPy: mosaic, random affine, HSV, flip, albumentations.
 
 Images are ``uint8 [H, W, 3]`` RGB; boxes are ``float32 [n, 4]`` xyxy pixels with classes ``[n]`` beside them.
 Every geometric step clips boxes to the image and drops those that shrink to slivers.
@@ -35,24 +35,6 @@ class AugmentConfig:
     fliplr: float = 0.5  # horizontal flip probability
     flipud: float = 0.0  # vertical flip probability
     albumentations: float = 0.01  # probability of each albumentations pixel transform
-
-
-def letterbox(image: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[float, float]]:
-    """Resize keeping aspect ratio so the long side is ``size``, pad to ``size x size``.
-
-    Returns the image, the scale ratio and the (left, top) padding in pixels: original coordinates map
-    to letterboxed ones as ``x * ratio + pad``.
-    """
-    height, width = image.shape[:2]
-    ratio = size / max(height, width)
-    new_w, new_h = round(width * ratio), round(height * ratio)
-    if (new_w, new_h) != (width, height):
-        image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
-    left, top = (size - new_w) // 2, (size - new_h) // 2
-    image = cv2.copyMakeBorder(
-        image, top, size - new_h - top, left, size - new_w - left, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3
-    )
-    return image, ratio, (float(left), float(top))
 
 
 def filter_boxes(

@@ -13,7 +13,7 @@ from detector.data.dataset import DetectionDataset, estimate_cache_bytes
 from detector.data.labels import ImageRecord, load_coco_records, load_yolo_records, warn_problems
 from detector.data.spec import DatasetError, DatasetSpec
 from detector.data.verify_cache import verify_images_cached
-from detector.evaluate import build_coco_ground_truth, load_coco
+from detector.metrics.coco import build_coco_ground_truth, load_coco
 
 CACHE_RAM_FRACTION = 0.3  # `--cache auto` caches when the images need under this share of free RAM
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -11,26 +10,19 @@ import torch
 from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
+from detector.boxes import cxcywh_to_xyxy
 from detector.data.augment import (
     AugmentConfig,
     augment_hsv,
     build_albumentations,
     flip,
-    letterbox,
     mosaic,
     random_affine,
 )
 from detector.data.labels import ImageRecord
+from detector.data.letterbox import ImageMeta, letterbox
 
 cv2.setNumThreads(0)  # loader workers give the parallelism; OpenCV's own threads would oversubscribe 2 cores
-
-
-@dataclass(frozen=True)
-class ImageMeta:
-    image_id: int
-    original_hw: tuple[int, int]
-    ratio: float  # letterboxed = original * ratio + pad
-    pad: tuple[float, float]  # (left, top) pixels
 
 
 def verify_images(records: list[ImageRecord]) -> tuple[list[ImageRecord], list[tuple[int, int]], list[tuple[Path, str]]]:
@@ -118,8 +110,8 @@ class DetectionDataset(Dataset):
         image, _ = self.load(index)
         height, width = image.shape[:2]
         labels = self.records[index].labels
-        cx, cy, w, h = (labels[:, i] for i in range(1, 5))
-        boxes = np.stack(((cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height), 1)
+        scale = np.array([width, height, width, height], labels.dtype)
+        boxes = cxcywh_to_xyxy(torch.from_numpy(labels[:, 1:5])).numpy() * scale
         return image, boxes.astype(np.float32).reshape(-1, 4), labels[:, 0].copy()
 
     def _train_item(self, index: int, epoch: int, use_mosaic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -17,7 +17,6 @@ a mirror, or a local server in the tests.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import http.client
 import os
@@ -32,7 +31,7 @@ from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
-from detector.data.catalog import DOWNLOADS, Archive, Download, datasets_root, human_size, shipped_yaml_dir
+from detector.data.catalog import DOWNLOADS, Archive, Download, human_size, shipped_yaml_dir
 from detector.data.spec import DatasetError, load_dataset_spec, load_split
 
 BASE_URL_ENV = "DETECTOR_DOWNLOAD_URL"
@@ -207,25 +206,3 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
     folder = root / spec.name
     print(f"{spec.name}: ready in {folder} ({prove(spec, root, split)})")
     return folder
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m detector download",
-        description="Fetch a dataset into the datasets root (explicit: nothing in detector downloads by itself).",
-    )
-    parser.add_argument("name", choices=sorted(DOWNLOADS), help="dataset to fetch")
-    parser.add_argument("--split", choices=("all", "val"), default="all",
-                        help="val: only what the val split needs (COCO: annotations + val2017, 1.1 GB)")
-    parser.add_argument("--datasets-dir", default="", help="datasets root; default $DETECTOR_DATASETS, else ./datasets")
-    args = parser.parse_args(argv)
-    root = datasets_root(args.datasets_dir or None)
-    try:
-        download(args.name, root=root, split=args.split)
-    except (DownloadError, DatasetError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"\nerror: interrupted; run the command again to resume (partial files in {root})", file=sys.stderr)
-        return 130
-    return 0

@@ -4,7 +4,7 @@
     export_onnx(model, "best.onnx", ModelInfo(names=names, strides=model.strides, imgsz=640, precision="fp16"))
 
 See :mod:`detector.export.wrapper` for the graph's inputs and outputs, :mod:`detector.export.metadata`
-for the stored keys and :mod:`detector.export.cli` for the command line.
+for the stored keys and :mod:`detector.cli.export` for the command line.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from detector.data.synthetic import make_image
 from detector.inference.backend import Backend
 from detector.inference.preprocess import Detections, prepare_batch
 from detector.postprocess import NMSConfig
-from detector.validate import run_validation
+from detector.metrics.loop import run_validation
 
 EVAL_NMS = NMSConfig(conf_threshold=0.001, iou_threshold=0.7, max_detections=300, multi_label=True)
 # Without a dataset there is no mAP; a score off by more than this means a broken export, not rounding

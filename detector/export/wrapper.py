@@ -1,7 +1,8 @@
 """The exportable module: model + box decode (+ optional NMS) with named inputs and outputs.
 
-Every backend runs this same module (eagerly for PyTorch, as a graph for ONNX Runtime and TensorRT), so
-decode arithmetic is written once. Output contract:
+Box decoding is :func:`detector.postprocess.decode_outputs`, the very function behind training mAP, ``val``
+and the PyTorch backend, so the export parity check exercises the decoder the numbers come from. Output
+contract:
 
 * without NMS: ``boxes [B, A, 4]`` xyxy in input pixels and ``scores [B, A, C]`` sigmoid class scores,
   both FP32, anchors in level order (stride 8, 16, 32) exactly as :func:`detector.postprocess.decode_outputs`;
@@ -17,9 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from detector.boxes import distances_to_boxes, make_anchors
 from detector.model import YOLO
-from detector.postprocess import NMSConfig
+from detector.postprocess import NMSConfig, decode_outputs
 
 EXPORT_NMS = NMSConfig(conf_threshold=0.25, iou_threshold=0.7, max_detections=300)
 
@@ -110,7 +110,6 @@ class ExportWrapper(nn.Module):
     def __init__(self, model: YOLO, *, half: bool = False, nms: NMSConfig | None = None) -> None:
         super().__init__()
         self.model = copy.deepcopy(model).eval()
-        self.dfl = copy.deepcopy(model.head.dfl).float()  # the frozen 1x1 conv: exports as a plain Conv
         self.compute_dtype = torch.float16 if half else torch.float32
         self.model.to(self.compute_dtype)
         self.strides = tuple(model.strides)
@@ -123,13 +122,9 @@ class ExportWrapper(nn.Module):
         return ["detections", "num_detections"] if self.nms else ["boxes", "scores"]
 
     def decode(self, maps: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Raw maps ``[B, 4*reg_max+C, H/s, W/s]`` -> boxes ``[B, A, 4]`` px xyxy, scores ``[B, A, C]``."""
-        flat = torch.cat([m.float().flatten(2) for m in maps], 2)  # [B, 4*reg_max+C, A]
-        box_bins, class_logits = flat.split((4 * self.reg_max, flat.shape[1] - 4 * self.reg_max), 1)
-        distances = self.dfl(box_bins).transpose(1, 2)  # [B, A, 4] in grid cells
-        points, strides = make_anchors([m.shape[2:] for m in maps], self.strides, device=flat.device, dtype=flat.dtype)
-        boxes = distances_to_boxes(points, distances) * strides
-        return boxes, class_logits.sigmoid().transpose(1, 2)
+        """Raw maps ``[B, 4*reg_max+C, H/s, W/s]`` -> boxes ``[B, A, 4]`` px xyxy, scores ``[B, A, C]`` (FP32)."""
+        decoded = decode_outputs(maps, self.strides, self.reg_max)
+        return decoded[..., :4], decoded[..., 4:]
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         boxes, scores = self.decode(self.model(images.to(self.compute_dtype)))

@@ -10,14 +10,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from detector.inference.backend import Backend, RawOutputs, unpack_detections
-from detector.inference.preprocess import Detections, Letterbox, prepare_batch, to_original_pixels
+from detector.inference.preprocess import Detections, prepare_batch, to_original_pixels
 from detector.postprocess import NMSConfig
 from detector.runs import newest_file
 
 SUFFIXES = (".pt", ".onnx", ".engine")
 
 __all__ = [
-    "Backend", "Detections", "Letterbox", "RawOutputs", "SUFFIXES", "find_latest_checkpoint", "load_backend",
+    "Backend", "Detections", "RawOutputs", "SUFFIXES", "find_latest_checkpoint", "load_backend",
     "prepare_batch", "to_original_pixels", "unpack_detections",
 ]
 

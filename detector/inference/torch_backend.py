@@ -1,29 +1,67 @@
-"""PyTorch backend: the checkpoint's model run eagerly, FP32 or under autocast (FP16 on CUDA, BF16 on CPU)."""
+"""PyTorch inference, the one path for training's evaluation, ``val``, the export parity reference, predict and
+benchmark: the network under autocast (FP16 on CUDA, BF16 on CPU) or in FP32, then the FP32 decode of
+:func:`detector.postprocess.decode_outputs` (the same decode the exported graphs carry).
+"""
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from detector.checkpoint import model_from_checkpoint
 from detector.data.dataset import model_input
+from detector.ema import unwrap
 from detector.export.metadata import ModelInfo
-from detector.export.wrapper import ExportWrapper
 from detector.inference.backend import Backend, RawOutputs
+from detector.inference.preprocess import Detections
 from detector.model import YOLO
-from detector.postprocess import NMSConfig
+from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
+from detector.precision import Precision
 
 DEFAULT_IMGSZ = 640
-AUTOCAST_DTYPES = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def decode_images(
+    model: YOLO, images: torch.Tensor, *, precision: Precision, device: torch.device, channels_last: bool = False
+) -> torch.Tensor:
+    """uint8 ``[B, 3, S, S]`` letterboxed images -> ``[B, A, 4 + C]`` FP32: xyxy input pixels, class scores.
+
+    The network runs under ``precision``'s autocast; the decode runs outside it, in FP32, so box corners are
+    not rounded to FP16's 0.25-0.5 px step.
+    """
+    with precision.autocast():
+        maps = model(model_input(images, device, channels_last=channels_last))
+    return decode_outputs(maps, model.strides, model.reg_max)
+
+
+def make_torch_infer(
+    model: nn.Module, *, precision: Precision, nms: NMSConfig, device: torch.device, channels_last: bool = False
+) -> Callable[[torch.Tensor], Detections]:
+    """``infer(images uint8 [B,3,S,S]) -> detections`` for :func:`detector.metrics.loop.run_validation`.
+
+    Runs ``model`` itself (unwrapped from DDP, not copied), so it follows an EMA model as it trains.
+    """
+    bare = unwrap(model)
+
+    @torch.no_grad()
+    def infer(images: torch.Tensor) -> Detections:
+        decoded = decode_images(bare, images, precision=precision, device=device, channels_last=channels_last)
+        return non_max_suppression(decoded, nms)
+
+    return infer
 
 
 class TorchBackend(Backend):
-    """Runs :class:`ExportWrapper` eagerly, so its decode is the very code the ONNX graph was traced from.
+    """The checkpoint's model run eagerly through :func:`decode_images`, behind the :class:`Backend` interface.
 
     Args:
-        model: detector in eval mode (FP32 weights).
+        model: detector (FP32 weights); copied, so the caller's module is untouched.
         info: names and input size; PyTorch takes any size and batch, so ``info.dynamic`` is true.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         precision: ``"fp32"``, or ``"fp16"``/``"bf16"`` autocast for the network; decode stays FP32.
@@ -33,12 +71,12 @@ class TorchBackend(Backend):
         self, model: YOLO, info: ModelInfo, *, device: str = "cpu", precision: str = "fp32",
         nms: NMSConfig | None = None,
     ) -> None:
-        if precision not in AUTOCAST_DTYPES:
-            raise ValueError(f"precision must be one of {', '.join(AUTOCAST_DTYPES)}; got {precision!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
         super().__init__(info, nms)
         self.device = torch.device(device)
-        self.precision = precision
-        self.wrapper = ExportWrapper(model).to(self.device)
+        self.precision = Precision(precision, self.device.type, "asked for")
+        self.model = copy.deepcopy(model).float().eval().to(self.device)
         self.name = f"pytorch {precision}" + ("" if precision == "fp32" else " autocast")
 
     @classmethod
@@ -57,8 +95,5 @@ class TorchBackend(Backend):
     @torch.inference_mode()
     def infer(self, images: torch.Tensor) -> RawOutputs:
         self.check_input(images)
-        inputs = model_input(images, self.device, channels_last=False)
-        dtype = AUTOCAST_DTYPES[self.precision]
-        with torch.autocast(self.device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
-            maps = self.wrapper.model(inputs)
-        return self.wrapper.decode(maps)  # FP32, outside autocast: see ExportWrapper on box precision
+        decoded = decode_images(self.model, images, precision=self.precision, device=self.device)
+        return decoded[..., :4], decoded[..., 4:]

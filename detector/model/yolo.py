@@ -19,6 +19,15 @@ SCALES: dict[str, tuple[float, float, int]] = {
     "x": (1.00, 1.25, 512),
 }
 STRIDES = (8, 16, 32)
+INPUT_MULTIPLE = max(STRIDES)  # input sides must divide by the largest stride
+
+
+def image_size_problem(size: int) -> str | None:
+    """Why ``--imgsz size`` cannot work (one line naming the flag), or ``None`` when it can."""
+    if size < INPUT_MULTIPLE or size % INPUT_MULTIPLE:
+        nearest = max(INPUT_MULTIPLE, round(size / INPUT_MULTIPLE) * INPUT_MULTIPLE)
+        return f"--imgsz must be a positive multiple of {INPUT_MULTIPLE} (got {size}); try {nearest}"
+    return None
 
 
 def _width(channels: int, width: float, max_channels: int) -> int:

@@ -1,7 +1,8 @@
 import pytest
 import torch
 
-from detector.model import build_model
+from detector.config import TrainConfig
+from detector.model import build_model, image_size_problem
 from detector.postprocess import NMSConfig, postprocess
 
 
@@ -32,3 +33,11 @@ def test_postprocess_returns_boxes_inside_input_and_respects_max_detections():
                              config=NMSConfig(conf_threshold=0.0, max_detections=7, multi_label=True))
     assert len(detections) == 1 and len(detections[0]["scores"]) == 7
     assert detections[0]["labels"].max() < 2
+
+
+def test_one_image_size_rule_for_every_command():
+    """``val`` and ``export`` refuse what training refuses, with training's own message."""
+    with pytest.raises(ValueError) as refused:
+        TrainConfig(imgsz=100).validate()
+    assert image_size_problem(100) in str(refused.value)
+    assert image_size_problem(320) is None and image_size_problem(0) is not None

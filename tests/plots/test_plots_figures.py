@@ -10,6 +10,7 @@ import torch
 
 from detector.data.dataset import collate
 from detector.data.labels import ImageRecord
+from detector.metrics.matching import pr_curves
 from detector.plots import (
     plot_batch,
     plot_confusion_matrix,
@@ -17,7 +18,6 @@ from detector.plots import (
     plot_pr_curves,
     plot_results,
     plot_val_predictions,
-    pr_curves,
 )
 from detector.plots.curves import read_numeric_columns
 

@@ -1,6 +1,6 @@
 from pathlib import Path
 
-from detector.ablate import main
+from detector.cli.ablate import main
 
 
 def test_ablate_amp_runs_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys):

@@ -7,9 +7,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detector.data.dataset import ImageMeta
-from detector.plots import confusion_matrix, match_dataset, match_predictions, plot_all_validation, pr_curves
-from detector.plots.matching import labels_to_boxes, match_pairs, unletterbox_boxes
+from detector.data.letterbox import ImageMeta, unletterbox_boxes
+from detector.metrics.matching import (
+    confusion_matrix,
+    labels_to_boxes,
+    match_dataset,
+    match_pairs,
+    match_predictions,
+    pr_curves,
+)
+from detector.plots import plot_all_validation
 
 GT_BOXES = torch.tensor([[0.0, 0, 10, 10], [20, 20, 30, 30]])
 GT_LABELS = torch.tensor([0, 1])

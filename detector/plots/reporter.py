@@ -1,6 +1,8 @@
-"""What a run shows people: plots in the run folder, the final per-class table, optional TensorBoard.
+"""What a run shows people: plots in the run folder, the per-class table, optional TensorBoard.
 
 Kept out of the trainer so the loop stays about training; every method is a no-op where switched off.
+:func:`validation_report` is the one table-and-figures step after a validation pass, for training's
+final evaluation and the ``val`` command alike.
 """
 
 from __future__ import annotations
@@ -8,7 +10,24 @@ from __future__ import annotations
 from pathlib import Path
 
 from detector.data.build import SplitData
-from detector.evaluate import EvalResult
+from detector.metrics.coco import EvalResult
+from detector.metrics.matching import Predictions
+
+
+def validation_report(
+    predictions: Predictions, split: SplitData, names: list[str], result: EvalResult, *, plot_dir: Path | None
+) -> str:
+    """The per-class table for one validation pass; with ``plot_dir``, also its PR curves, confusion matrix
+    and prediction images there (P and R come from the same matching either way)."""
+    from detector.metrics.matching import validation_stats
+    from detector.metrics.table import per_class_table
+    from detector.plots.metrics import plot_all_validation
+
+    if plot_dir is not None:
+        stats = plot_all_validation(predictions, split, names, plot_dir)
+    else:
+        stats = validation_stats(predictions, split, len(names))
+    return per_class_table(names, split.records, result, stats.precision, stats.recall)
 
 
 class RunReporter:
@@ -16,7 +35,7 @@ class RunReporter:
         self.run_dir, self.names, self.plots = run_dir, names, plots
         self.board = None
         if tensorboard:
-            from detector.tb import TensorBoardLogger  # optional dependency, imported only when asked for
+            from detector.plots.tensorboard import TensorBoardLogger  # optional dependency: imported when asked for
 
             self.board = TensorBoardLogger(run_dir)
 
@@ -40,16 +59,10 @@ class RunReporter:
 
     def on_final(self, result: EvalResult, info: dict, val: SplitData) -> str:
         """PR curves, confusion matrix, prediction images; returns the per-class table."""
-        from detector.plots import plot_all_validation, validation_stats
-        from detector.report import per_class_table
-
-        predictions = info.get("predictions", [])
-        if self.plots:
-            stats = plot_all_validation(predictions, val, self.names, self.run_dir)
-        else:
-            stats = validation_stats(predictions, val, len(self.names))
+        table = validation_report(info.get("predictions", []), val, self.names, result,
+                                  plot_dir=self.run_dir if self.plots else None)
         if self.board is not None:
             for png in sorted(self.run_dir.glob("*.png")):
                 self.board.image(png.stem, png, 0)
             self.board.close()
-        return per_class_table(self.names, val.records, result, stats.precision, stats.recall)
+        return table

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from detector.plots import plot_batch
-from detector.tb import INSTALL_HINT, TensorBoardLogger, TensorBoardUnavailable
+from detector.plots.tensorboard import INSTALL_HINT, TensorBoardLogger, TensorBoardUnavailable
 
 
 def test_logger_writes_scalars_and_images(tmp_path: Path) -> None:

@@ -9,9 +9,9 @@ import cv2
 import numpy as np
 import pytest
 
-from detector.benchmark import main as benchmark_main
+from detector.cli.benchmark import main as benchmark_main
 from detector.data.synthetic import make_image
-from detector.predict import main as predict_main
+from detector.cli.predict import main as predict_main
 
 
 def write_images(folder: Path) -> list[str]:

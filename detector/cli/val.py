@@ -20,21 +20,18 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
-from detector.engine import make_torch_infer
-from detector.plots.validation import plot_all_validation, validation_stats
+from detector.device import resolve_device
+from detector.inference.torch_backend import DEFAULT_IMGSZ, make_torch_infer
+from detector.metrics.loop import run_validation
+from detector.model import image_size_problem
+from detector.plots.reporter import validation_report
 from detector.postprocess import NMSConfig
 from detector.precision import resolve_precision
-from detector.report import per_class_table
 from detector.runs import next_run_dir
-from detector.validate import run_validation
-
-DEFAULT_IMGSZ = 640  # when the checkpoint's config does not say
-STRIDE_MULTIPLE = 32  # the model needs input sides divisible by its largest stride
+from detector.runtime import enlarge_onednn_cache
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,16 +56,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def resolve_image_size(requested: int | None, config: dict | None) -> int:
-    """``--imgsz``, else the checkpoint's ``config['imgsz']``, else 640; rounded up to a multiple of 32."""
+    """``--imgsz``, else the checkpoint's ``config['imgsz']``, else 640; refused, as in training, unless a multiple
+    of 32 (``ValueError``)."""
     size = requested or int((config or {}).get("imgsz") or DEFAULT_IMGSZ)
-    rounded = -(-size // STRIDE_MULTIPLE) * STRIDE_MULTIPLE
-    if rounded != size:
-        print(f"note: --imgsz {size} is not a multiple of {STRIDE_MULTIPLE}; using {rounded}")
-    return rounded
+    if problem := image_size_problem(size):
+        raise ValueError(problem)
+    return size
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
     try:
         spec = load_dataset_spec(args.data)
         model, checkpoint = model_from_checkpoint(args.weights)
@@ -81,14 +79,11 @@ def main(argv: list[str] | None = None) -> int:
         image_size = resolve_image_size(args.imgsz, checkpoint.get("config"))
         # One pass over the images, so a RAM cache would only add its own load time and memory.
         split = build_split(spec, args.split, image_size=image_size, augment=None, cache="false")
-    except (CheckpointError, DatasetError) as error:
+        device = resolve_device(args.device)
+    except (CheckpointError, DatasetError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print(f"error: --device {args.device} asked for, but CUDA is not available", file=sys.stderr)
-        return 2
     precision = resolve_precision("fp32" if args.fp32 else "auto", device)
     model = model.to(device).float()
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det, multi_label=True)
@@ -107,10 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         progress=sys.stderr.isatty(),
         keep_predictions=True,
     )
-    names = spec.names
-    stats = (plot_all_validation(info["predictions"], split, names, save_dir) if args.plots
-             else validation_stats(info["predictions"], split, len(names)))
-    table = per_class_table(names, split.records, result, stats.precision, stats.recall)
+    table = validation_report(info["predictions"], split, spec.names, result, plot_dir=save_dir if args.plots else None)
     speed = 1000 * info["seconds"] / max(info["images"], 1)
     report = f"{table}\n\n{result.summary}\n\nSpeed: {speed:.1f} ms/image (inference, NMS and pycocotools)"
     (save_dir / "results.txt").write_text(report + "\n")

@@ -12,10 +12,9 @@ import dataclasses
 import sys
 from pathlib import Path
 
-import torch
-
 from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.spec import DatasetError
+from detector.device import resolve_device
 from detector.export.files import publish, staging_folder
 from detector.export.metadata import ModelInfo
 from detector.export.onnx import DEFAULT_OPSET, export_onnx
@@ -24,8 +23,9 @@ from detector.export.tensorrt import DEFAULT_WORKSPACE_GIB, build_engine, tensor
 from detector.export.wrapper import EXPORT_NMS
 from detector.inference import find_latest_checkpoint, load_backend
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
-from detector.model import YOLO
+from detector.model import YOLO, image_size_problem
 from detector.postprocess import NMSConfig
+from detector.runtime import enlarge_onednn_cache
 
 FORMATS = ("onnx", "engine")
 
@@ -64,8 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--score-tol", type=float, default=SCORE_TOLERANCE,
         help=f"without --data: largest allowed score difference (default: {SCORE_TOLERANCE})")
     add("--workers", type=int, default=2, help="with --data: data-loading processes for the check (default: 2)")
-    add("--device", choices=("cpu", "cuda"),
-        help="device for tracing and the check (default: cuda if available, else cpu)")
+    add("--device", default="",
+        help="cpu, cuda or cuda:N: device for tracing and the check (default: cuda if available, else cpu)")
     add("--workspace", type=float, default=DEFAULT_WORKSPACE_GIB,
         help=f"TensorRT workspace in GiB (default: {DEFAULT_WORKSPACE_GIB})")
     return parser
@@ -92,8 +92,10 @@ def resolve_weights(weights: Path | None) -> Path:
 def model_info(args: argparse.Namespace, names: list[str], strides: tuple[int, ...], trained: int | None) -> ModelInfo:
     """What the export will be: ``trained`` is the checkpoint's training image size, if it recorded one."""
     imgsz = args.imgsz or trained or DEFAULT_IMGSZ
-    if imgsz % max(strides) or args.batch < 1:
-        raise ValueError(f"--imgsz must be a multiple of {max(strides)} (got {imgsz}), --batch >= 1 (got {args.batch})")
+    if problem := image_size_problem(imgsz):
+        raise ValueError(problem)
+    if args.batch < 1:
+        raise ValueError(f"--batch must be at least 1 (got {args.batch})")
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det) if args.nms else None
     return ModelInfo(
         names=names, strides=strides, imgsz=imgsz, batch=args.batch, dynamic=args.dynamic,
@@ -148,7 +150,7 @@ def run_export(args: argparse.Namespace) -> int:
         print(f"error: {reason}; nothing was written", file=sys.stderr)
         return 1
     weights = resolve_weights(args.weights)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = str(resolve_device(args.device))
     model, checkpoint = model_from_checkpoint(weights)
     names = list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)])
     info = model_info(args, names, tuple(model.strides), (checkpoint.get("config") or {}).get("imgsz"))
@@ -163,6 +165,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
     try:
         return run_export(args)
     except (CheckpointError, DatasetError, FileNotFoundError, ValueError, RuntimeError) as error:

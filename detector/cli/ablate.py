@@ -15,13 +15,14 @@ from pathlib import Path
 
 import torch
 
+from detector.device import resolve_device
 from detector.precision import cpu_has_native_bf16
 from detector.runs import next_run_dir
 
 
-def variants(device: str) -> list[tuple[str, list[str]]]:
+def variants(device: torch.device) -> list[tuple[str, list[str]]]:
     """Precisions worth comparing here: BF16 vs FP32 on a BF16 CPU; FP16, BF16 vs FP32 (TF32 off) on a GPU."""
-    on_gpu = device.startswith("cuda") or (not device and torch.cuda.is_available())
+    on_gpu = device.type == "cuda"
     chosen = []
     if on_gpu:
         chosen.append(("fp16", ["--precision", "fp16"]))
@@ -79,14 +80,19 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--data", default="", help="data YAML; empty = built-in shapes dataset")
     parser.add_argument("--epochs", type=int, default=10, help="epochs per variant")
-    parser.add_argument("--device", default="", help="cpu or cuda; empty = cuda if available")
+    parser.add_argument("--device", default="", help="cpu, cuda or cuda:N; empty = cuda if available")
     parser.add_argument("--project", default="runs/ablate", help="parent folder of the report")
     parser.add_argument("--name", default="exp", help="report folder name")
     args, train_args = parser.parse_known_args(argv)
+    try:
+        device = resolve_device(args.device)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     out_dir = next_run_dir(args.project, args.name)
     out_dir.mkdir(parents=True)
     results = {}
-    for name, flags in variants(args.device):
+    for name, flags in variants(device):
         command = [sys.executable, "-m", "detector", "train", "--epochs", str(args.epochs), "--project", str(out_dir),
                    "--name", name, "--no-plots", "--no-amp-check", *flags, *train_args]
         if args.data:

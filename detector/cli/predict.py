@@ -17,13 +17,14 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-import torch
 
 from detector.data.dataset import read_image_rgb
 from detector.data.spec import IMAGE_SUFFIXES
+from detector.device import resolve_device
 from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
 from detector.postprocess import NMSConfig
 from detector.runs import next_run_dir
+from detector.runtime import enlarge_onednn_cache
 
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
 PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--iou", type=float, default=0.7, help="NMS IoU threshold (default: 0.7)")
     add("--max-det", type=int, default=300, help="detections kept per image (default: 300)")
     add("--imgsz", type=int, help="input size (default: the model's own: training or export size)")
-    add("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+    add("--device", default="",
         help="cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     add("--project", type=Path, default=Path("runs/predict"), help="parent folder of runs (default: runs/predict)")
     add("--name", default="exp", help="run folder; exp, exp2, ... when taken (default: exp)")
@@ -142,14 +143,16 @@ def predict(backend: Backend, source: Path, out_dir: Path, *, size: int, save: b
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
     try:
+        device = resolve_device(args.device)
         if not args.source.exists():
             raise FileNotFoundError(f"{args.source}: no such image, folder or video")
         weights = args.weights or find_latest_checkpoint()
         if weights is None:
             raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
         nms = NMSConfig(conf_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det)
-        backend = load_backend(weights, device=args.device, imgsz=args.imgsz, nms=nms)
+        backend = load_backend(weights, device=str(device), imgsz=args.imgsz, nms=nms)
         baked = backend.info.nms
         if baked is not None and args.conf < baked.conf_threshold:
             warning = f"the graph has NMS inside at conf {baked.conf_threshold}; --conf {args.conf} cannot go lower"

@@ -17,7 +17,7 @@ from tqdm import tqdm
 from detector.data.build import SplitData
 from detector.data.dataset import collate
 from detector.data.workers import worker_init
-from detector.evaluate import EvalResult, evaluate_coco, to_coco_detections
+from detector.metrics.coco import EvalResult, evaluate_coco, to_coco_detections
 
 Detections = list[dict[str, torch.Tensor]]
 

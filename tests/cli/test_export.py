@@ -11,7 +11,7 @@ import torch
 
 from detector.data.synthetic import generate_shapes
 from detector.export import read_onnx_info
-from detector.export.cli import build_parser, main
+from detector.cli.export import build_parser, main
 from detector.export.tensorrt import tensorrt_missing
 from detector.inference.onnx_backend import OnnxBackend
 
@@ -31,20 +31,20 @@ def test_help_shows_every_default() -> None:
 
 
 def test_newest_checkpoint_is_exported_at_fp16(
-    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    run_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.chdir(checkpoint.parents[4])  # the folder holding runs/
+    monkeypatch.chdir(run_checkpoint.parents[4])  # the folder holding runs/
     assert main(["--half", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "using the newest checkpoint runs/train/exp/weights/best.pt" in out
     assert "parity onnxruntime fp16 vs pytorch fp32" in out and "max box diff" in out
-    assert leftovers(checkpoint.parent) == ["best.onnx"]
-    info = read_onnx_info(checkpoint.with_suffix(".onnx"))
+    assert leftovers(run_checkpoint.parent) == ["best.onnx"]
+    info = read_onnx_info(run_checkpoint.with_suffix(".onnx"))
     assert info.precision == "fp16" and info.imgsz == IMGSZ and info.names == ["circle", "square", "triangle"]
 
 
 def test_failed_parity_exits_nonzero_and_writes_nothing(
-    checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    run_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     original = OnnxBackend.infer
 
@@ -53,31 +53,31 @@ def test_failed_parity_exits_nonzero_and_writes_nothing(
         return boxes, (scores + 0.2).clamp(max=1)  # what a broken export would look like
 
     monkeypatch.setattr(OnnxBackend, "infer", perturbed)
-    assert main(["--weights", str(checkpoint), "--device", "cpu"]) == 1
+    assert main(["--weights", str(run_checkpoint), "--device", "cpu"]) == 1
     captured = capsys.readouterr()
     assert "parity FAILED" in captured.out and "nothing was written" in captured.err
-    assert leftovers(checkpoint.parent) == []
+    assert leftovers(run_checkpoint.parent) == []
 
 
-def test_map_check_on_a_dataset(checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_map_check_on_a_dataset(run_checkpoint: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     data = generate_shapes(tmp_path / "data", train=1, val=4, size=IMGSZ)
-    common = ["--weights", str(checkpoint), "--data", str(data), "--workers", "0", "--device", "cpu"]
+    common = ["--weights", str(run_checkpoint), "--data", str(data), "--workers", "0", "--device", "cpu"]
     # An untrained model scores ~0 mAP either way; a negative margin demands a gain, so this must fail.
     assert main([*common, "--map-margin", "-1"]) == 1
     assert "mAP50-95 on 4 val images (NMS conf 0.001, IoU 0.7): pytorch fp32" in capsys.readouterr().out
-    assert leftovers(checkpoint.parent) == []
+    assert leftovers(run_checkpoint.parent) == []
     assert main(common) == 0
-    assert leftovers(checkpoint.parent) == ["best.onnx"]
+    assert leftovers(run_checkpoint.parent) == ["best.onnx"]
 
 
 @pytest.mark.skipif(tensorrt_missing() is None, reason="TensorRT and a GPU are present")
-def test_engine_without_tensorrt_is_one_line_error(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--weights", str(checkpoint), "--format", "onnx,engine"]) == 1
+def test_engine_without_tensorrt_is_one_line_error(run_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--weights", str(run_checkpoint), "--format", "onnx,engine"]) == 1
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "TensorRT" in lines[0] and "nothing was written" in lines[0]
     assert captured.out == ""
-    assert leftovers(checkpoint.parent) == []
+    assert leftovers(run_checkpoint.parent) == []
 
 
 def test_export_py_is_a_thin_entry_point() -> None:
@@ -86,14 +86,14 @@ def test_export_py_is_a_thin_entry_point() -> None:
     assert result.returncode == 0 and "--map-margin" in result.stdout
 
 
-def test_bad_format_and_size_are_rejected(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--weights", str(checkpoint), "--format", "tflite"]) == 1
-    assert main(["--weights", str(checkpoint), "--imgsz", "50"]) == 1
+def test_bad_format_and_size_are_rejected(run_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--weights", str(run_checkpoint), "--format", "tflite"]) == 1
+    assert main(["--weights", str(run_checkpoint), "--imgsz", "50"]) == 1
     assert "multiple of 32" in capsys.readouterr().err
-    assert leftovers(checkpoint.parent) == []
+    assert leftovers(run_checkpoint.parent) == []
 
 
-def test_torch_state_is_untouched_by_export(checkpoint: Path) -> None:
+def test_torch_state_is_untouched_by_export(run_checkpoint: Path) -> None:
     """Export deep-copies: the FP16 cast must not leak into the default dtype or grad mode."""
-    assert main(["--weights", str(checkpoint), "--half", "--no-check", "--device", "cpu"]) == 0
+    assert main(["--weights", str(run_checkpoint), "--half", "--no-check", "--device", "cpu"]) == 0
     assert torch.get_default_dtype() == torch.float32 and torch.is_grad_enabled()

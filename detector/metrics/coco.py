@@ -17,8 +17,9 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
-from detector.data.dataset import ImageMeta
+from detector.boxes import cxcywh_to_xyxy
 from detector.data.labels import ImageRecord
+from detector.data.letterbox import ImageMeta, unletterbox_boxes
 
 METRIC_NAMES = ("mAP50-95", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large")
 
@@ -39,8 +40,10 @@ def build_coco_ground_truth(
     images, annotations = [], []
     for record, (height, width) in zip(records, image_hw):
         images.append({"id": record.image_id, "width": width, "height": height, "file_name": record.path.name})
-        for cls, cx, cy, w, h in record.labels.tolist():
-            box = [(cx - w / 2) * width, (cy - h / 2) * height, w * width, h * height]
+        labels = torch.as_tensor(record.labels, dtype=torch.float64).reshape(-1, 5)  # float64: Python's arithmetic
+        corners = cxcywh_to_xyxy(labels[:, 1:5])[:, :2] * torch.tensor([width, height], dtype=torch.float64)
+        for cls, (left, top), (w, h) in zip(labels[:, 0].tolist(), corners.tolist(), labels[:, 3:5].tolist()):
+            box = [left, top, w * width, h * height]  # COCO's xywh, top-left corner
             annotations.append({
                 "id": len(annotations) + 1, "image_id": record.image_id, "category_id": category_ids[int(cls)],
                 "bbox": box, "area": box[2] * box[3], "iscrowd": 0,
@@ -68,10 +71,8 @@ def to_coco_detections(
     for detection, meta in zip(detections, metas):
         if not len(detection["scores"]):
             continue
-        boxes = detection["boxes"].float().cpu().clone()
-        boxes[:, [0, 2]] = ((boxes[:, [0, 2]] - meta.pad[0]) / meta.ratio).clamp(0, meta.original_hw[1])
-        boxes[:, [1, 3]] = ((boxes[:, [1, 3]] - meta.pad[1]) / meta.ratio).clamp(0, meta.original_hw[0])
-        boxes[:, 2:] -= boxes[:, :2]
+        boxes = unletterbox_boxes(detection["boxes"], meta)
+        boxes[:, 2:] -= boxes[:, :2]  # xyxy -> COCO's xywh
         for box, score, label in zip(boxes.tolist(), detection["scores"].tolist(), detection["labels"].tolist()):
             results.append({
                 "image_id": meta.image_id, "category_id": category_ids[int(label)],

@@ -1,20 +1,23 @@
 """Prediction <-> ground-truth matching at one IoU threshold, PR curves and the confusion matrix.
 
 These numbers feed the plots and the P / R columns of the val table only; mAP always comes from
-pycocotools (``detector.evaluate``). As in Ultralytics, candidate pairs above the IoU threshold are
+pycocotools (``detector.metrics.coco``). As in Ultralytics, candidate pairs above the IoU threshold are
 paired by IoU (see :func:`match_pairs`), each prediction and each ground-truth box used once. All boxes
 are xyxy pixels of the original image.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 from torchvision.ops import box_iou
 
-from detector.data.dataset import ImageMeta
+from detector.boxes import cxcywh_to_xyxy
+from detector.data.build import SplitData
+from detector.data.letterbox import ImageMeta, unletterbox_boxes
 from detector.data.labels import ImageRecord
 
 CONF_GRID = np.linspace(0, 1, 1000)  # confidence thresholds at which P, R and F1 are sampled
@@ -24,22 +27,12 @@ CM_CONF, CM_IOU = 0.25, 0.45  # confusion-matrix thresholds, as Ultralytics uses
 F1_SMOOTH = 0.1  # fraction of the confidence grid averaged when picking the best-F1 threshold
 
 
-def unletterbox_boxes(boxes: torch.Tensor, meta: ImageMeta) -> torch.Tensor:
-    """``[N, 4]`` xyxy pixels of the letterboxed input -> xyxy pixels of the original image (clipped)."""
-    boxes = boxes.detach().float().cpu().reshape(-1, 4).clone()
-    height, width = meta.original_hw
-    boxes[:, [0, 2]] = ((boxes[:, [0, 2]] - meta.pad[0]) / meta.ratio).clamp(0, width)
-    boxes[:, [1, 3]] = ((boxes[:, [1, 3]] - meta.pad[1]) / meta.ratio).clamp(0, height)
-    return boxes
-
-
 def labels_to_boxes(labels: np.ndarray, image_hw: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
     """``[n, 5]`` (class, cx, cy, w, h normalised) -> classes ``[n]`` long and xyxy pixel boxes ``[n, 4]``."""
     labels = torch.as_tensor(np.asarray(labels, dtype=np.float32)).reshape(-1, 5)
     height, width = image_hw
-    centre, size = labels[:, 1:3], labels[:, 3:5]
     scale = torch.tensor([width, height, width, height], dtype=torch.float32)
-    return labels[:, 0].long(), torch.cat((centre - size / 2, centre + size / 2), 1) * scale
+    return labels[:, 0].long(), cxcywh_to_xyxy(labels[:, 1:5]) * scale
 
 
 def match_pairs(iou: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -235,3 +228,34 @@ def pr_curves(
         precision, recall, f1, precision_at_recall, ap50 * nan_without_truth, instances, float(CONF_GRID[best]),
         precision[:, best] * nan_without_truth, recall[:, best] * nan_without_truth,
     )
+
+
+Predictions = list[tuple[dict[str, torch.Tensor], ImageMeta]]  # run_validation(..., keep_predictions=True)
+
+
+@dataclass
+class ValidationStats:
+    precision: np.ndarray  # [C] at best_confidence; NaN for classes without ground truth
+    recall: np.ndarray  # [C]
+    best_confidence: float
+    curves: PRCurves
+    matches: DatasetMatches
+    files: list[Path] = field(default_factory=list)  # figures written, if any
+
+    @property
+    def mean_precision(self) -> float:
+        return float(np.nanmean(self.precision)) if np.isfinite(self.precision).any() else 0.0
+
+    @property
+    def mean_recall(self) -> float:
+        return float(np.nanmean(self.recall)) if np.isfinite(self.recall).any() else 0.0
+
+
+def validation_stats(predictions: Predictions, split: SplitData, num_classes: int) -> ValidationStats:
+    """Match ``run_validation(..., keep_predictions=True)``'s ``info["predictions"]`` to the split's labels.
+
+    No figures; cheap enough to call every epoch for a ``precision`` / ``recall`` column.
+    """
+    matches = match_dataset(predictions, split.records, split.image_hw, num_classes)
+    curves = pr_curves(matches.correct, matches.scores, matches.labels, matches.gt_labels, num_classes)
+    return ValidationStats(curves.best_precision, curves.best_recall, curves.best_confidence, curves, matches)

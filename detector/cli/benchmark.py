@@ -22,10 +22,12 @@ import torch
 
 from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.synthetic import make_image
+from detector.device import resolve_device
 from detector.export.tensorrt import build_engine, tensorrt_missing
 from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
 from detector.precision import cpu_has_native_bf16
+from detector.runtime import enlarge_onednn_cache
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--batch", type=int, default=1, help="images per call (default: 1)")
     add("--runs", type=int, default=20, help="timed batches per backend (default: 20)")
     add("--warmup", type=int, default=3, help="untimed batches first (default: 3)")
-    add("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+    add("--device", default="",
         help="cpu or cuda (default: cuda if available, else cpu)")
     return parser
 
@@ -120,6 +122,7 @@ def markdown_table(rows: list[tuple[str, dict[str, float]]], notes: list[str]) -
 
 def run_benchmark(args: argparse.Namespace, progress: Callable[[str], None] = print) -> str:
     """Time every backend; -> a header line and the markdown table (``progress`` gets one line per backend)."""
+    device = str(resolve_device(args.device))
     weights = args.weights or find_latest_checkpoint()
     if weights is None:
         raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
@@ -128,25 +131,26 @@ def run_benchmark(args: argparse.Namespace, progress: Callable[[str], None] = pr
     with tempfile.TemporaryDirectory(prefix="detector-benchmark-") as folder:
         if Path(weights).suffix == ".pt":
             candidates: Iterator[Backend | str] = backends_for_checkpoint(
-                Path(weights), imgsz=args.imgsz, batch=args.batch, device=args.device, folder=Path(folder)
+                Path(weights), imgsz=args.imgsz, batch=args.batch, device=device, folder=Path(folder)
             )
         else:
-            candidates = iter([load_backend(weights, device=args.device)])
+            candidates = iter([load_backend(weights, device=device)])
         for backend in candidates:
             if isinstance(backend, str):
                 notes.append(backend)
                 continue
             size = args.imgsz if backend.info.dynamic and args.imgsz else backend.info.imgsz
             progress(f"timing {backend.name} at {size} px ...")
-            times = time_backend(backend, images, size=size, runs=args.runs, warmup=args.warmup, device=args.device)
+            times = time_backend(backend, images, size=size, runs=args.runs, warmup=args.warmup, device=device)
             rows.append((backend.name, times))
     threads = torch.get_num_threads()
-    header = f"{weights}, batch {args.batch}, {args.device} ({threads} torch threads), median of {args.runs} runs\n\n"
+    header = f"{weights}, batch {args.batch}, {device} ({threads} torch threads), median of {args.runs} runs\n\n"
     return header + markdown_table(rows, notes)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
     try:
         print(run_benchmark(args, progress=lambda line: print(line, file=sys.stderr)))
     except (CheckpointError, FileNotFoundError, ValueError, RuntimeError) as error:
