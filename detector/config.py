@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from detector.budget import parse_duration
+from detector.model import image_size_problem
 from detector.precision import CHOICES as PRECISION_CHOICES
 
 # Defaults for the built-in shapes dataset, chosen so `python train.py` finishes in minutes on a 2-core CPU.
@@ -114,8 +115,8 @@ class TrainConfig:
             problems.append(f"--epochs must be at least 1 (got {self.epochs})")
         if self.batch < 1:
             problems.append(f"--batch must be at least 1 (got {self.batch})")
-        if self.imgsz < 32 or self.imgsz % 32:
-            problems.append(f"--imgsz must be a positive multiple of 32 (got {self.imgsz}); try {max(32, round(self.imgsz / 32) * 32)}")
+        if (size_problem := image_size_problem(self.imgsz)) is not None:
+            problems.append(size_problem)
         if self.workers < 0:
             problems.append(f"--workers must be >= 0 (got {self.workers})")
         if not 0 < self.multi_scale_min <= 1 <= self.multi_scale_max:

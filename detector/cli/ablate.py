@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from detector.device import resolve_device
-from detector.precision import cpu_has_native_bf16
+from detector.precision import has_native_bf16
 from detector.runs import next_run_dir
 
 
@@ -26,9 +26,7 @@ def variants(device: torch.device) -> list[tuple[str, list[str]]]:
     chosen = []
     if on_gpu:
         chosen.append(("fp16", ["--precision", "fp16"]))
-        if torch.cuda.is_bf16_supported():
-            chosen.append(("bf16", ["--precision", "bf16"]))
-    elif cpu_has_native_bf16():
+    if has_native_bf16(device.type):
         chosen.append(("bf16", ["--precision", "bf16"]))
     chosen.append(("fp32", ["--unamp"]))
     return chosen

@@ -32,7 +32,7 @@ from pathlib import Path, PurePosixPath
 from tqdm import tqdm
 
 from detector.data.catalog import DOWNLOADS, Archive, Download, human_size, shipped_yaml_dir
-from detector.data.spec import DatasetError, load_dataset_spec, load_split
+from detector.data.spec import load_dataset_spec, load_split
 
 BASE_URL_ENV = "DETECTOR_DOWNLOAD_URL"
 CHUNK_BYTES = 1 << 20

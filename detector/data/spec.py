@@ -26,7 +26,12 @@ from pathlib import Path
 import yaml
 
 from detector.data.catalog import (
-    DATASETS_ENV, datasets_root, download_hint, resolve_data_yaml, shipped_yaml_dir, shipped_yaml_names,
+    DATASETS_ENV,
+    datasets_root,
+    download_hint,
+    resolve_data_yaml,
+    shipped_yaml_dir,
+    shipped_yaml_names,
 )
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}

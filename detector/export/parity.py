@@ -19,8 +19,8 @@ from detector.data.build import SplitData
 from detector.data.synthetic import make_image
 from detector.inference.backend import Backend
 from detector.inference.preprocess import Detections, prepare_batch
-from detector.postprocess import NMSConfig
 from detector.metrics.loop import run_validation
+from detector.postprocess import NMSConfig
 
 EVAL_NMS = NMSConfig(conf_threshold=0.001, iou_threshold=0.7, max_detections=300, multi_label=True)
 # Without a dataset there is no mAP; a score off by more than this means a broken export, not rounding

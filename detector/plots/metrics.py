@@ -9,7 +9,7 @@ import torch
 
 from detector.data.build import SplitData
 from detector.data.dataset import collate
-from detector.metrics.matching import CONF_GRID, RECALL_GRID, Predictions, PRCurves, ValidationStats, validation_stats
+from detector.metrics.matching import CONF_GRID, RECALL_GRID, PRCurves, Predictions, ValidationStats, validation_stats
 from detector.plots.batches import plot_val_predictions
 from detector.plots.canvas import new_figure, panel_grid, save_figure
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from detector.cli.export import build_parser, main
 from detector.data.synthetic import generate_shapes
 from detector.export import read_onnx_info
-from detector.cli.export import build_parser, main
 from detector.export.tensorrt import tensorrt_missing
 from detector.inference.onnx_backend import OnnxBackend
 

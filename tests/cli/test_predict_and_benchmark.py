@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from detector.cli.benchmark import main as benchmark_main
-from detector.data.synthetic import make_image
 from detector.cli.predict import main as predict_main
+from detector.data.synthetic import make_image
 
 
 def write_images(folder: Path) -> list[str]:

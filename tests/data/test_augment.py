@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from detector.data.augment import AugmentConfig, mosaic, random_affine
-from detector.data.letterbox import letterbox
 from detector.data.dataset import DetectionDataset, collate
 from detector.data.labels import ImageRecord
+from detector.data.letterbox import letterbox
 from detector.data.synthetic import make_image
 
 

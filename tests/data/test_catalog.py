@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,12 @@ import yaml
 
 from detector import cli
 from detector.data.catalog import (
-    DATASETS_ENV, DOWNLOADS, PACKAGE_DIR, datasets_root, resolve_data_yaml, shipped_yaml_dir,
+    DATASETS_ENV,
+    DOWNLOADS,
+    PACKAGE_DIR,
+    datasets_root,
+    resolve_data_yaml,
+    shipped_yaml_dir,
 )
 from detector.data.spec import DatasetError, load_dataset_spec, load_split
 from detector.data.synthetic import SHAPES_YAML
@@ -98,6 +102,7 @@ def test_yaml_relative_paths_still_resolve_against_the_yaml_folder(yolo_yaml: Pa
 
 def test_pyproject_lists_every_subpackage_and_ships_the_yamls():
     """packages is an explicit list (to map data/ -> detector.datasets): a new subpackage must be added."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     setuptools = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
     found = {".".join(p.parent.relative_to(REPO).parts) for p in (REPO / "detector").rglob("__init__.py")}
     assert found | {"detector.datasets"} == set(setuptools["packages"])
