@@ -32,7 +32,7 @@ COMMON = ["--imgsz", "64", "--workers", "0", "--cache", "none", "--no-plots", "-
 INJECT_NAN = """
 import json, os, sys, torch
 import detector.loss, detector.trainer
-from detector.cli import build_parser
+from detector.cli.train import build_parser
 from detector.config import TrainConfig
 from detector.ema import unwrap
 from dataclasses import fields

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from detector import cli
+from detector.cli import train as train_command
 from detector.data.catalog import (
     DATASETS_ENV,
     DOWNLOADS,
@@ -86,7 +86,7 @@ def test_coco_val_split_alone_loads_and_training_names_the_missing_archive(tmp_p
 def test_train_on_a_missing_dataset_prints_one_line_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture):
     empty = tmp_path / "datasets"
     empty.mkdir()
-    code = cli.main(["--data", "coco.yaml", "--datasets-dir", str(empty), "--device", "cpu", "--epochs", "1"])
+    code = train_command.main(["--data", "coco.yaml", "--datasets-dir", str(empty), "--device", "cpu", "--epochs", "1"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(lines) == 1, lines
     assert str(empty / "coco") in lines[0] and "20.4 GB" in lines[0]

@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 import pytest
 
+from detector.cli import download as download_command
 from detector.data import download as downloader
 from detector.data.catalog import DOWNLOADS
 from detector.data.download import DownloadError, download
@@ -200,7 +201,7 @@ def test_unreachable_host_is_named_in_one_line(tmp_path: Path, capsys: pytest.Ca
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     monkeypatch.setenv(downloader.BASE_URL_ENV, f"http://127.0.0.1:{port}")
-    code = downloader.main(["coco128", "--datasets-dir", str(tmp_path / "datasets")])
+    code = download_command.main(["coco128", "--datasets-dir", str(tmp_path / "datasets")])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1, lines
     assert f"http://127.0.0.1:{port}/coco128.zip" in lines[0] and "cannot connect" in lines[0]
