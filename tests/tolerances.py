@@ -63,7 +63,7 @@ def fp32_tolerance(model: nn.Module, raw: Sequence[torch.Tensor], *, image_size:
       absolute deviation of the model's own bin distribution (at most (reg_max - 1) / 2, near 0 where one
       bin dominates) and dl is the relative error times that side's largest bin logit; the bound is taken
       at its largest over all anchors and sides. Anchor +- distance then rounds once more: eps times the
-      coordinate, at most ~2x the image side.
+      coordinate, at most the image side plus the longest distance, (reg_max - 1) * the largest stride.
     """
     reg_max = model.reg_max
     relative = fp32_relative_error(model)
@@ -77,7 +77,7 @@ def fp32_tolerance(model: nn.Module, raw: Sequence[torch.Tensor], *, image_size:
         probs = side_logits.softmax(-1)
         deviation = (probs * (bins - (probs * bins).sum(-1, keepdim=True)).abs()).sum(-1)
         box = max(box, stride * relative * float((deviation * side_logits.abs().amax(-1)).max()))
-    box += FP32_EPS * 2 * image_size
+    box += FP32_EPS * (image_size + (reg_max - 1) * max(model.strides))
     return Tolerance(logit=logit, score=relative * class_logits / 4, box=box)
 
 
