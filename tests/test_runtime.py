@@ -12,7 +12,8 @@ SHOW = "import os, detector; print(os.environ['ONEDNN_PRIMITIVE_CACHE_CAPACITY']
 
 
 def _imported_value(environment: dict[str, str]) -> str:
-    done = subprocess.run([sys.executable, "-c", SHOW], env=environment, capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", SHOW], env=environment, capture_output=True, text=True, check=True,
+                          timeout=120)
     return done.stdout.strip()
 
 
@@ -45,7 +46,7 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def _faults(mode: str) -> tuple[str, int]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
     done = subprocess.run([sys.executable, "-c", FAULTS, mode], env=environment, capture_output=True, text=True,
-                          check=True)
+                          check=True, timeout=120)
     applied, faults = done.stdout.split()
     return applied, int(faults)
 

@@ -43,6 +43,16 @@ def fp32_relative_error(model: nn.Module) -> float:
     return depth * math.sqrt(terms) * FP32_EPS
 
 
+def rounded_relative_error(model: nn.Module, eps: float) -> float:
+    """``depth * eps`` for a run that rounds weights and activations to a format with machine epsilon ``eps``.
+
+    FP16 storage (eps 2^-10) or TF32 convolution inputs (10-bit mantissa, eps 2^-10) round every weight and
+    every activation to eps/2 relative, so each layer adds at most eps relative (sums still accumulate in
+    FP32, whose order error is 1000x smaller); the errors of successive layers add up.
+    """
+    return sum(isinstance(module, nn.Conv2d) for module in model.modules()) * eps
+
+
 @dataclass(frozen=True)
 class Tolerance:
     """Largest legitimate differences: raw head output, sigmoid score, decoded coordinate (px)."""
@@ -52,10 +62,12 @@ class Tolerance:
     box: float
 
 
-def fp32_tolerance(model: nn.Module, raw: Sequence[torch.Tensor], *, image_size: int) -> Tolerance:
+def fp32_tolerance(
+    model: nn.Module, raw: Sequence[torch.Tensor], *, image_size: int, relative: float | None = None
+) -> Tolerance:
     """Tolerances for ``model`` from its own raw outputs (``[B, 4*reg_max + C, H, W]`` per level).
 
-    * logit: relative error times the largest raw output;
+    * logit: relative error (:func:`fp32_relative_error` unless given) times the largest raw output;
     * score: sigmoid's slope is at most 1/4, so a score moves by at most a quarter of its logit's error;
     * box: a side's distance is ``stride * E`` with ``E = sum_k p_k k`` over the softmax ``p`` of its
       ``reg_max`` bin logits; its derivative along logit k is ``stride * p_k (k - E)``, so bin logits that
@@ -66,7 +78,7 @@ def fp32_tolerance(model: nn.Module, raw: Sequence[torch.Tensor], *, image_size:
       coordinate, at most the image side plus the longest distance, (reg_max - 1) * the largest stride.
     """
     reg_max = model.reg_max
-    relative = fp32_relative_error(model)
+    relative = fp32_relative_error(model) if relative is None else relative
     box_logits = max(float(level[:, : 4 * reg_max].abs().max()) for level in raw)
     class_logits = max(float(level[:, 4 * reg_max :].abs().max()) for level in raw)
     logit = relative * max(box_logits, class_logits)
@@ -172,8 +184,8 @@ def assert_same_detections(
     return summary
 
 
-def fp32_tolerance_on(model: nn.Module, images: torch.Tensor) -> Tolerance:
+def fp32_tolerance_on(model: nn.Module, images: torch.Tensor, *, relative: float | None = None) -> Tolerance:
     """:func:`fp32_tolerance` for ``model`` on uint8 ``images [B, 3, H, W]`` (scaled to [0, 1] as every backend does)."""
     with torch.no_grad():
         raw = model.eval()(images.float() / 255)
-    return fp32_tolerance(model, raw, image_size=max(images.shape[-2:]))
+    return fp32_tolerance(model, raw, image_size=max(images.shape[-2:]), relative=relative)
