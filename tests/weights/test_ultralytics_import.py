@@ -165,8 +165,10 @@ def test_outputs_match_ultralytics(saved_checkpoint, scale: str, layout: str) ->
           f"at confidence > {nms.conf_threshold:.3g}")
     # Ultralytics separates classes by adding label * 7680 px to the boxes before its IoU: coordinates up to
     # 7680 * 80 ~ 6.1e5 px carry float32 rounding of eps times that (0.07 px), which widens its NMS borderline.
+    # The raw outputs agree anchor by anchor (above), so a box kept on one side only can be a tie swap:
+    # random weights give many equal scores, and each NMS breaks ties its own way.
     summary = assert_same_detections(our_detections, theirs, nms=nms, tolerance=tolerance,
-                                     box_slack=FP32_EPS * 7680 * 80)
+                                     box_slack=FP32_EPS * 7680 * 80, tie_swaps=True)
     print(f"YOLOv8{scale}: {summary}")
 
 
