@@ -26,7 +26,7 @@ def test_sigkill_during_writes_leaves_a_loadable_checkpoint(tmp_path: Path):
     path = tmp_path / "last.pt"
     process = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
     try:
-        assert process.stdout.readline()  # at least one complete write
+        assert process.stdout.readline()  # at least one complete write (the finally below ends a hung writer)
         for delay in (0.05, 0.11, 0.17):  # kill at different points of a write
             time.sleep(delay)
         process.send_signal(signal.SIGKILL)

@@ -1,9 +1,13 @@
 """Property-based tests (hypothesis) for label parsing and box conversions."""
 
 import numpy as np
+import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
+
+pytest.importorskip("hypothesis", reason="property-based tests need hypothesis (the 'dev' extra)")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
 
 from detector.boxes import boxes_to_distances, cxcywh_to_xyxy, distances_to_boxes, xyxy_to_cxcywh
 from detector.data.labels import parse_yolo_label_text

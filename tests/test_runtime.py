@@ -22,7 +22,7 @@ print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "unset"))
 def _cache_values(environment: dict[str, str], device: str = "cpu") -> list[str]:
     """The variable after importing detector, then after tune_for_training (in a fresh process)."""
     done = subprocess.run([sys.executable, "-c", SHOW, device], env=environment, capture_output=True, text=True,
-                          check=True)
+                          check=True, timeout=120)
     return done.stdout.split()
 
 
@@ -55,7 +55,7 @@ print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 def _faults(mode: str) -> tuple[str, int]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
     done = subprocess.run([sys.executable, "-c", FAULTS, mode], env=environment, capture_output=True, text=True,
-                          check=True)
+                          check=True, timeout=120)
     applied, faults = done.stdout.split()
     return applied, int(faults)
 

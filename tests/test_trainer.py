@@ -12,7 +12,8 @@ from detector.trainer import train
 
 
 def _config(data: Path, project: Path, **overrides) -> TrainConfig:
-    values = dict(data=str(data), imgsz=64, epochs=2, batch=4, workers=0, cache="none", project=str(project),
+    # device="cpu": the default '' means CUDA when one is visible, which would change what these tests test.
+    values = dict(data=str(data), device="cpu", imgsz=64, epochs=2, batch=4, workers=0, cache="none", project=str(project),
                   name="run", plots=False, amp_check=False, close_mosaic=1, seed=0, warmup_epochs=0.5)
     values.update(overrides)
     return TrainConfig(**values)
@@ -65,7 +66,7 @@ def test_cli_reports_missing_data_yaml(tmp_path: Path, capsys):
 @pytest.mark.parametrize("flag", ["--unamp", "--precision=fp32"])
 def test_training_runs_in_fp32(flag, yolo_yaml: Path, tmp_path: Path):
     assert train_main(["--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "1", "--batch", "4", "--workers", "0",
-                       "--project", str(tmp_path), "--no-plots", "--no-amp-check", flag]) == 0
+                       "--device", "cpu", "--project", str(tmp_path), "--no-plots", "--no-amp-check", flag]) == 0
     rows = list(csv.DictReader((tmp_path / "exp" / "results.csv").open()))
     assert rows[0]["precision"] == "fp32"
 
@@ -79,14 +80,18 @@ def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(yolo_yaml: Path, tmp_pat
     root = Path(__file__).resolve().parents[1]
     process = subprocess.Popen(
         [sys.executable, str(root / "train.py"), "--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "200",
-         "--batch", "4", "--workers", "0", "--cache", "none", "--no-plots", "--no-amp-check", "--project", str(tmp_path)],
+         "--batch", "4", "--workers", "0", "--cache", "none", "--no-plots", "--no-amp-check", "--device", "cpu",
+         "--project", str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     last = tmp_path / "exp" / "weights" / "last.pt"
     deadline = time.time() + 120
-    while not last.exists() and time.time() < deadline and process.poll() is None:
-        time.sleep(0.2)
-    process.send_signal(signal.SIGINT)
-    output, _ = process.communicate(timeout=120)
+    try:
+        while not last.exists() and time.time() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()  # no-op once it has exited; a hung run must not outlive the test
     assert process.returncode == 0, output[-2000:]
     assert "interrupted: saved" in output
     state = load_checkpoint(last)

@@ -9,11 +9,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from detector.cli.export import build_parser, main
-from detector.data.synthetic import generate_shapes
-from detector.export import read_onnx_info
-from detector.export.tensorrt import tensorrt_missing
-from detector.inference.onnx_backend import OnnxBackend
+pytest.importorskip("onnx", reason="export.py writes ONNX (the 'export' extra)")
+pytest.importorskip("onnxruntime", reason="export.py checks parity with onnxruntime (the 'export' extra)")
+
+from detector.cli.export import build_parser, main  # noqa: E402  (after the skips: it imports onnx)
+from detector.data.synthetic import generate_shapes  # noqa: E402
+from detector.export import read_onnx_info  # noqa: E402
+from detector.export.tensorrt import tensorrt_missing  # noqa: E402
+from detector.inference.onnx_backend import OnnxBackend  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 IMGSZ = 64  # the conftest checkpoint's training size
@@ -72,7 +75,7 @@ def test_map_check_on_a_dataset(run_checkpoint: Path, tmp_path: Path, capsys: py
 
 @pytest.mark.skipif(tensorrt_missing() is None, reason="TensorRT and a GPU are present")
 def test_engine_without_tensorrt_is_one_line_error(run_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--weights", str(run_checkpoint), "--format", "onnx,engine"]) == 1
+    assert main(["--weights", str(run_checkpoint), "--format", "onnx,engine", "--device", "cpu"]) == 1
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "TensorRT" in lines[0] and "nothing was written" in lines[0]
@@ -87,8 +90,8 @@ def test_export_py_is_a_thin_entry_point() -> None:
 
 
 def test_bad_format_and_size_are_rejected(run_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--weights", str(run_checkpoint), "--format", "tflite"]) == 1
-    assert main(["--weights", str(run_checkpoint), "--imgsz", "50"]) == 1
+    assert main(["--weights", str(run_checkpoint), "--format", "tflite", "--device", "cpu"]) == 1
+    assert main(["--weights", str(run_checkpoint), "--imgsz", "50", "--device", "cpu"]) == 1
     assert "multiple of 32" in capsys.readouterr().err
     assert leftovers(run_checkpoint.parent) == []
 

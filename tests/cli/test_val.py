@@ -50,7 +50,7 @@ def val_inputs(tmp_path: Path) -> tuple[Path, Path]:
 
 def test_val_command_end_to_end(val_inputs, tmp_path: Path, capsys) -> None:
     weights, data = val_inputs
-    common = ["--weights", str(weights), "--data", str(data), "--workers", "0", "--batch", "4",
+    common = ["--weights", str(weights), "--data", str(data), "--workers", "0", "--batch", "4", "--device", "cpu",
               "--project", str(tmp_path / "runs")]
     # --conf 0 keeps every candidate, so even a random model's (tiny) scores give detections to score and plot.
     assert main([*common, "--conf", "0", "--name", "exp", "--fp32"]) == 0
@@ -72,7 +72,7 @@ def test_val_command_end_to_end(val_inputs, tmp_path: Path, capsys) -> None:
 
 def test_val_errors_are_one_line_and_return_2(val_inputs, tmp_path: Path, capsys) -> None:
     weights, data = val_inputs
-    project = ["--project", str(tmp_path / "runs")]
+    project = ["--project", str(tmp_path / "runs"), "--device", "cpu"]
     assert main(["--weights", str(tmp_path / "missing.pt"), "--data", str(data), *project]) == 2
     assert main(["--weights", str(weights), "--data", str(tmp_path / "missing.yaml"), *project]) == 2
     assert main(["--weights", str(weights), "--data", str(data), "--split", "test", *project]) == 2

@@ -61,7 +61,7 @@ def test_bad_data_is_fixed_or_skipped_with_warnings_and_trains(tmp_path: Path):
     cache = (tmp_path / "bad" / "images" / "train").with_suffix(".verified.json")
     assert cache.is_file()
 
-    summary = train(TrainConfig(data=str(yaml), imgsz=64, epochs=1, batch=4, workers=0, cache="none",
+    summary = train(TrainConfig(data=str(yaml), device="cpu", imgsz=64, epochs=1, batch=4, workers=0, cache="none",
                                 project=str(tmp_path / "runs"), plots=False, amp_check=False), progress=False)
     assert summary["epochs_done"] == 1
 

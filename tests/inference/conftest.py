@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from detector.export import ModelInfo, export_onnx
+from detector.export.metadata import ModelInfo
 from detector.model import YOLO
 from tests.conftest import MODEL_IMGSZ, NAMES, lively_model, one_torch_thread, write_checkpoint
 
@@ -34,6 +34,9 @@ def checkpoint(model: YOLO, tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def onnx_fp32(model: YOLO, checkpoint: Path) -> Path:
     """Fixed-shape FP32 export with batch 2 (so a 3-image batch exercises the chunking)."""
+    pytest.importorskip("onnx", reason="the ONNX backend needs an ONNX export (the 'export' extra)")
+    pytest.importorskip("onnxruntime", reason="the ONNX backend runs on onnxruntime (the 'export' extra)")
+    from detector.export import export_onnx  # imports onnx
     info = ModelInfo(names=NAMES, strides=model.strides, imgsz=IMGSZ, batch=2)
     with one_torch_thread():
         return export_onnx(model, checkpoint.with_suffix(".onnx"), info)

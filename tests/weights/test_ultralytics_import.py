@@ -26,6 +26,7 @@ from detector.weights import (
     read_ultralytics_checkpoint,
     resolve_weights,
 )
+from tests.tolerances import FP32_EPS, assert_same_detections, fp32_tolerance
 
 os.environ.setdefault("YOLO_OFFLINE", "1")  # read by ultralytics at import: never reach the network
 
@@ -143,24 +144,32 @@ def test_outputs_match_ultralytics(saved_checkpoint, scale: str, layout: str) ->
     with torch.no_grad():
         ours = model(images)
         decoded, raw = oracle(images)
+    tolerance = fp32_tolerance(model, ours, image_size=max(images.shape[-2:]))
     ours_flat = torch.cat([level.flatten(2) for level in ours], 2)  # [B, 64 + C, anchors]
     theirs_flat = torch.cat((raw["boxes"], raw["scores"]), 1)
     max_diff = (ours_flat - theirs_flat).abs().max().item()
-    print(f"\nYOLOv8{scale}: max |raw output difference| = {max_diff:.3g}")
-    assert max_diff < 1e-4
+    print(f"\nYOLOv8{scale}: max |raw output difference| = {max_diff:.3g} (tolerance {tolerance.logit:.3g})")
+    assert max_diff <= tolerance.logit
 
-    # Random weights give arbitrary score levels: put the threshold below the 500th best score so NMS has work.
-    conf, iou = decoded[:, 4:].amax(1).flatten().topk(500).values[-1].item(), 0.7
-    our_detections = postprocess(ours, strides=model.strides, reg_max=16, config=NMSConfig(conf, iou))
-    their_detections = non_max_suppression(decoded, conf_thres=conf, iou_thres=iou)
-    counts = [len(image["boxes"]) for image in our_detections]
-    print(f"YOLOv8{scale}: detections per image {counts} at confidence > {conf:.3g}")
-    assert all(count > 0 for count in counts), "too few detections for a meaningful comparison"
-    for ours_image, theirs_image in zip(our_detections, their_detections):
-        assert len(ours_image["boxes"]) == len(theirs_image)
-        torch.testing.assert_close(ours_image["boxes"], theirs_image[:, :4], atol=1e-3, rtol=0)
-        torch.testing.assert_close(ours_image["scores"], theirs_image[:, 4], atol=1e-5, rtol=0)
-        assert torch.equal(ours_image["labels"], theirs_image[:, 5].long())
+    # Random weights give arbitrary score levels, packed within ~1e-3 of each other: put the threshold in the
+    # widest gap below the 50th best score (over both images), so NMS has work and no score sits on the threshold.
+    ranked = decoded[:, 4:].amax(1).flatten().sort(descending=True).values
+    gap, rank = (ranked[50:-1] - ranked[51:]).max(0)
+    assert gap / 2 > tolerance.score, "no score gap wider than the tolerance to put the threshold in"
+    nms = NMSConfig(float(ranked[50 + rank] + ranked[51 + rank]) / 2, 0.7)
+    our_detections = postprocess(ours, strides=model.strides, reg_max=16, config=nms)
+    their_detections = non_max_suppression(decoded, conf_thres=nms.conf_threshold, iou_thres=nms.iou_threshold,
+                                           max_det=nms.max_detections)
+    theirs = [{"boxes": rows[:, :4], "scores": rows[:, 4], "labels": rows[:, 5].long()} for rows in their_detections]
+    print(f"YOLOv8{scale}: detections per image {[len(image['boxes']) for image in our_detections]} "
+          f"at confidence > {nms.conf_threshold:.3g}")
+    # Ultralytics separates classes by adding label * 7680 px to the boxes before its IoU: coordinates up to
+    # 7680 * 80 ~ 6.1e5 px carry float32 rounding of eps times that (0.07 px), which widens its NMS borderline.
+    # The raw outputs agree anchor by anchor (above), so a box kept on one side only can be a tie swap:
+    # random weights give many equal scores, and each NMS breaks ties its own way.
+    summary = assert_same_detections(our_detections, theirs, nms=nms, tolerance=tolerance,
+                                     box_slack=FP32_EPS * 7680 * 80, tie_swaps=True)
+    print(f"YOLOv8{scale}: {summary}")
 
 
 def test_ema_is_preferred_over_model(tmp_path: Path) -> None:
@@ -266,6 +275,7 @@ def test_bare_name_is_found_in_the_weights_folder(tmp_path: Path, monkeypatch: p
 def test_exported_onnx_matches_ultralytics(saved_checkpoint, tmp_path: Path) -> None:
     """The whole chain: Ultralytics file -> our model -> our FP32 ONNX export, against Ultralytics itself."""
     pytest.importorskip("ultralytics")
+    pytest.importorskip("onnx", reason="the chain ends in an ONNX export (the 'export' extra)")
     ort = pytest.importorskip("onnxruntime")
 
     from detector.export.metadata import ModelInfo
@@ -283,12 +293,13 @@ def test_exported_onnx_matches_ultralytics(saved_checkpoint, tmp_path: Path) -> 
     boxes, scores = session.run(None, {session.get_inputs()[0].name: images.numpy()})
     with torch.no_grad():
         decoded, _ = oracle(images)  # [B, 4 + C, A]: cx, cy, w, h pixels, then class probabilities
+        tolerance = fp32_tolerance(model, model(images), image_size=max(images.shape[-2:]))
     cx, cy, w, h = decoded[:, :4].unbind(1)
     their_boxes = torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), -1)
     box_diff = (torch.from_numpy(boxes) - their_boxes).abs().max().item()
     score_diff = (torch.from_numpy(scores) - decoded[:, 4:].transpose(1, 2)).abs().max().item()
-    print(f"\nYOLOv8n ONNX vs Ultralytics: max box diff {box_diff:.3g} px, max score diff {score_diff:.3g}")
-    assert box_diff < 1e-3 and score_diff < 1e-5
+    print(f"\nYOLOv8n ONNX vs Ultralytics: max box diff {box_diff:.3g} px, max score diff {score_diff:.3g} ({tolerance})")
+    assert box_diff <= tolerance.box and score_diff <= tolerance.score
 
     # Detections after NMS are not compared here: this random-weight model's boxes and scores are full of
     # near-ties, and ~1e-7 differences reorder them, so NMS keeps different but equivalent boxes. The
