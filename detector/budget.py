@@ -80,8 +80,9 @@ class EpochPlan:
     ``close_mosaic`` and ``warmup_epochs`` replace the configured values for the rest of the run; the
     estimates (seconds) are the ones the plan was made from, for the log line. Keep the trainer's
     100-step warm-up floor on top of the scaled ``warmup_epochs``: on the built-in dataset a 4-epoch run
-    lost mAP50-95 with a shorter warm-up (0.215 at 100 steps, 0.126 at 32, 0.037 without; issue 14). ``over_budget`` is true
-    when even the minimum (one epoch, or the epochs already done) does not fit: the caller should warn.
+    lost mAP50-95 with a shorter warm-up (0.215 at 100 steps, 0.126 at 32, 0.037 without; issue 14).
+    ``over_budget`` is true when even the minimum (one epoch, or the epochs already done) does not fit:
+    the caller should warn.
     """
 
     epochs: int
@@ -197,7 +198,8 @@ class TimeBudget:
                 if extra == 0:  # stopping now: the last done epoch needs its validation if it skipped one
                     validations = 1 if epochs_done and epochs_done % val_interval else 0
                 else:
-                    validations = total // val_interval - epochs_done // val_interval + (1 if total % val_interval else 0)
+                    validations = total // val_interval - epochs_done // val_interval
+                    validations += 1 if total % val_interval else 0  # the last epoch always validates
                 return extra * epoch_cost + validations * val_estimate + final_seconds
 
             extra = _largest_fitting(cost, usable, upper=int(max(usable, 0) // epoch_cost) + 1)
