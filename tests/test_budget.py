@@ -178,3 +178,19 @@ def test_stopping_after_an_unvalidated_epoch_reserves_its_validation() -> None:
                   final_seconds=5.0)
     assert fit("8m", elapsed_seconds=480 - 9.0, **common).over_budget  # 5 s final + 5 s validation > 9 s left
     assert not fit("8m", elapsed_seconds=480 - 16.0, **common).over_budget
+
+
+@pytest.mark.parametrize("budget", ["8m", "12m", "15m", "20m"])
+def test_replaying_a_shared_cpu_run_ends_inside_the_budget(budget: str) -> None:
+    # Epoch seconds of a real 20-epoch run on a 2-core CPU shared with other jobs (first epoch: start-up).
+    times = [92, 59, 68, 71, 61, 65, 59, 61, 69, 61, 52, 69, 46, 36, 43, 41, 51, 61, 57, 64]
+    plan_budget, clock, done = TimeBudget.parse(budget), 25.0, 0
+    common = dict(configured_epochs=20, close_mosaic=10, warmup_epochs=3.0, final_seconds=5.0)
+    plan = plan_budget.fit(elapsed_seconds=clock, epoch_seconds=[], val_seconds=[], epochs_done=0, **common)
+    while done < plan.epochs:
+        clock += times[done] + 6.0
+        done += 1
+        plan = plan_budget.fit(elapsed_seconds=clock, epoch_seconds=times[:done], val_seconds=[6.0] * done,
+                               epochs_done=done, **common)
+    assert clock + 5.0 <= plan_budget.seconds
+    assert clock + 5.0 + 2 * 66 > plan_budget.seconds  # within about two epochs of the budget: not wasteful
