@@ -26,10 +26,11 @@ from detector.data.synthetic import generate_shapes
 from detector.data.workers import worker_init
 from detector.distributed import barrier, cleanup, init_distributed
 from detector.ema import ModelEMA, unwrap
-from detector.engine import MultiScale, StepSchedule, make_torch_infer, train_one_epoch
+from detector.engine import StepSchedule, make_torch_infer, train_one_epoch
 from detector.evaluate import EvalResult
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
+from detector.multiscale import MultiScale, images_per_step, keeps_full_batches_only
 from detector.optim import build_optimizer
 from detector.postprocess import NMSConfig
 from detector.precision import Precision, resolve_precision
@@ -142,7 +143,8 @@ class Trainer:
         self.train_loader = DataLoader(
             self.train_data.dataset, batch_size=config.batch, sampler=self.sampler, num_workers=config.workers,
             collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=self.device.type == "cuda",
-            drop_last=False, worker_init_fn=worker_init(shares_cores_with_compute=self.device.type == "cpu"),
+            drop_last=keeps_full_batches_only(len(self.sampler), config.batch),
+            worker_init_fn=worker_init(shares_cores_with_compute=self.device.type == "cpu"),
         )
         steps_per_epoch = len(self.train_loader)
         global_batch = config.batch * self.dist.world_size
@@ -160,7 +162,13 @@ class Trainer:
             momentum=config.momentum if self.optimizer_name == "SGD" else 0.9,
             batch_size=global_batch, nominal_batch=config.nominal_batch, clip_grad=config.clip_grad,
         )
-        self.multi_scale = MultiScale(config.imgsz, config.multi_scale_min, config.multi_scale_max, config.multi_scale)
+        self.multi_scale = MultiScale(
+            config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max, hold=config.multi_scale_hold,
+            epochs=config.epochs, fixed_last_epochs=config.close_mosaic, enabled=config.multi_scale,
+        )
+        self.input_shapes = self.multi_scale.input_shapes(
+            steps_per_epoch=steps_per_epoch, batch=images_per_step(len(self.sampler), config.batch), seed=config.seed
+        )
         self.ema = ModelEMA(self.model, decay=config.ema_decay)
         self.scaler = self.precision.make_scaler()
         self.start_epoch, self.best_fitness = 0, -1.0
@@ -258,7 +266,8 @@ class Trainer:
             f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | data {data} "
             f"({len(self.train_data.records)} train / {len(self.val_data.records) if self.val_data else '?'} val) | "
             f"{self.device} x{self.dist.world_size} | precision {self.precision.name}: {self.precision.reason} | "
-            f"{self.optimizer_name} lr {self.schedule.base_lr:g} | run {self.run_dir}"
+            f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.multi_scale.describe(len(self.input_shapes))} | "
+            f"run {self.run_dir}"
         )
 
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
