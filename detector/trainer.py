@@ -36,7 +36,7 @@ from detector.postprocess import NMSConfig
 from detector.precision import Precision, resolve_precision
 from detector.reporting import RunReporter
 from detector.runs import append_results, newest_file, next_run_dir
-from detector.runtime import tune_for_training
+from detector.runtime import autotune_convolutions, tune_for_training
 from detector.validate import make_val_loader, run_validation
 
 
@@ -169,6 +169,7 @@ class Trainer:
         self.input_shapes = self.multi_scale.input_shapes(
             steps_per_epoch=steps_per_epoch, batch=images_per_step(len(self.sampler), config.batch), seed=config.seed
         )
+        autotune_convolutions(self.device, input_shapes=len(self.input_shapes))
         self.ema = ModelEMA(self.model, decay=config.ema_decay)
         self.scaler = self.precision.make_scaler()
         self.start_epoch, self.best_fitness = 0, -1.0
