@@ -94,12 +94,12 @@ class MultiScale:
         return [(batch, size) for size in sorted(seen)]
 
     def describe(self, shapes: int) -> str:
-        """One line for the run's header."""
+        """One line for the run's header: the scheme and the number of distinct training input shapes."""
+        count = f"{shapes} input shape{'' if shapes == 1 else 's'}"
         if not self.enabled:
-            return f"multi-scale off: {shapes} input shape(s)"
+            return f"multi-scale off: {count}"
         ladder = self.ladder()
         return (
             f"multi-scale {ladder[0]}-{ladder[-1]} px ({len(ladder)} sizes, each held {self.hold} steps, "
-            f"fixed {self.image_size} px for the last {min(self.fixed_last_epochs, self.epochs)} epochs): "
-            f"{shapes} input shapes"
+            f"fixed {self.image_size} px for the last {min(self.fixed_last_epochs, self.epochs)} epochs): {count}"
         )
