@@ -70,7 +70,7 @@ class TrainConfig:
     fliplr: float = knob(0.5, "horizontal flip probability")
     flipud: float = knob(0.0, "vertical flip probability")
     albumentations: float = knob(0.01, "probability of each albumentations pixel transform (blur, CLAHE, gray)")
-    multi_scale: bool = knob(True, "train at sizes drawn from the multiples of 32 in [min, max] x imgsz (fixed in close-mosaic epochs)")
+    multi_scale: bool = knob(True, "train at multiples of 32 in [min, max] x imgsz (imgsz in close-mosaic epochs)")
     multi_scale_min: float = knob(0.75, "smallest multi-scale factor of imgsz")
     multi_scale_max: float = knob(1.0, "largest multi-scale factor of imgsz (peak memory grows with its square)")
     multi_scale_hold: int = knob(10, "steps each multi-scale size is held (fewer size changes)")

@@ -82,7 +82,9 @@ class MultiScale:
         draws = torch.randint(0, len(ladder), (blocks,), generator=generator).tolist()
         return [ladder[draws[step // self.hold]] for step in range(count)]
 
-    def input_shapes(self, *, steps_per_epoch: int, batch: int, seed: int, start_epoch: int = 0) -> list[tuple[int, int]]:
+    def input_shapes(
+        self, *, steps_per_epoch: int, batch: int, seed: int, start_epoch: int = 0
+    ) -> list[tuple[int, int]]:
         """The distinct ``(batch, size)`` training inputs of epochs ``start_epoch..epochs-1``, sorted.
 
         ``batch`` is the images per step on one rank (:func:`images_per_step`). Replays the draws, so it is

@@ -267,8 +267,8 @@ class Trainer:
             f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | data {data} "
             f"({len(self.train_data.records)} train / {len(self.val_data.records) if self.val_data else '?'} val) | "
             f"{self.device} x{self.dist.world_size} | precision {self.precision.name}: {self.precision.reason} | "
-            f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.multi_scale.describe(len(self.input_shapes))} | "
-            f"run {self.run_dir}"
+            f"{self.optimizer_name} lr {self.schedule.base_lr:g} | "
+            f"{self.multi_scale.describe(len(self.input_shapes))} | run {self.run_dir}"
         )
 
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
