@@ -6,7 +6,7 @@ from the built-in dataset (mosaic on, cached in RAM), so the loss sees realistic
     python benchmarks/step_speed.py                  # 320 px, batch 16, nano model
     python benchmarks/step_speed.py --cycles 4 --compile
 
-Rows: FP32 / BF16 autocast, NCHW / channels-last, one fixed size / the 11 multi-scale sizes in turn
+Rows: FP32 / BF16 autocast, NCHW / channels-last, one fixed size / the default multi-scale sizes in turn
 (160-480 px at 320), and under multi-scale oneDNN's default kernel cache (1024) against the one detector sets
 and glibc's default heap against the held one the trainer sets (detector/runtime.py explains both).
 Prints a markdown table of images/s and milliseconds per phase (input: resize + float conversion).
@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 from isolated import run_isolated
 
-from detector.engine import MultiScale
+from detector.multiscale import MultiScale
 from detector.runtime import ONEDNN_CACHE_ENV
 
 ROW = r"""
@@ -35,7 +35,8 @@ from detector.data.build import build_split
 from detector.data.dataset import collate
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import generate_shapes
-from detector.engine import MultiScale, step_input
+from detector.engine import step_input
+from detector.multiscale import MultiScale
 from detector.loss import DetectionLoss
 from detector.model import build_model
 from detector.runtime import hold_freed_memory
@@ -125,7 +126,7 @@ def main() -> int:
     parser.add_argument("--imgsz", type=int, default=320)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--cycles", type=int, default=2,
-                        help="timed steps per row = cycles x the 11 multi-scale sizes (after two warm-up cycles)")
+                        help="timed steps per row = cycles x the multi-scale sizes (after two warm-up cycles)")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile row (BF16, channels-last, fixed)")
     args = parser.parse_args()
     rows = [*ROWS, COMPILE_ROW] if args.compile else ROWS

@@ -79,9 +79,10 @@ class TrainConfig:
     fliplr: float = knob(0.5, "horizontal flip probability")
     flipud: float = knob(0.0, "vertical flip probability")
     albumentations: float = knob(0.01, "probability of each albumentations pixel transform (blur, CLAHE, gray)")
-    multi_scale: bool = knob(True, "resize each batch to a random multiple of 32 in [min, max] x imgsz")
-    multi_scale_min: float = knob(0.5, "smallest multi-scale factor of imgsz")
-    multi_scale_max: float = knob(1.5, "largest multi-scale factor of imgsz")
+    multi_scale: bool = knob(True, "train at multiples of 32 in [min, max] x imgsz (imgsz in close-mosaic epochs)")
+    multi_scale_min: float = knob(0.875, "smallest multi-scale factor of imgsz")
+    multi_scale_max: float = knob(1.125, "largest multi-scale factor of imgsz (peak memory grows with its square)")
+    multi_scale_hold: int = knob(10, "steps each multi-scale size is held (fewer size changes)")
     # Evaluation, logging, output
     val_interval: int = knob(1, "evaluate every N epochs (and always after the last)")
     patience: int = knob(100, "stop when fitness has not improved for N epochs (counted where evaluated); 0 = never")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import resource
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from tqdm import tqdm
 from detector.data.dataset import model_input
 from detector.ema import ModelEMA
 from detector.loss import DetectionLoss
+from detector.multiscale import MultiScale
 from detector.optim import accumulation_steps, lr_factor, warmup_values
 from detector.precision import Precision
 
@@ -36,32 +36,6 @@ class StepSchedule:
     batch_size: int  # images per step across all processes
     nominal_batch: int
     clip_grad: float
-
-
-@dataclass(frozen=True)
-class MultiScale:
-    """Per-step input size: a multiple of 32 drawn uniformly from ``[low, high] * image_size``."""
-
-    image_size: int
-    low: float = 0.5
-    high: float = 1.5
-    enabled: bool = True
-
-    def ladder(self) -> list[int]:
-        """Every size a step can draw, smallest first."""
-        if not self.enabled:
-            return [self.image_size]
-        smallest = max(32, math.ceil(self.image_size * self.low / 32) * 32)
-        largest = max(smallest, math.floor(self.image_size * self.high / 32) * 32)
-        return list(range(smallest, largest + 1, 32))
-
-    def sizes(self, count: int, *, seed: int, epoch: int) -> list[int]:
-        """Sizes for every step of an epoch, drawn from (seed, epoch) alone so all ranks agree without talking."""
-        if not self.enabled:
-            return [self.image_size] * count
-        ladder = self.ladder()
-        generator = torch.Generator().manual_seed(seed * 7919 + epoch)
-        return [ladder[i] for i in torch.randint(0, len(ladder), (count,), generator=generator).tolist()]
 
 
 def step_input(images: torch.Tensor, size: int, device: torch.device, *, channels_last: bool) -> torch.Tensor:

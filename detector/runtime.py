@@ -15,8 +15,17 @@ faults per 44 FP32 steps. Keeping freed memory in the heap removes them; measure
 multi-scale steps ran ~11% faster in FP32 and BF16, whole training runs 2-4% faster, with peak resident
 memory about 4% higher.
 
-cuDNN autotuning (set by the trainer on CUDA). Multi-scale draws about 11 input sizes; with
-``cudnn.benchmark`` cuDNN times its algorithms once per size and keeps the fastest.
+cuDNN autotuning (set by the trainer on CUDA, once it knows the run's input shapes). With
+``cudnn.benchmark`` cuDNN times its algorithms for every convolution, forward and backward, the first time
+each input shape appears, and keeps the fastest. The timing is paid once per shape, the gain on every
+later step, so it pays when a run sees few shapes many times. Issue 16 measured the cost on an H100: with
+per-batch multi-scale over 21 sizes plus a partial last batch, epochs of ~1 s took 5-27 s whenever a new
+(batch, size) shape appeared, a tax that ran through the whole run. :mod:`detector.multiscale` now bounds
+the shapes (default: 3 at 320 px, 6 at 640 px, full batches only), so autotuning stays on up to
+``MAX_AUTOTUNED_SHAPES`` shapes and is off beyond (as detectron2 and torchvision do when sizes vary):
+then cuDNN's heuristics pick an algorithm with no timing. The limit is a judgement, not a measurement:
+GPU timings were not measured on the development machine (no GPU). ``cudnn.benchmark_limit`` (algorithms
+tried per shape) is left at PyTorch's default.
 """
 
 from __future__ import annotations
@@ -70,10 +79,25 @@ def hold_freed_memory() -> bool:
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))
 
 
+MAX_AUTOTUNED_SHAPES = 8
+
+
 def tune_for_training(device: torch.device) -> None:
-    """The process-wide settings a training run on ``device`` wants (the module docstring says why)."""
+    """The process-wide settings a training run on ``device`` wants (the module docstring says why).
+
+    cuDNN autotuning is decided later, by :func:`autotune_convolutions`, once the input shapes are known.
+    """
     enlarge_onednn_cache()
     if device.type == "cpu":
         hold_freed_memory()
-    elif device.type == "cuda":
-        torch.backends.cudnn.benchmark = True
+
+
+def autotune_convolutions(device: torch.device, *, input_shapes: int) -> bool:
+    """Turn ``cudnn.benchmark`` on for a CUDA run with at most ``MAX_AUTOTUNED_SHAPES`` input shapes.
+
+    Returns whether it is on; off (and untouched) elsewhere. The module docstring says why.
+    """
+    if device.type != "cuda":
+        return False
+    torch.backends.cudnn.benchmark = input_shapes <= MAX_AUTOTUNED_SHAPES
+    return torch.backends.cudnn.benchmark

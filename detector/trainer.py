@@ -41,18 +41,19 @@ from detector.distributed import (
     local_main_first,
 )
 from detector.ema import ModelEMA, unwrap
-from detector.engine import MultiScale, StepSchedule, train_one_epoch
+from detector.engine import StepSchedule, train_one_epoch
 from detector.inference.torch_backend import make_torch_infer
 from detector.loss import DetectionLoss, LossGains
 from detector.metrics.coco import EvalResult
 from detector.metrics.loop import make_val_loader, run_validation
 from detector.model import YOLO, build_model
+from detector.multiscale import MultiScale, images_per_step, keeps_full_batches_only
 from detector.optim import OptimizerChoice, build_optimizer
 from detector.plots.reporter import RunReporter
 from detector.postprocess import NMSConfig
 from detector.precision import Precision, resolve_precision, safer_precision, safest
 from detector.runs import append_results, newest_file, next_run_dir
-from detector.runtime import tune_for_training
+from detector.runtime import autotune_convolutions, tune_for_training
 
 
 def seed_everything(seed: int) -> None:
@@ -104,7 +105,8 @@ def build_train_loader(
     loader = DataLoader(
         data.dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
         collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=device.type == "cuda",
-        drop_last=False, worker_init_fn=worker_init(shares_cores_with_compute=device.type == "cpu"),
+        drop_last=keeps_full_batches_only(len(sampler), config.batch),  # one batch size: see detector/multiscale.py
+        worker_init_fn=worker_init(shares_cores_with_compute=device.type == "cpu"),
     )
     return sampler, loader
 
@@ -239,7 +241,10 @@ class Trainer:
             config, self.model, steps_per_epoch=len(self.train_loader), world_size=self.dist.world_size
         )
         self.optimizer, self.optimizer_name = choice.optimizer, choice.name
-        self.multi_scale = MultiScale(config.imgsz, config.multi_scale_min, config.multi_scale_max, config.multi_scale)
+        self.multi_scale = MultiScale(
+            config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max, hold=config.multi_scale_hold,
+            epochs=config.epochs, fixed_last_epochs=config.close_mosaic, enabled=config.multi_scale,
+        )
         self.ema = ModelEMA(self.model, decay=config.ema_decay)
         self.scaler = self.precision.make_scaler()
         self.epochs, self.start_epoch, self.best_fitness, self.best_epoch = config.epochs, 0, -1.0, -1
@@ -250,6 +255,7 @@ class Trainer:
         self.mosaic_closed_at: int | None = None
         if self.resume_state is not None:
             self._restore(self.resume_state)
+        autotune_convolutions(self.device, input_shapes=len(self.input_shapes()))
         self.model = wrap_distributed(self.model, config, self.dist, self.device)
         self.run_dir = self._make_run_dir()
         self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots,
@@ -355,7 +361,15 @@ class Trainer:
             f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | data {data} "
             f"({len(self.train_data.records)} train / {len(self.val_data.records) if self.val_data else '?'} val) | "
             f"{self.device} x{self.dist.world_size} | precision {self.precision.name}: {self.precision.reason} | "
-            f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.epochs_text()} | run {self.run_dir}"
+            f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.epochs_text()} | "
+            f"{self.multi_scale.describe(len(self.input_shapes()))} | run {self.run_dir}"
+        )
+
+    def input_shapes(self) -> list[tuple[int, int]]:
+        """The distinct (batch, size) training inputs of the epochs still to run (for cuDNN and the header)."""
+        return self.multi_scale.input_shapes(
+            steps_per_epoch=len(self.train_loader), batch=images_per_step(len(self.sampler), self.config.batch),
+            seed=self.config.seed, start_epoch=self.start_epoch,
         )
 
     def epochs_text(self) -> str:
@@ -502,6 +516,7 @@ class Trainer:
         self.schedule = dataclasses.replace(
             self.schedule, epochs=epochs, warmup_steps=warmup_steps(warmup_epochs, self.schedule.steps_per_epoch)
         )
+        self.multi_scale = dataclasses.replace(self.multi_scale, epochs=epochs, fixed_last_epochs=close_mosaic)
 
     def _preflight(self, batch: tuple) -> None:
         """AMP check on rank 0's first batch, without collectives; every rank adopts its verdict."""

@@ -2,9 +2,10 @@ import pytest
 import torch
 
 from detector.ema import ModelEMA
-from detector.engine import MultiScale, StepSchedule, resize_batch, step_input, train_one_epoch
+from detector.engine import StepSchedule, resize_batch, step_input, train_one_epoch
 from detector.loss import DetectionLoss
 from detector.model import build_model
+from detector.multiscale import MultiScale
 from detector.optim import build_optimizer
 from detector.precision import Precision, cpu_has_native_bf16, resolve_precision
 
@@ -54,14 +55,6 @@ def test_unamp_means_fp32_without_scaler():
 def test_auto_precision_on_cpu_follows_hardware():
     precision = resolve_precision("auto", torch.device("cpu"))
     assert precision.name == ("bf16" if cpu_has_native_bf16() else "fp32") and precision.reason
-
-
-def test_multi_scale_sizes_are_multiples_of_32_in_range_and_seeded():
-    multi = MultiScale(320, 0.5, 1.5)
-    sizes = multi.sizes(200, seed=1, epoch=3)
-    assert all(s % 32 == 0 and 160 <= s <= 480 for s in sizes) and len(set(sizes)) > 5
-    assert sizes == multi.sizes(200, seed=1, epoch=3) and sizes != multi.sizes(200, seed=1, epoch=4)
-    assert MultiScale(320, enabled=False).sizes(3, seed=0, epoch=0) == [320, 320, 320]
 
 
 def test_step_input_resizes_in_uint8_on_cpu_close_to_the_float_path():

@@ -6,7 +6,9 @@ import sys
 import pytest
 import torch
 
-from detector.runtime import ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, on_glibc, tune_for_training
+from detector.runtime import (
+    MAX_AUTOTUNED_SHAPES, ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, autotune_convolutions, on_glibc, tune_for_training,
+)
 
 SHOW = """
 import os, sys
@@ -70,8 +72,13 @@ def test_held_memory_is_reused_without_new_page_faults():
     assert _faults("default")[1] > pages // 2
 
 
-def test_cuda_training_lets_cudnn_pick_its_fastest_algorithms(monkeypatch):
+def test_cuda_autotunes_only_runs_with_few_input_shapes(monkeypatch):
     # Setting the flag needs no GPU; monkeypatch restores it for the other tests.
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     tune_for_training(torch.device("cuda"))
+    assert torch.backends.cudnn.benchmark is False  # decided once the shapes are known
+    assert autotune_convolutions(torch.device("cuda"), input_shapes=MAX_AUTOTUNED_SHAPES)
     assert torch.backends.cudnn.benchmark is True
+    assert not autotune_convolutions(torch.device("cuda"), input_shapes=MAX_AUTOTUNED_SHAPES + 1)
+    assert torch.backends.cudnn.benchmark is False
+    assert not autotune_convolutions(torch.device("cpu"), input_shapes=1)

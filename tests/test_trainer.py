@@ -34,11 +34,13 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
         assert (run_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     printed = capsys.readouterr().out
     assert "AP50-95" in printed and "Average Precision" in printed  # per-class table + pycocotools summary
+    assert "): 1 input shape |" in printed  # 64 px: the default list is [64]; 8 images, batch 4: no partial batch
 
 
 def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
-    full = train(_config(yolo_yaml, tmp_path / "a", epochs=3), progress=False)
-    partial = train(_config(yolo_yaml, tmp_path / "b", epochs=3), progress=False, stop_after_epochs=2)
+    sizes = dict(multi_scale_min=0.5, multi_scale_hold=1, close_mosaic=0)  # 32 or 64 px: resume replays them
+    full = train(_config(yolo_yaml, tmp_path / "a", epochs=3, **sizes), progress=False)
+    partial = train(_config(yolo_yaml, tmp_path / "b", epochs=3, **sizes), progress=False, stop_after_epochs=2)
     assert partial["epochs_done"] == 2
     resumed = train(_config(yolo_yaml, tmp_path / "c", resume=str(partial["run_dir"] / "weights" / "last.pt")),
                     progress=False)
