@@ -39,6 +39,16 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_thread_for_tiny_models() -> Iterator[None]:
+    """The whole suite runs its tiny models on one intra-op thread (see :func:`one_torch_thread` for why).
+
+    Subprocesses the tests start set ``OMP_NUM_THREADS=1`` for the same reason.
+    """
+    with one_torch_thread():
+        yield
+
+
 def write_yolo_dataset(root: Path, *, train: int = 8, val: int = 4, size: int = 64, seed: int = 0) -> Path:
     """Synthetic shapes in YOLO layout (images/ + labels/) with a data YAML; returns the YAML path."""
     rng = np.random.default_rng(seed)

@@ -9,6 +9,7 @@ from detector.cli.ablate import main
 def test_ablate_amp_runs_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys, monkeypatch):
     # Each variant trains in its own process: one that hangs must fail the test, not stall the suite.
     monkeypatch.setattr(ablate.subprocess, "run", functools.partial(subprocess.run, timeout=300))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # 64 px steps: two threads on 2 shared cores only wait on each other
     assert main(["--data", str(yolo_yaml), "--epochs", "1", "--project", str(tmp_path), "--imgsz", "64",
                  "--batch", "4", "--workers", "0", "--cache", "none", "--device", "cpu"]) == 0
     report = (tmp_path / "exp" / "ablation.md").read_text()
