@@ -286,7 +286,8 @@ class Trainer:
             # had fallen back); a GPU run's FP16 resumed on a CPU, or BF16 on a CPU without it, is not.
             restored = safest(self.precision, Precision(saved, self.device.type, "restored from the checkpoint "
                                                               "(the run had fallen back)"))
-            self._set_precision(restored.name, restored.reason)
+            if restored.name != self.precision.name:
+                self._set_precision(restored.name, restored.reason)
         self.model.load_state_dict(state["model"])
         self.ema.module.load_state_dict(state["ema"])
         self.ema.updates = state["ema_updates"]

@@ -177,3 +177,26 @@ def tiny_split(tmp_path: Path) -> SplitData:
     """The tiny dataset's val split, letterboxed to 64 x 64, with its COCO ground truth."""
     spec = load_dataset_spec(write_tiny_dataset(tmp_path / "data"))
     return build_split(spec, "val", image_size=64, augment=None, cache="false")
+
+
+# The nano checkpoint shared by the command and inference tests, and its FP32 ONNX export.
+@pytest.fixture(scope="session")
+def model() -> YOLO:
+    return lively_model(randomise_boxes=False)  # scores varied, so NMS has no ties to break
+
+
+@pytest.fixture(scope="session")
+def checkpoint(model: YOLO, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(model, tmp_path_factory.mktemp("weights") / "best.pt")
+
+
+@pytest.fixture(scope="session")
+def onnx_fp32(model: YOLO, checkpoint: Path) -> Path:
+    """Fixed-shape FP32 export with batch 2 (so a 3-image batch exercises the chunking)."""
+    pytest.importorskip("onnx", reason="the ONNX backend needs an ONNX export (the 'export' extra)")
+    pytest.importorskip("onnxruntime", reason="the ONNX backend runs on onnxruntime (the 'export' extra)")
+    from detector.export import export_onnx  # imports onnx
+    from detector.export.metadata import ModelInfo
+
+    info = ModelInfo(names=NAMES, strides=model.strides, imgsz=MODEL_IMGSZ, batch=2)
+    return export_onnx(model, checkpoint.with_suffix(".onnx"), info)

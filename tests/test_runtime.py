@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from detector.runtime import (
-    MAX_AUTOTUNED_SHAPES, ONEDNN_CACHE_CAPACITY, ONEDNN_CACHE_ENV, autotune_convolutions, on_glibc, tune_for_training,
+    MAX_AUTOTUNED_SHAPES,
+    ONEDNN_CACHE_CAPACITY,
+    ONEDNN_CACHE_ENV,
+    autotune_convolutions,
+    on_glibc,
+    tune_for_training,
 )
 
 SHOW = """

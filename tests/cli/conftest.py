@@ -1,48 +1,18 @@
-"""Fixtures for the command tests: nano checkpoints whose outputs look like a trained model's, and an ONNX export."""
+"""Fixtures for the command tests, beside the shared checkpoint and ONNX export of tests/conftest.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from detector.export import ModelInfo, export_onnx
 from detector.model import YOLO
-from tests.conftest import MODEL_IMGSZ, NAMES, lively_model, one_torch_thread, write_checkpoint
-
-IMGSZ = MODEL_IMGSZ
-
-
-@pytest.fixture(autouse=True)
-def _one_torch_thread() -> Iterator[None]:
-    with one_torch_thread():
-        yield
-
-
-@pytest.fixture(scope="session")
-def model() -> YOLO:
-    with one_torch_thread():
-        return lively_model(randomise_boxes=False)  # scores varied, so NMS has no ties to break
-
-
-@pytest.fixture(scope="session")
-def checkpoint(model: YOLO, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(model, tmp_path_factory.mktemp("weights") / "best.pt")
-
-
-@pytest.fixture(scope="session")
-def onnx_fp32(model: YOLO, checkpoint: Path) -> Path:
-    """Fixed-shape FP32 export with batch 2 (so a 3-image batch exercises the chunking)."""
-    info = ModelInfo(names=NAMES, strides=model.strides, imgsz=IMGSZ, batch=2)
-    with one_torch_thread():
-        return export_onnx(model, checkpoint.with_suffix(".onnx"), info)
+from tests.conftest import lively_model, write_checkpoint
 
 
 @pytest.fixture(scope="session")
 def export_model() -> YOLO:
-    with one_torch_thread():
-        return lively_model()
+    return lively_model()
 
 
 @pytest.fixture()
