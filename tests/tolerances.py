@@ -151,7 +151,6 @@ def _one_way(
     iou = torch.where(same_class, iou, torch.full_like(iou, -1.0))
     could_suppress = same_class & (max_iou_within(boxes, other_boxes, tolerance.box + box_slack) > nms.iou_threshold)
     outranks = other_scores[None, :] >= scores[:, None] - tolerance.score
-    near_tie = (other_scores[None, :] - scores[:, None]).abs() <= tolerance.score
     for index in (scores > floor).nonzero().flatten().tolist():
         summary.compared += 1
         if iou.shape[1] and float(iou[index].max()) > 0:
@@ -167,9 +166,12 @@ def _one_way(
         if bool((could_suppress[index] & outranks[index] & kept_on_both).any()):
             summary.excused += 1
             continue
-        # Two overlapping boxes whose scores tie within the tolerance: NMS may keep either. Only sound where
-        # the caller has already compared the raw outputs anchor by anchor (a moved box would fail there).
-        if tie_swaps and bool((could_suppress[index] & near_tie[index]).any()):
+        # Ties: where scores tie within the tolerance NMS may keep either box, and a swap cascades (B kept
+        # instead of A then suppresses C, which A had left alone). So after a tie, the other side may lack this
+        # box wherever it kept any same-class box that outranks it and overlaps it past the NMS threshold: the
+        # NMS rule itself. Only sound where the caller has already compared the raw outputs anchor by anchor,
+        # since then no box can have moved and excused itself through its own moved copy.
+        if tie_swaps and bool((could_suppress[index] & outranks[index]).any()):
             summary.excused += 1
             continue
         failures.append(f"{where}: detection {index} (label {int(labels[index])}, score {float(scores[index]):.6f}, "
