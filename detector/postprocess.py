@@ -31,45 +31,30 @@ class NMSConfig:
 def non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) -> list[dict[str, torch.Tensor]]:
     """``[B, A, 4 + C]`` decoded predictions -> per image ``{boxes [N,4] xyxy px, scores [N], labels [N]}``.
 
-    The whole batch goes through one ``batched_nms`` call, grouped by (image, class), instead of a Python loop
-    of one call per image: one candidate selection, one NMS and one split, with no per-image host syncs on a
-    GPU. Per image the result equals NMS run on that image alone (each (image, class) group is suppressed on
-    its own), in descending score order; only exact score ties may order differently, as in any sort.
+    One ``batched_nms`` per image, on purpose: one call for the whole batch (groups = image x class) measured
+    slower on CPU, 10x at 80 classes (benchmarks/val_speed.py), because torchvision's large-input path masks
+    every candidate once per group, O(groups x candidates).
     """
-    boxes, class_scores = decoded[..., :4], decoded[..., 4:]
-    num_images, num_classes = class_scores.shape[0], class_scores.shape[2]
-    if config.multi_label:
-        image_idx, anchor_idx, labels = (class_scores > config.conf_threshold).nonzero(as_tuple=True)
-        scores = class_scores[image_idx, anchor_idx, labels]
-    else:
-        best_scores, best_labels = class_scores.max(2)
-        image_idx, anchor_idx = (best_scores > config.conf_threshold).nonzero(as_tuple=True)
-        scores, labels = best_scores[image_idx, anchor_idx], best_labels[image_idx, anchor_idx]
-    # Candidates ordered by image, then by descending score: the first k of each image are its top-k.
-    order = scores.argsort(descending=True)
-    order = order[image_idx[order].argsort(stable=True)]
-    # Top-k before NMS, as Ultralytics' max_nms=30000: bounds NMS's worst case (it grows with the square of the
-    # candidates). It changes results only for an image with more than max_candidates boxes above conf.
-    keep = order[_rank_within_group(image_idx[order]) < config.max_candidates]
-    kept = batched_nms(boxes[image_idx[keep], anchor_idx[keep]], scores[keep],
-                       image_idx[keep] * num_classes + labels[keep], config.iou_threshold)
-    keep = keep[kept]  # descending score over the batch
-    keep = keep[image_idx[keep].argsort(stable=True)]  # by image, still descending score within each
-    keep = keep[_rank_within_group(image_idx[keep]) < config.max_detections]
-    counts = torch.bincount(image_idx[keep], minlength=num_images).tolist()
-    return [
-        {"boxes": boxes[image_idx[part], anchor_idx[part]], "scores": scores[part], "labels": labels[part]}
-        for part in keep.split(counts)
-    ]
-
-
-def _rank_within_group(groups: torch.Tensor) -> torch.Tensor:
-    """``[N]`` sorted group ids -> each element's position within its run of equal ids (0, 1, ... per group)."""
-    positions = torch.arange(len(groups), device=groups.device)
-    is_start = torch.ones_like(groups, dtype=torch.bool)
-    is_start[1:] = groups[1:] != groups[:-1]
-    starts = torch.where(is_start, positions, torch.zeros_like(positions)).cummax(0).values
-    return positions - starts
+    results = []
+    for image_preds in decoded:
+        boxes, class_scores = image_preds[:, :4], image_preds[:, 4:]
+        if config.multi_label:
+            anchor_idx, labels = (class_scores > config.conf_threshold).nonzero(as_tuple=True)
+            scores = class_scores[anchor_idx, labels]
+            boxes = boxes[anchor_idx]
+        else:
+            scores, labels = class_scores.max(1)
+            keep = scores > config.conf_threshold
+            boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        # Top-k before NMS, as Ultralytics' max_nms=30000: bounds NMS's worst case. It changes the result only
+        # for an image with more than max_candidates (box, class) pairs above conf, e.g. 8400 anchors x 80
+        # classes at conf 0.001 on a barely trained model; then the lowest-scoring ones never enter NMS.
+        if scores.numel() > config.max_candidates:
+            top = scores.topk(config.max_candidates).indices
+            boxes, scores, labels = boxes[top], scores[top], labels[top]
+        keep = batched_nms(boxes, scores, labels, config.iou_threshold)[: config.max_detections]
+        results.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+    return results
 
 
 def postprocess(
