@@ -53,8 +53,8 @@ def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, old_nms
     """One validation pass; seconds per stage, candidate and detection counts."""
     seconds: dict[str, float] = defaultdict(float)
     detections_all = []
-    batches = iter(loader)
     start = lap(device)
+    batches = iter(loader)  # the cold start forks the workers here, and a warm one hands them their indices
     for index, (images, _targets, metas) in enumerate(batches):
         now = lap(device)
         seconds["loader first batch" if index == 0 else "loader other batches"] += now - start
