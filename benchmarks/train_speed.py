@@ -172,8 +172,9 @@ def epoch_columns(rates: list[float]) -> tuple[float, float]:
 
 def bccd_rows(args: argparse.Namespace, work: Path) -> list[str]:
     """Both trainers on BCCD for BCCD's epochs, validating as they do by default: wall clock and final mAP50-95."""
+    (work / "bccd").mkdir(parents=True, exist_ok=True)
     data = absolute_yaml(Path(args.bccd), work / "bccd")
-    settings = argparse.Namespace(**{**vars(args), **BCCD})
+    settings = argparse.Namespace(**{**vars(args), **BCCD, "epochs": args.bccd_epochs})
     rows = []
     print("BCCD: running detector ...", file=sys.stderr, flush=True)
     ours = train_ours("bccd", ["--val-interval", "1"], settings, data, work / "bccd")
@@ -196,6 +197,7 @@ def main() -> int:
                         help="comma list of amp, fixed, unamp, ultralytics (default: all four on cuda; amp,unamp,"
                              "ultralytics on cpu)")
     parser.add_argument("--bccd", default="", help="BCCD data YAML: add the wall-clock-to-mAP rows (100 epochs, 640)")
+    parser.add_argument("--bccd-epochs", type=int, default=BCCD["epochs"], help="epochs of the BCCD rows (smoke tests)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all runs; the table gives medians")
     parser.add_argument("--extra", default="", help="extra flags for our runs, e.g. '--no-multi-scale'")
     args = parser.parse_args()
@@ -247,7 +249,7 @@ def main() -> int:
             how = " (median of per-round ratios)" if len(ratios) > 1 else ""
             print(f"{RUNS[a]} vs {RUNS[b]}: {spread(ratios, 2)}x images/s{how}")
     if args.bccd:
-        print(f"\nBCCD ({args.bccd}): {BCCD['epochs']} epochs, imgsz {BCCD['imgsz']}, batch {BCCD['batch']}, "
+        print(f"\nBCCD ({args.bccd}): {args.bccd_epochs} epochs, imgsz {BCCD['imgsz']}, batch {BCCD['batch']}, "
               f"device {args.device}, each trainer validating as by default; mAP by the same pycocotools code\n")
         print("| trainer | wall minutes to the end | final mAP50-95 | mAP50 |")
         print("|---|---|---|---|")

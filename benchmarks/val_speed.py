@@ -7,7 +7,7 @@ first batch is the cold start (worker processes forked), the later passes' first
 
     python benchmarks/val_speed.py                                      # built-in shapes, fresh model, --lively
     python benchmarks/val_speed.py --data ../shared/data/bccd/bccd.yaml --weights /tmp/val-runs/bccd/weights/best.pt
-    python benchmarks/val_speed.py --compare-nms                       # also time the NMS before this change
+    python benchmarks/val_speed.py --compare-nms                       # also time full NMS (before nms_first)
 
 A fresh model scores almost no box above conf 0.001, which under-measures NMS: ``--lively`` (the default without
 ``--weights``) zeroes the class-logit biases so every (anchor, class) pair enters NMS -- the worst case the
@@ -67,9 +67,11 @@ def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, old_nms
             detections = non_max_suppression(decoded, nms)
             t_nms = lap(device)
             if old_nms is not None:
-                old_nms(decoded, nms)
+                before = old_nms(decoded, nms)
                 seconds["NMS (before)"] += lap(device) - t_nms
                 t_nms = lap(device)
+                seconds["NMS differs"] += sum(not all(torch.equal(a[key], b[key]) for key in a)
+                                              for a, b in zip(detections, before))
         detections_all.extend(to_coco_detections(detections, metas, split.category_ids))
         t_coco = lap(device)
         seconds["forward"] += t_forward - now
@@ -105,7 +107,7 @@ def time_cocoeval(split, detections: list[dict]) -> dict[str, float]:
 
 
 def per_image_nms(decoded: torch.Tensor, config: NMSConfig) -> list[dict[str, torch.Tensor]]:
-    """The NMS before the batched one: a Python loop of one ``batched_nms`` per image (tests/test_postprocess.py)."""
+    """NMS as it was before ``nms_first``: full ``batched_nms`` per image, then the first ``max_detections``."""
     results = []
     for image_preds in decoded:
         boxes, class_scores = image_preds[:, :4], image_preds[:, 4:]
@@ -139,7 +141,7 @@ def main() -> int:
     parser.add_argument("--conf", type=float, default=0.001)
     parser.add_argument("--max-det", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3, help="passes over the split (the loader is kept)")
-    parser.add_argument("--compare-nms", action="store_true", help="also time the per-image NMS loop this replaced, on the same batches")
+    parser.add_argument("--compare-nms", action="store_true", help="also time full NMS (before nms_first) on the same batches, and count images that differ")
     args = parser.parse_args()
     enlarge_onednn_cache()
     torch.manual_seed(0)
@@ -187,6 +189,8 @@ def main() -> int:
             label = stage
         share = "" if stage == "NMS (before)" else f"{100 * statistics.median(values) / statistics.median(total):.0f}%"
         print(f"| {label} | {spread(values, 1000)} | {statistics.median(values) * 1000 / images:.1f} | {share} |")
+    if args.compare_nms:
+        print(f"| images whose detections differ between the two NMS | {sum(p['NMS differs'] for p in passes):.0f} | | |")
     print(f"| total (pass 1 includes the cold start) | {spread(total, 1000)} | "
           f"{statistics.median(total) * 1000 / images:.1f} | 100% |")
     return 0
