@@ -178,10 +178,12 @@ def bccd_rows(args: argparse.Namespace, work: Path) -> list[str]:
     rows = []
     print("BCCD: running detector ...", file=sys.stderr, flush=True)
     ours = train_ours("bccd", ["--val-interval", "1"], settings, data, work / "bccd")
-    rows.append(f"| detector (AMP default) | {ours['wall_seconds'] / 60:.1f} | {ours['map']:.4f} | {ours['map50']:.4f} |")
+    rows.append(f"| detector (AMP default) | {ours['wall_seconds'] / 60:.1f} | {ours['map']:.4f} | "
+                f"{ours['map50']:.4f} |")
     print("BCCD: running Ultralytics ...", file=sys.stderr, flush=True)
     theirs = train_ultralytics(settings, data, work / "bccd", val=True)
-    rows.append(f"| Ultralytics YOLOv8n | {theirs['wall_seconds'] / 60:.1f} | {theirs['map']:.4f} | {theirs['map50']:.4f} |")
+    rows.append(f"| Ultralytics YOLOv8n | {theirs['wall_seconds'] / 60:.1f} | {theirs['map']:.4f} | "
+                f"{theirs['map50']:.4f} |")
     return rows
 
 

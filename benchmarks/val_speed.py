@@ -132,8 +132,9 @@ def main() -> int:
     parser.add_argument("--data", default="", help="data YAML (default: the built-in shapes dataset)")
     parser.add_argument("--weights", default="", help="checkpoint (default: a fresh nano model)")
     parser.add_argument("--lively", action=argparse.BooleanOptionalAction, default=None,
-                        help="zero the class-logit biases so every (anchor, class) passes conf (default: without --weights)")
-    parser.add_argument("--imgsz", type=int, default=0, help="input size (default: checkpoint's, else 640 / 320 shapes)")
+                        help="zero the class-logit biases: all (anchor, class) pairs pass conf (default: no --weights)")
+    parser.add_argument("--imgsz", type=int, default=0,
+                        help="input size (default: the checkpoint's, else 640; 320 on the built-in data)")
     parser.add_argument("--batch", type=int, default=32, help="validation batch (training uses 2x its batch)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cpu")
@@ -141,7 +142,8 @@ def main() -> int:
     parser.add_argument("--conf", type=float, default=0.001)
     parser.add_argument("--max-det", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3, help="passes over the split (the loader is kept)")
-    parser.add_argument("--compare-nms", action="store_true", help="also time full NMS (before nms_first) on the same batches, and count images that differ")
+    parser.add_argument("--compare-nms", action="store_true",
+                        help="also time full NMS (before nms_first) on the same batches; count images that differ")
     args = parser.parse_args()
     enlarge_onednn_cache()
     torch.manual_seed(0)
@@ -156,7 +158,8 @@ def main() -> int:
     else:
         model = build_model(num_classes=spec.num_classes)
         size = args.imgsz or (320 if "shapes" in args.data else 640)
-    if args.lively if args.lively is not None else not args.weights:
+    lively = args.lively if args.lively is not None else not args.weights
+    if lively:
         for branch in model.head.cv3:
             branch[-1].bias.data.zero_()
     device = torch.device(args.device)
@@ -172,8 +175,9 @@ def main() -> int:
               for _ in range(args.repeats)]
     images = len(split.records)
     print(f"\n{images} val images of {args.data}, imgsz {size}, batch {args.batch}, workers {args.workers}, "
-          f"{device} {precision.name}, weights {args.weights or 'fresh'}{' (lively)' if args.lively or not args.weights else ''}, "
-          f"conf {args.conf}, max_det {args.max_det}; {statistics.median(p['candidates'] for p in passes) / images:.0f} "
+          f"{device} {precision.name}, weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
+          f"conf {args.conf}, max_det {args.max_det}; "
+          f"{statistics.median(p['candidates'] for p in passes) / images:.0f} "
           f"(anchor, class) pairs above conf and {statistics.median(p['detections'] for p in passes) / images:.0f} "
           f"detections per image; mAP50-95 {passes[0]['mAP50-95']:.4f}; {args.repeats} passes, loader kept\n")
     print("| stage | ms per pass, median (range) | ms per image | share |")
@@ -190,7 +194,8 @@ def main() -> int:
         share = "" if stage == "NMS (before)" else f"{100 * statistics.median(values) / statistics.median(total):.0f}%"
         print(f"| {label} | {spread(values, 1000)} | {statistics.median(values) * 1000 / images:.1f} | {share} |")
     if args.compare_nms:
-        print(f"| images whose detections differ between the two NMS | {sum(p['NMS differs'] for p in passes):.0f} | | |")
+        differ = sum(p["NMS differs"] for p in passes)
+        print(f"| images whose detections differ between the two NMS, all passes | {differ:.0f} | | |")
     print(f"| total (pass 1 includes the cold start) | {spread(total, 1000)} | "
           f"{statistics.median(total) * 1000 / images:.1f} | 100% |")
     return 0
