@@ -7,7 +7,6 @@ first batch is the cold start (worker processes forked), the later passes' first
 
     python benchmarks/val_speed.py                                      # built-in shapes, fresh model, --lively
     python benchmarks/val_speed.py --data ../shared/data/bccd/bccd.yaml --weights /tmp/val-runs/bccd/weights/best.pt
-    python benchmarks/val_speed.py --compare-nms                       # also time full NMS (before nms_first)
 
 A fresh model scores almost no box above conf 0.001, which under-measures NMS: ``--lively`` (the default without
 ``--weights``) zeroes the class-logit biases so every (anchor, class) pair enters NMS -- the worst case the
@@ -26,7 +25,6 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torchvision.ops import batched_nms
 
 from detector.checkpoint import model_from_checkpoint
 from detector.data.build import build_split
@@ -49,7 +47,7 @@ def lap(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, old_nms=None) -> dict[str, float]:
+def one_pass(model, loader, split, *, precision, device, nms: NMSConfig) -> dict[str, float]:
     """One validation pass; seconds per stage, candidate and detection counts."""
     seconds: dict[str, float] = defaultdict(float)
     detections_all = []
@@ -66,12 +64,6 @@ def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, old_nms
             t_decode = lap(device)
             detections = non_max_suppression(decoded, nms)
             t_nms = lap(device)
-            if old_nms is not None:
-                before = old_nms(decoded, nms)
-                seconds["NMS (before)"] += lap(device) - t_nms
-                t_nms = lap(device)
-                seconds["NMS differs"] += sum(not all(torch.equal(a[key], b[key]) for key in a)
-                                              for a, b in zip(detections, before))
         detections_all.extend(to_coco_detections(detections, metas, split.category_ids))
         t_coco = lap(device)
         seconds["forward"] += t_forward - now
@@ -106,21 +98,6 @@ def time_cocoeval(split, detections: list[dict]) -> dict[str, float]:
     return out
 
 
-def per_image_nms(decoded: torch.Tensor, config: NMSConfig) -> list[dict[str, torch.Tensor]]:
-    """NMS as it was before ``nms_first``: full ``batched_nms`` per image, then the first ``max_detections``."""
-    results = []
-    for image_preds in decoded:
-        boxes, class_scores = image_preds[:, :4], image_preds[:, 4:]
-        anchor_idx, labels = (class_scores > config.conf_threshold).nonzero(as_tuple=True)
-        scores, boxes = class_scores[anchor_idx, labels], boxes[anchor_idx]
-        if scores.numel() > config.max_candidates:
-            top = scores.topk(config.max_candidates).indices
-            boxes, scores, labels = boxes[top], scores[top], labels[top]
-        keep = batched_nms(boxes, scores, labels, config.iou_threshold)[: config.max_detections]
-        results.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
-    return results
-
-
 def spread(values: list[float], scale: float = 1.0, digits: int = 0) -> str:
     values = [v * scale for v in values]
     middle = f"{statistics.median(values):.{digits}f}"
@@ -142,8 +119,6 @@ def main() -> int:
     parser.add_argument("--conf", type=float, default=0.001)
     parser.add_argument("--max-det", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3, help="passes over the split (the loader is kept)")
-    parser.add_argument("--compare-nms", action="store_true",
-                        help="also time full NMS (before nms_first) on the same batches; count images that differ")
     args = parser.parse_args()
     enlarge_onednn_cache()
     torch.manual_seed(0)
@@ -168,10 +143,7 @@ def main() -> int:
     split = build_split(spec, "val", image_size=size, augment=None, cache="none")
     loader = make_val_loader(split, batch_size=args.batch, workers=args.workers, cpu_compute=device.type == "cpu")
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=0.7, max_detections=args.max_det, multi_label=True)
-    old_nms = None
-    if args.compare_nms:
-        old_nms = per_image_nms
-    passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms, old_nms=old_nms)
+    passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms)
               for _ in range(args.repeats)]
     images = len(split.records)
     print(f"\n{images} val images of {args.data}, imgsz {size}, batch {args.batch}, workers {args.workers}, "
@@ -182,7 +154,7 @@ def main() -> int:
           f"detections per image; mAP50-95 {passes[0]['mAP50-95']:.4f}; {args.repeats} passes, loader kept\n")
     print("| stage | ms per pass, median (range) | ms per image | share |")
     print("|---|---|---|---|")
-    stages = [s for s in STAGES] + (["NMS (before)"] if args.compare_nms else [])
+    stages = STAGES
     total = [sum(p[s] for s in STAGES) for p in passes]
     for stage in stages:
         values = [p[stage] for p in passes]
@@ -191,11 +163,8 @@ def main() -> int:
             values = values[1:] or values
         else:
             label = stage
-        share = "" if stage == "NMS (before)" else f"{100 * statistics.median(values) / statistics.median(total):.0f}%"
+        share = f"{100 * statistics.median(values) / statistics.median(total):.0f}%"
         print(f"| {label} | {spread(values, 1000)} | {statistics.median(values) * 1000 / images:.1f} | {share} |")
-    if args.compare_nms:
-        differ = sum(p["NMS differs"] for p in passes)
-        print(f"| images whose detections differ between the two NMS, all passes | {differ:.0f} | | |")
     print(f"| total (pass 1 includes the cold start) | {spread(total, 1000)} | "
           f"{statistics.median(total) * 1000 / images:.1f} | 100% |")
     return 0

@@ -52,30 +52,9 @@ def non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) 
         if scores.numel() > config.max_candidates:
             top = scores.topk(config.max_candidates).indices
             boxes, scores, labels = boxes[top], scores[top], labels[top]
-        keep = nms_first(boxes, scores, labels, iou_threshold=config.iou_threshold, count=config.max_detections)
+        keep = batched_nms(boxes, scores, labels, config.iou_threshold)[: config.max_detections]
         results.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
     return results
-
-
-def nms_first(
-    boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, *, iou_threshold: float, count: int
-) -> torch.Tensor:
-    """The first ``count`` indices of ``batched_nms(boxes, scores, labels)``, without suppressing the whole input.
-
-    Greedy NMS decides each box from the higher-scoring boxes kept before it, so NMS over the highest-scoring
-    ``m`` candidates keeps exactly the boxes full NMS keeps among them. Once that prefix keeps ``count`` boxes,
-    they are full NMS's first ``count`` (up to the order of exactly equal scores, as in any sort). At conf 0.001
-    most candidates sit far below the ``count``-th kept score, so this usually stops at the first prefix.
-    ``boxes [N, 4]`` xyxy, ``scores [N]``, ``labels [N]`` -> indices ``[<= count]`` in descending score.
-    """
-    order = scores.argsort(descending=True)
-    size = 4 * count  # a first guess; each retry takes 4x more, so at most a few NMS calls
-    while True:
-        top = order[:size]
-        keep = batched_nms(boxes[top], scores[top], labels[top], iou_threshold)
-        if len(keep) >= count or size >= len(order):
-            return top[keep[:count]]
-        size *= 4
 
 
 def postprocess(

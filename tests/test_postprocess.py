@@ -6,7 +6,7 @@ import pytest
 import torch
 from torchvision.ops import batched_nms, box_iou
 
-from detector.postprocess import NMSConfig, nms_first, non_max_suppression
+from detector.postprocess import NMSConfig, non_max_suppression
 
 
 def random_decoded(batch: int, anchors: int, classes: int, *, seed: int) -> torch.Tensor:
@@ -62,19 +62,3 @@ def test_empty_image_gives_empty_detections():
     assert [len(d["scores"]) for d in out] == [0, 0]
     assert out[0]["boxes"].shape == (0, 4)
 
-
-@pytest.mark.parametrize("count", [1, 5, 40, 300, 5000])
-@pytest.mark.parametrize("iou", [0.3, 0.7])
-def test_nms_first_equals_full_nms_truncated(count, iou):
-    """Prefix NMS (with its retries when a prefix keeps too few) == full NMS, first ``count``."""
-    for seed in range(3):
-        image = random_decoded(1, 700, 3, seed=seed)[0]
-        boxes, scores, labels = candidates(image, 0.001)
-        want = batched_nms(boxes, scores, labels, iou)[:count]
-        got = nms_first(boxes, scores, labels, iou_threshold=iou, count=count)
-        assert torch.equal(got, want)
-
-
-def test_nms_first_on_no_candidates():
-    empty = torch.zeros(0, 4)
-    assert len(nms_first(empty, torch.zeros(0), torch.zeros(0, dtype=torch.long), iou_threshold=0.7, count=300)) == 0
