@@ -32,8 +32,8 @@ def non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) 
     """``[B, A, 4 + C]`` decoded predictions -> per image ``{boxes [N,4] xyxy px, scores [N], labels [N]}``.
 
     One ``batched_nms`` per image, on purpose: one call for the whole batch (groups = image x class) measured
-    slower on CPU, 10x at 80 classes (benchmarks/val_speed.py), because torchvision's large-input path masks
-    every candidate once per group, O(groups x candidates).
+    slower on CPU, 2.6x on the built-in data (benchmarks/val_speed.py) and 10x at 80 classes, because
+    torchvision's large-input path masks every candidate once per group, O(groups x candidates).
     """
     results = []
     for image_preds in decoded:

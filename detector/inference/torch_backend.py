@@ -45,7 +45,7 @@ def validation_model(model: nn.Module, precision: Precision) -> nn.Module:
 
     Autocast casts every FP32 weight to FP16 again on each forward; a copy cast once per evaluation skips that
     (Ultralytics validates its EMA in half precision too). The copy's outputs differ from autocast's in FP16
-    rounding only (BatchNorm runs in FP16); the final evaluation runs FP32 and is not affected. The CPU path keeps
+    rounding only (BatchNorm's parameters are FP16 too); the final evaluation runs FP32 and is not affected. The CPU path keeps
     the training precision and the model itself.
     """
     if precision.name != "fp16" or precision.device_type != "cuda":
