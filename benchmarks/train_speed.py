@@ -13,6 +13,12 @@ ratio together.
     python benchmarks/train_speed.py --extra=--no-multi-scale   # our runs at a fixed size, as Ultralytics trains
     python benchmarks/train_speed.py --repeats 3          # medians of 3 rounds: single runs move by ~5-10% here
     python benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64   # the GPU comparison (FP16 AMP)
+    python benchmarks/train_speed.py --device cuda --bccd ../shared/data/bccd/bccd.yaml   # + wall clock to mAP
+
+On --device cuda the runs default to detector's default, fixed size (--no-multi-scale), --unamp and Ultralytics.
+Columns: images/s of the first epoch (start-up, kernel autotuning, caches filling) and the steady state (median
+of the later epochs), per epoch from results.csv (Ultralytics: its epoch callbacks). --bccd PATH adds a row per
+trainer: 100 epochs at 640, batch 16, validating as each does by default, wall clock and final mAP50-95.
 
 Prints a markdown table. Ultralytics (AGPL-3.0) is a benchmark extra: `pip install ultralytics`.
 """
@@ -43,12 +49,14 @@ model = YOLO("yolov8n.yaml")
 model.add_callback("on_train_epoch_start", start)
 model.add_callback("on_train_epoch_end", end)  # fires after the batches, before validation
 model.train(data=args["data"], epochs=args["epochs"], imgsz=args["imgsz"], batch=args["batch"], workers=args["workers"],
-            device=args["device"], project=args["project"], name="ultralytics", exist_ok=True, plots=False, seed=0,
-            val=False, verbose=False)
-train_seconds = sum(b - a for a, b in epochs)
+            device=args["device"], project=args["project"], name=args.get("name", "ultralytics"), exist_ok=True,
+            plots=False, seed=0, val=args.get("val", False), verbose=False)
+epoch_seconds = [b - a for a, b in epochs]
+train_seconds = sum(epoch_seconds)
 peak = (torch.cuda.max_memory_allocated() if args["device"] != "cpu" else
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**20
-print("RESULT", json.dumps({"train_seconds": train_seconds, "peak_mb": peak, "weights": str(model.trainer.best),
+print("RESULT", json.dumps({"train_seconds": train_seconds, "epoch_seconds": epoch_seconds, "peak_mb": peak,
+                            "weights": str(model.trainer.best),
                             "amp": bool(getattr(model.trainer, "amp", False))}))
 """
 
@@ -108,6 +116,7 @@ def absolute_yaml(data: Path, out_dir: Path) -> Path:
 
 
 def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path, project: Path) -> dict:
+    """``flags`` come last, so a caller's ``--epochs`` / ``--val-interval`` override the benchmark's."""
     command = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--epochs", str(args.epochs), "--imgsz",
                str(args.imgsz), "--batch", str(args.batch), "--workers", str(args.workers), "--project", str(project),
                "--name", name, "--no-plots", "--val-interval", str(args.epochs), "--device", args.device, *flags]
@@ -121,14 +130,14 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
                                       "batch": args.batch, "workers": args.workers, "fp32": "--unamp" in flags,
                                       "device": args.device})
     return {"train_seconds": train_seconds, "wall_seconds": wall, "peak_mb": max(float(r["peak_mem_mb"]) for r in rows),
-            "precision": rows[-1]["precision"], **evaluation}
+            "precision": rows[-1]["precision"], "epoch_rates": [float(r["images_per_s"]) for r in rows], **evaluation}
 
 
-def train_ultralytics(args: argparse.Namespace, data: Path, project: Path) -> dict:
+def train_ultralytics(args: argparse.Namespace, data: Path, project: Path, *, val: bool = False) -> dict:
     # Ultralytics names GPUs by index ("0"), not "cuda:0".
     device = args.device if args.device == "cpu" else (args.device.partition(":")[2] or "0")
     payload = {"data": str(data), "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
-               "workers": args.workers, "project": str(project), "device": device}
+               "workers": args.workers, "project": str(project), "device": device, "val": val}
     start = time.perf_counter()
     trained = run_isolated(ULTRALYTICS_TRAIN, payload)
     wall = time.perf_counter() - start
@@ -138,18 +147,44 @@ def train_ultralytics(args: argparse.Namespace, data: Path, project: Path) -> di
                                 "device": args.device})
     # Validation time is Ultralytics' own val(); mAP is scored by the same pycocotools code as ours.
     precision = "fp16 AMP" if trained["amp"] else ("fp32 (AMP off on CPU)" if args.device == "cpu" else "fp32")
+    images = len(__import__("detector.data.spec", fromlist=["x"]).load_dataset_spec(data).train.images)
     return {"train_seconds": trained["train_seconds"], "wall_seconds": wall, "peak_mb": trained["peak_mb"],
+            "epoch_rates": [images / seconds for seconds in trained["epoch_seconds"]],
             "precision": precision, "val_seconds": own["val_seconds"], "map": ours["map"],
             "map50": ours["map50"], "own_map": own["own_map"]}
 
 
-RUNS = {"amp": "detector (AMP default)", "unamp": "detector --unamp", "ultralytics": "Ultralytics YOLOv8n"}
+RUNS = {"amp": "detector (AMP default)", "fixed": "detector --no-multi-scale", "unamp": "detector --unamp",
+        "ultralytics": "Ultralytics YOLOv8n"}
+BCCD = {"epochs": 100, "imgsz": 640, "batch": 16}  # the wall-clock-to-mAP row's settings
 
 
 def spread(values: list[float], digits: int = 1) -> str:
     """Median, and the range when there is more than one value."""
     middle = f"{statistics.median(values):.{digits}f}"
     return middle if len(values) == 1 else f"{middle} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def epoch_columns(rates: list[float]) -> tuple[float, float]:
+    """Images/s of the first epoch, and of the steady state (median of the later epochs; the first when alone)."""
+    return rates[0], statistics.median(rates[1:] or rates)
+
+
+def bccd_rows(args: argparse.Namespace, work: Path) -> list[str]:
+    """Both trainers on BCCD for BCCD's epochs, validating as they do by default: wall clock and final mAP50-95."""
+    (work / "bccd").mkdir(parents=True, exist_ok=True)
+    data = absolute_yaml(Path(args.bccd), work / "bccd")
+    settings = argparse.Namespace(**{**vars(args), **BCCD, "epochs": args.bccd_epochs})
+    rows = []
+    print("BCCD: running detector ...", file=sys.stderr, flush=True)
+    ours = train_ours("bccd", ["--val-interval", "1"], settings, data, work / "bccd")
+    rows.append(f"| detector (AMP default) | {ours['wall_seconds'] / 60:.1f} | {ours['map']:.4f} | "
+                f"{ours['map50']:.4f} |")
+    print("BCCD: running Ultralytics ...", file=sys.stderr, flush=True)
+    theirs = train_ultralytics(settings, data, work / "bccd", val=True)
+    rows.append(f"| Ultralytics YOLOv8n | {theirs['wall_seconds'] / 60:.1f} | {theirs['map']:.4f} | "
+                f"{theirs['map50']:.4f} |")
+    return rows
 
 
 def main() -> int:
@@ -160,11 +195,15 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the GPU comparison")
-    parser.add_argument("--runs", default="amp,unamp,ultralytics", help="comma list of amp, unamp, ultralytics")
+    parser.add_argument("--runs", default="",
+                        help="comma list of amp, fixed, unamp, ultralytics (default: all four on cuda; amp,unamp,"
+                             "ultralytics on cpu)")
+    parser.add_argument("--bccd", default="", help="BCCD data YAML: add the wall-clock-to-mAP rows (100 epochs, 640)")
+    parser.add_argument("--bccd-epochs", type=int, default=BCCD["epochs"], help="epochs of the BCCD rows (smoke tests)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all runs; the table gives medians")
     parser.add_argument("--extra", default="", help="extra flags for our runs, e.g. '--no-multi-scale'")
     args = parser.parse_args()
-    runs = args.runs.split(",")
+    runs = (args.runs or ("amp,unamp,ultralytics" if args.device == "cpu" else ",".join(RUNS))).split(",")
     if unknown := [run for run in runs if run not in RUNS]:
         parser.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
     if not args.data:
@@ -183,6 +222,8 @@ def main() -> int:
             project = work / f"round{repeat}"
             if run == "amp":
                 results[RUNS[run]] = train_ours("amp", extra, args, data, project)
+            elif run == "fixed":
+                results[RUNS[run]] = train_ours("fixed", ["--no-multi-scale", *extra], args, data, project)
             elif run == "unamp":
                 results[RUNS[run]] = train_ours("unamp", ["--unamp", *extra], args, data, project)
             else:
@@ -192,20 +233,29 @@ def main() -> int:
     memory = "peak GPU memory MB" if args.device != "cpu" else "peak RSS MB"
     print(f"\n{images} train images, {args.epochs} epochs, imgsz {args.imgsz}, batch {args.batch}, "
           f"workers {args.workers}, device {args.device}, {args.repeats} round(s), data {args.data}\n")
-    print(f"| trainer | precision | train images/s | wall s (whole run) | val s | {memory} | "
-          "mAP50-95 (pycocotools) | mAP50 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"| trainer | precision | train images/s | first epoch images/s | steady images/s | wall s (whole run) | "
+          f"val s | {memory} | mAP50-95 (pycocotools) | mAP50 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in (RUNS[run] for run in runs):
-        keys = ("rate", "wall_seconds", "val_seconds", "peak_mb", "map", "map50")
+        for r in rounds:
+            r[name]["first"], r[name]["steady"] = epoch_columns(r[name]["epoch_rates"])
+        keys = ("rate", "first", "steady", "wall_seconds", "val_seconds", "peak_mb", "map", "map50")
         column = {key: [r[name][key] for r in rounds] for key in keys}
-        print(f"| {name} | {rounds[-1][name]['precision']} | {spread(column['rate'])} | "
+        print(f"| {name} | {rounds[-1][name]['precision']} | {spread(column['rate'])} | {spread(column['first'])} | "
+              f"{spread(column['steady'])} | "
               f"{spread(column['wall_seconds'], 0)} | {spread(column['val_seconds'])} | {max(column['peak_mb']):.0f} | "
               f"{spread(column['map'], 4)} | {spread(column['map50'], 4)} |")
-    for a, b in (("amp", "ultralytics"), ("amp", "unamp")):
+    for a, b in (("amp", "ultralytics"), ("fixed", "ultralytics"), ("amp", "unamp")):
         if a in runs and b in runs:
             ratios = [r[RUNS[a]]["rate"] / r[RUNS[b]]["rate"] for r in rounds]
             how = " (median of per-round ratios)" if len(ratios) > 1 else ""
             print(f"{RUNS[a]} vs {RUNS[b]}: {spread(ratios, 2)}x images/s{how}")
+    if args.bccd:
+        print(f"\nBCCD ({args.bccd}): {args.bccd_epochs} epochs, imgsz {BCCD['imgsz']}, batch {BCCD['batch']}, "
+              f"device {args.device}, each trainer validating as by default; mAP by the same pycocotools code\n")
+        print("| trainer | wall minutes to the end | final mAP50-95 | mAP50 |")
+        print("|---|---|---|---|")
+        print("\n".join(bccd_rows(args, work)))
     return 0
 
 

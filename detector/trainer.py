@@ -42,7 +42,7 @@ from detector.distributed import (
 )
 from detector.ema import ModelEMA, unwrap
 from detector.engine import StepSchedule, train_one_epoch
-from detector.inference.torch_backend import make_torch_infer
+from detector.inference.torch_backend import make_torch_infer, validation_model
 from detector.loss import DetectionLoss, LossGains
 from detector.metrics.coco import EvalResult
 from detector.metrics.loop import make_val_loader, run_validation
@@ -346,8 +346,8 @@ class Trainer:
         precision = Precision("fp32", self.device.type, "final FP32 evaluation") if force_fp32 else self.precision
         nms = NMSConfig(conf_threshold=self.config.val_conf, iou_threshold=self.config.val_iou,
                         max_detections=self.config.max_det, multi_label=True)
-        infer = make_torch_infer(self.ema.module, precision=precision, nms=nms, device=self.device,
-                                 channels_last=self.config.channels_last)
+        infer = make_torch_infer(validation_model(self.ema.module, precision), precision=precision, nms=nms,
+                                 device=self.device, channels_last=self.config.channels_last)
         if not hasattr(self, "_val_loader"):
             self._val_loader = make_val_loader(self.val_data, batch_size=self.config.batch * 2,
                                                workers=self.config.workers, cpu_compute=self.device.type == "cpu")

@@ -30,6 +30,8 @@ def build_parser() -> argparse.ArgumentParser:
                                 choices=item.metadata.get("choices"))
     # Common spellings users bring from other tools.
     parser.add_argument("--img", dest="imgsz", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--val-period", dest="val_interval", type=int, metavar="N", default=argparse.SUPPRESS,
+                        help="same as --val-interval (Ultralytics' name)")
     return parser
 
 

@@ -1,0 +1,174 @@
+"""Where validation's time goes: loader start-up, forward, decode, NMS, COCO results, pycocotools.
+
+Runs the same stages as :func:`detector.metrics.loop.run_validation` (the loader, ``decode_images``' network and
+decode, ``non_max_suppression``, ``to_coco_detections``, ``evaluate_coco``'s COCOeval), timing each one, over
+``--repeats`` passes in one process. The loader is made once and kept, as training keeps it; the first pass's
+first batch is the cold start (worker processes forked), the later passes' first batch the warm one.
+
+    python benchmarks/val_speed.py                                      # built-in shapes, fresh model, --lively
+    python benchmarks/val_speed.py --data ../shared/data/bccd/bccd.yaml --weights /tmp/val-runs/bccd/weights/best.pt
+
+A fresh model scores almost no box above conf 0.001, which under-measures NMS: ``--lively`` (the default without
+``--weights``) zeroes the class-logit biases so every (anchor, class) pair enters NMS -- the worst case the
+``max_candidates`` cap bounds. Prints a markdown table: per pass, median and range over the repeats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from detector.checkpoint import model_from_checkpoint
+from detector.data.build import build_split
+from detector.data.spec import load_dataset_spec
+from detector.data.dataset import model_input
+from detector.metrics.coco import evaluate_coco, to_coco_detections
+from detector.metrics.loop import make_val_loader
+from detector.model import build_model
+from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
+from detector.precision import resolve_precision
+from detector.runtime import enlarge_onednn_cache
+
+STAGES = ("loader first batch", "loader other batches", "forward", "decode", "NMS", "COCO results",
+          "COCOeval loadRes", "COCOeval evaluate", "COCOeval accumulate", "COCOeval summarize")
+
+
+def lap(device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def one_pass(model, loader, split, *, precision, device, nms: NMSConfig) -> dict[str, float]:
+    """One validation pass; seconds per stage, candidate and detection counts."""
+    seconds: dict[str, float] = defaultdict(float)
+    detections_all = []
+    start = lap(device)
+    batches = iter(loader)  # the cold start forks the workers here, and a warm one hands them their indices
+    for index, (images, _targets, metas) in enumerate(batches):
+        now = lap(device)
+        seconds["loader first batch" if index == 0 else "loader other batches"] += now - start
+        with torch.no_grad():
+            with precision.autocast():
+                maps = model(model_input(images, device, channels_last=False))
+            t_forward = lap(device)
+            decoded = decode_outputs(maps, model.strides, model.reg_max)
+            t_decode = lap(device)
+            detections = non_max_suppression(decoded, nms)
+            t_nms = lap(device)
+        detections_all.extend(to_coco_detections(detections, metas, split.category_ids))
+        t_coco = lap(device)
+        seconds["forward"] += t_forward - now
+        seconds["decode"] += t_decode - t_forward
+        seconds["NMS"] += t_nms - t_decode
+        seconds["COCO results"] += t_coco - t_nms
+        seconds["candidates"] += int((decoded[..., 4:] > nms.conf_threshold).sum())
+        start = lap(device)
+    seconds["detections"] = len(detections_all)
+    seconds.update(time_cocoeval(split, detections_all))
+    return seconds
+
+
+def time_cocoeval(split, detections: list[dict]) -> dict[str, float]:
+    """pycocotools' four steps timed apart (evaluate_coco runs them in one go)."""
+    from pycocotools.cocoeval import COCOeval
+
+    out = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        start = time.perf_counter()
+        results = split.ground_truth.loadRes(detections)
+        out["COCOeval loadRes"] = time.perf_counter() - start
+        coco_eval = COCOeval(split.ground_truth, results, "bbox")
+        coco_eval.params.imgIds = sorted(r.image_id for r in split.records)
+        for step in ("evaluate", "accumulate", "summarize"):
+            start = time.perf_counter()
+            getattr(coco_eval, step)()
+            out[f"COCOeval {step}"] = time.perf_counter() - start
+    out["mAP50-95"] = float(coco_eval.stats[0])
+    # Sanity: the same numbers as the loop's own evaluate_coco.
+    assert abs(evaluate_coco(split.ground_truth, detections).metrics["mAP50-95"] - max(out["mAP50-95"], 0)) < 1e-12
+    return out
+
+
+def spread(values: list[float], scale: float = 1.0, digits: int = 0) -> str:
+    values = [v * scale for v in values]
+    middle = f"{statistics.median(values):.{digits}f}"
+    return middle if len(values) == 1 else f"{middle} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="", help="data YAML (default: the built-in shapes dataset)")
+    parser.add_argument("--weights", default="", help="checkpoint (default: a fresh nano model)")
+    parser.add_argument("--lively", action=argparse.BooleanOptionalAction, default=None,
+                        help="zero the class-logit biases: all (anchor, class) pairs pass conf (default: no --weights)")
+    parser.add_argument("--imgsz", type=int, default=0,
+                        help="input size (default: the checkpoint's, else 640; 320 on the built-in data)")
+    parser.add_argument("--batch", type=int, default=32, help="validation batch (training uses 2x its batch)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--fp32", action="store_true", help="no autocast")
+    parser.add_argument("--conf", type=float, default=0.001)
+    parser.add_argument("--max-det", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the split (the loader is kept)")
+    args = parser.parse_args()
+    enlarge_onednn_cache()
+    torch.manual_seed(0)
+    if not args.data:
+        from detector.data.synthetic import generate_shapes
+
+        args.data = str(generate_shapes())
+    spec = load_dataset_spec(Path(args.data))
+    if args.weights:
+        model, checkpoint = model_from_checkpoint(args.weights)
+        size = args.imgsz or int((checkpoint.get("config") or {}).get("imgsz") or 640)
+    else:
+        model = build_model(num_classes=spec.num_classes)
+        size = args.imgsz or (320 if "shapes" in args.data else 640)
+    lively = args.lively if args.lively is not None else not args.weights
+    if lively:
+        for branch in model.head.cv3:
+            branch[-1].bias.data.zero_()
+    device = torch.device(args.device)
+    model = model.to(device).float().eval()
+    precision = resolve_precision("fp32" if args.fp32 else "auto", device)
+    split = build_split(spec, "val", image_size=size, augment=None, cache="none")
+    loader = make_val_loader(split, batch_size=args.batch, workers=args.workers, cpu_compute=device.type == "cpu")
+    nms = NMSConfig(conf_threshold=args.conf, iou_threshold=0.7, max_detections=args.max_det, multi_label=True)
+    passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms)
+              for _ in range(args.repeats)]
+    images = len(split.records)
+    print(f"\n{images} val images of {args.data}, imgsz {size}, batch {args.batch}, workers {args.workers}, "
+          f"{device} {precision.name}, weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
+          f"conf {args.conf}, max_det {args.max_det}; "
+          f"{statistics.median(p['candidates'] for p in passes) / images:.0f} "
+          f"(anchor, class) pairs above conf and {statistics.median(p['detections'] for p in passes) / images:.0f} "
+          f"detections per image; mAP50-95 {passes[0]['mAP50-95']:.4f}; {args.repeats} passes, loader kept\n")
+    print("| stage | ms per pass, median (range) | ms per image | share |")
+    print("|---|---|---|---|")
+    stages = STAGES
+    total = [sum(p[s] for s in STAGES) for p in passes]
+    for stage in stages:
+        values = [p[stage] for p in passes]
+        if stage == "loader first batch":
+            label = f"{stage} (cold {values[0] * 1000:.0f} ms; warm below)"
+            values = values[1:] or values
+        else:
+            label = stage
+        share = f"{100 * statistics.median(values) / statistics.median(total):.0f}%"
+        print(f"| {label} | {spread(values, 1000)} | {statistics.median(values) * 1000 / images:.1f} | {share} |")
+    print(f"| total (pass 1 includes the cold start) | {spread(total, 1000)} | "
+          f"{statistics.median(total) * 1000 / images:.1f} | 100% |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Confidence filter, top-k before NMS, class-aware NMS and the per-image detection cap."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torchvision.ops import batched_nms, box_iou
+
+from detector.postprocess import NMSConfig, non_max_suppression
+
+
+def random_decoded(batch: int, anchors: int, classes: int, *, seed: int) -> torch.Tensor:
+    """Clustered boxes (so NMS suppresses) with distinct random scores (so no order depends on ties)."""
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.rand(batch, anchors, 2, generator=generator) * 100
+    sizes = torch.rand(batch, anchors, 2, generator=generator) * 30 + 5
+    boxes = torch.cat((centres - sizes / 2, centres + sizes / 2), -1)
+    scores = torch.rand(batch, anchors, classes, generator=generator) ** 3
+    return torch.cat((boxes, scores), -1)
+
+
+def candidates(image: torch.Tensor, conf: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    anchor_idx, labels = (image[:, 4:] > conf).nonzero(as_tuple=True)
+    return image[anchor_idx, :4], image[anchor_idx, 4 + labels], labels
+
+
+@pytest.mark.parametrize("max_detections", [300, 7])
+def test_top_k_changes_nothing_below_k(max_detections):
+    decoded = random_decoded(3, 400, 3, seed=0)
+    capped = NMSConfig(conf_threshold=0.001, max_detections=max_detections, max_candidates=1200, multi_label=True)
+    uncapped = NMSConfig(conf_threshold=0.001, max_detections=max_detections, max_candidates=10**9, multi_label=True)
+    for got, want in zip(non_max_suppression(decoded, capped), non_max_suppression(decoded, uncapped)):
+        assert all(torch.equal(got[key], want[key]) for key in ("boxes", "scores", "labels"))
+        assert len(got["scores"]) <= max_detections
+
+
+def test_top_k_keeps_the_highest_scores_when_more_pass_conf():
+    decoded = random_decoded(2, 400, 3, seed=1)
+    config = NMSConfig(conf_threshold=0.001, iou_threshold=0.7, max_candidates=50, multi_label=True)
+    for image, got in zip(decoded, non_max_suppression(decoded, config)):
+        boxes, scores, labels = candidates(image, 0.001)
+        assert len(scores) > 50
+        top = scores.topk(50).indices
+        keep = batched_nms(boxes[top], scores[top], labels[top], 0.7)
+        assert torch.equal(got["scores"], scores[top][keep])
+        assert torch.equal(got["boxes"], boxes[top][keep])
+
+
+def test_detections_sorted_and_class_aware():
+    decoded = random_decoded(1, 300, 2, seed=2)
+    out = non_max_suppression(decoded, NMSConfig(conf_threshold=0.01, iou_threshold=0.5, multi_label=True))[0]
+    assert torch.all(out["scores"][:-1] >= out["scores"][1:])
+    for label in out["labels"].unique():
+        same = out["boxes"][out["labels"] == label]
+        iou = torch.triu(box_iou(same, same), diagonal=1)
+        assert iou.max() <= 0.5
+
+
+def test_empty_image_gives_empty_detections():
+    decoded = torch.zeros(2, 10, 4 + 3)
+    out = non_max_suppression(decoded, NMSConfig(conf_threshold=0.5, multi_label=True))
+    assert [len(d["scores"]) for d in out] == [0, 0]
+    assert out[0]["boxes"].shape == (0, 4)
+
