@@ -28,8 +28,8 @@ import torch
 
 from detector.checkpoint import model_from_checkpoint
 from detector.data.build import build_split
-from detector.data.spec import load_dataset_spec
 from detector.data.dataset import model_input
+from detector.data.spec import load_dataset_spec
 from detector.metrics.coco import evaluate_coco, to_coco_detections
 from detector.metrics.loop import make_val_loader
 from detector.model import build_model

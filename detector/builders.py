@@ -1,0 +1,135 @@
+"""Everything a training run is built from, one function per object, each taking the config (and only these
+see the whole config): data, loss, loader, optimizer with its schedule, the model, its DDP wrapper.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from detector.checkpoint import CheckpointError, load_checkpoint
+from detector.config import TrainConfig
+from detector.data.augment import AugmentConfig
+from detector.data.build import SplitData, build_split
+from detector.data.dataset import collate
+from detector.data.sampler import EpochSampler
+from detector.data.spec import DatasetSpec, load_dataset_spec
+from detector.data.synthetic import generate_shapes
+from detector.data.workers import worker_init
+from detector.distributed import DistInfo
+from detector.engine import StepSchedule
+from detector.loss import DetectionLoss, LossGains
+from detector.model import YOLO, build_model
+from detector.multiscale import keeps_full_batches_only
+from detector.optim import OptimizerChoice, build_optimizer
+
+
+def build_augment(config: TrainConfig) -> AugmentConfig:
+    return AugmentConfig(
+        mosaic=config.mosaic, degrees=config.degrees, translate=config.translate, scale=config.scale,
+        shear=config.shear, hsv_h=config.hsv_h, hsv_s=config.hsv_s, hsv_v=config.hsv_v,
+        fliplr=config.fliplr, flipud=config.flipud, albumentations=config.albumentations,
+    )
+
+
+def resolve_data(config: TrainConfig) -> DatasetSpec:
+    yaml_path = config.data or generate_shapes()
+    return load_dataset_spec(yaml_path, datasets_dir=config.datasets_dir or None)
+
+
+def build_data(config: TrainConfig, *, with_val: bool) -> tuple[DatasetSpec, SplitData, SplitData | None]:
+    """The dataset spec, the augmented training split, and (where evaluation runs) the validation split."""
+    spec = resolve_data(config)
+    train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache)
+    train.dataset.seed = config.seed
+    val = build_split(spec, "val", image_size=config.imgsz, augment=None, cache=config.cache) if with_val else None
+    return spec, train, val
+
+
+def build_criterion(config: TrainConfig, model: YOLO) -> DetectionLoss:
+    return DetectionLoss(
+        num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max,
+        gains=LossGains(box=config.box_gain, cls=config.cls_gain, dfl=config.dfl_gain),
+        top_k=config.assigner_topk, alpha=config.assigner_alpha, beta=config.assigner_beta,
+    )
+
+
+def build_train_loader(
+    data: SplitData, config: TrainConfig, dist: DistInfo, device: torch.device
+) -> tuple[EpochSampler, DataLoader]:
+    sampler = EpochSampler(len(data.dataset), seed=config.seed, rank=dist.rank, world_size=dist.world_size)
+    loader = DataLoader(
+        data.dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
+        collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=device.type == "cuda",
+        drop_last=keeps_full_batches_only(len(sampler), config.batch),  # one batch size: see detector/multiscale.py
+        worker_init_fn=worker_init(shares_cores_with_compute=device.type == "cpu"),
+    )
+    return sampler, loader
+
+
+def build_optimization(
+    config: TrainConfig, model: YOLO, *, steps_per_epoch: int, world_size: int
+) -> tuple[OptimizerChoice, StepSchedule]:
+    """The optimizer (three parameter groups) and the schedule the loop follows, for ``config.epochs``."""
+    global_batch = config.batch * world_size
+    accumulate = max(round(config.nominal_batch / global_batch), 1)
+    choice = build_optimizer(
+        model, name=config.optimizer, lr=config.lr0, momentum=config.momentum,
+        weight_decay=config.weight_decay * global_batch * accumulate / config.nominal_batch,
+        num_classes=model.num_classes, total_steps=steps_per_epoch * config.epochs // accumulate,
+        warmup_bias_lr=config.warmup_bias_lr,
+    )
+    schedule = StepSchedule(
+        epochs=config.epochs, steps_per_epoch=steps_per_epoch,
+        warmup_steps=warmup_steps(config.warmup_epochs, steps_per_epoch),
+        base_lr=choice.lr, final_lr_fraction=config.lrf, cosine=config.cosine,
+        warmup_bias_lr=choice.warmup_bias_lr, warmup_momentum=config.warmup_momentum, momentum=choice.momentum,
+        batch_size=global_batch, nominal_batch=config.nominal_batch, clip_grad=config.clip_grad,
+    )
+    return choice, schedule
+
+
+def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
+    """Warm-up length in steps: ``warmup_epochs`` of them, but at least 100 (none when 0)."""
+    return max(round(warmup_epochs * steps_per_epoch), 100) if warmup_epochs > 0 else 0
+
+
+def build_model_from_weights(config: TrainConfig, num_classes: int, log) -> YOLO:
+    """A fresh model, or one started from ``--weights``: our own checkpoint or an Ultralytics YOLOv8 file.
+
+    The scale comes from the weights file when there is one; a mismatch with ``--model`` is reported.
+    Ultralytics files are read with a restricted unpickler (no code from the file runs).
+    """
+    if not config.weights:
+        return build_model(num_classes=num_classes, scale=config.model)
+    from detector.weights import load_pretrained, read_ultralytics_checkpoint, resolve_weights
+
+    path = resolve_weights(config.weights)
+    try:
+        ours = load_checkpoint(path)
+    except CheckpointError:
+        ours = None  # not one of ours: try the Ultralytics reader, which gives its own clear errors
+    if ours is not None and "model_args" in ours:
+        scale = ours["model_args"]["scale"]
+        model = build_model(num_classes=num_classes, scale=scale)
+        state = ours.get("ema") or ours["model"]
+        own = model.state_dict()
+        compatible = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        model.load_state_dict(compatible, strict=False)
+        log(f"weights: {len(compatible)}/{len(own)} tensors from {path} (scale {scale})")
+        return model
+    checkpoint = read_ultralytics_checkpoint(path)
+    if checkpoint.scale != config.model:
+        log(f"weights: {path.name} is YOLOv8{checkpoint.scale}; building scale {checkpoint.scale} instead of --model {config.model}")
+    model = build_model(num_classes=num_classes, scale=checkpoint.scale)
+    log(f"weights: {load_pretrained(model, checkpoint).summary()}")
+    return model
+
+
+def wrap_distributed(model: YOLO, config: TrainConfig, dist: DistInfo, device: torch.device) -> torch.nn.Module:
+    if not dist.enabled:
+        return model
+    if config.sync_bn and device.type == "cuda":
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
