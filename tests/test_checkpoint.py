@@ -1,6 +1,7 @@
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -25,13 +26,16 @@ for epoch in range(10_000):
 def test_sigkill_during_writes_leaves_a_loadable_checkpoint(tmp_path: Path):
     path = tmp_path / "last.pt"
     process = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdout=subprocess.PIPE, text=True)
+    watchdog = threading.Timer(120, process.kill)  # a writer hung before its first line ends readline() too
+    watchdog.start()
     try:
-        assert process.stdout.readline()  # at least one complete write (the finally below ends a hung writer)
+        assert process.stdout.readline()  # at least one complete write
         for delay in (0.05, 0.11, 0.17):  # kill at different points of a write
             time.sleep(delay)
         process.send_signal(signal.SIGKILL)
         process.wait(timeout=10)
     finally:
+        watchdog.cancel()
         process.kill()
     state = load_checkpoint(path)
     assert state["model"]["w"].shape == (4_000_000,) and state["epoch"] >= 0
