@@ -15,12 +15,12 @@ from pathlib import Path
 from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.spec import DatasetError
 from detector.device import resolve_device
-from detector.export.files import publish, staging_folder
 from detector.export.metadata import ModelInfo
 from detector.export.onnx import DEFAULT_OPSET, export_onnx
 from detector.export.parity import SCORE_TOLERANCE, check_parity, split_images, synthetic_images
 from detector.export.tensorrt import DEFAULT_WORKSPACE_GIB, build_engine, tensorrt_missing
 from detector.export.wrapper import EXPORT_NMS
+from detector.files import publish, staging_folder
 from detector.inference import find_latest_checkpoint, load_backend
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
 from detector.model import YOLO, image_size_problem

@@ -7,12 +7,11 @@ keyed by each file's path, size and modification time. An unwritable folder just
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from detector.data.dataset import verify_images
 from detector.data.labels import ImageRecord
+from detector.files import write_atomically
 
 VERSION = 1
 
@@ -63,24 +62,10 @@ def verify_images_cached(records: list[ImageRecord]) -> tuple[list[ImageRecord],
             kept.append(record)
             sizes.append((int(entry["hw"][0]), int(entry["hw"][1])))
     if cache_file is not None and unknown:
-        write_atomically(cache_file, json.dumps({"version": VERSION, "images": fresh}))
+        # Through a temporary file of this process's own, then a rename: several processes (torchrun nodes on
+        # one file system) may write the cache at once, and readers see one whole file, never a mix.
+        try:
+            write_atomically(cache_file, json.dumps({"version": VERSION, "images": fresh}).encode())
+        except OSError:
+            pass  # read-only dataset folder: verify again next time
     return kept, sizes, problems
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file of this process's own, then rename.
-
-    Several processes (torchrun nodes sharing a file system) may write the same cache at once: each writes
-    its own temporary file, and the rename is atomic, so readers see one whole file, never a mix.
-    An unwritable folder just means no cache.
-    """
-    try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    except OSError:
-        return  # read-only dataset folder: verify again next time
-    try:
-        with os.fdopen(handle, "w") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except OSError:
-        Path(temporary).unlink(missing_ok=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 import onnx
 import torch
 
-from detector.export.files import write_atomically
 from detector.export.metadata import INPUT_NAME, ModelInfo, decode_metadata, encode_metadata
 from detector.export.wrapper import ExportWrapper
+from detector.files import write_atomically
 from detector.model import YOLO
 
 DEFAULT_OPSET = 17  # NonMaxSuppression needs >= 11; 17 is read by TensorRT 8.6 and later

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from detector.export.files import write_atomically
 from detector.export.metadata import INPUT_NAME, ModelInfo, decode_metadata, encode_metadata
+from detector.files import write_atomically
 
 DEFAULT_WORKSPACE_GIB = 4.0
 

@@ -1,4 +1,4 @@
-"""Atomic file writes: exported artefacts appear whole or not at all."""
+"""Atomic file writes: artefacts (exports, caches) appear whole or not at all, even with several writers."""
 
 from __future__ import annotations
 
