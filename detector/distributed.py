@@ -108,11 +108,6 @@ def local_main_first(info: DistInfo) -> Iterator[None]:
             dist.barrier()
 
 
-def barrier(info: DistInfo) -> None:
-    if info.enabled:
-        dist.barrier()
-
-
 def cleanup(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()

@@ -9,7 +9,8 @@ epochs (close-mosaic), where it trains at ``image_size``. The set of shapes is t
 starts: :meth:`MultiScale.input_shapes`.
 
 The largest size sets peak memory: activations grow with pixels, so a largest side of 1.5x costs 2.25x.
-The default list stops at ``image_size``, so peak memory is that of fixed-size training.
+The default list is centred on ``image_size`` and stops at 1.125x, so peak activations are ~1.27x those of
+fixed-size training.
 
 Sizes depend on (seed, epoch) alone: every torchrun rank draws the same sizes without communicating, and
 a resumed run replays them.

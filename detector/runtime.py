@@ -1,12 +1,12 @@
 """Process-wide settings for fast training.
 
-oneDNN kernel cache (set when a run starts: by :func:`tune_for_training`, and by every other command first thing). oneDNN, which runs PyTorch's CPU convolutions,
-keeps its compiled kernels ("primitives") in a cache keyed by shape, 1024 entries by default. Multi-scale
-training cycles about 11 input sizes through ~65 convolutions, each with a forward, a backward-data and a
-backward-weights kernel: over 2,000 keys, so the default cache thrashes and every size change rebuilds its
-kernels. Measured on a 2-core AVX-512 CPU, a bare BF16 training step cycling the sizes ran at 27.7 images/s
-with the default (the same as with the cache off) and ~31-33 with room for every kernel; resident memory
-did not grow.
+oneDNN kernel cache (set when a run starts: by :func:`tune_for_training`, and by every other command first
+thing). oneDNN, which runs PyTorch's CPU convolutions, keeps its compiled kernels ("primitives") in a cache
+keyed by shape, 1024 entries by default. Multi-scale training cycles about 11 input sizes through ~65
+convolutions, each with a forward, a backward-data and a backward-weights kernel: over 2,000 keys, so the
+default cache thrashes and every size change rebuilds its kernels. Measured on a 2-core AVX-512 CPU, a bare
+BF16 training step cycling the sizes ran at 27.7 images/s with the default (the same as with the cache off)
+and ~31-33 with room for every kernel; resident memory did not grow.
 
 Freed memory (set by the trainer when it computes on the CPU). glibc serves allocations over its mmap
 threshold (at most 32 MB) with fresh mappings and returns them on free, and trims the heap top on free, so
@@ -21,7 +21,7 @@ each input shape appears, and keeps the fastest. The timing is paid once per sha
 later step, so it pays when a run sees few shapes many times. Issue 16 measured the cost on an H100: with
 per-batch multi-scale over 21 sizes plus a partial last batch, epochs of ~1 s took 5-27 s whenever a new
 (batch, size) shape appeared, a tax that ran through the whole run. :mod:`detector.multiscale` now bounds
-the shapes (default: 3 at 320 px, 6 at 640 px, full batches only), so autotuning stays on up to
+the shapes (default: 3 at 320 px, 5 at 640 px, full batches only), so autotuning stays on up to
 ``MAX_AUTOTUNED_SHAPES`` shapes and is off beyond (as detectron2 and torchvision do when sizes vary):
 then cuDNN's heuristics pick an algorithm with no timing. The limit is a judgement, not a measurement:
 GPU timings were not measured on the development machine (no GPU). ``cudnn.benchmark_limit`` (algorithms

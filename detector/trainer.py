@@ -301,7 +301,8 @@ class Trainer:
                 if stop_after_epochs is not None and epoch + 1 >= stop_after_epochs:
                     interrupted = True
                 decision = decide_on_main(lambda: self._end_epoch(epoch, stats, interrupted=interrupted), self.dist)
-                self._apply(decision)
+                if not self.dist.is_main:  # rank 0 applied it in _end_epoch, before its checkpoint
+                    self._apply(decision)
                 epoch += 1
                 if decision.stop:
                     self.log(decision.stop)
@@ -401,7 +402,7 @@ class Trainer:
             self.reporter.on_epoch_end(row, epoch)
 
     def _apply(self, decision: EpochDecision) -> None:
-        """Make this rank follow ``decision`` (idempotent: rank 0 applies it before its checkpoint, then again)."""
+        """Make this rank follow ``decision``."""
         if decision.precision != self.precision.name:
             self._set_precision(decision.precision, decision.precision_reason)
         self._plan_epochs(decision.epochs, decision.close_mosaic, decision.warmup_epochs)
