@@ -38,7 +38,8 @@ class TrainConfig:
                          "count, LR schedule, warm-up and close-mosaic are fitted to it from the measured epoch time; "
                          "empty = no budget (the built-in dataset without --epochs: 8m)")
     batch: int = knob(16, "images per step (per process under torchrun)")
-    workers: int = knob(2, "data-loading worker processes")
+    workers: int = knob(-1, "data-loading worker processes; -1 = auto: 2 on the CPU, on CUDA the cores per process "
+                            "minus one (at most 16)")
     cache: str = knob("auto", "cache decoded images in RAM: auto (when they fit), ram, none", choices=("auto", "ram", "none"))
     device: str = knob("", "cpu, cuda, cuda:N; empty = cuda if available else cpu")
     seed: int = knob(0, "random seed (data order, augmentation, multi-scale sizes, initial weights)")
@@ -118,8 +119,8 @@ class TrainConfig:
             problems.append(f"--batch must be at least 1 (got {self.batch})")
         if (size_problem := image_size_problem(self.imgsz)) is not None:
             problems.append(size_problem)
-        if self.workers < 0:
-            problems.append(f"--workers must be >= 0 (got {self.workers})")
+        if self.workers < -1:
+            problems.append(f"--workers must be >= 0, or -1 for auto (got {self.workers})")
         if not 0 < self.multi_scale_min <= 1 <= self.multi_scale_max:
             problems.append("--multi-scale-min must be in (0, 1] and --multi-scale-max >= 1")
         if self.time:

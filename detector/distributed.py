@@ -25,6 +25,7 @@ class DistInfo:
     rank: int = 0
     local_rank: int = 0
     world_size: int = 1
+    local_world_size: int = 1  # processes on this node (they share its cores)
 
     @property
     def is_main(self) -> bool:
@@ -46,7 +47,8 @@ def init_distributed(device_request: str) -> tuple[DistInfo, torch.device]:
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return DistInfo(rank, local_rank, world_size), device
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return DistInfo(rank, local_rank, world_size, local_world_size), device
 
 
 T = TypeVar("T")

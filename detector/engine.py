@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from dataclasses import dataclass
@@ -92,9 +93,12 @@ SCALER_EXHAUSTED = 1.0
 
 @dataclass(frozen=True)
 class StepResult:
-    applied: bool  # the gradients were finite and the optimizer stepped
-    unstable: bool  # skipped for a reason more loss scaling cannot fix (see SCALER_EXHAUSTED)
-    scale: float  # loss scale used for this step (1.0 without a scaler)
+    """One optimizer step's outcome, as 0-dim tensors on the training device: reading them on the host would
+    wait for the GPU, so the loop adds them up there and reads the sums once per epoch."""
+
+    applied: torch.Tensor  # bool: the gradients were finite and the optimizer stepped
+    unstable: torch.Tensor  # bool: skipped for a reason more loss scaling cannot fix (see SCALER_EXHAUSTED)
+    scale: torch.Tensor  # float: loss scale used for this step (1.0 without a scaler)
 
 
 def optimizer_step(
@@ -106,23 +110,42 @@ def optimizer_step(
     ema: ModelEMA | None,
     precision: Precision,
     clip_grad: float,
-    loss_was_finite: bool,
+    loss_was_finite: torch.Tensor | bool,
 ) -> StepResult:
-    """Unscale, clip, step (or skip on non-finite gradients), clear the gradients, update the EMA."""
+    """Unscale, clip, step (or skip on non-finite gradients), clear the gradients, update the EMA.
+
+    With a scaler (FP16) nothing here waits for the GPU: GradScaler hands its inf check to the fused
+    optimizer on the device. Without one, the skip is decided on the host (one synchronisation: free on
+    the CPU, where nothing runs ahead). The EMA updates after every step, skipped or not (as Ultralytics
+    does): a skipped step left the model unchanged, so the average only moves towards the same weights.
+    """
     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     grad_norm = nn.utils.clip_grad_norm_(parameters, clip_grad)
-    finite = bool(torch.isfinite(grad_norm))
-    scale = scaler.get_scale() if precision.uses_scaler else 1.0
+    finite = torch.isfinite(grad_norm)
+    scale = loss_scale(scaler, grad_norm.device)
     if precision.uses_scaler:
         scaler.step(optimizer)  # skips the step itself when it found inf/nan
         scaler.update()
     elif finite:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if finite and ema is not None:
+    if ema is not None:
         ema.update(model)
-    unstable = not finite and (not loss_was_finite or not precision.uses_scaler or scale <= SCALER_EXHAUSTED)
+    scaler_can_help = torch.as_tensor(loss_was_finite, device=finite.device) & (scale > SCALER_EXHAUSTED)
+    unstable = ~finite & ~scaler_can_help if precision.uses_scaler else ~finite
     return StepResult(applied=finite, unstable=unstable, scale=scale)
+
+
+def loss_scale(scaler: torch.amp.GradScaler, device: torch.device) -> torch.Tensor:
+    """The scaler's current scale as a 0-dim FP32 tensor on ``device`` (1.0 when disabled), without a host sync.
+
+    ``GradScaler.get_scale()`` copies the scale to the host, which waits for the GPU; GradScaler's own
+    accessor keeps it on the device. Cloned, because ``update()`` changes it in place.
+    """
+    scale = scaler._get_scale_async() if scaler.is_enabled() else None
+    if scale is None:  # disabled, or nothing scaled yet
+        return torch.ones((), device=device)
+    return scale.detach().clone().float().to(device)
 
 
 def train_one_epoch(
@@ -147,15 +170,19 @@ def train_one_epoch(
     model.train()
     steps = len(loader)
     sizes = multi_scale.sizes(steps, seed=seed, epoch=epoch)
+    # Running totals stay on the device: the host reads them once, after the epoch (no per-step sync).
     loss_sums = torch.zeros(3, device=device)
     nonfinite_losses = torch.zeros((), device=device, dtype=torch.long)
-    scales: list[float] = []
-    skipped = unstable = optimizer_steps = images_seen = 0
+    skipped = torch.zeros((), device=device, dtype=torch.long)
+    unstable = torch.zeros((), device=device, dtype=torch.long)
+    scale_min = torch.full((), math.inf, device=device)
+    scale_max = torch.full((), -math.inf, device=device)
+    optimizer_steps = images_seen = 0
     last_step = epoch * steps - 1
     losses_before_step = nonfinite_losses.clone()
     parameters = [p for p in model.parameters() if p.requires_grad]
     bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}", disable=not progress, leave=True)
-    start = time.perf_counter()
+    start = last_shown = time.perf_counter()
     for index, (images, targets, _metas) in enumerate(bar):
         step = epoch * steps + index
         set_learning_rates(optimizer, step, epoch + index / steps, schedule)
@@ -166,7 +193,8 @@ def train_one_epoch(
         with precision.autocast():
             outputs = model(images)
         # The loss runs in FP32 outside autocast; x world_size because DDP averages gradients over ranks.
-        loss, parts = criterion(outputs, targets.to(device, non_blocking=True), images.shape[2:])
+        # Targets stay on the host: the loss pads them there, so it need not wait for the GPU to count them.
+        loss, parts = criterion(outputs, targets, images.shape[2:])
         nonfinite_losses += ~torch.isfinite(loss)
         scaler.scale(loss * world_size).backward()
         loss_sums += torch.stack([parts["box"], parts["cls"], parts["dfl"]]).nan_to_num(0.0)
@@ -176,21 +204,24 @@ def train_one_epoch(
             result = optimizer_step(
                 model=model, parameters=parameters, optimizer=optimizer, scaler=scaler, ema=ema,
                 precision=precision, clip_grad=schedule.clip_grad,
-                loss_was_finite=bool(nonfinite_losses == losses_before_step),
+                loss_was_finite=nonfinite_losses == losses_before_step,
             )
             losses_before_step = nonfinite_losses.clone()
-            scales.append(result.scale)
+            scale_min, scale_max = torch.minimum(scale_min, result.scale), torch.maximum(scale_max, result.scale)
             optimizer_steps += 1
-            skipped += not result.applied
+            skipped += ~result.applied
             unstable += result.unstable
             last_step = step
-        if progress and (index % 5 == 0 or index == steps - 1):
+        # The progress line reads the losses (a host sync): about once a second, not every few steps.
+        if progress and (time.perf_counter() - last_shown >= 1.0 or index == steps - 1):
             means = (loss_sums / (index + 1)).tolist()
             bar.set_postfix(box=f"{means[0]:.3f}", cls=f"{means[1]:.3f}", dfl=f"{means[2]:.3f}", size=sizes[index])
+            last_shown = time.perf_counter()
     seconds = time.perf_counter() - start
     if world_size > 1:  # each rank holds its share of the global loss: the sum is the whole
         torch.distributed.all_reduce(loss_sums)
     means = (loss_sums / max(steps, 1)).tolist()
+    scales = (scale_min.item(), scale_max.item()) if optimizer_steps else (1.0, 1.0)
     return {
         "train/box": means[0],
         "train/cls": means[1],
@@ -199,10 +230,10 @@ def train_one_epoch(
         "images_per_s": images_seen * world_size / seconds,
         "epoch_seconds": seconds,
         "peak_mem_mb": peak_memory_mb(device),
-        "loss_scale_min": min(scales) if scales else 1.0,
-        "loss_scale_max": max(scales) if scales else 1.0,
+        "loss_scale_min": scales[0],
+        "loss_scale_max": scales[1],
         "optimizer_steps": optimizer_steps,
-        "skipped_steps": skipped,
-        "unstable_steps": unstable,
+        "skipped_steps": int(skipped),
+        "unstable_steps": int(unstable),
         "nonfinite_losses": int(nonfinite_losses),
     }

@@ -117,7 +117,11 @@ class DetectionLoss(torch.nn.Module):
             [o.shape[2:] for o in outputs], self.strides, device=flat.device, dtype=flat.dtype
         )
         pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits, self.reg_max))  # grid units
-        gt_labels, gt_boxes, gt_mask = targets_to_padded(targets.to(flat.device), batch, image_hw)
+        # Padded where the targets are (the loader's host memory in training): sizing the padding there needs
+        # no wait for the GPU; the three small results then travel to the device.
+        gt_labels, gt_boxes, gt_mask = (
+            t.to(flat.device, non_blocking=True) for t in targets_to_padded(targets, batch, image_hw)
+        )
 
         assigned = assigned or assign_targets(
             cls_logits.detach().sigmoid(),

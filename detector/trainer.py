@@ -32,6 +32,7 @@ from detector.builders import (
 from detector.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from detector.config import TrainConfig
 from detector.data.dataset import model_input
+from detector.data.workers import default_workers
 from detector.distributed import (
     any_rank,
     broadcast_from_main,
@@ -107,6 +108,8 @@ class Trainer:
         self.progress = progress
         self.dist, self.device = init_distributed(self.config.device)
         tune_for_training(self.device)  # before the data cache and the workers' fork: see detector/runtime.py
+        if self.config.workers < 0:
+            self.config.workers = default_workers(self.device.type, processes_per_node=self.dist.local_world_size)
         self.resume_state = self._load_resume(self.config.resume) if self.config.resume else None
         config = self.config
         seed_everything(config.seed + self.dist.rank)
@@ -237,7 +240,8 @@ class Trainer:
                                  device=self.device, channels_last=self.config.channels_last)
         if not hasattr(self, "_val_loader"):
             self._val_loader = make_val_loader(self.val_data, batch_size=self.config.batch * 2,
-                                               workers=self.config.workers, cpu_compute=self.device.type == "cpu")
+                                               workers=self.config.workers, cpu_compute=self.device.type == "cpu",
+                                               pin_memory=self.device.type == "cuda")
         return run_validation(infer, self.val_data, loader=self._val_loader, keep_predictions=keep_predictions,
                               results_json=self.run_dir / "predictions.json", progress=self.progress)
 
@@ -248,7 +252,7 @@ class Trainer:
         return (
             f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | data {data} "
             f"({len(self.train_data.records)} train / {len(self.val_data.records) if self.val_data else '?'} val) | "
-            f"{self.device} x{self.dist.world_size} | precision {self.precision.name}: {self.precision.reason} | "
+            f"{self.device} x{self.dist.world_size}, {self.config.workers} loader workers | precision {self.precision.name}: {self.precision.reason} | "
             f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.epochs_text()} | "
             f"{self.multi_scale.describe(len(self.input_shapes()))} | run {self.run_dir}"
         )

@@ -22,8 +22,13 @@ from detector.metrics.coco import EvalResult, evaluate_coco, to_coco_detections
 Detections = list[dict[str, torch.Tensor]]
 
 
-def make_val_loader(split: SplitData, *, batch_size: int, workers: int, cpu_compute: bool = False) -> DataLoader:
-    """``cpu_compute``: the model runs on the CPU, so the workers yield to it (see detector.data.workers)."""
+def make_val_loader(
+    split: SplitData, *, batch_size: int, workers: int, cpu_compute: bool = False, pin_memory: bool = False
+) -> DataLoader:
+    """``cpu_compute``: the model runs on the CPU, so the workers yield to it (see detector.data.workers).
+
+    ``pin_memory`` (a CUDA model): batches in page-locked memory, so the copy to the GPU runs asynchronously.
+    """
     return DataLoader(
         split.dataset,
         batch_size=batch_size,
@@ -31,6 +36,7 @@ def make_val_loader(split: SplitData, *, batch_size: int, workers: int, cpu_comp
         num_workers=workers,
         collate_fn=collate,
         persistent_workers=workers > 0,
+        pin_memory=pin_memory,
         worker_init_fn=worker_init(shares_cores_with_compute=cpu_compute),
     )
 

@@ -22,3 +22,14 @@ def test_workers_yield_to_cpu_compute_and_keep_priority_otherwise():
     }
     assert next(iter(loaders[True])).item() == LOWEST_PRIORITY
     assert next(iter(loaders[False])).item() == os.nice(0)
+
+
+def test_auto_workers_fixed_on_cpu_and_scale_with_cores_on_gpu():
+    from detector.data.workers import CPU_TRAINING_WORKERS, MAX_GPU_WORKERS, default_workers
+
+    assert default_workers("cpu", cores=64) == CPU_TRAINING_WORKERS  # the model shares these cores
+    assert default_workers("cuda", cores=16) == 15  # one core left for the main process
+    assert default_workers("cuda", cores=16, processes_per_node=8) == 1  # torchrun: the node's cores are shared
+    assert default_workers("cuda", cores=4, processes_per_node=8) == 1  # never none
+    assert default_workers("cuda", cores=128) == MAX_GPU_WORKERS
+    assert default_workers("cuda") >= 1  # this machine's own core count
