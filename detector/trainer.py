@@ -333,8 +333,14 @@ class Trainer:
         self.epoch_seconds.append(stats["epoch_seconds"])
         self.val_seconds.append(evaluation[1]["seconds"] if evaluation else None)
         epochs, close_mosaic, warmup = self._fit_to_budget(epoch)
-        if epoch + 1 >= epochs:  # the last epoch: it is always evaluated, with the final report
+        last = epoch + 1 >= epochs
+        if last:  # the last epoch is always evaluated, and ends with the final report
             evaluation = evaluation or self._evaluate_if_due(epoch, stats, due=True)
+        if evaluation and fitness(evaluation[0].metrics) > self.best_fitness:
+            self.best_fitness, self.best_epoch = fitness(evaluation[0].metrics), epoch
+        patience_ran_out = bool(self.config.patience and evaluation and not interrupted and not last
+                                and epoch - self.best_epoch >= self.config.patience)
+        if (last or patience_ran_out) and evaluation:  # an early stop gets the final report too
             if self.reporter is not None:
                 self.log(self.reporter.on_final(*evaluation, self.val_data) + "\n" + evaluation[0].summary)
         metrics = evaluation[0].metrics if evaluation else {}
@@ -343,12 +349,10 @@ class Trainer:
         if (fallback := fallback_after_epoch(self.precision, stats, self.device.type)) is not None:
             precision, reason = fallback
             self.log(f"warning: {reason}")
-        if metrics and fitness(metrics) > self.best_fitness:
-            self.best_fitness, self.best_epoch = fitness(metrics), epoch
         stop = ""
         if interrupted:
             stop = f"interrupted: saved {self.run_dir / 'weights' / 'last.pt'} after epoch {epoch + 1}"
-        elif self.config.patience and metrics and epoch - self.best_epoch >= self.config.patience:
+        elif patience_ran_out:
             stop = (f"early stop: no better fitness for {self.config.patience} epochs (best at epoch "
                     f"{self.best_epoch + 1}); --patience 0 turns this off")
         decision = EpochDecision(precision, reason, epochs, close_mosaic, warmup, stop, metrics)
@@ -362,8 +366,10 @@ class Trainer:
     def _evaluate_if_due(self, epoch: int, stats: dict[str, float], *, due: bool) -> tuple[EvalResult, dict] | None:
         if not due:
             return None
-        # Predictions are kept whenever this may be the last epoch: a time budget can decide so afterwards.
-        keep = self.budget is not None or epoch + 1 >= self.epochs
+        # Predictions are kept whenever this may be the last epoch, for the final report: a time budget can
+        # decide so afterwards, and so can --patience when this epoch does not improve on the best.
+        patience_may_end = bool(self.config.patience) and epoch - self.best_epoch >= self.config.patience
+        keep = self.budget is not None or epoch + 1 >= self.epochs or patience_may_end
         result, info = self.evaluate(keep_predictions=keep)
         metrics = result.metrics
         self.log(

@@ -114,3 +114,17 @@ def test_resume_re_resolves_the_precision_on_this_device(saved, yolo_yaml: Path,
     resumed = train(_config(yolo_yaml, tmp_path, resume=str(last), device="cpu"), progress=False)
     cpu_choice = resolve_precision("auto", torch.device("cpu")).name
     assert resumed["precision"] == (cpu_choice if saved == "fp16" else "fp32")
+
+
+def test_early_stop_ends_with_the_final_report(yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
+    import detector.trainer
+
+    monkeypatch.setattr(detector.trainer, "fitness", lambda metrics: 0.0)  # epoch 1 is the best there will be
+    summary = train(_config(yolo_yaml, tmp_path, epochs=4, patience=1, plots=True), progress=False)
+    assert summary["epochs_done"] == 2 and not summary["interrupted"]
+    printed = capsys.readouterr().out
+    assert "early stop: no better fitness for 1 epochs (best at epoch 1)" in printed
+    assert "Average Precision" in printed  # the pycocotools summary of the final report
+    for name in ("PR_curve", "confusion_matrix", "val_batch0_pred"):
+        assert (summary["run_dir"] / f"{name}.png").is_file(), name
+    assert load_checkpoint(summary["run_dir"] / "weights" / "best.pt")["epoch"] == 0
