@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"with --nms: K, detections per image (default: {nms.max_detections})")
     add("--data", type=Path,
         help="dataset YAML: check parity on its val split, with mAP (default: synthetic images, no mAP)")
+    add("--datasets-dir", type=Path, default=None,
+        help="with --data: root of downloaded datasets (default: $DETECTOR_DATASETS, else ./datasets)")
     add("--no-check", action="store_true", help="skip the parity check (default: check)")
     add("--map-margin", type=float, default=0.5,
         help="with --data: largest allowed mAP50-95 drop in points (default: 0.5)")
@@ -129,7 +131,8 @@ def parity_passes(model: YOLO, info: ModelInfo, staged: dict[str, Path], args: a
         from detector.data.build import build_split
         from detector.data.spec import load_dataset_spec
 
-        split = build_split(load_dataset_spec(args.data), "val", image_size=info.imgsz, augment=None)
+        spec = load_dataset_spec(args.data, datasets_dir=args.datasets_dir)
+        split = build_split(spec, "val", image_size=info.imgsz, augment=None)
     reference = TorchBackend(model, dataclasses.replace(info, dynamic=True, nms=None), device=device)
     images = split_images(split) if split is not None else synthetic_images(info.imgsz)
     for fmt, path in staged.items():

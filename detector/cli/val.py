@@ -37,7 +37,9 @@ from detector.runtime import enlarge_onednn_cache
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m detector val", description=__doc__.splitlines()[0])
     parser.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) written by training")
-    parser.add_argument("--data", required=True, type=Path, help="dataset YAML")
+    parser.add_argument("--data", required=True, type=Path, help="dataset YAML, or a shipped one's name (coco.yaml)")
+    parser.add_argument("--datasets-dir", type=Path, default=None,
+                        help="root of downloaded datasets (default: $DETECTOR_DATASETS, else ./datasets)")
     parser.add_argument("--imgsz", type=int, default=None,
                         help=f"input size (default: the checkpoint's training size, else {DEFAULT_IMGSZ})")
     parser.add_argument("--batch", type=int, default=32, help="images per batch")
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
     try:
-        spec = load_dataset_spec(args.data)
+        spec = load_dataset_spec(args.data, datasets_dir=args.datasets_dir)
         model, checkpoint = model_from_checkpoint(args.weights)
         if model.num_classes != spec.num_classes:
             raise DatasetError(

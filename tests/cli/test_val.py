@@ -82,6 +82,18 @@ def test_val_errors_are_one_line_and_return_2(val_inputs, tmp_path: Path, capsys
     assert not (tmp_path / "runs").exists()
 
 
+def test_val_finds_a_shipped_dataset_under_datasets_dir(val_inputs, tmp_path: Path, capsys) -> None:
+    weights, _ = val_inputs
+    empty = tmp_path / "datasets"
+    empty.mkdir()
+    code = main(["--weights", str(weights), "--data", "coco.yaml", "--datasets-dir", str(empty), "--device", "cpu",
+                 "--project", str(tmp_path / "runs")])
+    errors = capsys.readouterr().err.strip().splitlines()
+    # Looked for under the folder given, and says how to fill it: the flag reached the dataset resolver.
+    assert code == 2 and len(errors) == 1 and str(empty / "coco") in errors[0]
+    assert f"python -m detector download coco --datasets-dir {empty}" in errors[0]
+
+
 def test_image_size_resolution() -> None:
     assert resolve_image_size(None, {"imgsz": 320}) == 320
     assert resolve_image_size(None, None) == 640
