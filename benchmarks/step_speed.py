@@ -1,14 +1,19 @@
-"""The bare training step (forward, loss, backward, optimizer), without the data loader: what each lever buys.
+"""The bare training step (forward, loss, backward, optimizer + EMA), without the data loader: what each lever buys.
 
 Each row runs in its own process, because oneDNN reads its kernel-cache size once per process. Batches come
-from the built-in dataset (mosaic on, cached in RAM), so the loss sees realistic targets.
+from the built-in dataset (mosaic on, cached in RAM), so the loss sees realistic targets; the step is the
+trainer's own (``detector.engine.optimizer_step``: fused optimizer, loss scaling on CUDA, the EMA).
 
-    python benchmarks/step_speed.py                  # 320 px, batch 16, nano model
+    python benchmarks/step_speed.py                  # 320 px, batch 16, nano model, CPU
     python benchmarks/step_speed.py --cycles 4 --compile
+    python benchmarks/step_speed.py --device cuda --imgsz 640 --batch 64   # the GPU's wall, batches kept on it
 
-Rows: FP32 / BF16 autocast, NCHW / channels-last, one fixed size / the default multi-scale sizes in turn
-(160-480 px at 320), and under multi-scale oneDNN's default kernel cache (1024) against the one detector sets
-and glibc's default heap against the held one the trainer sets (detector/runtime.py explains both).
+Rows on the CPU: FP32 / BF16 autocast, NCHW / channels-last, one fixed size / the default multi-scale sizes in
+turn, and under multi-scale oneDNN's default kernel cache (1024) against the one detector sets and glibc's
+default heap against the held one the trainer sets (detector/runtime.py explains both). On CUDA: FP32 (TF32
+off, as --unamp) against FP16 autocast with loss scaling, NCHW / channels-last, fixed / multi-scale; the uint8
+batches wait on the GPU, so no loader or host copy is timed, and the phases are timed between
+``torch.cuda.synchronize()`` calls (which the training loop does not make, so images/s here is a floor).
 Prints a markdown table of images/s and milliseconds per phase (input: resize + float conversion).
 """
 
@@ -35,62 +40,82 @@ from detector.data.build import build_split
 from detector.data.dataset import collate
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import generate_shapes
-from detector.engine import step_input
+from detector.ema import ModelEMA
+from detector.engine import optimizer_step, step_input
 from detector.multiscale import MultiScale
 from detector.loss import DetectionLoss
 from detector.model import build_model
+from detector.optim import build_optimizer
+from detector.precision import Precision
 from detector.runtime import hold_freed_memory
 
 args = json.loads(sys.argv[1])
-if not args["default_heap"]:
+device = torch.device(args["device"])
+cuda = device.type == "cuda"
+if not args["default_heap"] and not cuda:
     hold_freed_memory()  # as the trainer does on the CPU
+if cuda:  # FP32 rows are true FP32, as --unamp; cuDNN autotuning as the trainer sets it for <= 8 shapes
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
 torch.manual_seed(0)
 spec = load_dataset_spec(generate_shapes())
-model = build_model(num_classes=spec.num_classes, scale="n").train()
+model = build_model(num_classes=spec.num_classes, scale="n").to(device).train()
 if args["channels_last"]:
     model.to(memory_format=torch.channels_last)
 criterion = DetectionLoss(num_classes=spec.num_classes, strides=model.strides)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9, nesterov=True)
+optimizer = build_optimizer(model, name="SGD", lr=0.001, momentum=0.9, weight_decay=5e-4, num_classes=spec.num_classes,
+                            total_steps=10**6).optimizer  # fused where the device has it, as in training
+precision = Precision(("fp16" if cuda else "bf16") if args["amp"] else "fp32", device.type, "benchmark")
+scaler, ema = precision.make_scaler(), ModelEMA(model)
 dataset = build_split(spec, "train", image_size=args["imgsz"], augment=AugmentConfig(), cache="ram").dataset
 batches = [collate([dataset[(i + b * args["batch"], 0, True)] for i in range(args["batch"])]) for b in range(6)]
+if cuda:  # kept on the GPU: the step alone, no host-to-device copy
+    batches = [(images.to(device), targets, metas) for images, targets, metas in batches]
 ladder = MultiScale(args["imgsz"], enabled=args["multi_scale"]).ladder()
 step_model = torch.compile(model) if args["compile"] else model
 phases = {"input": 0.0, "forward": 0.0, "loss": 0.0, "backward": 0.0, "optimizer": 0.0}
+parameters = [p for p in model.parameters() if p.requires_grad]
+
+def clock():
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 def step(index, record):
     images, targets, _ = batches[index % len(batches)]
     size = ladder[(index * 7) % len(ladder)]  # every size in turn, not in order
-    tp = time.perf_counter()
-    x = step_input(images, size, torch.device("cpu"), channels_last=args["channels_last"])
-    t0 = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args["bf16"]):
+    tp = clock()
+    x = step_input(images, size, device, channels_last=args["channels_last"])
+    t0 = clock()
+    with precision.autocast():
         outputs = step_model(x)
-    t1 = time.perf_counter()
+    t1 = clock()
     loss, _ = criterion(outputs, targets, x.shape[2:])
-    t2 = time.perf_counter()
-    loss.backward()
-    t3 = time.perf_counter()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    t4 = time.perf_counter()
+    t2 = clock()
+    scaler.scale(loss).backward()
+    t3 = clock()
+    optimizer_step(model=model, parameters=parameters, optimizer=optimizer, scaler=scaler, ema=ema,
+                   precision=precision, clip_grad=10.0, loss_was_finite=True)
+    t4 = clock()
     if record:
         for name, seconds in zip(phases, (t0 - tp, t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             phases[name] += seconds
 
 for index in range(2 * len(ladder)):  # warm-up: every size's kernels built (compiled, with --compile)
     step(index, False)
-start = time.perf_counter()
+start = clock()
 for index in range(args["steps"]):
     step(index, True)
-seconds = time.perf_counter() - start
-print("RESULT", json.dumps({"images_per_s": args["steps"] * args["batch"] / seconds,
+seconds = clock() - start
+peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else float("nan")
+print("RESULT", json.dumps({"images_per_s": args["steps"] * args["batch"] / seconds, "peak_mb": peak,
                             **{k: 1000 * v / args["steps"] for k, v in phases.items()}}))
 """
 
 @dataclass(frozen=True)
 class Row:
     label: str
-    bf16: bool
+    amp: bool  # BF16 autocast on the CPU, FP16 autocast + loss scaling on CUDA
     channels_last: bool
     multi_scale: bool
     default_cache: bool = False  # oneDNN's own 1024-entry kernel cache instead of detector's
@@ -110,15 +135,29 @@ ROWS = [
     Row("FP32, channels-last, multi-scale (= --unamp)", False, True, True),
 ]
 COMPILE_ROW = Row("BF16, channels-last, fixed size, torch.compile", True, True, False, compile=True)
+CUDA_ROWS = [
+    Row("FP32 (TF32 off), channels-last, fixed size (= --unamp --no-multi-scale)", False, True, False),
+    Row("FP16, NCHW, fixed size", True, False, False),
+    Row("FP16, channels-last, fixed size (= --no-multi-scale)", True, True, False),
+    Row("FP16, channels-last, multi-scale (= default)", True, True, True),
+    Row("FP32 (TF32 off), channels-last, multi-scale (= --unamp)", False, True, True),
+]
+CUDA_COMPILE_ROW = Row("FP16, channels-last, fixed size, torch.compile", True, True, False, compile=True)
 
 
-def run_row(row: Row, *, imgsz: int, batch: int, steps: int) -> dict:
+def run_row(row: Row, *, imgsz: int, batch: int, steps: int, device: str) -> dict:
     env = dict(os.environ)
     if row.default_cache:
         env[ONEDNN_CACHE_ENV] = "1024"  # oneDNN's own default; detector keeps a value set by the user
     else:
         env.pop(ONEDNN_CACHE_ENV, None)
-    return run_isolated(ROW, {**asdict(row), "imgsz": imgsz, "batch": batch, "steps": steps}, env=env)
+    payload = {**asdict(row), "imgsz": imgsz, "batch": batch, "steps": steps, "device": device}
+    return run_isolated(ROW, payload, env=env)
+
+
+def peak_text(megabytes: float) -> str:
+    """Peak GPU memory allocated; the CPU rows have none to report (NaN)."""
+    return "-" if megabytes != megabytes else f"{megabytes:.0f}"
 
 
 def main() -> int:
@@ -127,17 +166,21 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--cycles", type=int, default=2,
                         help="timed steps per row = cycles x the multi-scale sizes (after two warm-up cycles)")
-    parser.add_argument("--compile", action="store_true", help="add a torch.compile row (BF16, channels-last, fixed)")
+    parser.add_argument("--compile", action="store_true", help="add a torch.compile row (AMP, channels-last, fixed)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     args = parser.parse_args()
-    rows = [*ROWS, COMPILE_ROW] if args.compile else ROWS
+    cuda = args.device.startswith("cuda")
+    rows, compile_row = (CUDA_ROWS, CUDA_COMPILE_ROW) if cuda else (ROWS, COMPILE_ROW)
+    rows = [*rows, compile_row] if args.compile else rows
     steps = args.cycles * len(MultiScale(args.imgsz).ladder())  # whole cycles: every size equally often
-    print(f"threads {torch.get_num_threads()}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
-    print("| step | images/s | input ms | forward ms | loss ms | backward ms | optimizer ms |")
-    print("|---|---|---|---|---|---|---|")
+    where = torch.cuda.get_device_name(args.device) if cuda else f"CPU, threads {torch.get_num_threads()}"
+    print(f"{where}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
+    print("| step | images/s | input ms | forward ms | loss ms | backward ms | optimizer + EMA ms | peak MB |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
-        r = run_row(row, imgsz=args.imgsz, batch=args.batch, steps=steps)
-        print(f"| {row.label} | {r['images_per_s']:.1f} | {r['input']:.0f} | {r['forward']:.0f} | {r['loss']:.0f} | "
-              f"{r['backward']:.0f} | {r['optimizer']:.0f} |", flush=True)
+        r = run_row(row, imgsz=args.imgsz, batch=args.batch, steps=steps, device=args.device)
+        print(f"| {row.label} | {r['images_per_s']:.1f} | {r['input']:.1f} | {r['forward']:.1f} | {r['loss']:.1f} | "
+              f"{r['backward']:.1f} | {r['optimizer']:.1f} | {peak_text(r['peak_mb'])} |", flush=True)
     return 0
 
 
