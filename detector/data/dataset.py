@@ -15,7 +15,10 @@ from detector.data.augment import (
     AugmentConfig,
     augment_hsv,
     build_albumentations,
-    flip,
+    draw_flips,
+    draw_hsv_gains,
+    flip_boxes,
+    flip_image,
     mosaic,
     random_affine,
 )
@@ -65,7 +68,7 @@ class DetectionDataset(Dataset):
     """Images and labels for one split.
 
     Training items are ``(image uint8 [3, S, S], labels [n, 5] (class, cx, cy, w, h normalised), meta)``
-    after mosaic/affine/HSV/flip/albumentations; evaluation items are letterboxed to ``S x S`` with
+    after mosaic/affine/HSV/albumentations/flip; evaluation items are letterboxed to ``S x S`` with
     no augmentation.
     """
 
@@ -127,12 +130,13 @@ class DetectionDataset(Dataset):
         else:
             image, boxes, classes = self._image_and_boxes(index)
         image, boxes, classes = random_affine(image, boxes, classes, size, config, rng)
-        image = augment_hsv(image, config, rng)
+        image = augment_hsv(image, draw_hsv_gains(config, rng))
         if self.albumentations is not None:
             self.albumentations.set_random_seed(int(rng.integers(2**31)))
             image = self.albumentations(image=image)["image"]
-        image, boxes = flip(image, boxes, config, rng)
-        return image, boxes, classes
+        flip_lr, flip_ud = draw_flips(config, rng)
+        boxes = flip_boxes(boxes, image.shape[1], image.shape[0], flip_lr=flip_lr, flip_ud=flip_ud)
+        return flip_image(image, flip_lr=flip_lr, flip_ud=flip_ud), boxes, classes
 
     def __getitem__(self, key: int | tuple[int, int, bool]) -> tuple[torch.Tensor, torch.Tensor, ImageMeta]:
         """``key`` is an index (evaluation) or ``(index, epoch, use_mosaic)`` from :class:`EpochSampler`."""
