@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from detector.checkpoint import CheckpointError, load_checkpoint
 from detector.config import TrainConfig
 from detector.data.augment import AugmentConfig
+from detector.data.batch_augment import resolve_pixel_augment
 from detector.data.build import SplitData, build_split
 from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler
@@ -38,11 +39,17 @@ def resolve_data(config: TrainConfig) -> DatasetSpec:
     return load_dataset_spec(yaml_path, datasets_dir=config.datasets_dir or None)
 
 
-def build_data(config: TrainConfig, *, with_val: bool) -> tuple[DatasetSpec, SplitData, SplitData | None]:
-    """The dataset spec, the augmented training split, and (where evaluation runs) the validation split."""
+def build_data(
+    config: TrainConfig, *, with_val: bool, device: torch.device
+) -> tuple[DatasetSpec, SplitData, SplitData | None]:
+    """The dataset spec, the augmented training split, and (where evaluation runs) the validation split.
+
+    ``device`` decides where ``--pixel-augment auto`` puts HSV and flips (see :func:`resolve_pixel_augment`).
+    """
     spec = resolve_data(config)
     train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache)
     train.dataset.seed = config.seed
+    train.dataset.pixel_ops_on_device = resolve_pixel_augment(config.pixel_augment, device) == "device"
     val = build_split(spec, "val", image_size=config.imgsz, augment=None, cache=config.cache) if with_val else None
     return spec, train, val
 

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from detector.budget import parse_duration
+from detector.data.batch_augment import CHOICES as PIXEL_AUGMENT_CHOICES
 from detector.model import image_size_problem
 from detector.precision import CHOICES as PRECISION_CHOICES
 
@@ -80,6 +81,9 @@ class TrainConfig:
     fliplr: float = knob(0.5, "horizontal flip probability")
     flipud: float = knob(0.0, "vertical flip probability")
     albumentations: float = knob(0.01, "probability of each albumentations pixel transform (blur, CLAHE, gray)")
+    pixel_augment: str = knob("auto", "where HSV and flips run on the pixels: workers (loader processes), device "
+                                      "(batched on the training device), auto = device on CUDA, workers elsewhere",
+                              choices=PIXEL_AUGMENT_CHOICES)
     multi_scale: bool = knob(True, "train at multiples of 32 in [min, max] x imgsz (imgsz in close-mosaic epochs)")
     multi_scale_min: float = knob(0.875, "smallest multi-scale factor of imgsz")
     multi_scale_max: float = knob(1.125, "largest multi-scale factor of imgsz (peak memory grows with its square)")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import resource
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -13,7 +15,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
+from detector.data.batch_augment import PixelOps, apply_pixel_ops, carried_pixel_ops
 from detector.data.dataset import model_input
+from detector.data.letterbox import ImageMeta
 from detector.ema import ModelEMA
 from detector.loss import DetectionLoss
 from detector.multiscale import MultiScale
@@ -39,11 +43,37 @@ class StepSchedule:
     clip_grad: float
 
 
-def step_input(images: torch.Tensor, size: int, device: torch.device, *, channels_last: bool) -> torch.Tensor:
-    """A training step's input: the loader's uint8 batch resized to the step's ``size``, as model input."""
+def step_input(
+    images: torch.Tensor,
+    size: int,
+    device: torch.device,
+    *,
+    channels_last: bool,
+    pixel_ops: Sequence[PixelOps] | None = None,
+) -> torch.Tensor:
+    """A training step's input: the loader's uint8 ``[B, 3, S, S]`` batch as float model input ``[B, 3, size, size]``.
+
+    ``pixel_ops`` (the device path, one per image) are applied on ``device`` in float, before the resize.
+    """
+    if pixel_ops is not None:
+        return resize_batch(apply_pixel_ops(model_input(images, device, channels_last=channels_last), pixel_ops), size)
     if device.type == "cpu":  # resize while still uint8: PyTorch's channels-last uint8 path is 2-4x faster
         return model_input(resize_batch(images, size), device, channels_last=channels_last)
     return resize_batch(model_input(images, device, channels_last=channels_last), size)  # on the GPU
+
+
+def as_trained(batch: tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]) -> tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]:
+    """A loader batch (uint8 ``[B, 3, S, S]``) with the pixel operations it carries applied here, on the CPU.
+
+    For the AMP check and the batch plot on the device path: their pixels then match the labels, which the
+    workers flipped already. A batch without operations comes back as it is.
+    """
+    images, targets, metas = batch
+    pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
+    if pixel_ops is None:
+        return batch
+    pixels = apply_pixel_ops(images.float() / 255, pixel_ops).mul_(255).round_().to(torch.uint8)
+    return pixels, targets, [dataclasses.replace(meta, pixel_ops=None) for meta in metas]
 
 
 def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
@@ -183,13 +213,14 @@ def train_one_epoch(
     parameters = [p for p in model.parameters() if p.requires_grad]
     bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}", disable=not progress, leave=True)
     start = last_shown = time.perf_counter()
-    for index, (images, targets, _metas) in enumerate(bar):
+    for index, (images, targets, metas) in enumerate(bar):
         step = epoch * steps + index
         set_learning_rates(optimizer, step, epoch + index / steps, schedule)
         accumulate = accumulation_steps(
             step, warmup_steps=schedule.warmup_steps, batch_size=schedule.batch_size, nominal_batch=schedule.nominal_batch
         )
-        images = step_input(images, sizes[index], device, channels_last=channels_last)
+        pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
+        images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops)
         with precision.autocast():
             outputs = model(images)
         # The loss runs in FP32 outside autocast; x world_size because DDP averages gradients over ranks.

@@ -42,7 +42,7 @@ from detector.distributed import (
     local_main_first,
 )
 from detector.ema import ModelEMA, unwrap
-from detector.engine import train_one_epoch
+from detector.engine import as_trained, train_one_epoch
 from detector.inference.torch_backend import make_torch_infer, validation_model
 from detector.metrics.coco import EvalResult
 from detector.metrics.loop import make_val_loader, run_validation
@@ -114,7 +114,7 @@ class Trainer:
         config = self.config
         seed_everything(config.seed + self.dist.rank)
         with local_main_first(self.dist):  # one process per node prepares the data; the others then read it
-            self.spec, self.train_data, self.val_data = build_data(config, with_val=self.dist.is_main)
+            self.spec, self.train_data, self.val_data = build_data(config, with_val=self.dist.is_main, device=self.device)
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         if self.resume_state is None:
             self.model = build_model_from_weights(config, self.spec.num_classes, self.log)
@@ -253,6 +253,7 @@ class Trainer:
             f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | data {data} "
             f"({len(self.train_data.records)} train / {len(self.val_data.records) if self.val_data else '?'} val) | "
             f"{self.device} x{self.dist.world_size}, {self.config.workers} loader workers | precision {self.precision.name}: {self.precision.reason} | "
+            f"HSV/flips {'on the device' if self.train_data.dataset.pixel_ops_on_device else 'in the workers'} | "
             f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.epochs_text()} | "
             f"{self.multi_scale.describe(len(self.input_shapes()))} | run {self.run_dir}"
         )
@@ -278,7 +279,7 @@ class Trainer:
             # fill this process's heap: forked later, the first steps pay copy-on-write faults for all of
             # that memory (measured: ~2 s on the first step, 2-core CPU).
             self.sampler.set_epoch(0, use_mosaic=self.close_mosaic < self.epochs)
-            first_batch = next(iter(self.train_loader))
+            first_batch = as_trained(next(iter(self.train_loader)))
             if config.amp_check:
                 self._preflight(first_batch)
             if self.reporter is not None:

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from detector.data.letterbox import ImageMeta
 from detector.ema import ModelEMA
 from detector.engine import StepSchedule, resize_batch, step_input, train_one_epoch
 from detector.loss import DetectionLoss
@@ -14,7 +15,8 @@ def _loader(batches: int = 2):
     generator = torch.Generator().manual_seed(0)
     images = (torch.rand(batches, 2, 3, 64, 64, generator=generator) * 255).to(torch.uint8)
     targets = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.4], [1, 0, 0.3, 0.3, 0.2, 0.3]])
-    return [(images[i], targets, [None, None]) for i in range(batches)]
+    metas = [ImageMeta(i, (64, 64), 1.0, (0.0, 0.0)) for i in range(2)]
+    return [(images[i], targets, metas) for i in range(batches)]
 
 
 def _run_epoch(precision: Precision):

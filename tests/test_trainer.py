@@ -34,7 +34,19 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
         assert (run_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     printed = capsys.readouterr().out
     assert "AP50-95" in printed and "Average Precision" in printed  # per-class table + pycocotools summary
+    assert "| HSV/flips in the workers |" in printed  # --pixel-augment auto on the CPU
     assert "): 1 input shape |" in printed  # 64 px: the default list is [64]; 8 images, batch 4: no partial batch
+
+
+def test_pixel_augment_on_the_device_trains_and_says_so(yolo_yaml: Path, tmp_path: Path, capsys):
+    """HSV and flips in the training step (what CUDA gets by default), here on the CPU; the plot and the
+    AMP check see the batch with them applied (detector/engine.py as_trained)."""
+    summary = train(_config(yolo_yaml, tmp_path, epochs=1, close_mosaic=0, plots=True, amp_check=True,
+                            pixel_augment="device"), progress=False)
+    rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
+    assert all(math.isfinite(float(rows[-1][k])) for k in ("train/box", "train/cls", "train/dfl"))
+    assert (summary["run_dir"] / "train_batch0.png").is_file()
+    assert "| HSV/flips on the device |" in capsys.readouterr().out
 
 
 def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):

@@ -124,11 +124,16 @@ def random_affine(
     return warped, new_boxes, new_classes
 
 
-def augment_hsv(image: np.ndarray, config: AugmentConfig, rng: np.random.Generator) -> np.ndarray:
-    """Random hue/saturation/value gains through lookup tables (fast, in place on a copy)."""
-    gains = rng.uniform(-1, 1, 3) * [config.hsv_h, config.hsv_s, config.hsv_v] + 1
+def draw_hsv_gains(config: AugmentConfig, rng: np.random.Generator) -> tuple[float, float, float]:
+    """Hue, saturation and value gains, each ``1 +/- U(-1, 1) * fraction``."""
+    hue, sat, val = rng.uniform(-1, 1, 3) * [config.hsv_h, config.hsv_s, config.hsv_v] + 1
+    return float(hue), float(sat), float(val)
+
+
+def augment_hsv(image: np.ndarray, gains: tuple[float, float, float]) -> np.ndarray:
+    """Apply hue/saturation/value gains through lookup tables on OpenCV's uint8 HSV (hue in 2-degree units)."""
     hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
-    table = np.arange(256, dtype=np.float32)
+    table = np.arange(256, dtype=np.float64)  # float64 products, whatever type the gains come in
     lut_hue = ((table * gains[0]) % 180).astype(np.uint8)
     lut_sat = np.clip(table * gains[1], 0, 255).astype(np.uint8)
     lut_val = np.clip(table * gains[2], 0, 255).astype(np.uint8)
@@ -136,19 +141,30 @@ def augment_hsv(image: np.ndarray, config: AugmentConfig, rng: np.random.Generat
     return cv2.cvtColor(merged, cv2.COLOR_HSV2RGB)
 
 
-def flip(
-    image: np.ndarray, boxes: np.ndarray, config: AugmentConfig, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray]:
-    height, width = image.shape[:2]
-    if rng.random() < config.fliplr:
-        image = np.ascontiguousarray(image[:, ::-1])
+def draw_flips(config: AugmentConfig, rng: np.random.Generator) -> tuple[bool, bool]:
+    """Whether to flip left-right and top-bottom (two draws, always both)."""
+    flip_lr = bool(rng.random() < config.fliplr)
+    flip_ud = bool(rng.random() < config.flipud)
+    return flip_lr, flip_ud
+
+
+def flip_boxes(boxes: np.ndarray, width: int, height: int, *, flip_lr: bool, flip_ud: bool) -> np.ndarray:
+    """xyxy pixel boxes of a ``width x height`` image, mirrored as :func:`flip_image` mirrors the pixels."""
+    if flip_lr:
         boxes = boxes.copy()
         boxes[:, [0, 2]] = width - boxes[:, [2, 0]]
-    if rng.random() < config.flipud:
-        image = np.ascontiguousarray(image[::-1])
+    if flip_ud:
         boxes = boxes.copy()
         boxes[:, [1, 3]] = height - boxes[:, [3, 1]]
-    return image, boxes
+    return boxes
+
+
+def flip_image(image: np.ndarray, *, flip_lr: bool, flip_ud: bool) -> np.ndarray:
+    if flip_lr:
+        image = np.ascontiguousarray(image[:, ::-1])
+    if flip_ud:
+        image = np.ascontiguousarray(image[::-1])
+    return image
 
 
 def build_albumentations(probability: float) -> A.Compose | None:

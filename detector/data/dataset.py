@@ -15,10 +15,14 @@ from detector.data.augment import (
     AugmentConfig,
     augment_hsv,
     build_albumentations,
-    flip,
+    draw_flips,
+    draw_hsv_gains,
+    flip_boxes,
+    flip_image,
     mosaic,
     random_affine,
 )
+from detector.data.batch_augment import PixelOps
 from detector.data.labels import ImageRecord
 from detector.data.letterbox import ImageMeta, letterbox
 
@@ -65,8 +69,10 @@ class DetectionDataset(Dataset):
     """Images and labels for one split.
 
     Training items are ``(image uint8 [3, S, S], labels [n, 5] (class, cx, cy, w, h normalised), meta)``
-    after mosaic/affine/HSV/flip/albumentations; evaluation items are letterboxed to ``S x S`` with
-    no augmentation.
+    after mosaic/affine/HSV/albumentations/flip; evaluation items are letterboxed to ``S x S`` with
+    no augmentation. With ``pixel_ops_on_device`` the HSV gains and flips are drawn as always and the
+    boxes flipped, but the pixels are left to the training step: ``meta.pixel_ops`` carries them there
+    (:mod:`detector.data.batch_augment`).
     """
 
     def __init__(
@@ -77,11 +83,13 @@ class DetectionDataset(Dataset):
         augment: AugmentConfig | None = None,
         cache_ram: bool = False,
         seed: int = 0,
+        pixel_ops_on_device: bool = False,
     ) -> None:
         self.records = records
         self.image_size = image_size
         self.augment = augment
         self.seed = seed
+        self.pixel_ops_on_device = pixel_ops_on_device
         self.albumentations = build_albumentations(augment.albumentations) if augment else None
         self._cache: list[tuple[np.ndarray, tuple[int, int]] | None] = [None] * len(records)
         if cache_ram:
@@ -114,11 +122,15 @@ class DetectionDataset(Dataset):
         boxes = cxcywh_to_xyxy(torch.from_numpy(labels[:, 1:5])).numpy() * scale
         return image, boxes.astype(np.float32).reshape(-1, 4), labels[:, 0].copy()
 
-    def _train_item(self, index: int, epoch: int, use_mosaic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _train_item(
+        self, index: int, epoch: int, use_mosaic: bool
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, PixelOps | None]:
+        """Image, xyxy pixel boxes, classes, and the pixel operations left to the device (None: all applied)."""
         config, size = self.augment, self.image_size
         assert config is not None
         # Augmentation is a pure function of (seed, epoch, index): the same with any number of workers,
-        # and a resumed run replays exactly what an uninterrupted one would have drawn.
+        # and a resumed run replays exactly what an uninterrupted one would have drawn. Both pixel paths
+        # draw the same numbers in the same order, so their geometry and boxes are identical.
         rng = np.random.default_rng((self.seed, epoch, index))
         if use_mosaic and rng.random() < config.mosaic:
             picks = [index, *rng.integers(0, len(self.records), 3)]
@@ -127,20 +139,26 @@ class DetectionDataset(Dataset):
         else:
             image, boxes, classes = self._image_and_boxes(index)
         image, boxes, classes = random_affine(image, boxes, classes, size, config, rng)
-        image = augment_hsv(image, config, rng)
+        gains = draw_hsv_gains(config, rng)
+        if not self.pixel_ops_on_device:
+            image = augment_hsv(image, gains)
         if self.albumentations is not None:
+            # On the device path these (blur, median blur, gray, CLAHE; rare) see the image before HSV, not after.
             self.albumentations.set_random_seed(int(rng.integers(2**31)))
             image = self.albumentations(image=image)["image"]
-        image, boxes = flip(image, boxes, config, rng)
-        return image, boxes, classes
+        flip_lr, flip_ud = draw_flips(config, rng)
+        boxes = flip_boxes(boxes, image.shape[1], image.shape[0], flip_lr=flip_lr, flip_ud=flip_ud)
+        if self.pixel_ops_on_device:
+            return image, boxes, classes, PixelOps(*gains, flip_lr=flip_lr, flip_ud=flip_ud)
+        return flip_image(image, flip_lr=flip_lr, flip_ud=flip_ud), boxes, classes, None
 
     def __getitem__(self, key: int | tuple[int, int, bool]) -> tuple[torch.Tensor, torch.Tensor, ImageMeta]:
         """``key`` is an index (evaluation) or ``(index, epoch, use_mosaic)`` from :class:`EpochSampler`."""
         index, epoch, use_mosaic = key if isinstance(key, tuple) else (key, 0, False)
         record = self.records[index]
         if self.augment is not None:
-            image, boxes, classes = self._train_item(index, epoch, use_mosaic)
-            meta = ImageMeta(record.image_id, image.shape[:2], 1.0, (0.0, 0.0))
+            image, boxes, classes, pixel_ops = self._train_item(index, epoch, use_mosaic)
+            meta = ImageMeta(record.image_id, image.shape[:2], 1.0, (0.0, 0.0), pixel_ops)
         else:
             resized, original_hw = self.load(index)
             image, _, pad = letterbox(resized, self.image_size)

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from detector.data.augment import PAD_VALUE
+from detector.data.batch_augment import PixelOps
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,9 @@ class ImageMeta:
     original_hw: tuple[int, int]
     ratio: float
     pad: tuple[float, float]  # (left, top) pixels
+    # Training on the device path (--pixel-augment device): the HSV gains and flips the training step still
+    # has to apply to the pixels (the worker flipped the boxes already). None: nothing left to apply.
+    pixel_ops: PixelOps | None = None
 
 
 def letterbox(image: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[float, float]]:
