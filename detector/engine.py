@@ -248,10 +248,10 @@ def train_one_epoch(
             means = (loss_sums / (index + 1)).tolist()
             bar.set_postfix(box=f"{means[0]:.3f}", cls=f"{means[1]:.3f}", dfl=f"{means[2]:.3f}", size=sizes[index])
             last_shown = time.perf_counter()
-    seconds = time.perf_counter() - start
     if world_size > 1:  # each rank holds its share of the global loss: the sum is the whole
         torch.distributed.all_reduce(loss_sums)
-    means = (loss_sums / max(steps, 1)).tolist()
+    means = (loss_sums / max(steps, 1)).tolist()  # waits for the device, so the time below includes the last step
+    seconds = time.perf_counter() - start
     scales = (scale_min.item(), scale_max.item()) if optimizer_steps else (1.0, 1.0)
     return {
         "train/box": means[0],
