@@ -35,13 +35,15 @@ def build_optimizer(
     """Three parameter groups: conv/linear weights (decayed), norm weights and biases (not decayed).
 
     ``auto`` picks AdamW with a class-count-scaled learning rate for short runs (< 10k steps), where it
-    converges faster, and SGD otherwise. For the AdamW it picks, biases warm up from 0 like the weights:
-    the SGD-tuned 0.1 start would be ~800x AdamW's learning rate at 80 classes (as Ultralytics does).
+    converges faster, and SGD otherwise. It changes only the optimizer and its learning rate: beta1 warms up
+    to ``momentum`` and biases warm down from ``warmup_bias_lr`` as with an explicit choice. Ultralytics
+    instead sets beta1 0.9 and a bias warm-up from 0 for its auto AdamW; measured on BCCD (320 px, 40 epochs,
+    README "Multi-scale training") that lost 0.07 mAP50-95 (0.469 against 0.536 at a fixed size, seed 0), most
+    of it from the bias warm-up (0.513 with the bias start of 0.1 alone).
     """
     if name == "auto":
         if total_steps < 10_000:
-            name, lr, momentum = "AdamW", round(0.002 * 5 / (4 + num_classes), 6), 0.9
-            warmup_bias_lr = 0.0
+            name, lr = "AdamW", round(0.002 * 5 / (4 + num_classes), 6)
         else:
             name = "SGD"
     decay, no_decay, biases = [], [], []

@@ -13,12 +13,15 @@ def _schedule(choice, warmup_steps: int = 10) -> StepSchedule:
                         warmup_momentum=0.8, momentum=choice.momentum, batch_size=16, nominal_batch=64, clip_grad=10.0)
 
 
-def test_auto_adamw_warms_biases_up_from_zero_not_from_the_sgd_value():
+def test_auto_adamw_changes_only_the_optimizer_and_learning_rate():
     choice = build_optimizer(build_model(num_classes=80), name="auto", lr=0.01, momentum=0.937, weight_decay=5e-4,
                              num_classes=80, total_steps=100, warmup_bias_lr=0.1)
-    assert choice.name == "AdamW" and choice.warmup_bias_lr == 0.0
+    assert choice.name == "AdamW" and choice.lr == round(0.01 / 84, 6)
+    # The configured warm-up is kept (measured on BCCD: a bias start of 0, as Ultralytics' auto uses, lost
+    # 0.04-0.07 mAP50-95 at 40 epochs; see detector/optim.py).
+    assert choice.warmup_bias_lr == 0.1 and choice.momentum == 0.937
     set_learning_rates(choice.optimizer, 0, 0.0, _schedule(choice))
-    assert choice.optimizer.param_groups[2]["lr"] == 0.0  # biases: 0.1 would be ~800x AdamW's lr at 80 classes
+    assert choice.optimizer.param_groups[2]["lr"] == 0.1 and choice.optimizer.param_groups[0]["lr"] == 0.0
 
 
 def test_sgd_keeps_the_configured_bias_warmup():
