@@ -73,6 +73,54 @@ def distribution_focal_loss(bin_logits: torch.Tensor, target: torch.Tensor) -> t
     return loss.view(target.shape).mean(-1)
 
 
+# A valid box (grid units) put in place of every background anchor's boxes on the dense path: CIoU of two
+# equal unit boxes is finite, so their zero weight cannot turn into 0 * NaN in the loss or its gradient.
+_SAFE_BOX = (0.0, 0.0, 1.0, 1.0)
+
+
+def foreground_losses(
+    pred_boxes: torch.Tensor,
+    target_boxes: torch.Tensor,
+    box_logits: torch.Tensor,
+    points: torch.Tensor,
+    weights: torch.Tensor,
+    foreground: torch.Tensor,
+    *,
+    reg_max: int,
+    dense: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weighted sums of the CIoU and DFL losses over the foreground anchors.
+
+    ``pred_boxes``/``target_boxes`` ``[B, A, 4]`` xyxy grid units, ``box_logits`` ``[B, A, 4 * reg_max]``,
+    ``points`` ``[A, 2]``, ``weights`` and ``foreground`` ``[B, A]``.
+
+    ``dense=False`` (the CPU) computes on the foreground anchors alone, picked by boolean indexing, which
+    must count them on the host first. ``dense=True`` (CUDA) computes every anchor with background weights
+    at zero: more arithmetic, but no wait for the GPU in the middle of the step. Both give the same sums up
+    to the order of the additions.
+    """
+    if dense:
+        mask = foreground.unsqueeze(-1)
+        safe = pred_boxes.new_tensor(_SAFE_BOX)
+        pred = torch.where(mask, pred_boxes, safe).flatten(0, 1)
+        target = torch.where(mask, target_boxes, safe)
+        weight = (weights * foreground).flatten()
+        box_sum = (complete_box_iou_loss(pred, target.flatten(0, 1), reduction="none") * weight).sum()
+        target_dist = boxes_to_distances(points, target, reg_max - 1 - 0.01).flatten(0, 1)
+        bins = box_logits.reshape(-1, 4, reg_max)
+        dfl_sum = (distribution_focal_loss(bins, target_dist) * weight).sum()
+        return box_sum, dfl_sum
+    if not foreground.any():
+        zero = box_logits.sum() * 0.0  # keeps the graph connected, so DDP and the scaler see every parameter
+        return zero, zero
+    weight = weights[foreground]
+    box_sum = (complete_box_iou_loss(pred_boxes[foreground], target_boxes[foreground], reduction="none") * weight).sum()
+    target_dist = boxes_to_distances(points, target_boxes, reg_max - 1 - 0.01)[foreground]
+    bins = box_logits[foreground].view(-1, 4, reg_max)
+    dfl_sum = (distribution_focal_loss(bins, target_dist) * weight).sum()
+    return box_sum, dfl_sum
+
+
 class DetectionLoss(torch.nn.Module):
     """Callable criterion: ``loss(outputs, targets, image_hw) -> (total, {box, cls, dfl})``.
 
@@ -144,18 +192,11 @@ class DetectionLoss(torch.nn.Module):
         score_sum = score_sum.clamp(min=1)
         cls_loss = F.binary_cross_entropy_with_logits(cls_logits, assigned.scores, reduction="sum") / score_sum
 
-        fg = assigned.foreground
-        if fg.any():
-            weight = assigned.scores.sum(-1)[fg]
-            target_boxes = assigned.boxes / stride  # grid units, per anchor
-            box_loss = (complete_box_iou_loss(pred_boxes[fg], target_boxes[fg], reduction="none") * weight).sum()
-            box_loss = box_loss / score_sum
-            target_dist = boxes_to_distances(points, target_boxes, self.reg_max - 1 - 0.01)[fg]
-            bins = box_logits[fg].view(-1, 4, self.reg_max)
-            dfl_loss = (distribution_focal_loss(bins, target_dist) * weight).sum() / score_sum
-        else:
-            # Keep the graph connected so DDP and the scaler see every parameter.
-            box_loss = dfl_loss = box_logits.sum() * 0.0
+        box_sum, dfl_sum = foreground_losses(
+            pred_boxes, assigned.boxes / stride, box_logits, points, assigned.scores.sum(-1), assigned.foreground,
+            reg_max=self.reg_max, dense=flat.is_cuda,
+        )
+        box_loss, dfl_loss = box_sum / score_sum, dfl_sum / score_sum
 
         parts = {
             "box": box_loss * self.gains.box,

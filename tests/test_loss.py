@@ -33,3 +33,57 @@ def test_targets_to_padded_groups_boxes_by_image():
     assert mask.tolist() == [[True, False], [True, True], [False, False]]
     assert labels[1].tolist() == [2, 1]
     assert torch.allclose(boxes[0, 0], torch.tensor([0.0, 0.0, 100.0, 50.0]))
+
+
+def _foreground_case(seed: int, anchors: int = 200, reg_max: int = 16):
+    generator = torch.Generator().manual_seed(seed)
+    points = torch.rand(anchors, 2, generator=generator) * 20
+    corners = torch.rand(2, anchors, 2, generator=generator) * 20
+    pred = torch.cat((corners, corners + torch.rand(2, anchors, 2, generator=generator) * 5), -1)
+    target = torch.cat((corners - 1, corners + 3), -1)
+    logits = torch.randn(2, anchors, 4 * reg_max, generator=generator)
+    weights = torch.rand(2, anchors, generator=generator)
+    foreground = torch.rand(2, anchors, generator=generator) < 0.2
+    # Zero-area predictions on background anchors: CIoU of such a box is NaN (0/0 in its aspect term), which
+    # the dense path must keep out of the sums and the gradients.
+    degenerate = ~foreground & (torch.arange(anchors) % 7 == 0)
+    pred[degenerate] = pred[degenerate][:, :2].repeat(1, 2)
+    return pred, target, logits, points, weights, foreground
+
+
+def test_dense_foreground_losses_match_the_indexed_ones_with_their_gradients():
+    from detector.loss import foreground_losses
+
+    for seed in range(3):
+        pred, target, logits, points, weights, foreground = _foreground_case(seed)
+        results = {}
+        for dense in (False, True):
+            pred_in, logits_in = pred.clone().requires_grad_(), logits.clone().requires_grad_()
+            box_sum, dfl_sum = foreground_losses(pred_in, target, logits_in, points, weights, foreground,
+                                                 reg_max=16, dense=dense)
+            (box_sum + dfl_sum).backward()
+            results[dense] = (box_sum.detach(), dfl_sum.detach(), pred_in.grad, logits_in.grad)
+        count = int(foreground.sum())
+        # Each anchor's terms are the same operations on both paths; only the summation differs (count terms,
+        # plus the dense path's zeros): FP32 summation error is at most count * eps * the sum of |terms|
+        # (all terms are non-negative here, so that is the sum itself).
+        eps = torch.finfo(torch.float32).eps
+        for indexed, dense in zip(results[False][:2], results[True][:2]):
+            assert torch.isfinite(dense) and abs(dense - indexed) <= count * eps * abs(indexed)
+        # Gradients are per element: background anchors get exactly zero on both paths, foreground ones the
+        # same values up to the last bits of the 16-bin softmax inside the DFL (a few eps, relative).
+        for indexed, dense in zip(results[False][2:], results[True][2:]):
+            assert torch.isfinite(dense).all()
+            assert torch.equal(dense[~foreground], torch.zeros_like(dense[~foreground]))
+            torch.testing.assert_close(dense, indexed, rtol=4 * eps, atol=4 * eps * float(indexed.abs().max()))
+
+
+def test_dense_foreground_losses_without_foreground_are_zero_and_connected():
+    from detector.loss import foreground_losses
+
+    pred, target, logits, points, weights, _ = _foreground_case(0)
+    logits.requires_grad_()
+    for dense in (False, True):
+        box_sum, dfl_sum = foreground_losses(pred, target, logits, points, weights, torch.zeros(2, 200, dtype=torch.bool),
+                                             reg_max=16, dense=dense)
+        assert box_sum == 0 and dfl_sum == 0 and dfl_sum.requires_grad  # reaches the logits: DDP sees them
