@@ -22,7 +22,6 @@ from detector.distributed import DistInfo
 from detector.engine import StepSchedule
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
-from detector.multiscale import keeps_full_batches_only
 from detector.optim import OptimizerChoice, build_optimizer
 
 
@@ -65,11 +64,11 @@ def build_criterion(config: TrainConfig, model: YOLO) -> DetectionLoss:
 def build_train_loader(
     data: SplitData, config: TrainConfig, dist: DistInfo, device: torch.device
 ) -> tuple[EpochSampler, DataLoader]:
-    sampler = EpochSampler(len(data.dataset), seed=config.seed, rank=dist.rank, world_size=dist.world_size)
+    sampler = EpochSampler(len(data.dataset), seed=config.seed, rank=dist.rank, world_size=dist.world_size,
+                           batch=config.batch)  # whole batches: one batch size, see detector/multiscale.py
     loader = DataLoader(
         data.dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
         collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=device.type == "cuda",
-        drop_last=keeps_full_batches_only(len(sampler), config.batch),  # one batch size: see detector/multiscale.py
         worker_init_fn=worker_init(shares_cores_with_compute=device.type == "cpu"),
     )
     return sampler, loader

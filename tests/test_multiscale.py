@@ -8,7 +8,7 @@ from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler
 from detector.data.spec import load_dataset_spec
 from detector.engine import step_input
-from detector.multiscale import MultiScale, images_per_step, keeps_full_batches_only
+from detector.multiscale import MultiScale, images_per_step, samples_per_rank
 from tests.conftest import write_yolo_dataset
 
 
@@ -53,10 +53,20 @@ def test_hold_must_be_positive():
         MultiScale(320, hold=0)
 
 
-def test_partial_batches_are_dropped_unless_there_is_no_full_one():
-    assert keeps_full_batches_only(205, 16) and images_per_step(205, 16) == 16
-    assert keeps_full_batches_only(16, 16)
-    assert not keeps_full_batches_only(3, 16) and images_per_step(3, 16) == 3  # tiny dataset: its one batch
+def test_each_rank_draws_whole_batches_unless_its_share_is_smaller_than_one():
+    assert samples_per_rank(205, 1, 16) == 208 and images_per_step(208, 16) == 16  # 13 full steps, none dropped
+    assert samples_per_rank(205, 2, 16) == 112  # 103 each, padded to 7 batches
+    assert samples_per_rank(16, 1, 16) == 16
+    assert samples_per_rank(3, 1, 16) == 3 and images_per_step(3, 16) == 3  # tiny dataset: its one batch
+
+
+def test_sampler_pads_with_the_epochs_own_order_and_covers_every_image():
+    for world_size in (1, 2):
+        shards = [list(EpochSampler(21, seed=0, rank=rank, world_size=world_size, batch=4)) for rank in range(world_size)]
+        keys = [key for shard in shards for key in shard]
+        assert all(len(shard) % 4 == 0 for shard in shards)
+        assert {index for index, _, _ in keys} == set(range(21))  # every image, every epoch
+        assert len(keys) - 21 < 4 * world_size  # no more padding than one batch per rank
 
 
 @pytest.mark.parametrize(("images", "batch", "world_size"), [(21, 4, 1), (21, 4, 2), (3, 4, 1)])
@@ -68,9 +78,8 @@ def test_shape_count_matches_a_real_loader(tmp_path, images, batch, world_size):
     multi = MultiScale(128, low=0.5, high=1.0, hold=2, epochs=epochs, fixed_last_epochs=close_mosaic)
     for rank in range(world_size):
         seen: set[tuple[int, int]] = set()
-        sampler = EpochSampler(images, seed=0, rank=rank, world_size=world_size)
-        loader = DataLoader(data.dataset, batch_size=batch, sampler=sampler, collate_fn=collate,
-                            drop_last=keeps_full_batches_only(len(sampler), batch))
+        sampler = EpochSampler(images, seed=0, rank=rank, world_size=world_size, batch=batch)
+        loader = DataLoader(data.dataset, batch_size=batch, sampler=sampler, collate_fn=collate)
         for epoch in range(epochs):
             sampler.set_epoch(epoch, use_mosaic=epoch < epochs - close_mosaic)
             sizes = multi.sizes(len(loader), seed=0, epoch=epoch)

@@ -1,7 +1,8 @@
 """Training sampler: a seeded shuffle per epoch, sharded across processes, carrying augmentation state.
 
 It yields ``(index, epoch, use_mosaic)`` keys, so the dataset's augmentation depends only on those
-(persistent workers never hold stale state when mosaic closes), and every rank sees its own shard.
+(persistent workers never hold stale state when mosaic closes), and every rank sees its own shard. Given
+the batch size, every rank's shard is whole batches (:func:`detector.multiscale.samples_per_rank`).
 """
 
 from __future__ import annotations
@@ -12,15 +13,17 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
+from detector.multiscale import samples_per_rank
+
 
 class EpochSampler(Sampler[tuple[int, int, bool]]):
     def __init__(
-        self, size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True
+        self, size: int, *, seed: int = 0, rank: int = 0, world_size: int = 1, shuffle: bool = True, batch: int = 1
     ) -> None:
         self.size, self.seed, self.rank, self.world_size, self.shuffle = size, seed, rank, world_size, shuffle
         self.epoch = 0
         self.use_mosaic = True
-        self.per_rank = math.ceil(size / world_size)
+        self.per_rank = samples_per_rank(size, world_size, batch)
 
     def set_epoch(self, epoch: int, *, use_mosaic: bool) -> None:
         self.epoch, self.use_mosaic = epoch, use_mosaic
@@ -34,6 +37,8 @@ class EpochSampler(Sampler[tuple[int, int, bool]]):
             order = torch.randperm(self.size, generator=generator).tolist()
         else:
             order = list(range(self.size))
-        order += order[: self.per_rank * self.world_size - self.size]  # pad so every rank gets as many
+        # Pad by wrapping round the epoch's order, so every rank gets as many, in whole batches.
+        total = self.per_rank * self.world_size
+        order = (order * math.ceil(total / max(len(order), 1)))[:total]
         for index in order[self.rank :: self.world_size]:
             yield index, self.epoch, self.use_mosaic
