@@ -21,7 +21,7 @@ each input shape appears, and keeps the fastest. The timing is paid once per sha
 later step, so it pays when a run sees few shapes many times. Issue 16 measured the cost on an H100: with
 per-batch multi-scale over 21 sizes plus a partial last batch, epochs of ~1 s took 5-27 s whenever a new
 (batch, size) shape appeared, a tax that ran through the whole run. :mod:`detector.multiscale` now bounds
-the shapes (default: 3 at 320 px, 5 at 640 px, full batches only), so autotuning stays on up to
+the shapes (default: 3 at 320 px, 5 at 640 px, one batch size), so autotuning stays on up to
 ``MAX_AUTOTUNED_SHAPES`` shapes and is off beyond (as detectron2 and torchvision do when sizes vary):
 then cuDNN's heuristics pick an algorithm with no timing. The limit is a judgement, not a measurement:
 GPU timings were not measured on the development machine (no GPU). ``cudnn.benchmark_limit`` (algorithms
