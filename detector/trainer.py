@@ -114,7 +114,8 @@ class Trainer:
         config = self.config
         seed_everything(config.seed + self.dist.rank)
         with local_main_first(self.dist):  # one process per node prepares the data; the others then read it
-            self.spec, self.train_data, self.val_data = build_data(config, with_val=self.dist.is_main, device=self.device)
+            self.spec, self.train_data, self.val_data = build_data(config, with_val=self.dist.is_main,
+                                                                   device=self.device)
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         if self.resume_state is None:
             self.model = build_model_from_weights(config, self.spec.num_classes, self.log)
@@ -252,7 +253,8 @@ class Trainer:
         return (
             f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | data {data} "
             f"({len(self.train_data.records)} train / {len(self.val_data.records) if self.val_data else '?'} val) | "
-            f"{self.device} x{self.dist.world_size}, {self.config.workers} loader workers | precision {self.precision.name}: {self.precision.reason} | "
+            f"{self.device} x{self.dist.world_size}, {self.config.workers} loader workers | "
+            f"precision {self.precision.name}: {self.precision.reason} | "
             f"HSV/flips {'on the device' if self.train_data.dataset.pixel_ops_on_device else 'in the workers'} | "
             f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.epochs_text()} | "
             f"{self.multi_scale.describe(len(self.input_shapes()))} | run {self.run_dir}"
