@@ -75,6 +75,7 @@ ladder = MultiScale(args["imgsz"], enabled=args["multi_scale"]).ladder()
 step_model = torch.compile(model) if args["compile"] else model
 phases = {"input": 0.0, "forward": 0.0, "loss": 0.0, "backward": 0.0, "optimizer": 0.0}
 parameters = [p for p in model.parameters() if p.requires_grad]
+finite = torch.ones((), dtype=torch.bool, device=device)  # made once: a Python bool would be copied over each step
 
 def clock():
     if cuda:
@@ -95,7 +96,7 @@ def step(index, record):
     scaler.scale(loss).backward()
     t3 = clock()
     optimizer_step(model=model, parameters=parameters, optimizer=optimizer, scaler=scaler, ema=ema,
-                   precision=precision, clip_grad=10.0, loss_was_finite=True)
+                   precision=precision, clip_grad=10.0, loss_was_finite=finite)
     t4 = clock()
     if record:
         for name, seconds in zip(phases, (t0 - tp, t1 - t0, t2 - t1, t3 - t2, t4 - t3)):

@@ -101,7 +101,9 @@ def foreground_losses(
     """
     if dense:
         mask = foreground.unsqueeze(-1)
-        safe = pred_boxes.new_tensor(_SAFE_BOX)
+        # Made from the host list with a non-blocking copy: a blocking one (torch.tensor(..., device=...)) makes
+        # PyTorch wait for the stream, the very sync this path avoids.
+        safe = torch.tensor(_SAFE_BOX, dtype=pred_boxes.dtype).to(pred_boxes.device, non_blocking=True)
         pred = torch.where(mask, pred_boxes, safe).flatten(0, 1)
         target = torch.where(mask, target_boxes, safe)
         weight = (weights * foreground).flatten()
