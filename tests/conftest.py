@@ -15,6 +15,7 @@ import torch
 
 from detector.checkpoint import save_checkpoint
 from detector.data.build import SplitData, build_split
+from detector.data.labels import ImageRecord
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import make_image, write_yolo_split
 from detector.export.parity import synthetic_images
@@ -200,3 +201,15 @@ def onnx_fp32(model: YOLO, checkpoint: Path) -> Path:
 
     info = ModelInfo(names=NAMES, strides=model.strides, imgsz=MODEL_IMGSZ, batch=2)
     return export_onnx(model, checkpoint.with_suffix(".onnx"), info)
+
+
+def write_records(folder: Path, count: int, seed: int) -> list[ImageRecord]:
+    """``count`` synthetic 64 px PNGs in ``folder`` with their labels, as dataset records (ids 0..count-1)."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for index in range(count):
+        image, labels = make_image(rng, 64)
+        path = folder / f"{index}.png"
+        cv2.imwrite(str(path), image)
+        records.append(ImageRecord(path, labels, index))
+    return records

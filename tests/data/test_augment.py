@@ -3,16 +3,15 @@ import subprocess
 import sys
 import textwrap
 
-import cv2
 import numpy as np
 import pytest
 import torch
 
 from detector.data.augment import AugmentConfig, mosaic, random_affine
 from detector.data.dataset import DetectionDataset, collate
-from detector.data.labels import ImageRecord
 from detector.data.letterbox import letterbox
 from detector.data.synthetic import make_image
+from tests.conftest import write_records
 
 
 def test_letterbox_keeps_aspect_and_reports_padding():
@@ -41,19 +40,8 @@ def test_mosaic_and_affine_keep_boxes_inside_the_image():
             assert ((final[:, 2:] - final[:, :2]) > 2).all()
 
 
-def _write_records(folder, count: int, seed: int) -> list[ImageRecord]:
-    rng = np.random.default_rng(seed)
-    records = []
-    for index in range(count):
-        image, labels = make_image(rng, 64)
-        path = folder / f"{index}.png"
-        cv2.imwrite(str(path), image)
-        records.append(ImageRecord(path, labels, index))
-    return records
-
-
 def test_training_items_are_deterministic_per_epoch_and_boxes_normalised(tmp_path):
-    records = _write_records(tmp_path, 4, seed=1)
+    records = write_records(tmp_path, 4, seed=1)
     dataset = DetectionDataset(records, image_size=64, augment=AugmentConfig(albumentations=0.5), seed=3)
     first, again, other_epoch = dataset[(0, 5, True)], dataset[(0, 5, True)], dataset[(0, 6, True)]
     assert first[0].shape == (3, 64, 64)
@@ -67,7 +55,7 @@ def test_training_items_are_deterministic_per_epoch_and_boxes_normalised(tmp_pat
 
 
 def test_collated_batch_is_channels_last_with_the_items_pixels(tmp_path):
-    records = _write_records(tmp_path, 3, seed=2)
+    records = write_records(tmp_path, 3, seed=2)
     dataset = DetectionDataset(records, image_size=64, augment=AugmentConfig(), seed=0)
     items = [dataset[(i, 0, True)] for i in range(3)] + [DetectionDataset(records, image_size=64)[0]]
     images, targets, _ = collate(items)

@@ -1,8 +1,6 @@
 import colorsys
 import math
-from pathlib import Path
 
-import cv2
 import numpy as np
 import pytest
 import torch
@@ -19,7 +17,6 @@ from detector.data.batch_augment import (
     rgb_to_hsv,
 )
 from detector.data.dataset import DetectionDataset, collate
-from detector.data.labels import ImageRecord
 from detector.data.synthetic import make_image
 from detector.ema import ModelEMA
 from detector.engine import StepSchedule, as_trained, resize_batch, step_input, train_one_epoch
@@ -28,6 +25,7 @@ from detector.model import build_model
 from detector.multiscale import MultiScale
 from detector.optim import build_optimizer
 from detector.precision import Precision
+from tests.conftest import write_records
 
 EPS = torch.finfo(torch.float32).eps
 # The gains augment_hsv draws lie within 1 +/- (0.015, 0.7, 0.4) by default; the last two sets go further
@@ -138,17 +136,6 @@ def test_flips_equal_torch_flip_per_image_and_keep_the_memory_format():
         torch.testing.assert_close(result, plain.flip(dims) if dims else plain, rtol=0, atol=FLOAT32_TOLERANCE)
 
 
-def _write_records(folder: Path, count: int, seed: int) -> list[ImageRecord]:
-    rng = np.random.default_rng(seed)
-    records = []
-    for index in range(count):
-        image, labels = make_image(rng, 64)
-        path = folder / f"{index}.png"
-        cv2.imwrite(str(path), image)
-        records.append(ImageRecord(path, labels, index))
-    return records
-
-
 def _datasets(records, **augment):
     config = AugmentConfig(flipud=0.5, **augment)
     workers = DetectionDataset(records, image_size=64, augment=config, seed=3)
@@ -160,7 +147,7 @@ KEYS = [(index, epoch, use_mosaic) for index in range(4) for epoch in range(3) f
 
 
 def test_device_path_items_have_the_worker_paths_labels_exactly(tmp_path):
-    workers, device = _datasets(_write_records(tmp_path, 4, seed=1), albumentations=0.5)  # its seed is drawn too
+    workers, device = _datasets(write_records(tmp_path, 4, seed=1), albumentations=0.5)  # its seed is drawn too
     flips = set()
     for key in KEYS:
         _, worker_labels, worker_meta = workers[key]
@@ -173,7 +160,7 @@ def test_device_path_items_have_the_worker_paths_labels_exactly(tmp_path):
 
 def test_device_path_pixels_after_apply_match_the_worker_path(tmp_path):
     # No albumentations here: on the device path they run before HSV instead of after.
-    workers, device = _datasets(_write_records(tmp_path, 4, seed=1), albumentations=0.0)
+    workers, device = _datasets(write_records(tmp_path, 4, seed=1), albumentations=0.0)
     worker_images, _, _ = collate([workers[key] for key in KEYS])
     device_images, _, metas = collate([device[key] for key in KEYS])
     ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
@@ -201,7 +188,7 @@ def test_step_input_applies_pixel_ops_before_the_resize_on_a_cpu_tensor():
 
 
 def test_as_trained_applies_and_clears_the_carried_ops(tmp_path):
-    workers, device = _datasets(_write_records(tmp_path, 2, seed=2), albumentations=0.0)
+    workers, device = _datasets(write_records(tmp_path, 2, seed=2), albumentations=0.0)
     batch = collate([device[(index, 0, True)] for index in range(2)])
     images, targets, metas = as_trained(batch)
     ops = [meta.pixel_ops for meta in batch[2]]
@@ -226,7 +213,7 @@ def test_pixel_augment_auto_is_device_on_cuda_and_workers_elsewhere(yolo_yaml):
 
 
 def test_train_one_epoch_on_the_device_path_gives_finite_losses(tmp_path):
-    _, device_dataset = _datasets(_write_records(tmp_path, 4, seed=3))
+    _, device_dataset = _datasets(write_records(tmp_path, 4, seed=3))
     loader = DataLoader([device_dataset[(index, 0, True)] for index in range(4)], batch_size=2, collate_fn=collate)
     torch.manual_seed(0)
     model = build_model(num_classes=3)
