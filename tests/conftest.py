@@ -85,6 +85,33 @@ def write_coco_dataset(root: Path, *, count: int = 4, size: int = 64, seed: int 
     return yaml_path
 
 
+VocObject = tuple[str, int, int, int, int, int]  # name, xmin, ymin, xmax, ymax (1-based pixels), difficult
+
+
+def voc_xml(objects: list[VocObject], *, width: int = 64, height: int = 48) -> str:
+    """A Pascal VOC annotation as the devkit writes it (only the fields the conversion reads, plus a few)."""
+    parts = [f"<annotation><folder>VOC</folder><size><width>{width}</width><height>{height}</height>"
+             "<depth>3</depth></size>"]
+    for name, xmin, ymin, xmax, ymax, difficult in objects:
+        parts.append(f"<object><name>{name}</name><pose>Unspecified</pose><truncated>0</truncated>"
+                     f"<difficult>{difficult}</difficult><bndbox><xmin>{xmin}</xmin><ymin>{ymin}</ymin>"
+                     f"<xmax>{xmax}</xmax><ymax>{ymax}</ymax></bndbox></object>")
+    return "".join(parts) + "</annotation>\n"
+
+
+def write_voc_devkit(folder: Path, year: str, image_set: str, annotations: dict[str, str]) -> Path:
+    """``folder/VOCdevkit/VOC<year>``: a 64x48 JPEG and the given XML per image id, and the set's id list."""
+    devkit = folder / "VOCdevkit" / f"VOC{year}"
+    for sub in ("Annotations", "JPEGImages", "ImageSets/Main"):
+        (devkit / sub).mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(len(annotations))
+    for image_id, xml in annotations.items():
+        (devkit / "Annotations" / f"{image_id}.xml").write_text(xml)
+        cv2.imwrite(str(devkit / "JPEGImages" / f"{image_id}.jpg"), rng.integers(0, 255, (48, 64, 3), np.uint8))
+    (devkit / "ImageSets/Main" / f"{image_set}.txt").write_text("".join(f"{i}\n" for i in annotations))
+    return devkit
+
+
 @pytest.fixture
 def yolo_yaml(tmp_path: Path) -> Path:
     return write_yolo_dataset(tmp_path / "yolo")

@@ -15,9 +15,10 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m detector download",
         description="Fetch a dataset into the datasets root (explicit: nothing in detector downloads by itself).",
     )
-    parser.add_argument("name", choices=sorted(DOWNLOADS), help="dataset to fetch")
+    parser.add_argument("name", type=str.lower, choices=sorted(DOWNLOADS), help="dataset to fetch")
     parser.add_argument("--split", choices=("all", "val"), default="all",
-                        help="val: only what the val split needs (COCO: annotations + val2017, 1.1 GB)")
+                        help="val: only what the val split needs "
+                             "(COCO: annotations + val2017, 1.1 GB; VOC: the 2007 test zip)")
     parser.add_argument("--datasets-dir", default="", help="datasets root; default $DETECTOR_DATASETS, else ./datasets")
     args = parser.parse_args(argv)
     root = datasets_root(args.datasets_dir or None)

@@ -1,8 +1,9 @@
 """Where data YAMLs and datasets live, and what ``python -m detector download NAME`` would fetch.
 
-* The shipped YAMLs (``coco.yaml``, ``coco128.yaml``, ``shapes.yaml``) are the files of the top-level
-  ``data/`` folder; a non-editable install copies them to ``detector/datasets/`` (see pyproject.toml).
-* ``--data NAME`` is a path first, then a shipped YAML (``coco`` and ``coco.yaml`` both work).
+* The shipped YAMLs (``coco.yaml``, ``coco128.yaml``, ``VOC.yaml``, ``shapes.yaml``) are the files of the
+  top-level ``data/`` folder; a non-editable install copies them to ``detector/datasets/`` (see pyproject.toml).
+* ``--data NAME`` is a path first, then a shipped YAML (``coco`` and ``coco.yaml`` both work; case does
+  not matter, so ``voc``, ``VOC`` and ``VOC.yaml`` all name ``VOC.yaml``).
 * The datasets root holds downloaded datasets: ``--datasets-dir``, else ``$DETECTOR_DATASETS``, else
   ``./datasets`` in the working directory (Ultralytics' ``datasets_dir`` convention).
 
@@ -13,8 +14,11 @@ so the loader can say in one line what is missing and which command fetches it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from detector.data.voc import convert_voc
 
 DATASETS_ENV = "DETECTOR_DATASETS"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -42,6 +46,11 @@ def resolve_data_yaml(name: str | Path) -> Path:
     for candidate in (shipped, shipped.with_name(shipped.name + ".yaml")):
         if candidate.is_file():
             return candidate
+    if len(path.parts) == 1:  # a bare name: match it without regard to case (Ultralytics spells it VOC.yaml)
+        wanted = {path.name.lower(), path.name.lower() + ".yaml"}
+        for candidate in sorted(shipped_yaml_dir().glob("*.yaml")):
+            if candidate.name.lower() in wanted:
+                return candidate
     return path
 
 
@@ -53,13 +62,17 @@ def datasets_root(explicit: str | Path | None = None) -> Path:
 
 @dataclass(frozen=True)
 class Archive:
-    """One zip: its official URL, published size and MD5, and the top-level entries it extracts to."""
+    """One zip: its official URL, published size and MD5, and what it leaves in the dataset's folder.
+
+    ``provides`` names the zip's top-level entries, or for a dataset with a ``convert`` step the folders
+    the conversion makes from it; all present = already done, so the archive is not fetched again.
+    """
 
     url: str
     size: int  # bytes; approximate when ``md5`` is None and ``exact_size`` is False
     md5: str | None
     splits: tuple[str, ...]  # the splits it is needed for ("train", "val")
-    provides: tuple[str, ...]  # top-level files/folders inside the zip; all present = already extracted
+    provides: tuple[str, ...]  # paths under ``extract_to``; all present = already extracted (and converted)
     exact_size: bool = True
 
     @property
@@ -69,10 +82,16 @@ class Archive:
 
 @dataclass(frozen=True)
 class Download:
-    name: str  # also the dataset folder under the datasets root
+    name: str  # what ``python -m detector download NAME`` takes
     yaml: str  # the shipped YAML that describes the result
     extract_to: str  # folder under the datasets root the archives are unpacked in ("" = the root)
     archives: tuple[Archive, ...]
+    folder: str = ""  # the dataset folder under the datasets root, when it is not ``name``
+    convert: Callable[[Path], None] | None = None  # run on ``extract_to`` after each extraction
+
+    @property
+    def folder_name(self) -> str:
+        return self.folder or self.name
 
     def archives_for(self, split: str) -> tuple[Archive, ...]:
         """``all``: every archive; ``val``: only those the val split needs."""
@@ -85,6 +104,7 @@ class Download:
 
 # Sizes and MD5s are the ones published with COCO 2017 and quoted by torchvision, mmdetection and others.
 COCO_ZIPS = "http://images.cocodataset.org"
+ULTRALYTICS_ASSETS = "https://github.com/ultralytics/assets/releases/download/v0.0.0"
 DOWNLOADS = {
     "coco": Download("coco", "coco.yaml", "coco", (
         Archive(f"{COCO_ZIPS}/annotations/annotations_trainval2017.zip", 252_907_541,
@@ -97,9 +117,21 @@ DOWNLOADS = {
     # Ultralytics publishes no checksum for this asset: the size comes from the server (Content-Length) and
     # the archive is checked with zipfile's CRC test before anything is extracted.
     "coco128": Download("coco128", "coco128.yaml", "", (
-        Archive("https://github.com/ultralytics/assets/releases/download/v0.0.0/coco128.zip", 7_000_000, None,
+        Archive(f"{ULTRALYTICS_ASSETS}/coco128.zip", 7_000_000, None,
                 ("train", "val"), ("coco128",), exact_size=False),
     )),
+    # Pascal VOC 2007 + 2012, the zips Ultralytics' VOC.yaml fetches (the official tars, re-packed). No
+    # checksum is published for them and none could be checked from this machine: sizes are the approximate
+    # ones shown on the release page, the zip CRC test guards extraction. Each zip unpacks into
+    # VOC/VOCdevkit, which detector.data.voc converts into VOC/{images,labels}/<set><year>.
+    "voc": Download("voc", "VOC.yaml", "VOC", (
+        Archive(f"{ULTRALYTICS_ASSETS}/VOCtrainval_06-Nov-2007.zip", 446_000_000, None, ("train",),
+                ("images/trainval2007", "labels/trainval2007"), exact_size=False),
+        Archive(f"{ULTRALYTICS_ASSETS}/VOCtest_06-Nov-2007.zip", 438_000_000, None, ("val",),
+                ("images/test2007", "labels/test2007"), exact_size=False),
+        Archive(f"{ULTRALYTICS_ASSETS}/VOCtrainval_11-May-2012.zip", 1_950_000_000, None, ("train",),
+                ("images/trainval2012", "labels/trainval2012"), exact_size=False),
+    ), folder="VOC", convert=convert_voc),
 }
 
 
@@ -110,7 +142,8 @@ def human_size(size: int) -> str:
 def download_hint(folder: Path, root: Path) -> str:
     """``"; fetch it (1.1 GB): python -m detector download coco"`` when ``folder`` is what a download makes."""
     relative = folder.relative_to(root) if folder.is_relative_to(root) else None
-    download = DOWNLOADS.get(relative.parts[0]) if relative is not None and relative.parts else None
+    top = relative.parts[0] if relative is not None and relative.parts else None
+    download = next((d for d in DOWNLOADS.values() if d.folder_name == top), None)
     if download is None:
         return ""
     missing = download.missing(root) or download.archives

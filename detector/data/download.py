@@ -1,4 +1,6 @@
-"""``python -m detector download coco [--split val] [--datasets-dir D]``: fetch, verify, extract, prove.
+"""``python -m detector download coco|coco128|voc [--split val] [--datasets-dir D]``.
+
+Fetch, verify, extract (convert), prove.
 
 Downloads are explicit: nothing else in ``detector`` touches the network, and a YAML's ``download:``
 entry is never run. For each archive the dataset still lacks:
@@ -8,7 +10,8 @@ entry is never run. For each archive the dataset still lacks:
 2. verify the size and MD5 published with it (see :data:`detector.data.catalog.DOWNLOADS`), and always
    zipfile's CRC test, before anything is extracted; a corrupt file is deleted;
 3. extract into a temporary folder in the datasets root and rename its entries into place, so a failure
-   leaves nothing half-extracted; then delete the zip.
+   leaves nothing half-extracted; then delete the zip;
+4. where the dataset has a ``convert`` step (VOC: XML -> YOLO txt, :mod:`detector.data.voc`), run it.
 
 It ends by loading the shipped YAML against the root, which proves the layout is what training reads.
 ``$DETECTOR_DOWNLOAD_URL`` (or ``base_url``) fetches every archive from ``<base>/<file name>`` instead:
@@ -178,6 +181,17 @@ def extract(path: Path, destination: Path, root: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def convert(download: Download, folder: Path) -> None:
+    """Run the dataset's conversion step on ``folder``, if it has one; an OS error becomes one line."""
+    if download.convert is None:
+        return
+    try:
+        download.convert(folder)
+    except OSError as error:
+        raise DownloadError(f"{folder}: converting {download.name} failed ({error}); "
+                            "run the command again to finish it") from None
+
+
 def prove(download: Download, root: Path, split: str) -> str:
     """Load the shipped YAML against ``root``; returns a one-line summary. Raises DatasetError."""
     yaml_path = shipped_yaml_dir() / download.yaml
@@ -194,6 +208,8 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
     spec = DOWNLOADS[dataset] if isinstance(dataset, str) else dataset
     root.mkdir(parents=True, exist_ok=True)
     destination = root / spec.extract_to
+    if destination.is_dir():
+        convert(spec, destination)  # finishes what an interrupted run extracted but did not convert
     for archive in spec.missing(root, split):
         url = archive_url(archive, base_url)
         approx = "" if archive.exact_size else "about "
@@ -203,6 +219,7 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
         verify(path, archive, url)
         extract(path, destination, root)
         path.unlink()  # the extracted files are what training reads; the zip would double the disk use
-    folder = root / spec.name
+        convert(spec, destination)
+    folder = root / spec.folder_name
     print(f"{spec.name}: ready in {folder} ({prove(spec, root, split)})")
     return folder

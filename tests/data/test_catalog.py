@@ -26,7 +26,7 @@ REPO = PACKAGE_DIR.parent
 
 def test_shipped_yamls_are_the_top_level_data_folder():
     assert shipped_yaml_dir() == REPO / "data"
-    assert {p.name for p in (REPO / "data").glob("*.yaml")} >= {"coco.yaml", "coco128.yaml", "shapes.yaml"}
+    assert {p.name for p in (REPO / "data").glob("*.yaml")} >= {"coco.yaml", "coco128.yaml", "VOC.yaml", "shapes.yaml"}
 
 
 def test_coco_yamls_list_the_80_classes_in_category_order():

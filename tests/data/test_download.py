@@ -24,7 +24,9 @@ from detector.cli import download as download_command
 from detector.data import download as downloader
 from detector.data.catalog import DOWNLOADS
 from detector.data.download import DownloadError, download
+from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import make_image, write_yolo_split
+from tests.conftest import voc_xml, write_voc_devkit
 
 TIMEOUT_S = 5.0
 
@@ -240,3 +242,118 @@ def test_coco_val_split_fetches_annotations_and_val_only(tmp_path: Path, server:
     folder = download(dataset, root=root, split="val", **fetch_options(base))
     assert sorted(p.name for p in folder.iterdir()) == ["annotations", "val2017"]
     assert [path for path, _ in served.requests] == ["annotations_trainval2017.zip", "val2017.zip"]
+
+
+# What the served VOC zips hold, and the labels the conversion must write for them (64x48 images).
+VOC_SETS = {
+    "VOCtrainval_06-Nov-2007.zip": ("2007", "trainval", {
+        "000005": [("chair", 1, 1, 32, 24, 0), ("person", 5, 5, 20, 20, 1), ("car", 11, 5, 40, 44, 0)],
+        "000007": [("person", 1, 1, 64, 48, 1)],
+    }),
+    "VOCtest_06-Nov-2007.zip": ("2007", "test", {"000001": [("cat", 1, 1, 64, 48, 0)]}),
+    "VOCtrainval_11-May-2012.zip": ("2012", "trainval", {
+        "2008_000002": [("tvmonitor", 33, 25, 64, 48, 0), ("unicorn", 1, 1, 10, 10, 0)],
+    }),
+}
+VOC_LABELS = {
+    "trainval2007/000005.txt": "8 0.250000 0.250000 0.500000 0.500000\n6 0.390625 0.500000 0.468750 0.833333\n",
+    "trainval2007/000007.txt": "",  # its one object is difficult
+    "test2007/000001.txt": "7 0.500000 0.500000 1.000000 1.000000\n",
+    "trainval2012/2008_000002.txt": "19 0.750000 0.750000 0.500000 0.500000\n",  # the unicorn is no VOC class
+}
+
+
+def voc_zips(tmp_path: Path) -> dict[str, bytes]:
+    """Tiny zips in the layout of the VOC zips Ultralytics publishes: VOCdevkit/VOC<year>/... (stored)."""
+    zips = {}
+    for filename, (year, image_set, objects) in VOC_SETS.items():
+        source = tmp_path / "zip-source" / filename
+        write_voc_devkit(source, year, image_set, {i: voc_xml(objs) for i, objs in objects.items()})
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+            for path in sorted(source.rglob("*")):
+                archive.write(path, path.relative_to(source).as_posix())
+        zips[filename] = buffer.getvalue()
+    return zips
+
+
+def test_voc_downloads_converts_to_yolo_labels_and_loads(tmp_path: Path, server: tuple[str, Served],
+                                                         capsys: pytest.CaptureFixture,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    base, served = server
+    served.files.update(voc_zips(tmp_path))
+    monkeypatch.setenv(downloader.BASE_URL_ENV, base)
+    root = tmp_path / "datasets"
+    assert download_command.main(["voc", "--datasets-dir", str(root)]) == 0
+    folder = root / "VOC"
+    assert sorted(p.name for p in root.iterdir()) == ["VOC"]  # no zip, no devkit, no staging folder left
+    assert sorted(p.name for p in folder.iterdir()) == ["images", "labels"]
+    labels = {p.relative_to(folder / "labels").as_posix(): p.read_text()
+              for p in sorted((folder / "labels").rglob("*.txt"))}
+    assert labels == VOC_LABELS
+    images = sorted(p.relative_to(folder / "images").as_posix() for p in (folder / "images").rglob("*.jpg"))
+    assert images == sorted(label.replace(".txt", ".jpg") for label in VOC_LABELS)
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "2008_000002.xml" in warnings[0] and "'unicorn'" in warnings[0]
+    assert "VOC.yaml loads: 20 classes" in captured.out
+    spec = load_dataset_spec("VOC.yaml", datasets_dir=root)
+    assert [p.name for p in spec.train.images] == ["000005.jpg", "000007.jpg", "2008_000002.jpg"]
+    assert [p.name for p in spec.val.images] == ["000001.jpg"]
+    before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
+    assert download_command.main(["VOC", "--datasets-dir", str(root)]) == 0  # again: nothing to do
+    assert len(served.requests) == 3 and {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before
+
+
+def test_voc_val_split_fetches_the_2007_test_zip_only(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    served.files.update(voc_zips(tmp_path))
+    root = tmp_path / "datasets"
+    download("voc", root=root, split="val", **fetch_options(base))
+    assert [path for path, _ in served.requests] == ["VOCtest_06-Nov-2007.zip"]
+    assert sorted(p.name for p in (root / "VOC/labels").iterdir()) == ["test2007"]
+
+
+def test_a_corrupt_voc_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_path: Path, server: tuple[str, Served],
+                                                                            capsys: pytest.CaptureFixture,
+                                                                            monkeypatch: pytest.MonkeyPatch):
+    base, served = server
+    served.files.update(voc_zips(tmp_path))
+    body = bytearray(served.files["VOCtrainval_06-Nov-2007.zip"])
+    member = next(m for m in zipfile.ZipFile(io.BytesIO(bytes(body))).infolist() if m.filename.endswith(".jpg"))
+    name_length, extra_length = struct.unpack("<HH", body[member.header_offset + 26:member.header_offset + 30])
+    body[member.header_offset + 30 + name_length + extra_length + 10] ^= 0xFF  # a byte of its (stored) data
+    served.files["VOCtrainval_06-Nov-2007.zip"] = bytes(body)
+    monkeypatch.setenv(downloader.BASE_URL_ENV, base)
+    root = tmp_path / "datasets"
+    assert download_command.main(["voc", "--datasets-dir", str(root)]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "CRC" in lines[0] and member.filename in lines[0], lines
+    assert_nothing_extracted(root)
+
+
+def test_a_devkit_left_by_an_interrupted_run_is_converted_without_fetching(tmp_path: Path,
+                                                                           server: tuple[str, Served]):
+    base, served = server
+    served.files.update(voc_zips(tmp_path))
+    root = tmp_path / "datasets"
+    download("voc", root=root, split="val", **fetch_options(base))
+    write_voc_devkit(root / "VOC", "2007", "trainval", {"000005": voc_xml([("cat", 1, 1, 64, 48, 0)])})
+    download("voc", root=root, **fetch_options(base))  # converts the devkit, then fetches only the 2012 zip
+    assert [path for path, _ in served.requests] == ["VOCtest_06-Nov-2007.zip", "VOCtrainval_11-May-2012.zip"]
+    assert (root / "VOC/labels/trainval2007/000005.txt").read_text() == "7 0.500000 0.500000 1.000000 1.000000\n"
+
+
+def test_a_conversion_that_fails_is_one_line_and_the_next_run_finishes_it(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    served.files.update(voc_zips(tmp_path))
+
+    def no_space(folder: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError, match="converting voc failed .*No space left") as error:
+        download(replace(DOWNLOADS["voc"], convert=no_space), root=root, split="val", **fetch_options(base))
+    assert "\n" not in str(error.value) and (root / "VOC/VOCdevkit/VOC2007/ImageSets/Main/test.txt").is_file()
+    download("voc", root=root, split="val", **fetch_options(base))  # converts the extracted devkit: no fetch
+    assert len(served.requests) == 1 and (root / "VOC/labels/test2007/000001.txt").is_file()
