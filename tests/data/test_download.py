@@ -93,11 +93,26 @@ def coco128_zip(tmp_path: Path) -> bytes:
     """A tiny dataset in coco128.zip's layout: coco128/{images,labels}/train2017 (stored, so cuts land mid-file)."""
     source = tmp_path / "zip-source" / "coco128"
     write_yolo_split(source, "train2017", 6, 64, np.random.default_rng(0))
+    return stored_zip(source, names_from=source.parent)
+
+
+def stored_zip(source: Path, *, names_from: Path) -> bytes:
+    """Every file under ``source`` in an uncompressed zip (so cuts and flipped bytes land in file data),
+    named by its path below ``names_from``."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
         for path in sorted(source.rglob("*")):
-            archive.write(path, path.relative_to(source.parent).as_posix())
+            archive.write(path, path.relative_to(names_from).as_posix())
     return buffer.getvalue()
+
+
+def corrupt_first_jpeg(body: bytes) -> tuple[bytes, str]:
+    """``body`` (a stored zip) with one byte of its first JPEG's data flipped, and that member's name."""
+    changed = bytearray(body)
+    member = next(m for m in zipfile.ZipFile(io.BytesIO(body)).infolist() if m.filename.endswith(".jpg"))
+    name_length, extra_length = struct.unpack("<HH", changed[member.header_offset + 26:member.header_offset + 30])
+    changed[member.header_offset + 30 + name_length + extra_length + 10] ^= 0xFF  # a byte of its (stored) data
+    return bytes(changed), member.filename
 
 
 def fetch_options(base: str) -> dict:
@@ -160,16 +175,12 @@ def test_checksum_mismatch_is_refused_in_one_line_and_nothing_is_extracted(tmp_p
 
 def test_corrupt_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_path: Path, server: tuple[str, Served]):
     base, served = server
-    body = bytearray(coco128_zip(tmp_path))
-    member = next(m for m in zipfile.ZipFile(io.BytesIO(bytes(body))).infolist() if m.filename.endswith(".jpg"))
-    name_length, extra_length = struct.unpack("<HH", body[member.header_offset + 26:member.header_offset + 30])
-    body[member.header_offset + 30 + name_length + extra_length + 10] ^= 0xFF  # a byte of its (stored) data
-    served.files["coco128.zip"] = bytes(body)
+    served.files["coco128.zip"], corrupted = corrupt_first_jpeg(coco128_zip(tmp_path))
     root = tmp_path / "datasets"
     with pytest.raises(DownloadError) as error:
         download("coco128", root=root, **fetch_options(base))
     message = str(error.value)
-    assert "\n" not in message and "CRC" in message and member.filename in message and base in message
+    assert "\n" not in message and "CRC" in message and corrupted in message and base in message
     assert_nothing_extracted(root)
 
 
@@ -269,11 +280,7 @@ def voc_zips(tmp_path: Path) -> dict[str, bytes]:
     for filename, (year, image_set, objects) in VOC_SETS.items():
         source = tmp_path / "zip-source" / filename
         write_voc_devkit(source, year, image_set, {i: voc_xml(objs) for i, objs in objects.items()})
-        buffer = io.BytesIO()
-        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-            for path in sorted(source.rglob("*")):
-                archive.write(path, path.relative_to(source).as_posix())
-        zips[filename] = buffer.getvalue()
+        zips[filename] = stored_zip(source, names_from=source)
     return zips
 
 
@@ -319,16 +326,12 @@ def test_a_corrupt_voc_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_p
                                                                             monkeypatch: pytest.MonkeyPatch):
     base, served = server
     served.files.update(voc_zips(tmp_path))
-    body = bytearray(served.files["VOCtrainval_06-Nov-2007.zip"])
-    member = next(m for m in zipfile.ZipFile(io.BytesIO(bytes(body))).infolist() if m.filename.endswith(".jpg"))
-    name_length, extra_length = struct.unpack("<HH", body[member.header_offset + 26:member.header_offset + 30])
-    body[member.header_offset + 30 + name_length + extra_length + 10] ^= 0xFF  # a byte of its (stored) data
-    served.files["VOCtrainval_06-Nov-2007.zip"] = bytes(body)
+    served.files["VOCtrainval_06-Nov-2007.zip"], corrupted = corrupt_first_jpeg(served.files["VOCtrainval_06-Nov-2007.zip"])
     monkeypatch.setenv(downloader.BASE_URL_ENV, base)
     root = tmp_path / "datasets"
     assert download_command.main(["voc", "--datasets-dir", str(root)]) == 1
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert len(lines) == 1 and "CRC" in lines[0] and member.filename in lines[0], lines
+    assert len(lines) == 1 and "CRC" in lines[0] and corrupted in lines[0], lines
     assert_nothing_extracted(root)
 
 
