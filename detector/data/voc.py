@@ -95,13 +95,18 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+def split_name(year_dir: Path, image_set: str) -> str:
+    """``VOCdevkit/VOC2007`` + ``trainval`` -> ``trainval2007``: the folder name under ``images``/``labels``."""
+    return f"{image_set}{year_dir.name.removeprefix('VOC')}"
+
+
 def convert_image_set(year_dir: Path, image_set: str, folder: Path, names: Sequence[str]) -> int:
     """``year_dir``'s ``ImageSets/Main/<image_set>.txt`` -> ``folder/{images,labels}/<set><year>``.
 
     Returns the number of images converted; 0 (and nothing written) when the devkit lists the set but
     holds none of its JPEGs (the set comes with another archive).
     """
-    split = f"{image_set}{year_dir.name.removeprefix('VOC')}"
+    split = split_name(year_dir, image_set)
     image_ids = (year_dir / "ImageSets" / "Main" / f"{image_set}.txt").read_text().split()
     staging = {kind: folder / kind / f".{split}.converting" for kind in ("images", "labels")}
     for path in staging.values():
@@ -144,7 +149,7 @@ def convert_voc(folder: Path, names: Sequence[str] = VOC_NAMES) -> None:
         return
     for year_dir in sorted(path for path in devkit.glob("VOC*") if path.is_dir()):
         for image_set in IMAGE_SETS:
-            split = f"{image_set}{year_dir.name.removeprefix('VOC')}"
+            split = split_name(year_dir, image_set)
             listed = (year_dir / "ImageSets" / "Main" / f"{image_set}.txt").is_file()
             if listed and not (folder / "images" / split).exists():
                 count = convert_image_set(year_dir, image_set, folder, names)
