@@ -207,7 +207,7 @@ def train_one_epoch(
     unstable = torch.zeros((), device=device, dtype=torch.long)
     scale_min = torch.full((), math.inf, device=device)
     scale_max = torch.full((), -math.inf, device=device)
-    optimizer_steps = images_seen = 0
+    optimizer_steps = images_seen = unreadable_images = 0
     last_step = epoch * steps - 1
     losses_before_step = nonfinite_losses.clone()
     parameters = [p for p in model.parameters() if p.requires_grad]
@@ -220,6 +220,7 @@ def train_one_epoch(
             step, warmup_steps=schedule.warmup_steps, batch_size=schedule.batch_size, nominal_batch=schedule.nominal_batch
         )
         pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
+        unreadable_images += sum(1 for meta in metas if meta.unreadable)  # replaced by the dataset (it warned)
         images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops)
         with precision.autocast():
             outputs = model(images)
@@ -267,4 +268,5 @@ def train_one_epoch(
         "skipped_steps": int(skipped),
         "unstable_steps": int(unstable),
         "nonfinite_losses": int(nonfinite_losses),
+        "unreadable_images": unreadable_images,  # this rank's images that failed to decode and were replaced
     }

@@ -15,7 +15,7 @@ import torch
 
 from detector.checkpoint import save_checkpoint
 from detector.data.build import SplitData, build_split
-from detector.data.labels import ImageRecord
+from detector.data.records import Records
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import make_image, write_yolo_split
 from detector.export.parity import synthetic_images
@@ -230,13 +230,13 @@ def onnx_fp32(model: YOLO, checkpoint: Path) -> Path:
     return export_onnx(model, checkpoint.with_suffix(".onnx"), info)
 
 
-def write_records(folder: Path, count: int, seed: int) -> list[ImageRecord]:
+def write_records(folder: Path, count: int, seed: int) -> Records:
     """``count`` synthetic 64 px PNGs in ``folder`` with their labels, as dataset records (ids 0..count-1)."""
     rng = np.random.default_rng(seed)
-    records = []
+    paths, labels = [], []
     for index in range(count):
-        image, labels = make_image(rng, 64)
-        path = folder / f"{index}.png"
-        cv2.imwrite(str(path), image)
-        records.append(ImageRecord(path, labels, index))
-    return records
+        image, boxes = make_image(rng, 64)
+        paths.append(folder / f"{index}.png")
+        cv2.imwrite(str(paths[-1]), image)
+        labels.append(boxes)
+    return Records.from_lists(paths, labels, range(count), [(64, 64)] * count)

@@ -29,7 +29,7 @@ def test_parsed_labels_are_always_valid(lines):
         x1y1, x2y2 = labels[:, 1:3] - labels[:, 3:5] / 2, labels[:, 1:3] + labels[:, 3:5] / 2
         assert x1y1.min() >= -1e-5 and x2y2.max() <= 1 + 1e-5 and (labels[:, 3:5] > 0).all()
         assert len(np.unique(labels, axis=0)) == len(labels)
-    assert all(p.startswith("p.txt") for p in problems)
+    assert all(where.startswith("p.txt") and count > 0 for _, where, count in problems.entries)
 
 
 box = st.tuples(*[st.floats(0, 500, allow_nan=False, width=32)] * 2, *[st.floats(1, 300, allow_nan=False, width=32)] * 2)

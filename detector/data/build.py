@@ -10,9 +10,9 @@ from pycocotools.coco import COCO
 
 from detector.data.augment import AugmentConfig
 from detector.data.dataset import DetectionDataset, estimate_cache_bytes
-from detector.data.labels import ImageRecord, load_coco_records, load_yolo_records, warn_problems
+from detector.data.records import Records
+from detector.data.scan import scan_split
 from detector.data.spec import DatasetError, DatasetSpec
-from detector.data.verify_cache import verify_images_cached
 from detector.metrics.coco import build_coco_ground_truth, load_coco
 
 CACHE_RAM_FRACTION = 0.3  # `--cache auto` caches when the images need under this share of free RAM
@@ -21,31 +21,30 @@ CACHE_RAM_FRACTION = 0.3  # `--cache auto` caches when the images need under thi
 @dataclass
 class SplitData:
     dataset: DetectionDataset
-    records: list[ImageRecord]
+    records: Records
     category_ids: list[int]  # class index -> COCO category id
-    image_hw: list[tuple[int, int]]  # upright original sizes, per record
     ground_truth: COCO | None = None  # evaluation splits only (augment=None)
 
+    @property
+    def image_hw(self) -> list[tuple[int, int]]:
+        """Upright original ``(height, width)`` per record."""
+        return self.records.hw_list()
 
-def load_records(spec: DatasetSpec, split: str) -> tuple[list[ImageRecord], list[int], list[tuple[int, int]], Path | None]:
-    """Parse labels and verify images for one split; warn once per problem."""
+
+def load_records(spec: DatasetSpec, split: str) -> tuple[Records, list[int], Path | None]:
+    """Labels parsed and images checked for one split (cached, see :mod:`detector.data.scan`); one warning
+    line per kind of problem. Returns the usable records, the category ids and the split's COCO JSON."""
     entry = getattr(spec, split)
     if entry is None:
         raise DatasetError(f"{spec.yaml_path}: no '{split}' split")
-    if entry.coco_json is not None:
-        records, category_ids = load_coco_records(entry.coco_json, entry.images[0], spec.names)
-        problems: list[str] = []
-    else:
-        records, problems = load_yolo_records(entry.images, spec.num_classes)
-        category_ids = list(range(1, spec.num_classes + 1))
-    records, image_hw, bad_images = verify_images_cached(records)
-    warn_problems(problems + bad_images)
-    if not records:
+    scan = scan_split(entry, spec.names)
+    scan.problems.warn(prefix=f"{spec.yaml_path.name} '{split}': ")
+    if not len(scan.records):
         raise DatasetError(f"{spec.yaml_path}: '{split}' split has no readable images")
-    return records, category_ids, image_hw, entry.coco_json
+    return scan.records, scan.category_ids, entry.coco_json
 
 
-def should_cache(records: list[ImageRecord], image_size: int, mode: str) -> bool:
+def should_cache(records: Records, image_size: int, mode: str) -> bool:
     if mode in ("ram", "true", "yes"):
         return True
     if mode != "auto":
@@ -60,15 +59,15 @@ def should_cache(records: list[ImageRecord], image_size: int, mode: str) -> bool
 def build_split(
     spec: DatasetSpec, split: str, *, image_size: int, augment: AugmentConfig | None, cache: str = "auto"
 ) -> SplitData:
-    records, category_ids, image_hw, coco_json = load_records(spec, split)
+    records, category_ids, coco_json = load_records(spec, split)
     dataset = DetectionDataset(
         records, image_size=image_size, augment=augment, cache_ram=should_cache(records, image_size, cache)
     )
-    data = SplitData(dataset, records, category_ids, image_hw)
+    data = SplitData(dataset, records, category_ids)
     if augment is None:
         data.ground_truth = (
             load_coco(coco_json)
             if coco_json is not None
-            else load_coco(build_coco_ground_truth(records, image_hw, spec.names, category_ids))
+            else load_coco(build_coco_ground_truth(records, data.image_hw, spec.names, category_ids))
         )
     return data

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import dataclasses
+import warnings
 
 import cv2
 import numpy as np
 import torch
-from PIL import Image, ImageOps
 from torch.utils.data import Dataset
 
 from detector.boxes import cxcywh_to_xyxy
 from detector.data.augment import (
+    PAD_VALUE,
     AugmentConfig,
     augment_hsv,
     build_albumentations,
@@ -23,46 +24,21 @@ from detector.data.augment import (
     random_affine,
 )
 from detector.data.batch_augment import PixelOps
-from detector.data.labels import ImageRecord
+from detector.data.images import READ_ERRORS, read_image_rgb
 from detector.data.letterbox import ImageMeta, letterbox
+from detector.data.records import Records
 
 cv2.setNumThreads(0)  # loader workers give the parallelism; OpenCV's own threads would oversubscribe 2 cores
 
-
-def verify_images(records: list[ImageRecord]) -> tuple[list[ImageRecord], list[tuple[int, int]], list[tuple[Path, str]]]:
-    """Drop unreadable, empty or truncated images.
-
-    Returns the kept records, their upright (EXIF-applied) ``(height, width)``, and (path, reason) per drop.
-    """
-    kept, sizes, problems = [], [], []
-    for record in records:
-        try:
-            if record.path.stat().st_size == 0:
-                raise OSError("zero-byte file")
-            with Image.open(record.path) as image:
-                image.verify()
-            with Image.open(record.path) as image:  # verify() leaves the file unusable; reopen to decode
-                image.load()
-                width, height = image.size
-                if image.getexif().get(0x0112, 1) in (5, 6, 7, 8):  # EXIF orientations that swap the axes
-                    width, height = height, width
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as error:
-            problems.append((record.path, f"{record.path}: unreadable image ({error}); skipped"))
-            continue
-        kept.append(record)
-        sizes.append((height, width))
-    return kept, sizes, problems
+MAX_REPLACEMENTS = 16  # tries to find a decodable image in place of one that failed, before giving up
 
 
-def read_image_rgb(path: Path) -> np.ndarray:
-    """Decode to ``uint8 [H, W, 3]`` RGB, honouring EXIF rotation and flattening gray/alpha/16-bit."""
-    with Image.open(path) as image:
-        image = ImageOps.exif_transpose(image)
-        if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-            array = np.asarray(image, dtype=np.float32)
-            array = (array / max(float(array.max()), 1.0) * 255).astype(np.uint8)
-            return np.ascontiguousarray(np.repeat(array[..., None], 3, 2))
-        return np.ascontiguousarray(np.asarray(image.convert("RGB")))
+class UnreadableImage(OSError):
+    """An image that passed the start-up check but failed to decode now (changed on disk, or corrupt inside)."""
+
+    def __init__(self, path: str, error: Exception) -> None:
+        super().__init__(f"{path}: failed to decode ({str(error).strip() or type(error).__name__})")
+        self.path = path
 
 
 class DetectionDataset(Dataset):
@@ -77,7 +53,7 @@ class DetectionDataset(Dataset):
 
     def __init__(
         self,
-        records: list[ImageRecord],
+        records: Records,
         *,
         image_size: int,
         augment: AugmentConfig | None = None,
@@ -101,7 +77,11 @@ class DetectionDataset(Dataset):
 
     def _load_resized(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:
         """Image with its long side at ``image_size``, and its original (h, w)."""
-        image = read_image_rgb(self.records[index].path)
+        path = self.records.path(index)
+        try:
+            image = read_image_rgb(path)
+        except READ_ERRORS as error:
+            raise UnreadableImage(str(path), error) from None
         height, width = image.shape[:2]
         ratio = self.image_size / max(height, width)
         if ratio != 1:
@@ -113,13 +93,14 @@ class DetectionDataset(Dataset):
         cached = self._cache[index]
         return cached if cached is not None else self._load_resized(index)
 
-    def _image_and_boxes(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Resized image, its boxes as xyxy pixels, and their classes."""
-        image, _ = self.load(index)
+    def _image_and_boxes(self, index: int, image: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Resized image (``image`` when already loaded), its boxes as xyxy pixels, and their classes."""
+        if image is None:
+            image, _ = self.load(index)
         height, width = image.shape[:2]
-        labels = self.records[index].labels
+        labels = self.records.labels_of(index)
         scale = np.array([width, height, width, height], labels.dtype)
-        boxes = cxcywh_to_xyxy(torch.from_numpy(labels[:, 1:5])).numpy() * scale
+        boxes = cxcywh_to_xyxy(torch.from_numpy(labels[:, 1:5].copy())).numpy() * scale
         return image, boxes.astype(np.float32).reshape(-1, 4), labels[:, 0].copy()
 
     def _train_item(
@@ -153,19 +134,30 @@ class DetectionDataset(Dataset):
         return flip_image(image, flip_lr=flip_lr, flip_ud=flip_ud), boxes, classes, None
 
     def __getitem__(self, key: int | tuple[int, int, bool]) -> tuple[torch.Tensor, torch.Tensor, ImageMeta]:
-        """``key`` is an index (evaluation) or ``(index, epoch, use_mosaic)`` from :class:`EpochSampler`."""
+        """``key`` is an index (evaluation) or ``(index, epoch, use_mosaic)`` from :class:`EpochSampler`.
+
+        An image that fails to decode never stops the run: in training the item is drawn again from the next
+        index (its mosaic partners too), in evaluation the image is scored as a blank one of its recorded size
+        (its ground truth then counts as missed). Either way one warning names the file, and the item's
+        ``meta.unreadable`` carries the path so the training loop can count it.
+        """
         index, epoch, use_mosaic = key if isinstance(key, tuple) else (key, 0, False)
-        record = self.records[index]
-        if self.augment is not None:
-            image, boxes, classes, pixel_ops = self._train_item(index, epoch, use_mosaic)
-            meta = ImageMeta(record.image_id, image.shape[:2], 1.0, (0.0, 0.0), pixel_ops)
+        failed = ""
+        for attempt in range(MAX_REPLACEMENTS):
+            try:
+                image, boxes, classes, meta = self._item((index + attempt) % len(self), epoch, use_mosaic)
+                break
+            except UnreadableImage as error:
+                warnings.warn(f"{error}; {'replaced by another image' if self.augment else 'scored blank'}",
+                              stacklevel=2)
+                failed = failed or error.path
+                if self.augment is None:
+                    image, boxes, classes, meta = self._blank_item(index)
+                    break
         else:
-            resized, original_hw = self.load(index)
-            image, _, pad = letterbox(resized, self.image_size)
-            ratio = self.image_size / max(original_hw)
-            _, boxes, classes = self._image_and_boxes(index)
-            boxes = boxes + np.array(pad * 2, np.float32)
-            meta = ImageMeta(record.image_id, original_hw, ratio, pad)
+            raise RuntimeError(f"{MAX_REPLACEMENTS} images in a row failed to decode, from {failed}")
+        if failed:
+            meta = dataclasses.replace(meta, unreadable=failed)
         size = image.shape[0]
         centres = (boxes[:, :2] + boxes[:, 2:]) / 2 / size
         sides = (boxes[:, 2:] - boxes[:, :2]) / size
@@ -173,6 +165,28 @@ class DetectionDataset(Dataset):
         # A [3, S, S] view of the HWC pixels, no copy: collate stacks them straight into channels-last.
         image_chw = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
         return image_chw, torch.from_numpy(labels), meta
+
+    def _item(self, index: int, epoch: int, use_mosaic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, ImageMeta]:
+        """Image, xyxy pixel boxes, classes and meta of one item, before conversion to tensors."""
+        image_id = int(self.records.image_ids[index])
+        if self.augment is not None:
+            image, boxes, classes, pixel_ops = self._train_item(index, epoch, use_mosaic)
+            return image, boxes, classes, ImageMeta(image_id, image.shape[:2], 1.0, (0.0, 0.0), pixel_ops)
+        resized, original_hw = self.load(index)
+        image, _, pad = letterbox(resized, self.image_size)
+        ratio = self.image_size / max(original_hw)
+        _, boxes, classes = self._image_and_boxes(index, resized)
+        boxes = boxes + np.array(pad * 2, np.float32)
+        return image, boxes, classes, ImageMeta(image_id, original_hw, ratio, pad)
+
+    def _blank_item(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, ImageMeta]:
+        """A mid-gray letterboxed image standing in for an unreadable one in evaluation, with no boxes."""
+        height, width = (int(v) for v in self.records.image_hw[index])
+        ratio = self.image_size / max(height, width)
+        resized = np.full((max(round(height * ratio), 1), max(round(width * ratio), 1), 3), PAD_VALUE, np.uint8)
+        image, _, pad = letterbox(resized, self.image_size)
+        meta = ImageMeta(int(self.records.image_ids[index]), (height, width), ratio, pad)
+        return image, np.zeros((0, 4), np.float32), np.zeros(0, np.float32), meta
 
 
 def collate(batch: list[tuple[torch.Tensor, torch.Tensor, ImageMeta]]) -> tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]:
@@ -194,6 +208,9 @@ def model_input(images: torch.Tensor, device: torch.device, *, channels_last: bo
     return images.to(device, non_blocking=True).contiguous(memory_format=layout).float().div_(255)
 
 
-def estimate_cache_bytes(records: list[ImageRecord], image_size: int) -> int:
-    """Upper bound on RAM for caching every image at ``image_size`` (long side), 3 bytes a pixel."""
-    return len(records) * image_size * image_size * 3
+def estimate_cache_bytes(records: Records, image_size: int) -> int:
+    """RAM for caching every image resized to ``image_size`` on its long side, 3 bytes a pixel (exact: the
+    records know each image's size)."""
+    height, width = records.image_hw[:, 0].astype(np.float64), records.image_hw[:, 1].astype(np.float64)
+    ratio = image_size / np.maximum(np.maximum(height, width), 1)
+    return int((np.round(height * ratio) * np.round(width * ratio) * 3).sum())

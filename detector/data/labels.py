@@ -1,29 +1,36 @@
-"""Label formats -> one record per image: its path and a ``[n, 5]`` array (class, cx, cy, w, h), normalised.
+"""Label formats -> per-image ``[n, 5]`` arrays (class, cx, cy, w, h), normalised, and the problems found.
 
 YOLO txt labels are found by the ``images -> labels`` path convention; COCO JSON labels come from an
-instances file. Problems are fixed or skipped with one warning line naming the file and the reason.
+instances file, read once into arrays. What is safely fixable is fixed (slightly out-of-range coordinates,
+duplicate boxes), the rest dropped; each problem is recorded in a :class:`Problems` (one summary line per
+kind, see :mod:`detector.data.problems`), never raised.
 """
 
 from __future__ import annotations
 
 import json
-import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from detector.data.problems import (
+    BAD_BBOX,
+    CLASS_OUT_OF_RANGE,
+    CLIPPED,
+    DUPLICATE,
+    FAR_OUTSIDE,
+    MISSING_IMAGE_ENTRY,
+    NOT_NUMERIC,
+    UNKNOWN_CATEGORY,
+    WRONG_COLUMNS,
+    ZERO_AREA,
+    Problems,
+)
 from detector.data.spec import IMAGE_SUFFIXES, DatasetError
 
 CLIP_TOLERANCE = 0.02  # coordinates this far outside [0, 1] are clipped; further out the box is dropped
 MIN_SIDE = 1e-4  # boxes thinner than this (normalised) are dropped as zero-area
-
-
-@dataclass
-class ImageRecord:
-    path: Path
-    labels: np.ndarray  # [n, 5] float32: class, cx, cy, w, h in [0, 1]
-    image_id: int  # COCO image id (the JSON's own, or the record's index for YOLO datasets)
 
 
 def label_path_for(image: Path) -> Path:
@@ -36,115 +43,145 @@ def label_path_for(image: Path) -> Path:
     return Path(*parts).with_suffix(".txt")
 
 
-def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>") -> tuple[np.ndarray, list[str]]:
-    """Parse YOLO label lines -> (``[n, 5]`` array, problems found).
-
-    Fixes what is safely fixable (slightly out-of-range coordinates, duplicate boxes) and drops the rest.
-    """
-    problems: list[str] = []
-    rows = []
+def _numeric_rows(text: str, source: str, problems: Problems) -> tuple[np.ndarray, list[int]]:
+    """The 5-column lines as float64 ``[n, 5]`` and their line numbers; malformed lines recorded, dropped."""
+    rows, numbers = [], []
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()
         if not fields:
             continue
         if len(fields) != 5:
-            problems.append(f"{source}:{number}: expected 5 columns, got {len(fields)}; line dropped")
+            problems.add(WRONG_COLUMNS, f"{source}:{number}")
             continue
-        try:
-            values = [float(v) for v in fields]
-        except ValueError:
-            problems.append(f"{source}:{number}: non-numeric value; line dropped")
-            continue
-        if not all(np.isfinite(values)):
-            problems.append(f"{source}:{number}: non-finite value; line dropped")
-            continue
-        cls = values[0]
-        if cls != int(cls) or not 0 <= cls < num_classes:
-            problems.append(f"{source}:{number}: class {fields[0]} outside 0..{num_classes - 1}; line dropped")
-            continue
-        rows.append(values)
+        rows.append(fields)
+        numbers.append(number)
     if not rows:
+        return np.zeros((0, 5)), []
+    try:
+        values = np.array(rows, dtype=np.float64)  # one C-level conversion for the common, clean file
+    except ValueError:  # some field is not a number: convert line by line to find which
+        kept_values, kept_numbers = [], []
+        for fields, number in zip(rows, numbers):
+            try:
+                kept_values.append([float(v) for v in fields])
+                kept_numbers.append(number)
+            except ValueError:
+                problems.add(NOT_NUMERIC, f"{source}:{number}")
+        values, numbers = np.array(kept_values, np.float64).reshape(-1, 5), kept_numbers
+    finite = np.isfinite(values).all(1)
+    for number in np.asarray(numbers)[~finite]:
+        problems.add(NOT_NUMERIC, f"{source}:{number}")
+    return values[finite], [n for n, ok in zip(numbers, finite) if ok]
+
+
+def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>") -> tuple[np.ndarray, Problems]:
+    """Parse YOLO label lines -> (``[n, 5]`` float32 array, problems found)."""
+    problems = Problems()
+    values, numbers = _numeric_rows(text, source, problems)
+    classes = values[:, 0]
+    valid_class = (classes == np.floor(classes)) & (classes >= 0) & (classes < num_classes)
+    for number in np.asarray(numbers, np.int64)[~valid_class]:
+        problems.add(CLASS_OUT_OF_RANGE, f"{source}:{number}")
+    labels = values[valid_class].astype(np.float32)
+    if not len(labels):
         return np.zeros((0, 5), np.float32), problems
-    labels = np.array(rows, np.float32)
     x1y1 = labels[:, 1:3] - labels[:, 3:5] / 2
     x2y2 = labels[:, 1:3] + labels[:, 3:5] / 2
     corners = np.concatenate((x1y1, x2y2), 1)
     absurd = ((corners < -CLIP_TOLERANCE) | (corners > 1 + CLIP_TOLERANCE)).any(1) | (labels[:, 3:5] < 0).any(1)
-    if absurd.any():
-        problems.append(f"{source}: {int(absurd.sum())} box(es) far outside the image or with negative size; dropped")
-    if ((corners < 0) | (corners > 1)).any():
-        problems.append(f"{source}: box coordinates slightly outside [0, 1]; clipped")
+    problems.add(FAR_OUTSIDE, source, int(absurd.sum()))
+    problems.add(CLIPPED, source, int((((corners < 0) | (corners > 1)).any(1) & ~absurd).sum()))
     corners = corners.clip(0, 1)
     labels = np.concatenate((labels[:, :1], (corners[:, :2] + corners[:, 2:]) / 2, corners[:, 2:] - corners[:, :2]), 1)
     tiny = (labels[:, 3:5] < MIN_SIDE).any(1) & ~absurd
-    if tiny.any():
-        problems.append(f"{source}: {int(tiny.sum())} zero-area box(es); dropped")
+    problems.add(ZERO_AREA, source, int(tiny.sum()))
     labels = labels[~absurd & ~tiny]
     unique, first = np.unique(labels, axis=0, return_index=True)
     if len(unique) < len(labels):
-        problems.append(f"{source}: {len(labels) - len(unique)} duplicate box(es); removed")
+        problems.add(DUPLICATE, source, len(labels) - len(unique))
         labels = labels[np.sort(first)]
     return labels.astype(np.float32), problems
 
 
-def load_yolo_records(images: list[Path], num_classes: int) -> tuple[list[ImageRecord], list[str]]:
-    """Records for images with YOLO txt labels; a missing label file means a background image."""
-    records, problems = [], []
-    for index, image in enumerate(images):
-        label_file = label_path_for(image)
-        if label_file.is_file():
-            labels, found = parse_yolo_label_text(label_file.read_text(errors="replace"), num_classes, str(label_file))
-            problems.extend(found)
-        else:
-            labels = np.zeros((0, 5), np.float32)
-        records.append(ImageRecord(path=image, labels=labels, image_id=index))
-    return records, problems
+def read_yolo_labels(image: Path, num_classes: int) -> tuple[np.ndarray, Problems]:
+    """The labels of one image (none when its label file is missing: a background image)."""
+    label_file = label_path_for(image)
+    try:
+        text = label_file.read_text(errors="replace")
+    except FileNotFoundError:
+        return np.zeros((0, 5), np.float32), Problems()
+    return parse_yolo_label_text(text, num_classes, str(label_file))
 
 
-def load_coco_records(json_path: Path, images_dir: Path, names: list[str]) -> tuple[list[ImageRecord], list[int]]:
-    """Records from a COCO instances JSON.
+@dataclass
+class CocoLabels:
+    """A COCO instances JSON reduced to arrays: one entry per listed image (sorted by id) with a usable suffix."""
 
-    Category ids are mapped to contiguous class indices in the order of sorted category id; the YAML's
-    ``names`` must list the same number of classes. Crowd annotations are left out of training.
+    paths: list[Path]
+    image_ids: np.ndarray  # int64 [n]
+    labels: list[np.ndarray]  # [n_i, 5] float32 per image, normalised by the JSON's width and height
+    category_ids: list[int]  # class index -> COCO category id (sorted ids)
+    problems: Problems = field(default_factory=Problems)
 
-    Returns the records and ``category_ids`` (class index -> COCO category id, for writing results).
+
+def read_coco_labels(json_path: Path, images_dir: Path, names: list[str]) -> CocoLabels:
+    """Read a COCO instances JSON once into arrays.
+
+    Category ids map to contiguous class indices in sorted-id order; the YAML's ``names`` must list as many.
+    Crowd annotations are left out of training. Annotations naming an unknown image or category, or
+    without a usable bbox, are dropped and counted; boxes are clipped to the image (counted).
     """
     try:
-        coco = json.loads(json_path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        with open(json_path, "rb") as file:
+            coco = json.load(file)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
         raise DatasetError(f"{json_path}: cannot read COCO JSON ({error})") from None
     categories = sorted(c["id"] for c in coco.get("categories", []))
     if len(categories) != len(names):
         raise DatasetError(f"{json_path}: {len(categories)} categories but the YAML 'names' lists {len(names)}")
     class_of = {cat: i for i, cat in enumerate(categories)}
-    boxes_by_image: dict[int, list[list[float]]] = {}
-    for ann in coco.get("annotations", []):
+    images = {info["id"]: info for info in coco.get("images", [])}
+    rows_by_image: dict[int, list[list[float]]] = {}
+    problems = Problems()
+    where = str(json_path)
+    for ann in coco.pop("annotations", []):
         if ann.get("iscrowd", 0):
             continue
-        boxes_by_image.setdefault(ann["image_id"], []).append([class_of[ann["category_id"]], *ann["bbox"]])
-    records = []
-    for info in sorted(coco.get("images", []), key=lambda i: i["id"]):
+        if ann.get("image_id") not in images:
+            problems.add(MISSING_IMAGE_ENTRY, f"{where} (annotation {ann.get('id')})")
+            continue
+        if ann.get("category_id") not in class_of:
+            problems.add(UNKNOWN_CATEGORY, f"{where} (annotation {ann.get('id')})")
+            continue
+        bbox = ann.get("bbox")
+        if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
+            problems.add(BAD_BBOX, f"{where} (annotation {ann.get('id')})")
+            continue
+        rows_by_image.setdefault(ann["image_id"], []).append([class_of[ann["category_id"]], *bbox])
+    paths, image_ids, labels = [], [], []
+    for image_id in sorted(images):
+        info = images[image_id]
         path = images_dir / info["file_name"]
         if path.suffix.lower() not in IMAGE_SUFFIXES:
             continue
-        width, height = float(info["width"]), float(info["height"])
-        rows = np.array(boxes_by_image.get(info["id"], []), np.float32).reshape(-1, 5)
-        labels = np.zeros((len(rows), 5), np.float32)
-        if len(rows):
-            labels[:, 0] = rows[:, 0]
-            labels[:, 1] = (rows[:, 1] + rows[:, 3] / 2) / width
-            labels[:, 2] = (rows[:, 2] + rows[:, 4] / 2) / height
-            labels[:, 3] = rows[:, 3] / width
-            labels[:, 4] = rows[:, 4] / height
-            labels = labels[(labels[:, 3] > MIN_SIDE) & (labels[:, 4] > MIN_SIDE)]
-            labels[:, 1:] = labels[:, 1:].clip(0, 1)
-        records.append(ImageRecord(path=path, labels=labels, image_id=int(info["id"])))
-    return records, categories
+        rows = np.array(rows_by_image.get(image_id, []), np.float64).reshape(-1, 5)
+        paths.append(path)
+        image_ids.append(int(image_id))
+        labels.append(_normalise_coco_boxes(rows, float(info["width"]), float(info["height"]), path.name, problems))
+    return CocoLabels(paths, np.array(image_ids, np.int64), labels, categories, problems)
 
 
-def warn_problems(problems: list[str], limit: int = 20) -> None:
-    """One warning line per problem (up to ``limit``), then a count of the rest."""
-    for problem in problems[:limit]:
-        warnings.warn(problem, stacklevel=2)
-    if len(problems) > limit:
-        warnings.warn(f"... and {len(problems) - limit} more label problems", stacklevel=2)
+def _normalise_coco_boxes(rows: np.ndarray, width: float, height: float, name: str, problems: Problems) -> np.ndarray:
+    """``[n, 5]`` (class, x, y, w, h pixels, top-left) -> normalised (class, cx, cy, w, h), clipped to the image."""
+    if not len(rows):
+        return np.zeros((0, 5), np.float32)
+    scale = np.array([width, height, width, height])
+    corners = np.concatenate((rows[:, 1:3], rows[:, 1:3] + rows[:, 3:5]), 1) / scale
+    # COCO's float boxes often end a rounding error past the border; only real overshoot is reported.
+    problems.add(CLIPPED, name, int(((corners < -1e-3) | (corners > 1 + 1e-3)).any(1).sum()))
+    corners = corners.clip(0, 1)
+    sides = corners[:, 2:] - corners[:, :2]
+    labels = np.concatenate((rows[:, :1], (corners[:, :2] + corners[:, 2:]) / 2, sides), 1)
+    tiny = (sides <= MIN_SIDE).any(1)
+    problems.add(ZERO_AREA, name, int(tiny.sum()))
+    return labels[~tiny].astype(np.float32)

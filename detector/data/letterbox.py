@@ -27,6 +27,9 @@ class ImageMeta:
     # Training on the device path (--pixel-augment device): the HSV gains and flips the training step still
     # has to apply to the pixels (the worker flipped the boxes already). None: nothing left to apply.
     pixel_ops: PixelOps | None = None
+    # Training and evaluation items: the path of an image that failed to decode and was replaced (training)
+    # or scored blank (evaluation) in this item; "" when none did.
+    unreadable: str = ""
 
 
 def letterbox(image: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[float, float]]:

@@ -45,6 +45,9 @@ class DatasetError(ValueError):
 class Split:
     images: list[Path]
     coco_json: Path | None = None  # labels come from this JSON instead of YOLO txt files
+    # What the YAML named for this split (folders, .txt lists, images, or the JSON): the records cache is
+    # kept beside the first of them (detector/data/scan.py).
+    sources: list[Path] = field(default_factory=list)
 
 
 @dataclass
@@ -101,9 +104,10 @@ def _parse_split(raw: object, root: Path, source: Path, field_name: str, hint: s
         images_dir = Path(raw["images"]) if Path(raw["images"]).is_absolute() else root / raw["images"]
         if not images_dir.is_dir():
             raise DatasetError(f"{source}: '{field_name}.images' folder does not exist: {images_dir}{hint}")
-        return Split(images=[images_dir], coco_json=json_path)
+        return Split(images=[images_dir], coco_json=json_path, sources=[json_path])
     entries = raw if isinstance(raw, list) else [raw]
     images: list[Path] = []
+    sources = [Path(entry) if Path(entry).is_absolute() else root / entry for entry in entries]
     for entry in entries:
         try:
             images.extend(list_images(entry, root, source, field_name))
@@ -111,7 +115,7 @@ def _parse_split(raw: object, root: Path, source: Path, field_name: str, hint: s
             raise DatasetError(f"{error}{hint}") from None
     if not images:
         raise DatasetError(f"{source}: '{field_name}' split holds no images")
-    return Split(images=images)
+    return Split(images=images, sources=sources)
 
 
 def _read_yaml(source: Path) -> dict:

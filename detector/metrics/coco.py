@@ -18,7 +18,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from detector.boxes import cxcywh_to_xyxy
-from detector.data.labels import ImageRecord
+from detector.data.records import ImageRecord
 from detector.data.letterbox import ImageMeta, unletterbox_boxes
 
 METRIC_NAMES = ("mAP50-95", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large")

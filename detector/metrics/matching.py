@@ -17,7 +17,7 @@ from torchvision.ops import box_iou
 
 from detector.boxes import cxcywh_to_xyxy
 from detector.data.build import SplitData
-from detector.data.labels import ImageRecord
+from detector.data.records import ImageRecord
 from detector.data.letterbox import ImageMeta, unletterbox_boxes
 
 CONF_GRID = np.linspace(0, 1, 1000)  # confidence thresholds at which P, R and F1 are sampled

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from detector.data.labels import ImageRecord
+from detector.data.records import ImageRecord
 from detector.metrics.coco import EvalResult
 
 HEADERS = ("Class", "Images", "Instances", "P", "R", "AP50", "AP50-95")

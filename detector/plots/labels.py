@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from detector.data.labels import ImageRecord
+from detector.data.records import ImageRecord, Records
 from detector.plots.canvas import panel_grid, save_figure
 
 HIST_BINS = 50  # per axis of the 2-D histograms
 MAX_TICK_LABELS = 40  # name every bar up to this many classes; beyond, label by index only
 
 
-def stack_labels(records: list[ImageRecord]) -> np.ndarray:
+def stack_labels(records: Sequence[ImageRecord]) -> np.ndarray:
     """All records' labels as one ``[N, 5]`` float array (class, cx, cy, w, h normalised)."""
+    if isinstance(records, Records):  # the flat store has them in one array already
+        return records.labels.astype(np.float64)
     arrays = [r.labels.reshape(-1, 5) for r in records]
     return np.concatenate(arrays).astype(np.float64) if arrays else np.zeros((0, 5))
 
 
-def plot_label_stats(records: list[ImageRecord], names: list[str], out_png: str | Path) -> Path:
+def plot_label_stats(records: Sequence[ImageRecord], names: list[str], out_png: str | Path) -> Path:
     """Four panels: instances per class, boxes per image, box-centre heat map, box width x height heat map.
 
     ``records`` hold normalised labels, so the heat maps are in image fractions (0-1) whatever the
@@ -28,7 +31,7 @@ def plot_label_stats(records: list[ImageRecord], names: list[str], out_png: str 
     labels = stack_labels(records)
     classes = labels[:, 0].astype(int)
     counts = np.bincount(classes, minlength=len(names))[: len(names)]
-    per_image = np.array([len(r.labels) for r in records])
+    per_image = records.box_counts() if isinstance(records, Records) else np.array([len(r.labels) for r in records])
 
     named = len(names) <= MAX_TICK_LABELS
     font = max(5, 10 - len(names) // 8)

@@ -8,8 +8,9 @@ import numpy as np
 from PIL import Image
 
 from detector.config import TrainConfig
+from detector.data import problems
 from detector.data.build import load_records
-from detector.data.dataset import read_image_rgb
+from detector.data.images import read_image_rgb
 from detector.data.spec import load_dataset_spec
 from detector.trainer import train
 from tests.conftest import write_yolo_dataset
@@ -36,49 +37,63 @@ def _add_bad_files(root: Path) -> None:
     cv2.imwrite(str(images / "background.png"), np.full((64, 64, 3), 30, np.uint8))  # no label file
 
 
-def test_bad_data_is_fixed_or_skipped_with_warnings_and_trains(tmp_path: Path):
+def test_bad_data_is_fixed_or_skipped_with_one_line_per_kind_and_trains(tmp_path: Path):
     yaml = write_yolo_dataset(tmp_path / "bad", train=6, val=3)
     _add_bad_files(tmp_path / "bad")
     spec = load_dataset_spec(yaml)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        records, _, image_hw, _ = load_records(spec, "train")
+        records, _, _ = load_records(spec, "train")
     messages = [str(w.message) for w in caught]
     kept = {r.path.name for r in records}
     assert not {"garbage.jpg", "empty.jpg", "truncated.jpg"} & kept
     assert {"gray.png", "rgba.png", "deep.png", "rotated.jpg", "background.png"} <= kept
-    for name in ("garbage.jpg", "empty.jpg", "truncated.jpg"):
-        assert any(name in m and "skipped" in m for m in messages), name
-    for fragment in ("rgba.txt:2: expected 5 columns", "rgba.txt:3: expected 5 columns", "deep.txt:1: class 5 outside",
-                     "deep.txt: 1 zero-area", "deep.txt: 1 duplicate", "rotated.txt: 1 box(es) far outside", "rotated.txt: box coordinates slightly outside"):
-        assert any(fragment in m for m in messages), fragment
-    assert all("\n" not in m for m in messages)
-    by_name = dict(zip((r.path.name for r in records), image_hw))
+    unreadable = [m for m in messages if problems.UNREADABLE_IMAGE in m]
+    assert len(unreadable) == 1 and unreadable[0].startswith("data.yaml 'train': 3 unreadable")
+    assert all(name in unreadable[0] for name in ("garbage.jpg", "empty.jpg (zero-byte file)", "truncated.jpg"))
+    expected = {  # kind -> (count, a place it names)
+        problems.WRONG_COLUMNS: (2, "rgba.txt:2"),
+        problems.CLASS_OUT_OF_RANGE: (1, "deep.txt:1"),
+        problems.ZERO_AREA: (1, "deep.txt"),
+        problems.DUPLICATE: (1, "deep.txt"),
+        problems.FAR_OUTSIDE: (1, "rotated.txt"),
+        problems.CLIPPED: (1, "rotated.txt"),
+    }
+    for kind, (count, place) in expected.items():
+        lines = [m for m in messages if kind in m]
+        assert len(lines) == 1 and f" {count} {kind}" in lines[0] and place in lines[0], (kind, lines)
+    assert len(messages) == len(expected) + 1 and all("\n" not in m for m in messages)
+    by_name = dict(zip((r.path.name for r in records), records.hw_list()))
     assert by_name["rotated.jpg"] == (64, 40)  # EXIF orientation applied to the size
     assert read_image_rgb(records[0].path.parent / "rotated.jpg").shape == (64, 40, 3)
     assert read_image_rgb(records[0].path.parent / "deep.png").dtype == np.uint8
     assert read_image_rgb(records[0].path.parent / "gray.png").shape == (64, 48, 3)
-    cache = (tmp_path / "bad" / "images" / "train").with_suffix(".verified.json")
-    assert cache.is_file()
+    assert (tmp_path / "bad" / "images" / "train.records.npz").is_file()
 
     summary = train(TrainConfig(data=str(yaml), device="cpu", imgsz=64, epochs=1, batch=4, workers=0, cache="none",
                                 project=str(tmp_path / "runs"), plots=False, amp_check=False), progress=False)
     assert summary["epochs_done"] == 1
 
 
-def test_verification_cache_is_reused_and_invalidated(tmp_path: Path, monkeypatch):
-    yaml = write_yolo_dataset(tmp_path / "d", train=3, val=1)
-    spec = load_dataset_spec(yaml)
-    load_records(spec, "train")
-    calls = []
-    import detector.data.verify_cache as verify_cache
+def test_image_that_fails_to_decode_later_is_replaced_in_training_and_blank_in_evaluation(tmp_path: Path):
+    from detector.data.augment import AugmentConfig
+    from detector.data.dataset import DetectionDataset
+    from tests.conftest import write_records
 
-    original = verify_cache.verify_images
-    monkeypatch.setattr(verify_cache, "verify_images", lambda records: calls.append(len(records)) or original(records))
-    load_records(spec, "train")
-    (tmp_path / "d" / "images" / "train" / "train_00000.png").write_bytes(b"broken now")
+    records = write_records(tmp_path, 3, seed=4)
+    records.path(1).write_bytes(b"corrupted after the start-up check")
+    train_set = DetectionDataset(records, image_size=64, augment=AugmentConfig(mosaic=0.0), seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        image, labels, meta = train_set[(1, 0, False)]
+    assert image.shape == (3, 64, 64) and meta.unreadable == str(records.path(1))
+    assert meta.image_id == 2  # drawn again from the next index
+    assert len(caught) == 1 and "1.png: failed to decode" in str(caught[0].message)
+
+    eval_set = DetectionDataset(records, image_size=64)
     with warnings.catch_warnings(record=True):
         warnings.simplefilter("always")
-        records, *_ = load_records(spec, "train")
-    assert calls == [0, 1]  # nothing re-decoded the second time; only the changed file the third
-    assert "train_00000.png" not in {r.path.name for r in records}
+        image, labels, meta = eval_set[1]
+    assert meta.image_id == 1 and meta.unreadable == str(records.path(1)) and len(labels) == 0
+    assert int(image.float().std()) == 0  # blank: scored as an image with nothing found
+    assert eval_set[0][2].unreadable == ""

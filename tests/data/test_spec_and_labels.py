@@ -5,6 +5,7 @@ import pytest
 
 from detector.data.build import build_split
 from detector.data.labels import label_path_for, parse_yolo_label_text
+from detector.data.problems import CLASS_OUT_OF_RANGE, CLIPPED, DUPLICATE, FAR_OUTSIDE, WRONG_COLUMNS, ZERO_AREA
 from detector.data.spec import DatasetError, load_dataset_spec
 
 
@@ -69,9 +70,11 @@ def test_label_parsing_fixes_or_drops_bad_lines():
     labels, problems = parse_yolo_label_text(text, num_classes=3, source="x.txt")
     assert len(labels) == 2  # the good box, and the slightly-out one clipped; duplicate removed
     assert labels[:, 1:].min() >= 0 and (labels[:, 1:3] + labels[:, 3:5] / 2).max() <= 1 + 1e-6
-    joined = "\n".join(problems)
-    for expected in ("expected 5 columns", "outside 0..2", "far outside", "clipped", "duplicate"):
-        assert expected in joined
+    found = {kind: (where, count) for kind, where, count in problems.entries}
+    assert found == {
+        WRONG_COLUMNS: ("x.txt:2", 1), CLASS_OUT_OF_RANGE: ("x.txt:3", 1), FAR_OUTSIDE: ("x.txt", 1),
+        CLIPPED: ("x.txt", 1), DUPLICATE: ("x.txt", 1), ZERO_AREA: ("x.txt", 1),
+    }
 
 
 def test_download_entry_is_never_run(tmp_path: Path):

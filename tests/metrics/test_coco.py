@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 from pycocotools.cocoeval import COCOeval
 
-from detector.data.labels import ImageRecord
+from detector.data.records import ImageRecord
 from detector.metrics.coco import METRIC_NAMES, build_coco_ground_truth, evaluate_coco, load_coco
 
 

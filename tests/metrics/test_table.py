@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detector.data.labels import ImageRecord
+from detector.data.records import ImageRecord
 from detector.data.letterbox import ImageMeta
 from detector.metrics.coco import build_coco_ground_truth, evaluate_coco, load_coco, to_coco_detections
 from detector.metrics.table import per_class_rows, per_class_table

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from detector.data.dataset import collate
-from detector.data.labels import ImageRecord
+from detector.data.records import ImageRecord
 from detector.metrics.matching import pr_curves
 from detector.plots import (
     plot_batch,

@@ -1,0 +1,69 @@
+"""Data problems, reported as one summary line per kind: a count, and the first few places it was found.
+
+On COCO-sized data a line per box buries the log (BCCD alone has ~60 files with clipped boxes), so every
+problem is recorded as ``(kind, where, count)`` and reported once per kind::
+
+    labels: 61 box(es) slightly outside [0, 1], clipped, in 60 file(s): /d/labels/a.txt, /d/labels/b.txt, ... (57 more)
+
+``kind`` is the sentence after the count; ``where`` is a file, optionally with ``:line``.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+EXAMPLES = 3  # places named per kind; the rest are counted
+LINE_NUMBER = re.compile(r":\d+$")  # "labels/a.txt:7" is a place in the file "labels/a.txt"
+
+# The kinds, one constant each, so the parsers, the cache and the tests name them the same way.
+UNREADABLE_IMAGE = "unreadable image(s), skipped"
+WRONG_COLUMNS = "label line(s) without 5 columns, dropped"
+NOT_NUMERIC = "label line(s) with a non-numeric or non-finite value, dropped"
+CLASS_OUT_OF_RANGE = "label line(s) with a class id outside the YAML's names, dropped"
+FAR_OUTSIDE = "box(es) far outside the image or with negative size, dropped"
+CLIPPED = "box(es) slightly outside [0, 1], clipped"
+ZERO_AREA = "zero-area box(es), dropped"
+DUPLICATE = "duplicate box(es), removed"
+MISSING_IMAGE_ENTRY = "annotation(s) naming an image the JSON does not list, dropped"
+UNKNOWN_CATEGORY = "annotation(s) with a category the JSON does not list, dropped"
+BAD_BBOX = "annotation(s) without a valid [x, y, w, h] bbox, dropped"
+
+
+@dataclass
+class Problems:
+    """Problems found in one split, in the order found."""
+
+    entries: list[tuple[str, str, int]] = field(default_factory=list)  # (kind, where, count)
+
+    def add(self, kind: str, where: str, count: int = 1) -> None:
+        if count > 0:
+            self.entries.append((kind, where, int(count)))
+
+    def extend(self, other: Problems | Iterable[tuple[str, str, int]]) -> None:
+        self.entries.extend(other.entries if isinstance(other, Problems) else other)
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def lines(self, prefix: str = "") -> list[str]:
+        """One line per kind, in the order each kind was first seen."""
+        grouped: dict[str, tuple[int, list[str]]] = {}
+        for kind, where, count in self.entries:
+            total, places = grouped.get(kind, (0, []))
+            if not places or places[-1] != where:
+                places.append(where)
+            grouped[kind] = (total + count, places)
+        out = []
+        for kind, (total, places) in grouped.items():
+            files = len({LINE_NUMBER.sub("", place) for place in places})
+            shown = ", ".join(places[:EXAMPLES])
+            more = f", ... ({len(places) - EXAMPLES} more)" if len(places) > EXAMPLES else ""
+            out.append(f"{prefix}{total} {kind}, in {files} file(s): {shown}{more}")
+        return out
+
+    def warn(self, prefix: str = "") -> None:
+        for line in self.lines(prefix):
+            warnings.warn(line, stacklevel=2)

@@ -1,0 +1,235 @@
+"""Scanning a split: every label parsed and every image checked once, in parallel, and cached beside the data.
+
+The cache is one file per split, ``<source>.records.npz`` beside the first folder, list or JSON that the
+YAML names for the split (``images/train`` -> ``images/train.records.npz``). It holds the flat records of
+every listed image (:class:`detector.data.records.Records`), whether each image passed its check, the
+problems found, and each image's and label file's size and modification time. A later run stats every
+file, answers the unchanged ones from the cache and scans only the rest, so a second run on COCO costs the
+stats (about a second) instead of a pass over 118k labels and images. A COCO JSON is parsed only when its
+own size or time changes.
+
+The file is written atomically (a temporary file and a rename), so torchrun ranks and nodes that share a
+file system read one whole file: each node's local rank 0 scans, the others read what it wrote
+(:func:`detector.distributed.local_main_first`). A read-only dataset folder keeps its cache under
+``$XDG_CACHE_HOME/detector/records`` (``~/.cache/...``) instead; a cache that is corrupt, of another
+version or of other settings is rebuilt, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import sys
+import zipfile
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from detector.data.images import check_image
+from detector.data.labels import label_path_for, read_coco_labels, read_yolo_labels
+from detector.data.problems import UNREADABLE_IMAGE, Problems
+from detector.data.records import Records
+from detector.data.spec import Split
+from detector.files import write_atomically
+
+VERSION = 1
+SUFFIX = ".records.npz"
+CHUNK = 256  # paths per task: large enough that the pool's overhead is small, small enough to balance
+NO_STAMP = (-1, -1)  # a file that does not exist (a background image's missing label file)
+
+
+def scan_threads() -> int:
+    """Threads for stats, checks and label reads.
+
+    Threads rather than processes: most of the time is waiting on the file system (opens, stats, the
+    first bytes of each image; far more so on a cold or network disk, where many requests in flight are what
+    helps), which releases the GIL. Sized like Python's own default for I/O pools: the cores plus 4, at most 32.
+    """
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return min(32, cores + 4)
+
+
+@dataclass
+class ScanResult:
+    records: Records  # the usable images, in listing order, with their upright sizes
+    category_ids: list[int]  # class index -> COCO category id
+    problems: Problems
+    cache_file: Path | None  # the cache read or written; None when no folder could hold it
+    cached_images: int  # images answered from the cache without being opened
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return NO_STAMP
+    return stat.st_size, stat.st_mtime_ns
+
+
+def _parallel(function: Callable, items: Sequence, *, threads: int, desc: str | None) -> list:
+    """``[function(item) for item in items]`` over a thread pool in chunks, with a progress bar when slow."""
+    chunks = [items[i : i + CHUNK] for i in range(0, len(items), CHUNK)]
+    out: list = []
+    show = desc is not None and len(items) > 20 * CHUNK and sys.stderr.isatty()
+    with ThreadPoolExecutor(max_workers=threads) as pool, tqdm(
+        total=len(items), desc=desc, disable=not show, leave=False, unit="img"
+    ) as bar:
+        for result in pool.map(lambda chunk: [function(item) for item in chunk], chunks):
+            out.extend(result)
+            bar.update(len(result))
+    return out
+
+
+def cache_locations(split: Split) -> list[Path]:
+    """Where this split's cache may live: beside its first source, then in the user's cache folder."""
+    sources = split.sources or split.images[:1]
+    if not sources:
+        return []
+    first = sources[0]
+    name = first.name + (f".{_digest([str(s) for s in sources])[:10]}" if len(sources) > 1 else "") + SUFFIX
+    user_root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "detector" / "records"
+    return [first.with_name(name), user_root / f"{_digest([str(first.resolve())])[:16]}-{name}"]
+
+
+def _digest(parts: Sequence[str]) -> str:
+    return hashlib.sha1("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _read_cache(locations: list[Path], settings: dict) -> tuple[dict[str, np.ndarray], dict, Path] | None:
+    for location in locations:
+        try:
+            with np.load(location, allow_pickle=False) as content:
+                arrays = {key: content[key] for key in content.files}
+            meta = json.loads(arrays.pop("meta").tobytes())
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
+            continue  # missing, corrupt or foreign: rebuilt below
+        if meta.get("version") == VERSION and meta.get("settings") == settings:
+            return arrays, meta, location
+    return None
+
+
+def _write_cache(locations: list[Path], arrays: dict[str, np.ndarray], meta: dict) -> Path | None:
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8), **arrays)
+    for location in locations:
+        try:
+            return write_atomically(location, buffer.getvalue())
+        except OSError:
+            continue  # a read-only dataset folder: try the next place
+    return None
+
+
+@dataclass
+class _Listing:
+    """Every image the split lists, before checks: paths, labels (COCO) and the per-file stamps."""
+
+    paths: list[Path]
+    image_ids: np.ndarray
+    labels: list[np.ndarray] | None  # COCO: from the JSON; YOLO: None (read per image while scanning)
+    category_ids: list[int]
+    problems: Problems  # problems of the listing itself (the JSON's), not of single images
+
+
+def scan_split(split: Split, names: list[str], *, threads: int | None = None) -> ScanResult:
+    """Records of the usable images of ``split``, answered from the cache where files are unchanged."""
+    threads = threads or scan_threads()
+    locations = cache_locations(split)
+    coco = split.coco_json is not None
+    settings = {"format": "coco" if coco else "yolo", "classes": len(names)}
+    if coco:
+        settings["json"] = list(_stamp(split.coco_json))
+    cached = _read_cache(locations, settings)
+
+    if coco and cached is not None:  # the JSON is unchanged: its listing comes from the cache
+        old = Records.from_arrays(cached[0])
+        listing = _Listing(old.paths(), old.image_ids, [old.labels_of(i) for i in range(len(old))],
+                           cached[1]["category_ids"], Problems([tuple(p) for p in cached[1]["listing_problems"]]))
+    elif coco:
+        parsed = read_coco_labels(split.coco_json, split.images[0], names)
+        listing = _Listing(parsed.paths, parsed.image_ids, parsed.labels, parsed.category_ids, parsed.problems)
+    else:
+        listing = _Listing(list(split.images), np.arange(len(split.images)), None,
+                           list(range(1, len(names) + 1)), Problems())
+
+    def stamps(path: Path) -> tuple[int, int, int, int]:
+        return (*_stamp(path), *(NO_STAMP if coco else _stamp(label_path_for(path))))
+
+    new_stamps = np.array(_parallel(stamps, listing.paths, threads=threads, desc=None), np.int64).reshape(-1, 4)
+    old_index = _reusable(cached, listing.paths, new_stamps)
+
+    stale = np.flatnonzero(old_index < 0)
+
+    def scan_one(index: int) -> tuple[tuple[int, int] | None, str, np.ndarray | None, Problems]:
+        path = listing.paths[index]
+        hw, reason = check_image(path)
+        if listing.labels is not None:
+            return hw, reason, None, Problems()
+        labels, problems = read_yolo_labels(path, len(names))
+        return hw, reason, labels, problems
+
+    scanned = _parallel(scan_one, stale.tolist(), threads=threads, desc=f"scanning {len(stale)} images")
+
+    count = len(listing.paths)
+    hw = np.full((count, 2), -1, np.int32)
+    labels: list[np.ndarray] = [np.zeros((0, 5), np.float32)] * count
+    per_image: list[list] = []  # [index, kind, where, count] of problems that belong to one image
+    if cached is not None:
+        old = Records.from_arrays(cached[0])
+        reused = np.flatnonzero(old_index >= 0)
+        hw[reused] = old.image_hw[old_index[reused]]
+        for index in reused:
+            labels[index] = old.labels_of(int(old_index[index]))
+        new_position = {int(old_index[i]): int(i) for i in reused}
+        per_image += [[new_position[p[0]], *p[1:]] for p in cached[1]["image_problems"] if p[0] in new_position]
+    if listing.labels is not None:
+        labels = listing.labels
+    for index, (size, reason, parsed, problems) in zip(stale.tolist(), scanned):
+        if size is None:
+            per_image.append([index, UNREADABLE_IMAGE, f"{listing.paths[index]} ({reason})", 1])
+        else:
+            hw[index] = size
+        if parsed is not None:
+            labels[index] = parsed
+        per_image += [[index, *entry] for entry in problems.entries]
+
+    everything = Records.from_lists(listing.paths, labels, listing.image_ids, hw)
+    cache_file = cached[2] if cached is not None else None
+    if cached is None or len(stale) or len(old_index) != len(cached[0]["image_ids"]):
+        per_image.sort(key=lambda entry: entry[0])
+        meta = {"version": VERSION, "settings": settings, "category_ids": listing.category_ids,
+                "listing_problems": listing.problems.entries, "image_problems": per_image}
+        cache_file = _write_cache(locations, {**everything.arrays(), "stamps": new_stamps}, meta)
+    problems = Problems(list(listing.problems.entries))
+    problems.extend((kind, where, n) for _, kind, where, n in per_image)
+    usable = np.flatnonzero(everything.image_hw[:, 0] >= 0)
+    records = everything if len(usable) == count else everything.select(usable)
+    return ScanResult(records, listing.category_ids, problems, cache_file, count - len(stale))
+
+
+def _reusable(cached: tuple[dict, dict, Path] | None, paths: list[Path], stamps: np.ndarray) -> np.ndarray:
+    """For each listed image, its index in the cache when its files are unchanged there, else -1."""
+    reuse = np.full(len(paths), -1, np.int64)
+    if cached is None:
+        return reuse
+    old = Records.from_arrays(cached[0])
+    old_stamps = cached[0]["stamps"]
+    if len(old) == len(paths):
+        encoded = [os.fsencode(p) for p in paths]
+        same_list = np.array_equal(old.path_bytes, np.frombuffer(b"".join(encoded), np.uint8)) and np.array_equal(
+            np.diff(old.path_offsets), [len(e) for e in encoded])
+        if same_list:  # the common case: one vectorised comparison
+            unchanged = (old_stamps == stamps).all(1) & (stamps[:, 0] >= 0)
+            reuse[unchanged] = np.flatnonzero(unchanged)
+            return reuse
+    position = {path: i for i, path in enumerate(old.paths())}
+    for index, path in enumerate(paths):
+        old_index = position.get(path)
+        if old_index is not None and (old_stamps[old_index] == stamps[index]).all() and stamps[index, 0] >= 0:
+            reuse[index] = old_index
+    return reuse

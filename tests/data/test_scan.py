@@ -1,0 +1,149 @@
+"""The split scan: labels and checks cached beside the data, only changed files scanned again, bad COCO
+annotations summarised, read-only folders and corrupt caches handled."""
+
+import json
+import os
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+import detector.data.scan as scan
+from detector.data import problems
+from detector.data.spec import load_dataset_spec
+from tests.conftest import write_coco_dataset, write_yolo_dataset
+
+
+@pytest.fixture
+def counted_checks(monkeypatch) -> list[Path]:
+    """Every image the scan opens, in order."""
+    opened: list[Path] = []
+    original = scan.check_image
+    monkeypatch.setattr(scan, "check_image", lambda path: opened.append(path) or original(path))
+    return opened
+
+
+def _touch_later(path: Path) -> None:
+    stat = path.stat()
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+
+
+def test_second_scan_opens_nothing_and_changed_files_are_scanned_again(tmp_path: Path, counted_checks: list[Path]):
+    spec = load_dataset_spec(write_yolo_dataset(tmp_path / "d", train=6, val=2))
+    first = scan.scan_split(spec.train, spec.names)
+    assert len(counted_checks) == 6 and first.cached_images == 0
+    assert first.cache_file == tmp_path / "d" / "images" / "train.records.npz" and first.cache_file.is_file()
+
+    counted_checks.clear()
+    second = scan.scan_split(spec.train, spec.names)
+    assert counted_checks == [] and second.cached_images == 6
+    for name in ("path_bytes", "path_offsets", "labels", "label_offsets", "image_ids", "image_hw"):
+        np.testing.assert_array_equal(getattr(second.records, name), getattr(first.records, name))
+
+    # A changed label file is parsed again (and its image checked again); the rest comes from the cache.
+    label = tmp_path / "d" / "labels" / "train" / "train_00002.txt"
+    label.write_text("1 0.5 0.5 0.25 0.25\n")
+    _touch_later(label)
+    # A changed image is checked again: now unreadable, so it leaves the records with one summary line.
+    broken = tmp_path / "d" / "images" / "train" / "train_00004.png"
+    broken.write_bytes(b"not a png any more")
+    third = scan.scan_split(spec.train, spec.names)
+    assert sorted(p.name for p in counted_checks) == ["train_00002.png", "train_00004.png"]
+    names = [r.path.name for r in third.records]
+    assert "train_00004.png" not in names and len(names) == 5
+    np.testing.assert_allclose(third.records[names.index("train_00002.png")].labels, [[1, 0.5, 0.5, 0.25, 0.25]])
+    assert [line.split(":")[0] for line in third.problems.lines()] == [f"1 {problems.UNREADABLE_IMAGE}, in 1 file(s)"]
+
+    # An added image is the only one scanned; listing order is kept.
+    counted_checks.clear()
+    cv2.imwrite(str(tmp_path / "d" / "images" / "train" / "train_00002b.png"), np.zeros((32, 48, 3), np.uint8))
+    spec = load_dataset_spec(spec.yaml_path)
+    fourth = scan.scan_split(spec.train, spec.names)
+    assert [p.name for p in counted_checks] == ["train_00002b.png"]
+    assert [r.path.name for r in fourth.records][:4] == ["train_00000.png", "train_00001.png", "train_00002.png",
+                                                         "train_00002b.png"]
+    assert fourth.records.hw_list()[3] == (32, 48)
+
+
+def test_corrupt_or_foreign_cache_is_rebuilt(tmp_path: Path, counted_checks: list[Path]):
+    spec = load_dataset_spec(write_yolo_dataset(tmp_path / "d", train=3, val=1))
+    cache_file = scan.scan_split(spec.train, spec.names).cache_file
+    cache_file.write_bytes(b"PK\x03\x04 half a zip")
+    counted_checks.clear()
+    again = scan.scan_split(spec.train, spec.names)
+    assert len(counted_checks) == 3 and len(again.records) == 3
+    counted_checks.clear()
+    other_classes = scan.scan_split(spec.train, spec.names + ["extra"])  # other settings: not trusted
+    assert len(counted_checks) == 3 and len(other_classes.records) == 3
+
+
+def test_read_only_dataset_folder_caches_in_the_user_cache(tmp_path: Path, monkeypatch, counted_checks: list[Path]):
+    spec = load_dataset_spec(write_yolo_dataset(tmp_path / "d", train=3, val=1))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
+    beside = tmp_path / "d" / "images" / "train.records.npz"
+    real_write = scan.write_atomically
+
+    def read_only_beside_data(path: Path, data: bytes) -> Path:
+        if Path(path).parent == beside.parent:  # as a read-only folder answers (root ignores chmod)
+            raise PermissionError(13, "Read-only file system", str(path))
+        return real_write(path, data)
+
+    monkeypatch.setattr(scan, "write_atomically", read_only_beside_data)
+    first = scan.scan_split(spec.train, spec.names)
+    assert not beside.exists() and first.cache_file.is_relative_to(tmp_path / "user-cache")
+    counted_checks.clear()
+    assert scan.scan_split(spec.train, spec.names).cached_images == 3 and counted_checks == []
+
+
+def test_coco_json_is_parsed_once_and_bad_annotations_are_summarised(tmp_path: Path, monkeypatch):
+    yaml = write_coco_dataset(tmp_path / "c", count=4)
+    json_path = tmp_path / "c" / "instances.json"
+    content = json.loads(json_path.read_text())
+    first_image = content["images"][0]["id"]
+    content["annotations"] += [
+        {"id": 9001, "image_id": 424242, "category_id": 7, "bbox": [1, 1, 5, 5], "iscrowd": 0},
+        {"id": 9002, "image_id": 424243, "category_id": 7, "bbox": [1, 1, 5, 5], "iscrowd": 0},
+        {"id": 9003, "image_id": first_image, "category_id": 99, "bbox": [1, 1, 5, 5], "iscrowd": 0},
+        {"id": 9004, "image_id": first_image, "category_id": 7, "bbox": [1, 1, 5], "iscrowd": 0},
+        {"id": 9005, "image_id": first_image, "category_id": 9, "bbox": [50, 50, 30, 30], "iscrowd": 0},
+    ]
+    content["images"].append({"id": 555, "file_name": "missing.jpg", "width": 64, "height": 64})
+    json_path.write_text(json.dumps(content))
+    spec = load_dataset_spec(yaml)
+    parsed = []
+    original = scan.read_coco_labels
+    monkeypatch.setattr(scan, "read_coco_labels", lambda *a: parsed.append(a) or original(*a))
+    first = scan.scan_split(spec.train, spec.names)
+    lines = first.problems.lines()
+    assert len(parsed) == 1 and len(first.records) == 4 and len(lines) == 5
+    assert f"2 {problems.MISSING_IMAGE_ENTRY}" in lines[0] and "annotation 9001" in lines[0]
+    assert f"1 {problems.UNKNOWN_CATEGORY}" in lines[1] and f"1 {problems.BAD_BBOX}" in lines[2]
+    assert f"1 {problems.CLIPPED}, in 1 file(s): 000.jpg" in lines[3]
+    assert f"1 {problems.UNREADABLE_IMAGE}" in lines[4] and "missing.jpg (file not found)" in lines[4]
+    clipped = first.records[0].labels[-1]  # [50, 80] x [50, 80] on a 64 px image -> [50, 64] x [50, 64]
+    np.testing.assert_allclose(clipped, [1, 57 / 64, 57 / 64, 14 / 64, 14 / 64], rtol=1e-6)
+
+    second = scan.scan_split(spec.train, spec.names)
+    assert len(parsed) == 1 and second.cached_images == 4  # the JSON is not read again (a missing file is looked for)
+    assert second.problems.lines() == lines and second.category_ids == [7, 9, 11]
+    np.testing.assert_array_equal(second.records.labels, first.records.labels)
+    _touch_later(json_path)
+    scan.scan_split(spec.train, spec.names)
+    assert len(parsed) == 2
+
+
+def test_load_records_warns_one_line_per_kind(tmp_path: Path):
+    from detector.data.build import load_records
+
+    root = tmp_path / "d"
+    yaml = write_yolo_dataset(root, train=5, val=1)
+    for index in range(5):  # every file with a slightly-out box: one line for all of them, not five
+        (root / "labels" / "train" / f"train_{index:05d}.txt").write_text("0 0.99 0.5 0.04 0.2\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_records(load_dataset_spec(yaml), "train")
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and f"5 {problems.CLIPPED}, in 5 file(s)" in messages[0]
+    assert messages[0].endswith("... (2 more)")
