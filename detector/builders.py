@@ -4,6 +4,8 @@ see the whole config): data, loss, loader, optimizer with its schedule, the mode
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -39,18 +41,28 @@ def resolve_data(config: TrainConfig) -> DatasetSpec:
 
 
 def build_data(
-    config: TrainConfig, *, with_val: bool, device: torch.device
+    config: TrainConfig, *, with_val: bool, device: torch.device, dist: DistInfo | None = None
 ) -> tuple[DatasetSpec, SplitData, SplitData | None]:
     """The dataset spec, the augmented training split, and (where evaluation runs) the validation split.
 
+    Under torchrun, call it on each node's local rank 0 first (:func:`detector.distributed.local_main_first`):
+    that process scans the data and fills the RAM cache the node's processes share.
+
     ``device`` decides where ``--pixel-augment auto`` puts HSV and flips (see :func:`resolve_pixel_augment`).
     """
+    dist = dist or DistInfo()
     spec = resolve_data(config)
-    train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache)
+    train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache,
+                        local_rank=dist.local_rank, local_world_size=dist.local_world_size, run_id=run_id())
     train.dataset.seed = config.seed
     train.dataset.pixel_ops_on_device = resolve_pixel_augment(config.pixel_augment, device) == "device"
     val = build_split(spec, "val", image_size=config.imgsz, augment=None, cache=config.cache) if with_val else None
     return spec, train, val
+
+
+def run_id() -> str:
+    """What tells this torchrun launch from any other (empty for a single process)."""
+    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('MASTER_PORT', '')}"
 
 
 def build_criterion(config: TrainConfig, model: YOLO) -> DetectionLoss:

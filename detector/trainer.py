@@ -115,7 +115,11 @@ class Trainer:
         seed_everything(config.seed + self.dist.rank)
         with local_main_first(self.dist):  # one process per node prepares the data; the others then read it
             self.spec, self.train_data, self.val_data = build_data(config, with_val=self.dist.is_main,
-                                                                   device=self.device)
+                                                                   device=self.device, dist=self.dist)
+        if self.dist.enabled:  # every rank has mapped the node's shared image cache: its file name can go
+            torch.distributed.barrier()
+            if self.train_data.dataset.image_cache is not None:
+                self.train_data.dataset.image_cache.release_name()
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         if self.resume_state is None:
             self.model = build_model_from_weights(config, self.spec.num_classes, self.log)

@@ -2,21 +2,18 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from pycocotools.coco import COCO
 
 from detector.data.augment import AugmentConfig
-from detector.data.dataset import DetectionDataset, estimate_cache_bytes
+from detector.data.dataset import DetectionDataset
+from detector.data.ram_cache import build_image_cache
 from detector.data.records import Records
-from detector.data.scan import scan_split
+from detector.data.scan import scan_split, scan_threads
 from detector.data.spec import DatasetError, DatasetSpec
 from detector.metrics.coco import build_coco_ground_truth, load_coco
-
-CACHE_RAM_FRACTION = 0.3  # `--cache auto` caches when the images need under this share of free RAM
-
 
 @dataclass
 class SplitData:
@@ -44,24 +41,27 @@ def load_records(spec: DatasetSpec, split: str) -> tuple[Records, list[int], Pat
     return scan.records, scan.category_ids, entry.coco_json
 
 
-def should_cache(records: Records, image_size: int, mode: str) -> bool:
-    if mode in ("ram", "true", "yes"):
-        return True
-    if mode != "auto":
-        return False
-    try:
-        available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):  # not a POSIX system: stay off
-        return False
-    return estimate_cache_bytes(records, image_size) < CACHE_RAM_FRACTION * available
-
-
 def build_split(
-    spec: DatasetSpec, split: str, *, image_size: int, augment: AugmentConfig | None, cache: str = "auto"
+    spec: DatasetSpec,
+    split: str,
+    *,
+    image_size: int,
+    augment: AugmentConfig | None,
+    cache: str = "auto",
+    local_rank: int = 0,
+    local_world_size: int = 1,
+    run_id: str = "",
 ) -> SplitData:
+    """The split's records, dataset (with its RAM cache per ``cache``) and, for evaluation, its ground truth.
+
+    ``local_rank`` / ``local_world_size`` / ``run_id``: this process's place on its node, for a RAM cache
+    the node's processes share (:func:`detector.data.ram_cache.build_image_cache`).
+    """
     records, category_ids, coco_json = load_records(spec, split)
-    dataset = DetectionDataset(
-        records, image_size=image_size, augment=augment, cache_ram=should_cache(records, image_size, cache)
+    dataset = DetectionDataset(records, image_size=image_size, augment=augment)
+    dataset.image_cache = build_image_cache(
+        records, image_size, lambda index: dataset.load_resized(index)[0], mode=cache, local_rank=local_rank,
+        local_world_size=local_world_size, run_id=run_id, threads=scan_threads(),
     )
     data = SplitData(dataset, records, category_ids)
     if augment is None:

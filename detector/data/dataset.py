@@ -26,6 +26,7 @@ from detector.data.augment import (
 from detector.data.batch_augment import PixelOps
 from detector.data.images import READ_ERRORS, read_image_rgb
 from detector.data.letterbox import ImageMeta, letterbox
+from detector.data.ram_cache import ImageCache
 from detector.data.records import Records
 
 cv2.setNumThreads(0)  # loader workers give the parallelism; OpenCV's own threads would oversubscribe 2 cores
@@ -57,7 +58,7 @@ class DetectionDataset(Dataset):
         *,
         image_size: int,
         augment: AugmentConfig | None = None,
-        cache_ram: bool = False,
+        image_cache: ImageCache | None = None,
         seed: int = 0,
         pixel_ops_on_device: bool = False,
     ) -> None:
@@ -67,15 +68,12 @@ class DetectionDataset(Dataset):
         self.seed = seed
         self.pixel_ops_on_device = pixel_ops_on_device
         self.albumentations = build_albumentations(augment.albumentations) if augment else None
-        self._cache: list[tuple[np.ndarray, tuple[int, int]] | None] = [None] * len(records)
-        if cache_ram:
-            for index in range(len(records)):
-                self._cache[index] = self._load_resized(index)
+        self.image_cache = image_cache  # set by detector.data.build once filled (detector/data/ram_cache.py)
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def _load_resized(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:
+    def load_resized(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:
         """Image with its long side at ``image_size``, and its original (h, w)."""
         path = self.records.path(index)
         try:
@@ -90,8 +88,12 @@ class DetectionDataset(Dataset):
         return image, (height, width)
 
     def load(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:
-        cached = self._cache[index]
-        return cached if cached is not None else self._load_resized(index)
+        """The image resized for training, from the RAM cache when there is one, and its original (h, w)."""
+        cache = self.image_cache
+        if cache is not None and not cache.unreadable[index]:
+            height, width = self.records.image_hw[index]
+            return cache.image(index), (int(height), int(width))
+        return self.load_resized(index)
 
     def _image_and_boxes(self, index: int, image: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Resized image (``image`` when already loaded), its boxes as xyxy pixels, and their classes."""
@@ -206,11 +208,3 @@ def model_input(images: torch.Tensor, device: torch.device, *, channels_last: bo
     layout = torch.channels_last if channels_last else torch.contiguous_format
     # The loader's batches are already channels-last, so on that path this is one conversion pass, no transpose.
     return images.to(device, non_blocking=True).contiguous(memory_format=layout).float().div_(255)
-
-
-def estimate_cache_bytes(records: Records, image_size: int) -> int:
-    """RAM for caching every image resized to ``image_size`` on its long side, 3 bytes a pixel (exact: the
-    records know each image's size)."""
-    height, width = records.image_hw[:, 0].astype(np.float64), records.image_hw[:, 1].astype(np.float64)
-    ratio = image_size / np.maximum(np.maximum(height, width), 1)
-    return int((np.round(height * ratio) * np.round(width * ratio) * 3).sum())

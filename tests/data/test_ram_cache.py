@@ -1,0 +1,60 @@
+"""The RAM cache: exact size from the records, the same pixels as decoding, and one copy per node."""
+
+import numpy as np
+import pytest
+
+import detector.data.ram_cache as ram_cache
+from detector.data.dataset import DetectionDataset
+from tests.conftest import write_records
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    return DetectionDataset(write_records(tmp_path, 5, seed=6), image_size=48)
+
+
+def _load(dataset: DetectionDataset):
+    return lambda index: dataset.load_resized(index)[0]
+
+
+def test_single_process_cache_holds_the_decoded_pixels(dataset: DetectionDataset):
+    cache = ram_cache.build_image_cache(dataset.records, 48, _load(dataset), mode="ram")
+    assert cache.nbytes == ram_cache.cache_bytes(dataset.records, 48) == 5 * 48 * 48 * 3 and cache.path is None
+    for index in range(5):
+        np.testing.assert_array_equal(cache.image(index), dataset.load_resized(index)[0])
+    assert ram_cache.build_image_cache(dataset.records, 48, _load(dataset), mode="none") is None
+
+
+def test_node_processes_share_one_copy_decided_once(dataset: DetectionDataset, monkeypatch, tmp_path):
+    monkeypatch.setattr(ram_cache.tempfile, "gettempdir", lambda: str(tmp_path))
+    one_copy = ram_cache.cache_bytes(dataset.records, 48)
+    # Free RAM such that one copy fits the budget and two would not: the node caches, once.
+    monkeypatch.setattr(ram_cache, "available_ram", lambda: int(1.5 * one_copy / ram_cache.CACHE_RAM_FRACTION))
+    common = dict(mode="auto", local_world_size=2, run_id="run-1")
+    first = ram_cache.build_image_cache(dataset.records, 48, _load(dataset), local_rank=0, **common)
+    decoded = []
+    second = ram_cache.build_image_cache(dataset.records, 48, lambda i: decoded.append(i), local_rank=1, **common)
+    assert decoded == []  # the second process decoded nothing: it maps what the first wrote
+    assert isinstance(first.buffer, np.memmap) and isinstance(second.buffer, np.memmap)
+    assert first.path == second.path and first.path.stat().st_size == one_copy
+    for index in range(5):
+        np.testing.assert_array_equal(second.image(index), dataset.load_resized(index)[0])
+    private = sum(cache.buffer.nbytes for cache in (first, second) if not isinstance(cache.buffer, np.memmap))
+    assert private + first.path.stat().st_size <= 1.5 * one_copy  # the node's cached bytes: one copy
+    first.release_name()
+    assert not list(tmp_path.glob(f"{ram_cache.PREFIX}*"))  # no file left behind
+    np.testing.assert_array_equal(second.image(4), dataset.load_resized(4)[0])  # mappings outlive the name
+
+    # When one copy does not fit, local rank 0 does not cache, and the other ranks follow.
+    monkeypatch.setattr(ram_cache, "available_ram", lambda: int(0.5 * one_copy / ram_cache.CACHE_RAM_FRACTION))
+    common["run_id"] = "run-2"
+    assert ram_cache.build_image_cache(dataset.records, 48, _load(dataset), local_rank=0, **common) is None
+    assert ram_cache.build_image_cache(dataset.records, 48, _load(dataset), local_rank=1, **common) is None
+
+
+def test_image_unreadable_while_filling_is_left_to_the_dataset(dataset: DetectionDataset):
+    dataset.records.path(2).write_bytes(b"broken")
+    dataset.image_cache = ram_cache.build_image_cache(dataset.records, 48, _load(dataset), mode="ram")
+    assert dataset.image_cache.unreadable.tolist() == [False, False, True, False, False]
+    with pytest.warns(UserWarning, match="2.png: failed to decode"):
+        assert dataset[2][2].unreadable.endswith("2.png")
