@@ -95,12 +95,14 @@ def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>")
     labels = np.concatenate((labels[:, :1], (corners[:, :2] + corners[:, 2:]) / 2, corners[:, 2:] - corners[:, :2]), 1)
     tiny = (labels[:, 3:5] < MIN_SIDE).any(1) & ~absurd
     problems.add(ZERO_AREA, source, int(tiny.sum()))
-    labels = labels[~absurd & ~tiny]
-    unique, first = np.unique(labels, axis=0, return_index=True)
-    if len(unique) < len(labels):
-        problems.add(DUPLICATE, source, len(labels) - len(unique))
-        labels = labels[np.sort(first)]
-    return labels.astype(np.float32), problems
+    labels = labels[~absurd & ~tiny].astype(np.float32)
+    # First occurrence of each distinct row, in order (a dict of row tuples: ~5x faster than np.unique(axis=0)
+    # on a file's handful of boxes, and the label pass reads every file of the dataset).
+    first = list(dict.fromkeys(map(tuple, labels.tolist())).keys())
+    if len(first) < len(labels):
+        problems.add(DUPLICATE, source, len(labels) - len(first))
+        labels = np.array(first, np.float32).reshape(-1, 5)
+    return labels, problems
 
 
 def read_yolo_labels(image: Path, num_classes: int) -> tuple[np.ndarray, Problems]:
