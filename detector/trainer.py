@@ -260,9 +260,18 @@ class Trainer:
             f"{self.device} x{self.dist.world_size}, {self.config.workers} loader workers | "
             f"precision {self.precision.name}: {self.precision.reason} | "
             f"HSV/flips {'on the device' if self.train_data.dataset.pixel_ops_on_device else 'in the workers'} | "
+            f"{self.cache_text()} | "
             f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.epochs_text()} | "
             f"{self.multi_scale.describe(len(self.input_shapes()))} | run {self.run_dir}"
         )
+
+    def cache_text(self) -> str:
+        cache = self.train_data.dataset.image_cache
+        if cache is None:
+            return f"RAM cache off (--cache {self.config.cache})"
+        where = (f"shared by the {self.dist.local_world_size} processes of this node"
+                 if self.dist.local_world_size > 1 else "in this process")
+        return f"RAM cache {cache.nbytes / 2**20:.1f} MiB {where}"
 
     def input_shapes(self) -> list[tuple[int, int]]:
         """The distinct (batch, size) training inputs of the epochs still to run (for cuDNN and the header)."""

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -101,8 +102,12 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     data = write_yolo_dataset(root / "data")
     common = [str(ROOT / "train.py"), "--data", str(data), *COMMON, "--epochs", "2", "--project", str(root)]
     _run([sys.executable, *common, "--batch", "4", "--name", "single"], root)
-    output = _run(_torchrun(*common, "--batch", "2", "--name", "ddp"), root)
+    # The RAM cache holds the very pixels a decode gives, so caching changes no number; here the node's two
+    # processes share one copy of it.
+    output = _run(_torchrun(*common, "--batch", "2", "--name", "ddp", "--cache", "ram"), root)
     assert "AMP check" in output or "precision fp32" in output  # the check ran (or had nothing to check)
+    assert "RAM cache 0.1 MiB shared by the 2 processes of this node" in output  # 8 images x 64 x 64 x 3
+    assert not list(Path(tempfile.gettempdir()).glob("detector-image-cache-*"))  # its file name is gone
     return {"root": root, "data": data, "single": root / "single", "ddp": root / "ddp"}
 
 
