@@ -73,7 +73,8 @@ def plot(results: dict[str, dict[str, float]], out_png: Path) -> Path:
     return out_png
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The report's own flags; every other flag is passed on to each training run (``parse_known_args``)."""
     parser = argparse.ArgumentParser(prog="python -m detector ablate-amp", description=__doc__,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--data", default="", help="data YAML; empty = built-in shapes dataset")
@@ -81,7 +82,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="", help="cpu, cuda or cuda:N; empty = cuda if available")
     parser.add_argument("--project", default="runs/ablate", help="parent folder of the report")
     parser.add_argument("--name", default="exp", help="report folder name")
-    args, train_args = parser.parse_known_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, train_args = build_parser().parse_known_args(argv)
     try:
         device = resolve_device(args.device)
     except ValueError as error:

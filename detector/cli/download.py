@@ -10,7 +10,7 @@ from detector.data.download import DownloadError, download
 from detector.data.spec import DatasetError
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m detector download",
         description="Fetch a dataset into the datasets root (explicit: nothing in detector downloads by itself).",
@@ -20,7 +20,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="val: only what the val split needs "
                              "(COCO: annotations + val2017, 1.1 GB; VOC: the 2007 test zip)")
     parser.add_argument("--datasets-dir", default="", help="datasets root; default $DETECTOR_DATASETS, else ./datasets")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     root = datasets_root(args.datasets_dir or None)
     try:
         download(args.name, root=root, split=args.split)

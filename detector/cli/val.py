@@ -34,7 +34,7 @@ from detector.runs import next_run_dir
 from detector.runtime import enlarge_onednn_cache
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m detector val", description=__doc__.splitlines()[0])
     parser.add_argument("--weights", required=True, type=Path, help="checkpoint (.pt) written by training")
     parser.add_argument("--data", required=True, type=Path, help="dataset YAML, or a shipped one's name (coco.yaml)")
@@ -54,7 +54,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="write PR curve, confusion matrix and prediction images")
     parser.add_argument("--project", type=Path, default=Path("runs/val"), help="parent folder of the run folder")
     parser.add_argument("--name", default="exp", help="run folder name (suffixed 2, 3... when it exists)")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def resolve_image_size(requested: int | None, config: dict | None) -> int:
