@@ -29,7 +29,7 @@ def samples_per_rank(dataset_size: int, world_size: int, batch: int) -> int:
 
     A partial last batch would add a new input shape (and a noisy small-batch step), and dropping it would
     skip a few images every epoch (6% of BCCD's 205 at batch 16: mAP50-95 0.529/0.519 dropped against
-    0.534/0.535 padded, README "Multi-scale training"). So the sampler fills the last batch by wrapping
+    0.534/0.535 padded, docs/multiscale.md, "Accuracy"). So the sampler fills the last batch by wrapping
     round to the start of the epoch's shuffled order. A share smaller than one batch stays as it is: one
     partial batch.
     """

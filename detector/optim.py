@@ -38,8 +38,8 @@ def build_optimizer(
     converges faster, and SGD otherwise. It changes only the optimizer and its learning rate: beta1 warms up
     to ``momentum`` and biases warm down from ``warmup_bias_lr`` as with an explicit choice. Ultralytics
     instead sets beta1 0.9 and a bias warm-up from 0 for its auto AdamW; measured on BCCD (320 px, 40 epochs,
-    README "Multi-scale training") that lost 0.07 mAP50-95 (0.469 against 0.536 at a fixed size, seed 0), most
-    of it from the bias warm-up (0.513 with the bias start of 0.1 alone).
+    docs/training.md "Optimizer and warm-up") that lost 0.07 mAP50-95 (0.469 against 0.536 at a fixed size,
+    seed 0), most of it from the bias warm-up (0.513 with the bias start of 0.1 alone).
     """
     if name == "auto":
         if total_steps < 10_000:

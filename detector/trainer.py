@@ -68,7 +68,8 @@ def fitness(metrics: dict[str, float]) -> float:
 
 # --------------------------------------------------------------------------------------------- decisions
 # The end of a run beyond one more validation: the per-class table, PR curves, confusion matrix and
-# prediction images. An allowance, not a measurement; the demo runs in the README ended inside their budgets.
+# prediction images. An allowance, not a measurement; the demo runs in docs/training.md ended inside their
+# budgets.
 FINAL_REPORT_SECONDS = 10.0
 @dataclass(frozen=True)
 class EpochDecision:

@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable
 
 LOWEST_PRIORITY = 19  # the niceness ceiling on Linux and macOS
-CPU_TRAINING_WORKERS = 2  # measured on 2 cores: the model, not the data, is the wall there (README, Benchmarks)
+CPU_TRAINING_WORKERS = 2  # measured on 2 cores: the model, not the data, is the wall there (docs/benchmarks.md)
 MAX_GPU_WORKERS = 16  # each worker holds its own decode buffers; beyond this the GPU is fed already
 
 
