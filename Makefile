@@ -15,7 +15,7 @@ $(VENV)/.dev: $(VENV)/.core
 	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
 	touch $@
 
-# The demo's recipe (README, "Quick start"): an 8-minute budget, and settings that learn the most per minute
+# The demo's recipe (docs/training.md, "The demo"): an 8-minute budget, and settings that learn the most per minute
 # on a 2-core CPU without BF16 (no gradient accumulation, AdamW at a higher rate, 256 px, one input size).
 DEMO ?= --time 8m --imgsz 256 --nominal-batch 16 --optimizer AdamW --lr0 0.005 --momentum 0.9 --no-multi-scale
 

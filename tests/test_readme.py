@@ -10,7 +10,9 @@ is all. Placeholders (``<!-- ... -->``, filled in later) are HTML comments outsi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import re
 import shlex
 import subprocess
@@ -103,22 +105,39 @@ def test_the_pages_show_commands() -> None:
     assert {"train", "val", "predict", "export", "download"} <= found, found
 
 
-@pytest.mark.parametrize("command", documented_commands(), ids=str)
-def test_documented_command_parses(command: Command, capsys: pytest.CaptureFixture[str]) -> None:
-    name, argv = entry_argv(command.text)
-    if name == "":  # `python -m detector` alone, or with --help: the command list
-        return
-    assert name in COMMANDS, f"{command}: no such command (known: {', '.join(COMMANDS)})"
-    if "-h" in argv or "--help" in argv:
-        return  # --help exits; the subprocess test below runs it for real
+def refusal(text: str) -> str | None:
+    """None when the entry point's own parser accepts the command line, else why not (argparse's message)."""
+    name, argv = entry_argv(text)
+    if name == "" or "-h" in argv or "--help" in argv:
+        return None  # the command list, or --help (which exits): the subprocess test below runs those for real
+    if name not in COMMANDS:
+        return f"no such command {name!r} (known: {', '.join(COMMANDS)})"
+    stderr = io.StringIO()
     try:
-        if name == "ablate-amp":  # its unknown flags go to each training run: parse them as train's
-            _, rest = parser_for(name).parse_known_args(argv)
-            parser_for("train").parse_args(rest)
-        else:
-            parser_for(name).parse_args(argv)
+        with contextlib.redirect_stderr(stderr):
+            if name == "ablate-amp":  # its unknown flags go to each training run: parse them as train's
+                _, rest = parser_for(name).parse_known_args(argv)
+                parser_for("train").parse_args(rest)
+            else:
+                parser_for(name).parse_args(argv)
     except SystemExit as error:
-        pytest.fail(f"{command}\nargparse refused it (exit {error.code}): {capsys.readouterr().err.strip()}")
+        return f"argparse refused it (exit {error.code}): {stderr.getvalue().strip()}"
+    return None
+
+
+@pytest.mark.parametrize("command", documented_commands(), ids=str)
+def test_documented_command_parses(command: Command) -> None:
+    why = refusal(command.text)
+    assert why is None, f"{command}\n{why}"
+
+
+def test_a_wrong_command_is_refused() -> None:
+    """The check can fail: a flag no parser has, a bad choice, an unknown command, ablate-amp's pass-through."""
+    assert refusal("python train.py --data my.yaml --no-such-flag 1") is not None
+    assert refusal("python -m detector val --weights best.pt --data my.yaml --split nope") is not None
+    assert refusal("detector frobnicate --weights best.pt") is not None
+    assert refusal("python -m detector ablate-amp --epochs 2 --no-such-flag") is not None
+    assert refusal("OMP_NUM_THREADS=1 python train.py --data my.yaml --epochs 3") is None
 
 
 HELP_COMMANDS = [["train.py"], ["export.py"], ["-m", "detector"]] + [["-m", "detector", name] for name in COMMANDS]
@@ -132,22 +151,39 @@ def test_entry_point_help(entry: list[str]) -> None:
     assert "usage:" in result.stdout
 
 
-def relative_links(page: Path) -> list[tuple[str, Path]]:
+def relative_links(page: Path) -> list[tuple[str, Path, str]]:
+    """(target as written, file it names, #anchor or "") of every link that is not a URL."""
     links = []
     for target in LINK.findall(page.read_text()):
-        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
-            continue  # a URL, or an anchor on the same page
-        links.append((target, (page.parent / target.split("#")[0]).resolve()))
+        if re.match(r"^[a-z]+:", target):
+            continue
+        file, _, anchor = target.partition("#")
+        links.append((target, (page.parent / file).resolve() if file else page.resolve(), anchor))
     return links
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """GitHub's anchors for a page's headings: lower case, punctuation dropped, spaces to hyphens."""
+    anchors = set()
+    inside = False
+    for line in page.read_text().splitlines():
+        if FENCE.match(line.strip()):
+            inside = not inside
+        elif not inside and (match := re.match(r"^#+\s+(.*)$", line)):
+            anchors.add(re.sub(r"[^\w\- ]", "", match.group(1).strip().lower()).replace(" ", "-"))
+    return anchors
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda page: str(page.relative_to(ROOT)))
 def test_relative_links_resolve(page: Path) -> None:
-    missing = [target for target, path in relative_links(page) if not path.exists()]
+    missing = [target for target, path, _ in relative_links(page) if not path.exists()]
     assert not missing, f"{page.relative_to(ROOT)}: links to missing files: {missing}"
+    broken = [target for target, path, anchor in relative_links(page)
+              if anchor and path.suffix == ".md" and path.exists() and anchor not in heading_anchors(path)]
+    assert not broken, f"{page.relative_to(ROOT)}: links to headings that do not exist: {broken}"
 
 
 def test_every_docs_page_is_linked_from_the_readme() -> None:
-    linked = {path for _, path in relative_links(ROOT / "README.md")}
+    linked = {path for _, path, _ in relative_links(ROOT / "README.md")}
     orphans = [page.name for page in PAGES[1:] if page.resolve() not in linked]
     assert not orphans, f"docs pages the README does not link: {orphans}"
