@@ -1,4 +1,4 @@
-"""The README and docs/ stay true: every command they show parses, every entry point answers --help, every link
+"""The README, weights/README.md and docs/ stay true: every command they show parses, every entry point answers --help, every link
 resolves.
 
 Each fenced command line that starts with ``python train.py``, ``python export.py``, ``python -m detector``,
@@ -25,7 +25,8 @@ import pytest
 from detector.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [ROOT / "README.md", ROOT / "weights" / "README.md", *DOCS]
 FENCE = re.compile(r"^```(\w*)\s*$")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 OURS = re.compile(r"^(\w+=\S+\s+)*(python (train|export)\.py|python -m detector\b|detector(\s|$)|torchrun\s)")
@@ -144,7 +145,7 @@ HELP_COMMANDS = [["train.py"], ["export.py"], ["-m", "detector"]] + [["-m", "det
 
 
 @pytest.mark.parametrize("entry", HELP_COMMANDS, ids=" ".join)
-def test_entry_point_help(entry: list[str]) -> None:
+def test_entry_point_answers_help(entry: list[str]) -> None:
     result = subprocess.run([sys.executable, *entry, "--help"], cwd=ROOT, capture_output=True, text=True,
                             timeout=HELP_TIMEOUT_S)
     assert result.returncode == 0, result.stderr
@@ -185,5 +186,5 @@ def test_relative_links_resolve(page: Path) -> None:
 
 def test_every_docs_page_is_linked_from_the_readme() -> None:
     linked = {path for _, path, _ in relative_links(ROOT / "README.md")}
-    orphans = [page.name for page in PAGES[1:] if page.resolve() not in linked]
+    orphans = [page.name for page in DOCS if page.resolve() not in linked]
     assert not orphans, f"docs pages the README does not link: {orphans}"
