@@ -1,5 +1,5 @@
-"""The README, weights/README.md and docs/ stay true: every command they show parses, every entry point answers --help, every link
-resolves.
+"""The README, weights/README.md and docs/ stay true: every command they show parses, every entry point answers
+--help, every link resolves.
 
 Each fenced command line that starts with ``python train.py``, ``python export.py``, ``python -m detector``,
 ``detector`` or ``torchrun ... train.py`` is parsed by that entry point's own argparse parser, so a renamed or
