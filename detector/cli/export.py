@@ -124,7 +124,9 @@ def stage_exports(
     return staged
 
 
-def check_parity_of(model: YOLO, info: ModelInfo, staged: dict[str, Path], args: argparse.Namespace, device: str) -> None:
+def check_parity_of(
+    model: YOLO, info: ModelInfo, staged: dict[str, Path], args: argparse.Namespace, device: str
+) -> None:
     """Check each staged file against the FP32 PyTorch model; print the reports. Raises RuntimeError on a failure."""
     split = None
     if args.data is not None:

@@ -54,8 +54,8 @@ def yolov8_lookalike_bytes(scale: str = "n", num_classes: int = 80, seed: int = 
     """``torch.save`` bytes of ``{"model": <FP16 DetectionModel>, "ema": None, ...}`` with random weights."""
     torch.manual_seed(seed)
     ours = build_model(num_classes=num_classes, scale=scale)
-    layers = [getattr(ours, attribute) if attribute else (nn.Upsample(scale_factor=2.0) if kind == "Upsample" else Concat())
-              for kind, attribute in YOLOV8_LAYERS]
+    parameter_free = {"Upsample": lambda: nn.Upsample(scale_factor=2.0), "Concat": Concat}
+    layers = [getattr(ours, attribute) if attribute else parameter_free[kind]() for kind, attribute in YOLOV8_LAYERS]
     network = DetectionModel()
     network.model = nn.Sequential(*layers)
     network.nc, network.names = num_classes, {i: f"class{i}" for i in range(num_classes)}
