@@ -175,8 +175,9 @@ class Trainer:
             raise CheckpointError(f"{self.config.project}: no last.pt to resume from")
         state = load_checkpoint(path)
         if is_stripped(state):
-            raise CheckpointError(f"{path}: holds no optimizer state (a finished run's weights), so it cannot be "
-                                  f"resumed; to train on from it, start a fine-tune: --weights {path}")
+            raise CheckpointError(f"{path}: holds no optimizer state (stripped: a best.pt, or a finished run's "
+                                  f"last.pt), so it cannot be resumed; to train on from it, start a fine-tune: "
+                                  f"--weights {path}")
         saved = TrainConfig.from_dict(state["config"])
         # Keep the run's own settings; only the device and worker count may change on resume.
         saved.device, saved.workers, saved.resume = self.config.device, self.config.workers, str(path)
