@@ -32,7 +32,8 @@ class TrainConfig:
     data: str = knob("", "data YAML (Ultralytics-style or COCO JSON); empty = built-in synthetic shapes dataset")
     datasets_dir: str = knob("", "root of downloaded datasets (--data coco); empty = $DETECTOR_DATASETS or ./datasets")
     model: str = knob("n", "model scale", choices=("n", "s", "m", "l", "x"))
-    weights: str = knob("", "start from these weights: our .pt, or an Ultralytics YOLOv8 .pt (bare names look in weights/)")
+    weights: str = knob("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
+                                "(bare names look in weights/; python -m detector download yolov8n fetches one)")
     imgsz: int = knob(0, "image size (pixels, multiple of 32); 0 = 320 on the built-in dataset, else 640")
     epochs: int = knob(0, "training epochs; 0 = tuned default on the built-in dataset, else 100")
     time: str = knob("", "wall-clock budget for the whole run, e.g. 8m, 1.5h, 90s (bare number = hours): the epoch "
@@ -99,7 +100,8 @@ class TrainConfig:
     tensorboard: bool = knob(False, "log scalars and plots to TensorBoard in the run folder")
     project: str = knob("runs/train", "parent folder of run folders")
     name: str = knob("exp", "run folder name (a number is appended if it exists)")
-    resume: str = knob("", "resume from this last.pt (or 'auto': the newest under --project)")
+    resume: str = knob("", "resume an interrupted run from its last.pt (or 'auto': the newest under --project); "
+                               "a finished run's last.pt is stripped: fine-tune from it with --weights")
     amp_check: bool = knob(True, "before training, compare one AMP step with FP32 and fall back if AMP misbehaves")
     sync_bn: bool = knob(False, "SyncBatchNorm under torchrun")
 

@@ -29,7 +29,14 @@ from detector.builders import (
     warmup_steps,
     wrap_distributed,
 )
-from detector.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from detector.checkpoint import (
+    CheckpointError,
+    is_stripped,
+    load_checkpoint,
+    save_checkpoint,
+    strip_checkpoint,
+    strip_checkpoint_file,
+)
 from detector.config import TrainConfig
 from detector.data.dataset import model_input
 from detector.data.workers import default_workers
@@ -168,6 +175,10 @@ class Trainer:
         if path is None:
             raise CheckpointError(f"{self.config.project}: no last.pt to resume from")
         state = load_checkpoint(path)
+        if is_stripped(state):
+            raise CheckpointError(f"{path}: holds no optimizer state (stripped: a best.pt, or a finished run's "
+                                  f"last.pt), so it cannot be resumed; to train on from it, start a fine-tune: "
+                                  f"--weights {path}")
         saved = TrainConfig.from_dict(state["config"])
         # Keep the run's own settings; only the device and worker count may change on resume.
         saved.device, saved.workers, saved.resume = self.config.device, self.config.workers, str(path)
@@ -336,6 +347,9 @@ class Trainer:
         summary = {"run_dir": self.run_dir, "metrics": metrics, "seconds": time.perf_counter() - start,
                    "epochs_done": epoch, "precision": self.precision.name, "interrupted": interrupted}
         if self.dist.is_main and not interrupted:
+            # The run is over: last.pt no longer needs the optimizer for --resume (detector/checkpoint.py).
+            if (last := self.run_dir / "weights" / "last.pt").is_file():
+                strip_checkpoint_file(last)
             if config.final_fp32:
                 result, _ = self.evaluate(force_fp32=True)
                 self.log(f"final FP32 evaluation: mAP50-95 {result.metrics['mAP50-95']:.4f}")
@@ -376,8 +390,8 @@ class Trainer:
         self._apply(decision)  # before the checkpoint, so a resume continues as the run would have
         payload = self.checkpoint_payload(epoch, metrics)
         save_checkpoint(payload, self.run_dir / "weights" / "last.pt")
-        if self.best_epoch == epoch:
-            save_checkpoint(payload, self.run_dir / "weights" / "best.pt")
+        if self.best_epoch == epoch:  # never resumed from: only what inference and fine-tuning need
+            save_checkpoint(strip_checkpoint(payload), self.run_dir / "weights" / "best.pt")
         return decision
 
     def _evaluate_if_due(self, epoch: int, stats: dict[str, float], *, due: bool) -> tuple[EvalResult, dict] | None:

@@ -1,15 +1,28 @@
+import copy
 import signal
 import subprocess
 import sys
 import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
 import torch
 
-from detector.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
+from detector.checkpoint import (
+    CheckpointError,
+    is_stripped,
+    load_checkpoint,
+    model_from_checkpoint,
+    save_checkpoint,
+    strip_checkpoint,
+    to_half,
+)
+from detector.export.parity import synthetic_images
 from detector.model import build_model
+from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
+from tests.conftest import lively_model
 
 WRITER = """
 import sys, torch
@@ -62,3 +75,108 @@ def test_checkpoints_load_weights_only_and_refuse_pickled_code(tmp_path: Path):
     torch.save({"model": Hostile()}, tmp_path / "hostile.pt")
     with pytest.raises(CheckpointError, match="hostile.pt"):
         load_checkpoint(tmp_path / "hostile.pt")
+
+
+# ------------------------------------------------------------------------------------------ stripped files
+# FP16 keeps 11 significant bits: round-to-nearest moves a normal number by at most 2^-11 of itself, and a
+# subnormal one (|w| < 2^-14) by at most half its spacing, 2^-25.
+FP16_RELATIVE_ROUNDING = 2.0**-11
+FP16_SUBNORMAL_ROUNDING = 2.0**-25
+
+
+def _full_payload(model: torch.nn.Module, ema: torch.nn.Module) -> dict:
+    """A full training checkpoint as the trainer writes it (optimizer with momentum buffers included)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sum(p.sum() for p in model.parameters()).backward()
+    optimizer.step()  # creates the momentum buffers, as a real run's optimizer state has
+    return {"model": model.state_dict(), "ema": ema.state_dict(), "optimizer": optimizer.state_dict(),
+            "scaler": {}, "epoch": 9, "model_args": {"num_classes": model.num_classes, "scale": "n", "reg_max": 16},
+            "names": [str(i) for i in range(model.num_classes)], "metrics": {"mAP50-95": 0.5},
+            "config": {"imgsz": 64}, "precision": "bf16", "best_fitness": 0.5, "best_epoch": 9}
+
+
+def test_a_stripped_nano_checkpoint_is_small_and_holds_what_inference_needs(tmp_path: Path):
+    model, ema = build_model(num_classes=80), build_model(num_classes=80)  # COCO's 80 classes: the largest head
+    full = tmp_path / "full.pt"
+    save_checkpoint(_full_payload(model, ema), full)
+    stripped = tmp_path / "best.pt"
+    save_checkpoint(strip_checkpoint(load_checkpoint(full)), stripped)
+    sizes = stripped.stat().st_size, full.stat().st_size
+    assert sizes[0] <= 7e6 and sizes[1] > 3 * 7e6, sizes
+    state = load_checkpoint(stripped)
+    assert is_stripped(state) and not is_stripped(load_checkpoint(full))
+    assert {"epoch", "model_args", "names", "metrics", "config", "precision"} <= state.keys() and state["ema"] is None
+    assert "optimizer" not in state and "scaler" not in state and state["precision"] == "bf16"
+    # The EMA (not the raw model) is what is kept, rounded to FP16 and nothing else; integer counters stay as they are.
+    for name, tensor in ema.state_dict().items():
+        kept = state["model"][name]
+        expected = tensor.half() if tensor.is_floating_point() else tensor
+        assert kept.dtype == expected.dtype and torch.equal(kept, expected), name
+    rebuilt, _ = model_from_checkpoint(stripped)
+    assert all(p.dtype == torch.float32 for p in rebuilt.state_dict().values() if p.is_floating_point())
+
+
+def test_values_beyond_fp16_range_stay_fp32():
+    stripped = to_half({"small": torch.tensor([1.0, -2.0]), "large": torch.tensor([1.0, 7e4]),
+                        "count": torch.tensor(3)})
+    assert stripped["small"].dtype == torch.float16 and stripped["large"].dtype == torch.float32
+    assert stripped["count"].dtype == torch.int64
+
+
+def _explicit_batch_norm(self: torch.nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
+    """Eval-mode BatchNorm as a formula, so autograd reaches the running statistics too."""
+    scale = self.weight * torch.rsqrt(self.running_var + self.eps)
+    return (x - self.running_mean[:, None, None]) * scale[:, None, None] + self.bias[:, None, None]
+
+
+def fp16_storage_bounds(model: torch.nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Decoded outputs ``[B, A, 4 + C]`` of ``model`` and, per element, the first-order bound of how far FP16
+    storage of every floating tensor (weights and BatchNorm statistics) can move it.
+
+    Each stored value w becomes w + d with |d| <= 2^-11 |w| + 2^-25 (see above), so to first order an output
+    o moves by at most  sum_w |do/dw| (2^-11 |w| + 2^-25):  the worst case, every rounding error pushing o the
+    same way. One backward pass per output element.
+    """
+    model = copy.deepcopy(model).eval()
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            module.forward = types.MethodType(_explicit_batch_norm, module)
+    stored = [t for t in model.state_dict(keep_vars=True).values() if t.is_floating_point()]
+    for tensor in stored:
+        tensor.requires_grad_(True)
+    with torch.enable_grad():
+        outputs = decode_outputs(model(images), model.strides, model.reg_max)
+        bounds = torch.empty(outputs.numel())
+        rounding = [FP16_RELATIVE_ROUNDING * w.detach().abs() + FP16_SUBNORMAL_ROUNDING for w in stored]
+        for index, value in enumerate(outputs.flatten()):
+            grads = torch.autograd.grad(value, stored, retain_graph=True, allow_unused=True)
+            bounds[index] = sum(float((g.abs() * r).sum()) for g, r in zip(grads, rounding) if g is not None)
+    return outputs.detach(), bounds.view_as(outputs)
+
+
+def test_stripped_weights_give_the_same_outputs_within_the_fp16_storage_bound(tmp_path: Path):
+    model = lively_model()
+    payload = _full_payload(build_model(num_classes=3), model)  # the EMA slot holds the model under test
+    full, stripped = tmp_path / "last.pt", tmp_path / "best.pt"
+    save_checkpoint(payload, full)
+    save_checkpoint(strip_checkpoint(payload), stripped)
+    images = synthetic_images(32, count=1, seed=3).float() / 255  # 32 px: 21 anchors x 7 values, each bounded
+    expected, bounds = fp16_storage_bounds(model_from_checkpoint(full)[0], images)
+    with torch.no_grad():
+        rebuilt = model_from_checkpoint(stripped)[0]
+        actual = decode_outputs(rebuilt(images), rebuilt.strides, rebuilt.reg_max)
+    # Beyond the first-order bound: second-order terms (the bound times its own size relative to the output,
+    # at most 1.4% here) and FP32 arithmetic rounding (2^-24 per operation, 2^13 times finer than the
+    # storage rounding); a factor of 2 covers both.
+    difference = (actual - expected).abs()
+    # (Measured: the largest difference is 0.4% of its bound; the bound is the worst case, where the rounding
+    # errors all agree. That the stored values are exactly the FP16 roundings is checked bitwise above.)
+    assert (difference <= 2 * bounds).all(), float((difference / bounds).max())
+    assert difference.max() > 0  # the weights really were rounded: the comparison is not vacuous
+    # Detections after NMS: the same boxes, labels and scores, within the same bounds.
+    detections = [non_max_suppression(out, NMSConfig(conf_threshold=0.01))[0] for out in (expected, actual)]
+    assert torch.equal(detections[0]["labels"], detections[1]["labels"]) and len(detections[0]["labels"]) > 0
+    box_bound = 2 * bounds[0, :, :4].max()
+    torch.testing.assert_close(detections[1]["boxes"], detections[0]["boxes"], rtol=0, atol=float(box_bound))
+    torch.testing.assert_close(detections[1]["scores"], detections[0]["scores"], rtol=0,
+                               atol=float(2 * bounds[0, :, 4:].max()))

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from detector.checkpoint import load_checkpoint
+from detector.checkpoint import CheckpointError, load_checkpoint
 from detector.cli.train import main as train_main
 from detector.config import TrainConfig
 from detector.trainer import train
@@ -30,6 +30,16 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
     checkpoint = load_checkpoint(run_dir / "weights" / "last.pt")  # weights_only=True inside
     assert checkpoint["epoch"] == 1 and checkpoint["names"] == ["circle", "square", "triangle"]
     assert (run_dir / "weights" / "best.pt").is_file() and (run_dir / "predictions.json").is_file()
+    # The run finished: best.pt and last.pt hold FP16 EMA weights and metadata, no optimizer; nano fits in 7 MB.
+    for name in ("best.pt", "last.pt"):
+        path = run_dir / "weights" / name
+        stripped = load_checkpoint(path)
+        assert "optimizer" not in stripped and "scaler" not in stripped and stripped["ema"] is None, name
+        assert {"model_args", "names", "metrics", "config", "precision"} <= stripped.keys(), name
+        assert {t.dtype for t in stripped["model"].values() if t.is_floating_point()} == {torch.float16}, name
+        assert path.stat().st_size <= 7e6, (name, path.stat().st_size)
+    with pytest.raises(CheckpointError, match=r"last.pt: holds no optimizer state .* --weights .*last.pt$"):
+        train(_config(yolo_yaml, tmp_path, resume=str(run_dir / "weights" / "last.pt")), progress=False)
     for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "val_batch0_pred"):
         assert (run_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     printed = capsys.readouterr().out
@@ -51,11 +61,13 @@ def test_pixel_augment_on_the_device_trains_and_says_so(yolo_yaml: Path, tmp_pat
 
 def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
     sizes = dict(multi_scale_min=0.5, multi_scale_hold=1, close_mosaic=0)  # 32 or 64 px: resume replays them
-    full = train(_config(yolo_yaml, tmp_path / "a", epochs=3, **sizes), progress=False)
+    # stop_after_epochs=3 ends both runs as an interruption after their last epoch would: last.pt keeps the
+    # raw weights and FP32 (a finished run strips it), so they are compared at full precision.
+    full = train(_config(yolo_yaml, tmp_path / "a", epochs=3, **sizes), progress=False, stop_after_epochs=3)
     partial = train(_config(yolo_yaml, tmp_path / "b", epochs=3, **sizes), progress=False, stop_after_epochs=2)
     assert partial["epochs_done"] == 2
     resumed = train(_config(yolo_yaml, tmp_path / "c", resume=str(partial["run_dir"] / "weights" / "last.pt")),
-                    progress=False)
+                    progress=False, stop_after_epochs=3)
     assert resumed["run_dir"] == partial["run_dir"] and resumed["epochs_done"] == 3
     expected = load_checkpoint(full["run_dir"] / "weights" / "last.pt")
     actual = load_checkpoint(resumed["run_dir"] / "weights" / "last.pt")

@@ -17,7 +17,7 @@ COMMANDS = {
     "benchmark": ("detector.cli.benchmark", "time pre-process / inference / post-process per backend"),
     "export": ("detector.cli.export", "export to ONNX / TensorRT (same as export.py)"),
     "ablate-amp": ("detector.cli.ablate", "train with AMP and with --unamp, and report the difference"),
-    "download": ("detector.cli.download", "fetch a dataset (coco, coco128, voc) into the datasets root"),
+    "download": ("detector.cli.download", "fetch a dataset (coco, coco128, voc) or YOLOv8 weights (yolov8n...x)"),
 }
 
 

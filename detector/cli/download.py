@@ -1,37 +1,61 @@
-"""``python -m detector download NAME``: fetch a dataset into the datasets root (detector/data/download.py)."""
+"""``python -m detector download NAME``: fetch a dataset into the datasets root (detector/data/download.py), or
+pretrained weights into ``weights/`` (detector/weights/download.py)."""
 
 from __future__ import annotations
 
 import argparse
+import pickle
 import sys
+from pathlib import Path
 
 from detector.data.catalog import DOWNLOADS, datasets_root
 from detector.data.download import DownloadError, download
 from detector.data.spec import DatasetError
+from detector.weights.catalog import PRETRAINED, pretrained_name
+from detector.weights.locate import WEIGHTS_DIR
+
+
+def _name(text: str) -> str:
+    """Case-free; ``yolov8n.pt`` is accepted for ``yolov8n``."""
+    return pretrained_name(text) or text.lower()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m detector download",
-        description="Fetch a dataset into the datasets root (explicit: nothing in detector downloads by itself).",
+        description="Fetch a dataset into the datasets root, or Ultralytics' YOLOv8 detection weights into weights/ "
+                    "(explicit: nothing in detector downloads by itself).",
+        epilog="Weights: Ultralytics publishes no checksums; a download is checked by its exact size and by "
+               "reading it through detector's restricted unpickler. They are AGPL-3.0, not Apache-2.0 (see "
+               "weights/README.md). $DETECTOR_DOWNLOAD_URL fetches every file from that base URL (a mirror).",
     )
-    parser.add_argument("name", type=str.lower, choices=sorted(DOWNLOADS), help="dataset to fetch")
+    parser.add_argument("name", type=_name, choices=sorted(DOWNLOADS) + sorted(PRETRAINED),
+                        help="dataset, or weights (yolov8n ... yolov8x; yolov8n.pt also works)")
     parser.add_argument("--split", choices=("all", "val"), default="all",
-                        help="val: only what the val split needs "
+                        help="datasets: val: only what the val split needs "
                              "(COCO: annotations + val2017, 1.1 GB; VOC: the 2007 test zip)")
     parser.add_argument("--datasets-dir", default="", help="datasets root; default $DETECTOR_DATASETS, else ./datasets")
+    parser.add_argument("--weights-dir", type=Path, default=WEIGHTS_DIR,
+                        help="weights: folder to write into (default: the repository's weights/, where "
+                             "--weights yolov8n.pt looks)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    root = datasets_root(args.datasets_dir or None)
+    weights = args.name in PRETRAINED
+    where = args.weights_dir if weights else datasets_root(args.datasets_dir or None)
     try:
-        download(args.name, root=root, split=args.split)
-    except (DownloadError, DatasetError) as error:
+        if weights:
+            from detector.weights.download import download_weights  # imports torch: only for weights
+
+            download_weights(args.name, weights_dir=where)
+        else:
+            download(args.name, root=where, split=args.split)
+    except (DownloadError, DatasetError, pickle.UnpicklingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"\nerror: interrupted; run the command again to resume (partial files in {root})", file=sys.stderr)
+        print(f"\nerror: interrupted; run the command again to resume (partial files in {where})", file=sys.stderr)
         return 130
     return 0

@@ -124,8 +124,10 @@ def stage_exports(
     return staged
 
 
-def parity_passes(model: YOLO, info: ModelInfo, staged: dict[str, Path], args: argparse.Namespace, device: str) -> bool:
-    """Check each staged file against the FP32 PyTorch model; print the reports."""
+def check_parity_of(
+    model: YOLO, info: ModelInfo, staged: dict[str, Path], args: argparse.Namespace, device: str
+) -> None:
+    """Check each staged file against the FP32 PyTorch model; print the reports. Raises RuntimeError on a failure."""
     split = None
     if args.data is not None:
         from detector.data.build import build_split
@@ -142,16 +144,18 @@ def parity_passes(model: YOLO, info: ModelInfo, staged: dict[str, Path], args: a
         )
         print(report.summary())
         if not report.passed:
-            print(f"error: {fmt} export failed the parity check; nothing was written", file=sys.stderr)
-            return False
-    return True
+            raise RuntimeError(f"{fmt} export failed the parity check; nothing was written")
 
 
-def run_export(args: argparse.Namespace) -> int:
+def run_export(args: argparse.Namespace) -> list[Path]:
+    """The command without its error handling; returns the files written (one per format).
+
+    Raises:
+        CheckpointError, DatasetError, FileNotFoundError, ValueError, RuntimeError: one line; nothing is written.
+    """
     formats = parse_formats(args.format)
     if "engine" in formats and (reason := tensorrt_missing()):
-        print(f"error: {reason}; nothing was written", file=sys.stderr)
-        return 1
+        raise RuntimeError(f"{reason}; nothing was written")
     weights = resolve_weights(args.weights)
     device = str(resolve_device(args.device))
     model, checkpoint = model_from_checkpoint(weights)
@@ -159,18 +163,21 @@ def run_export(args: argparse.Namespace) -> int:
     info = model_info(args, names, tuple(model.strides), (checkpoint.get("config") or {}).get("imgsz"))
     with staging_folder(weights.parent) as staging:
         staged = stage_exports(model, info, formats, staging, weights.stem, args, device)
-        if not args.no_check and not parity_passes(model, info, staged, args, device):
-            return 1
+        if not args.no_check:
+            check_parity_of(model, info, staged, args, device)
+        written = []
         for fmt, path in staged.items():
-            print(f"export: wrote {publish(path, weights.with_suffix('.' + fmt))}")
-    return 0
+            written.append(publish(path, weights.with_suffix("." + fmt)))
+            print(f"export: wrote {written[-1]}")
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
     try:
-        return run_export(args)
+        run_export(args)
+        return 0
     except (CheckpointError, DatasetError, FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1

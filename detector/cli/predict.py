@@ -89,15 +89,15 @@ def annotate(image_rgb: np.ndarray, result: dict, names: list[str]) -> np.ndarra
     return canvas
 
 
-def to_record(file: str, frame: int | None, result: dict, names: list[str]) -> dict:
-    labels = [int(v) for v in result["labels"].tolist()]
+def to_record(result: dict) -> dict:
+    """A :func:`predict` result as JSON values (boxes rounded to 0.01 px, scores to 1e-4)."""
     return {
-        "file": file,
-        "frame": frame,
+        "file": result["file"],
+        "frame": result["frame"],
         "boxes": [[round(v, 2) for v in box] for box in result["boxes"].tolist()],
         "scores": [round(v, 4) for v in result["scores"].tolist()],
-        "labels": labels,
-        "names": [names[i] if i < len(names) else str(i) for i in labels],
+        "labels": result["labels"].tolist(),
+        "names": list(result["names"]),
     }
 
 
@@ -111,23 +111,33 @@ def input_size(backend: Backend, requested: int | None) -> int:
     return size
 
 
-def predict(backend: Backend, source: Path, out_dir: Path, *, size: int, save: bool) -> list[dict]:
-    """Run over every image/frame of ``source``; write annotations under ``out_dir``; return the records."""
-    records, writer = [], None
+def predict(backend: Backend, source: Path, out_dir: Path | None, *, size: int, save: bool) -> list[dict]:
+    """Run over every image/frame of ``source``; with ``save``, write annotations under ``out_dir``.
+
+    Returns one dict per image or frame: ``{"file", "frame" (None for images), "boxes"`` float32 ``[N, 4]``
+    xyxy original-image pixels, ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]`` (numpy arrays),
+    ``"names"`` (the class name of each label)``}``.
+    """
+    results, writer = [], None
     names = backend.info.names
     try:
         for file, frame, image, fps in iterate_source(source):
             start = time.perf_counter()
             batch, transforms = prepare_batch([image], size)
-            result = to_original_pixels(backend(batch)[0], transforms[0])
-            records.append(to_record(file, frame, result, names))
-            counts = Counter(records[-1]["names"]).most_common()
+            detections = to_original_pixels(backend(batch)[0], transforms[0])
+            labels = detections["labels"].cpu().numpy().astype(np.int64)
+            results.append({
+                "file": file, "frame": frame, "boxes": detections["boxes"].float().cpu().numpy(),
+                "scores": detections["scores"].float().cpu().numpy(), "labels": labels,
+                "names": [names[i] if i < len(names) else str(i) for i in labels.tolist()],
+            })
+            counts = Counter(results[-1]["names"]).most_common()
             where = file if frame is None else f"{file} frame {frame}"
             summary = ", ".join(f"{count} {name}" for name, count in counts) or "nothing"
             print(f"{where}: {summary} ({1000 * (time.perf_counter() - start):.1f} ms)")
-            if not save:
+            if not save or out_dir is None:
                 continue
-            canvas = annotate(image, result, names)
+            canvas = annotate(image, detections, names)
             if frame is None:
                 cv2.imwrite(str(out_dir / file), canvas)
             else:
@@ -138,33 +148,48 @@ def predict(backend: Backend, source: Path, out_dir: Path, *, size: int, save: b
     finally:
         if writer is not None:
             writer.release()
-    return records
+    return results
+
+
+def run_predict(args: argparse.Namespace, *, backend: Backend | None = None, write: bool = True) -> list[dict]:
+    """The command without its error handling: load the model (unless ``backend`` is given), run, and with
+    ``write`` (or ``--save``) write ``<project>/<name>/predictions.json``; returns :func:`predict`'s results."""
+    device = resolve_device(args.device)
+    if not args.source.exists():
+        raise FileNotFoundError(f"{args.source}: no such image, folder or video")
+    nms = NMSConfig(conf_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det)
+    if backend is None:
+        weights = args.weights or find_latest_checkpoint()
+        if weights is None:
+            raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
+        backend = load_backend(weights, device=str(device), imgsz=args.imgsz, nms=nms)
+    else:
+        backend.nms = nms
+    baked = backend.info.nms
+    if baked is not None and args.conf < baked.conf_threshold:
+        warning = f"the graph has NMS inside at conf {baked.conf_threshold}; --conf {args.conf} cannot go lower"
+        print(f"warning: {warning}", file=sys.stderr)
+    size = input_size(backend, args.imgsz)
+    out_dir = None
+    if write or args.save:
+        out_dir = next_run_dir(args.project, args.name)
+        out_dir.mkdir(parents=True)
+    results = predict(backend, args.source, out_dir, size=size, save=args.save)
+    if out_dir is not None:
+        # One record per line: readable, diffable, and still a single JSON list.
+        records = [json.dumps(to_record(result)) for result in results]
+        (out_dir / "predictions.json").write_text("[\n" + ",\n".join(records) + "\n]\n")
+    where = f"; results in {out_dir}" if out_dir is not None else ""
+    print(f"{backend.name} on {len(results)} images/frames at {size} px{where}")
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
     try:
-        device = resolve_device(args.device)
-        if not args.source.exists():
-            raise FileNotFoundError(f"{args.source}: no such image, folder or video")
-        weights = args.weights or find_latest_checkpoint()
-        if weights is None:
-            raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
-        nms = NMSConfig(conf_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det)
-        backend = load_backend(weights, device=str(device), imgsz=args.imgsz, nms=nms)
-        baked = backend.info.nms
-        if baked is not None and args.conf < baked.conf_threshold:
-            warning = f"the graph has NMS inside at conf {baked.conf_threshold}; --conf {args.conf} cannot go lower"
-            print(f"warning: {warning}", file=sys.stderr)
-        size = input_size(backend, args.imgsz)
-        out_dir = next_run_dir(args.project, args.name)
-        out_dir.mkdir(parents=True)
-        records = predict(backend, args.source, out_dir, size=size, save=args.save)
+        run_predict(args)
     except (FileNotFoundError, ValueError, RuntimeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    # One record per line: readable, diffable, and still a single JSON list.
-    (out_dir / "predictions.json").write_text("[\n" + ",\n".join(json.dumps(r) for r in records) + "\n]\n")
-    print(f"{backend.name} on {len(records)} images/frames at {size} px; results in {out_dir}")
     return 0

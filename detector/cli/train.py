@@ -7,6 +7,7 @@ import pickle
 import sys
 import warnings
 from dataclasses import MISSING, fields
+from typing import Any
 
 from detector.checkpoint import CheckpointError
 from detector.config import TrainConfig
@@ -35,14 +36,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+def config_from_args(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+
+
+def run_train(args: argparse.Namespace) -> dict[str, Any]:
+    """The command without its error handling; returns :func:`detector.trainer.train`'s summary."""
     from detector.trainer import train  # heavy imports after argument parsing, so --help is instant
 
+    return train(config_from_args(args))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     warnings.formatwarning = lambda message, category, *_: f"warning: {message}\n"
     try:
-        train(config)
+        run_train(args)
     except (DatasetError, CheckpointError, ValueError, FileNotFoundError, FloatingPointError, pickle.UnpicklingError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

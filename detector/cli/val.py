@@ -57,10 +57,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    return build_parser().parse_args(argv)
-
-
 def resolve_image_size(requested: int | None, config: dict | None) -> int:
     """``--imgsz``, else the checkpoint's ``config['imgsz']``, else 640; refused, as in training, unless a multiple
     of 32 (``ValueError``)."""
@@ -70,25 +66,24 @@ def resolve_image_size(requested: int | None, config: dict | None) -> int:
     return size
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
-    try:
-        spec = load_dataset_spec(args.data, datasets_dir=args.datasets_dir)
-        model, checkpoint = model_from_checkpoint(args.weights)
-        if model.num_classes != spec.num_classes:
-            raise DatasetError(
-                f"{args.data}: {spec.num_classes} classes but {args.weights} was trained for {model.num_classes}"
-            )
-        if checkpoint.get("names") and list(checkpoint["names"]) != spec.names:
-            print(f"note: class names differ between {args.weights} and {args.data}; the table uses the data YAML's")
-        image_size = resolve_image_size(args.imgsz, checkpoint.get("config"))
-        # One pass over the images, so a RAM cache would only add its own load time and memory.
-        split = build_split(spec, args.split, image_size=image_size, augment=None, cache="false")
-        device = resolve_device(args.device)
-    except (CheckpointError, DatasetError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def run_val(args: argparse.Namespace) -> dict[str, float]:
+    """The command without its error handling; returns the metrics (``mAP50-95``, ``mAP50``, ...).
+
+    Raises:
+        CheckpointError, DatasetError, ValueError: one line naming the file or flag.
+    """
+    spec = load_dataset_spec(args.data, datasets_dir=args.datasets_dir)
+    model, checkpoint = model_from_checkpoint(args.weights)
+    if model.num_classes != spec.num_classes:
+        raise DatasetError(
+            f"{args.data}: {spec.num_classes} classes but {args.weights} was trained for {model.num_classes}"
+        )
+    if checkpoint.get("names") and list(checkpoint["names"]) != spec.names:
+        print(f"note: class names differ between {args.weights} and {args.data}; the table uses the data YAML's")
+    image_size = resolve_image_size(args.imgsz, checkpoint.get("config"))
+    # One pass over the images, so a RAM cache would only add its own load time and memory.
+    split = build_split(spec, args.split, image_size=image_size, augment=None, cache="false")
+    device = resolve_device(args.device)
 
     precision = resolve_precision("fp32" if args.fp32 else "auto", device)
     model = model.to(device).float()
@@ -114,6 +109,17 @@ def main(argv: list[str] | None = None) -> int:
     (save_dir / "results.txt").write_text(report + "\n")
     print(report)
     print(f"Results saved to {save_dir}")
+    return dict(result.metrics)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
+    try:
+        run_val(args)
+    except (CheckpointError, DatasetError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

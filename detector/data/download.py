@@ -49,9 +49,14 @@ class CutTransfer(Exception):
     """The connection ended before the whole body arrived; what came is kept in the ``.part`` file."""
 
 
-def archive_url(archive: Archive, base_url: str | None = None) -> str:
+def mirrored_url(url: str, base_url: str | None = None) -> str:
+    """``url``, or ``<base>/<its file name>`` when ``base_url`` or ``$DETECTOR_DOWNLOAD_URL`` names a mirror."""
     base = base_url or os.environ.get(BASE_URL_ENV)
-    return f"{base.rstrip('/')}/{archive.filename}" if base else archive.url
+    return f"{base.rstrip('/')}/{url.rsplit('/', 1)[-1]}" if base else url
+
+
+def archive_url(archive: Archive, base_url: str | None = None) -> str:
+    return mirrored_url(archive.url, base_url)
 
 
 def _open(url: str, start: int, timeout: float) -> http.client.HTTPResponse:
@@ -83,7 +88,11 @@ def _transfer(url: str, part: Path, size: int | None, *, timeout: float, label: 
                 raise CutTransfer(f"server sent {response.headers.get('Content-Range')!r} for bytes={start}-")
             start = 0  # the server ignored Range and is sending the whole file: start over
         length = response.headers.get("Content-Length")
-        total = size or (start + int(length) if length else None)
+        announced = start + int(length) if length else None
+        if size is not None and announced is not None and announced != size:  # another file, not a cut
+            part.unlink(missing_ok=True)
+            raise DownloadError(f"{url}: the server announces {announced} bytes, expected {size}; not fetched")
+        total = size or announced
         with part.open("ab" if start else "wb") as file, tqdm(
             total=total, initial=start, unit="B", unit_scale=True, desc=label, disable=None
         ) as bar:

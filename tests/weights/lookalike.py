@@ -1,0 +1,65 @@
+"""A file laid out like Ultralytics' released ``yolov8n.pt``, written without Ultralytics.
+
+Our model already has YOLOv8's module tree (detector/weights/ultralytics.py maps it layer by layer), so the
+file pickles our own modules in Ultralytics' order (``model.model.<i>``) under Ultralytics' class paths:
+a pickler that writes those paths for our classes. The reader never imports a class from the file (it
+uses inert stand-ins), so it reads this file exactly as it reads a released one.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import types
+
+import torch
+from torch import nn
+
+from detector.model import build_model
+from detector.model.blocks import SPPF, Bottleneck, C2f, Conv
+from detector.model.head import DFL, Detect
+from detector.weights.ultralytics import YOLOV8_LAYERS
+
+
+class DetectionModel(nn.Module):
+    """Stands for ``ultralytics.nn.tasks.DetectionModel``: ``.model`` is the layer list."""
+
+
+class Concat(nn.Module):
+    """Stands for ``ultralytics.nn.modules.conv.Concat`` (parameter-free)."""
+
+
+CLASS_PATHS = {
+    DetectionModel: "ultralytics.nn.tasks",
+    Concat: "ultralytics.nn.modules.conv",
+    Conv: "ultralytics.nn.modules.conv",
+    C2f: "ultralytics.nn.modules.block",
+    Bottleneck: "ultralytics.nn.modules.block",
+    SPPF: "ultralytics.nn.modules.block",
+    DFL: "ultralytics.nn.modules.block",
+    Detect: "ultralytics.nn.modules.head",
+}
+
+
+class _UltralyticsPathPickler(pickle._Pickler):  # the Python pickler: its save_global can be overridden
+    def save_global(self, obj: object, name: str | None = None) -> None:
+        if obj in CLASS_PATHS:
+            self.write(pickle.GLOBAL + f"{CLASS_PATHS[obj]}\n{obj.__name__}\n".encode())
+            self.memoize(obj)
+            return
+        super().save_global(obj, name)
+
+
+def yolov8_lookalike_bytes(scale: str = "n", num_classes: int = 80, seed: int = 0) -> bytes:
+    """``torch.save`` bytes of ``{"model": <FP16 DetectionModel>, "ema": None, ...}`` with random weights."""
+    torch.manual_seed(seed)
+    ours = build_model(num_classes=num_classes, scale=scale)
+    parameter_free = {"Upsample": lambda: nn.Upsample(scale_factor=2.0), "Concat": Concat}
+    layers = [getattr(ours, attribute) if attribute else parameter_free[kind]() for kind, attribute in YOLOV8_LAYERS]
+    network = DetectionModel()
+    network.model = nn.Sequential(*layers)
+    network.nc, network.names = num_classes, {i: f"class{i}" for i in range(num_classes)}
+    buffer = io.BytesIO()
+    pickle_module = types.SimpleNamespace(__name__="pickle", Pickler=_UltralyticsPathPickler)
+    torch.save({"model": network.half(), "ema": None, "license": "AGPL-3.0"}, buffer, pickle_module=pickle_module)
+    return buffer.getvalue()

@@ -1,0 +1,124 @@
+"""``python -m detector download yolov8n`` against a real HTTP server on 127.0.0.1 (the dataset tests' server).
+
+The served file is laid out like Ultralytics' release (tests/weights/lookalike.py); the catalogue's size is
+swapped for its size. Nothing can hang: 5 s socket timeouts, the server thread joined with a timeout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from detector.cli import download as download_command
+from detector.data import download as downloader
+from detector.data.download import DownloadError
+from detector.weights import resolve_weights
+from detector.weights.catalog import PRETRAINED
+from detector.weights.download import download_weights
+from tests.data.test_download import TIMEOUT_S, Served, server  # noqa: F401 - the fixture, shared
+from tests.weights.lookalike import yolov8_lookalike_bytes
+
+OPTIONS = {"timeout": TIMEOUT_S, "retry_wait": 0.0}
+
+
+@pytest.fixture(scope="module")
+def body() -> bytes:
+    return yolov8_lookalike_bytes("n")
+
+
+@pytest.fixture
+def served_weights(server: tuple[str, Served], body: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Served]:
+    base, served = server
+    served.files["yolov8n.pt"] = body
+    monkeypatch.setitem(PRETRAINED, "yolov8n", dataclasses.replace(PRETRAINED["yolov8n"], size=len(body)))
+    monkeypatch.setenv(downloader.BASE_URL_ENV, base)
+    return base, served
+
+
+def test_the_command_fetches_checks_and_names_the_licence(tmp_path: Path, served_weights: tuple[str, Served],
+                                                          body: bytes, capsys: pytest.CaptureFixture):
+    base, served = served_weights
+    folder = tmp_path / "weights"
+    assert download_command.main(["YOLOv8n.pt", "--weights-dir", str(folder)]) == 0
+    assert sorted(p.name for p in folder.iterdir()) == ["yolov8n.pt"]  # no .part left behind
+    assert (folder / "yolov8n.pt").read_bytes() == body and served.requests == [("yolov8n.pt", None)]
+    out = capsys.readouterr().out
+    assert "AGPL-3.0" in out and "never imports Ultralytics" in out
+    assert f"fetching {base}/yolov8n.pt" in out and "loads: YOLOv8n, 80 classes, 355 tensors" in out
+    assert resolve_weights("yolov8n.pt", weights_dir=folder) == folder / "yolov8n.pt"
+    assert download_command.main(["yolov8n", "--weights-dir", str(folder)]) == 0  # again: checked, not fetched
+    assert len(served.requests) == 1 and "already in" in capsys.readouterr().out
+
+
+def test_a_cut_transfer_leaves_only_the_part_file_and_the_next_run_resumes_it(
+        tmp_path: Path, served_weights: tuple[str, Served], body: bytes):
+    _, served = served_weights
+    served.cut_first = True
+    folder = tmp_path / "weights"
+    with pytest.raises(DownloadError, match="run the command again to resume"):
+        download_weights("yolov8n", weights_dir=folder, attempts=1, **OPTIONS)
+    # Written atomically: the real name appears only once the whole file is there.
+    assert sorted(p.name for p in folder.iterdir()) == ["yolov8n.pt.part"]
+    half = (folder / "yolov8n.pt.part").stat().st_size
+    assert 0 < half < len(body)
+    assert download_weights("yolov8n", weights_dir=folder, **OPTIONS) == folder / "yolov8n.pt"
+    assert served.requests == [("yolov8n.pt", None), ("yolov8n.pt", f"bytes={half}-")]
+    assert (folder / "yolov8n.pt").read_bytes() == body and sorted(os.listdir(folder)) == ["yolov8n.pt"]
+
+
+def test_a_file_of_another_size_is_refused_before_it_is_fetched(tmp_path: Path, served_weights: tuple[str, Served],
+                                                                 body: bytes, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(PRETRAINED, "yolov8n", dataclasses.replace(PRETRAINED["yolov8n"], size=len(body) + 1))
+    folder = tmp_path / "weights"
+    with pytest.raises(DownloadError) as error:
+        download_weights("yolov8n", weights_dir=folder, **OPTIONS)
+    message = str(error.value)
+    assert "\n" not in message and f"announces {len(body)} bytes, expected {len(body) + 1}" in message
+    assert not any(folder.iterdir())
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+@pytest.mark.parametrize("kind", ["junk", "hostile", "yolov8s"])
+def test_a_file_that_does_not_load_as_the_expected_weights_is_deleted(kind: str, tmp_path: Path,
+                                                                     served_weights: tuple[str, Served],
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    _, served = served_weights
+    if kind == "junk":
+        content = b"\0" * 1000
+    elif kind == "hostile":
+        content = tmp_path / "hostile.pt"
+        torch.save({"model": _Exploit(), "ema": None}, content)
+        content = content.read_bytes()
+    else:
+        content = yolov8_lookalike_bytes("s")
+    served.files["yolov8n.pt"] = content
+    monkeypatch.setitem(PRETRAINED, "yolov8n", dataclasses.replace(PRETRAINED["yolov8n"], size=len(content)))
+    folder = tmp_path / "weights"
+    expected = {"junk": "does not load", "hostile": "refuses to load global", "yolov8s": "holds YOLOv8s weights"}[kind]
+    with pytest.raises(DownloadError, match=expected) as error:
+        download_weights("yolov8n", weights_dir=folder, **OPTIONS)
+    assert "\n" not in str(error.value) and "deleted it" in str(error.value)
+    assert not any(folder.iterdir())
+
+
+def test_missing_catalogued_weights_name_the_download_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"'yolov8n\.pt' not found .*; fetch it: python -m detector download "
+                                                r"yolov8n --weights-dir ") as error:
+        resolve_weights("yolov8n.pt", weights_dir=tmp_path / "weights")
+    assert "\n" not in str(error.value)
+
+
+def test_help_says_there_are_no_checksums(capsys: pytest.CaptureFixture):
+    with pytest.raises(SystemExit):
+        download_command.main(["--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "yolov8n" in out and "no checksums" in out and "AGPL-3.0" in out
