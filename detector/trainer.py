@@ -340,7 +340,7 @@ class Trainer:
             if config.final_fp32:
                 result, info = self.evaluate(force_fp32=True)
                 write_results_json(self.run_dir / "predictions.json", info["detections"])
-                self.log(f"final FP32 evaluation: mAP50-95 {result.metrics['mAP50-95']:.4f}")
+                self.log(f"final FP32 evaluation: mAP50-95 {result.metrics['mAP50-95']:.4f} ({result.evaluator})")
                 summary["metrics_fp32"] = result.metrics
             self.log(f"done in {summary['seconds'] / 60:.1f} min: mAP50-95 {metrics.get('mAP50-95', float('nan')):.4f} "
                      f"mAP50 {metrics.get('mAP50', float('nan')):.4f} | best {self.run_dir / 'weights' / 'best.pt'}")
@@ -362,7 +362,8 @@ class Trainer:
         if (last or patience_ran_out) and evaluation:  # an early stop gets the final report too
             write_results_json(self.run_dir / "predictions.json", evaluation[1]["detections"])
             if self.reporter is not None:
-                self.log(self.reporter.on_final(*evaluation, self.val_data) + "\n" + evaluation[0].summary)
+                self.log(f"{self.reporter.on_final(*evaluation, self.val_data)}\n{evaluation[0].evaluator}:\n"
+                         f"{evaluation[0].summary}")
         metrics = evaluation[0].metrics if evaluation else {}
         self._record(epoch, stats, metrics, evaluation[1]["seconds"] if evaluation else float("nan"),
                      evaluation[0].evaluator if evaluation else "")
