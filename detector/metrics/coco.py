@@ -231,15 +231,22 @@ def _as_faster_coco(ground_truth: COCO):
     return coco
 
 
+RESULT_JSON_ENTRY = '{"image_id": %d, "category_id": %d, "bbox": [%.3f, %.3f, %.3f, %.3f], "score": %.5f}'
+
+
 def write_results_json(path: Path, detections: np.ndarray) -> None:
-    """COCO results JSON (a list of ``{image_id, category_id, bbox, score}``), written atomically."""
-    entries = [
-        {"image_id": int(row[0]), "category_id": int(row[6]), "bbox": row[1:5], "score": row[5]}
-        for row in detections.tolist()
-    ]
+    """COCO results JSON (a list of ``{image_id, category_id, bbox, score}``), written atomically.
+
+    Formatted row by row with ``%``: a third of the time of dicts through json.dumps (1.5M rows: ~2.5 s
+    against ~6-9 s of CPU, measured). Exact: the boxes and scores were rounded to 3 and 5 decimals
+    (to_coco_detections), so ``%.3f`` / ``%.5f`` print those decimals, which parse back to the same doubles.
+    """
+    columns = detections[:, [0, 6, 1, 2, 3, 4, 5]].tolist()  # RESULT_JSON_ENTRY's order
+    with _no_garbage_collection():
+        text = "[\n" + ",\n".join(map(RESULT_JSON_ENTRY.__mod__, map(tuple, columns))) + "\n]\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(entries))
+    temporary.write_text(text)
     os.replace(temporary, path)
 
 
