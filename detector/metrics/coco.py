@@ -17,11 +17,11 @@ import contextlib
 import gc
 import importlib.metadata
 import io
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -31,6 +31,9 @@ from pycocotools.cocoeval import COCOeval
 from detector.boxes import cxcywh_to_xyxy
 from detector.data.records import ImageRecord
 from detector.data.letterbox import ImageMeta
+
+if TYPE_CHECKING:
+    from faster_coco_eval import COCO as FasterCOCO
 
 METRIC_NAMES = ("mAP50-95", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large")
 
@@ -131,7 +134,7 @@ def resolve_backend(requested: str) -> str:
     if requested == "faster" and not faster_coco_eval_available():
         if not _warned_fallback:
             print("warning: faster-coco-eval is not installed (pip install faster-coco-eval): "
-                  "evaluating with pycocotools, about 4x slower at COCO size")
+                  "evaluating with pycocotools, ~5x slower at COCO-val size")
             _warned_fallback = True
         return "pycocotools"
     return requested
@@ -180,16 +183,14 @@ def cocoeval_stats(
     """
     backend = resolve_backend(backend)
     if backend == "faster":
-        from faster_coco_eval import COCO as FasterCOCO
         from faster_coco_eval import COCOeval_faster as Evaluator
 
-        coco_class = FasterCOCO
         ground_truth = _as_faster_coco(ground_truth)
     else:
-        coco_class, Evaluator = COCO, COCOeval
+        Evaluator = COCOeval
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), _no_garbage_collection():
-        results = coco_class()
+        results = type(ground_truth)()  # the library's own COCO class, as its loadRes would make
         results.dataset = {"images": ground_truth.dataset["images"], "categories": ground_truth.dataset["categories"],
                            "annotations": results_annotations(detections)}
         results.createIndex()
@@ -210,7 +211,8 @@ def cocoeval_stats(
 @contextlib.contextmanager
 def _no_garbage_collection() -> Iterator[None]:
     """Both evaluators hold a dict and lists per detection (1.5M at COCO-val size) until they finish; every
-    full collection would walk them all, and the allocations trigger many (measured: a quarter of the time)."""
+    full collection would walk them all, and the allocations trigger many (measured at 5000 images x 300
+    detections: 17 s of CPU with the collector on, 14 s off)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -220,7 +222,7 @@ def _no_garbage_collection() -> Iterator[None]:
             gc.enable()
 
 
-def _as_faster_coco(ground_truth: COCO):
+def _as_faster_coco(ground_truth: COCO) -> FasterCOCO:
     """The same ground truth (the same annotation dicts, no copy) indexed by faster-coco-eval's own COCO class."""
     from faster_coco_eval import COCO as FasterCOCO
 
