@@ -11,6 +11,7 @@ from typing import Any
 
 from detector.budget import parse_duration
 from detector.data.batch_augment import CHOICES as PIXEL_AUGMENT_CHOICES
+from detector.metrics.coco import BACKENDS as COCO_EVAL_CHOICES
 from detector.model import image_size_problem
 from detector.precision import CHOICES as PRECISION_CHOICES
 
@@ -95,6 +96,9 @@ class TrainConfig:
     val_conf: float = knob(0.001, "validation confidence threshold")
     val_iou: float = knob(0.7, "validation NMS IoU threshold")
     max_det: int = knob(300, "detections kept per image in validation")
+    coco_eval: str = knob("faster", "COCO mAP evaluator: faster (faster-coco-eval, pycocotools' numbers in a fraction "
+                                    "of the time; pycocotools when not installed) or pycocotools",
+                          choices=COCO_EVAL_CHOICES)
     final_fp32: bool = knob(False, "run the final evaluation in FP32 regardless of the training precision")
     plots: bool = knob(True, "write PNG plots into the run folder")
     tensorboard: bool = knob(False, "log scalars and plots to TensorBoard in the run folder")

@@ -51,7 +51,7 @@ from detector.distributed import (
 from detector.ema import ModelEMA, unwrap
 from detector.engine import as_trained, train_one_epoch
 from detector.inference.torch_backend import make_torch_infer, validation_model
-from detector.metrics.coco import EvalResult
+from detector.metrics.coco import EvalResult, evaluator_name, resolve_backend, write_results_json
 from detector.metrics.loop import make_val_loader, run_validation
 from detector.model import build_model
 from detector.multiscale import MultiScale, images_per_step
@@ -259,8 +259,10 @@ class Trainer:
             self._val_loader = make_val_loader(self.val_data, batch_size=self.config.batch * 2,
                                                workers=self.config.workers, cpu_compute=self.device.type == "cpu",
                                                pin_memory=self.device.type == "cuda")
+        # predictions.json is written by the final evaluations only (_end_epoch, fit): at COCO size (1.5M
+        # detections) its json.dumps costs seconds, every epoch, for a file that the next epoch replaces.
         return run_validation(infer, self.val_data, loader=self._val_loader, keep_predictions=keep_predictions,
-                              results_json=self.run_dir / "predictions.json", progress=self.progress)
+                              progress=self.progress, coco_eval=resolve_backend(self.config.coco_eval))
 
     def header(self) -> str:
         model = unwrap(self.model)
@@ -272,7 +274,7 @@ class Trainer:
             f"{self.device} x{self.dist.world_size}, {self.config.workers} loader workers | "
             f"precision {self.precision.name}: {self.precision.reason} | "
             f"HSV/flips {'on the device' if self.train_data.dataset.pixel_ops_on_device else 'in the workers'} | "
-            f"{self.cache_text()} | "
+            f"{self.cache_text()} | COCO eval {evaluator_name(self.config.coco_eval)} | "
             f"{self.optimizer_name} lr {self.schedule.base_lr:g} | {self.epochs_text()} | "
             f"{self.multi_scale.describe(len(self.input_shapes()))} | run {self.run_dir}"
         )
@@ -351,8 +353,9 @@ class Trainer:
             if (last := self.run_dir / "weights" / "last.pt").is_file():
                 strip_checkpoint_file(last)
             if config.final_fp32:
-                result, _ = self.evaluate(force_fp32=True)
-                self.log(f"final FP32 evaluation: mAP50-95 {result.metrics['mAP50-95']:.4f}")
+                result, info = self.evaluate(force_fp32=True)
+                write_results_json(self.run_dir / "predictions.json", info["detections"])
+                self.log(f"final FP32 evaluation: mAP50-95 {result.metrics['mAP50-95']:.4f} ({result.evaluator})")
                 summary["metrics_fp32"] = result.metrics
             self.log(f"done in {summary['seconds'] / 60:.1f} min: mAP50-95 {metrics.get('mAP50-95', float('nan')):.4f} "
                      f"mAP50 {metrics.get('mAP50', float('nan')):.4f} | best {self.run_dir / 'weights' / 'best.pt'}")
@@ -372,10 +375,13 @@ class Trainer:
         patience_ran_out = bool(self.config.patience and evaluation and not interrupted and not last
                                 and epoch - self.best_epoch >= self.config.patience)
         if (last or patience_ran_out) and evaluation:  # an early stop gets the final report too
+            write_results_json(self.run_dir / "predictions.json", evaluation[1]["detections"])
             if self.reporter is not None:
-                self.log(self.reporter.on_final(*evaluation, self.val_data) + "\n" + evaluation[0].summary)
+                self.log(f"{self.reporter.on_final(*evaluation, self.val_data)}\n{evaluation[0].evaluator}:\n"
+                         f"{evaluation[0].summary}")
         metrics = evaluation[0].metrics if evaluation else {}
-        self._record(epoch, stats, metrics, evaluation[1]["seconds"] if evaluation else float("nan"))
+        self._record(epoch, stats, metrics, evaluation[1]["seconds"] if evaluation else float("nan"),
+                     evaluation[0].evaluator if evaluation else "")
         precision, reason = self.precision.name, self.precision.reason
         if (fallback := fallback_after_epoch(self.precision, stats, self.device.type)) is not None:
             precision, reason = fallback
@@ -432,11 +438,14 @@ class Trainer:
             self.log(plan.describe())
         return plan.epochs, plan.close_mosaic, plan.warmup_epochs
 
-    def _record(self, epoch: int, stats: dict[str, float], metrics: dict[str, float], val_seconds: float) -> None:
-        """One ``results.csv`` row (and TensorBoard / plots through the reporter)."""
+    def _record(
+        self, epoch: int, stats: dict[str, float], metrics: dict[str, float], val_seconds: float, evaluator: str
+    ) -> None:
+        """One ``results.csv`` row (and TensorBoard / plots through the reporter); ``evaluator`` names the library
+        that produced the row's mAP (empty where the epoch was not evaluated)."""
         row: dict[str, object] = {"epoch": epoch + 1, **{k: stats[k] for k in ("train/box", "train/cls", "train/dfl", "lr")}}
         row.update({k: metrics.get(k, "") for k in ("mAP50-95", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large")})
-        row.update({"precision": self.precision.name, "val_seconds": val_seconds})
+        row.update({"precision": self.precision.name, "val_seconds": val_seconds, "evaluator": evaluator})
         row.update({k: v for k, v in stats.items() if k not in row})
         append_results(self.run_dir / "results.csv", row)
         if self.reporter is not None:

@@ -27,6 +27,7 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
     assert [r["epoch"] for r in rows] == ["1", "2"]
     for column in ("train/box", "mAP50-95", "precision", "images_per_s", "peak_mem_mb", "loss_scale_min", "skipped_steps"):
         assert rows[-1][column] != ""
+    assert all(row["evaluator"].startswith("faster-coco-eval ") for row in rows)  # which library made each mAP
     checkpoint = load_checkpoint(run_dir / "weights" / "last.pt")  # weights_only=True inside
     assert checkpoint["epoch"] == 1 and checkpoint["names"] == ["circle", "square", "triangle"]
     assert (run_dir / "weights" / "best.pt").is_file() and (run_dir / "predictions.json").is_file()
@@ -43,7 +44,8 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
     for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "val_batch0_pred"):
         assert (run_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     printed = capsys.readouterr().out
-    assert "AP50-95" in printed and "Average Precision" in printed  # per-class table + pycocotools summary
+    assert "AP50-95" in printed and "Average Precision" in printed  # per-class table + COCO summary
+    assert "| COCO eval faster-coco-eval " in printed  # the run header names the evaluator
     assert "| HSV/flips in the workers |" in printed  # --pixel-augment auto on the CPU
     assert "): 1 input shape |" in printed  # 64 px: the default list is [64]; 8 images, batch 4: no partial batch
 

@@ -1,7 +1,9 @@
 """``python -m detector val``: score a checkpoint on a dataset split.
 
-Prints the per-class table (P / R at the best-F1 threshold, pycocotools AP50 and AP50-95) and the
-pycocotools summary, and writes into ``<project>/<name>`` (``exp``, ``exp2``, ... when taken)::
+Prints the per-class table (P / R at the best-F1 threshold, COCO AP50 and AP50-95) and the COCO summary,
+naming the evaluator that computed them (``--coco-eval``: faster-coco-eval by default, pycocotools on request;
+the same numbers, see detector/metrics/coco.py), and writes into ``<project>/<name>`` (``exp``, ``exp2``, ...
+when taken)::
 
     predictions.json      COCO results (xywh pixels of the original images)
     results.txt           the table and the summary, as printed
@@ -25,6 +27,7 @@ from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
 from detector.device import resolve_device
 from detector.inference.torch_backend import DEFAULT_IMGSZ, make_torch_infer
+from detector.metrics.coco import BACKENDS, evaluator_name, resolve_backend
 from detector.metrics.loop import run_validation
 from detector.model import image_size_problem
 from detector.plots.reporter import validation_report
@@ -48,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--iou", type=float, default=0.7, help="NMS IoU threshold")
     parser.add_argument("--max-det", type=int, default=300, help="detections kept per image")
     parser.add_argument("--split", choices=("val", "test"), default="val", help="dataset split to score")
+    parser.add_argument("--coco-eval", choices=BACKENDS, default="faster",
+                        help="COCO mAP evaluator: faster (faster-coco-eval; pycocotools when not installed) or "
+                             "pycocotools (the same numbers, slower)")
     parser.add_argument("--device", default="", help="cpu, cuda or cuda:N (default: cuda when available)")
     parser.add_argument("--fp32", action="store_true", help="run the model in FP32 (no FP16/BF16 autocast)")
     parser.add_argument("--plots", action=argparse.BooleanOptionalAction, default=True,
@@ -88,10 +94,12 @@ def run_val(args: argparse.Namespace) -> dict[str, float]:
     precision = resolve_precision("fp32" if args.fp32 else "auto", device)
     model = model.to(device).float()
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=args.iou, max_detections=args.max_det, multi_label=True)
+    coco_eval = resolve_backend(args.coco_eval)
     save_dir = next_run_dir(args.project, args.name)
     save_dir.mkdir(parents=True)
     print(f"val: {args.weights} on {spec.yaml_path.name} '{args.split}' ({len(split.records)} images), "
-          f"imgsz {image_size}, {device.type} {precision.name.upper()} ({precision.reason})")
+          f"imgsz {image_size}, {device.type} {precision.name.upper()} ({precision.reason}), "
+          f"COCO eval {evaluator_name(coco_eval)}")
 
     result, info = run_validation(
         make_torch_infer(model, precision=precision, nms=nms, device=device),
@@ -102,10 +110,12 @@ def run_val(args: argparse.Namespace) -> dict[str, float]:
         results_json=save_dir / "predictions.json",
         progress=sys.stderr.isatty(),
         keep_predictions=True,
+        coco_eval=coco_eval,
     )
     table = validation_report(info["predictions"], split, spec.names, result, plot_dir=save_dir if args.plots else None)
     speed = 1000 * info["seconds"] / max(info["images"], 1)
-    report = f"{table}\n\n{result.summary}\n\nSpeed: {speed:.1f} ms/image (inference, NMS and pycocotools)"
+    report = (f"{table}\n\n{result.evaluator}:\n{result.summary}\n\n"
+              f"Speed: {speed:.1f} ms/image (inference, NMS and {result.evaluator.split()[0]})")
     (save_dir / "results.txt").write_text(report + "\n")
     print(report)
     print(f"Results saved to {save_dir}")

@@ -1,7 +1,7 @@
 """Validation loop shared by training, `detector val` and export parity checks.
 
 Any backend plugs in as ``infer(images uint8 [B, 3, S, S]) -> list[{boxes, scores, labels}]`` with boxes
-in letterboxed-input pixels; this module handles batching, letterbox undo and pycocotools.
+in letterboxed-input pixels; this module handles batching, letterbox undo and the COCO evaluator.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -17,7 +18,7 @@ from tqdm import tqdm
 from detector.data.build import SplitData
 from detector.data.dataset import collate
 from detector.data.workers import worker_init
-from detector.metrics.coco import EvalResult, evaluate_coco, to_coco_detections
+from detector.metrics.coco import DETECTION_COLUMNS, EvalResult, evaluate_coco, to_coco_detections
 
 Detections = list[dict[str, torch.Tensor]]
 
@@ -52,27 +53,32 @@ def run_validation(
     results_json: Path | None = None,
     progress: bool = True,
     keep_predictions: bool = False,
+    coco_eval: str = "faster",
 ) -> tuple[EvalResult, dict]:
-    """Run ``infer`` over the split and score it with pycocotools.
+    """Run ``infer`` over the split and score it with the ``coco_eval`` evaluator (see detector.metrics.coco).
 
-    Returns the result and timing/prediction info: ``{"seconds", "images", "predictions"?}``.
+    Returns the result and timing/prediction info: ``{"seconds", "images", "detections", "predictions"?}``;
+    ``detections`` is the ``[N, 7]`` COCO results array (what ``results_json`` holds, for writing later).
     """
     loader = loader or make_val_loader(split, batch_size=batch_size, workers=workers, cpu_compute=cpu_compute)
-    coco_detections, predictions = [], []
+    coco_detections: list[np.ndarray] = []
+    predictions = []
     start = time.perf_counter()
     for images, _targets, metas in tqdm(loader, desc="val", leave=False, disable=not progress):
         detections = infer(images)
-        coco_detections.extend(to_coco_detections(detections, metas, split.category_ids))
+        coco_detections.append(to_coco_detections(detections, metas, split.category_ids))
         if keep_predictions:
             predictions.extend(zip(detections, metas))
     assert split.ground_truth is not None, "evaluation split was built without ground truth"
+    detections = np.concatenate(coco_detections) if coco_detections else np.zeros((0, len(DETECTION_COLUMNS)))
     result = evaluate_coco(
         split.ground_truth,
-        coco_detections,
-        image_ids=[r.image_id for r in split.records],
+        detections,
+        image_ids=split.records.image_ids.tolist(),
         results_json=results_json,
+        backend=coco_eval,
     )
-    info: dict = {"seconds": time.perf_counter() - start, "images": len(split.records)}
+    info: dict = {"seconds": time.perf_counter() - start, "images": len(split.records), "detections": detections}
     if keep_predictions:
         info["predictions"] = predictions
     return result, info

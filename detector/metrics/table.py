@@ -1,4 +1,4 @@
-"""Per-class validation table: images, instances, P / R at the best-F1 threshold, pycocotools AP."""
+"""Per-class validation table: images, instances, P / R at the best-F1 threshold, COCO AP (detector.metrics.coco)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class ClassRow:
     instances: int
     precision: float  # NaN where the class has no ground truth
     recall: float
-    ap50: float  # pycocotools, unrounded
+    ap50: float  # the COCO evaluator's, unrounded
     ap50_95: float
 
 
@@ -29,7 +29,7 @@ def per_class_rows(
 ) -> list[ClassRow]:
     """The ``all`` row, then one row per class, in class order.
 
-    AP columns are exactly ``result.per_class_ap50`` / ``result.per_class_ap`` (pycocotools), and the
+    AP columns are exactly ``result.per_class_ap50`` / ``result.per_class_ap`` (the COCO evaluator), and the
     ``all`` row's are ``result.metrics['mAP50']`` / ``['mAP50-95']``; P and R are means over classes
     with ground truth.
     """

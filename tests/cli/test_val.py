@@ -56,6 +56,7 @@ def test_val_command_end_to_end(val_inputs, tmp_path: Path, capsys) -> None:
     assert main([*common, "--conf", "0", "--name", "exp", "--fp32"]) == 0
     out = capsys.readouterr().out
     assert "imgsz 64" in out and "FP32" in out  # size taken from the checkpoint's config
+    assert "COCO eval faster-coco-eval " in out  # the default evaluator, named with its version
     assert "Average Precision" in out and out.count("\nall ") == 1
     run = tmp_path / "runs" / "exp"
     predictions = json.loads((run / "predictions.json").read_text())
@@ -64,10 +65,16 @@ def test_val_command_end_to_end(val_inputs, tmp_path: Path, capsys) -> None:
     for name in PNG_FILES:
         assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert cv2.imread(str(run / name)) is not None
-    # A second run goes to exp2; --no-plots writes no figures; the dispatcher reaches the same main.
-    assert detector_main(["val", *common, "--name", "exp", "--no-plots"]) == 0
+    # A second run goes to exp2; --no-plots writes no figures; the dispatcher reaches the same main;
+    # --coco-eval pycocotools scores the same predictions to the same printed numbers.
+    assert detector_main(["val", *common, "--conf", "0", "--name", "exp", "--fp32", "--no-plots",
+                          "--coco-eval", "pycocotools"]) == 0
+    assert "COCO eval pycocotools " in capsys.readouterr().out
     second = tmp_path / "runs" / "exp2"
     assert (second / "predictions.json").is_file() and not any((second / n).exists() for n in PNG_FILES)
+    summaries = [[line for line in (folder / "results.txt").read_text().splitlines() if line.startswith(" Average")]
+                 for folder in (run, second)]
+    assert len(summaries[0]) == 12 and summaries[0] == summaries[1]
 
 
 def test_val_errors_are_one_line_and_return_2(val_inputs, tmp_path: Path, capsys) -> None:

@@ -1,25 +1,43 @@
-"""evaluate_coco reports pycocotools' own numbers for the same predictions (any faster evaluator must pass this)."""
+"""evaluate_coco reports pycocotools' own numbers, with either evaluator, for the same predictions.
+
+faster-coco-eval serves validation by default only because of test_faster_coco_eval_gives_pycocotools_numbers.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 from pathlib import Path
 
 import numpy as np
+import pytest
+import torch
 from pycocotools.cocoeval import COCOeval
 
+from detector.data.letterbox import ImageMeta, unletterbox_boxes
 from detector.data.records import ImageRecord
-from detector.metrics.coco import METRIC_NAMES, build_coco_ground_truth, evaluate_coco, load_coco
+from detector.metrics import coco
+from detector.metrics.coco import (
+    METRIC_NAMES,
+    build_coco_ground_truth,
+    cocoeval_stats,
+    evaluate_coco,
+    load_coco,
+    to_coco_detections,
+)
+
+CLASSES = 5
 
 
-def noisy_detections(ground_truth: dict, *, per_image: int, seed: int) -> list[dict]:
-    """Jittered copies of the ground truth (some with the wrong class) among random boxes: a lively result list."""
+def noisy_detections(ground_truth: dict, *, per_image: int, seed: int) -> np.ndarray:
+    """Jittered copies of the ground truth (some with the wrong class) among random boxes of every size:
+    a lively ``[N, 7]`` result array (image_id, x, y, w, h, score, category_id)."""
     rng = np.random.default_rng(seed)
     by_image: dict[int, list[dict]] = {}
     for annotation in ground_truth["annotations"]:
         by_image.setdefault(annotation["image_id"], []).append(annotation)
-    detections = []
+    rows = []
     for image in ground_truth["images"]:
         width, height, truths = image["width"], image["height"], by_image.get(image["id"], [])
         for _ in range(per_image):
@@ -28,36 +46,144 @@ def noisy_detections(ground_truth: dict, *, per_image: int, seed: int) -> list[d
                 x, y, w, h = truth["bbox"]
                 box = [x + rng.normal(0, w / 10), y + rng.normal(0, h / 10), w * rng.uniform(0.8, 1.2),
                        h * rng.uniform(0.8, 1.2)]
-                category = truth["category_id"] if rng.random() < 0.8 else int(rng.integers(1, 4))
+                category = truth["category_id"] if rng.random() < 0.8 else int(rng.integers(1, CLASSES + 1))
             else:
-                w, h = rng.uniform(5, width / 3), rng.uniform(5, height / 3)
-                box, category = [rng.uniform(0, width - w), rng.uniform(0, height - h), w, h], int(rng.integers(1, 4))
-            detections.append({"image_id": image["id"], "category_id": category,
-                               "bbox": [round(v, 3) for v in box], "score": round(float(rng.random()), 5)})
-    return detections
+                w, h = np.exp(rng.uniform(np.log(3), np.log(height), 2))  # small, medium and large
+                box = [rng.uniform(0, width - w), rng.uniform(0, height - h), w, h]
+                category = int(rng.integers(1, CLASSES + 1))
+            rows.append([image["id"], *np.round(box, 3), round(float(rng.random()), 5), category])
+    return np.array(rows, np.float64).reshape(-1, 7)
 
 
-def test_metrics_are_pycocotools_numbers() -> None:
-    rng = np.random.default_rng(0)
+def synthetic_ground_truth(images: int, *, seed: int) -> dict:
+    """``images`` 640x480 images: every fifth empty, boxes of all three COCO area ranges, ~10% crowd, class 5
+    never in the ground truth (its AP is undefined: nan) while detections still name it."""
+    rng = np.random.default_rng(seed)
     records = []
-    for index in range(12):
-        count = int(rng.integers(0, 8))
-        labels = np.column_stack((rng.integers(0, 3, count), rng.uniform(0.2, 0.8, (count, 2)),
-                                  rng.uniform(0.02, 0.3, (count, 2)))).astype(np.float32)
-        records.append(ImageRecord(Path(f"{index}.jpg"), labels, index))
-    ground_truth = build_coco_ground_truth(records, [(480, 640)] * len(records), ["a", "b", "c"], [1, 2, 3])
-    detections = noisy_detections(ground_truth, per_image=300, seed=1)
+    for index in range(images):
+        count = 0 if index % 5 == 0 else int(rng.integers(1, 9))
+        sides = np.exp(rng.uniform(np.log(0.01), np.log(0.6), (count, 2)))  # 6 px (small) .. 380 px (large)
+        centres = rng.uniform(sides / 2, 1 - sides / 2)
+        labels = np.column_stack((rng.integers(0, CLASSES - 1, count), centres, sides)).astype(np.float32)
+        records.append(ImageRecord(Path(f"{index}.jpg"), labels, index + 1))
+    names = [f"class{k}" for k in range(CLASSES)]
+    ground_truth = build_coco_ground_truth(records, [(480, 640)] * images, names, list(range(1, CLASSES + 1)))
+    for annotation in ground_truth["annotations"]:
+        annotation["iscrowd"] = int(rng.random() < 0.1)  # crowd regions: matched detections are ignored, not TPs
+    return ground_truth
 
-    result = evaluate_coco(load_coco(ground_truth), detections, image_ids=[r.image_id for r in records])
+
+def pycocotools_reference(ground_truth: dict, detections: np.ndarray) -> COCOeval:
+    """pycocotools run exactly as its README does: loadRes of the results list, evaluate, accumulate, summarize."""
     reference_gt = load_coco(ground_truth)
+    results = [{"image_id": int(r[0]), "bbox": r[1:5], "score": r[5], "category_id": int(r[6])}
+               for r in detections.tolist()]
     with contextlib.redirect_stdout(io.StringIO()):
-        reference = COCOeval(reference_gt, reference_gt.loadRes(detections), "bbox")
+        reference = COCOeval(reference_gt, reference_gt.loadRes(results), "bbox")
         reference.evaluate()
         reference.accumulate()
         reference.summarize()
+    return reference
+
+
+@pytest.fixture(scope="module")
+def lively_set() -> tuple[dict, np.ndarray]:
+    """40 images x 150 detections (beyond maxDets 100, so the cut is exercised)."""
+    ground_truth = synthetic_ground_truth(40, seed=0)
+    return ground_truth, noisy_detections(ground_truth, per_image=150, seed=1)
+
+
+def test_pycocotools_backend_is_pycocotools_exactly(lively_set) -> None:
+    ground_truth, detections = lively_set
+    result = evaluate_coco(load_coco(ground_truth), detections, backend="pycocotools")
+    reference = pycocotools_reference(ground_truth, detections)
+    assert result.evaluator.startswith("pycocotools ")
+    assert np.array_equal(result.stats, reference.stats)
     assert result.metrics == {name: max(float(v), 0.0) for name, v in zip(METRIC_NAMES, reference.stats[:6])}
-    assert result.metrics["mAP50"] > 0  # the jittered copies score: not a vacuous all-zero comparison
     precision = reference.eval["precision"][:, :, :, 0, -1]
-    for k in range(3):
+    for k in range(CLASSES - 1):
         valid = precision[:, :, k] > -1
         assert result.per_class_ap[k] == precision[:, :, k][valid].mean()
+    assert np.isnan(result.per_class_ap[CLASSES - 1])  # no ground truth: undefined, not zero
+
+
+def test_faster_coco_eval_gives_pycocotools_numbers(lively_set) -> None:
+    pytest.importorskip("faster_coco_eval", reason="faster-coco-eval is not installed (pip install faster-coco-eval)")
+    ground_truth, detections = lively_set
+    image_ids = [image["id"] for image in ground_truth["images"]]
+    faster = cocoeval_stats(load_coco(ground_truth), detections, image_ids=image_ids, backend="faster")
+    reference = cocoeval_stats(load_coco(ground_truth), detections, image_ids=image_ids, backend="pycocotools")
+    assert faster.evaluator.startswith("faster-coco-eval ") and reference.evaluator.startswith("pycocotools ")
+    # Not a vacuous comparison: every area range has ground truth and scores, crowd and empty images are in.
+    assert reference.stats[1] > 0.2 and (reference.stats[3:6] > 0).all()
+    assert any(a["iscrowd"] for a in ground_truth["annotations"])
+
+    # The issue allows the precision arrays to differ by one unit in the last place (the C++ may sum or
+    # divide in another order); every entry here is a ratio in [0, 1] or the -1 "undefined" marker.
+    assert faster.precision.shape == reference.precision.shape
+    assert np.array_equal(faster.precision == -1, reference.precision == -1)
+    ulp = np.spacing(np.maximum(np.abs(faster.precision), np.abs(reference.precision)))
+    assert (np.abs(faster.precision - reference.precision) <= ulp).all()
+    # Each of the 12 numbers and each class's AP is a mean of such entries (at most 10 x 101 x 5 = 5050 of
+    # them). Entries 1 ulp apart (<= 2.2e-16, as they are <= 1) move the mean by <= 2.2e-16, and the two
+    # sums' own rounding (numpy's pairwise summation: <= log2(5050) * eps * sum|x| ~ 13 * 2.2e-16 relative,
+    # for each side) adds < 6e-15 more: 1e-12, the issue's bound, holds with a wide margin.
+    tolerance = 1e-12
+    assert np.abs(faster.stats - reference.stats).max() <= tolerance
+    assert faster.summary == reference.summary  # the printed table, to its 3 decimals
+
+    fast_result = evaluate_coco(load_coco(ground_truth), detections, backend="faster")
+    reference_result = evaluate_coco(load_coco(ground_truth), detections, backend="pycocotools")
+    for fast, slow in ((fast_result.per_class_ap, reference_result.per_class_ap),
+                       (fast_result.per_class_ap50, reference_result.per_class_ap50)):
+        assert np.array_equal(np.isnan(fast), np.isnan(slow))
+        assert np.nanmax(np.abs(fast - slow)) <= tolerance
+
+
+def test_missing_faster_coco_eval_falls_back_with_one_line(lively_set, monkeypatch, capsys) -> None:
+    ground_truth, detections = lively_set
+    monkeypatch.setitem(__import__("sys").modules, "faster_coco_eval", None)  # import faster_coco_eval -> ImportError
+    monkeypatch.setattr(coco, "_warned_fallback", False)
+    assert coco.resolve_backend("faster") == "pycocotools"
+    result = evaluate_coco(load_coco(ground_truth), detections[:500], backend="faster")
+    assert result.evaluator.startswith("pycocotools ")
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "faster-coco-eval" in line]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: ")
+    with pytest.raises(ValueError, match="--coco-eval"):
+        coco.resolve_backend("fast")
+
+
+def test_no_detections_scores_zero_and_names_the_evaluator() -> None:
+    ground_truth = load_coco(synthetic_ground_truth(4, seed=2))
+    result = evaluate_coco(ground_truth, np.zeros((0, 7)), backend="pycocotools")
+    assert result.metrics == dict.fromkeys(METRIC_NAMES, 0.0) and result.evaluator.startswith("pycocotools ")
+
+
+def test_to_coco_detections_is_unletterbox_per_box() -> None:
+    """The batch-vectorised conversion gives, to the bit, what unletterbox_boxes gives image by image."""
+    rng = np.random.default_rng(3)
+    metas = [ImageMeta(7, (480, 640), 0.5, (0.0, 40.0)), ImageMeta(9, (300, 200), 320 / 300, (53.0, 0.0)),
+             ImageMeta(11, (100, 100), 3.2, (0.0, 0.0))]
+    detections = []
+    for count in (5, 0, 4):  # an image without detections between two with
+        corners = torch.from_numpy(rng.uniform(-20, 340, (count, 2, 2))).float()
+        boxes = torch.cat((corners.min(1).values, corners.max(1).values), 1)  # some outside the image: clipped
+        detections.append({"boxes": boxes, "scores": torch.rand(count), "labels": torch.randint(0, 3, (count,))})
+    rows = to_coco_detections(detections, metas, [10, 20, 30])
+    expected = []
+    for detection, meta in zip(detections, metas):
+        boxes = unletterbox_boxes(detection["boxes"], meta)
+        boxes[:, 2:] -= boxes[:, :2]
+        for box, score, label in zip(boxes.tolist(), detection["scores"].tolist(), detection["labels"].tolist()):
+            expected.append([meta.image_id, *(round(v, 3) for v in box), round(score, 5), [10, 20, 30][label]])
+    assert rows.shape == (9, 7) and rows.tolist() == expected
+    assert to_coco_detections([detections[1]], [metas[1]], [10, 20, 30]).shape == (0, 7)
+
+
+def test_results_json_holds_what_was_scored(lively_set, tmp_path: Path) -> None:
+    ground_truth, detections = lively_set
+    path = tmp_path / "run" / "predictions.json"
+    evaluate_coco(load_coco(ground_truth), detections[:300], backend="pycocotools", results_json=path)
+    entries = json.loads(path.read_text())
+    assert [[e["image_id"], *e["bbox"], e["score"], e["category_id"]] for e in entries] == detections[:300].tolist()
+    assert [p.name for p in path.parent.iterdir()] == ["predictions.json"]  # no temporary file left behind
