@@ -7,6 +7,7 @@ clock) becomes an :class:`EpochDecision` on rank 0 that every rank then applies 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import signal
 import time
@@ -156,6 +157,7 @@ class Trainer:
         self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots,
                                     tensorboard=config.tensorboard) if self.dist.is_main else None
         self.stop_requested = False
+        self.pid = os.getpid()  # the process whose Ctrl-C handler this is (see _on_interrupt)
 
     # ----------------------------------------------------------------------------------------- set-up
     def log(self, message: str) -> None:
@@ -462,6 +464,8 @@ class Trainer:
         self.scaler = self.precision.make_scaler()
 
     def _on_interrupt(self, signum: int, frame: object) -> None:
+        if os.getpid() != self.pid:  # a loader worker forked after this handler, before its worker_init_fn
+            return  # set SIGINT to ignored (detector/data/workers.py): the parent decides, not the worker
         # Under torchrun a Ctrl-C reaches each worker twice (from the terminal and forwarded by the launcher),
         # so only a single process aborts on a second one; torchrun ends its workers itself when they linger.
         if self.stop_requested and not self.dist.enabled:

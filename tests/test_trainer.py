@@ -112,6 +112,44 @@ def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(yolo_yaml: Path, tmp_pat
     assert 0 <= state["epoch"] < 199
 
 
+def test_ctrl_c_to_the_process_group_of_a_run_with_workers_prints_one_line(yolo_yaml: Path, tmp_path: Path):
+    """A terminal's Ctrl-C reaches the whole foreground group: the trainer and its loader workers (train and
+    validation). Only the trainer may act on it: one "Ctrl-C" line, last.pt saved, exit code 0 (issue 23)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    log = tmp_path / "output.txt"
+    with log.open("w") as output:  # a file, not a pipe: a pipe nobody reads while waiting could fill and block
+        process = subprocess.Popen(
+            [sys.executable, str(root / "train.py"), "--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "200",
+             "--batch", "4", "--workers", "2", "--cache", "none", "--no-plots", "--no-amp-check", "--device", "cpu",
+             "--project", str(tmp_path)],
+            stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    deadline = time.time() + 120
+    try:
+        # last.pt exists after the first epoch's validation: the validation loader's workers were forked after
+        # the trainer installed its handler, the case that printed one line per worker.
+        while not last.exists() and time.time() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        assert process.poll() is None, log.read_text()[-2000:]
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal does: every process of the group
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # a hung run must not outlive the test
+    printed = log.read_text()
+    assert process.returncode == 0, printed[-2000:]
+    assert printed.count("Ctrl-C") == 1, printed[-2000:]
+    assert "interrupted: saved" in printed
+    assert 0 <= load_checkpoint(last)["epoch"] < 199
+
+
 @pytest.mark.parametrize("saved", ["fp16", "fp32"])
 def test_resume_re_resolves_the_precision_on_this_device(saved, yolo_yaml: Path, tmp_path: Path):
     """A GPU run's FP16 resumed on a CPU gets the CPU's choice; a run that had fallen back to FP32 stays there."""
