@@ -233,3 +233,18 @@ def test_early_stop_ends_with_the_final_report(yolo_yaml: Path, tmp_path: Path, 
     for name in ("PR_curve", "confusion_matrix", "val_batch0_pred"):
         assert (summary["run_dir"] / f"{name}.png").is_file(), name
     assert load_checkpoint(summary["run_dir"] / "weights" / "best.pt")["epoch"] == 0
+
+
+def test_resume_of_a_time_budget_run_continues_its_schedule_and_optimizer(yolo_yaml: Path, tmp_path: Path):
+    """The re-anchored schedule and auto's choice (made from the fitted plan) come back from last.pt: the
+    configured 20,000 epochs would now pick SGD, whose state the saved AdamW state does not fit."""
+    from detector.trainer import Trainer
+
+    config = _config(yolo_yaml, tmp_path, epochs=20_000, time="1m", nominal_batch=4)
+    partial = train(config, progress=False, stop_after_epochs=2)
+    last = partial["run_dir"] / "weights" / "last.pt"
+    state = load_checkpoint(last)
+    assert state["optimizer_choice"]["name"] == "AdamW" and state["schedule"]["epochs"] < 20_000
+    resumed = Trainer(_config(yolo_yaml, tmp_path, resume=str(last)), progress=False)
+    assert resumed.schedule.state() == state["schedule"] and resumed.epochs == state["plan"]["epochs"]
+    assert resumed.optimizer_name == "AdamW" and resumed.schedule.base_lr == state["optimizer_choice"]["lr"]
