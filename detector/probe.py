@@ -6,11 +6,13 @@ steps on copies of the model, optimizer and EMA, so the run itself starts from u
 optimizer state, and runs the validation model on part of one validation batch. From these the budget
 fits the plan (detector/budget.py); the epochs then measured refine it.
 
-The training steps are the loop's own (:func:`detector.engine.train_one_epoch`, one batch at a time) and
-each timed step includes waiting for its batch, so a loader slower than the model shows. The first step
-is not timed: it pays one-time costs (allocator growth, kernel selection) that the epochs do not. Warm-up
-steps step the optimizer on every micro-batch, later ones accumulate: the probe's steps are the dearer
-kind, which errs towards fewer epochs.
+The training steps are the loop's own (:func:`detector.engine.train_one_epoch`, one batch at a time). The
+wait for each batch is not timed: right after the workers start it is start-up, not the steady state in
+which loading overlaps the steps (on a loaded 2-core CPU, timing it made the probe 3.5x the real epoch's
+step time); a loader slower than the model shows in the first measured epoch, and the re-fit follows. The
+first step is not timed either: it pays one-time costs (allocator growth, kernel selection) that the epochs
+do not. Warm-up steps step the optimizer on every micro-batch, later ones accumulate: the probe's steps
+are the dearer kind, which errs towards fewer epochs.
 """
 
 from __future__ import annotations
@@ -64,13 +66,15 @@ def time_training_steps(
     device: torch.device,
     channels_last: bool,
     world_size: int = 1,
-    max_steps: int = 3,
+    min_steps: int = 2,
+    max_steps: int = 4,
     max_seconds: float = float("inf"),
 ) -> tuple[float, int]:
-    """``(median seconds per timed step, steps timed)``: one untimed step on ``first``, then up to ``max_steps``.
+    """``(median seconds per timed step, steps timed)``: one untimed step on ``first``, then ``min_steps`` to
+    ``max_steps`` timed ones.
 
-    ``model`` is the bare model (not its DDP wrapper). Steps stop early once ``max_seconds`` are spent on
-    them (at least one is timed); when ``batches`` runs out, the batches drawn so far are reused. Under
+    ``model`` is the bare model (not its DDP wrapper). Timing stops after ``min_steps`` once ``max_seconds``
+    are spent on the steps; when ``batches`` runs out, the batches drawn so far are reused. Under
     torchrun every rank must call this (the loss and SyncBatchNorm meet across ranks). Torch's random
     state is left as it was.
     """
@@ -93,13 +97,13 @@ def time_training_steps(
         step(first)
         spent = time.perf_counter() - start
         timings: list[float] = []
-        while len(timings) < max_steps and (not timings or spent < max_seconds):
-            start = time.perf_counter()
+        while len(timings) < max_steps and (len(timings) < min_steps or spent < max_seconds):
             batch = next(batches, None)
             if batch is None:
                 batch = seen[len(timings) % len(seen)]
             else:
                 seen.append(batch)
+            start = time.perf_counter()
             step(batch)
             timings.append(time.perf_counter() - start)
             spent += timings[-1]
@@ -107,15 +111,16 @@ def time_training_steps(
 
 
 def time_validation_images(
-    infer: Callable[[torch.Tensor], object], images: torch.Tensor, *, max_images: int = 8
+    infer: Callable[[torch.Tensor], object], images: torch.Tensor, *, max_images: int = 4
 ) -> float:
     """Seconds per image of ``infer`` (inference and NMS) on up to ``max_images`` of a validation batch.
 
-    One untimed image first (the validation model's one-time costs), then the rest timed as one batch.
-    ``images`` are the validation loader's uint8 ``[B, 3, S, S]``.
+    Run twice on the same images, the second timed: the first pays the validation model's one-time costs
+    for this input shape (a one-image warm-up did not: on a 2-core CPU it left the timed pass at 2.3x the
+    per-image time of the real validation). ``images`` are the validation loader's uint8 ``[B, 3, S, S]``.
     """
-    infer(images[:1])
     timed = images[:max_images]
+    infer(timed)
     start = time.perf_counter()
     infer(timed)
     return (time.perf_counter() - start) / len(timed)

@@ -11,7 +11,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,8 +74,8 @@ def fitness(metrics: dict[str, float]) -> float:
 # The end of a run beyond one more validation: the per-class table, PR curves, confusion matrix and
 # prediction images. An allowance, not a measurement; the demo runs in the README ended inside their budgets.
 FINAL_REPORT_SECONDS = 10.0
-# At most this fraction of a --time budget goes to timing training steps before the first one (at least one
-# step is timed): on a 2-core CPU a 640 px step takes seconds, and a 3-minute budget should keep most of them.
+# At most this fraction of a --time budget goes to timing training steps before the first one (at least two
+# steps are timed): on a 2-core CPU a 640 px step takes seconds, and a 3-minute budget should keep most of them.
 PROBE_BUDGET_FRACTION = 0.02
 @dataclass(frozen=True)
 class EpochDecision:
@@ -262,7 +262,7 @@ class Trainer:
                               keep_predictions=keep_predictions, results_json=self.run_dir / "predictions.json",
                               progress=self.progress)
 
-    def _make_infer(self, precision: Precision):
+    def _make_infer(self, precision: Precision) -> Callable[[torch.Tensor], list[dict[str, torch.Tensor]]]:
         nms = NMSConfig(conf_threshold=self.config.val_conf, iou_threshold=self.config.val_iou,
                         max_detections=self.config.max_det, multi_label=True)
         return make_torch_infer(validation_model(self.ema.module, precision), precision=precision, nms=nms,
@@ -310,7 +310,8 @@ class Trainer:
     def epochs_text(self) -> str:
         if self.budget is None:
             return f"{self.epochs} epochs"
-        return f"{self.epochs} epochs fitted to the time budget {self.budget.text}, re-fitted after every epoch"
+        count = f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
+        return f"{count} fitted to the time budget {self.budget.text}, re-fitted after every epoch"
 
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
@@ -483,6 +484,7 @@ class Trainer:
         def plan() -> tuple[int, int, float, float | None]:
             probe = ProbeResult(step_seconds, steps_timed, self._probe_validation())
             sizes = self.multi_scale.sizes(len(self.train_loader), seed=config.seed, epoch=0)
+            val_seconds = probe.val_seconds(len(self.val_data.records) if self.val_data else 0)
             plan = self.budget.fit(
                 elapsed_seconds=time.monotonic() - self.clock_start, epoch_seconds=[], val_seconds=[],
                 epochs_done=0, configured_epochs=config.epochs, close_mosaic=config.close_mosaic,
@@ -490,17 +492,16 @@ class Trainer:
                 val_interval=config.val_interval,
                 prior_epoch_seconds=probe.epoch_seconds(len(self.train_loader),
                                                         size_factor=size_factor(sizes, config.imgsz)),
-                prior_val_seconds=probe.val_seconds(len(self.val_data.records) if self.val_data else 0),
+                prior_val_seconds=val_seconds,
             )
             self.log(f"probe: {steps_timed} timed training steps at {step_seconds:.3g} s each"
                      + (f", validation {probe.val_image_seconds * 1000:.3g} ms per image"
                         if probe.val_image_seconds is not None else "")
                      + f"\n{plan.describe()}")
-            return plan.epochs, plan.close_mosaic, plan.warmup_epochs, probe.val_seconds(
-                len(self.val_data.records) if self.val_data else 0)
+            return plan.epochs, plan.close_mosaic, plan.warmup_epochs, val_seconds
 
         epochs, close_mosaic, warmup_epochs, self.prior_val_seconds = decide_on_main(plan, self.dist)
-        if config.optimizer == "auto" and self.resume_state is None:
+        if config.optimizer == "auto":
             choice, self.schedule = build_optimization(
                 config, unwrap(self.model), steps_per_epoch=len(self.train_loader), world_size=self.dist.world_size,
                 epochs=epochs, warmup_epochs=warmup_epochs,

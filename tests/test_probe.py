@@ -37,7 +37,7 @@ def test_probe_times_steps_on_copies_and_leaves_the_run_untouched():
     seconds, timed = time_training_steps(
         iter([_batch(1)]), first=_batch(0), model=model, optimizer=choice.optimizer, ema=ema, criterion=criterion,
         precision=Precision("fp32", "cpu", "test"), schedule=schedule, image_size=64, device=torch.device("cpu"),
-        channels_last=False, max_steps=2,
+        channels_last=False, min_steps=1, max_steps=2,
     )
     assert seconds > 0 and timed == 2  # the iterator ran out after one batch: the drawn batches are reused
     for name, tensor in model.state_dict().items():
@@ -48,7 +48,7 @@ def test_probe_times_steps_on_copies_and_leaves_the_run_untouched():
     assert torch.equal(torch.random.get_rng_state(), rng_before)
 
 
-def test_probe_stops_at_its_time_allowance_but_times_one_step():
+def test_probe_stops_at_its_time_allowance_after_its_minimum_steps():
     model = build_model(num_classes=3, scale="n")
     choice = build_optimizer(model, name="SGD", lr=0.01, momentum=0.9, weight_decay=0.0, num_classes=3, total_steps=10)
     schedule = StepSchedule(epochs=1, steps_per_epoch=4, warmup_steps=0, base_lr=0.01, final_lr_fraction=1.0,
@@ -58,16 +58,16 @@ def test_probe_stops_at_its_time_allowance_but_times_one_step():
         iter([_batch(1), _batch(2)]), first=_batch(0), model=model, optimizer=choice.optimizer, ema=ModelEMA(model),
         criterion=DetectionLoss(num_classes=3, strides=model.strides, reg_max=model.reg_max),
         precision=Precision("fp32", "cpu", "test"), schedule=schedule, image_size=64, device=torch.device("cpu"),
-        channels_last=False, max_steps=3, max_seconds=0.0,
+        channels_last=False, min_steps=2, max_steps=4, max_seconds=0.0,
     )
-    assert timed == 1
+    assert timed == 2
 
 
 def test_validation_probe_and_estimates():
     calls: list[int] = []
     per_image = time_validation_images(lambda images: calls.append(len(images)), torch.zeros(16, 3, 8, 8),
                                        max_images=8)
-    assert calls == [1, 8] and per_image >= 0  # one untimed image, then the timed part of the batch
+    assert calls == [8, 8] and per_image >= 0  # an untimed pass on the same shape, then the timed one
     probe = ProbeResult(step_seconds=0.5, steps_timed=3, val_image_seconds=0.01)
     assert probe.epoch_seconds(100, size_factor=1.2) == 60.0 and probe.val_seconds(400) == 4.0
     assert ProbeResult(0.5, 1).val_seconds(400) is None
