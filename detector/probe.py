@@ -7,14 +7,13 @@ optimizer state, and runs the validation model on part of one validation batch. 
 fits the plan (detector/budget.py); the epochs then measured refine it.
 
 The training steps are the loop's own (:func:`detector.engine.train_one_epoch`, one batch at a time), and
-each timed step includes the wait for its batch, so a loader slower than the model shows. That errs long
-right after the workers start, and a budget is better fitted short than long: a short plan grows at the
-next re-fit without a jump in the schedule, while an epoch that overruns cannot be taken back. Measured on
-the 2-core CPU shared with other jobs, built-in data at 320 px: with the wait timed, 9.8 s per probe step
-against 2.8 s per step in the epoch that followed; without it, 0.33 s against 7.7 s (the loader workers run
-at the lowest priority and other jobs starved them: 2.1 img/s), and the run overran a 3-minute budget by
-79 s. The first step is not timed: it pays one-time costs (allocator growth, kernel selection) that the
-epochs do not. Warm-up steps step the optimizer on every micro-batch, later ones accumulate: the probe's steps
+each timed step includes the wait for its batch, so a loader slower than the model shows. The batches the
+workers prefetched (during the AMP check) are drawn first, untimed: timed steps served from that queue
+hid a starved loader (BCCD at 320 px on a 2-core CPU shared with other jobs: 0.36 s per probe step, 2.3 s
+per step in the epoch that followed; the workers run at the lowest priority, detector/data/workers.py). A
+budget is better fitted short than long: a short plan grows at the next re-fit without a jump in the
+schedule, while an epoch that overruns cannot be taken back. The first step is not timed: it pays one-time
+costs (allocator growth, kernel selection) that the epochs do not. Warm-up steps step the optimizer on every micro-batch, later ones accumulate: the probe's steps
 are the dearer kind, which errs towards fewer epochs.
 """
 
@@ -69,6 +68,7 @@ def time_training_steps(
     device: torch.device,
     channels_last: bool,
     world_size: int = 1,
+    prefetched: int = 0,
     min_steps: int = 2,
     max_steps: int = 4,
     max_seconds: float = float("inf"),
@@ -76,6 +76,8 @@ def time_training_steps(
     """``(median seconds per timed step, steps timed)``: one untimed step on ``first``, then ``min_steps`` to
     ``max_steps`` timed ones.
 
+    ``prefetched``: how many batches the loader keeps ready (workers x prefetch factor); that many are drawn
+    untimed before the timed steps, so these wait for batches made at the loader's own pace.
     ``model`` is the bare model (not its DDP wrapper). Timing stops after ``min_steps`` once ``max_seconds``
     are spent on the steps; when ``batches`` runs out, the batches drawn so far are reused. Under
     torchrun every rank must call this (the loss and SyncBatchNorm meet across ranks). Torch's random
@@ -99,6 +101,11 @@ def time_training_steps(
         start = time.perf_counter()
         step(first)
         spent = time.perf_counter() - start
+        for _ in range(prefetched):  # ready already: not the loader's steady pace
+            batch = next(batches, None)
+            if batch is None:
+                break
+            seen.append(batch)
         timings: list[float] = []
         while len(timings) < max_steps and (len(timings) < min_steps or spent < max_seconds):
             start = time.perf_counter()

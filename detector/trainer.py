@@ -477,6 +477,7 @@ class Trainer:
             batches, first=first, model=unwrap(self.model), optimizer=self.optimizer, ema=self.ema,
             criterion=self.criterion, precision=self.precision, schedule=self.schedule, image_size=config.imgsz,
             device=self.device, channels_last=config.channels_last, world_size=self.dist.world_size,
+            prefetched=config.workers * (self.train_loader.prefetch_factor or 0),
             # Under torchrun the ranks must step the same number of times: no clock-dependent stop there.
             max_seconds=PROBE_BUDGET_FRACTION * self.budget.seconds if not self.dist.enabled else float("inf"),
         )

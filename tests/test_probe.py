@@ -54,13 +54,15 @@ def test_probe_stops_at_its_time_allowance_after_its_minimum_steps():
     schedule = StepSchedule(epochs=1, steps_per_epoch=4, warmup_steps=0, base_lr=0.01, final_lr_fraction=1.0,
                             cosine=False, warmup_bias_lr=0.1, warmup_momentum=0.8, momentum=0.9, batch_size=2,
                             nominal_batch=2, clip_grad=10.0)
+    batches = iter([_batch(seed) for seed in range(1, 7)])
     _, timed = time_training_steps(
-        iter([_batch(1), _batch(2)]), first=_batch(0), model=model, optimizer=choice.optimizer, ema=ModelEMA(model),
+        batches, first=_batch(0), model=model, optimizer=choice.optimizer, ema=ModelEMA(model),
         criterion=DetectionLoss(num_classes=3, strides=model.strides, reg_max=model.reg_max),
         precision=Precision("fp32", "cpu", "test"), schedule=schedule, image_size=64, device=torch.device("cpu"),
-        channels_last=False, min_steps=2, max_steps=4, max_seconds=0.0,
+        channels_last=False, prefetched=3, min_steps=2, max_steps=4, max_seconds=0.0,
     )
     assert timed == 2
+    assert len(list(batches)) == 1  # 3 prefetched batches drawn untimed, then 2 timed steps: 1 of 6 left
 
 
 def test_validation_probe_and_estimates():
