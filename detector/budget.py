@@ -1,9 +1,10 @@
 """Training time budgets (``--time 8m``): parse a duration and fit the epoch plan to it.
 
 Pure Python, no torch: the trainer measures, this module decides. The trainer calls
-``TimeBudget.fit(...)`` before the first epoch (with a prior guess, or nothing) and again after every
-epoch with what it has measured; each call returns an :class:`EpochPlan` (total epochs, close-mosaic,
-warm-up epochs) that keeps the run, its final evaluation and its checkpoints inside the budget::
+``TimeBudget.fit(...)`` before the first step, with estimates from a short timed probe (detector/probe.py),
+and again after every epoch with what it has measured; each call returns an :class:`EpochPlan` (total
+epochs, close-mosaic, warm-up epochs) that keeps the run, its final evaluation and its checkpoints inside
+the budget. The learning-rate schedule follows a re-plan without a jump (detector/schedule.py)::
 
     budget = TimeBudget.parse("8m")
     plan = budget.fit(elapsed_seconds=12.0, epoch_seconds=[31.0], val_seconds=[4.0], epochs_done=1,
@@ -101,13 +102,14 @@ class EpochPlan:
         if self.epoch_seconds is None:
             return (f"time budget {budget}: epoch time not measured yet, planning {self.epochs} epochs "
                     f"until the first one is timed")
+        estimated = "" if self.measured else " (estimated from timed steps; re-fitted after every epoch)"
         val = f" (+{self.val_seconds:.0f} s val)" if self.val_seconds > 0 else ""
         line = (f"time budget {budget}: {self.epochs} epoch{'s' if self.epochs != 1 else ''} fit at "
                 f"~{self.epoch_seconds:.0f} s each{val}, close-mosaic {self.close_mosaic}, "
                 f"warm-up {self.warmup_epochs:.2g} epochs")
         if self.over_budget:
             line += " (over budget: the budget is smaller than the minimum run)"
-        return line
+        return line + estimated
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,8 @@ class TimeBudget:
         final_seconds: float = 0.0,
         val_interval: int = 1,
         prior_epoch_seconds: float | None = None,
+        prior_val_seconds: float | None = None,
+        warmup_started: bool = False,
         mosaic_closed_at: int | None = None,
         max_epochs: int | None = None,
     ) -> EpochPlan:
@@ -161,8 +165,9 @@ class TimeBudget:
         Args:
             elapsed_seconds: wall time since the budget's clock started (the process start: it includes
                 set-up, data caching and the AMP check, which happen before the first epoch).
-            epoch_seconds: training seconds of each completed epoch (checkpoint writes included: everything
-                but validation). Used only to predict future epochs, from their running median.
+            epoch_seconds: seconds of each completed epoch but its validation: the wall time from its start to
+                the next epoch's start (checkpoint writes and plots included) less ``val_seconds``. Used only to
+                predict future epochs, from their running median.
             val_seconds: validation seconds of completed epochs; ``None``/NaN for epochs without one.
             epochs_done: epochs completed so far. The plan never shrinks below this.
             configured_epochs, close_mosaic, warmup_epochs: the configuration as written; close-mosaic and
@@ -170,9 +175,12 @@ class TimeBudget:
             final_seconds: expected extra cost of the end of the run on top of an ordinary validation
                 (final plots, predictions.json, an FP32 re-evaluation).
             val_interval: the run validates every this many epochs, and always after the last.
-            prior_epoch_seconds: a guess of one epoch's seconds, validation included, before any epoch is
-                measured (e.g. a few timed steps x steps per epoch). Without it and without measurements the
-                configured epoch count is kept, marked ``measured=False``.
+            prior_epoch_seconds: an estimate of one epoch's seconds without validation, used until an epoch is
+                measured (a few timed steps x steps per epoch). Without it and without measurements the
+                configured epoch count is kept. Plans from estimates are marked ``measured=False``.
+            prior_val_seconds: an estimate of one validation's seconds, used until one is measured.
+            warmup_started: the run has taken its first step: ``warmup_epochs`` is returned as given, not
+                rescaled (a warm-up changed mid-ramp would move the next step's LR; detector/schedule.py).
             mosaic_closed_at: the epoch at which mosaic was already turned off, if it was: it stays off
                 (a longer fitted run must not turn it back on).
             max_epochs: an upper bound on the fitted total, if the caller wants one.
@@ -183,7 +191,9 @@ class TimeBudget:
         measured = train_estimate is not None
         if train_estimate is None:
             train_estimate = prior_epoch_seconds
-        val_estimate = _running_estimate([v for v in val_seconds if v is not None and math.isfinite(v)]) or 0.0
+        val_estimate = _running_estimate([v for v in val_seconds if v is not None and math.isfinite(v)])
+        if val_estimate is None:
+            val_estimate = prior_val_seconds or 0.0
         over_budget = False
         if train_estimate is None:
             epochs = max(configured_epochs, epochs_done + 1)
@@ -213,7 +223,7 @@ class TimeBudget:
         return EpochPlan(
             epochs=epochs,
             close_mosaic=_fit_close_mosaic(close_mosaic, configured_epochs, epochs, mosaic_closed_at),
-            warmup_epochs=warmup_epochs * epochs / configured_epochs,
+            warmup_epochs=warmup_epochs if warmup_started else warmup_epochs * epochs / configured_epochs,
             budget_seconds=self.seconds,
             epoch_seconds=train_estimate,
             val_seconds=val_estimate,

@@ -21,10 +21,10 @@ from detector.data.spec import DatasetSpec, load_dataset_spec
 from detector.data.synthetic import generate_shapes
 from detector.data.workers import worker_init
 from detector.distributed import DistInfo
-from detector.engine import StepSchedule
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
 from detector.optim import OptimizerChoice, build_optimizer
+from detector.schedule import StepSchedule
 
 
 def build_augment(config: TrainConfig) -> AugmentConfig:
@@ -87,20 +87,35 @@ def build_train_loader(
 
 
 def build_optimization(
-    config: TrainConfig, model: YOLO, *, steps_per_epoch: int, world_size: int
+    config: TrainConfig,
+    model: YOLO,
+    *,
+    steps_per_epoch: int,
+    world_size: int,
+    epochs: int | None = None,
+    warmup_epochs: float | None = None,
+    resolved: tuple[str, float] | None = None,
 ) -> tuple[OptimizerChoice, StepSchedule]:
-    """The optimizer (three parameter groups) and the schedule the loop follows, for ``config.epochs``."""
+    """The optimizer (three parameter groups) and the schedule the loop follows.
+
+    ``epochs`` and ``warmup_epochs`` are the planned run (a ``--time`` budget's fit; default: the config's):
+    ``--optimizer auto`` chooses from its length. ``resolved`` is the ``(optimizer, lr)`` a resumed run had
+    chosen: its saved optimizer state belongs to that choice, whatever auto would pick now.
+    """
+    epochs = config.epochs if epochs is None else epochs
+    warmup_epochs = config.warmup_epochs if warmup_epochs is None else warmup_epochs
     global_batch = config.batch * world_size
     accumulate = max(round(config.nominal_batch / global_batch), 1)
+    name, lr = resolved or (config.optimizer, config.lr0)
     choice = build_optimizer(
-        model, name=config.optimizer, lr=config.lr0, momentum=config.momentum,
+        model, name=name, lr=lr, momentum=config.momentum,
         weight_decay=config.weight_decay * global_batch * accumulate / config.nominal_batch,
-        num_classes=model.num_classes, total_steps=steps_per_epoch * config.epochs // accumulate,
+        num_classes=model.num_classes, total_steps=steps_per_epoch * epochs // accumulate,
         warmup_bias_lr=config.warmup_bias_lr,
     )
     schedule = StepSchedule(
-        epochs=config.epochs, steps_per_epoch=steps_per_epoch,
-        warmup_steps=warmup_steps(config.warmup_epochs, steps_per_epoch),
+        epochs=epochs, steps_per_epoch=steps_per_epoch,
+        warmup_steps=warmup_steps(warmup_epochs, steps_per_epoch),
         base_lr=choice.lr, final_lr_fraction=config.lrf, cosine=config.cosine,
         warmup_bias_lr=choice.warmup_bias_lr, warmup_momentum=config.warmup_momentum, momentum=choice.momentum,
         batch_size=global_batch, nominal_batch=config.nominal_batch, clip_grad=config.clip_grad,

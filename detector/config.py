@@ -38,8 +38,9 @@ class TrainConfig:
     imgsz: int = knob(0, "image size (pixels, multiple of 32); 0 = 320 on the built-in dataset, else 640")
     epochs: int = knob(0, "training epochs; 0 = tuned default on the built-in dataset, else 100")
     time: str = knob("", "wall-clock budget for the whole run, e.g. 8m, 1.5h, 90s (bare number = hours): the epoch "
-                         "count, LR schedule, warm-up and close-mosaic are fitted to it from the measured epoch time; "
-                         "empty = no budget (the built-in dataset without --epochs: 8m)")
+                         "count, LR schedule, warm-up and close-mosaic are fitted to it from a few timed steps before "
+                         "the first one, then re-fitted after every epoch from its wall time (the LR schedule "
+                         "continues without a jump); empty = no budget (the built-in dataset without --epochs: 8m)")
     batch: int = knob(16, "images per step (per process under torchrun)")
     workers: int = knob(-1, "data-loading worker processes; -1 = auto: 2 on the CPU, on CUDA the cores per process "
                             "minus one (at most 16)")

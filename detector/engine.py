@@ -21,26 +21,8 @@ from detector.data.letterbox import ImageMeta
 from detector.ema import ModelEMA
 from detector.loss import DetectionLoss
 from detector.multiscale import MultiScale
-from detector.optim import accumulation_steps, lr_factor, warmup_values
 from detector.precision import Precision
-
-
-@dataclass(frozen=True)
-class StepSchedule:
-    """What the loop needs to know about learning rate, warm-up and accumulation."""
-
-    epochs: int
-    steps_per_epoch: int
-    warmup_steps: int
-    base_lr: float
-    final_lr_fraction: float
-    cosine: bool
-    warmup_bias_lr: float
-    warmup_momentum: float
-    momentum: float
-    batch_size: int  # images per step across all processes
-    nominal_batch: int
-    clip_grad: float
+from detector.schedule import StepSchedule, StepValues
 
 
 def step_input(
@@ -86,25 +68,16 @@ def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
 
 
-def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, epoch_progress: float, schedule: StepSchedule) -> None:
-    """Apply the schedule: warm-up interpolation first, then linear/cosine decay. Groups: [decay, no-decay, bias]."""
-    target = schedule.base_lr * lr_factor(
-        epoch_progress, epochs=schedule.epochs, final_fraction=schedule.final_lr_fraction, cosine=schedule.cosine
-    )
-    weight_lr, bias_lr, momentum = warmup_values(
-        step,
-        warmup_steps=schedule.warmup_steps,
-        target_lr=target,
-        bias_lr=schedule.warmup_bias_lr,
-        start_momentum=schedule.warmup_momentum,
-        momentum=schedule.momentum,
-    )
+def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, schedule: StepSchedule) -> StepValues:
+    """Apply the schedule's values at ``step`` (detector/schedule.py). Groups: [decay, no-decay, bias]."""
+    values = schedule.values(step)
     for index, group in enumerate(optimizer.param_groups):
-        group["lr"] = bias_lr if index == 2 else weight_lr
+        group["lr"] = values.bias_lr if index == 2 else values.weight_lr
         if "betas" in group:
-            group["betas"] = (momentum, group["betas"][1])
+            group["betas"] = (values.momentum, group["betas"][1])
         elif "momentum" in group:
-            group["momentum"] = momentum
+            group["momentum"] = values.momentum
+    return values
 
 
 def peak_memory_mb(device: torch.device) -> float:
@@ -215,10 +188,7 @@ def train_one_epoch(
     start = last_shown = time.perf_counter()
     for index, (images, targets, metas) in enumerate(bar):
         step = epoch * steps + index
-        set_learning_rates(optimizer, step, epoch + index / steps, schedule)
-        accumulate = accumulation_steps(
-            step, warmup_steps=schedule.warmup_steps, batch_size=schedule.batch_size, nominal_batch=schedule.nominal_batch
-        )
+        accumulate = set_learning_rates(optimizer, step, schedule).accumulate
         pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
         unreadable_images += sum(1 for meta in metas if meta.unreadable)  # replaced by the dataset (it warned)
         images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops)

@@ -1,11 +1,9 @@
-"""Optimizer construction and pure learning-rate / warm-up schedule functions."""
+"""Optimizer construction: parameter groups, and what ``--optimizer auto`` picks (the schedule: detector/schedule.py)."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -41,11 +39,7 @@ def build_optimizer(
     docs/training.md "Optimizer and warm-up") that lost 0.07 mAP50-95 (0.469 against 0.536 at a fixed size,
     seed 0), most of it from the bias warm-up (0.513 with the bias start of 0.1 alone).
     """
-    if name == "auto":
-        if total_steps < 10_000:
-            name, lr = "AdamW", round(0.002 * 5 / (4 + num_classes), 6)
-        else:
-            name = "SGD"
+    name, lr = resolve_optimizer(name, lr, num_classes=num_classes, total_steps=total_steps)
     decay, no_decay, biases = [], [], []
     for module in model.modules():
         for param_name, param in module.named_parameters(recurse=False):
@@ -75,39 +69,22 @@ def build_optimizer(
     return OptimizerChoice(optimizer, name, lr, momentum, warmup_bias_lr)
 
 
+AUTO_ADAMW_MAX_STEPS = 10_000  # optimizer steps; Ultralytics' threshold
+
+
+def resolve_optimizer(name: str, lr: float, *, num_classes: int, total_steps: int) -> tuple[str, float]:
+    """``(optimizer, lr)`` for ``--optimizer name``: ``auto`` becomes AdamW with a class-count-scaled learning
+    rate for runs under ``AUTO_ADAMW_MAX_STEPS`` optimizer steps, else SGD; an explicit name is kept.
+
+    ``total_steps`` must be the run's planned length: under ``--time`` the fitted one, not the configured.
+    """
+    if name != "auto":
+        return name, lr
+    if total_steps < AUTO_ADAMW_MAX_STEPS:
+        return "AdamW", round(0.002 * 5 / (4 + num_classes), 6)
+    return "SGD", lr
+
+
 def _fused_supported(model: nn.Module) -> bool:
     device = next(model.parameters()).device
     return device.type in ("cuda", "cpu") and all(p.dtype == torch.float32 for p in model.parameters())
-
-
-def lr_factor(epoch: float, *, epochs: int, final_fraction: float, cosine: bool) -> float:
-    """Multiplier of the initial learning rate at a (fractional) epoch: linear or cosine to ``final_fraction``."""
-    progress = min(max(epoch / epochs, 0.0), 1.0)
-    if cosine:
-        return final_fraction + (1 - final_fraction) * 0.5 * (1 + math.cos(math.pi * progress))
-    return (1 - progress) * (1.0 - final_fraction) + final_fraction
-
-
-def warmup_values(
-    step: int, *, warmup_steps: int, target_lr: float, bias_lr: float, start_momentum: float, momentum: float
-) -> tuple[float, float, float]:
-    """During warm-up: (weight lr, bias lr, momentum) interpolated from their start values to the targets.
-
-    Biases start high (``bias_lr``) and fall; weights start at 0 and rise.
-    """
-    if step >= warmup_steps:
-        return target_lr, target_lr, momentum
-    points = [0, warmup_steps]
-    return (
-        float(np.interp(step, points, [0.0, target_lr])),
-        float(np.interp(step, points, [bias_lr, target_lr])),
-        float(np.interp(step, points, [start_momentum, momentum])),
-    )
-
-
-def accumulation_steps(step: int, *, warmup_steps: int, batch_size: int, nominal_batch: int) -> int:
-    """Micro-batches per optimizer step: 1 at the start of warm-up, rising to ``nominal_batch / batch``."""
-    target = max(round(nominal_batch / batch_size), 1)
-    if step >= warmup_steps:
-        return target
-    return max(1, round(float(np.interp(step, [0, warmup_steps], [1, target]))))

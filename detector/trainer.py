@@ -7,9 +7,11 @@ clock) becomes an :class:`EpochDecision` on rank 0 that every rank then applies 
 from __future__ import annotations
 
 import dataclasses
+import os
 import random
 import signal
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from torch.utils.data import DataLoader
 
 from detector.amp_check import amp_preflight, save_preflight
 from detector.budget import TimeBudget
@@ -57,6 +60,7 @@ from detector.model import build_model
 from detector.multiscale import MultiScale, images_per_step
 from detector.plots.reporter import RunReporter
 from detector.postprocess import NMSConfig
+from detector.probe import ProbeResult, size_factor, time_training_steps, time_validation_images
 from detector.precision import Precision, resolve_precision, safer_precision, safest
 from detector.runs import append_results, newest_file, next_run_dir
 from detector.runtime import autotune_convolutions, tune_for_training
@@ -78,6 +82,9 @@ def fitness(metrics: dict[str, float]) -> float:
 # prediction images. An allowance, not a measurement; the demo runs in docs/training.md ended inside their
 # budgets.
 FINAL_REPORT_SECONDS = 10.0
+# At most this fraction of a --time budget goes to timing training steps before the first one (at least two
+# steps are timed): on a 2-core CPU a 640 px step takes seconds, and a 3-minute budget should keep most of them.
+PROBE_BUDGET_FRACTION = 0.02
 @dataclass(frozen=True)
 class EpochDecision:
     """What rank 0 decided after an epoch; every rank applies it (see the module docstring)."""
@@ -140,8 +147,10 @@ class Trainer:
             self.model.to(memory_format=torch.channels_last)
         self.criterion = build_criterion(config, self.model)
         self.sampler, self.train_loader = build_train_loader(self.train_data, config, self.dist, self.device)
+        saved_choice = (self.resume_state or {}).get("optimizer_choice")  # what auto chose, for its saved state
         choice, self.schedule = build_optimization(
-            config, self.model, steps_per_epoch=len(self.train_loader), world_size=self.dist.world_size
+            config, self.model, steps_per_epoch=len(self.train_loader), world_size=self.dist.world_size,
+            resolved=(saved_choice["name"], saved_choice["lr"]) if saved_choice else None,
         )
         self.optimizer, self.optimizer_name = choice.optimizer, choice.name
         self.multi_scale = MultiScale(
@@ -153,8 +162,13 @@ class Trainer:
         self.epochs, self.start_epoch, self.best_fitness, self.best_epoch = config.epochs, 0, -1.0, -1
         self.close_mosaic, self.warmup_epochs = config.close_mosaic, config.warmup_epochs
         self.budget = TimeBudget.parse(config.time) if config.time else None
-        self.epoch_seconds: list[float] = []  # rank 0's measurements, for the budget
+        # Rank 0's measurements, for the budget: per epoch, the wall time from its start to the next epoch's
+        # start less its validation (so checkpoint writes and plots count), and its validation.
+        self.epoch_seconds: list[float] = []
         self.val_seconds: list[float | None] = []
+        self.epoch_started = self.replanned_at = None  # monotonic clock; see _epoch_cost
+        self.epoch_tail = 0.0  # seconds from a re-plan to the next epoch's start: results row, plots, checkpoints
+        self.prior_val_seconds: float | None = None  # the probe's estimate, until a validation is timed
         self.mosaic_closed_at: int | None = None
         if self.resume_state is not None:
             self._restore(self.resume_state)
@@ -164,6 +178,7 @@ class Trainer:
         self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots,
                                     tensorboard=config.tensorboard) if self.dist.is_main else None
         self.stop_requested = False
+        self.pid = os.getpid()  # the process whose Ctrl-C handler this is (see _on_interrupt)
 
     # ----------------------------------------------------------------------------------------- set-up
     def log(self, message: str) -> None:
@@ -210,7 +225,9 @@ class Trainer:
         self.mosaic_closed_at = state.get("mosaic_closed_at")
         plan = state.get("plan", {})
         self._plan_epochs(plan.get("epochs", self.epochs), plan.get("close_mosaic", self.close_mosaic),
-                          plan.get("warmup_epochs", self.warmup_epochs))
+                          plan.get("warmup_epochs", self.warmup_epochs), at_step=0)
+        if "schedule" in state:  # the schedule as re-planned so far (older checkpoints: rebuilt from the plan)
+            self.schedule = self.schedule.restored(state["schedule"])
         if self.start_epoch >= self.epochs:
             raise CheckpointError(f"{self.resume_path}: run already finished all {self.epochs} epochs")
 
@@ -235,6 +252,8 @@ class Trainer:
             "scaler": self.scaler.state_dict(),
             "epoch": epoch,
             "plan": {"epochs": self.epochs, "close_mosaic": self.close_mosaic, "warmup_epochs": self.warmup_epochs},
+            "schedule": self.schedule.state(),
+            "optimizer_choice": {"name": self.optimizer_name, "lr": self.schedule.base_lr},
             "time_spent": time.monotonic() - self.clock_start,
             "epoch_seconds": self.epoch_seconds,
             "val_seconds": self.val_seconds,
@@ -251,18 +270,26 @@ class Trainer:
     def evaluate(self, *, force_fp32: bool = False, keep_predictions: bool = False) -> tuple[EvalResult, dict]:
         assert self.val_data is not None
         precision = Precision("fp32", self.device.type, "final FP32 evaluation") if force_fp32 else self.precision
+        # predictions.json is written by the final evaluations only (_end_epoch, fit): at COCO size (1.5M
+        # detections) its json.dumps costs seconds, every epoch, for a file that the next epoch replaces.
+        return run_validation(self._make_infer(precision), self.val_data, loader=self.val_loader(),
+                              keep_predictions=keep_predictions, progress=self.progress,
+                              coco_eval=resolve_backend(self.config.coco_eval))
+
+    def _make_infer(self, precision: Precision) -> Callable[[torch.Tensor], list[dict[str, torch.Tensor]]]:
         nms = NMSConfig(conf_threshold=self.config.val_conf, iou_threshold=self.config.val_iou,
                         max_detections=self.config.max_det, multi_label=True)
-        infer = make_torch_infer(validation_model(self.ema.module, precision), precision=precision, nms=nms,
-                                 device=self.device, channels_last=self.config.channels_last)
+        return make_torch_infer(validation_model(self.ema.module, precision), precision=precision, nms=nms,
+                                device=self.device, channels_last=self.config.channels_last)
+
+    def val_loader(self) -> DataLoader:
+        """The validation loader, made once (its workers persist between validations)."""
+        assert self.val_data is not None
         if not hasattr(self, "_val_loader"):
             self._val_loader = make_val_loader(self.val_data, batch_size=self.config.batch * 2,
                                                workers=self.config.workers, cpu_compute=self.device.type == "cpu",
                                                pin_memory=self.device.type == "cuda")
-        # predictions.json is written by the final evaluations only (_end_epoch, fit): at COCO size (1.5M
-        # detections) its json.dumps costs seconds, every epoch, for a file that the next epoch replaces.
-        return run_validation(infer, self.val_data, loader=self._val_loader, keep_predictions=keep_predictions,
-                              progress=self.progress, coco_eval=resolve_backend(self.config.coco_eval))
+        return self._val_loader
 
     def header(self) -> str:
         model = unwrap(self.model)
@@ -297,22 +324,27 @@ class Trainer:
     def epochs_text(self) -> str:
         if self.budget is None:
             return f"{self.epochs} epochs"
-        return f"time budget {self.budget.text}: epochs fitted to it after the first epoch is timed"
+        count = f"{self.epochs} epoch{'s' if self.epochs != 1 else ''}"
+        return f"{count} fitted to the time budget {self.budget.text}, re-fitted after every epoch"
 
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
         config = self.config
-        if self.start_epoch == 0 and (config.amp_check or self.reporter is not None):
-            # The loader's first batch of epoch 0: input to the AMP check and the batch plot. Asking the loader
-            # (not collating by hand) also forks its workers now, before the AMP check's freed activations
-            # fill this process's heap: forked later, the first steps pay copy-on-write faults for all of
-            # that memory (measured: ~2 s on the first step, 2-core CPU).
+        if self.start_epoch == 0 and (config.amp_check or self.reporter is not None or self.budget is not None):
+            # The loader's first batch of epoch 0: input to the AMP check, the batch plot and the budget's probe.
+            # Asking the loader (not collating by hand) also forks its workers now, before the AMP check's freed
+            # activations fill this process's heap: forked later, the first steps pay copy-on-write faults for
+            # all of that memory (measured: ~2 s on the first step, 2-core CPU).
             self.sampler.set_epoch(0, use_mosaic=self.close_mosaic < self.epochs)
-            first_batch = as_trained(next(iter(self.train_loader)))
+            batches = iter(self.train_loader)
+            loaded = next(batches)
+            first_batch = as_trained(loaded)
             if config.amp_check:
                 self._preflight(first_batch)
             if self.reporter is not None:
                 self.reporter.on_start(self.train_data, first_batch)
+            if self.budget is not None:
+                self._plan_before_first_step(loaded, batches)
         self.log(self.header())
         previous_handler = signal.signal(signal.SIGINT, self._on_interrupt)
         decision = None
@@ -320,6 +352,7 @@ class Trainer:
         epoch = self.start_epoch
         try:
             while epoch < self.epochs:
+                self._mark_epoch_start()
                 use_mosaic = epoch < self.epochs - self.close_mosaic
                 if not use_mosaic and self.mosaic_closed_at is None:
                     self.mosaic_closed_at = epoch
@@ -336,7 +369,7 @@ class Trainer:
                     interrupted = True
                 decision = decide_on_main(lambda: self._end_epoch(epoch, stats, interrupted=interrupted), self.dist)
                 if not self.dist.is_main:  # rank 0 applied it in _end_epoch, before its checkpoint
-                    self._apply(decision)
+                    self._apply(decision, epochs_done=epoch + 1)
                 epoch += 1
                 if decision.stop:
                     self.log(decision.stop)
@@ -364,9 +397,10 @@ class Trainer:
     def _end_epoch(self, epoch: int, stats: dict[str, float], *, interrupted: bool) -> EpochDecision:
         """Rank 0: evaluate, log, decide what happens next, checkpoint. Returns the decision for all ranks."""
         evaluation = self._evaluate_if_due(epoch, stats, due=(epoch + 1) % self.config.val_interval == 0)
-        self.epoch_seconds.append(stats["epoch_seconds"])
         self.val_seconds.append(evaluation[1]["seconds"] if evaluation else None)
+        self.epoch_seconds.append(self._epoch_cost(self.val_seconds[-1]))
         epochs, close_mosaic, warmup = self._fit_to_budget(epoch)
+        self.replanned_at = time.monotonic()
         last = epoch + 1 >= epochs
         if last:  # the last epoch is always evaluated, and ends with the final report
             evaluation = evaluation or self._evaluate_if_due(epoch, stats, due=True)
@@ -393,7 +427,7 @@ class Trainer:
             stop = (f"early stop: no better fitness for {self.config.patience} epochs (best at epoch "
                     f"{self.best_epoch + 1}); --patience 0 turns this off")
         decision = EpochDecision(precision, reason, epochs, close_mosaic, warmup, stop, metrics)
-        self._apply(decision)  # before the checkpoint, so a resume continues as the run would have
+        self._apply(decision, epochs_done=epoch + 1)  # before the checkpoint: a resume continues as the run would
         payload = self.checkpoint_payload(epoch, metrics)
         save_checkpoint(payload, self.run_dir / "weights" / "last.pt")
         if self.best_epoch == epoch:  # never resumed from: only what inference and fine-tuning need
@@ -419,8 +453,8 @@ class Trainer:
         """What the end of the run costs beyond one validation: the report, and a ``--final-fp32`` evaluation
         (FP32 runs at about half the reduced-precision speed, so twice the slowest validation so far)."""
         report = FINAL_REPORT_SECONDS if self.config.plots else 0.0
-        measured = [seconds for seconds in self.val_seconds if seconds is not None]
-        return report + (2 * max(measured, default=0.0) if self.config.final_fp32 else 0.0)
+        measured = [seconds for seconds in self.val_seconds if seconds is not None] or [self.prior_val_seconds or 0.0]
+        return report + (2 * max(measured) if self.config.final_fp32 else 0.0)
 
     def _fit_to_budget(self, epoch: int) -> tuple[int, int, float]:
         """(epochs, close-mosaic, warm-up epochs) for the rest of the run: as they are, or fitted to ``--time``."""
@@ -428,15 +462,81 @@ class Trainer:
             return self.epochs, self.close_mosaic, self.warmup_epochs
         config = self.config
         plan = self.budget.fit(
-            elapsed_seconds=time.monotonic() - self.clock_start, epoch_seconds=self.epoch_seconds,
+            # This epoch's checkpoints and plots are still to come: counted as already spent.
+            elapsed_seconds=time.monotonic() - self.clock_start + self.epoch_tail, epoch_seconds=self.epoch_seconds,
             val_seconds=self.val_seconds, epochs_done=epoch + 1, configured_epochs=config.epochs,
-            close_mosaic=config.close_mosaic, warmup_epochs=config.warmup_epochs,
+            close_mosaic=config.close_mosaic, warmup_epochs=self.warmup_epochs, warmup_started=True,
             final_seconds=self._final_seconds(), val_interval=config.val_interval,
-            mosaic_closed_at=self.mosaic_closed_at,
+            prior_val_seconds=self.prior_val_seconds, mosaic_closed_at=self.mosaic_closed_at,
         )
         if plan.epochs != self.epochs or epoch == 0:
             self.log(plan.describe())
         return plan.epochs, plan.close_mosaic, plan.warmup_epochs
+
+    def _mark_epoch_start(self) -> None:
+        now = time.monotonic()
+        if self.replanned_at is not None:
+            self.epoch_tail = now - self.replanned_at
+        self.epoch_started = now
+
+    def _epoch_cost(self, val_seconds: float | None) -> float:
+        """This epoch's cost for the budget, validation left out: the wall time since it started (training,
+        and the loop's own overheads) plus the last measured tail (results row, plots, checkpoint writes,
+        which follow the re-plan), so the sum over epochs is the wall time between epoch starts."""
+        assert self.epoch_started is not None
+        return time.monotonic() - self.epoch_started - (val_seconds or 0.0) + self.epoch_tail
+
+    def _plan_before_first_step(self, first: tuple, batches: Iterator) -> None:
+        """Fit the plan to ``--time`` from a timed probe (detector/probe.py), before step 0; every rank follows.
+
+        ``--optimizer auto`` then chooses from the fitted length. Nothing has stepped yet, so the optimizer
+        can be rebuilt and the schedule replaced outright.
+        """
+        assert self.budget is not None
+        config = self.config
+        step_seconds, steps_timed = time_training_steps(
+            batches, first=first, model=unwrap(self.model), optimizer=self.optimizer, ema=self.ema,
+            criterion=self.criterion, precision=self.precision, schedule=self.schedule, image_size=config.imgsz,
+            device=self.device, channels_last=config.channels_last, world_size=self.dist.world_size,
+            prefetched=config.workers * (self.train_loader.prefetch_factor or 0),
+            # Under torchrun the ranks must step the same number of times: no clock-dependent stop there.
+            max_seconds=PROBE_BUDGET_FRACTION * self.budget.seconds if not self.dist.enabled else float("inf"),
+        )
+
+        def plan() -> tuple[int, int, float, float | None]:
+            probe = ProbeResult(step_seconds, steps_timed, self._probe_validation())
+            sizes = self.multi_scale.sizes(len(self.train_loader), seed=config.seed, epoch=0)
+            val_seconds = probe.val_seconds(len(self.val_data.records) if self.val_data else 0)
+            plan = self.budget.fit(
+                elapsed_seconds=time.monotonic() - self.clock_start, epoch_seconds=[], val_seconds=[],
+                epochs_done=0, configured_epochs=config.epochs, close_mosaic=config.close_mosaic,
+                warmup_epochs=config.warmup_epochs, final_seconds=self._final_seconds(),
+                val_interval=config.val_interval,
+                prior_epoch_seconds=probe.epoch_seconds(len(self.train_loader),
+                                                        size_factor=size_factor(sizes, config.imgsz)),
+                prior_val_seconds=val_seconds,
+            )
+            self.log(f"probe: {steps_timed} timed training steps at {step_seconds:.3g} s each"
+                     + (f", validation {probe.val_image_seconds * 1000:.3g} ms per image"
+                        if probe.val_image_seconds is not None else "")
+                     + f"\n{plan.describe()}")
+            return plan.epochs, plan.close_mosaic, plan.warmup_epochs, val_seconds
+
+        epochs, close_mosaic, warmup_epochs, self.prior_val_seconds = decide_on_main(plan, self.dist)
+        if config.optimizer == "auto":
+            choice, self.schedule = build_optimization(
+                config, unwrap(self.model), steps_per_epoch=len(self.train_loader), world_size=self.dist.world_size,
+                epochs=epochs, warmup_epochs=warmup_epochs,
+            )
+            self.optimizer, self.optimizer_name = choice.optimizer, choice.name
+        self._plan_epochs(epochs, close_mosaic, warmup_epochs, at_step=0)
+
+    def _probe_validation(self) -> float | None:
+        """Rank 0: seconds per validation image (inference and NMS) on part of the first validation batch."""
+        if self.val_data is None or not len(self.val_data.records):
+            return None
+        images = next(iter(self.val_loader()))[0]
+        return time_validation_images(self._make_infer(self.precision), images)
 
     def _record(
         self, epoch: int, stats: dict[str, float], metrics: dict[str, float], val_seconds: float, evaluator: str
@@ -451,16 +551,20 @@ class Trainer:
         if self.reporter is not None:
             self.reporter.on_epoch_end(row, epoch)
 
-    def _apply(self, decision: EpochDecision) -> None:
-        """Make this rank follow ``decision``."""
+    def _apply(self, decision: EpochDecision, *, epochs_done: int) -> None:
+        """Make this rank follow ``decision``, taken after ``epochs_done`` epochs."""
         if decision.precision != self.precision.name:
             self._set_precision(decision.precision, decision.precision_reason)
-        self._plan_epochs(decision.epochs, decision.close_mosaic, decision.warmup_epochs)
+        if (decision.epochs, decision.close_mosaic, decision.warmup_epochs) != (self.epochs, self.close_mosaic,
+                                                                                self.warmup_epochs):
+            self._plan_epochs(decision.epochs, decision.close_mosaic, decision.warmup_epochs,
+                              at_step=epochs_done * self.schedule.steps_per_epoch)
 
-    def _plan_epochs(self, epochs: int, close_mosaic: int, warmup_epochs: float) -> None:
+    def _plan_epochs(self, epochs: int, close_mosaic: int, warmup_epochs: float, *, at_step: int) -> None:
+        """Follow a new plan from step ``at_step`` on; the schedule changes only ahead (detector/schedule.py)."""
         self.epochs, self.close_mosaic, self.warmup_epochs = epochs, close_mosaic, warmup_epochs
-        self.schedule = dataclasses.replace(
-            self.schedule, epochs=epochs, warmup_steps=warmup_steps(warmup_epochs, self.schedule.steps_per_epoch)
+        self.schedule = self.schedule.replan(
+            at_step=at_step, epochs=epochs, warmup_steps=warmup_steps(warmup_epochs, self.schedule.steps_per_epoch)
         )
         self.multi_scale = dataclasses.replace(self.multi_scale, epochs=epochs, fixed_last_epochs=close_mosaic)
 
@@ -486,6 +590,8 @@ class Trainer:
         self.scaler = self.precision.make_scaler()
 
     def _on_interrupt(self, signum: int, frame: object) -> None:
+        if os.getpid() != self.pid:  # a loader worker forked after this handler, before its worker_init_fn
+            return  # set SIGINT to ignored (detector/data/workers.py): the parent decides, not the worker
         # Under torchrun a Ctrl-C reaches each worker twice (from the terminal and forwarded by the launcher),
         # so only a single process aborts on a second one; torchrun ends its workers itself when they linger.
         if self.stop_requested and not self.dist.enabled:

@@ -194,3 +194,22 @@ def test_replaying_a_shared_cpu_run_ends_inside_the_budget(budget: str) -> None:
                                epochs_done=done, **common)
     assert clock + 5.0 <= plan_budget.seconds
     assert clock + 5.0 + 2 * 66 > plan_budget.seconds  # within about two epochs of the budget: not wasteful
+
+
+def test_fit_from_a_probe_before_the_first_step() -> None:
+    # A probe timed 0.5 s per step; 60 steps per epoch -> 30 s of training, and 4 s of validation estimated.
+    plan = fit("8m", elapsed_seconds=20.0, epoch_seconds=[], val_seconds=[], epochs_done=0,
+               prior_epoch_seconds=0.5 * 60, prior_val_seconds=4.0)
+    # 460 s left, less 5% (23) and 10% of an epoch (3.4) and the final 5 s: 428.6 / 34 = 12 epochs.
+    assert plan.epochs == 12 and not plan.measured and not plan.over_budget
+    assert plan.val_seconds == 4.0 and plan.warmup_epochs == pytest.approx(3.0 * 12 / 20)
+    assert planned_seconds(plan, elapsed=20, done=0, train=30, val=4, final=5) <= 480
+    assert plan.describe().endswith("(estimated from timed steps; re-fitted after every epoch)")
+    # Once a validation is measured it replaces the estimate.
+    measured = fit("8m", prior_val_seconds=4.0)
+    assert measured.val_seconds == 5.0 and measured.measured
+
+
+def test_a_started_warmup_keeps_its_length() -> None:
+    assert fit("8m", warmup_epochs=1.2, warmup_started=True).warmup_epochs == 1.2
+    assert fit("8m", warmup_epochs=1.2).warmup_epochs == pytest.approx(1.2 * 13 / 20)

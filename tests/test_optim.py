@@ -20,20 +20,20 @@ def test_auto_adamw_changes_only_the_optimizer_and_learning_rate():
     # The configured warm-up is kept (measured on BCCD: a bias start of 0, as Ultralytics' auto uses, lost
     # 0.04-0.07 mAP50-95 at 40 epochs; see detector/optim.py).
     assert choice.warmup_bias_lr == 0.1 and choice.momentum == 0.937
-    set_learning_rates(choice.optimizer, 0, 0.0, _schedule(choice))
+    set_learning_rates(choice.optimizer, 0, _schedule(choice))
     assert choice.optimizer.param_groups[2]["lr"] == 0.1 and choice.optimizer.param_groups[0]["lr"] == 0.0
 
 
 def test_sgd_keeps_the_configured_bias_warmup():
     choice = build_optimizer(build_model(num_classes=3), name="SGD", lr=0.01, momentum=0.937, weight_decay=5e-4,
                              num_classes=3, total_steps=100, warmup_bias_lr=0.1)
-    set_learning_rates(choice.optimizer, 0, 0.0, _schedule(choice))
+    set_learning_rates(choice.optimizer, 0, _schedule(choice))
     assert choice.optimizer.param_groups[2]["lr"] == 0.1
 
 
 def test_explicit_adamw_keeps_its_beta1_after_warmup():
     choice = build_optimizer(build_model(num_classes=3), name="AdamW", lr=0.001, momentum=0.937, weight_decay=0.0,
                              num_classes=3, total_steps=100)
-    set_learning_rates(choice.optimizer, 50, 5.0, _schedule(choice))  # past the 10 warm-up steps
+    set_learning_rates(choice.optimizer, 50, _schedule(choice))  # past the 10 warm-up steps
     assert all(group["betas"][0] == 0.937 for group in choice.optimizer.param_groups)
     assert isinstance(choice.optimizer, torch.optim.AdamW)

@@ -126,6 +126,99 @@ def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(yolo_yaml: Path, tmp_pat
     assert 0 <= state["epoch"] < 199
 
 
+def test_ctrl_c_to_the_process_group_of_a_run_with_workers_prints_one_line(yolo_yaml: Path, tmp_path: Path):
+    """A terminal's Ctrl-C reaches the whole foreground group: the trainer and its loader workers (train and
+    validation). Only the trainer may act on it: one "Ctrl-C" line, last.pt saved, exit code 0 (issue 23)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    log = tmp_path / "output.txt"
+    with log.open("w") as output:  # a file, not a pipe: a pipe nobody reads while waiting could fill and block
+        process = subprocess.Popen(
+            [sys.executable, str(root / "train.py"), "--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "200",
+             "--batch", "4", "--workers", "2", "--cache", "none", "--no-plots", "--no-amp-check", "--device", "cpu",
+             "--project", str(tmp_path)],
+            stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    deadline = time.time() + 120
+    try:
+        # last.pt exists after the first epoch's validation: the validation loader's workers were forked after
+        # the trainer installed its handler, the case that printed one line per worker.
+        while not last.exists() and time.time() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        assert process.poll() is None, log.read_text()[-2000:]
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal does: every process of the group
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # a hung run must not outlive the test
+    printed = log.read_text()
+    assert process.returncode == 0, printed[-2000:]
+    assert printed.count("Ctrl-C") == 1, printed[-2000:]
+    assert "interrupted: saved" in printed
+    assert 0 <= load_checkpoint(last)["epoch"] < 199
+
+
+def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path: Path, monkeypatch, capsys):
+    """``--time`` with loader workers: the plan is fitted from a timed probe before step 0 and re-fitted after
+    every epoch without moving the next step's LR by more than the schedule's own slope (issue 23)."""
+    import time
+
+    import detector.engine
+    from detector.trainer import Trainer
+    from tests.conftest import write_yolo_dataset
+
+    data = write_yolo_dataset(tmp_path / "data", train=48, val=4)  # batch 4: 12 steps per epoch
+    real_set_learning_rates = detector.engine.set_learning_rates
+    per_optimizer: dict[int, list[tuple[int, float]]] = {}
+
+    def recording(optimizer, step, schedule):  # every step's weight LR, per optimizer (the probe has copies)
+        values = real_set_learning_rates(optimizer, step, schedule)
+        per_optimizer.setdefault(id(optimizer), []).append((step, values.weight_lr))
+        return values
+
+    monkeypatch.setattr(detector.engine, "set_learning_rates", recording)
+    # Configured: 20,000 epochs at one micro-batch per optimizer step (240k steps: auto would pick SGD) with a
+    # 10-epoch warm-up (120 steps). The budget fits ~5-20 epochs: AdamW, and the 100-step warm-up floor.
+    # Re-planning the whole curve (the code before issue 23) failed the LR check below 9x over.
+    config = _config(data, tmp_path, epochs=20_000, workers=2, time="15s", nominal_batch=4, warmup_epochs=10.0,
+                     close_mosaic=2)
+    start = time.monotonic()
+    trainer = Trainer(config, progress=False)  # kept, for what it measured (a finished run's last.pt is stripped)
+    summary = trainer.fit()
+    wall = time.monotonic() - start
+    printed = capsys.readouterr().out
+    assert printed.index("probe: ") < printed.index("detector: YOLO")  # fitted before the first step
+    assert "| AdamW lr " in printed  # chosen from the fitted plan, not the configured 20,000 epochs
+
+    rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
+    assert len(rows) == summary["epochs_done"] >= 3 and trainer.optimizer_name == "AdamW"
+    # The run ends inside the budget, give or take the end of the run the last re-fit had to predict: at most
+    # one epoch (wall time between epoch starts, checkpoints included) and one validation more than planned.
+    overrun = max(trainer.epoch_seconds) + max(float(row["val_seconds"]) for row in rows)
+    assert wall <= 15.0 + overrun, (wall, overrun)
+
+    steps = max(per_optimizer.values(), key=len)  # the run's own optimizer
+    assert [step for step, _ in steps] == list(range(12 * len(rows)))
+    lr = [value for _, value in steps]
+    # results.csv's LR is the epoch's last step's, written to 6 significant digits (relative error <= 5e-6).
+    assert [float(row["lr"]) for row in rows] == pytest.approx([lr[12 * (e + 1) - 1] for e in range(len(rows))],
+                                                               rel=5e-6)
+    # Re-plans happen between epochs. Re-anchored, the first step of epoch e has the old schedule's LR, so it
+    # differs from the last step of epoch e-1 by the old schedule's slope there: at most the largest step
+    # within epoch e-1 (the warm-up ramp rises ever less steeply; the linear decay has one slope per plan)
+    # or within epoch e (after the warm-up ends). 1e-12: float round-off of the re-anchoring (LRs ~1e-3).
+    for epoch in range(1, len(rows)):
+        boundary = 12 * epoch
+        inside = [abs(lr[s + 1] - lr[s]) for s in range(boundary - 12, boundary + 11) if s + 1 != boundary]
+        assert abs(lr[boundary] - lr[boundary - 1]) <= max(inside) + 1e-12, epoch
+
+
 @pytest.mark.parametrize("saved", ["fp16", "fp32"])
 def test_resume_re_resolves_the_precision_on_this_device(saved, yolo_yaml: Path, tmp_path: Path):
     """A GPU run's FP16 resumed on a CPU gets the CPU's choice; a run that had fallen back to FP32 stays there."""
@@ -154,3 +247,18 @@ def test_early_stop_ends_with_the_final_report(yolo_yaml: Path, tmp_path: Path, 
     for name in ("PR_curve", "confusion_matrix", "val_batch0_pred"):
         assert (summary["run_dir"] / f"{name}.png").is_file(), name
     assert load_checkpoint(summary["run_dir"] / "weights" / "best.pt")["epoch"] == 0
+
+
+def test_resume_of_a_time_budget_run_continues_its_schedule_and_optimizer(yolo_yaml: Path, tmp_path: Path):
+    """The re-anchored schedule and auto's choice (made from the fitted plan) come back from last.pt: the
+    configured 20,000 epochs would now pick SGD, whose state the saved AdamW state does not fit."""
+    from detector.trainer import Trainer
+
+    config = _config(yolo_yaml, tmp_path, epochs=20_000, time="1m", nominal_batch=4)
+    partial = train(config, progress=False, stop_after_epochs=2)
+    last = partial["run_dir"] / "weights" / "last.pt"
+    state = load_checkpoint(last)
+    assert state["optimizer_choice"]["name"] == "AdamW" and state["schedule"]["epochs"] < 20_000
+    resumed = Trainer(_config(yolo_yaml, tmp_path, resume=str(last)), progress=False)
+    assert resumed.schedule.state() == state["schedule"] and resumed.epochs == state["plan"]["epochs"]
+    assert resumed.optimizer_name == "AdamW" and resumed.schedule.base_lr == state["optimizer_choice"]["lr"]

@@ -1,15 +1,23 @@
-"""How data-loading worker processes share a CPU with a training step that runs on the same cores.
+"""How data-loading worker processes behave beside the process that trains: they yield the CPU and ignore Ctrl-C.
 
 On a CPU-only machine the step's compute threads (oneDNN/OpenMP) use every core. Loader workers at normal
 priority preempt them mid-operation, and the other compute threads then wait at the next barrier: on 2 cores,
 training with 2 workers ran ~13% slower than with none. Workers at the lowest priority run in the gaps
 instead (Python between operations, waits), and when the queue of ready batches runs dry the main process
 blocks on it, which hands the workers the whole CPU: they cannot starve.
+
+A terminal's Ctrl-C goes to every process of the foreground group, workers included. Their parent decides
+what a Ctrl-C means (the trainer finishes the epoch and saves, issue 23), so workers ignore it: a forked
+worker would otherwise run the parent's Python handler (printing its "Ctrl-C: ..." line once per worker)
+or raise KeyboardInterrupt mid-batch. Every loader's ``worker_init_fn`` installs this, so it holds
+whatever the order in which loaders (and their workers) start relative to the parent's handler.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 from collections.abc import Callable
 
 LOWEST_PRIORITY = 19  # the niceness ceiling on Linux and macOS
@@ -31,10 +39,15 @@ def default_workers(device_type: str, *, processes_per_node: int = 1, cores: int
     return max(1, min(MAX_GPU_WORKERS, cores // max(processes_per_node, 1) - 1))
 
 
-def _lower_priority(_worker_id: int) -> None:
-    os.nice(LOWEST_PRIORITY)  # a raise past the ceiling is clamped to it, never an error
+def _init_worker(_worker_id: int, *, lower_priority: bool) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what a Ctrl-C means (module docstring)
+    if lower_priority:
+        os.nice(LOWEST_PRIORITY)  # a raise past the ceiling is clamped to it, never an error
 
 
-def worker_init(*, shares_cores_with_compute: bool) -> Callable[[int], None] | None:
-    """The DataLoader ``worker_init_fn``: lowest priority when the model computes on these cores (the CPU)."""
-    return _lower_priority if shares_cores_with_compute and hasattr(os, "nice") else None
+def worker_init(*, shares_cores_with_compute: bool) -> Callable[[int], None]:
+    """The DataLoader ``worker_init_fn``: ignore SIGINT; lowest priority when the model computes on these cores.
+
+    A ``functools.partial`` of a module-level function, so it pickles for the spawn start method too.
+    """
+    return functools.partial(_init_worker, lower_priority=shares_cores_with_compute and hasattr(os, "nice"))

@@ -33,3 +33,26 @@ def test_auto_workers_fixed_on_cpu_and_scale_with_cores_on_gpu():
     assert default_workers("cuda", cores=4, processes_per_node=8) == 1  # never none
     assert default_workers("cuda", cores=128) == MAX_GPU_WORKERS
     assert default_workers("cuda") >= 1  # this machine's own core count
+
+
+class _SigintDisposition(Dataset):
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> bool:
+        import signal
+
+        return signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+
+
+@pytest.mark.parametrize("shares", [True, False])
+def test_workers_ignore_ctrl_c_even_when_forked_after_the_parent_installed_a_handler(shares):
+    """The parent's Python handler would otherwise run in each worker (issue 23: one Ctrl-C line per worker)."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        loader = DataLoader(_SigintDisposition(), num_workers=1, worker_init_fn=worker_init(shares_cores_with_compute=shares))
+        assert next(iter(loader)).item() is True
+    finally:
+        signal.signal(signal.SIGINT, previous)
