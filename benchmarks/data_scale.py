@@ -38,9 +38,12 @@ from synthetic_coco import reuse_or_generate
 
 # Each measurement is one of these scripts, run in a fresh process (benchmarks/isolated.py).
 MEMORY = r"""
-import os, resource
+import os
 def peak_rss_mb():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child would report the larger
+    # of its own peak and its parent's RSS at the fork (the benchmark's, after generating the set).
+    with open("/proc/self/status") as file:
+        return next(int(line.split()[1]) for line in file if line.startswith("VmHWM:")) / 1024
 def memory_mb(pid):
     # /proc/<pid>/smaps_rollup: Rss, Pss (shared pages divided among their sharers), Private_* (this process's own).
     fields = {}
@@ -91,7 +94,8 @@ sampler.set_epoch(0, use_mosaic=True)
 batches = iter(loader)
 next(batches)
 first_batch_s = time.perf_counter() - start
-out = {"first_batch_s": first_batch_s, "images": len(train.dataset), "before_mb": before_mb}
+out = {"first_batch_s": first_batch_s, "images": len(train.dataset), "before_mb": before_mb,
+       "at_batch_mb": memory_mb(os.getpid())["rss"]}
 if args["full_pass"]:
     workers = [worker.pid for worker in batches._workers]
     before = [memory_mb(pid) for pid in workers]
@@ -127,7 +131,8 @@ loader = build_dataloader(dataset, args["batch"], args["workers"], shuffle=True,
 next(iter(loader))
 print("RESULT", json.dumps({"build_s": built - start, "first_batch_s": time.perf_counter() - start,
                             "images": len(dataset), "before_mb": before_mb, "build_peak_mb": build_peak_mb,
-                            "peak_mb": peak_rss_mb(), "workers": loader.num_workers}))
+                            "peak_mb": peak_rss_mb(), "at_batch_mb": memory_mb(os.getpid())["rss"],
+                            "workers": loader.num_workers}))
 """
 
 EVALUATION = r"""
@@ -212,7 +217,7 @@ def print_tables(args: argparse.Namespace, results: dict[str, dict], theirs: dic
     print(f"\n{args.images} train images (synthetic, 64x48 JPEGs, ~7.3 boxes each), imgsz {args.imgsz}, batch "
           f"{args.batch}, {args.workers} loader workers, {os.cpu_count()} cores; files warm in the page cache\n")
     print("| data path | layout | run | listing s | labels + image checks s | RSS MB before -> peak (scan process) | "
-          "records MB | first batch s | RSS MB before -> peak (first-batch process) |")
+          "records MB | first batch s | RSS MB before / peak / at the first batch (first-batch process) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for layout, runs in results.items():
         for run in ("first", "second"):
@@ -220,7 +225,8 @@ def print_tables(args: argparse.Namespace, results: dict[str, dict], theirs: dic
             label = "first (no cache)" if run == "first" else f"second ({scan['cached']} cached)"
             print(f"| detector | {layout} | {label} | {scan['list_s']:.1f} | {scan['scan_s']:.1f} | "
                   f"{scan['before_mb']:.0f} -> {scan['peak_mb']:.0f} | {scan['records_mb']:.1f} | "
-                  f"{batch['first_batch_s']:.1f} | {batch['before_mb']:.0f} -> {batch['peak_mb']:.0f} |")
+                  f"{batch['first_batch_s']:.1f} | {batch['before_mb']:.0f} / {batch['peak_mb']:.0f} / "
+                  f"{batch['at_batch_mb']:.0f} |")
     if isinstance(theirs, dict):
         version = importlib.metadata.version("ultralytics")
         for run in ("first", "second"):
@@ -228,7 +234,7 @@ def print_tables(args: argparse.Namespace, results: dict[str, dict], theirs: dic
             label = "first (no .cache)" if run == "first" else "second (.cache)"
             print(f"| Ultralytics {version} | yolo | {label} | in the build | {r['build_s']:.1f} (dataset build) | "
                   f"{r['before_mb']:.0f} -> {r['build_peak_mb']:.0f} | - | {r['first_batch_s']:.1f} "
-                  f"({r['workers']} workers) | {r['before_mb']:.0f} -> {r['peak_mb']:.0f} |")
+                  f"({r['workers']} workers) | {r['before_mb']:.0f} / {r['peak_mb']:.0f} / {r['at_batch_mb']:.0f} |")
     else:
         print(f"\nUltralytics: {theirs}")
     print("\nListing: the YAML read and the image folder listed; labels + image checks: scan_split (our scan; the "
@@ -236,17 +242,17 @@ def print_tables(args: argparse.Namespace, results: dict[str, dict], theirs: dic
           "(the parsed records and everything transient); records: the flat arrays it keeps. First batch: the "
           "trainer's build_data + build_train_loader + one batch, in a new process, timed after its imports (torch "
           "and the trainer's modules: most of that process's RSS before).\n")
-    print(f"| layout | images in the pass | pass s | worker RSS MB start -> end (max growth) | PSS growth MB | "
+    print(f"| layout | images in the pass | pass s | worker RSS MB start -> end (the worker that grew most) | PSS growth MB | "
           "private growth MB | main RSS MB after |")
     print("|---|---|---|---|---|---|---|")
     for layout, runs in results.items():
         r = runs["batch second"]
-        start, end = max(b["rss"] for b in r["before"]), max(a["rss"] for a in r["after"])
-        print(f"| {layout} | {r['pass_images']} | {r['pass_s']:.0f} | {start:.0f} -> {end:.0f} "
-              f"({growth(r, 'rss'):+.1f}) | {growth(r, 'pss'):+.1f} | {growth(r, 'private'):+.1f} | "
+        worst = max(range(len(r["before"])), key=lambda i: r["after"][i]["rss"] - r["before"][i]["rss"])
+        print(f"| {layout} | {r['pass_images']} | {r['pass_s']:.0f} | {r['before'][worst]['rss']:.0f} -> "
+              f"{r['after'][worst]['rss']:.0f} ({growth(r, 'rss'):+.1f}) | {growth(r, 'pss'):+.1f} | {growth(r, 'private'):+.1f} | "
               f"{r['main_rss_mb']:.0f} |")
     print("\nWorker memory: each of the workers at its first batch and after the pass (persistent workers); "
-          "growth is the largest of the workers'. RSS also counts the parent's shared pages a worker has read; "
+          "each growth column is the largest of the workers'. RSS also counts the parent's shared pages a worker has read; "
           "private memory is what it holds alone (pages it copied or allocated).\n")
     if isinstance(evaluated, dict):
         print(f"| validation: {args.eval_images} images x 300 detections | seconds |\n|---|---|")
