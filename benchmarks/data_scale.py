@@ -124,10 +124,11 @@ data = {"path": spec["path"], "train": f"{spec['path']}/{spec['train']}", "val":
         "names": names, "nc": len(names), "channels": 3}
 before_mb = memory_mb(os.getpid())["rss"]
 start = time.perf_counter()
-cfg = get_cfg(overrides={"imgsz": args["imgsz"], "batch": args["batch"], "workers": args["workers"], "task": "detect"})
+overrides = {"imgsz": args["imgsz"], "batch": args["batch"], "workers": args["workers"], "task": "detect"}
+cfg = get_cfg(overrides=overrides)
 dataset = build_yolo_dataset(cfg, data["train"], args["batch"], data, mode="train")
 built, build_peak_mb = time.perf_counter(), peak_rss_mb()
-loader = build_dataloader(dataset, args["batch"], args["workers"], shuffle=True, rank=-1, pin_memory=False, device="cpu")
+loader = build_dataloader(dataset, args["batch"], args["workers"], shuffle=True, pin_memory=False, device="cpu")
 next(iter(loader))
 print("RESULT", json.dumps({"build_s": built - start, "first_batch_s": time.perf_counter() - start,
                             "images": len(dataset), "before_mb": before_mb, "build_peak_mb": build_peak_mb,
@@ -210,50 +211,59 @@ def evaluation(args: argparse.Namespace, env: dict[str, str]) -> dict | str:
 
 
 def growth(run: dict, key: str) -> float:
+    """The largest growth of ``key`` (rss, pss, private) among the workers over the pass."""
     return max(after[key] - before[key] for before, after in zip(run["before"], run["after"]))
+
+
+def startup_table(results: dict[str, dict], theirs: dict | str) -> list[str]:
+    lines = ["| data path | layout | run | listing s | labels + image checks s | RSS MB before -> peak (scan process) "
+             "| records MB | first batch s | RSS MB before / peak / at the first batch (first-batch process) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for layout, runs in results.items():
+        for run in ("first", "second"):
+            scan, batch = runs[f"scan {run}"], runs[f"batch {run}"]
+            label = "first (no cache)" if run == "first" else f"second ({scan['cached']} cached)"
+            lines.append(f"| detector | {layout} | {label} | {scan['list_s']:.1f} | {scan['scan_s']:.1f} | "
+                         f"{scan['before_mb']:.0f} -> {scan['peak_mb']:.0f} | {scan['records_mb']:.1f} | "
+                         f"{batch['first_batch_s']:.1f} | {batch['before_mb']:.0f} / {batch['peak_mb']:.0f} / "
+                         f"{batch['at_batch_mb']:.0f} |")
+    if not isinstance(theirs, dict):
+        return [*lines, "", f"Ultralytics: {theirs}"]
+    version = importlib.metadata.version("ultralytics")
+    for run in ("first", "second"):
+        r = theirs[run]
+        label = "first (no .cache)" if run == "first" else "second (.cache)"
+        lines.append(f"| Ultralytics {version} | yolo | {label} | in the build | {r['build_s']:.1f} (dataset build) | "
+                     f"{r['before_mb']:.0f} -> {r['build_peak_mb']:.0f} | - | {r['first_batch_s']:.1f} "
+                     f"({r['workers']} workers) | {r['before_mb']:.0f} / {r['peak_mb']:.0f} / {r['at_batch_mb']:.0f} |")
+    return lines
+
+
+def memory_table(results: dict[str, dict]) -> list[str]:
+    lines = ["| layout | images in the pass | pass s | worker RSS MB start -> end (the worker that grew most) | "
+             "PSS growth MB | private growth MB | main RSS MB after |", "|---|---|---|---|---|---|---|"]
+    for layout, runs in results.items():
+        r = runs["batch second"]
+        worst = max(range(len(r["before"])), key=lambda i: r["after"][i]["rss"] - r["before"][i]["rss"])
+        lines.append(f"| {layout} | {r['pass_images']} | {r['pass_s']:.0f} | {r['before'][worst]['rss']:.0f} -> "
+                     f"{r['after'][worst]['rss']:.0f} ({growth(r, 'rss'):+.1f}) | {growth(r, 'pss'):+.1f} | "
+                     f"{growth(r, 'private'):+.1f} | {r['main_rss_mb']:.0f} |")
+    return lines
 
 
 def print_tables(args: argparse.Namespace, results: dict[str, dict], theirs: dict | str, evaluated: dict | str) -> None:
     print(f"\n{args.images} train images (synthetic, 64x48 JPEGs, ~7.3 boxes each), imgsz {args.imgsz}, batch "
           f"{args.batch}, {args.workers} loader workers, {os.cpu_count()} cores; files warm in the page cache\n")
-    print("| data path | layout | run | listing s | labels + image checks s | RSS MB before -> peak (scan process) | "
-          "records MB | first batch s | RSS MB before / peak / at the first batch (first-batch process) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for layout, runs in results.items():
-        for run in ("first", "second"):
-            scan, batch = runs[f"scan {run}"], runs[f"batch {run}"]
-            label = "first (no cache)" if run == "first" else f"second ({scan['cached']} cached)"
-            print(f"| detector | {layout} | {label} | {scan['list_s']:.1f} | {scan['scan_s']:.1f} | "
-                  f"{scan['before_mb']:.0f} -> {scan['peak_mb']:.0f} | {scan['records_mb']:.1f} | "
-                  f"{batch['first_batch_s']:.1f} | {batch['before_mb']:.0f} / {batch['peak_mb']:.0f} / "
-                  f"{batch['at_batch_mb']:.0f} |")
-    if isinstance(theirs, dict):
-        version = importlib.metadata.version("ultralytics")
-        for run in ("first", "second"):
-            r = theirs[run]
-            label = "first (no .cache)" if run == "first" else "second (.cache)"
-            print(f"| Ultralytics {version} | yolo | {label} | in the build | {r['build_s']:.1f} (dataset build) | "
-                  f"{r['before_mb']:.0f} -> {r['build_peak_mb']:.0f} | - | {r['first_batch_s']:.1f} "
-                  f"({r['workers']} workers) | {r['before_mb']:.0f} / {r['peak_mb']:.0f} / {r['at_batch_mb']:.0f} |")
-    else:
-        print(f"\nUltralytics: {theirs}")
+    print("\n".join(startup_table(results, theirs)))
     print("\nListing: the YAML read and the image folder listed; labels + image checks: scan_split (our scan; the "
           "JSON parse for coco); RSS before -> peak: the scan's process after its imports, and its peak "
           "(the parsed records and everything transient); records: the flat arrays it keeps. First batch: the "
           "trainer's build_data + build_train_loader + one batch, in a new process, timed after its imports (torch "
           "and the trainer's modules: most of that process's RSS before).\n")
-    print(f"| layout | images in the pass | pass s | worker RSS MB start -> end (the worker that grew most) | PSS growth MB | "
-          "private growth MB | main RSS MB after |")
-    print("|---|---|---|---|---|---|---|")
-    for layout, runs in results.items():
-        r = runs["batch second"]
-        worst = max(range(len(r["before"])), key=lambda i: r["after"][i]["rss"] - r["before"][i]["rss"])
-        print(f"| {layout} | {r['pass_images']} | {r['pass_s']:.0f} | {r['before'][worst]['rss']:.0f} -> "
-              f"{r['after'][worst]['rss']:.0f} ({growth(r, 'rss'):+.1f}) | {growth(r, 'pss'):+.1f} | {growth(r, 'private'):+.1f} | "
-              f"{r['main_rss_mb']:.0f} |")
-    print("\nWorker memory: each of the workers at its first batch and after the pass (persistent workers); "
-          "each growth column is the largest of the workers'. RSS also counts the parent's shared pages a worker has read; "
-          "private memory is what it holds alone (pages it copied or allocated).\n")
+    print("\n".join(memory_table(results)))
+    print("\nWorker memory: each of the workers at its first batch and after the pass (persistent workers); each "
+          "growth column is the largest of the workers'. RSS also counts the parent's shared pages a worker has "
+          "read; private memory is what it holds alone (pages it copied or allocated).\n")
     if isinstance(evaluated, dict):
         print(f"| validation: {args.eval_images} images x 300 detections | seconds |\n|---|---|")
         for backend, seconds in evaluated.items():
@@ -273,7 +283,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--root", type=Path, default=None, help="work folder (default: a new one under the temp dir)")
     parser.add_argument("--keep", action="store_true", help="keep the set under --root, and reuse one made there")
     parser.add_argument("--workers", type=int, default=8, help="loader workers")
-    parser.add_argument("--imgsz", type=int, default=64, help="training image size (small: the pixels are not the point)")
+    parser.add_argument("--imgsz", type=int, default=64, help="training image size (small: pixels are not the point)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--pass-images", type=int, default=0, help="stop the worker-memory pass after this many "
                                                                     "images (0: a full pass)")

@@ -95,7 +95,8 @@ def write_yolo_labels(folder: Path, names: list[str], counts: np.ndarray, boxes:
 
 def coco_json(names: list[str], counts: np.ndarray, boxes: np.ndarray, rng: np.random.Generator) -> dict:
     """A COCO instances dict for these images and boxes, with COCO's fields (so its size is COCO's)."""
-    categories = [{"supercategory": "thing", "id": cid, "name": name} for cid, name in zip(COCO_CATEGORY_IDS, coco_names())]
+    categories = [{"supercategory": "thing", "id": category_id, "name": name}
+                  for category_id, name in zip(COCO_CATEGORY_IDS, coco_names())]
     images = [{"license": 1, "file_name": name, "coco_url": f"http://images.cocodataset.org/train2017/{name}",
                "height": HEIGHT, "width": WIDTH, "date_captured": "2013-11-14 17:02:52",
                "flickr_url": "http://farm4.staticflickr.com/3153/2970773875_164f0c0b83_z.jpg", "id": index + 1}
