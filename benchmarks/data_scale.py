@@ -38,7 +38,11 @@ from synthetic_coco import reuse_or_generate
 
 # Each measurement is one of these scripts, run in a fresh process (benchmarks/isolated.py).
 MEMORY = r"""
-import os
+import os, resource
+def cpu_s():
+    # User + system seconds of this process and of its children that have ended (the scan's process pool).
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 def peak_rss_mb():
     # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss across exec, so a child would report the larger
     # of its own peak and its parent's RSS at the fork (the benchmark's, after generating the set).
@@ -61,7 +65,7 @@ import json, sys, time
 from detector.data.scan import scan_split
 from detector.data.spec import load_dataset_spec
 args = json.loads(sys.argv[1])
-before_mb = memory_mb(os.getpid())["rss"]
+before_mb, cpu_start = memory_mb(os.getpid())["rss"], cpu_s()
 start = time.perf_counter()
 spec = load_dataset_spec(args["data"])
 listed = time.perf_counter()
@@ -69,7 +73,8 @@ result = scan_split(spec.train, spec.names)
 done = time.perf_counter()
 arrays = result.records.arrays()
 print("RESULT", json.dumps({
-    "list_s": listed - start, "scan_s": done - listed, "before_mb": before_mb, "peak_mb": peak_rss_mb(),
+    "list_s": listed - start, "scan_s": done - listed, "cpu_s": cpu_s() - cpu_start, "before_mb": before_mb,
+    "peak_mb": peak_rss_mb(),
     "records_mb": sum(a.nbytes for a in arrays.values()) / 2**20, "images": len(result.records),
     "boxes": int(len(result.records.labels)), "cached": result.cached_images, "problems": result.problems.lines(),
     "cache_file": str(result.cache_file)}))
@@ -122,15 +127,16 @@ names = dict(enumerate(spec["names"]))
 # The dict check_det_dataset would return, built directly: that function also fetches fonts and downloads.
 data = {"path": spec["path"], "train": f"{spec['path']}/{spec['train']}", "val": f"{spec['path']}/{spec['val']}",
         "names": names, "nc": len(names), "channels": 3}
-before_mb = memory_mb(os.getpid())["rss"]
+before_mb, cpu_start = memory_mb(os.getpid())["rss"], cpu_s()
 start = time.perf_counter()
 overrides = {"imgsz": args["imgsz"], "batch": args["batch"], "workers": args["workers"], "task": "detect"}
 cfg = get_cfg(overrides=overrides)
 dataset = build_yolo_dataset(cfg, data["train"], args["batch"], data, mode="train")
-built, build_peak_mb = time.perf_counter(), peak_rss_mb()
+built, build_peak_mb, build_cpu_s = time.perf_counter(), peak_rss_mb(), cpu_s() - cpu_start
 loader = build_dataloader(dataset, args["batch"], args["workers"], shuffle=True, pin_memory=False, device="cpu")
 next(iter(loader))
-print("RESULT", json.dumps({"build_s": built - start, "first_batch_s": time.perf_counter() - start,
+print("RESULT", json.dumps({"build_s": built - start, "cpu_s": build_cpu_s,
+                            "first_batch_s": time.perf_counter() - start,
                             "images": len(dataset), "before_mb": before_mb, "build_peak_mb": build_peak_mb,
                             "peak_mb": peak_rss_mb(), "at_batch_mb": memory_mb(os.getpid())["rss"],
                             "workers": loader.num_workers}))
@@ -216,14 +222,15 @@ def growth(run: dict, key: str) -> float:
 
 
 def startup_table(results: dict[str, dict], theirs: dict | str) -> list[str]:
-    lines = ["| data path | layout | run | listing s | labels + image checks s | RSS MB before -> peak (scan process) "
-             "| records MB | first batch s | RSS MB before / peak / at the first batch (first-batch process) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| data path | layout | run | listing s | labels + image checks s | CPU s (all processes) | RSS MB "
+             "before -> peak (scan process) | records MB | first batch s | RSS MB before / peak / at the first batch "
+             "(first-batch process) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for layout, runs in results.items():
         for run in ("first", "second"):
             scan, batch = runs[f"scan {run}"], runs[f"batch {run}"]
             label = "first (no cache)" if run == "first" else f"second ({scan['cached']} cached)"
             lines.append(f"| detector | {layout} | {label} | {scan['list_s']:.1f} | {scan['scan_s']:.1f} | "
+                         f"{scan['cpu_s']:.1f} | "
                          f"{scan['before_mb']:.0f} -> {scan['peak_mb']:.0f} | {scan['records_mb']:.1f} | "
                          f"{batch['first_batch_s']:.1f} | {batch['before_mb']:.0f} / {batch['peak_mb']:.0f} / "
                          f"{batch['at_batch_mb']:.0f} |")
@@ -234,6 +241,7 @@ def startup_table(results: dict[str, dict], theirs: dict | str) -> list[str]:
         r = theirs[run]
         label = "first (no .cache)" if run == "first" else "second (.cache)"
         lines.append(f"| Ultralytics {version} | yolo | {label} | in the build | {r['build_s']:.1f} (dataset build) | "
+                     f"{r['cpu_s']:.1f} | "
                      f"{r['before_mb']:.0f} -> {r['build_peak_mb']:.0f} | - | {r['first_batch_s']:.1f} "
                      f"({r['workers']} workers) | {r['before_mb']:.0f} / {r['peak_mb']:.0f} / {r['at_batch_mb']:.0f} |")
     return lines
@@ -256,8 +264,9 @@ def print_tables(args: argparse.Namespace, results: dict[str, dict], theirs: dic
           f"{args.batch}, {args.workers} loader workers, {os.cpu_count()} cores; files warm in the page cache\n")
     print("\n".join(startup_table(results, theirs)))
     print("\nListing: the YAML read and the image folder listed; labels + image checks: scan_split (our scan; the "
-          "JSON parse for coco); RSS before -> peak: the scan's process after its imports, and its peak "
-          "(the parsed records and everything transient); records: the flat arrays it keeps. First batch: the "
+          "JSON parse for coco); CPU s: user + system time of listing and scan, every process and thread (the "
+          "figure a busy machine changes least); RSS before -> peak: the scan's process after its imports, and its "
+          "peak (the parsed records and everything transient); records: the flat arrays it keeps. First batch: the "
           "trainer's build_data + build_train_loader + one batch, in a new process, timed after its imports (torch "
           "and the trainer's modules: most of that process's RSS before).\n")
     print("\n".join(memory_table(results)))
