@@ -23,7 +23,7 @@ cold disk. Every cache the runs write stays under ``--root``.
     python benchmarks/data_scale.py --pass-images 1600       # the same, the worker-memory passes cut short (~4 min)
     python benchmarks/data_scale.py --root /tmp/scale --keep # keep the set, reuse it next time
 
-The set needs ~1.1 GB of disk at 118k images (the JSON, and one block per label file) and ~0.3 GB more while
+The set needs ~1 GB of disk at 118k images (the JSON, and one block per label file) and ~0.3 GB more while
 it runs (caches); a first COCO-layout run peaks at ~4 GB of RAM (the whole JSON parsed at once).
 """
 
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import importlib.util
 import os
 import shutil
 import sys
@@ -201,9 +202,8 @@ def ultralytics(data: Path, args: argparse.Namespace, env: dict[str, str]) -> di
     """Ultralytics' build on the YOLO files, or why it was skipped."""
     if args.skip_ultralytics:
         return "skipped (--skip-ultralytics)"
-    try:
-        import ultralytics  # noqa: F401 - only whether it is installed; the runs import it in their own process
-    except ImportError:
+    # Found, not imported: importing it writes its settings file under the user's home (the runs set its folder).
+    if importlib.util.find_spec("ultralytics") is None:
         return "skipped: ultralytics is not installed (`pip install ultralytics`, a benchmark extra)"
     payload = {"data": str(data), "imgsz": args.imgsz, "batch": args.batch, "workers": args.workers}
     clear_caches(args.root)
