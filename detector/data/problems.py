@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 EXAMPLES = 3  # places named per kind; the rest are counted
-LINE_NUMBER = re.compile(r":\d+$")  # "labels/a.txt:7" is a place in the file "labels/a.txt"
+# "labels/a.txt:7" and "instances.json (annotation 12)" are places in the files "labels/a.txt" and "instances.json"
+PLACE_IN_FILE = re.compile(r"(:\d+| \(annotation [^)]*\))$")
 
 # The kinds, one constant each, so the parsers, the cache and the tests name them the same way.
 UNREADABLE_IMAGE = "unreadable image(s), skipped"
@@ -58,7 +59,7 @@ class Problems:
             grouped[kind] = (total + count, places)
         out = []
         for kind, (total, places) in grouped.items():
-            files = len({LINE_NUMBER.sub("", place) for place in places})
+            files = len({PLACE_IN_FILE.sub("", place) for place in places})
             shown = ", ".join(places[:EXAMPLES])
             more = f", ... ({len(places) - EXAMPLES} more)" if len(places) > EXAMPLES else ""
             out.append(f"{prefix}{total} {kind}, in {files} file(s): {shown}{more}")

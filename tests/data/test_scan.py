@@ -118,7 +118,8 @@ def test_coco_json_is_parsed_once_and_bad_annotations_are_summarised(tmp_path: P
     first = scan.scan_split(spec.train, spec.names)
     lines = first.problems.lines()
     assert len(parsed) == 1 and len(first.records) == 4 and len(lines) == 5
-    assert f"2 {problems.MISSING_IMAGE_ENTRY}" in lines[0] and "annotation 9001" in lines[0]
+    # both annotations are places in one file, the JSON
+    assert f"2 {problems.MISSING_IMAGE_ENTRY}, in 1 file(s)" in lines[0] and "annotation 9001" in lines[0]
     assert f"1 {problems.UNKNOWN_CATEGORY}" in lines[1] and f"1 {problems.BAD_BBOX}" in lines[2]
     assert f"1 {problems.CLIPPED}, in 1 file(s): 000.jpg" in lines[3]
     assert f"1 {problems.UNREADABLE_IMAGE}" in lines[4] and "missing.jpg (file not found)" in lines[4]
