@@ -43,6 +43,9 @@ from detector.files import write_atomically
 VERSION = 1
 SUFFIX = ".records.npz"
 CHUNK = 256  # paths per task: large enough that the pool's overhead is small, small enough to balance
+# A COCO JSON at least this large is parsed in a child process (see _read_coco_listing); COCO val2017's 25 MB
+# JSON peaks near 200 MB parsed, so below this the peak stays small anyway.
+JSON_IN_CHILD_BYTES = 64 * 2**20
 NO_STAMP = (-1, -1)  # a file that does not exist (a background image's missing label file)
 
 
@@ -115,6 +118,32 @@ def _scan_files_parallel(paths: list[Path], num_classes: int | None, *, desc: st
     return out
 
 
+def _coco_listing_arrays(json_path: Path, images_dir: Path, names: list[str]) -> tuple[dict, list[int], list]:
+    """The JSON's listing as flat arrays (cheap to pickle between processes), its category ids and problems."""
+    parsed = read_coco_labels(json_path, images_dir, names)
+    unknown_sizes = np.full((len(parsed.paths), 2), -1, np.int32)  # the image checks measure them
+    flat = Records.from_lists(parsed.paths, parsed.labels, parsed.image_ids, unknown_sizes)
+    return flat.arrays(), parsed.category_ids, parsed.problems.entries
+
+
+def _read_coco_listing(json_path: Path, images_dir: Path, names: list[str]) -> _Listing:
+    """Read a COCO JSON in a forked child process and keep only the compact arrays it returns.
+
+    ``json.load`` of COCO train2017's 450 MB JSON peaks near 3 GB of Python objects (the polygons, which box
+    training never reads). In a child that memory is returned to the system when it exits, and the training
+    process, which lives on for days, never grows to that size (CPython rarely returns a freed arena).
+    Small JSONs (and platforms without ``fork``) are read here: a child costs more than it saves there.
+    """
+    if json_path.stat().st_size >= JSON_IN_CHILD_BYTES and "fork" in multiprocessing.get_all_start_methods():
+        with multiprocessing.get_context("fork").Pool(1) as pool:
+            arrays, category_ids, entries = pool.apply(_coco_listing_arrays, (json_path, images_dir, names))
+    else:
+        arrays, category_ids, entries = _coco_listing_arrays(json_path, images_dir, names)
+    flat = Records.from_arrays(arrays)
+    return _Listing(flat.paths(), flat.image_ids, [flat.labels_of(i) for i in range(len(flat))], category_ids,
+                    Problems([tuple(entry) for entry in entries]))
+
+
 def cache_locations(split: Split) -> list[Path]:
     """Where this split's cache may live: beside its first source, then in the user's cache folder."""
     sources = split.sources or split.images[:1]
@@ -180,8 +209,7 @@ def scan_split(split: Split, names: list[str], *, threads: int | None = None) ->
         listing = _Listing(old.paths(), old.image_ids, [old.labels_of(i) for i in range(len(old))],
                            cached[1]["category_ids"], Problems([tuple(p) for p in cached[1]["listing_problems"]]))
     elif coco:
-        parsed = read_coco_labels(split.coco_json, split.images[0], names)
-        listing = _Listing(parsed.paths, parsed.image_ids, parsed.labels, parsed.category_ids, parsed.problems)
+        listing = _read_coco_listing(split.coco_json, split.images[0], names)
     else:
         listing = _Listing(list(split.images), np.arange(len(split.images)), None,
                            list(range(1, len(names) + 1)), Problems())

@@ -148,3 +148,22 @@ def test_load_records_warns_one_line_per_kind(tmp_path: Path):
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and f"5 {problems.CLIPPED}, in 5 file(s)" in messages[0]
     assert messages[0].endswith("... (2 more)")
+
+
+def test_a_large_coco_json_is_parsed_in_a_child_process_to_the_same_records(tmp_path: Path, monkeypatch):
+    yaml = write_coco_dataset(tmp_path / "c", count=4)
+    spec = load_dataset_spec(yaml)
+    in_process = scan.scan_split(spec.train, spec.names)
+    for cache in tmp_path.rglob("*" + scan.SUFFIX):
+        cache.unlink()
+    monkeypatch.setattr(scan, "JSON_IN_CHILD_BYTES", 0)  # every JSON counts as large
+    parsed_by = tmp_path / "parsed-by"  # a file: a list appended to in a child would stay the child's
+    original = scan.read_coco_labels
+    monkeypatch.setattr(scan, "read_coco_labels", lambda *a: parsed_by.write_text(str(os.getpid())) and original(*a))
+    in_child = scan.scan_split(spec.train, spec.names)
+    assert int(parsed_by.read_text()) != os.getpid()
+    assert in_child.records.arrays().keys() == in_process.records.arrays().keys()
+    for name, array in in_process.records.arrays().items():
+        np.testing.assert_array_equal(in_child.records.arrays()[name], array, err_msg=name)
+    assert in_child.category_ids == in_process.category_ids
+    assert in_child.problems.lines() == in_process.problems.lines()
