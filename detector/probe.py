@@ -1,7 +1,7 @@
 """A timed probe before the first step: what one training step and one validation image cost on this machine.
 
 A ``--time`` budget needs the epoch time before the first epoch, or epoch 0 runs a plan made for the
-configured length (issue 23: 100 epochs' warm-up and decay for a run that fits 15). The probe trains a few
+configured length (100 epochs' warm-up and decay for a run that fits 15). The probe trains a few
 steps on copies of the model, optimizer and EMA, so the run itself starts from untouched weights and
 optimizer state, and runs the validation model on part of one validation batch. From these the budget
 fits the plan (detector/budget.py); the epochs then measured refine it.
@@ -13,8 +13,9 @@ hid a starved loader (BCCD at 320 px on a 2-core CPU shared with other jobs: 0.3
 per step in the epoch that followed; the workers run at the lowest priority, detector/data/workers.py). A
 budget is better fitted short than long: a short plan grows at the next re-fit without a jump in the
 schedule, while an epoch that overruns cannot be taken back. The first step is not timed: it pays one-time
-costs (allocator growth, kernel selection) that the epochs do not. Warm-up steps step the optimizer on every micro-batch, later ones accumulate: the probe's steps
-are the dearer kind, which errs towards fewer epochs.
+costs (allocator growth, kernel selection) that the epochs do not. Warm-up steps step the optimizer on
+every micro-batch, later ones accumulate: the probe's steps are the dearer kind, which errs towards fewer
+epochs.
 """
 
 from __future__ import annotations
