@@ -15,13 +15,12 @@ A checkpoint is a plain dict of tensors and builtin types. Two kinds exist:
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from detector.files import atomic_file
 from detector.model import YOLO, build_model
 
 
@@ -34,26 +33,15 @@ def all_finite(state_dict: dict[str, torch.Tensor]) -> bool:
 
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
-    """Write atomically: a temporary file in the same folder, fsync, then rename over ``path``.
-
-    A crash at any moment leaves either the old file or the new one, never half of one. Refuses to
-    write non-finite weights, which would poison a resume.
+    """Write atomically (:func:`detector.files.atomic_file`): a crash at any moment leaves either the old
+    file or the new one, never half of one. Refuses to write non-finite weights, which would poison a resume.
     """
     path = Path(path)
     for key in ("model", "ema"):
         if payload.get(key) is not None and not all_finite(payload[key]):
             raise CheckpointError(f"{path}: refusing to save non-finite '{key}' weights")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(payload, file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as file:
+        torch.save(payload, file)
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:

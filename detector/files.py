@@ -8,27 +8,37 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
-def write_atomically(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to a temporary file beside ``path``, fsync, then rename it over ``path``.
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file to write that appears at ``path`` only when the ``with`` block ends without an error.
 
-    A crash or an exception at any point leaves the old ``path`` (or none), never half a file.
+    It is written to a temporary file beside ``path``, fsynced, given the permissions a plain ``open`` would
+    (mkstemp makes 0600, but runs, exports and caches are meant to be shared), then renamed over ``path``: a
+    crash or an exception at any point leaves the old ``path`` (or none), never half a file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "wb") as file:
-            file.write(data)
+            yield file
             file.flush()
             os.fsync(file.fileno())
-        os.chmod(temporary, 0o666 & ~current_umask())  # mkstemp makes 0600; exports are meant to be shared
+        os.chmod(temporary, 0o666 & ~current_umask())
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_atomically(path: str | Path, data: bytes) -> Path:
+    """Write ``data`` to ``path`` through :func:`atomic_file`."""
+    with atomic_file(path) as file:
+        file.write(data)
+    return Path(path)
 
 
 def current_umask() -> int:

@@ -1,5 +1,7 @@
 import copy
+import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -53,6 +55,17 @@ def test_sigkill_during_writes_leaves_a_loadable_checkpoint(tmp_path: Path):
     state = load_checkpoint(path)
     assert state["model"]["w"].shape == (4_000_000,) and state["epoch"] >= 0
     assert not list(tmp_path.glob("*.tmp")) or all(p.name.startswith(".") for p in tmp_path.glob("*.tmp"))
+
+
+def test_a_checkpoint_gets_the_permissions_of_a_plain_open_not_mkstemps_0600(tmp_path: Path):
+    old_mask = os.umask(0o022)
+    try:
+        save_checkpoint({"model": {"w": torch.zeros(2)}, "epoch": 0}, tmp_path / "last.pt")
+        plain = tmp_path / "plain"
+        plain.write_bytes(b"")
+    finally:
+        os.umask(old_mask)
+    assert stat.S_IMODE((tmp_path / "last.pt").stat().st_mode) == stat.S_IMODE(plain.stat().st_mode) == 0o644
 
 
 def test_non_finite_weights_are_never_written(tmp_path: Path):

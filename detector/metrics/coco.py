@@ -17,7 +17,6 @@ import contextlib
 import gc
 import importlib.metadata
 import io
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from pycocotools.cocoeval import COCOeval
 from detector.boxes import cxcywh_to_xyxy
 from detector.data.records import ImageRecord
 from detector.data.letterbox import ImageMeta
+from detector.files import write_atomically
 
 if TYPE_CHECKING:
     from faster_coco_eval import COCO as FasterCOCO
@@ -246,10 +246,7 @@ def write_results_json(path: Path, detections: np.ndarray) -> None:
     columns = detections[:, [0, 6, 1, 2, 3, 4, 5]].tolist()  # RESULT_JSON_ENTRY's order
     with _no_garbage_collection():
         text = "[\n" + ",\n".join(map(RESULT_JSON_ENTRY.__mod__, map(tuple, columns))) + "\n]\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+    write_atomically(path, text.encode())
 
 
 def evaluate_coco(
