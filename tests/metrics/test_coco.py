@@ -6,8 +6,11 @@ faster-coco-eval serves validation by default only because of test_faster_coco_e
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import io
 import json
+import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -138,6 +141,58 @@ def test_faster_coco_eval_gives_pycocotools_numbers(lively_set) -> None:
                        (fast_result.per_class_ap50, reference_result.per_class_ap50)):
         assert np.array_equal(np.isnan(fast), np.isnan(slow))
         assert np.nanmax(np.abs(fast - slow)) <= tolerance
+
+
+@pytest.fixture
+def watchdog():
+    """A test that forks: if it hangs, the run ends after 120 s with every thread's traceback."""
+    faulthandler.dump_traceback_later(120, exit=True, file=sys.__stderr__)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def test_evaluation_by_category_in_forked_processes_gives_the_one_process_numbers_to_the_bit(
+    lively_set, monkeypatch, watchdog
+) -> None:
+    pytest.importorskip("faster_coco_eval", reason="faster-coco-eval is not installed (pip install faster-coco-eval)")
+    ground_truth, detections = lively_set
+    image_ids = [image["id"] for image in ground_truth["images"]][3:]  # a subset, as when images were unreadable
+    serial = cocoeval_stats(load_coco(ground_truth), detections, image_ids=image_ids, backend="faster")
+
+    monkeypatch.setattr(coco, "PARALLEL_MIN_DETECTIONS", 0)
+    monkeypatch.setattr(coco.os, "sched_getaffinity", lambda _: set(range(4)), raising=False)
+    faster_gt = coco._as_faster_coco(load_coco(ground_truth))
+    parts = coco._category_parts(faster_gt, detections)
+    assert len(parts) == 4 and sum(parts, []) == sorted(faster_gt.getCatIds())  # consecutive, all categories
+    parallel = cocoeval_stats(load_coco(ground_truth), detections, image_ids=image_ids, backend="faster")
+    assert np.array_equal(parallel.stats, serial.stats) and serial.stats[1] > 0.2
+    assert np.array_equal(parallel.precision, serial.precision) and parallel.summary == serial.summary
+
+    # A range whose categories have no detections at all (the last class has no ground truth either).
+    without_first = detections[detections[:, 6] > 2]
+    serial = cocoeval_stats(load_coco(ground_truth), without_first, image_ids=None, backend="faster")
+    with contextlib.redirect_stdout(io.StringIO()):
+        evaluator = coco._evaluate_in_parts(faster_gt, without_first, None, [[1, 2], [3], [4, 5]])
+        evaluator.summarize()
+    assert np.array_equal(np.asarray(evaluator.stats[:12]), serial.stats)
+    assert np.array_equal(evaluator.eval["precision"], serial.precision)
+
+
+def _killed_child(category_ids: list[int]) -> dict:
+    os._exit(9)  # as a child killed for memory ends: no exception, no result
+
+
+def test_a_child_that_dies_falls_back_to_one_process_with_one_line(lively_set, monkeypatch, capsys, watchdog) -> None:
+    pytest.importorskip("faster_coco_eval", reason="faster-coco-eval is not installed (pip install faster-coco-eval)")
+    ground_truth, detections = lively_set
+    serial = cocoeval_stats(load_coco(ground_truth), detections, image_ids=None, backend="faster")
+    monkeypatch.setattr(coco, "PARALLEL_MIN_DETECTIONS", 0)
+    monkeypatch.setattr(coco.os, "sched_getaffinity", lambda _: set(range(2)), raising=False)
+    monkeypatch.setattr(coco, "_evaluate_part", _killed_child)
+    fallback = cocoeval_stats(load_coco(ground_truth), detections, image_ids=None, backend="faster")
+    assert np.array_equal(fallback.stats, serial.stats)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "COCO evaluation" in line]
+    assert len(lines) == 1 and "evaluating in this one" in lines[0]
 
 
 def test_missing_faster_coco_eval_falls_back_with_one_line(lively_set, monkeypatch, capsys) -> None:
