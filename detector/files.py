@@ -42,6 +42,14 @@ def write_atomically(path: str | Path, data: bytes) -> Path:
 
 
 def current_umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (os.umask can only be read by
+    setting it, and for that moment a file another thread creates would get the temporary mask)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
     mask = os.umask(0)
     os.umask(mask)
     return mask
