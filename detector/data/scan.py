@@ -38,6 +38,7 @@ from detector.data.labels import label_path_for, read_coco_labels, read_yolo_lab
 from detector.data.problems import UNREADABLE_IMAGE, Problems
 from detector.data.records import Records
 from detector.data.spec import Split
+from detector.data.workers import usable_cores
 from detector.files import write_atomically
 
 VERSION = 1
@@ -55,8 +56,7 @@ def scan_threads() -> int:
     Stats are waits on the file system (far longer on a cold or network disk, where many requests in flight
     are what helps), which release the GIL. Sized like Python's own default for I/O pools: cores + 4, at most 32.
     """
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return min(32, cores + 4)
+    return min(32, usable_cores() + 4)
 
 
 @dataclass
@@ -103,7 +103,7 @@ def _scan_files_parallel(paths: list[Path], num_classes: int | None, *, desc: st
     Processes, not threads: checking headers and parsing labels is Python code holding the GIL (measured on 20k
     images: 6 threads were no faster than one). Forking is cheap next to that work only for thousands of files.
     """
-    processes = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    processes = usable_cores()
     if processes <= 1 or len(paths) < 8 * CHUNK or "fork" not in multiprocessing.get_all_start_methods():
         return _scan_files(paths, num_classes)
     chunks = [paths[i : i + CHUNK] for i in range(0, len(paths), CHUNK)]

@@ -25,6 +25,11 @@ CPU_TRAINING_WORKERS = 2  # measured on 2 cores: the model, not the data, is the
 MAX_GPU_WORKERS = 16  # each worker holds its own decode buffers; beyond this the GPU is fed already
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity: a container's or torchrun's share), at least 1."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def default_workers(device_type: str, *, processes_per_node: int = 1, cores: int | None = None) -> int:
     """Loader workers for ``--workers -1`` (auto).
 
@@ -35,7 +40,7 @@ def default_workers(device_type: str, *, processes_per_node: int = 1, cores: int
     if device_type != "cuda":
         return CPU_TRAINING_WORKERS
     if cores is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        cores = usable_cores()
     return max(1, min(MAX_GPU_WORKERS, cores // max(processes_per_node, 1) - 1))
 
 

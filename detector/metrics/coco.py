@@ -19,7 +19,6 @@ import gc
 import importlib.metadata
 import io
 import multiprocessing
-import os
 import signal
 import sys
 from collections.abc import Iterator
@@ -37,6 +36,7 @@ from pycocotools.cocoeval import COCOeval
 from detector.boxes import cxcywh_to_xyxy
 from detector.data.records import ImageRecord
 from detector.data.letterbox import ImageMeta
+from detector.data.workers import usable_cores
 from detector.files import write_atomically
 
 if TYPE_CHECKING:
@@ -194,11 +194,9 @@ def cocoeval_stats(
     with contextlib.redirect_stdout(printed), _no_garbage_collection():
         if backend == "faster":
             ground_truth = _as_faster_coco(ground_truth)
-            parts = _category_parts(ground_truth, detections)
-            if len(parts) > 1:
-                evaluator = _evaluate_in_parts(ground_truth, detections, image_ids, parts)
-            else:
-                evaluator = _evaluate(ground_truth, detections, image_ids, None, backend)
+        parts = _category_parts(ground_truth, detections) if backend == "faster" else []
+        if len(parts) > 1:
+            evaluator = _evaluate_in_parts(ground_truth, detections, image_ids, parts)
         else:
             evaluator = _evaluate(ground_truth, detections, image_ids, None, backend)
         evaluator.summarize()
@@ -246,13 +244,14 @@ _forked_job: tuple | None = None  # (ground truth, detections, image ids): what 
 def _category_parts(ground_truth, detections: np.ndarray) -> list[list[int]]:
     """Consecutive ranges of the sorted category ids, about equal in detections; one range (no fork) for small
     sets, single-core machines and platforms without fork."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     category_ids = sorted(ground_truth.getCatIds())
-    parts = min(cores, MAX_PARTS, len(category_ids))
+    parts = min(usable_cores(), MAX_PARTS, len(category_ids))
     if (parts < 2 or len(detections) < PARALLEL_MIN_DETECTIONS
             or "fork" not in multiprocessing.get_all_start_methods()):
         return [category_ids]
-    counts = np.array([np.count_nonzero(detections[:, 6] == k) for k in category_ids])
+    # one pass over the detections (their ids are the ground truth's), not one per category
+    counts = np.bincount(np.searchsorted(category_ids, detections[:, 6]), minlength=len(category_ids))
+    counts = counts[: len(category_ids)]
     cuts = np.searchsorted(np.cumsum(counts), counts.sum() * np.arange(1, parts) / parts)
     ranges = np.split(np.array(category_ids), np.unique(np.clip(cuts + 1, 1, len(category_ids) - 1)))
     return [part.tolist() for part in ranges if len(part)]
