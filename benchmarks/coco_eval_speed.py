@@ -24,8 +24,9 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from detector.data.ground_truth import load_coco
 from detector.data.letterbox import ImageMeta
-from detector.metrics.coco import BACKENDS, evaluate_coco, evaluator_name, load_coco, to_coco_detections
+from detector.metrics.coco import BACKENDS, evaluate_coco, evaluator_name, to_coco_detections
 
 NUM_CLASSES = 80
 IMAGE_SIZE = 640  # the letterboxed input the synthetic detections live in

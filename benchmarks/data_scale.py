@@ -89,8 +89,8 @@ print("RESULT", json.dumps({
 FIRST_BATCH = MEMORY + r"""
 import json, sys, time
 import torch
-from detector.builders import build_data, build_train_loader
-from detector.config import TrainConfig
+from detector.training.builders import build_data, build_train_loader
+from detector.training.config import TrainConfig
 from detector.distributed import DistInfo
 args = json.loads(sys.argv[1])
 before_mb = memory_mb(os.getpid())["rss"]

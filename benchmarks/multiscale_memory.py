@@ -16,7 +16,7 @@ from isolated import RESULT, run_isolated
 
 STEP = f"""
 import json, sys, torch
-from detector.engine import peak_memory_mb
+from detector.training.engine import peak_memory_mb
 from detector.loss import DetectionLoss
 from detector.model import build_model
 from detector.precision import resolve_precision

@@ -2,7 +2,7 @@
 
 Each row runs in its own process, because oneDNN reads its kernel-cache size once per process. Batches come
 from the built-in dataset (mosaic on, cached in RAM), so the loss sees realistic targets; the step is the
-trainer's own (``detector.engine.optimizer_step``: fused optimizer, loss scaling on CUDA, the EMA).
+trainer's own (``detector.training.engine.optimizer_step``: fused optimizer, loss scaling on CUDA, the EMA).
 
     python benchmarks/step_speed.py                  # 320 px, batch 16, nano model, CPU
     python benchmarks/step_speed.py --cycles 4 --compile
@@ -10,7 +10,7 @@ trainer's own (``detector.engine.optimizer_step``: fused optimizer, loss scaling
 
 Rows on the CPU: FP32 / BF16 autocast, NCHW / channels-last, one fixed size / the default multi-scale sizes in
 turn, and under multi-scale oneDNN's default kernel cache (1024) against the one detector sets and glibc's
-default heap against the held one the trainer sets (detector/runtime.py explains both). On CUDA: FP32 (TF32
+default heap against the held one the trainer sets (detector/tuning.py explains both). On CUDA: FP32 (TF32
 off, as --unamp) against FP16 autocast with loss scaling, NCHW / channels-last, fixed / multi-scale; the uint8
 batches wait on the GPU, so no loader or host copy is timed, and the phases are timed between
 ``torch.cuda.synchronize()`` calls (which the training loop does not make, so images/s here is a floor).
@@ -27,27 +27,27 @@ from dataclasses import asdict, dataclass
 import torch
 from isolated import run_isolated
 
-from detector.multiscale import MultiScale
-from detector.runtime import ONEDNN_CACHE_ENV
+from detector.training.multiscale import MultiScale
+from detector.tuning import ONEDNN_CACHE_ENV
 
 ROW = r"""
 import json, sys, time
 import torch
-from detector.runtime import enlarge_onednn_cache
+from detector.tuning import enlarge_onednn_cache
 enlarge_onednn_cache()  # as every run does first thing, before any convolution
 from detector.data.augment import AugmentConfig
 from detector.data.build import build_split
 from detector.data.dataset import collate
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import generate_shapes
-from detector.ema import ModelEMA
-from detector.engine import optimizer_step, step_input
-from detector.multiscale import MultiScale
+from detector.training.ema import ModelEMA
+from detector.training.engine import optimizer_step, step_input
+from detector.training.multiscale import MultiScale
 from detector.loss import DetectionLoss
 from detector.model import build_model
-from detector.optim import build_optimizer
+from detector.training.optim import build_optimizer
 from detector.precision import Precision
-from detector.runtime import hold_freed_memory
+from detector.tuning import hold_freed_memory
 
 args = json.loads(sys.argv[1])
 device = torch.device(args["device"])

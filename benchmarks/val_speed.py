@@ -27,14 +27,14 @@ import torch
 
 from detector.checkpoint import model_from_checkpoint
 from detector.data.build import build_split
-from detector.data.dataset import model_input
 from detector.data.spec import load_dataset_spec
+from detector.inference.preprocess import model_input
 from detector.metrics.coco import evaluate_coco, to_coco_detections
 from detector.metrics.loop import make_val_loader
 from detector.model import build_model
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
 from detector.precision import resolve_precision
-from detector.runtime import enlarge_onednn_cache
+from detector.tuning import enlarge_onednn_cache
 
 STAGES = ("loader first batch", "loader other batches", "forward", "decode", "NMS", "COCO results",
           "COCO evaluation (faster-coco-eval)", "COCO evaluation (pycocotools)")

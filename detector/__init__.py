@@ -4,14 +4,14 @@ The Python API (detector/api.py)::
 
     from detector import train, val, predict, export, load
 
-Those names are imported on first use, so ``import detector`` stays cheap (no torch).
+Those names are imported on first use, so ``import detector`` stays cheap (no torch). No subpackage shares a
+name with them (training lives in ``detector.training``, export formats in ``detector.exporting``): importing
+a subpackage sets it as an attribute of this package, which would shadow the function of the same name.
 """
 
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -30,21 +30,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_API})
-
-
-class _Package(types.ModuleType):
-    """``detector.export`` is both the API's function and a subpackage (detector/export/). Importing a subpackage
-    sets it as an attribute of its parent, which would replace the function once anything imported
-    ``detector.export.*``. This property keeps the function and ignores that assignment; the subpackage stays
-    importable (``from detector.export import ModelInfo`` reads ``sys.modules``)."""
-
-    @property
-    def export(self) -> Any:
-        return __getattr__("export")
-
-    @export.setter
-    def export(self, subpackage: types.ModuleType) -> None:
-        pass
-
-
-sys.modules[__name__].__class__ = _Package

@@ -75,9 +75,9 @@ def parse(parser: argparse.ArgumentParser, kwargs: dict[str, Any]) -> argparse.N
 
 
 def _no_onednn_misses() -> None:
-    from detector.runtime import enlarge_onednn_cache
+    from detector.tuning import enlarge_onednn_cache
 
-    enlarge_onednn_cache()  # before the first convolution, as the commands do: see detector/runtime.py
+    enlarge_onednn_cache()  # before the first convolution, as the commands do: see detector/tuning.py
 
 
 def train(**kwargs: Any) -> dict[str, Any]:

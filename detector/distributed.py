@@ -16,6 +16,7 @@ from typing import Callable, TypeVar
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from detector.device import resolve_device
 
@@ -113,3 +114,8 @@ def local_main_first(info: DistInfo) -> Iterator[None]:
 def cleanup(info: DistInfo) -> None:
     if info.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The bare model inside DistributedDataParallel (or the model itself)."""
+    return model.module if hasattr(model, "module") and isinstance(model, nn.parallel.DistributedDataParallel) else model

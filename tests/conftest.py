@@ -18,7 +18,7 @@ from detector.data.build import SplitData, build_split
 from detector.data.records import Records
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import make_image, write_yolo_split
-from detector.export.parity import synthetic_images
+from detector.exporting.parity import synthetic_images
 from detector.model import YOLO, build_model
 
 NAMES = ["circle", "square", "triangle"]
@@ -223,8 +223,8 @@ def onnx_fp32(model: YOLO, checkpoint: Path) -> Path:
     """Fixed-shape FP32 export with batch 2 (so a 3-image batch exercises the chunking)."""
     pytest.importorskip("onnx", reason="the ONNX backend needs an ONNX export (the 'export' extra)")
     pytest.importorskip("onnxruntime", reason="the ONNX backend runs on onnxruntime (the 'export' extra)")
-    from detector.export import export_onnx  # imports onnx
-    from detector.export.metadata import ModelInfo
+    from detector.exporting import export_onnx  # imports onnx
+    from detector.model.metadata import ModelInfo
 
     info = ModelInfo(names=NAMES, strides=model.strides, imgsz=MODEL_IMGSZ, batch=2)
     return export_onnx(model, checkpoint.with_suffix(".onnx"), info)

@@ -110,7 +110,10 @@ def test_a_stripped_best_starts_a_fine_tune(run: dict, capsys: pytest.CaptureFix
     assert f"tensors from {run['best']} (scale n)" in capsys.readouterr().out
 
 
-def test_export_is_the_function_even_after_the_subpackage_is_imported():
-    import detector.export.onnx  # noqa: F401 - importing the subpackage must not replace the function
+def test_the_verbs_stay_functions_after_every_subpackage_is_imported():
+    # No subpackage is named like a verb: importing one sets it as an attribute of `detector`.
+    import detector.exporting.onnx  # noqa: F401
+    import detector.training.trainer  # noqa: F401
 
-    assert detector.export is export and callable(detector.export)
+    assert detector.export is export and detector.train is train
+    assert all(callable(getattr(detector, verb)) for verb in ("train", "val", "predict", "export", "load"))

@@ -21,7 +21,7 @@ from detector.checkpoint import (
     strip_checkpoint,
     to_half,
 )
-from detector.export.parity import synthetic_images
+from detector.exporting.parity import synthetic_images
 from detector.model import build_model
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
 from tests.conftest import lively_model

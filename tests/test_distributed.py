@@ -32,15 +32,15 @@ COMMON = ["--imgsz", "64", "--workers", "0", "--cache", "none", "--no-plots", "-
 # Each rank then writes what it ended with, so the test can see that all ranks agree.
 INJECT_NAN = """
 import json, os, sys, torch
-import detector.loss, detector.trainer
+import detector.loss, detector.training.trainer
 from detector.cli.train import build_parser
-from detector.config import TrainConfig
-from detector.ema import unwrap
+from detector.training.config import TrainConfig
+from detector.distributed import unwrap
 from dataclasses import fields
 
 RANK = int(os.environ["RANK"])
 state = {"epoch": -1}
-original_epoch, original_loss = detector.trainer.train_one_epoch, detector.loss.DetectionLoss.forward
+original_epoch, original_loss = detector.training.trainer.train_one_epoch, detector.loss.DetectionLoss.forward
 
 def train_one_epoch(**kwargs):
     state["epoch"] = kwargs["epoch"]
@@ -52,9 +52,9 @@ def forward(self, *args, **kwargs):
         total = total * float("nan")
     return total, parts
 
-detector.trainer.train_one_epoch, detector.loss.DetectionLoss.forward = train_one_epoch, forward
+detector.training.trainer.train_one_epoch, detector.loss.DetectionLoss.forward = train_one_epoch, forward
 args = build_parser().parse_args(sys.argv[1:])
-trainer = detector.trainer.Trainer(TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)}),
+trainer = detector.training.trainer.Trainer(TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)}),
                                    progress=False)
 summary = trainer.fit()
 weights = sum(float(p.double().abs().sum()) for p in unwrap(trainer.model).parameters())

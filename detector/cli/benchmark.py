@@ -23,11 +23,12 @@ import torch
 from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.synthetic import make_image
 from detector.device import resolve_device
-from detector.export.tensorrt import build_engine, tensorrt_missing
+from detector.exporting.tensorrt import build_engine
 from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
+from detector.inference.tensorrt_backend import tensorrt_missing
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
 from detector.precision import cpu_has_native_bf16
-from detector.runtime import enlarge_onednn_cache
+from detector.tuning import enlarge_onednn_cache
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,7 +96,7 @@ def backends_for_checkpoint(
     try:
         import onnxruntime  # noqa: F401
 
-        from detector.export.onnx import export_onnx
+        from detector.exporting.onnx import export_onnx
     except ImportError:
         yield "onnxruntime: skipped (install the 'export' extra: onnx, onnxruntime)"
         return
@@ -150,7 +151,7 @@ def run_benchmark(args: argparse.Namespace, progress: Callable[[str], None] = pr
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
+    enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     try:
         print(run_benchmark(args, progress=lambda line: print(line, file=sys.stderr)))
     except (CheckpointError, FileNotFoundError, ValueError, RuntimeError) as error:

@@ -15,17 +15,18 @@ from pathlib import Path
 from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.data.spec import DatasetError
 from detector.device import resolve_device
-from detector.export.metadata import ModelInfo
-from detector.export.onnx import DEFAULT_OPSET, export_onnx
-from detector.export.parity import SCORE_TOLERANCE, check_parity, split_images, synthetic_images
-from detector.export.tensorrt import DEFAULT_WORKSPACE_GIB, build_engine, tensorrt_missing
-from detector.export.wrapper import EXPORT_NMS
+from detector.exporting.onnx import DEFAULT_OPSET, export_onnx
+from detector.exporting.parity import SCORE_TOLERANCE, check_parity, split_images, synthetic_images
+from detector.exporting.tensorrt import DEFAULT_WORKSPACE_GIB, build_engine
+from detector.exporting.wrapper import EXPORT_NMS
 from detector.files import publish, staging_folder
 from detector.inference import find_latest_checkpoint, load_backend
+from detector.inference.tensorrt_backend import tensorrt_missing
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
 from detector.model import YOLO, image_size_problem
+from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig
-from detector.runtime import enlarge_onednn_cache
+from detector.tuning import enlarge_onednn_cache
 
 FORMATS = ("onnx", "engine")
 
@@ -174,7 +175,7 @@ def run_export(args: argparse.Namespace) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
+    enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     try:
         run_export(args)
         return 0

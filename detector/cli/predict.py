@@ -24,7 +24,7 @@ from detector.device import resolve_device
 from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
 from detector.postprocess import NMSConfig
 from detector.runs import next_run_dir
-from detector.runtime import enlarge_onednn_cache
+from detector.tuning import enlarge_onednn_cache
 
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
 PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),
@@ -186,7 +186,7 @@ def run_predict(args: argparse.Namespace, *, backend: Backend | None = None, wri
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
+    enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     try:
         run_predict(args)
     except (FileNotFoundError, ValueError, RuntimeError) as error:

@@ -10,8 +10,8 @@ from dataclasses import MISSING, fields
 from typing import Any
 
 from detector.checkpoint import CheckpointError
-from detector.config import TrainConfig
 from detector.data.spec import DatasetError
+from detector.training.config import TrainConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,8 +41,8 @@ def config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def run_train(args: argparse.Namespace) -> dict[str, Any]:
-    """The command without its error handling; returns :func:`detector.trainer.train`'s summary."""
-    from detector.trainer import train  # heavy imports after argument parsing, so --help is instant
+    """The command without its error handling; returns :func:`detector.training.trainer.train`'s summary."""
+    from detector.training.trainer import train  # heavy imports after argument parsing, so --help is instant
 
     return train(config_from_args(args))
 

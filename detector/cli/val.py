@@ -34,7 +34,7 @@ from detector.plots.reporter import validation_report
 from detector.postprocess import NMSConfig
 from detector.precision import resolve_precision
 from detector.runs import next_run_dir
-from detector.runtime import enlarge_onednn_cache
+from detector.tuning import enlarge_onednn_cache
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,7 +124,7 @@ def run_val(args: argparse.Namespace) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    enlarge_onednn_cache()  # before the first convolution: see detector/runtime.py
+    enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     try:
         run_val(args)
     except (CheckpointError, DatasetError, ValueError) as error:

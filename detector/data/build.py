@@ -9,11 +9,12 @@ from pycocotools.coco import COCO
 
 from detector.data.augment import AugmentConfig
 from detector.data.dataset import DetectionDataset
+from detector.data.ground_truth import build_coco_ground_truth, load_coco
 from detector.data.ram_cache import build_image_cache
 from detector.data.records import Records
 from detector.data.scan import scan_split, scan_threads
 from detector.data.spec import DatasetError, DatasetSpec
-from detector.metrics.coco import build_coco_ground_truth, load_coco
+
 
 @dataclass
 class SplitData:

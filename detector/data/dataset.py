@@ -202,9 +202,3 @@ def collate(batch: list[tuple[torch.Tensor, torch.Tensor, ImageMeta]]) -> tuple[
     pixels = torch.stack([image.permute(1, 2, 0) for image in images]).permute(0, 3, 1, 2)
     return pixels, torch.cat(targets), list(metas)
 
-
-def model_input(images: torch.Tensor, device: torch.device, *, channels_last: bool) -> torch.Tensor:
-    """uint8 ``[B, 3, H, W]`` batch -> float in [0, 1] on ``device``, in the memory layout the model runs in."""
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    # The loader's batches are already channels-last, so on that path this is one conversion pass, no transpose.
-    return images.to(device, non_blocking=True).contiguous(memory_format=layout).float().div_(255)

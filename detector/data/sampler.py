@@ -2,7 +2,7 @@
 
 It yields ``(index, epoch, use_mosaic)`` keys, so the dataset's augmentation depends only on those
 (persistent workers never hold stale state when mosaic closes), and every rank sees its own shard. Given
-the batch size, every rank's shard is whole batches (:func:`detector.multiscale.samples_per_rank`).
+the batch size, every rank's shard is whole batches (:func:`samples_per_rank`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,18 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
-from detector.multiscale import samples_per_rank
+
+def samples_per_rank(dataset_size: int, world_size: int, batch: int) -> int:
+    """Samples each rank draws per epoch: its share of the dataset, rounded up to whole batches.
+
+    A partial last batch would add a new input shape (and a noisy small-batch step), and dropping it would
+    skip a few images every epoch (6% of BCCD's 205 at batch 16: mAP50-95 0.529/0.519 dropped against
+    0.534/0.535 padded, docs/multiscale.md, "Accuracy"). So the sampler fills the last batch by wrapping
+    round to the start of the epoch's shuffled order. A share smaller than one batch stays as it is: one
+    partial batch.
+    """
+    share = math.ceil(dataset_size / world_size)
+    return math.ceil(share / batch) * batch if share >= batch else share
 
 
 class EpochSampler(Sampler[tuple[int, int, bool]]):

@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from detector.export.metadata import ModelInfo
 from detector.inference.preprocess import Detections
+from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig, non_max_suppression
 
 RawOutputs = tuple[torch.Tensor, torch.Tensor]  # (boxes, scores) or (detections, num_detections)

@@ -1,4 +1,4 @@
-"""ONNX Runtime backend for files written by :func:`detector.export.export_onnx`."""
+"""ONNX Runtime backend for files written by :func:`detector.exporting.export_onnx`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detector.export.metadata import INPUT_NAME, decode_metadata
 from detector.inference.backend import Backend, RawOutputs, run_in_fixed_batches
+from detector.model.metadata import INPUT_NAME, decode_metadata
 from detector.postprocess import NMSConfig
 
 

@@ -25,3 +25,10 @@ def to_original_pixels(detections: dict[str, torch.Tensor], transform: ImageMeta
     """Undo the letterbox on one image's boxes and clip them to the original image (tensors come back on CPU)."""
     detections = {key: value.cpu() for key, value in detections.items()}
     return {**detections, "boxes": unletterbox_boxes(detections["boxes"], transform)}
+
+
+def model_input(images: torch.Tensor, device: torch.device, *, channels_last: bool) -> torch.Tensor:
+    """uint8 ``[B, 3, H, W]`` batch -> float in [0, 1] on ``device``, in the memory layout the model runs in."""
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    # The loader's batches are already channels-last, so on that path this is one conversion pass, no transpose.
+    return images.to(device, non_blocking=True).contiguous(memory_format=layout).float().div_(255)

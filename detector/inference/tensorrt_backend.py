@@ -1,21 +1,61 @@
-"""TensorRT backend for ``.engine`` files written by :func:`detector.export.tensorrt.build_engine`.
+"""TensorRT backend for ``.engine`` files written by :func:`detector.exporting.tensorrt.build_engine`.
 
 UNVERIFIED: no machine this was written on has TensorRT; the calls follow the TensorRT 10 Python API
 (named tensors, ``set_input_shape``, ``set_tensor_address``, ``execute_async_v3``) with torch CUDA
 tensors as device buffers, so no pycuda is needed.
+
+Engine file layout (the same as Ultralytics ``.engine`` files), written by :func:`write_engine_file` for the
+exporter and read back here::
+
+    4 bytes   little-endian uint32 N
+    N bytes   UTF-8 JSON object: the metadata of detector.model.metadata (values JSON-encoded strings)
+    rest      the serialized TensorRT engine (what ``trtexec --loadEngine`` would want on its own)
 """
 
 from __future__ import annotations
 
+import json
+import struct
 from pathlib import Path
 
 import torch
 
-from detector.data.dataset import model_input
-from detector.export.metadata import INPUT_NAME
-from detector.export.tensorrt import read_engine_file, tensorrt_missing
+from detector.files import write_atomically
 from detector.inference.backend import Backend, RawOutputs, run_in_fixed_batches
+from detector.inference.preprocess import model_input
+from detector.model.metadata import INPUT_NAME, ModelInfo, decode_metadata, encode_metadata
 from detector.postprocess import NMSConfig
+
+
+def tensorrt_missing(task: str = "TensorRT export") -> str | None:
+    """``None`` when TensorRT can run here, else a one-line reason starting with ``task``."""
+    missing = []
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        missing.append("the 'tensorrt' Python package")
+    if not torch.cuda.is_available():
+        missing.append("a CUDA GPU")
+    if not missing:
+        return None
+    return f"{task} needs {' and '.join(missing)}, which this machine lacks"
+
+
+def write_engine_file(path: str | Path, info: ModelInfo, engine: bytes) -> Path:
+    """Header (length + metadata JSON) then the engine bytes, written atomically."""
+    header = json.dumps(encode_metadata(info)).encode()
+    return write_atomically(path, struct.pack("<I", len(header)) + header + engine)
+
+
+def read_engine_file(path: str | Path) -> tuple[ModelInfo, bytes]:
+    """-> (metadata, serialized engine) from a file written by :func:`write_engine_file`."""
+    data = Path(path).read_bytes()
+    (length,) = struct.unpack("<I", data[:4])
+    try:
+        props = json.loads(data[4 : 4 + length].decode())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ValueError(f"{path}: no detector metadata header; was it made by export.py?") from None
+    return decode_metadata(props, source=str(path)), data[4 + length :]
 
 
 class TensorRTBackend(Backend):

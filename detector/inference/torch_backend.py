@@ -14,12 +14,11 @@ import torch
 from torch import nn
 
 from detector.checkpoint import model_from_checkpoint
-from detector.data.dataset import model_input
-from detector.ema import unwrap
-from detector.export.metadata import ModelInfo
+from detector.distributed import unwrap
 from detector.inference.backend import Backend, RawOutputs
-from detector.inference.preprocess import Detections
+from detector.inference.preprocess import Detections, model_input
 from detector.model import YOLO
+from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
 from detector.precision import Precision
 

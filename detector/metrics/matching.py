@@ -17,8 +17,8 @@ from torchvision.ops import box_iou
 
 from detector.boxes import cxcywh_to_xyxy
 from detector.data.build import SplitData
-from detector.data.records import ImageRecord
 from detector.data.letterbox import ImageMeta, unletterbox_boxes
+from detector.data.records import ImageRecord
 
 CONF_GRID = np.linspace(0, 1, 1000)  # confidence thresholds at which P, R and F1 are sampled
 RECALL_GRID = np.linspace(0, 1, 101)  # COCO's 101 recall points, for the PR plot and its AP50 legend

@@ -7,12 +7,12 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from detector.config import TrainConfig
+from detector.training.config import TrainConfig
 from detector.data import problems
 from detector.data.build import load_records
 from detector.data.images import read_image_rgb
 from detector.data.spec import load_dataset_spec
-from detector.trainer import train
+from detector.training.trainer import train
 from tests.conftest import write_yolo_dataset
 
 

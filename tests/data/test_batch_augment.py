@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from detector.builders import build_data
-from detector.config import TrainConfig
+from detector.training.builders import build_data
+from detector.training.config import TrainConfig
 from detector.data.augment import AugmentConfig, augment_hsv
 from detector.data.batch_augment import (
     PixelOps,
@@ -18,12 +18,12 @@ from detector.data.batch_augment import (
 )
 from detector.data.dataset import DetectionDataset, collate
 from detector.data.synthetic import make_image
-from detector.ema import ModelEMA
-from detector.engine import StepSchedule, as_trained, resize_batch, step_input, train_one_epoch
+from detector.training.ema import ModelEMA
+from detector.training.engine import StepSchedule, as_trained, resize_batch, step_input, train_one_epoch
 from detector.loss import DetectionLoss
 from detector.model import build_model
-from detector.multiscale import MultiScale
-from detector.optim import build_optimizer
+from detector.training.multiscale import MultiScale
+from detector.training.optim import build_optimizer
 from detector.precision import Precision
 from tests.conftest import write_records
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from detector.export.metadata import ModelInfo
-from detector.export.parity import synthetic_images
-from detector.export.tensorrt import tensorrt_missing
+from detector.model.metadata import ModelInfo
+from detector.exporting.parity import synthetic_images
+from detector.inference.tensorrt_backend import tensorrt_missing
 from detector.inference import load_backend, prepare_batch, to_original_pixels
 from detector.inference.onnx_backend import OnnxBackend
 from detector.inference.torch_backend import TorchBackend
@@ -68,7 +68,7 @@ def test_letterbox_is_undone() -> None:
 def test_nms_graph_backend_matches_python_nms(model: YOLO, checkpoint: Path, tmp_path: Path) -> None:
     pytest.importorskip("onnx", reason="the graph is an ONNX export (the 'export' extra)")
     pytest.importorskip("onnxruntime", reason="the graph runs on onnxruntime (the 'export' extra)")
-    from detector.export import export_onnx  # imports onnx
+    from detector.exporting import export_onnx  # imports onnx
 
     baked = NMSConfig(conf_threshold=0.2, iou_threshold=0.5, max_detections=50)
     info = ModelInfo(names=["circle", "square", "triangle"], strides=model.strides, imgsz=IMGSZ, batch=1, nms=baked)

@@ -21,14 +21,8 @@ from pycocotools.cocoeval import COCOeval
 from detector.data.letterbox import ImageMeta, unletterbox_boxes
 from detector.data.records import ImageRecord
 from detector.metrics import coco
-from detector.metrics.coco import (
-    METRIC_NAMES,
-    build_coco_ground_truth,
-    cocoeval_stats,
-    evaluate_coco,
-    load_coco,
-    to_coco_detections,
-)
+from detector.metrics.coco import METRIC_NAMES, cocoeval_stats, evaluate_coco, to_coco_detections
+from detector.data.ground_truth import build_coco_ground_truth, load_coco
 
 CLASSES = 5
 

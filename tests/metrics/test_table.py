@@ -9,7 +9,8 @@ import torch
 
 from detector.data.records import ImageRecord
 from detector.data.letterbox import ImageMeta
-from detector.metrics.coco import build_coco_ground_truth, evaluate_coco, load_coco, to_coco_detections
+from detector.metrics.coco import evaluate_coco, to_coco_detections
+from detector.data.ground_truth import build_coco_ground_truth, load_coco
 from detector.metrics.table import per_class_rows, per_class_table
 
 NAMES = ["cat", "dog"]

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from detector.config import TrainConfig
+from detector.training.config import TrainConfig
 from detector.model import build_model, image_size_problem
 from detector.postprocess import NMSConfig, postprocess
 

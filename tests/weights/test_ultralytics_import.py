@@ -278,8 +278,8 @@ def test_exported_onnx_matches_ultralytics(saved_checkpoint, tmp_path: Path) -> 
     pytest.importorskip("onnx", reason="the chain ends in an ONNX export (the 'export' extra)")
     ort = pytest.importorskip("onnxruntime")
 
-    from detector.export.metadata import ModelInfo
-    from detector.export.onnx import export_onnx
+    from detector.model.metadata import ModelInfo
+    from detector.exporting.onnx import export_onnx
 
     path = saved_checkpoint("yolov8n", "training")
     stored = torch.load(path, map_location="cpu", weights_only=False)

@@ -1,0 +1,89 @@
+"""Model -> ONNX file: trace the :class:`ExportWrapper`, attach metadata, check, optionally slim.
+
+Uses the TorchScript-based exporter (``dynamo=False``): it needs no ``onnxscript`` (not in the ``export``
+extra) and honours the ``symbolic`` of :class:`~detector.exporting.wrapper.OnnxNMS`, which is how the
+in-graph NMS becomes one standard ``NonMaxSuppression`` node. ONNX Runtime's CPU provider runs the FP16
+graph too (it wraps float16 nodes that lack a CPU kernel in casts), which the tests check.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+from pathlib import Path
+
+import onnx
+import torch
+
+from detector.exporting.wrapper import ExportWrapper
+from detector.files import write_atomically
+from detector.model import YOLO
+from detector.model.metadata import INPUT_NAME, ModelInfo, decode_metadata, encode_metadata
+
+DEFAULT_OPSET = 17  # NonMaxSuppression needs >= 11; 17 is read by TensorRT 8.6 and later
+
+
+def dynamic_axes(info: ModelInfo) -> dict[str, dict[int, str]] | None:
+    """Free dimensions per input/output name when ``info.dynamic``: batch, and height/width of the input."""
+    if not info.dynamic:
+        return None
+    axes = {INPUT_NAME: {0: "batch", 2: "height", 3: "width"}}
+    if info.nms:
+        axes.update({"detections": {0: "batch"}, "num_detections": {0: "batch"}})
+    else:
+        axes.update({"boxes": {0: "batch", 1: "anchors"}, "scores": {0: "batch", 1: "anchors"}})
+    return axes
+
+
+def trace_to_onnx(model: YOLO, info: ModelInfo, *, opset: int, device: str) -> onnx.ModelProto:
+    """The raw traced graph of the export wrapper (no metadata yet)."""
+    wrapper = ExportWrapper(model, half=info.precision == "fp16", nms=info.nms).to(device)
+    example = torch.zeros(info.batch, 3, info.imgsz, info.imgsz, device=device)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        # The legacy-exporter DeprecationWarning and tracer warnings about Python ints are expected here.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        torch.onnx.export(
+            wrapper,
+            (example,),
+            buffer,
+            dynamo=False,
+            opset_version=opset,
+            input_names=[INPUT_NAME],
+            output_names=info.outputs,
+            dynamic_axes=dynamic_axes(info),
+            do_constant_folding=True,
+        )
+    return onnx.load_from_string(buffer.getvalue())
+
+
+def finish_onnx(proto: onnx.ModelProto, info: ModelInfo, *, simplify: bool) -> onnx.ModelProto:
+    """Optionally slim the graph, attach metadata and run the full ONNX checker (with shape inference)."""
+    if simplify:
+        import onnxslim  # optional dependency: imported only when asked for
+
+        proto = onnxslim.slim(proto)
+    del proto.metadata_props[:]
+    onnx.helper.set_model_props(proto, encode_metadata(info))
+    proto.producer_name = "detector"
+    onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def export_onnx(
+    model: YOLO, path: str | Path, info: ModelInfo, *, opset: int = DEFAULT_OPSET, simplify: bool = False,
+    device: str = "cpu",
+) -> Path:
+    """Export ``model`` (FP32 weights; cast inside when ``info.precision == 'fp16'``) to ``path``.
+
+    The graph is built in memory and written atomically, so a failure leaves no half-written ``path``.
+    """
+    proto = finish_onnx(trace_to_onnx(model, info, opset=opset, device=device), info, simplify=simplify)
+    return write_atomically(path, proto.SerializeToString())
+
+
+def read_onnx_info(path: str | Path) -> ModelInfo:
+    """Metadata of an exported ONNX file (raises ``ValueError`` if it was not made by this exporter)."""
+    proto = onnx.load(str(path), load_external_data=False)
+    return decode_metadata({prop.key: prop.value for prop in proto.metadata_props}, source=str(path))

@@ -1,0 +1,51 @@
+"""ONNX file -> TensorRT engine, with the export metadata in a JSON header.
+
+UNVERIFIED: TensorRT cannot be installed on the machines this code was written on, so nothing below
+has been run; it follows the documented TensorRT 8.6/10 Python API. Where ``tensorrt`` or a CUDA GPU
+is missing, :func:`~detector.inference.tensorrt_backend.tensorrt_missing` says so and the CLI stops before
+writing anything. The engine file format (a metadata header, then the engine) is read and written by
+:mod:`detector.inference.tensorrt_backend`, beside the backend that loads it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from detector.inference.tensorrt_backend import write_engine_file
+from detector.model.metadata import INPUT_NAME, ModelInfo
+
+DEFAULT_WORKSPACE_GIB = 4.0
+
+
+def build_engine(
+    onnx_path: str | Path, engine_path: str | Path, info: ModelInfo, *, workspace_gib: float = DEFAULT_WORKSPACE_GIB
+) -> Path:
+    """Parse ``onnx_path`` and build a serialized engine (FP16 kernels allowed when ``info.precision == 'fp16'``).
+
+    Dynamic exports get one optimisation profile: batch 1..``info.batch`` and sides ``stride``..``imgsz``
+    (optimised for ``batch x imgsz``). Raises ``RuntimeError`` with the parser's messages on failure.
+    """
+    import tensorrt as trt  # optional, GPU-only dependency
+
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    # TensorRT 10 networks are always explicit-batch and the flag is deprecated; 8.x needs it set.
+    explicit = getattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH", None)
+    network = builder.create_network(0 if explicit is None else 1 << int(explicit))
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        errors = "; ".join(str(parser.get_error(index)) for index in range(parser.num_errors))
+        raise RuntimeError(f"{onnx_path}: TensorRT could not parse the ONNX graph: {errors}")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * (1 << 30)))
+    if info.precision == "fp16":
+        config.set_flag(trt.BuilderFlag.FP16)
+    if info.dynamic:
+        profile = builder.create_optimization_profile()
+        full = (info.batch, 3, info.imgsz, info.imgsz)
+        profile.set_shape(INPUT_NAME, (1, 3, info.stride, info.stride), full, full)
+        config.add_optimization_profile(profile)
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        raise RuntimeError(f"{onnx_path}: TensorRT failed to build an engine (see the log above)")
+    return write_engine_file(engine_path, info, bytes(serialized))

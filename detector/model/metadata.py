@@ -1,0 +1,84 @@
+"""What an exported model says about itself: class names, strides, input size, precision, NMS.
+
+ONNX files keep it in ``metadata_props`` and TensorRT engines in a JSON header (see
+:mod:`detector.exporting.tensorrt`); both store the same keys, each value JSON-encoded as a string::
+
+    names      ["person", ...]        class index -> name
+    stride     32                     input height and width must be multiples of this
+    strides    [8, 16, 32]            one per head level, anchors in this order
+    imgsz      640                    square input size the graph was traced at (the only size unless dynamic)
+    batch      1                      batch size traced (the largest TensorRT profile batch when dynamic)
+    dynamic    false                  batch, height and width are free dimensions
+    precision  "fp32" | "fp16"        fp16 = FP16 convolutions inside; inputs and outputs are always FP32
+    nms        false                  true: outputs are detections [B, K, 6] + num_detections [B]
+    nms_config {"conf_threshold": ...} the NMS thresholds baked into the graph (null without NMS)
+    outputs    ["boxes", "scores"]    output names in order
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from detector.postprocess import NMSConfig
+
+INPUT_NAME = "images"  # float32 [B, 3, H, W], RGB in [0, 1], letterboxed
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Decoded metadata of an exported model (see the module docstring for each field)."""
+
+    names: list[str]
+    strides: tuple[int, ...]
+    imgsz: int
+    batch: int = 1
+    dynamic: bool = False
+    precision: str = "fp32"
+    nms: NMSConfig | None = None
+
+    @property
+    def stride(self) -> int:
+        return max(self.strides)
+
+    @property
+    def outputs(self) -> list[str]:
+        return ["detections", "num_detections"] if self.nms else ["boxes", "scores"]
+
+
+def encode_metadata(info: ModelInfo) -> dict[str, str]:
+    """-> string key/values for ONNX ``metadata_props`` or the engine header."""
+    values: dict[str, Any] = {
+        "names": info.names,
+        "stride": info.stride,
+        "strides": list(info.strides),
+        "imgsz": info.imgsz,
+        "batch": info.batch,
+        "dynamic": info.dynamic,
+        "precision": info.precision,
+        "nms": info.nms is not None,
+        "nms_config": dataclasses.asdict(info.nms) if info.nms else None,
+        "outputs": info.outputs,
+    }
+    return {key: json.dumps(value) for key, value in values.items()}
+
+
+def decode_metadata(props: dict[str, str], *, source: str = "<model>") -> ModelInfo:
+    """Inverse of :func:`encode_metadata`; raises ``ValueError`` naming ``source`` when keys are missing."""
+    try:
+        values = {key: json.loads(value) for key, value in props.items()}
+        nms = NMSConfig(**values["nms_config"]) if values.get("nms") else None
+        return ModelInfo(
+            names=list(values["names"]),
+            strides=tuple(values["strides"]),
+            imgsz=int(values["imgsz"]),
+            batch=int(values.get("batch", 1)),
+            dynamic=bool(values.get("dynamic", False)),
+            precision=str(values.get("precision", "fp32")),
+            nms=nms,
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        message = f"{source}: missing or malformed detector metadata ({error}); was it made by export.py?"
+        raise ValueError(message) from None

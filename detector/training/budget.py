@@ -1,0 +1,279 @@
+"""Training time budgets (``--time 8m``): parse a duration and fit the epoch plan to it.
+
+Pure Python, no torch: the trainer measures, this module decides. The trainer calls
+``TimeBudget.fit(...)`` before the first step, with estimates from a short timed probe (detector/training/probe.py),
+and again after every epoch with what it has measured; each call returns an :class:`EpochPlan` (total
+epochs, close-mosaic, warm-up epochs) that keeps the run, its final evaluation and its checkpoints inside
+the budget. The learning-rate schedule follows a re-plan without a jump (detector/training/schedule.py)::
+
+    budget = TimeBudget.parse("8m")
+    plan = budget.fit(elapsed_seconds=12.0, epoch_seconds=[31.0], val_seconds=[4.0], epochs_done=1,
+                      configured_epochs=20, close_mosaic=10, warmup_epochs=3.0, final_seconds=6.0)
+    print(plan.describe())  # time budget 8m: 13 epochs fit at ~31 s each (+4 s val), close-mosaic 6, ...
+
+``plan.epochs == epochs_done`` means: no further epoch fits, finish now (final evaluation, checkpoints).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+__all__ = ["EpochPlan", "TimeBudget", "format_duration", "parse_duration"]
+
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+_DURATION = re.compile(
+    rf"^(?:(?P<h>{_NUMBER})h)?(?:(?P<m>{_NUMBER})m(?:in)?)?(?:(?P<s>{_NUMBER})s)?$", re.IGNORECASE
+)
+_UNIT_SECONDS = {"h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_duration(value: str | float) -> float:
+    """Seconds in a ``--time`` value: ``"8m"``, ``"1.5h"``, ``"90s"``, ``"1h30m"``, ``"45m30s"``.
+
+    A bare number is hours, as in Ultralytics' ``time=`` argument (``"0.5"`` and ``0.5`` are 30 minutes).
+    Units are ``h``, ``m`` (or ``min``) and ``s``, largest first, each at most once; spaces are ignored.
+    Raises ``ValueError`` naming ``--time`` for anything else, and for a duration that is not positive.
+    """
+    if isinstance(value, bool):
+        raise ValueError(f"--time: expected a duration such as 8m, 1.5h, 90s or 45m30s, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value) * 3600.0
+    else:
+        text = "".join(str(value).split())
+        try:
+            seconds = float(text) * 3600.0 if re.fullmatch(_NUMBER, text) else _parse_units(text)
+        except ValueError:
+            raise ValueError(
+                f"--time: expected a duration such as 8m, 1.5h, 90s or 45m30s (a bare number is hours), "
+                f"got {value!r}"
+            ) from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"--time must be a positive duration, got {value!r}")
+    return seconds
+
+
+def _parse_units(text: str) -> float:
+    match = _DURATION.match(text)
+    if not text or match is None or not any(match.groupdict().values()):
+        raise ValueError(text)
+    return sum(float(amount) * _UNIT_SECONDS[unit] for unit, amount in match.groupdict().items() if amount)
+
+
+def format_duration(seconds: float) -> str:
+    """Short human form of a duration: ``"90s" -> "1m30s"``, ``5400 -> "1h30m"``, ``480 -> "8m"``."""
+    total = round(seconds)
+    if total < 60:
+        return f"{seconds:.3g}s" if seconds < 10 else f"{total}s"
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
+    return "".join(parts)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """What fits in the budget. ``epochs`` is the run's total (done + still to run), not what is left.
+
+    ``close_mosaic`` and ``warmup_epochs`` replace the configured values for the rest of the run; the
+    estimates (seconds) are the ones the plan was made from, for the log line. Keep the trainer's
+    100-step warm-up floor on top of the scaled ``warmup_epochs``: on the built-in dataset a 4-epoch run
+    lost mAP50-95 with a shorter warm-up (0.215 at 100 steps, 0.126 at 32, 0.037 without; issue 14).
+    ``over_budget`` is true when even the minimum (one epoch, or the epochs already done) does not fit:
+    the caller should warn.
+    """
+
+    epochs: int
+    close_mosaic: int
+    warmup_epochs: float
+    budget_seconds: float
+    epoch_seconds: float | None
+    val_seconds: float
+    measured: bool
+    over_budget: bool = False
+    budget_text: str = ""
+
+    def describe(self) -> str:
+        """One line for the run header / the log after a re-fit."""
+        budget = self.budget_text or format_duration(self.budget_seconds)
+        if self.epoch_seconds is None:
+            return (f"time budget {budget}: epoch time not measured yet, planning {self.epochs} epochs "
+                    f"until the first one is timed")
+        estimated = "" if self.measured else " (estimated from timed steps; re-fitted after every epoch)"
+        val = f" (+{self.val_seconds:.0f} s val)" if self.val_seconds > 0 else ""
+        line = (f"time budget {budget}: {self.epochs} epoch{'s' if self.epochs != 1 else ''} fit at "
+                f"~{self.epoch_seconds:.0f} s each{val}, close-mosaic {self.close_mosaic}, "
+                f"warm-up {self.warmup_epochs:.2g} epochs")
+        if self.over_budget:
+            line += " (over budget: the budget is smaller than the minimum run)"
+        return line + estimated
+
+
+@dataclass(frozen=True)
+class TimeBudget:
+    """A wall-clock budget for a whole run: set-up, AMP check, epochs, validation, final evaluation, saves.
+
+    ``safety`` is the fraction of the *remaining* time held back, because the remaining epochs are
+    predicted from past ones and the prediction errs by a few percent (multi-scale draws different sizes
+    each epoch, a shared CPU's speed changes, the data cache warms up). It is a fraction of what is left,
+    not of the whole budget, because time already spent is known exactly; re-fitting every epoch keeps
+    the error to a few epochs' worth. ``epoch_jitter`` is held back once more, as a fraction of one
+    epoch: the last epoch cannot be stopped halfway without losing it, so it must fit even when it runs
+    that much slower than the estimate (or as much slower as an epoch has already been seen to run).
+    """
+
+    seconds: float
+    text: str = ""
+    safety: float = 0.05
+    epoch_jitter: float = 0.10
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"--time must be a positive duration, got {self.seconds!r} s")
+        if not (0 <= self.safety < 1 and self.epoch_jitter >= 0):
+            raise ValueError(f"safety must be in [0, 1) and epoch_jitter >= 0 (got {self.safety}, {self.epoch_jitter})")
+
+    @classmethod
+    def parse(cls, value: str | float, **margins: float) -> TimeBudget:
+        """``TimeBudget.parse("8m")``; see :func:`parse_duration` for the forms accepted."""
+        text = value.strip() if isinstance(value, str) else format_duration(parse_duration(value))
+        return cls(parse_duration(value), text=text, **margins)
+
+    def fit(
+        self,
+        *,
+        elapsed_seconds: float,
+        epoch_seconds: Sequence[float],
+        val_seconds: Sequence[float | None] = (),
+        epochs_done: int,
+        configured_epochs: int,
+        close_mosaic: int,
+        warmup_epochs: float,
+        final_seconds: float = 0.0,
+        val_interval: int = 1,
+        prior_epoch_seconds: float | None = None,
+        prior_val_seconds: float | None = None,
+        warmup_started: bool = False,
+        mosaic_closed_at: int | None = None,
+        max_epochs: int | None = None,
+    ) -> EpochPlan:
+        """Plan the run so that it ends, final evaluation and checkpoints included, inside the budget.
+
+        Args:
+            elapsed_seconds: wall time since the budget's clock started (the process start: it includes
+                set-up, data caching and the AMP check, which happen before the first epoch).
+            epoch_seconds: seconds of each completed epoch but its validation: the wall time from its start to
+                the next epoch's start (checkpoint writes and plots included) less ``val_seconds``. Used only to
+                predict future epochs, from their running median.
+            val_seconds: validation seconds of completed epochs; ``None``/NaN for epochs without one.
+            epochs_done: epochs completed so far. The plan never shrinks below this.
+            configured_epochs, close_mosaic, warmup_epochs: the configuration as written; close-mosaic and
+                warm-up keep the same fraction of the fitted run as of the configured one.
+            final_seconds: expected extra cost of the end of the run on top of an ordinary validation
+                (final plots, predictions.json, an FP32 re-evaluation).
+            val_interval: the run validates every this many epochs, and always after the last.
+            prior_epoch_seconds: an estimate of one epoch's seconds without validation, used until an epoch is
+                measured (a few timed steps x steps per epoch). Without it and without measurements the
+                configured epoch count is kept. Plans from estimates are marked ``measured=False``.
+            prior_val_seconds: an estimate of one validation's seconds, used until one is measured.
+            warmup_started: the run has taken its first step: ``warmup_epochs`` is returned as given, not
+                rescaled (a warm-up changed mid-ramp would move the next step's LR; detector/training/schedule.py).
+            mosaic_closed_at: the epoch at which mosaic was already turned off, if it was: it stays off
+                (a longer fitted run must not turn it back on).
+            max_epochs: an upper bound on the fitted total, if the caller wants one.
+        """
+        if configured_epochs < 1 or epochs_done < 0 or val_interval < 1:
+            raise ValueError("configured_epochs and val_interval must be >= 1 and epochs_done >= 0")
+        train_estimate = _running_estimate(epoch_seconds)
+        measured = train_estimate is not None
+        if train_estimate is None:
+            train_estimate = prior_epoch_seconds
+        val_estimate = _running_estimate([v for v in val_seconds if v is not None and math.isfinite(v)])
+        if val_estimate is None:
+            val_estimate = prior_val_seconds or 0.0
+        over_budget = False
+        if train_estimate is None:
+            epochs = max(configured_epochs, epochs_done + 1)
+        else:
+            epoch_cost = max(train_estimate, 1e-6)
+            remaining = self.seconds - elapsed_seconds
+            last_epoch_reserve = max(self.epoch_jitter * (epoch_cost + val_estimate), _spread(epoch_seconds))
+            usable = remaining - self.safety * max(remaining, 0.0) - last_epoch_reserve
+
+            def cost(extra: int) -> float:  # seconds for `extra` more epochs and the end of the run
+                total = epochs_done + extra
+                if extra == 0:  # stopping now: the last done epoch needs its validation if it skipped one
+                    validations = 1 if epochs_done and epochs_done % val_interval else 0
+                else:
+                    validations = total // val_interval - epochs_done // val_interval
+                    validations += 1 if total % val_interval else 0  # the last epoch always validates
+                return extra * epoch_cost + validations * val_estimate + final_seconds
+
+            extra = _largest_fitting(cost, usable, upper=int(max(usable, 0) // epoch_cost) + 1)
+            epochs = epochs_done + extra
+            if epochs < 1:
+                epochs, over_budget = 1, True
+            elif extra == 0 and cost(0) > usable:
+                over_budget = True
+        if max_epochs is not None:
+            epochs = max(min(epochs, max_epochs), epochs_done, 1)
+        return EpochPlan(
+            epochs=epochs,
+            close_mosaic=_fit_close_mosaic(close_mosaic, configured_epochs, epochs, mosaic_closed_at),
+            warmup_epochs=warmup_epochs if warmup_started else warmup_epochs * epochs / configured_epochs,
+            budget_seconds=self.seconds,
+            epoch_seconds=train_estimate,
+            val_seconds=val_estimate,
+            measured=measured,
+            over_budget=over_budget,
+            budget_text=self.text,
+        )
+
+
+def _running_estimate(samples: Sequence[float]) -> float | None:
+    """Seconds per epoch to plan with: the larger of the median of all and of the last three samples.
+
+    The median ignores one slow outlier (the first epoch pays for worker start-up and the allocator
+    warming up; one epoch may draw large multi-scale sizes); the recent median follows a machine that
+    has become slower (another job started) without waiting for half the history to agree.
+    """
+    values = [float(s) for s in samples if s is not None and math.isfinite(s) and s >= 0]
+    if not values:
+        return None
+    return max(statistics.median(values), statistics.median(values[-3:]))
+
+
+def _spread(samples: Sequence[float]) -> float:
+    """How much slower than the median an epoch has run (the first epoch's one-time costs left out).
+
+    On a shared CPU epochs vary by +/-30% (measured: 36-69 s for the same 20-epoch run); the last epoch
+    must fit even when it is one of the slow ones, so the reserve follows the observed spread.
+    """
+    values = [float(s) for s in samples[1:] if s is not None and math.isfinite(s)]
+    return max(values) - statistics.median(values) if len(values) >= 2 else 0.0
+
+
+def _largest_fitting(cost: Callable[[int], float], usable: float, *, upper: int) -> int:
+    """Largest ``k`` in ``[0, upper]`` with ``cost(k) <= usable`` (cost is non-decreasing); 0 if none."""
+    low, high = 0, max(upper, 0)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if cost(middle) <= usable:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _fit_close_mosaic(close_mosaic: int, configured_epochs: int, epochs: int, closed_at: int | None) -> int:
+    """Same fraction of the run without mosaic as configured; at least 1 epoch if it was on at all."""
+    if closed_at is not None:
+        return max(epochs - closed_at, 0)
+    if close_mosaic <= 0:
+        return 0
+    if close_mosaic >= configured_epochs:
+        return epochs  # configured with mosaic off throughout: keep it off
+    return min(max(round(close_mosaic * epochs / configured_epochs), 1), epochs)

@@ -1,0 +1,168 @@
+"""Everything a training run is built from, one function per object, each taking the config (and only these
+see the whole config): data, loss, loader, optimizer with its schedule, the model, its DDP wrapper.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from detector.checkpoint import CheckpointError, load_checkpoint
+from detector.data.augment import AugmentConfig
+from detector.data.batch_augment import resolve_pixel_augment
+from detector.data.build import SplitData, build_split
+from detector.data.dataset import collate
+from detector.data.sampler import EpochSampler
+from detector.data.spec import DatasetSpec, load_dataset_spec
+from detector.data.synthetic import generate_shapes
+from detector.data.workers import worker_init
+from detector.distributed import DistInfo
+from detector.loss import DetectionLoss, LossGains
+from detector.model import YOLO, build_model
+from detector.training.config import TrainConfig
+from detector.training.optim import OptimizerChoice, build_optimizer
+from detector.training.schedule import StepSchedule
+
+
+def build_augment(config: TrainConfig) -> AugmentConfig:
+    return AugmentConfig(
+        mosaic=config.mosaic, degrees=config.degrees, translate=config.translate, scale=config.scale,
+        shear=config.shear, hsv_h=config.hsv_h, hsv_s=config.hsv_s, hsv_v=config.hsv_v,
+        fliplr=config.fliplr, flipud=config.flipud, albumentations=config.albumentations,
+    )
+
+
+def resolve_data(config: TrainConfig) -> DatasetSpec:
+    yaml_path = config.data or generate_shapes()
+    return load_dataset_spec(yaml_path, datasets_dir=config.datasets_dir or None)
+
+
+def build_data(
+    config: TrainConfig, *, with_val: bool, device: torch.device, dist: DistInfo | None = None
+) -> tuple[DatasetSpec, SplitData, SplitData | None]:
+    """The dataset spec, the augmented training split, and (where evaluation runs) the validation split.
+
+    Under torchrun, call it on each node's local rank 0 first (:func:`detector.distributed.local_main_first`):
+    that process scans the data and fills the RAM cache the node's processes share.
+
+    ``device`` decides where ``--pixel-augment auto`` puts HSV and flips (see :func:`resolve_pixel_augment`).
+    """
+    dist = dist or DistInfo()
+    spec = resolve_data(config)
+    train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache,
+                        local_rank=dist.local_rank, local_world_size=dist.local_world_size, run_id=run_id())
+    train.dataset.seed = config.seed
+    train.dataset.pixel_ops_on_device = resolve_pixel_augment(config.pixel_augment, device) == "device"
+    val = build_split(spec, "val", image_size=config.imgsz, augment=None, cache=config.cache) if with_val else None
+    return spec, train, val
+
+
+def run_id() -> str:
+    """What tells this torchrun launch from any other (empty for a single process)."""
+    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('MASTER_PORT', '')}"
+
+
+def build_criterion(config: TrainConfig, model: YOLO) -> DetectionLoss:
+    return DetectionLoss(
+        num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max,
+        gains=LossGains(box=config.box_gain, cls=config.cls_gain, dfl=config.dfl_gain),
+        top_k=config.assigner_topk, alpha=config.assigner_alpha, beta=config.assigner_beta,
+    )
+
+
+def build_train_loader(
+    data: SplitData, config: TrainConfig, dist: DistInfo, device: torch.device
+) -> tuple[EpochSampler, DataLoader]:
+    sampler = EpochSampler(len(data.dataset), seed=config.seed, rank=dist.rank, world_size=dist.world_size,
+                           batch=config.batch)  # whole batches: one batch size, see detector/training/multiscale.py
+    loader = DataLoader(
+        data.dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
+        collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=device.type == "cuda",
+        worker_init_fn=worker_init(shares_cores_with_compute=device.type == "cpu"),
+    )
+    return sampler, loader
+
+
+def build_optimization(
+    config: TrainConfig,
+    model: YOLO,
+    *,
+    steps_per_epoch: int,
+    world_size: int,
+    epochs: int | None = None,
+    warmup_epochs: float | None = None,
+    resolved: tuple[str, float] | None = None,
+) -> tuple[OptimizerChoice, StepSchedule]:
+    """The optimizer (three parameter groups) and the schedule the loop follows.
+
+    ``epochs`` and ``warmup_epochs`` are the planned run (a ``--time`` budget's fit; default: the config's):
+    ``--optimizer auto`` chooses from its length. ``resolved`` is the ``(optimizer, lr)`` a resumed run had
+    chosen: its saved optimizer state belongs to that choice, whatever auto would pick now.
+    """
+    epochs = config.epochs if epochs is None else epochs
+    warmup_epochs = config.warmup_epochs if warmup_epochs is None else warmup_epochs
+    global_batch = config.batch * world_size
+    accumulate = max(round(config.nominal_batch / global_batch), 1)
+    name, lr = resolved or (config.optimizer, config.lr0)
+    choice = build_optimizer(
+        model, name=name, lr=lr, momentum=config.momentum,
+        weight_decay=config.weight_decay * global_batch * accumulate / config.nominal_batch,
+        num_classes=model.num_classes, total_steps=steps_per_epoch * epochs // accumulate,
+        warmup_bias_lr=config.warmup_bias_lr,
+    )
+    schedule = StepSchedule(
+        epochs=epochs, steps_per_epoch=steps_per_epoch,
+        warmup_steps=warmup_steps(warmup_epochs, steps_per_epoch),
+        base_lr=choice.lr, final_lr_fraction=config.lrf, cosine=config.cosine,
+        warmup_bias_lr=choice.warmup_bias_lr, warmup_momentum=config.warmup_momentum, momentum=choice.momentum,
+        batch_size=global_batch, nominal_batch=config.nominal_batch, clip_grad=config.clip_grad,
+    )
+    return choice, schedule
+
+
+def warmup_steps(warmup_epochs: float, steps_per_epoch: int) -> int:
+    """Warm-up length in steps: ``warmup_epochs`` of them, but at least 100 (none when 0)."""
+    return max(round(warmup_epochs * steps_per_epoch), 100) if warmup_epochs > 0 else 0
+
+
+def build_model_from_weights(config: TrainConfig, num_classes: int, log) -> YOLO:
+    """A fresh model, or one started from ``--weights``: our own checkpoint or an Ultralytics YOLOv8 file.
+
+    The scale comes from the weights file when there is one; a mismatch with ``--model`` is reported.
+    Ultralytics files are read with a restricted unpickler (no code from the file runs).
+    """
+    if not config.weights:
+        return build_model(num_classes=num_classes, scale=config.model)
+    from detector.weights import load_pretrained, read_ultralytics_checkpoint, resolve_weights
+
+    path = resolve_weights(config.weights)
+    try:
+        ours = load_checkpoint(path)
+    except CheckpointError:
+        ours = None  # not one of ours: try the Ultralytics reader, which gives its own clear errors
+    if ours is not None and "model_args" in ours:
+        scale = ours["model_args"]["scale"]
+        model = build_model(num_classes=num_classes, scale=scale)
+        state = ours.get("ema") or ours["model"]
+        own = model.state_dict()
+        compatible = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+        model.load_state_dict(compatible, strict=False)
+        log(f"weights: {len(compatible)}/{len(own)} tensors from {path} (scale {scale})")
+        return model
+    checkpoint = read_ultralytics_checkpoint(path)
+    if checkpoint.scale != config.model:
+        log(f"weights: {path.name} is YOLOv8{checkpoint.scale}; building scale {checkpoint.scale} instead of --model {config.model}")
+    model = build_model(num_classes=num_classes, scale=checkpoint.scale)
+    log(f"weights: {load_pretrained(model, checkpoint).summary()}")
+    return model
+
+
+def wrap_distributed(model: YOLO, config: TrainConfig, dist: DistInfo, device: torch.device) -> torch.nn.Module:
+    if not dist.enabled:
+        return model
+    if config.sync_bn and device.type == "cuda":
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

@@ -1,0 +1,159 @@
+"""Training configuration: one flat, typed, commented set of defaults, validated once.
+
+Every field becomes a ``train.py`` flag (``image_size`` -> ``--image-size``); the help text is the
+comment beside it. Only ``build_*`` functions see the whole config; the rest take explicit arguments.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from detector.data.batch_augment import CHOICES as PIXEL_AUGMENT_CHOICES
+from detector.metrics.coco import BACKENDS as COCO_EVAL_CHOICES
+from detector.model import image_size_problem
+from detector.precision import CHOICES as PRECISION_CHOICES
+from detector.training.budget import parse_duration
+
+# Defaults for the built-in shapes dataset, chosen so `python train.py` finishes in minutes on a 2-core CPU.
+BUILTIN_IMGSZ = 320
+BUILTIN_EPOCHS = 20  # the recipe's length: close-mosaic and warm-up keep their share of it under --time
+# The demo promises to finish in under 10 minutes on any 2-core x86 CPU: with BF16 the 20 epochs fit in
+# about 7; without it (FP32, ~3x slower) only a budget keeps the promise, so the built-in run has one.
+BUILTIN_TIME = "8m"
+
+
+def knob(default: Any, help: str, **extra: Any) -> Any:  # noqa: A002 - mirrors argparse's name
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    # Data and model
+    data: str = knob("", "data YAML (Ultralytics-style or COCO JSON); empty = built-in synthetic shapes dataset")
+    datasets_dir: str = knob("", "root of downloaded datasets (--data coco); empty = $DETECTOR_DATASETS or ./datasets")
+    model: str = knob("n", "model scale", choices=("n", "s", "m", "l", "x"))
+    weights: str = knob("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
+                                "(bare names look in weights/; python -m detector download yolov8n fetches one)")
+    imgsz: int = knob(0, "image size (pixels, multiple of 32); 0 = 320 on the built-in dataset, else 640")
+    epochs: int = knob(0, "training epochs; 0 = tuned default on the built-in dataset, else 100")
+    time: str = knob("", "wall-clock budget for the whole run, e.g. 8m, 1.5h, 90s (bare number = hours): the epoch "
+                         "count, LR schedule, warm-up and close-mosaic are fitted to it from a few timed steps before "
+                         "the first one, then re-fitted after every epoch from its wall time (the LR schedule "
+                         "continues without a jump); empty = no budget (the built-in dataset without --epochs: 8m)")
+    batch: int = knob(16, "images per step (per process under torchrun)")
+    workers: int = knob(-1, "data-loading worker processes; -1 = auto: 2 on the CPU, on CUDA the cores per process "
+                            "minus one (at most 16)")
+    cache: str = knob("auto", "cache decoded images in RAM: auto (when they fit), ram, none", choices=("auto", "ram", "none"))
+    device: str = knob("", "cpu, cuda, cuda:N; empty = cuda if available else cpu")
+    seed: int = knob(0, "random seed (data order, augmentation, multi-scale sizes, initial weights)")
+    # Precision
+    precision: str = knob("auto", "auto: FP16 on CUDA, BF16 on CPUs with native BF16, else FP32", choices=PRECISION_CHOICES)
+    unamp: bool = knob(False, "true FP32 for ablations: no autocast, no loss scaling, TF32 off")
+    channels_last: bool = knob(True, "channels-last memory format (faster convolutions under AMP)")
+    # Optimisation
+    optimizer: str = knob("auto", "SGD, AdamW, or auto (AdamW for short runs under 10k steps, else SGD)", choices=("auto", "SGD", "AdamW"))
+    lr0: float = knob(0.01, "initial learning rate (SGD; 'auto' picks its own for AdamW)")
+    lrf: float = knob(0.01, "final learning rate as a fraction of lr0")
+    cosine: bool = knob(False, "cosine learning-rate decay instead of linear")
+    momentum: float = knob(0.937, "SGD momentum / Adam beta1")
+    weight_decay: float = knob(5e-4, "weight decay at the nominal batch (scaled with the real one)")
+    nominal_batch: int = knob(64, "gradients accumulate until this many images per optimizer step")
+    warmup_epochs: float = knob(3.0, "warm-up length in epochs (at least 100 steps)")
+    warmup_bias_lr: float = knob(0.1, "starting learning rate of biases during warm-up")
+    warmup_momentum: float = knob(0.8, "starting momentum during warm-up")
+    clip_grad: float = knob(10.0, "clip the gradient norm to this (after unscaling)")
+    ema_decay: float = knob(0.9999, "EMA decay (ramped up over the first ~2000 updates)")
+    # Loss
+    box_gain: float = knob(7.5, "box (CIoU) loss gain")
+    cls_gain: float = knob(0.5, "classification (BCE) loss gain")
+    dfl_gain: float = knob(1.5, "distribution focal loss gain")
+    assigner_topk: int = knob(10, "task-aligned assigner: candidates per box")
+    assigner_alpha: float = knob(0.5, "task-aligned assigner: class-score exponent")
+    assigner_beta: float = knob(6.0, "task-aligned assigner: IoU exponent")
+    # Augmentation
+    mosaic: float = knob(1.0, "mosaic probability")
+    close_mosaic: int = knob(10, "turn mosaic off for the last N epochs")
+    degrees: float = knob(0.0, "random rotation (+/- degrees)")
+    translate: float = knob(0.1, "random translation (+/- fraction of image size)")
+    scale: float = knob(0.5, "random zoom gain (+/- fraction)")
+    shear: float = knob(0.0, "random shear (+/- degrees)")
+    hsv_h: float = knob(0.015, "hue augmentation (fraction)")
+    hsv_s: float = knob(0.7, "saturation augmentation (fraction)")
+    hsv_v: float = knob(0.4, "value augmentation (fraction)")
+    fliplr: float = knob(0.5, "horizontal flip probability")
+    flipud: float = knob(0.0, "vertical flip probability")
+    albumentations: float = knob(0.01, "probability of each albumentations pixel transform (blur, CLAHE, gray)")
+    pixel_augment: str = knob("auto", "where HSV and flips run on the pixels: workers (loader processes), device "
+                                      "(batched on the training device), auto = device on CUDA, workers elsewhere",
+                              choices=PIXEL_AUGMENT_CHOICES)
+    multi_scale: bool = knob(True, "train at multiples of 32 in [min, max] x imgsz (imgsz in close-mosaic epochs)")
+    multi_scale_min: float = knob(0.875, "smallest multi-scale factor of imgsz")
+    multi_scale_max: float = knob(1.125, "largest multi-scale factor of imgsz (peak memory grows with its square)")
+    multi_scale_hold: int = knob(10, "steps each multi-scale size is held (fewer size changes)")
+    # Evaluation, logging, output
+    val_interval: int = knob(1, "evaluate every N epochs (and always after the last)")
+    patience: int = knob(100, "stop when fitness has not improved for N epochs (counted where evaluated); 0 = never")
+    val_conf: float = knob(0.001, "validation confidence threshold")
+    val_iou: float = knob(0.7, "validation NMS IoU threshold")
+    max_det: int = knob(300, "detections kept per image in validation")
+    coco_eval: str = knob("faster", "COCO mAP evaluator: faster (faster-coco-eval, pycocotools' numbers in a fraction "
+                                    "of the time; pycocotools when not installed) or pycocotools",
+                          choices=COCO_EVAL_CHOICES)
+    final_fp32: bool = knob(False, "run the final evaluation in FP32 regardless of the training precision")
+    plots: bool = knob(True, "write PNG plots into the run folder")
+    tensorboard: bool = knob(False, "log scalars and plots to TensorBoard in the run folder")
+    project: str = knob("runs/train", "parent folder of run folders")
+    name: str = knob("exp", "run folder name (a number is appended if it exists)")
+    resume: str = knob("", "resume an interrupted run from its last.pt (or 'auto': the newest under --project); "
+                               "a finished run's last.pt is stripped: fine-tune from it with --weights")
+    amp_check: bool = knob(True, "before training, compare one AMP step with FP32 and fall back if AMP misbehaves")
+    sync_bn: bool = knob(False, "SyncBatchNorm under torchrun")
+
+    def with_defaults(self) -> "TrainConfig":
+        """Fill the 'auto' (0) image size and epoch count: small and quick for the built-in dataset."""
+        builtin = not self.data
+        if builtin and self.epochs == 0 and not self.time:
+            self.time = BUILTIN_TIME
+        if self.imgsz == 0:
+            self.imgsz = BUILTIN_IMGSZ if builtin else 640
+        if self.epochs == 0:
+            self.epochs = BUILTIN_EPOCHS if builtin else 100
+        return self
+
+    def validate(self) -> "TrainConfig":
+        """Reject values that cannot work, with a message naming the flag."""
+        problems = []
+        if self.epochs < 1:
+            problems.append(f"--epochs must be at least 1 (got {self.epochs})")
+        if self.batch < 1:
+            problems.append(f"--batch must be at least 1 (got {self.batch})")
+        if (size_problem := image_size_problem(self.imgsz)) is not None:
+            problems.append(size_problem)
+        if self.workers < -1:
+            problems.append(f"--workers must be >= 0, or -1 for auto (got {self.workers})")
+        if not 0 < self.multi_scale_min <= 1 <= self.multi_scale_max:
+            problems.append("--multi-scale-min must be in (0, 1] and --multi-scale-max >= 1")
+        if self.time:
+            try:
+                parse_duration(self.time)
+            except ValueError as error:
+                problems.append(str(error))
+        if self.patience < 0:
+            problems.append(f"--patience must be >= 0 (got {self.patience})")
+        if self.val_interval < 1:
+            problems.append(f"--val-interval must be at least 1 (got {self.val_interval})")
+        for name in ("mosaic", "fliplr", "flipud", "albumentations"):
+            if not 0 <= getattr(self, name) <= 1:
+                problems.append(f"--{name} is a probability in [0, 1] (got {getattr(self, name)})")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})

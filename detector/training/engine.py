@@ -1,0 +1,242 @@
+"""The training loop, as plain functions (evaluation: :mod:`detector.metrics.loop` over :mod:`detector.inference`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import resource
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+from tqdm import tqdm
+
+from detector.data.batch_augment import PixelOps, apply_pixel_ops, carried_pixel_ops
+from detector.data.letterbox import ImageMeta
+from detector.inference.preprocess import model_input
+from detector.loss import DetectionLoss
+from detector.precision import Precision
+from detector.training.ema import ModelEMA
+from detector.training.multiscale import MultiScale
+from detector.training.schedule import StepSchedule, StepValues
+
+
+def step_input(
+    images: torch.Tensor,
+    size: int,
+    device: torch.device,
+    *,
+    channels_last: bool,
+    pixel_ops: Sequence[PixelOps] | None = None,
+) -> torch.Tensor:
+    """A training step's input: the loader's uint8 ``[B, 3, S, S]`` batch as float model input ``[B, 3, size, size]``.
+
+    ``pixel_ops`` (the device path, one per image) are applied on ``device`` in float, before the resize.
+    """
+    if pixel_ops is not None:
+        return resize_batch(apply_pixel_ops(model_input(images, device, channels_last=channels_last), pixel_ops), size)
+    if device.type == "cpu":  # resize while still uint8: PyTorch's channels-last uint8 path is 2-4x faster
+        return model_input(resize_batch(images, size), device, channels_last=channels_last)
+    return resize_batch(model_input(images, device, channels_last=channels_last), size)  # on the GPU
+
+
+def as_trained(batch: tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]) -> tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]:
+    """A loader batch (uint8 ``[B, 3, S, S]``) with the pixel operations it carries applied here, on the CPU.
+
+    For the AMP check and the batch plot on the device path: their pixels then match the labels, which the
+    workers flipped already. A batch without operations comes back as it is.
+    """
+    images, targets, metas = batch
+    pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
+    if pixel_ops is None:
+        return batch
+    pixels = apply_pixel_ops(images.float() / 255, pixel_ops).mul_(255).round_().to(torch.uint8)
+    return pixels, targets, [dataclasses.replace(meta, pixel_ops=None) for meta in metas]
+
+
+def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Bilinear resize of a ``[B, 3, H, W]`` batch to ``size x size`` (the input when already that size).
+
+    Keeps dtype and memory layout; labels are normalised, so they need no change.
+    """
+    if images.shape[-2:] == (size, size):
+        return images
+    return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+
+
+def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, schedule: StepSchedule) -> StepValues:
+    """Apply the schedule's values at ``step`` (detector/training/schedule.py). Groups: [decay, no-decay, bias]."""
+    values = schedule.values(step)
+    for index, group in enumerate(optimizer.param_groups):
+        group["lr"] = values.bias_lr if index == 2 else values.weight_lr
+        if "betas" in group:
+            group["betas"] = (values.momentum, group["betas"][1])
+        elif "momentum" in group:
+            group["momentum"] = values.momentum
+    return values
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """Peak GPU memory allocated on CUDA; peak resident memory of this process elsewhere."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+# GradScaler starts at 2**16 and halves its scale on every overflow: early skipped steps are its calibration,
+# not a sign of trouble. A skip counts as instability when the loss itself was not finite, when no scaler is
+# in play (BF16/FP32: nothing to calibrate), or when the scale is already down to 1 (the gradients overflow
+# FP16 even unscaled, so more halving cannot help).
+SCALER_EXHAUSTED = 1.0
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One optimizer step's outcome, as 0-dim tensors on the training device: reading them on the host would
+    wait for the GPU, so the loop adds them up there and reads the sums once per epoch."""
+
+    applied: torch.Tensor  # bool: the gradients were finite and the optimizer stepped
+    unstable: torch.Tensor  # bool: skipped for a reason more loss scaling cannot fix (see SCALER_EXHAUSTED)
+    scale: torch.Tensor  # float: loss scale used for this step (1.0 without a scaler)
+
+
+def optimizer_step(
+    *,
+    model: nn.Module,
+    parameters: list[torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    ema: ModelEMA | None,
+    precision: Precision,
+    clip_grad: float,
+    loss_was_finite: torch.Tensor | bool,
+) -> StepResult:
+    """Unscale, clip, step (or skip on non-finite gradients), clear the gradients, update the EMA.
+
+    With a scaler (FP16) nothing here waits for the GPU: GradScaler hands its inf check to the fused
+    optimizer on the device. Without one, the skip is decided on the host (one synchronisation: free on
+    the CPU, where nothing runs ahead). The EMA updates after every step, skipped or not (as Ultralytics
+    does): a skipped step left the model unchanged, so the average only moves towards the same weights.
+    """
+    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+    grad_norm = nn.utils.clip_grad_norm_(parameters, clip_grad)
+    finite = torch.isfinite(grad_norm)
+    scale = loss_scale(scaler, grad_norm.device)
+    if precision.uses_scaler:
+        scaler.step(optimizer)  # skips the step itself when it found inf/nan
+        scaler.update()
+    elif finite:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    if ema is not None:
+        ema.update(model)
+    scaler_can_help = torch.as_tensor(loss_was_finite, device=finite.device) & (scale > SCALER_EXHAUSTED)
+    unstable = ~finite & ~scaler_can_help if precision.uses_scaler else ~finite
+    return StepResult(applied=finite, unstable=unstable, scale=scale)
+
+
+def loss_scale(scaler: torch.amp.GradScaler, device: torch.device) -> torch.Tensor:
+    """The scaler's current scale as a 0-dim FP32 tensor on ``device`` (1.0 when disabled), without a host sync.
+
+    ``GradScaler.get_scale()`` copies the scale to the host, which waits for the GPU; GradScaler's own
+    accessor keeps it on the device. Cloned, because ``update()`` changes it in place.
+    """
+    scale = scaler._get_scale_async() if scaler.is_enabled() else None
+    if scale is None:  # disabled, or nothing scaled yet
+        return torch.ones((), device=device)
+    return scale.detach().clone().float().to(device)
+
+
+def train_one_epoch(
+    *,
+    model: nn.Module,
+    criterion: DetectionLoss,
+    loader: DataLoader,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    ema: ModelEMA | None,
+    precision: Precision,
+    schedule: StepSchedule,
+    multi_scale: MultiScale,
+    epoch: int,
+    seed: int,
+    device: torch.device,
+    channels_last: bool,
+    world_size: int = 1,
+    progress: bool = True,
+) -> dict[str, float]:
+    """One pass over ``loader``; returns mean losses and telemetry for ``results.csv``."""
+    model.train()
+    steps = len(loader)
+    sizes = multi_scale.sizes(steps, seed=seed, epoch=epoch)
+    # Running totals stay on the device: the host reads them once, after the epoch (no per-step sync).
+    loss_sums = torch.zeros(3, device=device)
+    nonfinite_losses = torch.zeros((), device=device, dtype=torch.long)
+    skipped = torch.zeros((), device=device, dtype=torch.long)
+    unstable = torch.zeros((), device=device, dtype=torch.long)
+    scale_min = torch.full((), math.inf, device=device)
+    scale_max = torch.full((), -math.inf, device=device)
+    optimizer_steps = images_seen = unreadable_images = 0
+    last_step = epoch * steps - 1
+    losses_before_step = nonfinite_losses.clone()
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}", disable=not progress, leave=True)
+    start = last_shown = time.perf_counter()
+    for index, (images, targets, metas) in enumerate(bar):
+        step = epoch * steps + index
+        accumulate = set_learning_rates(optimizer, step, schedule).accumulate
+        pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
+        unreadable_images += sum(1 for meta in metas if meta.unreadable)  # replaced by the dataset (it warned)
+        images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops)
+        with precision.autocast():
+            outputs = model(images)
+        # The loss runs in FP32 outside autocast; x world_size because DDP averages gradients over ranks.
+        # Targets stay on the host: the loss pads them there, so it need not wait for the GPU to count them.
+        loss, parts = criterion(outputs, targets, images.shape[2:])
+        nonfinite_losses += ~torch.isfinite(loss)
+        scaler.scale(loss * world_size).backward()
+        loss_sums += torch.stack([parts["box"], parts["cls"], parts["dfl"]]).nan_to_num(0.0)
+        images_seen += len(images)
+
+        if step - last_step >= accumulate or index == steps - 1:
+            result = optimizer_step(
+                model=model, parameters=parameters, optimizer=optimizer, scaler=scaler, ema=ema,
+                precision=precision, clip_grad=schedule.clip_grad,
+                loss_was_finite=nonfinite_losses == losses_before_step,
+            )
+            losses_before_step = nonfinite_losses.clone()
+            scale_min, scale_max = torch.minimum(scale_min, result.scale), torch.maximum(scale_max, result.scale)
+            optimizer_steps += 1
+            skipped += ~result.applied
+            unstable += result.unstable
+            last_step = step
+        # The progress line reads the losses (a host sync): about once a second, not every few steps.
+        if progress and (time.perf_counter() - last_shown >= 1.0 or index == steps - 1):
+            means = (loss_sums / (index + 1)).tolist()
+            bar.set_postfix(box=f"{means[0]:.3f}", cls=f"{means[1]:.3f}", dfl=f"{means[2]:.3f}", size=sizes[index])
+            last_shown = time.perf_counter()
+    if world_size > 1:  # each rank holds its share of the global loss: the sum is the whole
+        torch.distributed.all_reduce(loss_sums)
+    means = (loss_sums / max(steps, 1)).tolist()  # waits for the device, so the time below includes the last step
+    seconds = time.perf_counter() - start
+    scales = (scale_min.item(), scale_max.item()) if optimizer_steps else (1.0, 1.0)
+    return {
+        "train/box": means[0],
+        "train/cls": means[1],
+        "train/dfl": means[2],
+        "lr": optimizer.param_groups[0]["lr"],
+        "images_per_s": images_seen * world_size / seconds,
+        "epoch_seconds": seconds,
+        "peak_mem_mb": peak_memory_mb(device),
+        "loss_scale_min": scales[0],
+        "loss_scale_max": scales[1],
+        "optimizer_steps": optimizer_steps,
+        "skipped_steps": int(skipped),
+        "unstable_steps": int(unstable),
+        "nonfinite_losses": int(nonfinite_losses),
+        "unreadable_images": unreadable_images,  # this rank's images that failed to decode and were replaced
+    }

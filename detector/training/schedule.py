@@ -1,0 +1,119 @@
+"""The learning rate, momentum and gradient accumulation of every training step: a pure function of the step.
+
+Warm-up (YOLOv5 style) over the first ``warmup_steps`` steps: weight LR rises from 0, bias LR falls from
+``warmup_bias_lr``, both to the decayed target; momentum rises from ``warmup_momentum``; accumulation rises
+from 1 micro-batch per optimizer step to ``nominal_batch / batch_size``. The target decays (linear or
+cosine) from ``base_lr`` to ``base_lr * final_lr_fraction`` at the run's last step.
+
+A ``--time`` budget changes the run's length while it trains (detector/training/budget.py). Recomputing a
+``lr(step, epochs)`` curve for the new length would move the LR of the very next step: issue 23 computed
+0.0033 -> 0.0093 for VOC with ``--time 3h``. So a re-plan goes through :meth:`StepSchedule.replan`, which
+changes only what lies ahead: the decay continues from the point it has reached at that step (same
+progress along the curve, so the same LR and momentum), stretched or compressed to end at the new last
+step, and the warm-up keeps its length once the run has started. The next step's LR then differs from
+the previous step's by the old schedule's own slope, never more::
+
+    schedule = schedule.replan(at_step=steps_done, epochs=new_total)
+    lr = schedule.values(steps_done).weight_lr  # == the old schedule's value at steps_done
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["StepSchedule", "StepValues"]
+
+
+@dataclass(frozen=True)
+class StepValues:
+    """What the optimizer uses at one step. ``accumulate`` is micro-batches per optimizer step."""
+
+    weight_lr: float
+    bias_lr: float
+    momentum: float
+    accumulate: int
+
+
+@dataclass(frozen=True)
+class StepSchedule:
+    """Warm-up, decay and accumulation of a run of ``epochs * steps_per_epoch`` steps.
+
+    ``anchor_step`` and ``anchor_progress`` place the decay after a re-plan: from ``anchor_step`` on, the
+    progress along the decay curve runs linearly from ``anchor_progress`` to 1 at :attr:`total_steps`.
+    A run that was never re-planned has (0, 0): progress is ``step / total_steps``.
+    """
+
+    epochs: int
+    steps_per_epoch: int
+    warmup_steps: int
+    base_lr: float
+    final_lr_fraction: float
+    cosine: bool
+    warmup_bias_lr: float
+    warmup_momentum: float
+    momentum: float
+    batch_size: int  # images per step across all processes
+    nominal_batch: int
+    clip_grad: float
+    anchor_step: int = 0
+    anchor_progress: float = 0.0
+
+    @property
+    def total_steps(self) -> int:
+        return self.epochs * self.steps_per_epoch
+
+    def progress(self, step: int) -> float:
+        """Fraction of the decay done at ``step``, in [0, 1]."""
+        remaining = self.total_steps - self.anchor_step
+        if remaining <= 0:  # re-planned to end at (or before) the anchor: the decay stops where it was
+            return min(max(self.anchor_progress, 0.0), 1.0)
+        progress = self.anchor_progress + (1.0 - self.anchor_progress) * (step - self.anchor_step) / remaining
+        return min(max(progress, 0.0), 1.0)
+
+    def lr_factor(self, step: int) -> float:
+        """Multiplier of ``base_lr`` at ``step`` after warm-up: linear or cosine from 1 to ``final_lr_fraction``."""
+        progress, final = self.progress(step), self.final_lr_fraction
+        if self.cosine:
+            return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))
+        return (1 - progress) * (1.0 - final) + final
+
+    def values(self, step: int) -> StepValues:
+        """Weight LR, bias LR, momentum and accumulation at ``step`` (0-based, counted over the whole run)."""
+        target = self.base_lr * self.lr_factor(step)
+        full_accumulation = max(round(self.nominal_batch / self.batch_size), 1)
+        if step >= self.warmup_steps:
+            return StepValues(target, target, self.momentum, full_accumulation)
+        points = [0, self.warmup_steps]
+        return StepValues(
+            weight_lr=float(np.interp(step, points, [0.0, target])),
+            bias_lr=float(np.interp(step, points, [self.warmup_bias_lr, target])),
+            momentum=float(np.interp(step, points, [self.warmup_momentum, self.momentum])),
+            accumulate=max(1, round(float(np.interp(step, points, [1, full_accumulation])))),
+        )
+
+    def replan(self, *, at_step: int, epochs: int, warmup_steps: int | None = None) -> StepSchedule:
+        """The schedule for a run re-planned to ``epochs`` when ``at_step`` steps are done.
+
+        Equal to this one at ``at_step``; only the rest changes (see the module docstring). ``warmup_steps``
+        replaces the warm-up only before the first step: once the ramp has started, changing its length
+        would move the next step's LR, momentum and accumulation off the ramp.
+        """
+        if epochs < 1 or at_step < 0:
+            raise ValueError(f"replan needs epochs >= 1 and at_step >= 0 (got {epochs}, {at_step})")
+        warmup = warmup_steps if warmup_steps is not None and at_step == 0 else self.warmup_steps
+        return dataclasses.replace(self, epochs=epochs, warmup_steps=warmup, anchor_step=at_step,
+                                   anchor_progress=self.progress(at_step))
+
+    def state(self) -> dict[str, float | int]:
+        """What a checkpoint keeps so that ``--resume`` continues this very schedule (see :meth:`restored`)."""
+        return {"epochs": self.epochs, "warmup_steps": self.warmup_steps, "anchor_step": self.anchor_step,
+                "anchor_progress": self.anchor_progress}
+
+    def restored(self, state: dict[str, float | int]) -> StepSchedule:
+        return dataclasses.replace(self, epochs=int(state["epochs"]), warmup_steps=int(state["warmup_steps"]),
+                                   anchor_step=int(state["anchor_step"]),
+                                   anchor_progress=float(state["anchor_progress"]))

@@ -1,0 +1,107 @@
+"""ONNX export: onnxruntime matches PyTorch at FP32 and FP16, metadata round-trips, in-graph NMS agrees."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from detector.exporting.parity import synthetic_images
+from detector.inference.onnx_backend import OnnxBackend
+from detector.model import YOLO
+from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
+from tests.tolerances import FP32_EPS, assert_same_detections, fp32_tolerance_on, rounded_relative_error
+
+onnx = pytest.importorskip("onnx", reason="ONNX export needs onnx (the 'export' extra)")
+pytest.importorskip("onnxruntime", reason="parity is checked with onnxruntime (the 'export' extra)")
+
+from detector.exporting import ExportWrapper, ModelInfo, export_onnx, read_onnx_info  # noqa: E402  (imports onnx)
+
+IMGSZ = 64  # conftest fixtures use 64 px images
+NAMES = ["circle", "square", "triangle"]
+
+
+def info_for(**overrides: Any) -> ModelInfo:
+    return ModelInfo(**{"names": NAMES, "strides": (8, 16, 32), "imgsz": IMGSZ, "batch": 4, **overrides})
+
+
+def reference(model: YOLO, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    with torch.no_grad():
+        return ExportWrapper(model)(images.float() / 255)
+
+
+FP16_EPS = torch.finfo(torch.float16).eps  # 9.8e-4 = 2^-10
+
+
+def test_wrapper_decode_equals_postprocess_decode(model: YOLO, images: torch.Tensor) -> None:
+    boxes, scores = reference(model, images)
+    with torch.no_grad():
+        decoded = decode_outputs(model(images.float() / 255), model.strides, model.reg_max)
+    # The same decode written twice: the DFL expectation (a reg_max-term sum, worst case one rounding of
+    # eps per term) and the anchor +- distance may round differently, eps times the largest coordinate each.
+    atol = FP32_EPS * (model.reg_max + 1) * float(decoded[..., :4].abs().max())
+    torch.testing.assert_close(boxes, decoded[..., :4], rtol=0, atol=atol)
+    torch.testing.assert_close(scores, decoded[..., 4:])
+
+
+def test_fp32_onnx_matches_pytorch(model: YOLO, images: torch.Tensor, tmp_path: Path) -> None:
+    path = export_onnx(model, tmp_path / "fp32.onnx", info_for())
+    boxes, scores = OnnxBackend(path).infer(images)
+    ref_boxes, ref_scores = reference(model, images)
+    # Same FP32 arithmetic in another order: tolerances from the model's depth, fan-in and outputs.
+    tolerance = fp32_tolerance_on(model, images)
+    torch.testing.assert_close(boxes, ref_boxes, rtol=0, atol=tolerance.box)
+    torch.testing.assert_close(scores, ref_scores, rtol=0, atol=tolerance.score)
+
+
+def test_fp16_onnx_close_to_pytorch_fp32(model: YOLO, images: torch.Tensor, tmp_path: Path) -> None:
+    path = export_onnx(model, tmp_path / "fp16.onnx", info_for(precision="fp16"))
+    proto = onnx.load(str(path))
+    assert proto.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT  # FP32 I/O ...
+    assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in proto.graph.initializer)  # ... FP16 weights inside
+    boxes, scores = OnnxBackend(path).infer(images)
+    ref_boxes, ref_scores = reference(model, images)
+    # FP16 rounds every weight and stored activation: depth * eps16 relative (tests/tolerances.py), carried
+    # to scores and boxes like the FP32 bound.
+    tolerance = fp32_tolerance_on(model, images, relative=rounded_relative_error(model, FP16_EPS))
+    assert (boxes - ref_boxes).abs().max() <= tolerance.box
+    assert (scores - ref_scores).abs().max() <= tolerance.score
+
+
+def test_dynamic_slimmed_graph_takes_other_batch_and_size(model: YOLO, tmp_path: Path) -> None:
+    pytest.importorskip("onnxslim", reason="simplify=True slims the graph with onnxslim")
+    path = export_onnx(model, tmp_path / "dynamic.onnx", info_for(batch=1, dynamic=True), simplify=True)
+    backend = OnnxBackend(path)
+    inputs = synthetic_images(96, count=2)[..., 16:80].contiguous()  # [2, 3, 96, 64]: other batch, not square
+    boxes, scores = backend.infer(inputs)
+    ref_boxes, ref_scores = reference(model, inputs)
+    tolerance = fp32_tolerance_on(model, inputs)  # FP32 in another summation order, as above
+    torch.testing.assert_close(boxes, ref_boxes, rtol=0, atol=tolerance.box)
+    torch.testing.assert_close(scores, ref_scores, rtol=0, atol=tolerance.score)
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_nms_graph_equals_python_postprocess(
+    model: YOLO, images: torch.Tensor, tmp_path: Path, multi_label: bool
+) -> None:
+    config = NMSConfig(conf_threshold=0.3, iou_threshold=0.5, max_detections=20, multi_label=multi_label)
+    info = info_for(nms=config, precision="fp32", dynamic=multi_label)  # one of the two with free batch
+    path = export_onnx(model, tmp_path / "nms.onnx", info)
+    assert read_onnx_info(path) == info  # metadata round-trips, NMS thresholds included
+    props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert props["names"] == '["circle", "square", "triangle"]' and props["stride"] == "32"
+    assert props["precision"] == '"fp32"' and props["nms"] == "true" and props["imgsz"] == str(IMGSZ)
+    detections, counts = OnnxBackend(path).infer(images)
+    assert detections.shape == (4, 20, 6) and counts.dtype == torch.int64
+    with torch.no_grad():
+        decoded = decode_outputs(model(images.float() / 255), model.strides, model.reg_max)
+    expected = non_max_suppression(decoded, config)
+    got = [{"boxes": rows[: int(count), :4], "scores": rows[: int(count), 4], "labels": rows[: int(count), 5].long()}
+           for rows, count in zip(detections, counts)]
+    # Paired by IoU within the FP32 tolerances; a detection on a threshold may exist on one side only.
+    summary = assert_same_detections(expected, got, nms=config, tolerance=fp32_tolerance_on(model, images))
+    assert summary.matched > 10  # the comparison is not vacuous
+    for rows, count in zip(detections, counts):
+        assert (rows[int(count) :] == 0).all()  # padding rows are zeros

@@ -1,0 +1,89 @@
+import os
+import resource
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from detector.tuning import (
+    MAX_AUTOTUNED_SHAPES,
+    ONEDNN_CACHE_CAPACITY,
+    ONEDNN_CACHE_ENV,
+    autotune_convolutions,
+    on_glibc,
+    tune_for_training,
+)
+
+SHOW = """
+import os, sys
+import torch
+import detector, detector.cli, detector.training.trainer
+from detector.tuning import tune_for_training
+print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "unset"))
+tune_for_training(torch.device(sys.argv[1]))
+print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "unset"))
+"""
+
+
+def _cache_values(environment: dict[str, str], device: str = "cpu") -> list[str]:
+    """The variable after importing detector, then after tune_for_training (in a fresh process)."""
+    done = subprocess.run([sys.executable, "-c", SHOW, device], env=environment, capture_output=True, text=True,
+                          check=True, timeout=120)
+    return done.stdout.split()
+
+
+def test_importing_detector_leaves_the_environment_alone_and_a_run_enlarges_the_onednn_kernel_cache():
+    environment = {k: v for k, v in os.environ.items() if k != ONEDNN_CACHE_ENV}
+    assert _cache_values(environment) == ["unset", str(ONEDNN_CACHE_CAPACITY)]
+
+
+def test_a_users_own_cache_size_is_kept():
+    assert _cache_values({**os.environ, ONEDNN_CACHE_ENV: "77"}) == ["77", "77"]
+
+
+FAULTS = """
+import resource, sys
+import torch
+from detector.tuning import hold_freed_memory
+applied = hold_freed_memory() if sys.argv[1] == "hold" else False
+def touch_and_free():
+    block = torch.ones(64 << 20, dtype=torch.uint8)  # 64 MiB: above glibc's largest mmap threshold
+    del block
+for _ in range(10):  # the heap settles first: early holes are too small for the next block until they merge
+    touch_and_free()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(4):
+    touch_and_free()
+print(applied, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _faults(mode: str) -> tuple[str, int]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    done = subprocess.run([sys.executable, "-c", FAULTS, mode], env=environment, capture_output=True, text=True,
+                          check=True, timeout=120)
+    applied, faults = done.stdout.split()
+    return applied, int(faults)
+
+
+@pytest.mark.skipif(not on_glibc(), reason="glibc only")
+def test_held_memory_is_reused_without_new_page_faults():
+    pages = 4 * (64 << 20) // resource.getpagesize()
+    applied, faults = _faults("hold")
+    assert applied == "True"
+    assert faults < pages // 20
+    # Without it, every 64 MiB block is mapped afresh and faulted in page by page: the check above can fail.
+    assert _faults("default")[1] > pages // 2
+
+
+def test_cuda_autotunes_only_runs_with_few_input_shapes(monkeypatch):
+    # Setting the flag needs no GPU; monkeypatch restores it for the other tests.
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
+    tune_for_training(torch.device("cuda"))
+    assert torch.backends.cudnn.benchmark is False  # decided once the shapes are known
+    assert autotune_convolutions(torch.device("cuda"), input_shapes=MAX_AUTOTUNED_SHAPES)
+    assert torch.backends.cudnn.benchmark is True
+    assert not autotune_convolutions(torch.device("cuda"), input_shapes=MAX_AUTOTUNED_SHAPES + 1)
+    assert torch.backends.cudnn.benchmark is False
+    assert not autotune_convolutions(torch.device("cpu"), input_shapes=1)

@@ -1,0 +1,50 @@
+import json
+
+import torch
+from torch import nn
+
+from detector.training.amp_check import amp_preflight, save_preflight
+from detector.loss import DetectionLoss
+from detector.model import build_model
+from detector.precision import Precision, cpu_has_native_bf16
+
+
+class OverflowsInFP16(nn.Module):
+    """A planted failure: activations beyond FP16's range (65504) but fine in FP32/BF16."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
+        return self.model(images * 1e6)
+
+
+def _batch():
+    torch.manual_seed(0)
+    images = torch.rand(2, 3, 64, 64)
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.4], [1, 0, 0.3, 0.3, 0.2, 0.3]])
+    return images, targets
+
+
+def test_healthy_model_keeps_its_precision():
+    model = build_model(num_classes=2)
+    images, targets = _batch()
+    name = "bf16" if cpu_has_native_bf16() else "fp16"
+    chosen, result = amp_preflight(model, DetectionLoss(num_classes=2, strides=model.strides), images, targets,
+                                   Precision(name, "cpu", "test"))
+    assert chosen.name == name and not result.fell_back and result.checks[0].passed
+    assert result.checks[0].loss_relative_error < 0.05
+
+
+def test_planted_fp16_overflow_is_detected_and_falls_back(tmp_path):
+    inner = build_model(num_classes=2)
+    model = OverflowsInFP16(inner)
+    images, targets = _batch()
+    chosen, result = amp_preflight(model, DetectionLoss(num_classes=2, strides=inner.strides), images, targets,
+                                   Precision("fp16", "cpu", "test"))
+    assert chosen.name in ("bf16", "fp32") and result.fell_back
+    assert result.checks[0].precision == "fp16" and not result.checks[0].passed
+    assert "falling back" in result.line()
+    save_preflight(result, tmp_path / "amp_check.json")
+    assert json.loads((tmp_path / "amp_check.json").read_text())["chosen"] == chosen.name

@@ -1,0 +1,112 @@
+import pytest
+import torch
+
+from detector.data.letterbox import ImageMeta
+from detector.training.ema import ModelEMA
+from detector.training.engine import StepSchedule, resize_batch, step_input, train_one_epoch
+from detector.loss import DetectionLoss
+from detector.model import build_model
+from detector.training.multiscale import MultiScale
+from detector.training.optim import build_optimizer
+from detector.precision import Precision, cpu_has_native_bf16, resolve_precision
+
+
+def _loader(batches: int = 2):
+    generator = torch.Generator().manual_seed(0)
+    images = (torch.rand(batches, 2, 3, 64, 64, generator=generator) * 255).to(torch.uint8)
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.4], [1, 0, 0.3, 0.3, 0.2, 0.3]])
+    metas = [ImageMeta(i, (64, 64), 1.0, (0.0, 0.0)) for i in range(2)]
+    return [(images[i], targets, metas) for i in range(batches)]
+
+
+def _run_epoch(precision: Precision):
+    torch.manual_seed(0)
+    model = build_model(num_classes=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    choice = build_optimizer(model, name="AdamW", lr=1e-3, momentum=0.9, weight_decay=0.0,
+                             num_classes=2, total_steps=2)
+    optimizer, lr = choice.optimizer, choice.lr
+    schedule = StepSchedule(epochs=1, steps_per_epoch=2, warmup_steps=0, base_lr=lr, final_lr_fraction=1.0,
+                            cosine=False, warmup_bias_lr=0.0, warmup_momentum=0.9, momentum=0.9, batch_size=2,
+                            nominal_batch=2, clip_grad=10.0)
+    ema = ModelEMA(model)
+    stats = train_one_epoch(model=model, criterion=DetectionLoss(num_classes=2, strides=model.strides),
+                            loader=_loader(), optimizer=optimizer, scaler=precision.make_scaler(), ema=ema,
+                            precision=precision, schedule=schedule, multi_scale=MultiScale(64, enabled=False),
+                            epoch=0, seed=0, device=torch.device("cpu"), channels_last=True, progress=False)
+    changed = any(not torch.equal(before[k], v) for k, v in model.state_dict().items() if v.is_floating_point())
+    return stats, changed, ema
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16"])
+def test_one_training_step_updates_weights(name):
+    if name == "bf16" and not cpu_has_native_bf16():
+        pytest.skip("CPU without native BF16")
+    stats, changed, ema = _run_epoch(Precision(name, "cpu", "test"))
+    assert changed and stats["optimizer_steps"] == 2 and stats["skipped_steps"] == 0
+    assert all(stats[k] > 0 for k in ("train/box", "train/cls", "train/dfl"))
+    assert ema.updates == 2
+
+
+def test_unamp_means_fp32_without_scaler():
+    precision = resolve_precision("auto", torch.device("cpu"), unamp=True)
+    assert precision.name == "fp32" and precision.dtype is None and not precision.make_scaler().is_enabled()
+    assert not torch.backends.cuda.matmul.allow_tf32
+
+
+def test_auto_precision_on_cpu_follows_hardware():
+    precision = resolve_precision("auto", torch.device("cpu"))
+    assert precision.name == ("bf16" if cpu_has_native_bf16() else "fp32") and precision.reason
+
+
+def test_step_input_resizes_in_uint8_on_cpu_close_to_the_float_path():
+    generator = torch.Generator().manual_seed(0)
+    images = (torch.rand(2, 3, 64, 64, generator=generator) * 255).to(torch.uint8)
+    images = images.contiguous(memory_format=torch.channels_last)
+    out = step_input(images, 96, torch.device("cpu"), channels_last=True)
+    assert out.shape == (2, 3, 96, 96) and out.dtype == torch.float32
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    # The float path (what a GPU step does): resizing before or after the conversion differs by the uint8
+    # rounding of the interpolated value, one grey level at most (plus float error).
+    reference = resize_batch(images.float() / 255, 96)
+    assert (out - reference).abs().max() <= 1.01 / 255
+
+
+def _step_with_gradient(value: float, precision: Precision, scale: float):
+    from detector.training.engine import optimizer_step
+
+    layer = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=scale, enabled=precision.uses_scaler)
+    loss = layer(torch.ones(1, 2)).sum() * value
+    scaler.scale(loss).backward()
+    return optimizer_step(model=layer, parameters=list(layer.parameters()), optimizer=optimizer, scaler=scaler,
+                          ema=None, precision=precision, clip_grad=10.0, loss_was_finite=bool(torch.isfinite(loss)))
+
+
+def test_gradscaler_calibration_skips_are_not_instability():
+    fp16 = Precision("fp16", "cpu", "test")
+    # Overflowing gradients at a large loss scale: GradScaler halves the scale and skips; that is normal.
+    calibrating = _step_with_gradient(1e38, fp16, scale=2.0**16)
+    assert not calibrating.applied and not calibrating.unstable
+    # The same at scale 1: no room left to scale down, FP16 cannot hold these gradients.
+    exhausted = _step_with_gradient(1e38, fp16, scale=1.0)
+    assert not exhausted.applied and exhausted.unstable
+    # A non-finite loss is never the scaler's business; without a scaler any skip is real.
+    assert _step_with_gradient(float("nan"), fp16, scale=2.0**16).unstable
+    assert _step_with_gradient(float("inf"), Precision("bf16", "cpu", "test"), scale=1.0).unstable
+    assert _step_with_gradient(1.0, fp16, scale=2.0**16).applied
+
+
+def test_fallback_waits_for_unstable_steps_and_stops_in_fp32():
+    import pytest as _pytest
+
+    from detector.training.trainer import fallback_after_epoch
+
+    fp16 = Precision("fp16", "cpu", "test")
+    # coco128 in FP16: 8 optimizer steps in epoch 1, half of them GradScaler's calibration skips.
+    assert fallback_after_epoch(fp16, {"unstable_steps": 0, "skipped_steps": 4, "optimizer_steps": 8}, "cpu") is None
+    safer, message = fallback_after_epoch(fp16, {"unstable_steps": 5, "skipped_steps": 5, "optimizer_steps": 8}, "cpu")
+    assert safer == ("bf16" if cpu_has_native_bf16() else "fp32") and "5/8" in message
+    with _pytest.raises(FloatingPointError, match="diverged"):
+        fallback_after_epoch(Precision("fp32", "cpu", "t"), {"unstable_steps": 8, "optimizer_steps": 8}, "cpu")

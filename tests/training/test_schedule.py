@@ -1,0 +1,110 @@
+"""The step schedule (detector/training/schedule.py): pure, so every step of a run can be checked, re-plans included."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from detector.training.schedule import StepSchedule
+
+# Float round-off of one re-anchoring: progress is recomputed as a + (1 - a) * (s - k) / (T - k), a few ulps
+# of values ~1e-2; 1e-12 absolute is far above that and far below any LR step of interest (>= 1e-7 here).
+ROUND_OFF = 1e-12
+
+
+def schedule(**overrides: object) -> StepSchedule:
+    values: dict[str, object] = dict(
+        epochs=100, steps_per_epoch=50, warmup_steps=150, base_lr=0.01, final_lr_fraction=0.01, cosine=False,
+        warmup_bias_lr=0.1, warmup_momentum=0.8, momentum=0.937, batch_size=16, nominal_batch=64, clip_grad=10.0,
+    )
+    values.update(overrides)
+    return StepSchedule(**values)  # type: ignore[arg-type]
+
+
+def lrs(plan: StepSchedule, steps: range) -> list[float]:
+    return [plan.values(step).weight_lr for step in steps]
+
+
+def max_slope(values: list[float]) -> float:
+    return max(abs(b - a) for a, b in zip(values, values[1:]))
+
+
+def test_a_fresh_schedule_is_the_yolov5_warmup_and_linear_decay():
+    plan = schedule()
+    start, after = plan.values(0), plan.values(150)
+    assert (start.weight_lr, start.bias_lr, start.momentum, start.accumulate) == (0.0, 0.1, 0.8, 1)
+    # At step 75 (half the warm-up): weight LR half of the decayed target, accumulation half-way to 4 (2.5 -> 2).
+    target = 0.01 * ((1 - 75 / 5000) * 0.99 + 0.01)
+    assert plan.values(75).weight_lr == pytest.approx(target / 2) and plan.values(75).accumulate == 2
+    assert after.weight_lr == after.bias_lr == pytest.approx(0.01 * ((1 - 150 / 5000) * 0.99 + 0.01))
+    assert (after.momentum, after.accumulate) == (0.937, 4)
+    assert plan.values(5000).weight_lr == pytest.approx(0.01 * 0.01)  # the final fraction at the last step
+
+
+def test_cosine_ends_at_the_final_fraction_with_a_flat_start():
+    plan = schedule(cosine=True, warmup_steps=0)
+    assert plan.values(0).weight_lr == pytest.approx(0.01)
+    assert plan.values(2500).weight_lr == pytest.approx(0.01 * (0.01 + 0.99 * 0.5))
+    assert plan.values(5000).weight_lr == pytest.approx(0.0001)
+
+
+@pytest.mark.parametrize("cosine", [False, True])
+@pytest.mark.parametrize("at_epoch", [1, 2, 5, 40])
+@pytest.mark.parametrize("new_epochs", [3, 6, 15, 60, 300])
+def test_a_replan_changes_only_what_lies_ahead(cosine: bool, at_epoch: int, new_epochs: int):
+    old = schedule(cosine=cosine)
+    at_step = at_epoch * old.steps_per_epoch
+    if new_epochs * old.steps_per_epoch <= at_step:
+        new_epochs = at_epoch  # a plan never ends before the epochs already done
+    new = old.replan(at_step=at_step, epochs=new_epochs, warmup_steps=7)
+    # The next step's values are the old schedule's: the same LRs, momentum and accumulation ...
+    assert dataclasses.astuple(new.values(at_step)) == pytest.approx(dataclasses.astuple(old.values(at_step)),
+                                                                     abs=ROUND_OFF)
+    assert new.warmup_steps == old.warmup_steps  # ... because the started warm-up keeps its length
+    # ... so the step from the last old LR to the first new one is one of the old schedule's own steps.
+    lived = lrs(old, range(at_step)) + lrs(new, range(at_step, new.total_steps + 1))
+    jump = abs(lived[at_step] - lived[at_step - 1])
+    assert jump <= max_slope(lrs(old, range(old.total_steps + 1))) + ROUND_OFF
+    if new.total_steps > at_step:  # the decay still ends at the final fraction, at the new last step
+        assert new.values(new.total_steps).weight_lr == pytest.approx(old.base_lr * old.final_lr_fraction)
+
+
+def test_a_replan_before_the_first_step_replaces_the_warmup():
+    plan = schedule().replan(at_step=0, epochs=15, warmup_steps=40)
+    assert plan.warmup_steps == 40 and plan.total_steps == 750
+    assert plan.values(40).weight_lr == pytest.approx(0.01 * ((1 - 40 / 750) * 0.99 + 0.01))
+    assert dataclasses.replace(plan, anchor_step=0, anchor_progress=0.0) == plan  # as if built for 15 epochs
+
+
+def test_the_issue_23_voc_case_has_no_jump_after_epoch_0():
+    # VOC at batch 16: 1,035 steps per epoch; 100 epochs configured, 3 warm-up epochs; --time 3h fits 15.
+    configured = schedule(steps_per_epoch=1035, warmup_steps=3 * 1035)
+    refitted = configured.replan(at_step=1035, epochs=15, warmup_steps=round(3 * 15 / 100 * 1035))
+    before, after = configured.values(1034), refitted.values(1035)
+    slope = max_slope(lrs(configured, range(0, 3 * 1035)))  # the warm-up's rise per step
+    assert abs(after.weight_lr - before.weight_lr) <= slope
+    assert abs(after.bias_lr - before.bias_lr) <= max_slope([configured.values(s).bias_lr for s in range(3105)])
+    assert abs(after.momentum - before.momentum) < 1e-4 and after.accumulate == before.accumulate
+    # What re-planning the whole curve did instead (issue 23): weight LR 0.0033 -> 0.0093 in one step.
+    rebuilt = dataclasses.replace(configured, epochs=15, warmup_steps=466)
+    assert rebuilt.values(1035).weight_lr - before.weight_lr > 100 * slope
+
+
+def test_a_replan_that_ends_now_holds_the_lr():
+    old = schedule(warmup_steps=0)
+    ended = old.replan(at_step=500, epochs=10)  # 10 epochs x 50 steps: the run ends at this very step
+    assert ended.values(500).weight_lr == pytest.approx(old.values(500).weight_lr)
+    assert not math.isnan(ended.progress(600))
+
+
+def test_state_round_trip_continues_the_same_schedule():
+    plan = schedule().replan(at_step=100, epochs=30).replan(at_step=400, epochs=12)
+    fresh = schedule()  # as a resumed run builds it from the config
+    assert fresh.restored(plan.state()) == plan
+
+
+def test_replan_rejects_nonsense():
+    with pytest.raises(ValueError, match="epochs >= 1"):
+        schedule().replan(at_step=10, epochs=0)

@@ -1,0 +1,264 @@
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from detector.checkpoint import CheckpointError, load_checkpoint
+from detector.cli.train import main as train_main
+from detector.training.config import TrainConfig
+from detector.training.trainer import train
+
+
+def _config(data: Path, project: Path, **overrides) -> TrainConfig:
+    # device="cpu": the default '' means CUDA when one is visible, which would change what these tests test.
+    values = dict(data=str(data), device="cpu", imgsz=64, epochs=2, batch=4, workers=0, cache="none", project=str(project),
+                  name="run", plots=False, amp_check=False, close_mosaic=1, seed=0, warmup_epochs=0.5)
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys):
+    summary = train(_config(yolo_yaml, tmp_path, plots=True), progress=False)
+    run_dir = summary["run_dir"]
+    assert math.isfinite(summary["metrics"]["mAP50-95"]) and 0 <= summary["metrics"]["mAP50-95"] <= 1
+    rows = list(csv.DictReader((run_dir / "results.csv").open()))
+    assert [r["epoch"] for r in rows] == ["1", "2"]
+    for column in ("train/box", "mAP50-95", "precision", "images_per_s", "peak_mem_mb", "loss_scale_min", "skipped_steps"):
+        assert rows[-1][column] != ""
+    assert all(row["evaluator"].startswith("faster-coco-eval ") for row in rows)  # which library made each mAP
+    checkpoint = load_checkpoint(run_dir / "weights" / "last.pt")  # weights_only=True inside
+    assert checkpoint["epoch"] == 1 and checkpoint["names"] == ["circle", "square", "triangle"]
+    assert (run_dir / "weights" / "best.pt").is_file() and (run_dir / "predictions.json").is_file()
+    # The run finished: best.pt and last.pt hold FP16 EMA weights and metadata, no optimizer; nano fits in 7 MB.
+    for name in ("best.pt", "last.pt"):
+        path = run_dir / "weights" / name
+        stripped = load_checkpoint(path)
+        assert "optimizer" not in stripped and "scaler" not in stripped and stripped["ema"] is None, name
+        assert {"model_args", "names", "metrics", "config", "precision"} <= stripped.keys(), name
+        assert {t.dtype for t in stripped["model"].values() if t.is_floating_point()} == {torch.float16}, name
+        assert path.stat().st_size <= 7e6, (name, path.stat().st_size)
+    with pytest.raises(CheckpointError, match=r"last.pt: holds no optimizer state .* --weights .*last.pt$"):
+        train(_config(yolo_yaml, tmp_path, resume=str(run_dir / "weights" / "last.pt")), progress=False)
+    for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "val_batch0_pred"):
+        assert (run_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+    printed = capsys.readouterr().out
+    assert "AP50-95" in printed and "Average Precision" in printed  # per-class table + COCO summary
+    assert "| COCO eval faster-coco-eval " in printed  # the run header names the evaluator
+    assert "| HSV/flips in the workers |" in printed  # --pixel-augment auto on the CPU
+    assert "): 1 input shape |" in printed  # 64 px: the default list is [64]; 8 images, batch 4: no partial batch
+
+
+def test_pixel_augment_on_the_device_trains_and_says_so(yolo_yaml: Path, tmp_path: Path, capsys):
+    """HSV and flips in the training step (what CUDA gets by default), here on the CPU; the plot and the
+    AMP check see the batch with them applied (detector/training/engine.py as_trained)."""
+    summary = train(_config(yolo_yaml, tmp_path, epochs=1, close_mosaic=0, plots=True, amp_check=True,
+                            pixel_augment="device"), progress=False)
+    rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
+    assert all(math.isfinite(float(rows[-1][k])) for k in ("train/box", "train/cls", "train/dfl"))
+    assert (summary["run_dir"] / "train_batch0.png").is_file()
+    assert "| HSV/flips on the device |" in capsys.readouterr().out
+
+
+def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
+    sizes = dict(multi_scale_min=0.5, multi_scale_hold=1, close_mosaic=0)  # 32 or 64 px: resume replays them
+    # stop_after_epochs=3 ends both runs as an interruption after their last epoch would: last.pt keeps the
+    # raw weights and FP32 (a finished run strips it), so they are compared at full precision.
+    full = train(_config(yolo_yaml, tmp_path / "a", epochs=3, **sizes), progress=False, stop_after_epochs=3)
+    partial = train(_config(yolo_yaml, tmp_path / "b", epochs=3, **sizes), progress=False, stop_after_epochs=2)
+    assert partial["epochs_done"] == 2
+    resumed = train(_config(yolo_yaml, tmp_path / "c", resume=str(partial["run_dir"] / "weights" / "last.pt")),
+                    progress=False, stop_after_epochs=3)
+    assert resumed["run_dir"] == partial["run_dir"] and resumed["epochs_done"] == 3
+    expected = load_checkpoint(full["run_dir"] / "weights" / "last.pt")
+    actual = load_checkpoint(resumed["run_dir"] / "weights" / "last.pt")
+    assert actual["epoch"] == expected["epoch"] == 2
+    for key in ("model", "ema"):
+        for name, tensor in expected[key].items():
+            if tensor.is_floating_point():
+                torch.testing.assert_close(actual[key][name], tensor, rtol=1e-4, atol=1e-5, msg=f"{key}.{name}")
+
+
+def test_cli_rejects_bad_values_with_exit_code_2(capsys):
+    assert train_main(["--epochs", "-1", "--imgsz", "100"]) == 2
+    message = capsys.readouterr().err
+    assert "--epochs" in message and "multiple of 32" in message and message.count("\n") == 1
+
+
+def test_cli_reports_missing_data_yaml(tmp_path: Path, capsys):
+    assert train_main(["--data", str(tmp_path / "none.yaml"), "--project", str(tmp_path)]) == 2
+    assert "none.yaml" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--unamp", "--precision=fp32"])
+def test_training_runs_in_fp32(flag, yolo_yaml: Path, tmp_path: Path):
+    assert train_main(["--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "1", "--batch", "4", "--workers", "0",
+                       "--device", "cpu", "--project", str(tmp_path), "--no-plots", "--no-amp-check", flag]) == 0
+    rows = list(csv.DictReader((tmp_path / "exp" / "results.csv").open()))
+    assert rows[0]["precision"] == "fp32"
+
+
+def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(yolo_yaml: Path, tmp_path: Path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    process = subprocess.Popen(
+        [sys.executable, str(root / "train.py"), "--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "200",
+         "--batch", "4", "--workers", "0", "--cache", "none", "--no-plots", "--no-amp-check", "--device", "cpu",
+         "--project", str(tmp_path)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    deadline = time.time() + 120
+    try:
+        while not last.exists() and time.time() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        process.kill()  # no-op once it has exited; a hung run must not outlive the test
+    assert process.returncode == 0, output[-2000:]
+    assert "interrupted: saved" in output
+    state = load_checkpoint(last)
+    assert 0 <= state["epoch"] < 199
+
+
+def test_ctrl_c_to_the_process_group_of_a_run_with_workers_prints_one_line(yolo_yaml: Path, tmp_path: Path):
+    """A terminal's Ctrl-C reaches the whole foreground group: the trainer and its loader workers (train and
+    validation). Only the trainer may act on it: one "Ctrl-C" line, last.pt saved, exit code 0 (issue 23)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    log = tmp_path / "output.txt"
+    with log.open("w") as output:  # a file, not a pipe: a pipe nobody reads while waiting could fill and block
+        process = subprocess.Popen(
+            [sys.executable, str(root / "train.py"), "--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "200",
+             "--batch", "4", "--workers", "2", "--cache", "none", "--no-plots", "--no-amp-check", "--device", "cpu",
+             "--project", str(tmp_path)],
+            stdout=output, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    deadline = time.time() + 120
+    try:
+        # last.pt exists after the first epoch's validation: the validation loader's workers were forked after
+        # the trainer installed its handler, the case that printed one line per worker.
+        while not last.exists() and time.time() < deadline and process.poll() is None:
+            time.sleep(0.2)
+        assert process.poll() is None, log.read_text()[-2000:]
+        os.killpg(process.pid, signal.SIGINT)  # as a terminal does: every process of the group
+        process.wait(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # a hung run must not outlive the test
+    printed = log.read_text()
+    assert process.returncode == 0, printed[-2000:]
+    assert printed.count("Ctrl-C") == 1, printed[-2000:]
+    assert "interrupted: saved" in printed
+    assert 0 <= load_checkpoint(last)["epoch"] < 199
+
+
+def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path: Path, monkeypatch, capsys):
+    """``--time`` with loader workers: the plan is fitted from a timed probe before step 0 and re-fitted after
+    every epoch without moving the next step's LR by more than the schedule's own slope (issue 23)."""
+    import time
+
+    import detector.training.engine
+    from detector.training.trainer import Trainer
+    from tests.conftest import write_yolo_dataset
+
+    data = write_yolo_dataset(tmp_path / "data", train=48, val=4)  # batch 4: 12 steps per epoch
+    real_set_learning_rates = detector.training.engine.set_learning_rates
+    per_optimizer: dict[int, list[tuple[int, float]]] = {}
+
+    def recording(optimizer, step, schedule):  # every step's weight LR, per optimizer (the probe has copies)
+        values = real_set_learning_rates(optimizer, step, schedule)
+        per_optimizer.setdefault(id(optimizer), []).append((step, values.weight_lr))
+        return values
+
+    monkeypatch.setattr(detector.training.engine, "set_learning_rates", recording)
+    # Configured: 20,000 epochs at one micro-batch per optimizer step (240k steps: auto would pick SGD) with a
+    # 10-epoch warm-up (120 steps). The budget fits ~5-20 epochs: AdamW, and the 100-step warm-up floor.
+    # Re-planning the whole curve (the code before issue 23) failed the LR check below 9x over.
+    config = _config(data, tmp_path, epochs=20_000, workers=2, time="15s", nominal_batch=4, warmup_epochs=10.0,
+                     close_mosaic=2)
+    start = time.monotonic()
+    trainer = Trainer(config, progress=False)  # kept, for what it measured (a finished run's last.pt is stripped)
+    summary = trainer.fit()
+    wall = time.monotonic() - start
+    printed = capsys.readouterr().out
+    assert printed.index("probe: ") < printed.index("detector: YOLO")  # fitted before the first step
+    assert "| AdamW lr " in printed  # chosen from the fitted plan, not the configured 20,000 epochs
+
+    rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
+    assert len(rows) == summary["epochs_done"] >= 3 and trainer.optimizer_name == "AdamW"
+    # The run ends inside the budget, give or take the end of the run the last re-fit had to predict: at most
+    # one epoch (wall time between epoch starts, checkpoints included) and one validation more than planned.
+    overrun = max(trainer.epoch_seconds) + max(float(row["val_seconds"]) for row in rows)
+    assert wall <= 15.0 + overrun, (wall, overrun)
+
+    steps = max(per_optimizer.values(), key=len)  # the run's own optimizer
+    assert [step for step, _ in steps] == list(range(12 * len(rows)))
+    lr = [value for _, value in steps]
+    # results.csv's LR is the epoch's last step's, written to 6 significant digits (relative error <= 5e-6).
+    assert [float(row["lr"]) for row in rows] == pytest.approx([lr[12 * (e + 1) - 1] for e in range(len(rows))],
+                                                               rel=5e-6)
+    # Re-plans happen between epochs. Re-anchored, the first step of epoch e has the old schedule's LR, so it
+    # differs from the last step of epoch e-1 by the old schedule's slope there: at most the largest step
+    # within epoch e-1 (the warm-up ramp rises ever less steeply; the linear decay has one slope per plan)
+    # or within epoch e (after the warm-up ends). 1e-12: float round-off of the re-anchoring (LRs ~1e-3).
+    for epoch in range(1, len(rows)):
+        boundary = 12 * epoch
+        inside = [abs(lr[s + 1] - lr[s]) for s in range(boundary - 12, boundary + 11) if s + 1 != boundary]
+        assert abs(lr[boundary] - lr[boundary - 1]) <= max(inside) + 1e-12, epoch
+
+
+@pytest.mark.parametrize("saved", ["fp16", "fp32"])
+def test_resume_re_resolves_the_precision_on_this_device(saved, yolo_yaml: Path, tmp_path: Path):
+    """A GPU run's FP16 resumed on a CPU gets the CPU's choice; a run that had fallen back to FP32 stays there."""
+    from detector.checkpoint import save_checkpoint
+    from detector.precision import resolve_precision
+
+    partial = train(_config(yolo_yaml, tmp_path, device="cpu"), progress=False, stop_after_epochs=1)
+    last = partial["run_dir"] / "weights" / "last.pt"
+    state = load_checkpoint(last)
+    state["precision"] = saved
+    save_checkpoint(state, last)
+    resumed = train(_config(yolo_yaml, tmp_path, resume=str(last), device="cpu"), progress=False)
+    cpu_choice = resolve_precision("auto", torch.device("cpu")).name
+    assert resumed["precision"] == (cpu_choice if saved == "fp16" else "fp32")
+
+
+def test_early_stop_ends_with_the_final_report(yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
+    import detector.training.trainer
+
+    monkeypatch.setattr(detector.training.trainer, "fitness", lambda metrics: 0.0)  # epoch 1 is the best there will be
+    summary = train(_config(yolo_yaml, tmp_path, epochs=4, patience=1, plots=True), progress=False)
+    assert summary["epochs_done"] == 2 and not summary["interrupted"]
+    printed = capsys.readouterr().out
+    assert "early stop: no better fitness for 1 epochs (best at epoch 1)" in printed
+    assert "Average Precision" in printed  # the pycocotools summary of the final report
+    for name in ("PR_curve", "confusion_matrix", "val_batch0_pred"):
+        assert (summary["run_dir"] / f"{name}.png").is_file(), name
+    assert load_checkpoint(summary["run_dir"] / "weights" / "best.pt")["epoch"] == 0
+
+
+def test_resume_of_a_time_budget_run_continues_its_schedule_and_optimizer(yolo_yaml: Path, tmp_path: Path):
+    """The re-anchored schedule and auto's choice (made from the fitted plan) come back from last.pt: the
+    configured 20,000 epochs would now pick SGD, whose state the saved AdamW state does not fit."""
+    from detector.training.trainer import Trainer
+
+    config = _config(yolo_yaml, tmp_path, epochs=20_000, time="1m", nominal_batch=4)
+    partial = train(config, progress=False, stop_after_epochs=2)
+    last = partial["run_dir"] / "weights" / "last.pt"
+    state = load_checkpoint(last)
+    assert state["optimizer_choice"]["name"] == "AdamW" and state["schedule"]["epochs"] < 20_000
+    resumed = Trainer(_config(yolo_yaml, tmp_path, resume=str(last)), progress=False)
+    assert resumed.schedule.state() == state["schedule"] and resumed.epochs == state["plan"]["epochs"]
+    assert resumed.optimizer_name == "AdamW" and resumed.schedule.base_lr == state["optimizer_choice"]["lr"]
