@@ -14,6 +14,15 @@ import torch
 EPS = 1e-9
 
 
+@dataclass(frozen=True)
+class AssignerConfig:
+    """``top_k`` candidate anchors per box; the alignment metric is ``score ** alpha * iou ** beta`` (TOOD)."""
+
+    top_k: int = 10
+    alpha: float = 0.5
+    beta: float = 6.0
+
+
 @dataclass
 class AssignedTargets:
     labels: torch.Tensor  # [B, A] long, class of the matched box (0 where background)
@@ -113,9 +122,7 @@ def assign_targets(
     gt_mask: torch.Tensor,
     *,
     num_classes: int,
-    top_k: int = 10,
-    alpha: float = 0.5,
-    beta: float = 6.0,
+    config: AssignerConfig = AssignerConfig(),
 ) -> AssignedTargets:
     """Assign ground truth to anchors.
 
@@ -126,14 +133,16 @@ def assign_targets(
         gt_labels: ``[B, M]`` class ids (padded).
         gt_boxes: ``[B, M, 4]`` xyxy pixels (padded).
         gt_mask: ``[B, M]`` bool, True for real (non-padding) boxes.
+        config: candidates per box and the alignment exponents (:class:`AssignerConfig`).
     """
     if gt_boxes.shape[1] == 0:
         return empty_targets(pred_scores)
     pred_scores, pred_boxes, gt_boxes = pred_scores.float(), pred_boxes.float(), gt_boxes.float()
     gt_labels = gt_labels.long().clamp(0, num_classes - 1)
     candidates = candidate_anchors(anchor_points, gt_boxes, gt_mask)
-    alignment, iou = alignment_metric(pred_scores, pred_boxes, gt_labels, gt_boxes, candidates, alpha=alpha, beta=beta)
-    positive = select_positives(alignment, iou, candidates, top_k=top_k)
+    alignment, iou = alignment_metric(pred_scores, pred_boxes, gt_labels, gt_boxes, candidates, alpha=config.alpha,
+                                       beta=config.beta)
+    positive = select_positives(alignment, iou, candidates, top_k=config.top_k)
     foreground, labels, boxes = gather_matched(positive, gt_labels, gt_boxes)
     scores = soft_class_targets(alignment, iou, positive, labels, foreground, num_classes)
     return AssignedTargets(labels=labels, boxes=boxes, scores=scores, foreground=foreground)

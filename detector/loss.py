@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torchvision.ops import complete_box_iou_loss
 
-from detector.assigner import AssignedTargets, assign_targets
+from detector.assigner import AssignedTargets, AssignerConfig, assign_targets
 from detector.boxes import (
     boxes_to_distances,
     cxcywh_to_xyxy,
@@ -144,7 +144,7 @@ class DetectionLoss(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.num_classes, self.strides, self.reg_max, self.gains = num_classes, strides, reg_max, gains
-        self.top_k, self.alpha, self.beta = top_k, alpha, beta
+        self.assigner = AssignerConfig(top_k=top_k, alpha=alpha, beta=beta)
 
     def forward(
         self,
@@ -181,9 +181,7 @@ class DetectionLoss(torch.nn.Module):
             gt_boxes,
             gt_mask,
             num_classes=self.num_classes,
-            top_k=self.top_k,
-            alpha=self.alpha,
-            beta=self.beta,
+            config=self.assigner,
         )
         score_sum, global_batch = assigned.scores.sum(), batch
         if across_ranks and torch.distributed.is_available() and torch.distributed.is_initialized():

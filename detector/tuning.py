@@ -1,31 +1,17 @@
-"""Process-wide settings for fast training.
+"""Process-wide settings of the kernel libraries and the C heap, applied when a run or a command starts.
 
-oneDNN kernel cache (set when a run starts: by :func:`tune_for_training`, and by every other command first
-thing). oneDNN, which runs PyTorch's CPU convolutions, keeps its compiled kernels ("primitives") in a cache
-keyed by shape, 1024 entries by default. Multi-scale training cycles about 11 input sizes through ~65
-convolutions, each with a forward, a backward-data and a backward-weights kernel: over 2,000 keys, so the
-default cache thrashes and every size change rebuilds its kernels. Measured on a 2-core AVX-512 CPU, a bare
-BF16 training step cycling the sizes ran at 27.7 images/s with the default (the same as with the cache off)
-and ~31-33 with room for every kernel; resident memory did not grow.
+- oneDNN kernel cache (every command, first thing): multi-scale training cycles its input sizes through ~65
+  convolutions x 3 kernels each, over oneDNN's default 1024-entry cache, so every size change rebuilt its
+  kernels. With room for all of them a bare multi-scale step ran ~10% faster on a 2-core CPU.
+- Freed memory kept in the heap (training on the CPU): glibc handed large freed blocks back to the kernel, so
+  every step faulted in fresh zeroed pages for the same activations; kept, bare steps ran ~11% faster, peak
+  resident memory ~4% higher. Skipped when you tune malloc yourself, and off glibc.
+- cuDNN autotuning (training on CUDA, once the run's input shapes are known): its timing is paid once per
+  input shape, so it is on up to ``MAX_AUTOTUNED_SHAPES`` shapes and off beyond, where heuristics choose (as
+  detectron2 and torchvision do when sizes vary). The limit is a judgement, not yet measured on a GPU.
 
-Freed memory (set by the trainer when it computes on the CPU). glibc serves allocations over its mmap
-threshold (at most 32 MB) with fresh mappings and returns them on free, and trims the heap top on free, so
-every training step asks the kernel for zeroed pages again for the same activations: a million minor page
-faults per 44 FP32 steps. Keeping freed memory in the heap removes them; measured on the same CPU, bare
-multi-scale steps ran ~11% faster in FP32 and BF16, whole training runs 2-4% faster, with peak resident
-memory about 4% higher.
-
-cuDNN autotuning (set by the trainer on CUDA, once it knows the run's input shapes). With
-``cudnn.benchmark`` cuDNN times its algorithms for every convolution, forward and backward, the first time
-each input shape appears, and keeps the fastest. The timing is paid once per shape, the gain on every
-later step, so it pays when a run sees few shapes many times. Issue 16 measured the cost on an H100: with
-per-batch multi-scale over 21 sizes plus a partial last batch, epochs of ~1 s took 5-27 s whenever a new
-(batch, size) shape appeared, a tax that ran through the whole run. :mod:`detector.training.multiscale` now bounds
-the shapes (default: 3 at 320 px, 5 at 640 px, one batch size), so autotuning stays on up to
-``MAX_AUTOTUNED_SHAPES`` shapes and is off beyond (as detectron2 and torchvision do when sizes vary):
-then cuDNN's heuristics pick an algorithm with no timing. The limit is a judgement, not a measurement:
-GPU timings were not measured on the development machine (no GPU). ``cudnn.benchmark_limit`` (algorithms
-tried per shape) is left at PyTorch's default.
+The measurements behind each, with their commands: docs/benchmarks.md, "Where the CPU time goes", and
+docs/multiscale.md, "cuDNN autotuning".
 """
 
 from __future__ import annotations

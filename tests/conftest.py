@@ -19,7 +19,13 @@ from detector.data.records import Records
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import make_image, write_yolo_split
 from detector.exporting.parity import synthetic_images
+from detector.loss import DetectionLoss
 from detector.model import YOLO, build_model
+from detector.precision import Precision
+from detector.training.ema import ModelEMA
+from detector.training.engine import TrainStep
+from detector.training.optim import build_optimizer
+from detector.training.schedule import StepSchedule
 
 NAMES = ["circle", "square", "triangle"]
 MODEL_IMGSZ = 64  # input size of the small checkpoints the export and inference tests share
@@ -240,3 +246,19 @@ def write_records(folder: Path, count: int, seed: int) -> Records:
         cv2.imwrite(str(paths[-1]), image)
         labels.append(boxes)
     return Records.from_lists(paths, labels, range(count), [(64, 64)] * count)
+
+
+def make_train_step(
+    model: YOLO, *, precision: str = "fp32", optimizer: str = "AdamW", lr: float = 1e-3, ema: bool = True,
+    channels_last: bool = False, steps_per_epoch: int = 2,
+) -> TrainStep:
+    """A :class:`TrainStep` on the CPU without warm-up or decay: the loop, the probe and the AMP check take one."""
+    choice = build_optimizer(model, name=optimizer, lr=lr, momentum=0.9, weight_decay=0.0,
+                             num_classes=model.num_classes, total_steps=steps_per_epoch)
+    schedule = StepSchedule(epochs=1, steps_per_epoch=steps_per_epoch, warmup_steps=0, base_lr=choice.lr,
+                            final_lr_fraction=1.0, cosine=False, warmup_bias_lr=0.0, warmup_momentum=0.9,
+                            momentum=0.9, batch_size=2, nominal_batch=2, clip_grad=10.0)
+    chosen = Precision(precision, "cpu", "test")
+    criterion = DetectionLoss(num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max)
+    return TrainStep(model, criterion, choice.optimizer, chosen.make_scaler(), ModelEMA(model) if ema else None,
+                     chosen, schedule, torch.device("cpu"), channels_last=channels_last)

@@ -1,7 +1,7 @@
 import torch
 from torchvision.ops import box_iou
 
-from detector.assigner import _pairwise_iou, assign_targets
+from detector.assigner import AssignerConfig, _pairwise_iou, assign_targets
 
 
 def _inputs(seed: int = 0):
@@ -32,7 +32,8 @@ def test_batched_equals_per_image():
 
 def test_positives_lie_inside_their_box_and_respect_top_k():
     scores, pred_boxes, anchors, labels, boxes, mask = _inputs()
-    result = assign_targets(scores, pred_boxes, anchors, labels, boxes, mask, num_classes=3, top_k=5)
+    result = assign_targets(scores, pred_boxes, anchors, labels, boxes, mask, num_classes=3,
+                            config=AssignerConfig(top_k=5))
     assert result.foreground.any()
     for b in range(2):
         fg = result.foreground[b]
@@ -62,7 +63,7 @@ def test_anchor_claimed_by_two_boxes_keeps_the_one_it_overlaps_most():
     # Both boxes contain anchor 0; the second (index 1) matches its prediction far better.
     gt_boxes = torch.tensor([[[0.0, 0.0, 60.0, 60.0], [5.0, 5.0, 27.0, 27.0]]])
     result = assign_targets(torch.full((1, 2, 2), 0.5), pred_boxes, anchors, torch.tensor([[0, 1]]), gt_boxes,
-                            torch.tensor([[True, True]]), num_classes=2, top_k=2)
+                            torch.tensor([[True, True]]), num_classes=2, config=AssignerConfig(top_k=2))
     assert result.foreground[0].tolist() == [True, True]
     assert result.labels[0].tolist() == [1, 0]  # anchor 0 -> box 1 (higher IoU); anchor 1 only in box 0
     assert torch.equal(result.boxes[0, 0], gt_boxes[0, 1])

@@ -42,9 +42,9 @@ RANK = int(os.environ["RANK"])
 state = {"epoch": -1}
 original_epoch, original_loss = detector.training.trainer.train_one_epoch, detector.loss.DetectionLoss.forward
 
-def train_one_epoch(**kwargs):
+def train_one_epoch(*args, **kwargs):
     state["epoch"] = kwargs["epoch"]
-    return original_epoch(**kwargs)
+    return original_epoch(*args, **kwargs)
 
 def forward(self, *args, **kwargs):
     total, parts = original_loss(self, *args, **kwargs)
@@ -57,9 +57,9 @@ args = build_parser().parse_args(sys.argv[1:])
 trainer = detector.training.trainer.Trainer(TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)}),
                                    progress=False)
 summary = trainer.fit()
-weights = sum(float(p.double().abs().sum()) for p in unwrap(trainer.model).parameters())
+weights = sum(float(p.double().abs().sum()) for p in unwrap(trainer.step.model).parameters())
 out = os.path.join(str(summary["run_dir"]), f"rank{RANK}.json")
-json.dump({"precision": trainer.precision.name, "epochs_done": summary["epochs_done"], "weights": weights},
+json.dump({"precision": trainer.step.precision.name, "epochs_done": summary["epochs_done"], "weights": weights},
           open(out, "w"))
 """
 

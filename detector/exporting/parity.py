@@ -19,7 +19,7 @@ from detector.data.build import SplitData
 from detector.data.synthetic import make_image
 from detector.inference.backend import Backend
 from detector.inference.preprocess import Detections, prepare_batch
-from detector.metrics.loop import run_validation
+from detector.metrics.loop import make_val_loader, run_validation
 from detector.postprocess import NMSConfig
 
 EVAL_NMS = NMSConfig(conf_threshold=0.001, iou_threshold=0.7, max_detections=300, multi_label=True)
@@ -128,8 +128,8 @@ def compare_on_images(
 
 
 def map50_95(backend: Backend, split: SplitData, *, batch_size: int, workers: int) -> float:
-    result, _ = run_validation(backend, split, batch_size=batch_size, workers=workers, progress=False)
-    return 100 * result.metrics["mAP50-95"]
+    loader = make_val_loader(split, batch_size=batch_size, workers=workers)
+    return 100 * run_validation(backend, split, loader, progress=False).metrics["mAP50-95"]
 
 
 def check_parity(

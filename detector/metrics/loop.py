@@ -7,6 +7,7 @@ in letterboxed-input pixels; this module handles batching, letterbox undo and th
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -17,6 +18,7 @@ from tqdm import tqdm
 
 from detector.data.build import SplitData
 from detector.data.dataset import collate
+from detector.data.letterbox import ImageMeta
 from detector.data.workers import worker_init
 from detector.metrics.coco import DETECTION_COLUMNS, EvalResult, evaluate_coco, to_coco_detections
 
@@ -42,25 +44,41 @@ def make_val_loader(
     )
 
 
+@dataclass
+class Validation:
+    """One pass of a model over a split, scored.
+
+    Attributes:
+        result: the COCO metrics, the evaluator's summary and its name (:class:`EvalResult`).
+        seconds: wall time of the pass: loading, inference, NMS and the evaluator.
+        images: images scored.
+        detections: the ``[N, 7]`` COCO results array (what predictions.json holds, for writing later).
+        predictions: ``(detections, meta)`` per image when asked for (plots, the per-class table), else None.
+    """
+
+    result: EvalResult
+    seconds: float
+    images: int
+    detections: np.ndarray
+    predictions: list[tuple[dict[str, torch.Tensor], ImageMeta]] | None = None
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return self.result.metrics
+
+
 def run_validation(
     infer: Callable[[torch.Tensor], Detections],
     split: SplitData,
+    loader: DataLoader,
     *,
-    loader: DataLoader | None = None,
-    batch_size: int = 32,
-    workers: int = 2,
-    cpu_compute: bool = False,
     results_json: Path | None = None,
     progress: bool = True,
     keep_predictions: bool = False,
     coco_eval: str = "faster",
-) -> tuple[EvalResult, dict]:
-    """Run ``infer`` over the split and score it with the ``coco_eval`` evaluator (see detector.metrics.coco).
-
-    Returns the result and timing/prediction info: ``{"seconds", "images", "detections", "predictions"?}``;
-    ``detections`` is the ``[N, 7]`` COCO results array (what ``results_json`` holds, for writing later).
-    """
-    loader = loader or make_val_loader(split, batch_size=batch_size, workers=workers, cpu_compute=cpu_compute)
+) -> Validation:
+    """Run ``infer`` over ``loader`` (:func:`make_val_loader` of ``split``) and score it with the ``coco_eval``
+    evaluator (see detector.metrics.coco); with ``results_json``, write the COCO results there too."""
     coco_detections: list[np.ndarray] = []
     predictions = []
     start = time.perf_counter()
@@ -78,7 +96,5 @@ def run_validation(
         results_json=results_json,
         backend=coco_eval,
     )
-    info: dict = {"seconds": time.perf_counter() - start, "images": len(split.records), "detections": detections}
-    if keep_predictions:
-        info["predictions"] = predictions
-    return result, info
+    return Validation(result, time.perf_counter() - start, len(split.records), detections,
+                      predictions if keep_predictions else None)

@@ -95,15 +95,14 @@ def confusion_matrix(
     *,
     conf_threshold: float = CM_CONF,
     iou_threshold: float = CM_IOU,
-    matrix: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Add one image to a ``[C + 1, C + 1]`` count matrix (rows: predicted class, columns: true class).
+    """One image's ``[C + 1, C + 1]`` count matrix (rows: predicted class, columns: true class); a split's is the sum.
 
     Index ``C`` is background: ``[C, j]`` counts missed boxes of class ``j``, ``[i, C]`` predictions of
     class ``i`` that match nothing. Matching is class-agnostic (so confusions show up off the diagonal)
     over predictions scoring above ``conf_threshold`` with IoU above ``iou_threshold``.
     """
-    matrix = np.zeros((num_classes + 1, num_classes + 1), np.int64) if matrix is None else matrix
+    matrix = np.zeros((num_classes + 1, num_classes + 1), np.int64)
     keep = (pred_scores > conf_threshold).cpu()
     pred_boxes, pred_labels = pred_boxes.cpu()[keep], pred_labels.cpu()[keep].long().numpy()
     gt_labels = gt_labels.cpu().long().numpy()
@@ -154,7 +153,7 @@ def match_dataset(
             detection, boxes = empty, empty["boxes"]
         pred_scores, pred_labels = detection["scores"].float().cpu(), detection["labels"].long().cpu()
         correct.append(match_predictions(boxes, pred_labels, gt_boxes, gt_labels))
-        confusion_matrix(boxes, pred_labels, pred_scores, gt_boxes, gt_labels, num_classes, matrix=confusion)
+        confusion += confusion_matrix(boxes, pred_labels, pred_scores, gt_boxes, gt_labels, num_classes)
         scores.append(pred_scores.numpy())
         labels.append(pred_labels.numpy())
         gt_all.append(gt_labels.numpy())
@@ -252,7 +251,7 @@ class ValidationStats:
 
 
 def validation_stats(predictions: Predictions, split: SplitData, num_classes: int) -> ValidationStats:
-    """Match ``run_validation(..., keep_predictions=True)``'s ``info["predictions"]`` to the split's labels.
+    """Match ``run_validation(..., keep_predictions=True).predictions`` to the split's labels.
 
     No figures; cheap enough to call every epoch for a ``precision`` / ``recall`` column.
     """

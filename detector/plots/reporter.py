@@ -10,24 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 
 from detector.data.build import SplitData
-from detector.metrics.coco import EvalResult
-from detector.metrics.matching import Predictions
+from detector.metrics.loop import Validation
 
 
-def validation_report(
-    predictions: Predictions, split: SplitData, names: list[str], result: EvalResult, *, plot_dir: Path | None
-) -> str:
+def validation_report(validation: Validation, split: SplitData, names: list[str], *, plot_dir: Path | None) -> str:
     """The per-class table for one validation pass; with ``plot_dir``, also its PR curves, confusion matrix
     and prediction images there (P and R come from the same matching either way)."""
     from detector.metrics.matching import validation_stats
     from detector.metrics.table import per_class_table
     from detector.plots.metrics import plot_all_validation
 
+    predictions = validation.predictions or []
     if plot_dir is not None:
         stats = plot_all_validation(predictions, split, names, plot_dir)
     else:
         stats = validation_stats(predictions, split, len(names))
-    return per_class_table(names, split.records, result, stats.precision, stats.recall)
+    return per_class_table(names, split.records, validation.result, stats.precision, stats.recall)
 
 
 class RunReporter:
@@ -57,10 +55,9 @@ class RunReporter:
 
             plot_results(self.run_dir / "results.csv", self.run_dir / "results.png")
 
-    def on_final(self, result: EvalResult, info: dict, val: SplitData) -> str:
+    def on_final(self, validation: Validation, val: SplitData) -> str:
         """PR curves, confusion matrix, prediction images; returns the per-class table."""
-        table = validation_report(info.get("predictions", []), val, self.names, result,
-                                  plot_dir=self.run_dir if self.plots else None)
+        table = validation_report(validation, val, self.names, plot_dir=self.run_dir if self.plots else None)
         if self.board is not None:
             for png in sorted(self.run_dir.glob("*.png")):
                 self.board.image(png.stem, png, 0)

@@ -16,8 +16,10 @@ import torch
 from torch import nn
 
 from detector.assigner import AssignedTargets
+from detector.distributed import unwrap
 from detector.loss import DetectionLoss
 from detector.precision import Precision, fallback_chain
+from detector.training.engine import TrainStep
 
 # BF16 keeps 8 mantissa bits, FP16 11. The assigner's top-k choices are discrete, so a rounding change
 # re-assigns a few anchors and swings the gradient (cosine to FP32 fell to 0.50 in BF16 when each
@@ -97,12 +99,13 @@ def compare_step(model: nn.Module, criterion: DetectionLoss, images: torch.Tenso
     return StepCheck(precision.name, loss_ref, loss_amp, loss_error, cosine, reason == "ok", reason)
 
 
-def amp_preflight(model: nn.Module, criterion: DetectionLoss, images: torch.Tensor, targets: torch.Tensor,
-                  precision: Precision) -> tuple[Precision, PreflightResult]:
-    """Check ``precision`` on this model and batch; return the precision to train with and the evidence.
+def amp_preflight(step: TrainStep, images: torch.Tensor, targets: torch.Tensor) -> tuple[Precision, PreflightResult]:
+    """Check the step's precision on its model and this batch; return the precision to train with and the evidence.
 
-    ``images`` are float ``[B, 3, H, W]`` in [0, 1] on the model's device; ``targets`` ``[N, 6]``.
+    ``images`` are float ``[B, 3, H, W]`` in [0, 1] on the model's device; ``targets`` ``[N, 6]``. The step itself
+    is not changed: each check trains a private copy of its bare model (not the DDP wrapper).
     """
+    model, criterion, precision = unwrap(step.model), step.criterion, step.precision
     if precision.name == "fp32":
         return precision, PreflightResult("fp32", "fp32", [])
     reference = _step(model, criterion, images, targets, Precision("fp32", precision.device_type, "reference"))

@@ -7,8 +7,8 @@ epochs, close-mosaic, warm-up epochs) that keeps the run, its final evaluation a
 the budget. The learning-rate schedule follows a re-plan without a jump (detector/training/schedule.py)::
 
     budget = TimeBudget.parse("8m")
-    plan = budget.fit(elapsed_seconds=12.0, epoch_seconds=[31.0], val_seconds=[4.0], epochs_done=1,
-                      configured_epochs=20, close_mosaic=10, warmup_epochs=3.0, final_seconds=6.0)
+    plan = budget.fit(RunSoFar(elapsed_seconds=12.0, epoch_seconds=[31.0], val_seconds=[4.0], epochs_done=1),
+                      RunSettings(epochs=20, close_mosaic=10, warmup_epochs=3.0, final_seconds=6.0))
     print(plan.describe())  # time budget 8m: 13 epochs fit at ~31 s each (+4 s val), close-mosaic 6, ...
 
 ``plan.epochs == epochs_done`` means: no further epoch fits, finish now (final evaluation, checkpoints).
@@ -19,10 +19,11 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["EpochPlan", "TimeBudget", "format_duration", "parse_duration"]
+__all__ = ["EpochPlan", "RunClock", "RunSettings", "RunSoFar", "TimeBudget", "format_duration", "parse_duration"]
 
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
 _DURATION = re.compile(
@@ -113,6 +114,54 @@ class EpochPlan:
 
 
 @dataclass(frozen=True)
+class RunSoFar:
+    """What a run has spent and done when it asks for a plan.
+
+    Attributes:
+        elapsed_seconds: wall time since the budget's clock started (the process start: it includes set-up, data
+            caching and the AMP check, which happen before the first epoch).
+        epoch_seconds: seconds of each completed epoch but its validation: the wall time from its start to the next
+            epoch's start (checkpoint writes and plots included) less ``val_seconds``. Used only to predict future
+            epochs, from their running median.
+        val_seconds: validation seconds of completed epochs; ``None``/NaN for epochs without one.
+        epochs_done: epochs completed so far. The plan never shrinks below this.
+        warmup_started: the run has taken its first step: the warm-up is returned as given, not rescaled (a
+            warm-up changed mid-ramp would move the next step's LR; detector/training/schedule.py).
+        mosaic_closed_at: the epoch at which mosaic was already turned off, if it was: it stays off (a longer
+            fitted run must not turn it back on).
+    """
+
+    elapsed_seconds: float
+    epoch_seconds: Sequence[float] = ()
+    val_seconds: Sequence[float | None] = ()
+    epochs_done: int = 0
+    warmup_started: bool = False
+    mosaic_closed_at: int | None = None
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """The configuration a plan scales: close-mosaic and warm-up keep the same fraction of the fitted run as of
+    the configured one.
+
+    Attributes:
+        epochs: the configured epoch count.
+        close_mosaic, warmup_epochs: as configured (``warmup_epochs``: the current warm-up once it has started).
+        val_interval: the run validates every this many epochs, and always after the last.
+        final_seconds: expected extra cost of the end of the run on top of an ordinary validation (final plots,
+            predictions.json, an FP32 re-evaluation).
+        max_epochs: an upper bound on the fitted total, if the caller wants one.
+    """
+
+    epochs: int
+    close_mosaic: int
+    warmup_epochs: float
+    val_interval: int = 1
+    final_seconds: float = 0.0
+    max_epochs: int | None = None
+
+
+@dataclass(frozen=True)
 class TimeBudget:
     """A wall-clock budget for a whole run: set-up, AMP check, epochs, validation, final evaluation, saves.
 
@@ -144,47 +193,25 @@ class TimeBudget:
 
     def fit(
         self,
+        so_far: RunSoFar,
+        settings: RunSettings,
         *,
-        elapsed_seconds: float,
-        epoch_seconds: Sequence[float],
-        val_seconds: Sequence[float | None] = (),
-        epochs_done: int,
-        configured_epochs: int,
-        close_mosaic: int,
-        warmup_epochs: float,
-        final_seconds: float = 0.0,
-        val_interval: int = 1,
         prior_epoch_seconds: float | None = None,
         prior_val_seconds: float | None = None,
-        warmup_started: bool = False,
-        mosaic_closed_at: int | None = None,
-        max_epochs: int | None = None,
     ) -> EpochPlan:
         """Plan the run so that it ends, final evaluation and checkpoints included, inside the budget.
 
         Args:
-            elapsed_seconds: wall time since the budget's clock started (the process start: it includes
-                set-up, data caching and the AMP check, which happen before the first epoch).
-            epoch_seconds: seconds of each completed epoch but its validation: the wall time from its start to
-                the next epoch's start (checkpoint writes and plots included) less ``val_seconds``. Used only to
-                predict future epochs, from their running median.
-            val_seconds: validation seconds of completed epochs; ``None``/NaN for epochs without one.
-            epochs_done: epochs completed so far. The plan never shrinks below this.
-            configured_epochs, close_mosaic, warmup_epochs: the configuration as written; close-mosaic and
-                warm-up keep the same fraction of the fitted run as of the configured one.
-            final_seconds: expected extra cost of the end of the run on top of an ordinary validation
-                (final plots, predictions.json, an FP32 re-evaluation).
-            val_interval: the run validates every this many epochs, and always after the last.
+            so_far: what the run has spent and done (see :class:`RunSoFar`).
+            settings: the configuration the plan scales (see :class:`RunSettings`).
             prior_epoch_seconds: an estimate of one epoch's seconds without validation, used until an epoch is
                 measured (a few timed steps x steps per epoch). Without it and without measurements the
                 configured epoch count is kept. Plans from estimates are marked ``measured=False``.
             prior_val_seconds: an estimate of one validation's seconds, used until one is measured.
-            warmup_started: the run has taken its first step: ``warmup_epochs`` is returned as given, not
-                rescaled (a warm-up changed mid-ramp would move the next step's LR; detector/training/schedule.py).
-            mosaic_closed_at: the epoch at which mosaic was already turned off, if it was: it stays off
-                (a longer fitted run must not turn it back on).
-            max_epochs: an upper bound on the fitted total, if the caller wants one.
         """
+        elapsed_seconds, epoch_seconds, val_seconds = so_far.elapsed_seconds, so_far.epoch_seconds, so_far.val_seconds
+        epochs_done, configured_epochs = so_far.epochs_done, settings.epochs
+        val_interval, final_seconds = settings.val_interval, settings.final_seconds
         if configured_epochs < 1 or epochs_done < 0 or val_interval < 1:
             raise ValueError("configured_epochs and val_interval must be >= 1 and epochs_done >= 0")
         train_estimate = _running_estimate(epoch_seconds)
@@ -218,12 +245,13 @@ class TimeBudget:
                 epochs, over_budget = 1, True
             elif extra == 0 and cost(0) > usable:
                 over_budget = True
-        if max_epochs is not None:
-            epochs = max(min(epochs, max_epochs), epochs_done, 1)
+        if settings.max_epochs is not None:
+            epochs = max(min(epochs, settings.max_epochs), epochs_done, 1)
         return EpochPlan(
             epochs=epochs,
-            close_mosaic=_fit_close_mosaic(close_mosaic, configured_epochs, epochs, mosaic_closed_at),
-            warmup_epochs=warmup_epochs if warmup_started else warmup_epochs * epochs / configured_epochs,
+            close_mosaic=_fit_close_mosaic(settings.close_mosaic, configured_epochs, epochs, so_far.mosaic_closed_at),
+            warmup_epochs=(settings.warmup_epochs if so_far.warmup_started
+                           else settings.warmup_epochs * epochs / configured_epochs),
             budget_seconds=self.seconds,
             epoch_seconds=train_estimate,
             val_seconds=val_estimate,
@@ -231,6 +259,73 @@ class TimeBudget:
             over_budget=over_budget,
             budget_text=self.text,
         )
+
+
+
+# The end of a run beyond one more validation: the per-class table, PR curves, confusion matrix and
+# prediction images. An allowance, not a measurement; the demo runs in docs/training.md ended inside their
+# budgets.
+FINAL_REPORT_SECONDS = 10.0
+
+
+class RunClock:
+    """A run's clock and what its epochs cost, kept by rank 0: the ``--time`` bookkeeping in one place.
+
+    Per epoch it keeps the wall time from the epoch's start to the next epoch's start less its validation (so
+    checkpoint writes and plots count) and the validation's seconds. The epoch ends with the re-plan; what
+    follows it (results row, plots, checkpoints) is the epoch's *tail*, measured when the next epoch starts
+    and counted with the next re-plan, so the sum over epochs is the wall time between epoch starts. Without
+    ``--time`` (``budget`` None) the clock still runs: a checkpoint saves it, and a resumed budget covers the
+    whole run.
+    """
+
+    def __init__(self, budget: TimeBudget | None = None) -> None:
+        self.budget = budget
+        self.start = time.monotonic()  # set-up, the AMP check and evaluation count too
+        self.epoch_seconds: list[float] = []
+        self.val_seconds: list[float | None] = []
+        self.prior_val_seconds: float | None = None  # the probe's estimate, until a validation is timed
+        self._epoch_started: float | None = None
+        self._replanned_at: float | None = None
+        self._tail = 0.0
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def epoch_starts(self) -> None:
+        now = time.monotonic()
+        if self._replanned_at is not None:
+            self._tail = now - self._replanned_at
+        self._epoch_started = now
+
+    def epoch_ends(self, val_seconds: float | None) -> None:
+        """Record the epoch that just trained (and its validation, None if it had none)."""
+        assert self._epoch_started is not None, "epoch_starts() first"
+        self.val_seconds.append(val_seconds)
+        self.epoch_seconds.append(time.monotonic() - self._epoch_started - (val_seconds or 0.0) + self._tail)
+
+    def replanned(self) -> None:
+        self._replanned_at = time.monotonic()
+
+    def final_seconds(self, *, report: bool, fp32_again: bool) -> float:
+        """What the end of the run costs beyond one validation: the report, and a ``--final-fp32`` evaluation
+        (FP32 runs at about half the reduced-precision speed, so twice the slowest validation so far)."""
+        measured = [seconds for seconds in self.val_seconds if seconds is not None] or [self.prior_val_seconds or 0.0]
+        return (FINAL_REPORT_SECONDS if report else 0.0) + (2 * max(measured) if fp32_again else 0.0)
+
+    def refit(self, settings: RunSettings, *, epochs_done: int, mosaic_closed_at: int | None) -> EpochPlan | None:
+        """The plan for the rest of the run after ``epochs_done`` epochs; None without a budget."""
+        if self.budget is None:
+            return None
+        # This epoch's checkpoints and plots are still to come: counted as already spent, as long as the last.
+        so_far = RunSoFar(self.elapsed() + self._tail, self.epoch_seconds, self.val_seconds, epochs_done,
+                          warmup_started=True, mosaic_closed_at=mosaic_closed_at)
+        return self.budget.fit(so_far, settings, prior_val_seconds=self.prior_val_seconds)
+
+    def restore(self, time_spent: float, epoch_seconds: list[float], val_seconds: list[float | None]) -> None:
+        """Continue a resumed run's clock: the budget covers the whole run, before and after."""
+        self.start -= time_spent
+        self.epoch_seconds, self.val_seconds = list(epoch_seconds), list(val_seconds)
 
 
 def _running_estimate(samples: Sequence[float]) -> float | None:

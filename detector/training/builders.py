@@ -5,12 +5,14 @@ see the whole config): data, loss, loader, optimizer with its schedule, the mode
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from detector.checkpoint import CheckpointError, load_checkpoint
+from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint
 from detector.data.augment import AugmentConfig
 from detector.data.batch_augment import resolve_pixel_augment
 from detector.data.build import SplitData, build_split
@@ -22,6 +24,7 @@ from detector.data.workers import worker_init
 from detector.distributed import DistInfo
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
+from detector.runs import newest_file
 from detector.training.config import TrainConfig
 from detector.training.optim import OptimizerChoice, build_optimizer
 from detector.training.schedule import StepSchedule
@@ -158,6 +161,25 @@ def build_model_from_weights(config: TrainConfig, num_classes: int, log) -> YOLO
     model = build_model(num_classes=num_classes, scale=checkpoint.scale)
     log(f"weights: {load_pretrained(model, checkpoint).summary()}")
     return model
+
+
+def load_resume(config: TrainConfig) -> tuple[TrainConfig, Path, dict[str, Any]]:
+    """``--resume``: the run's own config (only the device and worker count may change), its last.pt and that file.
+
+    ``--resume auto`` takes the newest ``<project>/*/weights/last.pt``. A stripped file holds no optimizer state
+    and is refused, naming the fine-tune that starts from it instead.
+    """
+    path = newest_file(config.project, "*/weights/last.pt") if config.resume == "auto" else Path(config.resume)
+    if path is None:
+        raise CheckpointError(f"{config.project}: no last.pt to resume from")
+    checkpoint = load_checkpoint(path)
+    if is_stripped(checkpoint):
+        raise CheckpointError(f"{path}: holds no optimizer state (stripped: a best.pt, or a finished run's "
+                              f"last.pt), so it cannot be resumed; to train on from it, start a fine-tune: "
+                              f"--weights {path}")
+    saved = TrainConfig.from_dict(checkpoint["config"])
+    saved.device, saved.workers, saved.resume = config.device, config.workers, str(path)
+    return saved.with_defaults().validate(), path, checkpoint
 
 
 def wrap_distributed(model: YOLO, config: TrainConfig, dist: DistInfo, device: torch.device) -> torch.nn.Module:

@@ -151,25 +151,38 @@ def loss_scale(scaler: torch.amp.GradScaler, device: torch.device) -> torch.Tens
     return scale.detach().clone().float().to(device)
 
 
+@dataclass
+class TrainStep:
+    """What one optimizer step reads and changes: the run's loop, the ``--time`` probe and the AMP check share it.
+
+    ``model`` is the model as trained (the DDP wrapper under torchrun); ``ema`` may be None (a bare step).
+    ``schedule`` gives each step's learning rate, momentum and accumulation (detector/training/schedule.py).
+    """
+
+    model: nn.Module
+    criterion: DetectionLoss
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    ema: ModelEMA | None
+    precision: Precision
+    schedule: StepSchedule
+    device: torch.device
+    channels_last: bool = False
+    world_size: int = 1
+
+    def set_precision(self, precision: Precision) -> None:
+        """Train on in ``precision``, with a fresh loss scaler of its kind (none outside FP16)."""
+        self.precision = precision
+        self.scaler = precision.make_scaler()
+
+
 def train_one_epoch(
-    *,
-    model: nn.Module,
-    criterion: DetectionLoss,
-    loader: DataLoader,
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    ema: ModelEMA | None,
-    precision: Precision,
-    schedule: StepSchedule,
-    multi_scale: MultiScale,
-    epoch: int,
-    seed: int,
-    device: torch.device,
-    channels_last: bool,
-    world_size: int = 1,
-    progress: bool = True,
+    step: TrainStep, loader: DataLoader, *, multi_scale: MultiScale, epoch: int, seed: int, progress: bool = True
 ) -> dict[str, float]:
     """One pass over ``loader``; returns mean losses and telemetry for ``results.csv``."""
+    model, criterion, optimizer, scaler, ema = step.model, step.criterion, step.optimizer, step.scaler, step.ema
+    precision, schedule, device, world_size = step.precision, step.schedule, step.device, step.world_size
+    channels_last = step.channels_last
     model.train()
     steps = len(loader)
     sizes = multi_scale.sizes(steps, seed=seed, epoch=epoch)

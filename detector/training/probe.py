@@ -21,20 +21,18 @@ epochs.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
-from torch import nn
 
-from detector.loss import DetectionLoss
-from detector.precision import Precision
-from detector.training.ema import ModelEMA
-from detector.training.engine import train_one_epoch
+from detector.distributed import unwrap
+from detector.training.budget import EpochPlan, RunClock, RunSettings, RunSoFar
+from detector.training.engine import TrainStep, train_one_epoch
 from detector.training.multiscale import MultiScale
-from detector.training.schedule import StepSchedule
 
 Batch = tuple  # a training loader's batch: (images uint8 [B, 3, S, S], targets [N, 6], metas)
 
@@ -54,21 +52,34 @@ class ProbeResult:
     def val_seconds(self, images: int) -> float | None:
         return None if self.val_image_seconds is None else self.val_image_seconds * images
 
+    def describe(self) -> str:
+        validation = (f", validation {self.val_image_seconds * 1000:.3g} ms per image"
+                      if self.val_image_seconds is not None else "")
+        return f"probe: {self.steps_timed} timed training steps at {self.step_seconds:.3g} s each{validation}"
+
+
+def plan_from_probe(
+    clock: RunClock, settings: RunSettings, probe: ProbeResult, *, steps_per_epoch: int, size_factor: float,
+    val_images: int,
+) -> EpochPlan:
+    """The first plan of a ``--time`` run, before any epoch: from the probe's estimates and what set-up spent.
+
+    ``size_factor``: the epoch's mean step cost relative to the nominal size (:func:`size_factor`).
+    """
+    assert clock.budget is not None
+    return clock.budget.fit(
+        RunSoFar(clock.elapsed()), settings,
+        prior_epoch_seconds=probe.epoch_seconds(steps_per_epoch, size_factor=size_factor),
+        prior_val_seconds=probe.val_seconds(val_images),
+    )
+
 
 def time_training_steps(
     batches: Iterator[Batch],
     *,
     first: Batch,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    ema: ModelEMA,
-    criterion: DetectionLoss,
-    precision: Precision,
-    schedule: StepSchedule,
+    step: TrainStep,
     image_size: int,
-    device: torch.device,
-    channels_last: bool,
-    world_size: int = 1,
     prefetched: int = 0,
     min_steps: int = 2,
     max_steps: int = 4,
@@ -79,28 +90,24 @@ def time_training_steps(
 
     ``prefetched``: how many batches the loader keeps ready (workers x prefetch factor); that many are drawn
     untimed before the timed steps, so these wait for batches made at the loader's own pace.
-    ``model`` is the bare model (not its DDP wrapper). Timing stops after ``min_steps`` once ``max_seconds``
+    The steps run on copies of ``step``'s bare model (not its DDP wrapper), optimizer and EMA. Timing stops after ``min_steps`` once ``max_seconds``
     are spent on the steps; when ``batches`` runs out, the batches drawn so far are reused. Under
     torchrun every rank must call this (the loss and SyncBatchNorm meet across ranks). Torch's random
     state is left as it was.
     """
-    devices = [device] if device.type == "cuda" else []
+    devices = [step.device] if step.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices):
         # One deepcopy of the three, so the copied optimizer and EMA refer to the copied model's parameters.
-        work_model, work_optimizer, work_ema = copy.deepcopy((model, optimizer, ema))
-        scaler = precision.make_scaler()
+        model, optimizer, ema = copy.deepcopy((unwrap(step.model), step.optimizer, step.ema))
+        work = dataclasses.replace(step, model=model, optimizer=optimizer, ema=ema, scaler=step.precision.make_scaler())
         fixed_size = MultiScale(image_size, enabled=False)
 
-        def step(batch: Batch) -> None:
-            train_one_epoch(
-                model=work_model, criterion=criterion, loader=[batch], optimizer=work_optimizer, scaler=scaler,
-                ema=work_ema, precision=precision, schedule=schedule, multi_scale=fixed_size, epoch=0, seed=0,
-                device=device, channels_last=channels_last, world_size=world_size, progress=False,
-            )
+        def train(batch: Batch) -> None:
+            train_one_epoch(work, [batch], multi_scale=fixed_size, epoch=0, seed=0, progress=False)
 
         seen = [first]
         start = time.perf_counter()
-        step(first)
+        train(first)
         spent = time.perf_counter() - start
         for _ in range(prefetched):  # ready already: not the loader's steady pace
             batch = next(batches, None)
@@ -115,7 +122,7 @@ def time_training_steps(
                 batch = seen[len(timings) % len(seen)]
             else:
                 seen.append(batch)
-            step(batch)
+            train(batch)
             timings.append(time.perf_counter() - start)
             spent += timings[-1]
     return statistics.median(timings), len(timings)

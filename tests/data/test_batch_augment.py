@@ -6,8 +6,6 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from detector.training.builders import build_data
-from detector.training.config import TrainConfig
 from detector.data.augment import AugmentConfig, augment_hsv
 from detector.data.batch_augment import (
     PixelOps,
@@ -18,14 +16,12 @@ from detector.data.batch_augment import (
 )
 from detector.data.dataset import DetectionDataset, collate
 from detector.data.synthetic import make_image
-from detector.training.ema import ModelEMA
-from detector.training.engine import StepSchedule, as_trained, resize_batch, step_input, train_one_epoch
-from detector.loss import DetectionLoss
 from detector.model import build_model
+from detector.training.builders import build_data
+from detector.training.config import TrainConfig
+from detector.training.engine import as_trained, resize_batch, step_input, train_one_epoch
 from detector.training.multiscale import MultiScale
-from detector.training.optim import build_optimizer
-from detector.precision import Precision
-from tests.conftest import write_records
+from tests.conftest import make_train_step, write_records
 
 EPS = torch.finfo(torch.float32).eps
 # The gains augment_hsv draws lie within 1 +/- (0.015, 0.7, 0.4) by default; the last two sets go further
@@ -217,15 +213,9 @@ def test_train_one_epoch_on_the_device_path_gives_finite_losses(tmp_path):
     loader = DataLoader([device_dataset[(index, 0, True)] for index in range(4)], batch_size=2, collate_fn=collate)
     torch.manual_seed(0)
     model = build_model(num_classes=3)
-    choice = build_optimizer(model, name="AdamW", lr=1e-3, momentum=0.9, weight_decay=0.0, num_classes=3, total_steps=2)
-    schedule = StepSchedule(epochs=1, steps_per_epoch=2, warmup_steps=0, base_lr=choice.lr, final_lr_fraction=1.0,
-                            cosine=False, warmup_bias_lr=0.0, warmup_momentum=0.9, momentum=0.9, batch_size=2,
-                            nominal_batch=2, clip_grad=10.0)
-    precision = Precision("fp32", "cpu", "test")
-    stats = train_one_epoch(model=model, criterion=DetectionLoss(num_classes=3, strides=model.strides), loader=loader,
-                            optimizer=choice.optimizer, scaler=precision.make_scaler(), ema=ModelEMA(model),
-                            precision=precision, schedule=schedule, multi_scale=MultiScale(64, low=0.5, hold=1),
-                            epoch=0, seed=0, device=torch.device("cpu"), channels_last=True, progress=False)
+    step = make_train_step(model, channels_last=True)
+    stats = train_one_epoch(step, loader, multi_scale=MultiScale(64, low=0.5, hold=1), epoch=0, seed=0,
+                            progress=False)
     assert stats["optimizer_steps"] == 2 and stats["skipped_steps"] == 0
     assert all(math.isfinite(stats[k]) and stats[k] > 0 for k in ("train/box", "train/cls", "train/dfl"))
 

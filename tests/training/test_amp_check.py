@@ -3,10 +3,11 @@ import json
 import torch
 from torch import nn
 
-from detector.training.amp_check import amp_preflight, save_preflight
 from detector.loss import DetectionLoss
 from detector.model import build_model
-from detector.precision import Precision, cpu_has_native_bf16
+from detector.precision import cpu_has_native_bf16
+from detector.training.amp_check import amp_preflight, save_preflight
+from tests.conftest import make_train_step
 
 
 class OverflowsInFP16(nn.Module):
@@ -31,8 +32,7 @@ def test_healthy_model_keeps_its_precision():
     model = build_model(num_classes=2)
     images, targets = _batch()
     name = "bf16" if cpu_has_native_bf16() else "fp16"
-    chosen, result = amp_preflight(model, DetectionLoss(num_classes=2, strides=model.strides), images, targets,
-                                   Precision(name, "cpu", "test"))
+    chosen, result = amp_preflight(make_train_step(model, precision=name), images, targets)
     assert chosen.name == name and not result.fell_back and result.checks[0].passed
     assert result.checks[0].loss_relative_error < 0.05
 
@@ -41,8 +41,9 @@ def test_planted_fp16_overflow_is_detected_and_falls_back(tmp_path):
     inner = build_model(num_classes=2)
     model = OverflowsInFP16(inner)
     images, targets = _batch()
-    chosen, result = amp_preflight(model, DetectionLoss(num_classes=2, strides=inner.strides), images, targets,
-                                   Precision("fp16", "cpu", "test"))
+    step = make_train_step(inner, precision="fp16")
+    step.model, step.criterion = model, DetectionLoss(num_classes=2, strides=inner.strides)
+    chosen, result = amp_preflight(step, images, targets)
     assert chosen.name in ("bf16", "fp32") and result.fell_back
     assert result.checks[0].precision == "fp16" and not result.checks[0].passed
     assert "falling back" in result.line()

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from detector.training.budget import EpochPlan, TimeBudget, format_duration, parse_duration
+from detector.training.budget import EpochPlan, RunSettings, RunSoFar, TimeBudget, format_duration, parse_duration
 
 
 @pytest.mark.parametrize(
@@ -39,13 +39,26 @@ def test_format_duration(seconds: float, text: str) -> None:
     assert parse_duration(text) == seconds
 
 
+SO_FAR = {"elapsed_seconds", "epoch_seconds", "val_seconds", "epochs_done", "warmup_started", "mosaic_closed_at"}
+PRIORS = {"prior_epoch_seconds", "prior_val_seconds"}
+
+
+def fit_plan(budget: TimeBudget, **arguments: object) -> EpochPlan:
+    """``budget.fit`` with every argument named flat: what the run has done, the settings, the priors."""
+    so_far = RunSoFar(**{k: v for k, v in arguments.items() if k in SO_FAR})  # type: ignore[arg-type]
+    settings = {("epochs" if k == "configured_epochs" else k): v for k, v in arguments.items()
+                if k not in SO_FAR | PRIORS}
+    priors = {k: v for k, v in arguments.items() if k in PRIORS}
+    return budget.fit(so_far, RunSettings(**settings), **priors)  # type: ignore[arg-type]
+
+
 def fit(budget: str | float, **overrides: object) -> EpochPlan:
     arguments: dict[str, object] = dict(
         elapsed_seconds=20.0, epoch_seconds=[30.0], val_seconds=[5.0], epochs_done=1,
         configured_epochs=20, close_mosaic=10, warmup_epochs=3.0, final_seconds=5.0,
     )
     arguments.update(overrides)
-    return TimeBudget.parse(budget).fit(**arguments)  # type: ignore[arg-type]
+    return fit_plan(TimeBudget.parse(budget), **arguments)
 
 
 def planned_seconds(plan: EpochPlan, *, elapsed: float, done: int, train: float, val: float, final: float) -> float:
@@ -107,7 +120,8 @@ def test_fit_is_monotonic_in_the_budget() -> None:
 def test_never_exceeds_the_budget_with_the_measured_times(train: float, budget: float, val_interval: int) -> None:
     val, final, done = 0.2 * train, 0.1 * train, 1
     elapsed = 0.05 * budget + train + val  # set-up, then the first epoch (validated: the estimate needs one)
-    plan = TimeBudget(budget).fit(
+    plan = fit_plan(
+        TimeBudget(budget),
         elapsed_seconds=elapsed, epoch_seconds=[train], val_seconds=[val], epochs_done=done, configured_epochs=20,
         close_mosaic=10, warmup_epochs=3, final_seconds=final, val_interval=val_interval,
     )
@@ -122,7 +136,7 @@ def test_never_exceeds_the_budget_with_the_measured_times(train: float, budget: 
 def test_refitting_every_epoch_with_noisy_times_ends_inside_the_budget(seed: int) -> None:
     generator = random.Random(seed)
     budget, clock, done, train_times, val_times = TimeBudget.parse("8m"), 25.0, 0, [], []
-    plan = budget.fit(elapsed_seconds=clock, epoch_seconds=[], val_seconds=[], epochs_done=0, configured_epochs=20,
+    plan = fit_plan(budget, elapsed_seconds=clock, epoch_seconds=[], val_seconds=[], epochs_done=0, configured_epochs=20,
                       close_mosaic=10, warmup_epochs=3, final_seconds=6, prior_epoch_seconds=None)
     first_epoch_extra = 8.0  # worker start-up and allocator warm-up: the first epoch is the slowest
     while done < plan.epochs:
@@ -130,7 +144,7 @@ def test_refitting_every_epoch_with_noisy_times_ends_inside_the_budget(seed: int
         val_times.append(5.0 * generator.uniform(0.9, 1.1))
         clock += train_times[-1] + val_times[-1]
         done += 1
-        plan = budget.fit(elapsed_seconds=clock, epoch_seconds=train_times, val_seconds=val_times, epochs_done=done,
+        plan = fit_plan(budget, elapsed_seconds=clock, epoch_seconds=train_times, val_seconds=val_times, epochs_done=done,
                           configured_epochs=20, close_mosaic=10, warmup_epochs=3, final_seconds=6)
         assert plan.epochs >= done
     assert clock + 6 <= 480
@@ -186,11 +200,11 @@ def test_replaying_a_shared_cpu_run_ends_inside_the_budget(budget: str) -> None:
     times = [92, 59, 68, 71, 61, 65, 59, 61, 69, 61, 52, 69, 46, 36, 43, 41, 51, 61, 57, 64]
     plan_budget, clock, done = TimeBudget.parse(budget), 25.0, 0
     common = dict(configured_epochs=20, close_mosaic=10, warmup_epochs=3.0, final_seconds=5.0)
-    plan = plan_budget.fit(elapsed_seconds=clock, epoch_seconds=[], val_seconds=[], epochs_done=0, **common)
+    plan = fit_plan(plan_budget, elapsed_seconds=clock, epoch_seconds=[], val_seconds=[], epochs_done=0, **common)
     while done < plan.epochs:
         clock += times[done] + 6.0
         done += 1
-        plan = plan_budget.fit(elapsed_seconds=clock, epoch_seconds=times[:done], val_seconds=[6.0] * done,
+        plan = fit_plan(plan_budget, elapsed_seconds=clock, epoch_seconds=times[:done], val_seconds=[6.0] * done,
                                epochs_done=done, **common)
     assert clock + 5.0 <= plan_budget.seconds
     assert clock + 5.0 + 2 * 66 > plan_budget.seconds  # within about two epochs of the budget: not wasteful

@@ -1,7 +1,7 @@
 import torch
 
-from detector.training.ema import ModelEMA
 from detector.model import build_model
+from detector.training.ema import ModelEMA
 
 
 def test_ema_update_is_the_documented_lerp_of_every_float_tensor():

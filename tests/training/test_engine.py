@@ -2,13 +2,11 @@ import pytest
 import torch
 
 from detector.data.letterbox import ImageMeta
-from detector.training.ema import ModelEMA
-from detector.training.engine import StepSchedule, resize_batch, step_input, train_one_epoch
-from detector.loss import DetectionLoss
 from detector.model import build_model
-from detector.training.multiscale import MultiScale
-from detector.training.optim import build_optimizer
 from detector.precision import Precision, cpu_has_native_bf16, resolve_precision
+from detector.training.engine import resize_batch, step_input, train_one_epoch
+from detector.training.multiscale import MultiScale
+from tests.conftest import make_train_step
 
 
 def _loader(batches: int = 2):
@@ -23,19 +21,11 @@ def _run_epoch(precision: Precision):
     torch.manual_seed(0)
     model = build_model(num_classes=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    choice = build_optimizer(model, name="AdamW", lr=1e-3, momentum=0.9, weight_decay=0.0,
-                             num_classes=2, total_steps=2)
-    optimizer, lr = choice.optimizer, choice.lr
-    schedule = StepSchedule(epochs=1, steps_per_epoch=2, warmup_steps=0, base_lr=lr, final_lr_fraction=1.0,
-                            cosine=False, warmup_bias_lr=0.0, warmup_momentum=0.9, momentum=0.9, batch_size=2,
-                            nominal_batch=2, clip_grad=10.0)
-    ema = ModelEMA(model)
-    stats = train_one_epoch(model=model, criterion=DetectionLoss(num_classes=2, strides=model.strides),
-                            loader=_loader(), optimizer=optimizer, scaler=precision.make_scaler(), ema=ema,
-                            precision=precision, schedule=schedule, multi_scale=MultiScale(64, enabled=False),
-                            epoch=0, seed=0, device=torch.device("cpu"), channels_last=True, progress=False)
+    step = make_train_step(model, precision=precision.name, channels_last=True)
+    stats = train_one_epoch(step, _loader(), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
+                            progress=False)
     changed = any(not torch.equal(before[k], v) for k, v in model.state_dict().items() if v.is_floating_point())
-    return stats, changed, ema
+    return stats, changed, step.ema
 
 
 @pytest.mark.parametrize("name", ["fp32", "bf16"])

@@ -5,11 +5,10 @@ from torch.utils.data import DataLoader
 from detector.data.augment import AugmentConfig
 from detector.data.build import build_split
 from detector.data.dataset import collate
-from detector.data.sampler import EpochSampler
+from detector.data.sampler import EpochSampler, samples_per_rank
 from detector.data.spec import load_dataset_spec
 from detector.training.engine import step_input
 from detector.training.multiscale import MultiScale, images_per_step
-from detector.data.sampler import samples_per_rank
 from tests.conftest import write_yolo_dataset
 
 

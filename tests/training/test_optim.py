@@ -2,8 +2,8 @@
 
 import torch
 
-from detector.training.engine import StepSchedule, set_learning_rates
 from detector.model import build_model
+from detector.training.engine import StepSchedule, set_learning_rates
 from detector.training.optim import build_optimizer
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from detector.data.letterbox import ImageMeta
-from detector.training.ema import ModelEMA
 from detector.loss import DetectionLoss
 from detector.model import build_model
-from detector.training.optim import build_optimizer
 from detector.precision import Precision
+from detector.training.ema import ModelEMA
+from detector.training.engine import TrainStep
+from detector.training.optim import build_optimizer
 from detector.training.probe import ProbeResult, size_factor, time_training_steps, time_validation_images
 from detector.training.schedule import StepSchedule
 
@@ -34,11 +35,10 @@ def test_probe_times_steps_on_copies_and_leaves_the_run_untouched():
                             nominal_batch=2, clip_grad=10.0)
     criterion = DetectionLoss(num_classes=3, strides=model.strides, reg_max=model.reg_max)
     rng_before = torch.random.get_rng_state()
-    seconds, timed = time_training_steps(
-        iter([_batch(1)]), first=_batch(0), model=model, optimizer=choice.optimizer, ema=ema, criterion=criterion,
-        precision=Precision("fp32", "cpu", "test"), schedule=schedule, image_size=64, device=torch.device("cpu"),
-        channels_last=False, min_steps=1, max_steps=2,
-    )
+    step = TrainStep(model, criterion, choice.optimizer, Precision("fp32", "cpu", "test").make_scaler(), ema,
+                     Precision("fp32", "cpu", "test"), schedule, torch.device("cpu"))
+    seconds, timed = time_training_steps(iter([_batch(1)]), first=_batch(0), step=step, image_size=64, min_steps=1,
+                                         max_steps=2)
     assert seconds > 0 and timed == 2  # the iterator ran out after one batch: the drawn batches are reused
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, weights[name]), name
@@ -55,12 +55,11 @@ def test_probe_stops_at_its_time_allowance_after_its_minimum_steps():
                             cosine=False, warmup_bias_lr=0.1, warmup_momentum=0.8, momentum=0.9, batch_size=2,
                             nominal_batch=2, clip_grad=10.0)
     batches = iter([_batch(seed) for seed in range(1, 7)])
-    _, timed = time_training_steps(
-        batches, first=_batch(0), model=model, optimizer=choice.optimizer, ema=ModelEMA(model),
-        criterion=DetectionLoss(num_classes=3, strides=model.strides, reg_max=model.reg_max),
-        precision=Precision("fp32", "cpu", "test"), schedule=schedule, image_size=64, device=torch.device("cpu"),
-        channels_last=False, prefetched=3, min_steps=2, max_steps=4, max_seconds=0.0,
-    )
+    precision = Precision("fp32", "cpu", "test")
+    step = TrainStep(model, DetectionLoss(num_classes=3, strides=model.strides, reg_max=model.reg_max),
+                     choice.optimizer, precision.make_scaler(), ModelEMA(model), precision, schedule, torch.device("cpu"))
+    _, timed = time_training_steps(batches, first=_batch(0), step=step, image_size=64, prefetched=3, min_steps=2,
+                                   max_steps=4, max_seconds=0.0)
     assert timed == 2
     assert len(list(batches)) == 1  # 3 prefetched batches drawn untimed, then 2 timed steps: 1 of 6 left
 

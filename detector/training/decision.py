@@ -1,0 +1,47 @@
+"""What rank 0 decides after an epoch, and every rank applies: the precision for the next epoch, the plan, a stop.
+
+Under torchrun what one rank alone can know (metrics, a Ctrl-C, the clock) becomes an :class:`EpochDecision`
+on rank 0 that the others receive (:func:`detector.distributed.decide_on_main`), so all ranks keep stepping
+the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from detector.precision import Precision, safer_precision
+
+
+@dataclass(frozen=True)
+class EpochDecision:
+    """What rank 0 decided after an epoch; every rank applies it."""
+
+    precision: str  # for the next epoch
+    precision_reason: str
+    epochs: int  # planned total (a time budget may change it), with the two below
+    close_mosaic: int
+    warmup_epochs: float
+    stop: str = ""  # why the run ends after this epoch; "" = go on
+    metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def fitness(metrics: dict[str, float]) -> float:
+    """Checkpoint selection score: mostly mAP50-95, a little mAP50 (as YOLO tools do)."""
+    return 0.9 * metrics.get("mAP50-95", 0.0) + 0.1 * metrics.get("mAP50", 0.0)
+
+
+def fallback_after_epoch(precision: Precision, stats: dict[str, float], device_type: str) -> tuple[str, str] | None:
+    """``(safer precision, message)`` when most optimizer steps were unstable; None when all is well.
+
+    Counts ``unstable_steps``, not every skipped step: GradScaler's normal calibration skips are not a
+    reason to leave FP16 (see detector/training/engine.py). Raises FloatingPointError when FP32 itself diverged.
+    """
+    unstable, steps = stats["unstable_steps"], stats["optimizer_steps"]
+    if not unstable or unstable < max(steps // 2, 1):
+        return None
+    message = f"{unstable}/{steps} optimizer steps had non-finite gradients"
+    safer = safer_precision(precision.name, device_type)
+    if safer is None:
+        raise FloatingPointError(f"{message} in FP32: training diverged; lower --lr0 or check the data")
+    return safer, f"{message}; switching {precision.name} -> {safer}"

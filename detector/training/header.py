@@ -1,0 +1,45 @@
+"""The line a run starts with: model, data, machine, precision, augmentation, cache, evaluator, plan, folder."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from detector.distributed import unwrap
+from detector.metrics.coco import evaluator_name
+
+if TYPE_CHECKING:
+    from detector.training.trainer import Trainer
+
+
+def run_header(trainer: Trainer) -> str:
+    config, step = trainer.config, trainer.step
+    model = unwrap(step.model)
+    params = sum(p.numel() for p in model.parameters())
+    val_count = len(trainer.val_data.records) if trainer.val_data else "?"
+    pixel_ops = "on the device" if trainer.train_data.dataset.pixel_ops_on_device else "in the workers"
+    return (
+        f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | "
+        f"data {config.data or 'built-in shapes'} ({len(trainer.train_data.records)} train / {val_count} val) | "
+        f"{trainer.device} x{trainer.dist.world_size}, {config.workers} loader workers | "
+        f"precision {step.precision.name}: {step.precision.reason} | HSV/flips {pixel_ops} | "
+        f"{cache_text(trainer)} | COCO eval {evaluator_name(config.coco_eval)} | "
+        f"{trainer.optimizer_name} lr {step.schedule.base_lr:g} | {epochs_text(trainer)} | "
+        f"{trainer.multi_scale.describe(len(trainer.input_shapes()))} | run {trainer.run_dir}"
+    )
+
+
+def cache_text(trainer: Trainer) -> str:
+    cache = trainer.train_data.dataset.image_cache
+    if cache is None:
+        return f"RAM cache off (--cache {trainer.config.cache})"
+    processes = trainer.dist.local_world_size
+    where = f"shared by the {processes} processes of this node" if processes > 1 else "in this process"
+    return f"RAM cache {cache.nbytes / 2**20:.1f} MiB {where}"
+
+
+def epochs_text(trainer: Trainer) -> str:
+    budget, epochs = trainer.clock.budget, trainer.epochs
+    if budget is None:
+        return f"{epochs} epochs"
+    count = f"{epochs} epoch{'s' if epochs != 1 else ''}"
+    return f"{count} fitted to the time budget {budget.text}, re-fitted after every epoch"
