@@ -1,7 +1,7 @@
 """The five verbs from Python: ``from detector import train, val, predict, export, load``.
 
 Each takes the command's flags as keyword arguments, spelled as Python names (``--max-det`` -> ``max_det``,
-``--no-plots`` -> ``plots=False``), and runs the same code as the command (``detector/cli/*.py``)::
+``--no-plots`` -> ``plots=False``), and runs the same workflow as the command (``detector/workflows``)::
 
     from detector import train, val, predict, load
 
@@ -12,14 +12,16 @@ Each takes the command's flags as keyword arguments, spelled as Python names (``
     model = load(run["best"])                                             # loaded once, run many times
     results = model.predict("photos/cat.jpg")
 
-Arguments are checked by the command's own parser: an unknown name or a bad value raises ``TypeError`` /
-``ValueError`` in one line instead of exiting. Errors the command prints as ``error: ...`` are raised.
-Only heavy modules are imported when a verb runs, so ``import detector`` stays cheap.
+The keyword arguments become the command's option object directly (``val(**kwargs)`` ->
+:class:`detector.workflows.val.ValOptions`, ``train`` -> :class:`detector.training.config.TrainConfig`): no
+command line in between. ``None`` leaves an argument at its
+default; an unknown or missing name raises ``TypeError``, a bad value ``ValueError``, in one line naming it.
+Errors the command prints as ``error: ...`` are raised. Only heavy modules are imported when a verb runs, so
+``import detector`` stays cheap.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,54 +32,11 @@ if TYPE_CHECKING:
 __all__ = ["Model", "export", "load", "predict", "train", "val"]
 
 
-def _option(parser: argparse.ArgumentParser, name: str) -> argparse.Action:
-    """The optional argument a keyword names: ``max_det`` -> ``--max-det`` (else any flag with that dest)."""
-    flag = "--" + name.replace("_", "-")
-    actions = [a for a in parser._actions if a.option_strings and a.help is not argparse.SUPPRESS]
-    for action in actions:
-        if flag in action.option_strings:
-            return action
-    for action in actions:
-        if action.dest == name:
-            return action
-    known = sorted(a.dest for a in actions if a.dest != "help")
-    raise TypeError(f"{parser.prog}: unknown argument {name!r}; known: {', '.join(known)}")
-
-
-def to_argv(parser: argparse.ArgumentParser, kwargs: dict[str, Any]) -> list[str]:
-    """Keyword arguments -> the command line that means the same: ``{"max_det": 5, "plots": False}`` ->
-    ``["--max-det", "5", "--no-plots"]``. ``None`` leaves a flag at its default; lists are joined by commas."""
-    argv: list[str] = []
-    for name, value in kwargs.items():
-        action = _option(parser, name)
-        flag = next(s for s in action.option_strings if s.startswith("--"))
-        if value is None:
-            continue
-        if isinstance(action, argparse.BooleanOptionalAction):
-            argv.append(flag if value else "--no-" + flag[2:])
-        elif action.nargs == 0:  # store_true / store_false
-            if bool(value) != bool(action.default):
-                argv.append(flag)
-        else:
-            text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-            argv += [flag, text]
-    return argv
-
-
-def parse(parser: argparse.ArgumentParser, kwargs: dict[str, Any]) -> argparse.Namespace:
-    """Parse ``kwargs`` with the command's parser; its errors raise ``ValueError`` instead of exiting."""
-
-    def fail(message: str) -> None:
-        raise ValueError(f"{parser.prog}: {message}")
-
-    parser.error = fail  # type: ignore[method-assign]  # this parser instance only
-    return parser.parse_args(to_argv(parser, kwargs))
-
-
-def _no_onednn_misses() -> None:
-    from detector.tuning import enlarge_onednn_cache
-
-    enlarge_onednn_cache()  # before the first convolution, as the commands do: see detector/tuning.py
+def _weights_file(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``weights=`` a :func:`load` ed model -> the file it came from (val and export read the file themselves)."""
+    if isinstance(kwargs.get("weights"), Model):
+        kwargs["weights"] = kwargs["weights"].weights
+    return kwargs
 
 
 def train(**kwargs: Any) -> dict[str, Any]:
@@ -86,21 +45,21 @@ def train(**kwargs: Any) -> dict[str, Any]:
     Returns ``{"metrics" (last evaluation), "run_dir", "best" (path of best.pt), "seconds", "epochs_done",
     "precision", "interrupted"}``.
     """
-    from detector.cli.train import build_parser, run_train
+    from detector.training.config import TrainConfig
+    from detector.training.trainer import train as run_training
+    from detector.workflows.options import build_options
 
-    summary = run_train(parse(build_parser(), kwargs))
+    summary = run_training(build_options(TrainConfig, kwargs, command="train"))
     return {**summary, "best": Path(summary["run_dir"]) / "weights" / "best.pt"}
 
 
 def val(**kwargs: Any) -> dict[str, float]:
     """``python -m detector val`` with ``kwargs`` as its flags (``weights=..., data=...``); returns the metrics
     (``mAP50-95``, ``mAP50``, ``mAP75``, ...). The table, plots and predictions.json are written as by the command."""
-    from detector.cli.val import build_parser, run_val
+    from detector.workflows.options import build_options
+    from detector.workflows.val import ValOptions, run_val
 
-    if isinstance(kwargs.get("weights"), Model):
-        kwargs["weights"] = kwargs["weights"].weights
-    _no_onednn_misses()
-    return run_val(parse(build_parser(), kwargs))
+    return run_val(build_options(ValOptions, _weights_file(kwargs), command="val"))
 
 
 def predict(source: str | Path | None = None, **kwargs: Any) -> list[dict[str, Any]]:
@@ -110,27 +69,25 @@ def predict(source: str | Path | None = None, **kwargs: Any) -> list[dict[str, A
     the original image, ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]`` (numpy), ``"names"}``.
     Unlike the command, nothing is written unless ``save=True`` (annotated images and predictions.json).
     """
-    from detector.cli.predict import build_parser, run_predict
+    from detector.workflows.options import build_options
+    from detector.workflows.predict import PredictOptions, run_predict
 
     if source is not None:
         kwargs["source"] = source
     model = kwargs.pop("weights", None)
     if model is not None and not isinstance(model, Model):
         kwargs["weights"] = model
-    _no_onednn_misses()
-    args = parse(build_parser(), kwargs)
-    return run_predict(args, backend=model.backend if isinstance(model, Model) else None, write=False)
+    options = build_options(PredictOptions, kwargs, command="predict")
+    return run_predict(options, backend=model.backend if isinstance(model, Model) else None, write=False)
 
 
 def export(**kwargs: Any) -> list[Path]:
     """``python export.py`` with ``kwargs`` as its flags (``weights=..., format="onnx", ...``); returns the
     files written, after their parity check."""
-    from detector.cli.export import build_parser, run_export
+    from detector.workflows.export import ExportOptions, run_export
+    from detector.workflows.options import build_options
 
-    if isinstance(kwargs.get("weights"), Model):
-        kwargs["weights"] = kwargs["weights"].weights
-    _no_onednn_misses()
-    return run_export(parse(build_parser(), kwargs))
+    return run_export(build_options(ExportOptions, _weights_file(kwargs), command="export"))
 
 
 @dataclass

@@ -10,13 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import detector
 from detector import export, load, predict, train, val
-from detector.api import to_argv
 from detector.checkpoint import is_stripped, load_checkpoint
-from detector.cli.predict import build_parser as predict_parser
 from detector.cli.predict import main as predict_main
-from detector.cli.train import build_parser as train_parser
 from tests.conftest import write_yolo_dataset
 
 TRAIN_FLAGS = dict(device="cpu", imgsz=64, epochs=1, batch=4, workers=0, cache="none", plots=False,
@@ -38,15 +34,18 @@ def test_import_detector_stays_cheap():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
-def test_keywords_become_the_commands_flags():
-    assert to_argv(train_parser(), {"max_det": 5, "plots": False, "amp_check": True, "imgsz": None}) == [
-        "--max-det", "5", "--no-plots", "--amp-check"]
-    assert to_argv(predict_parser(), {"save": True, "source": Path("a b.jpg")}) == ["--save", "--source", "a b.jpg"]
-    assert to_argv(predict_parser(), {"save": False}) == []
-    with pytest.raises(TypeError, match="unknown argument 'max_dets'.*max_det"):
-        to_argv(predict_parser(), {"max_dets": 5})
-    with pytest.raises(ValueError, match=r"predict: .*--source"):  # the parser's own error, raised not exited
+def test_keywords_are_the_option_objects_fields():
+    # Checked before any work: no model is loaded, no file is read.
+    with pytest.raises(TypeError, match=r"^predict: unknown argument 'max_dets'; known: .*\bmax_det\b"):
+        predict("x.jpg", max_dets=5)
+    with pytest.raises(TypeError, match=r"^predict: missing argument 'source' \(--source\)$"):
         predict(weights="x.pt")
+    with pytest.raises(TypeError, match=r"^train: unknown argument 'epoch'; known: .*\bepochs\b"):
+        train(epoch=3)
+    with pytest.raises(ValueError, match=r"^--model: invalid choice: 'z'"):  # TrainConfig's choices, as the flag's
+        train(model="z")
+    with pytest.raises(ValueError, match=r"^--conf: expected float, got 'high'$"):
+        predict("x.jpg", conf="high")
 
 
 def test_train_returns_metrics_the_run_folder_and_a_stripped_best(run: dict):
@@ -58,7 +57,7 @@ def test_val_returns_the_metrics(run: dict):
     metrics = val(weights=run["best"], data=run["data"], device="cpu", workers=0, plots=False,
                   project=run["root"] / "val")
     assert {"mAP50-95", "mAP50", "mAP75"} <= metrics.keys() and all(0 <= v <= 1 for v in metrics.values())
-    with pytest.raises(ValueError, match="invalid choice: 'bogus'"):
+    with pytest.raises(ValueError, match="--split: invalid choice: 'bogus'"):
         val(weights=run["best"], data=run["data"], split="bogus")
 
 

@@ -1,12 +1,23 @@
 """Every command in one place: ``python -m detector <command>`` and the ``detector`` console script.
 
-``train.py`` and ``export.py`` call the ``train`` and ``export`` commands' ``main`` directly.
+``train.py`` and ``export.py`` call the ``train`` and ``export`` commands' ``main`` directly. A command module
+only parses its flags (generated from the option dataclass of its workflow, detector/workflows) and calls the
+workflow through :func:`detector.cli.errors.run_command`, so every command ends the same way.
+
+Exit codes, the same for every command:
+
+    0    done
+    1    the command failed on its input (a missing file, a bad value, a failed check): one line ``error: ...``
+    2    usage error: argparse's own (an unknown flag, a missing required one), or an unknown command
+    130  interrupted (Ctrl-C): one line; a first Ctrl-C in training saves last.pt and exits 0
 """
 
 from __future__ import annotations
 
 import importlib
 import sys
+
+OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 
 # command -> (module, help). Each module exposes ``main(argv: list[str] | None) -> int`` and is imported only
 # when its command runs, so ``--help`` stays instant.
@@ -21,12 +32,19 @@ COMMANDS = {
 }
 
 
+def usage() -> str:
+    lines = ["usage: python -m detector <command> [options]", "", "commands:"]
+    return "\n".join(lines + [f"  {name:<11} {text}" for name, (_, text) in COMMANDS.items()])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
-        print("usage: python -m detector <command> [options]\n\ncommands:")
-        for name, (_, text) in COMMANDS.items():
-            print(f"  {name:<11} {text}")
-        return 0 if not argv or argv[0] in ("-h", "--help") else 2
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return OK
+    if argv[0] not in COMMANDS:
+        # As argparse reports a usage error: on stderr, the usage first, the complaint last.
+        print(f"{usage()}\n\npython -m detector: error: unknown command {argv[0]!r}", file=sys.stderr)
+        return USAGE
     module = importlib.import_module(COMMANDS[argv[0]][0])
     return int(module.main(argv[1:]) or 0)

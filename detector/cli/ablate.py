@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from detector.cli.errors import run_command
 from detector.device import resolve_device
 from detector.precision import has_native_bf16
 from detector.runs import next_run_dir
@@ -85,13 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, train_args = build_parser().parse_known_args(argv)
-    try:
-        device = resolve_device(args.device)
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+def ablate(args: argparse.Namespace, train_args: list[str]) -> None:
+    """Train each variant in its own process, then write the report; ``RuntimeError`` when a run fails."""
+    device = resolve_device(args.device)
     out_dir = next_run_dir(args.project, args.name)
     out_dir.mkdir(parents=True)
     results = {}
@@ -104,12 +101,15 @@ def main(argv: list[str] | None = None) -> int:
             command += ["--device", args.device]
         print(f"ablate-amp: training {name}: {' '.join(command[1:])}", flush=True)
         if subprocess.run(command).returncode != 0:
-            print(f"error: the {name} run failed", file=sys.stderr)
-            return 1
+            raise RuntimeError(f"the {name} run failed")
         results[name] = summarise(out_dir / name / "results.csv")
     table = markdown_table(results)
     (out_dir / "ablation.md").write_text(f"# AMP ablation ({args.epochs} epochs, same seed)\n\n{table}\n")
     plot(results, out_dir / "ablation.png")
     print(table)
     print(f"report: {out_dir / 'ablation.md'}, {out_dir / 'ablation.png'}")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, train_args = build_parser().parse_known_args(argv)
+    return run_command(ablate, args, train_args)

@@ -1,34 +1,16 @@
-"""``python -m detector benchmark``: per-image pre-process / inference / post-process time for each backend.
+"""``python -m detector benchmark``: the command line of :mod:`detector.workflows.benchmark`.
 
-Given a ``.pt`` checkpoint it times PyTorch FP32, PyTorch autocast (FP16 on CUDA, BF16 on CPUs with
-native BF16), ONNX Runtime FP32 and FP16 (exported to a temporary folder), and TensorRT when it can be
-built here; given an ``.onnx`` or ``.engine`` file it times that file alone. Printed as a markdown table
-of median milliseconds per image over ``--runs`` timed batches after ``--warmup`` untimed ones.
+The table goes to stdout, one progress line per backend to stderr, so ``> table.md`` keeps only the table.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import statistics
 import sys
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
 
-import numpy as np
-import torch
-
-from detector.checkpoint import CheckpointError, model_from_checkpoint
-from detector.data.synthetic import make_image
-from detector.device import resolve_device
-from detector.exporting.tensorrt import build_engine
-from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
-from detector.inference.tensorrt_backend import tensorrt_missing
-from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
-from detector.precision import cpu_has_native_bf16
-from detector.tuning import enlarge_onednn_cache
+from detector.cli.errors import run_command
+from detector.cli.flags import add_flags, options_from_args
+from detector.workflows.benchmark import BenchmarkOptions, run_benchmark
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,125 +18,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m detector benchmark",
         description="Time pre-process / inference / post-process per image for each available backend.",
     )
-    add = parser.add_argument
-    add("--weights", type=Path,
-        help=".pt (all backends) or one .onnx/.engine (default: the newest runs/train/*/weights/best.pt)")
-    add("--imgsz", type=int, help=f"input size for .pt weights (default: the training size, else {DEFAULT_IMGSZ})")
-    add("--batch", type=int, default=1, help="images per call (default: 1)")
-    add("--runs", type=int, default=20, help="timed batches per backend (default: 20)")
-    add("--warmup", type=int, default=3, help="untimed batches first (default: 3)")
-    add("--device", default="",
-        help="cpu or cuda (default: cuda if available, else cpu)")
+    add_flags(parser, BenchmarkOptions)
     return parser
 
 
-def sample_images(count: int, seed: int = 0) -> list[np.ndarray]:
-    """Deterministic 480x640 RGB images (a 4:3 frame, so the letterbox pads like on real photos)."""
-    rng = np.random.default_rng(seed)
-    return [make_image(rng, 640)[0][80:560] for _ in range(count)]
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def time_backend(
-    backend: Backend, images: list[np.ndarray], *, size: int, runs: int, warmup: int, device: str
-) -> dict[str, float]:
-    """Median per-image milliseconds of each stage (inference includes host<->device copies)."""
-    stages: dict[str, list[float]] = {"pre-process": [], "inference": [], "post-process": []}
-    for run in range(warmup + runs):
-        marks = [time.perf_counter()]
-        batch, transforms = prepare_batch(images, size)
-        marks.append(time.perf_counter())
-        raw = backend.infer(batch)
-        synchronize(device)
-        marks.append(time.perf_counter())
-        for result, transform in zip(backend.postprocess(raw), transforms):
-            to_original_pixels(result, transform)
-        marks.append(time.perf_counter())
-        if run >= warmup:
-            for stage, start, end in zip(stages, marks, marks[1:]):
-                stages[stage].append(1000 * (end - start) / len(images))
-    return {stage: statistics.median(values) for stage, values in stages.items()}
-
-
-def backends_for_checkpoint(
-    weights: Path, *, imgsz: int | None, batch: int, device: str, folder: Path
-) -> Iterator[Backend | str]:
-    """Yield each backend in turn (built lazily, so exports happen just before they are timed), or a skip note."""
-    model, _ = model_from_checkpoint(weights)
-    reference = TorchBackend.from_checkpoint(weights, imgsz=imgsz, device=device)
-    yield reference
-    if device.startswith("cuda"):
-        yield TorchBackend(model, reference.info, device=device, precision="fp16")
-    elif cpu_has_native_bf16():
-        yield TorchBackend(model, reference.info, device=device, precision="bf16")
-    else:
-        yield "pytorch bf16 autocast: skipped (this CPU has no native BF16)"
-    try:
-        import onnxruntime  # noqa: F401
-
-        from detector.exporting.onnx import export_onnx
-    except ImportError:
-        yield "onnxruntime: skipped (install the 'export' extra: onnx, onnxruntime)"
-        return
-    static = dataclasses.replace(reference.info, dynamic=False, batch=batch)
-    for precision in ("fp32", "fp16"):
-        info = dataclasses.replace(static, precision=precision)
-        yield load_backend(export_onnx(model, folder / f"{precision}.onnx", info, device=device), device=device)
-    if (reason := tensorrt_missing()) is not None:
-        yield f"tensorrt: skipped ({reason})"
-        return
-    for precision in ("fp32", "fp16"):
-        info = dataclasses.replace(static, precision=precision)
-        build_engine(folder / "fp32.onnx", folder / f"{precision}.engine", info)
-        yield load_backend(folder / f"{precision}.engine", device=device)
-
-
-def markdown_table(rows: list[tuple[str, dict[str, float]]], notes: list[str]) -> str:
-    lines = ["| backend | pre-process ms | inference ms | post-process ms | total ms |", "|---|---:|---:|---:|---:|"]
-    for name, times in rows:
-        cells = [f"{times[stage]:.2f}" for stage in ("pre-process", "inference", "post-process")]
-        lines.append(f"| {name} | {' | '.join(cells)} | {sum(times.values()):.2f} |")
-    return "\n".join(lines + [f"\n{note}" for note in notes])
-
-
-def run_benchmark(args: argparse.Namespace, progress: Callable[[str], None] = print) -> str:
-    """Time every backend; -> a header line and the markdown table (``progress`` gets one line per backend)."""
-    device = str(resolve_device(args.device))
-    weights = args.weights or find_latest_checkpoint()
-    if weights is None:
-        raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
-    images = sample_images(args.batch)
-    rows, notes = [], []
-    with tempfile.TemporaryDirectory(prefix="detector-benchmark-") as folder:
-        if Path(weights).suffix == ".pt":
-            candidates: Iterator[Backend | str] = backends_for_checkpoint(
-                Path(weights), imgsz=args.imgsz, batch=args.batch, device=device, folder=Path(folder)
-            )
-        else:
-            candidates = iter([load_backend(weights, device=device)])
-        for backend in candidates:
-            if isinstance(backend, str):
-                notes.append(backend)
-                continue
-            size = args.imgsz if backend.info.dynamic and args.imgsz else backend.info.imgsz
-            progress(f"timing {backend.name} at {size} px ...")
-            times = time_backend(backend, images, size=size, runs=args.runs, warmup=args.warmup, device=device)
-            rows.append((backend.name, times))
-    threads = torch.get_num_threads()
-    header = f"{weights}, batch {args.batch}, {device} ({threads} torch threads), median of {args.runs} runs\n\n"
-    return header + markdown_table(rows, notes)
+def benchmark(args: argparse.Namespace) -> None:
+    options = options_from_args(BenchmarkOptions, args)
+    print(run_benchmark(options, progress=lambda line: print(line, file=sys.stderr)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
-    try:
-        print(run_benchmark(args, progress=lambda line: print(line, file=sys.stderr)))
-    except (CheckpointError, FileNotFoundError, ValueError, RuntimeError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    return 0
+    return run_command(benchmark, build_parser().parse_args(argv))

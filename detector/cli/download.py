@@ -4,13 +4,11 @@ pretrained weights into ``weights/`` (detector/weights/download.py)."""
 from __future__ import annotations
 
 import argparse
-import pickle
-import sys
 from pathlib import Path
 
+from detector.cli.errors import run_command
 from detector.data.catalog import DOWNLOADS, datasets_root
-from detector.data.download import DownloadError, download
-from detector.data.spec import DatasetError
+from detector.data.download import download
 from detector.weights.catalog import PRETRAINED, pretrained_name
 from detector.weights.locate import WEIGHTS_DIR
 
@@ -41,8 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def fetch(args: argparse.Namespace) -> None:
+    """Download what ``args.name`` names: weights into ``--weights-dir``, a dataset into the datasets root."""
     weights = args.name in PRETRAINED
     where = args.weights_dir if weights else datasets_root(args.datasets_dir or None)
     try:
@@ -52,10 +50,10 @@ def main(argv: list[str] | None = None) -> int:
             download_weights(args.name, weights_dir=where)
         else:
             download(args.name, root=where, split=args.split)
-    except (DownloadError, DatasetError, pickle.UnpicklingError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
-        print(f"\nerror: interrupted; run the command again to resume (partial files in {where})", file=sys.stderr)
-        return 130
-    return 0
+        # run_command prints this instead of a bare 'interrupted' (exit 130): a second run resumes the download.
+        raise KeyboardInterrupt(f"interrupted; run the command again to resume (partial files in {where})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command(fetch, build_parser().parse_args(argv))

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -10,6 +13,14 @@ import pytest
 from detector.cli import COMMANDS, main
 
 REPO = Path(__file__).resolve().parents[2]
+# command -> (module, class) of the option dataclass its flags are generated from
+OPTIONS = {
+    "train": ("detector.training.config", "TrainConfig"),
+    "val": ("detector.workflows.val", "ValOptions"),
+    "predict": ("detector.workflows.predict", "PredictOptions"),
+    "export": ("detector.workflows.export", "ExportOptions"),
+    "benchmark": ("detector.workflows.benchmark", "BenchmarkOptions"),
+}
 
 
 def test_console_script_is_the_dispatcher() -> None:
@@ -29,6 +40,33 @@ def test_help_lists_every_command_and_unknown_commands_fail(capsys: pytest.Captu
     listed = capsys.readouterr().out
     assert all(name in listed for name in COMMANDS)
     assert main(["nonsense"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.strip().endswith("error: unknown command 'nonsense'")
+
+
+def test_an_unknown_command_is_a_usage_error_for_the_shell() -> None:
+    result = subprocess.run([sys.executable, "-m", "detector", "nonsense"], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2 and "unknown command 'nonsense'" in result.stderr
+
+
+@pytest.mark.parametrize("command", sorted(OPTIONS))
+def test_the_parser_has_exactly_the_option_objects_fields(command: str) -> None:
+    """The flags are generated from the dataclass: a flag the API cannot pass (or the reverse) fails here."""
+    if command == "export":
+        pytest.importorskip("onnx", reason="the export workflow writes ONNX (the 'export' extra)")
+    module, name = OPTIONS[command]
+    options_class = getattr(importlib.import_module(module), name)
+    parser = importlib.import_module(COMMANDS[command][0]).build_parser()
+    dests = {action.dest for action in parser._actions if action.dest != "help"}
+    assert dests == {item.name for item in fields(options_class)}
+
+
+@pytest.mark.parametrize("argv", [["val", "--weights", "a.pt"], ["predict", "--source", "x", "--no-such-flag"]])
+def test_argparse_refusals_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2 and "error:" in capsys.readouterr().err
 
 
 def test_val_command_runs_validation(capsys: pytest.CaptureFixture[str]) -> None:

@@ -15,8 +15,8 @@ pytest.importorskip("onnxruntime", reason="export.py checks parity with onnxrunt
 from detector.cli.export import build_parser, main  # noqa: E402  (after the skips: it imports onnx)
 from detector.data.synthetic import generate_shapes  # noqa: E402
 from detector.exporting import read_onnx_info  # noqa: E402
-from detector.inference.tensorrt_backend import tensorrt_missing  # noqa: E402
 from detector.inference.onnx_backend import OnnxBackend  # noqa: E402
+from detector.inference.tensorrt_backend import tensorrt_missing  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 IMGSZ = 64  # the conftest checkpoint's training size

@@ -1,4 +1,4 @@
-"""``python -m detector val`` end to end: files, one-line errors, the image-size rule."""
+"""``python -m detector val`` end to end: files, one-line errors (the image-size rule: tests/workflows/test_val.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from detector.checkpoint import save_checkpoint
 from detector.cli import main as detector_main
-from detector.cli.val import main, resolve_image_size
+from detector.cli.val import main
 from detector.model import build_model
 
 NAMES = ["cat", "dog"]
@@ -77,12 +77,12 @@ def test_val_command_end_to_end(val_inputs, tmp_path: Path, capsys) -> None:
     assert len(summaries[0]) == 12 and summaries[0] == summaries[1]
 
 
-def test_val_errors_are_one_line_and_return_2(val_inputs, tmp_path: Path, capsys) -> None:
+def test_val_errors_are_one_line_and_return_1(val_inputs, tmp_path: Path, capsys) -> None:
     weights, data = val_inputs
     project = ["--project", str(tmp_path / "runs"), "--device", "cpu"]
-    assert main(["--weights", str(tmp_path / "missing.pt"), "--data", str(data), *project]) == 2
-    assert main(["--weights", str(weights), "--data", str(tmp_path / "missing.yaml"), *project]) == 2
-    assert main(["--weights", str(weights), "--data", str(data), "--split", "test", *project]) == 2
+    assert main(["--weights", str(tmp_path / "missing.pt"), "--data", str(data), *project]) == 1
+    assert main(["--weights", str(weights), "--data", str(tmp_path / "missing.yaml"), *project]) == 1
+    assert main(["--weights", str(weights), "--data", str(data), "--split", "test", *project]) == 1
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
     assert "missing.pt" in errors[0] and "missing.yaml" in errors[1] and "test" in errors[2]
@@ -97,12 +97,6 @@ def test_val_finds_a_shipped_dataset_under_datasets_dir(val_inputs, tmp_path: Pa
                  "--project", str(tmp_path / "runs")])
     errors = capsys.readouterr().err.strip().splitlines()
     # Looked for under the folder given, and says how to fill it: the flag reached the dataset resolver.
-    assert code == 2 and len(errors) == 1 and str(empty / "coco") in errors[0]
+    assert code == 1 and len(errors) == 1 and str(empty / "coco") in errors[0]
     assert f"python -m detector download coco --datasets-dir {empty}" in errors[0]
 
-
-def test_image_size_resolution() -> None:
-    assert resolve_image_size(None, {"imgsz": 320}) == 320
-    assert resolve_image_size(None, None) == 640
-    with pytest.raises(ValueError, match=r"must be a positive multiple of 32 \(got 100\); try 96"):
-        resolve_image_size(100, {"imgsz": 320})  # refused, as training refuses it

@@ -83,12 +83,12 @@ def test_coco_val_split_alone_loads_and_training_names_the_missing_archive(tmp_p
     assert f"python -m detector download coco --datasets-dir {tmp_path}" in str(error.value)
 
 
-def test_train_on_a_missing_dataset_prints_one_line_and_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture):
+def test_train_on_a_missing_dataset_prints_one_line_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture):
     empty = tmp_path / "datasets"
     empty.mkdir()
     code = train_command.main(["--data", "coco.yaml", "--datasets-dir", str(empty), "--device", "cpu", "--epochs", "1"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert code == 2 and len(lines) == 1, lines
+    assert code == 1 and len(lines) == 1, lines
     assert str(empty / "coco") in lines[0] and "20.4 GB" in lines[0]
     assert f"python -m detector download coco --datasets-dir {empty}" in lines[0]
 

@@ -1,0 +1,50 @@
+"""How every command ends: :func:`run_command` turns the errors a user can act on into one line and an exit code.
+
+The codes are documented in :mod:`detector.cli` (0 ok, 1 failed on its input, 2 usage, 130 interrupted).
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from collections.abc import Callable
+
+from detector.checkpoint import CheckpointError
+from detector.cli import FAILED, INTERRUPTED, OK
+from detector.data.download import DownloadError
+from detector.data.spec import DatasetError
+
+# What a user can act on: a file, a flag value, a dataset, a download, a diverged run, a failed export check.
+# Each is raised with a message that names the file or the flag, so the message is all the user needs; anything
+# else is a bug and keeps its traceback.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    CheckpointError,
+    DatasetError,
+    DownloadError,
+    FileNotFoundError,
+    FloatingPointError,
+    RuntimeError,  # export's parity check and missing TensorRT, predict's runtimes
+    ValueError,
+    pickle.UnpicklingError,
+)
+
+
+def one_line(error: BaseException) -> str:
+    """The message on one line (a library's message may span several), else the error's name."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return "; ".join(lines) or type(error).__name__
+
+
+def run_command(function: Callable[..., object], *args: object) -> int:
+    """Call ``function(*args)``; -> the exit code. A user error prints ``error: ...`` on stderr (1), Ctrl-C
+    ``error: interrupted`` or the interrupt's own message, such as download's how-to-resume (130)."""
+    try:
+        function(*args)
+    except USER_ERRORS as error:
+        print(f"error: {one_line(error)}", file=sys.stderr)
+        return FAILED
+    except KeyboardInterrupt as interrupt:
+        # The newline ends the line the terminal echoed ^C on (or a progress bar), so the message stands alone.
+        print(f"\nerror: {one_line(interrupt) if str(interrupt) else 'interrupted'}", file=sys.stderr)
+        return INTERRUPTED
+    return OK

@@ -1,0 +1,170 @@
+"""``python export.py`` / ``python -m detector export``: checkpoint -> ONNX and/or TensorRT, then a parity check.
+
+Files are built in a hidden staging folder beside the checkpoint and renamed into place
+(``best.pt`` -> ``best.onnx`` / ``best.engine``) only after the parity check passes, so a failed export
+or check leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from detector.checkpoint import model_from_checkpoint
+from detector.device import resolve_device
+from detector.exporting.onnx import DEFAULT_OPSET, export_onnx
+from detector.exporting.parity import SCORE_TOLERANCE, check_parity, split_images, synthetic_images
+from detector.exporting.tensorrt import DEFAULT_WORKSPACE_GIB, build_engine
+from detector.exporting.wrapper import EXPORT_NMS
+from detector.files import publish, staging_folder
+from detector.inference import find_latest_checkpoint, load_backend
+from detector.inference.tensorrt_backend import tensorrt_missing
+from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
+from detector.model import YOLO, image_size_problem
+from detector.model.metadata import ModelInfo
+from detector.postprocess import NMSConfig
+from detector.tuning import enlarge_onednn_cache
+from detector.workflows.options import Options, option
+
+FORMATS = ("onnx", "engine")
+
+
+@dataclass(kw_only=True)
+class ExportOptions(Options):
+    """The flags of ``python export.py`` / ``python -m detector export``."""
+
+    weights: Path | None = option(None, "checkpoint .pt (default: the newest runs/train/*/weights/best.pt)")
+    format: str = option("onnx", "onnx, engine, or onnx,engine (default: onnx)")
+    half: bool = option(False, "FP16 convolutions; inputs/outputs stay FP32 (default: off)")
+    imgsz: int | None = option(None, "square input size, a multiple of 32 (default: the training size, else "
+                                     f"{DEFAULT_IMGSZ})")
+    batch: int = option(1, "batch size; with --dynamic the largest TensorRT batch (default: 1)")
+    dynamic: bool = option(False, "free batch, height and width (default: off, fixed shape)")
+    opset: int = option(DEFAULT_OPSET, f"ONNX opset (default: {DEFAULT_OPSET})")
+    simplify: bool = option(False, "slim the ONNX graph with onnxslim (default: off)")
+    nms: bool = option(False, "NMS inside the graph, one class per box: outputs detections + num_detections "
+                              "(default: off)")
+    conf: float = option(EXPORT_NMS.conf_threshold,
+                         f"with --nms: score threshold (default: {EXPORT_NMS.conf_threshold})")
+    iou: float = option(EXPORT_NMS.iou_threshold, f"with --nms: IoU threshold (default: {EXPORT_NMS.iou_threshold})")
+    max_det: int = option(EXPORT_NMS.max_detections,
+                          f"with --nms: K, detections per image (default: {EXPORT_NMS.max_detections})")
+    data: Path | None = option(None, "dataset YAML: check parity on its val split, with mAP (default: synthetic "
+                                     "images, no mAP)")
+    datasets_dir: Path | None = option(None, "with --data: root of downloaded datasets (default: $DETECTOR_DATASETS, "
+                                             "else ./datasets)")
+    no_check: bool = option(False, "skip the parity check (default: check)")
+    map_margin: float = option(0.5, "with --data: largest allowed mAP50-95 drop in points (default: 0.5)")
+    score_tol: float = option(SCORE_TOLERANCE,
+                              f"without --data: largest allowed score difference (default: {SCORE_TOLERANCE})")
+    workers: int = option(2, "with --data: data-loading processes for the check (default: 2)")
+    device: str = option("", "cpu, cuda or cuda:N: device for tracing and the check (default: cuda if available, "
+                             "else cpu)")
+    workspace: float = option(DEFAULT_WORKSPACE_GIB, f"TensorRT workspace in GiB (default: {DEFAULT_WORKSPACE_GIB})")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        parse_formats(self.format)  # --format is free text ("onnx,engine"): refused here, before any work
+
+
+def parse_formats(text: str) -> list[str]:
+    formats = [part.strip().lower() for part in text.split(",") if part.strip()]
+    unknown = [part for part in formats if part not in FORMATS]
+    if unknown or not formats:
+        raise ValueError(f"--format {text!r}: choose from {', '.join(FORMATS)} (comma-separated)")
+    return list(dict.fromkeys(formats))
+
+
+def resolve_weights(weights: Path | None) -> Path:
+    if weights is not None:
+        return weights
+    latest = find_latest_checkpoint()
+    if latest is None:
+        raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
+    print(f"export: using the newest checkpoint {latest}")
+    return latest
+
+
+def model_info(options: ExportOptions, names: list[str], strides: tuple[int, ...], trained: int | None) -> ModelInfo:
+    """What the export will be: ``trained`` is the checkpoint's training image size, if it recorded one."""
+    imgsz = options.imgsz or trained or DEFAULT_IMGSZ
+    if problem := image_size_problem(imgsz):
+        raise ValueError(problem)
+    if options.batch < 1:
+        raise ValueError(f"--batch must be at least 1 (got {options.batch})")
+    nms = None
+    if options.nms:
+        nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
+    return ModelInfo(
+        names=names, strides=strides, imgsz=imgsz, batch=options.batch, dynamic=options.dynamic,
+        precision="fp16" if options.half else "fp32", nms=nms,
+    )
+
+
+def stage_exports(
+    model: YOLO, info: ModelInfo, formats: list[str], staging: Path, stem: str, options: ExportOptions, device: str
+) -> dict[str, Path]:
+    """Write every requested format into ``staging``; -> format -> file."""
+    staged: dict[str, Path] = {}
+    onnx_options = {"opset": options.opset, "simplify": options.simplify, "device": device}
+    if "onnx" in formats:
+        staged["onnx"] = export_onnx(model, staging / f"{stem}.onnx", info, **onnx_options)
+    if "engine" in formats:
+        # TensorRT gets the FP32 graph and picks FP16 kernels itself under BuilderFlag.FP16.
+        if "onnx" in staged and info.precision == "fp32":
+            source = staged["onnx"]
+        else:
+            fp32_info = dataclasses.replace(info, precision="fp32")
+            source = export_onnx(model, staging / "engine-source.onnx", fp32_info, **onnx_options)
+        staged["engine"] = build_engine(source, staging / f"{stem}.engine", info, workspace_gib=options.workspace)
+    return staged
+
+
+def check_parity_of(
+    model: YOLO, info: ModelInfo, staged: dict[str, Path], options: ExportOptions, device: str
+) -> None:
+    """Check each staged file against the FP32 PyTorch model; print the reports. Raises RuntimeError on a failure."""
+    split = None
+    if options.data is not None:
+        from detector.data.build import build_split
+        from detector.data.spec import load_dataset_spec
+
+        spec = load_dataset_spec(options.data, datasets_dir=options.datasets_dir)
+        split = build_split(spec, "val", image_size=info.imgsz, augment=None)
+    reference = TorchBackend(model, dataclasses.replace(info, dynamic=True, nms=None), device=device)
+    images = split_images(split) if split is not None else synthetic_images(info.imgsz)
+    for fmt, path in staged.items():
+        report = check_parity(
+            reference, load_backend(path, device=device), images=images, split=split,
+            map_margin=options.map_margin, score_tolerance=options.score_tol, workers=options.workers,
+        )
+        print(report.summary())
+        if not report.passed:
+            raise RuntimeError(f"{fmt} export failed the parity check; nothing was written")
+
+
+def run_export(options: ExportOptions) -> list[Path]:
+    """Export ``options.weights`` (else the newest best.pt); returns the files written (one per format).
+
+    Raises:
+        CheckpointError, DatasetError, FileNotFoundError, ValueError, RuntimeError: one line; nothing is written.
+    """
+    enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
+    formats = parse_formats(options.format)
+    if "engine" in formats and (reason := tensorrt_missing()):
+        raise RuntimeError(f"{reason}; nothing was written")
+    weights = resolve_weights(options.weights)
+    device = str(resolve_device(options.device))
+    model, checkpoint = model_from_checkpoint(weights)
+    names = list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)])
+    info = model_info(options, names, tuple(model.strides), (checkpoint.get("config") or {}).get("imgsz"))
+    with staging_folder(weights.parent) as staging:
+        staged = stage_exports(model, info, formats, staging, weights.stem, options, device)
+        if not options.no_check:
+            check_parity_of(model, info, staged, options, device)
+        written = []
+        for fmt, path in staged.items():
+            written.append(publish(path, weights.with_suffix("." + fmt)))
+            print(f"export: wrote {written[-1]}")
+    return written

@@ -1,0 +1,67 @@
+"""run_command (detector/cli/errors.py): every command's errors end as one stderr line and one exit code."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+from detector.checkpoint import CheckpointError
+from detector.cli import download as download_command
+from detector.cli.errors import run_command
+from detector.data.download import DownloadError
+from detector.data.spec import DatasetError
+
+USER_ERRORS = [
+    CheckpointError("best.pt: not a checkpoint"),
+    DatasetError("my.yaml: no 'val' split"),
+    DownloadError("http://host/coco128.zip: HTTP 404 Not Found"),
+    ValueError("--epochs must be at least 1 (got 0)"),
+    FileNotFoundError("images/: no such image, folder or video"),
+    FloatingPointError("training diverged; lower --lr0"),
+    pickle.UnpicklingError("best.pt: refuses to load global"),
+    RuntimeError("onnx export failed the parity check; nothing was written"),
+]
+
+
+def raise_(error: BaseException) -> None:
+    raise error
+
+
+@pytest.mark.parametrize("error", USER_ERRORS, ids=lambda error: type(error).__name__)
+def test_a_user_error_is_one_line_and_exit_1(error: Exception, capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_command(raise_, error) == 1
+    captured = capsys.readouterr()
+    assert captured.err == f"error: {error}\n" and captured.out == ""
+
+
+def test_a_message_over_several_lines_is_joined_into_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_command(raise_, RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB.\n")) == 1
+    assert capsys.readouterr().err == "error: CUDA out of memory.; Tried to allocate 2 GiB.\n"
+
+
+@pytest.mark.parametrize("interrupt,message", [
+    (KeyboardInterrupt(), "interrupted"),
+    (KeyboardInterrupt("interrupted; run it again to resume"), "interrupted; run it again to resume"),
+])
+def test_ctrl_c_is_one_line_and_exit_130(interrupt: KeyboardInterrupt, message: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_command(raise_, interrupt) == 130
+    assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
+
+
+def test_success_is_0_and_a_bug_keeps_its_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_command(print, "done") == 0 and capsys.readouterr().out == "done\n"
+    with pytest.raises(KeyError):
+        run_command(raise_, KeyError("a bug, not a user error"))
+
+
+def test_an_interrupted_download_says_how_to_resume(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(download_command, "download", interrupted)
+    assert download_command.main(["coco128", "--datasets-dir", str(tmp_path)]) == 130
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines == [f"error: interrupted; run the command again to resume (partial files in {tmp_path})"]

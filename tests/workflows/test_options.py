@@ -1,0 +1,84 @@
+"""The option objects (detector/workflows/*.py): the flags' names, defaults and checks, for the CLI and the API."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from detector.training.config import TrainConfig
+from detector.workflows.benchmark import BenchmarkOptions
+from detector.workflows.options import build_options
+from detector.workflows.predict import PredictOptions
+from detector.workflows.val import ValOptions
+
+
+def export_options() -> type:
+    pytest.importorskip("onnx", reason="the export workflow writes ONNX (the 'export' extra)")
+    return importlib.import_module("detector.workflows.export").ExportOptions
+
+
+# (options class, the required values, one bad value, the flag its one-line message must name)
+CASES = {
+    "val": (lambda: ValOptions, {"weights": "best.pt", "data": "my.yaml"}, {"split": "bogus"}, "--split"),
+    "val coco-eval": (lambda: ValOptions, {"weights": "best.pt", "data": "my.yaml"}, {"coco_eval": "x"}, "--coco-eval"),
+    "predict": (lambda: PredictOptions, {"source": "images/"}, {"conf": "high"}, "--conf"),
+    "export": (export_options, {}, {"format": "tflite"}, "--format"),
+    "benchmark": (lambda: BenchmarkOptions, {}, {"runs": 2.5}, "--runs"),
+    "train": (lambda: TrainConfig, {}, {"model": "z"}, "--model"),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_a_bad_value_is_one_line_naming_the_flag(case: str) -> None:
+    make_class, required, bad, flag = CASES[case]
+    options_class = make_class()
+    with pytest.raises(ValueError) as error:
+        build_options(options_class, {**required, **bad}, command=case)
+    assert flag in str(error.value) and "\n" not in str(error.value)
+    if options_class is not TrainConfig:  # the workflows' own classes refuse it as they are made, API or not
+        with pytest.raises(ValueError, match=flag):
+            options_class(**required, **bad)
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+def test_an_unknown_argument_is_one_line_listing_the_known_ones(case: str) -> None:
+    make_class, required, _, _ = CASES[case]
+    with pytest.raises(TypeError) as error:
+        build_options(make_class(), {**required, "max_dets": 5}, command="predict")
+    message = str(error.value)
+    assert message.startswith("predict: unknown argument 'max_dets'; known: ") and "\n" not in message
+    assert "device" in message.split("known: ")[1]
+
+
+def test_a_missing_required_argument_names_its_flag() -> None:
+    with pytest.raises(TypeError, match=r"^val: missing argument 'data' \(--data\)$"):
+        build_options(ValOptions, {"weights": "best.pt"}, command="val")
+    with pytest.raises(TypeError, match="'source'"):
+        build_options(PredictOptions, {"source": None}, command="predict")  # None: left at its (absent) default
+
+
+def test_values_become_the_flags_types_as_on_the_command_line() -> None:
+    options = build_options(ValOptions, {"weights": "best.pt", "data": Path("my.yaml"), "imgsz": "320", "conf": 1,
+                                         "datasets_dir": "datasets", "batch": None}, command="val")
+    assert options.weights == Path("best.pt") and options.datasets_dir == Path("datasets")
+    assert options.imgsz == 320 and options.conf == 1.0 and isinstance(options.conf, float)
+    assert options.batch == 32 and options.project == Path("runs/val")  # None and absent: the flag's default
+    # A checkpoint stores the config and loads only plain types back: a Path for a text field becomes text.
+    config = build_options(TrainConfig, {"project": Path("runs/x"), "epochs": "3"}, command="train")
+    assert config.project == "runs/x" and config.epochs == 3
+
+
+@pytest.mark.parametrize("bad", [{"plots": "no"}, {"batch": True}, {"imgsz": 320.5}, {"weights": 3}])
+def test_values_of_the_wrong_kind_are_refused(bad: dict) -> None:
+    flag = "--" + next(iter(bad)).replace("_", "-")
+    with pytest.raises(ValueError, match=f"^{flag}: expected "):
+        ValOptions(**{"weights": "best.pt", "data": "my.yaml", **bad})
+
+
+def test_export_formats_are_checked_and_may_be_a_list() -> None:
+    options_class = export_options()
+    assert build_options(options_class, {"format": ["onnx", "engine"]}, command="export").format == "onnx,engine"
+    with pytest.raises(ValueError, match=r"^--format 'onnx,tflite': choose from onnx, engine"):
+        options_class(format="onnx,tflite")
