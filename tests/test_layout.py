@@ -104,3 +104,31 @@ def test_no_function_takes_more_than_eight_parameters() -> None:
                 if count > MAX_PARAMETERS:
                     wide.append(f"{name}.{node.name} (line {node.lineno}): {count} parameters")
     assert not wide, f"group related parameters into an object (> {MAX_PARAMETERS}):\n" + "\n".join(wide)
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """No import cycle between modules, inside a package either (a cycle makes import order matter)."""
+    known = {name for name, _ in modules()}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules():
+        targets = set()
+        for _, imported in imported_modules(ast.parse(path.read_text()), name, path.name == "__init__.py"):
+            # ``from detector.x import y`` names module x.y when y is a module, else x.
+            while imported and imported not in known:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name and not name.startswith(imported + "."):
+                targets.add(imported)
+        graph[name] = targets
+    done: set[str] = set()
+
+    def visit(module: str, trail: list[str]) -> None:
+        if module in trail:
+            raise AssertionError("import cycle: " + " -> ".join(trail[trail.index(module):] + [module]))
+        if module in done:
+            return
+        for target in sorted(graph.get(module, ())):
+            visit(target, trail + [module])
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, [])

@@ -2,16 +2,39 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import Protocol
 
-from detector.distributed import unwrap
+import torch
+
+from detector.data.build import SplitData
+from detector.distributed import DistInfo, unwrap
 from detector.metrics.coco import evaluator_name
+from detector.training.budget import RunClock
+from detector.training.config import TrainConfig
+from detector.training.engine import TrainStep
+from detector.training.multiscale import MultiScale
 
-if TYPE_CHECKING:
-    from detector.training.trainer import Trainer
+
+class Run(Protocol):
+    """What the header reads of a run (the Trainer; a protocol, so this module need not import it)."""
+
+    config: TrainConfig
+    step: TrainStep
+    dist: DistInfo
+    device: torch.device
+    train_data: SplitData
+    val_data: SplitData | None
+    clock: RunClock
+    epochs: int
+    optimizer_name: str
+    multi_scale: MultiScale
+    run_dir: Path
+
+    def input_shapes(self) -> list[tuple[int, int]]: ...
 
 
-def run_header(trainer: Trainer) -> str:
+def run_header(trainer: Run) -> str:
     config, step = trainer.config, trainer.step
     model = unwrap(step.model)
     params = sum(p.numel() for p in model.parameters())
@@ -28,7 +51,7 @@ def run_header(trainer: Trainer) -> str:
     )
 
 
-def cache_text(trainer: Trainer) -> str:
+def cache_text(trainer: Run) -> str:
     cache = trainer.train_data.dataset.image_cache
     if cache is None:
         return f"RAM cache off (--cache {trainer.config.cache})"
@@ -37,7 +60,7 @@ def cache_text(trainer: Trainer) -> str:
     return f"RAM cache {cache.nbytes / 2**20:.1f} MiB {where}"
 
 
-def epochs_text(trainer: Trainer) -> str:
+def epochs_text(trainer: Run) -> str:
     budget, epochs = trainer.clock.budget, trainer.epochs
     if budget is None:
         return f"{epochs} epochs"
