@@ -57,7 +57,7 @@ def test_moved_box_or_changed_label_fails() -> None:
         assert_same_detections(reference, detections([[0, 0, 10, 10]], [0.9], [1]), nms=NMS, tolerance=TOLERANCE)
 
 
-@pytest.mark.parametrize(("package", "folder"), [("onnx", "tests/export"), ("hypothesis", "tests/test_properties.py")])
+@pytest.mark.parametrize(("package", "folder"), [("onnx", "tests/exporting"), ("hypothesis", "tests/test_properties.py")])
 def test_missing_optional_package_skips_instead_of_failing(package: str, folder: str, tmp_path: Path) -> None:
     (tmp_path / f"{package}.py").write_text(f"raise ModuleNotFoundError('no {package}', name='{package}')\n")
     environment = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
