@@ -47,7 +47,7 @@ def train(**kwargs: Any) -> dict[str, Any]:
     """
     from detector.training.config import TrainConfig
     from detector.training.trainer import train as run_training
-    from detector.workflows.options import build_options
+    from detector.options import build_options
 
     summary = run_training(build_options(TrainConfig, kwargs, command="train"))
     return {**summary, "best": Path(summary["run_dir"]) / "weights" / "best.pt"}
@@ -56,7 +56,7 @@ def train(**kwargs: Any) -> dict[str, Any]:
 def val(**kwargs: Any) -> dict[str, float]:
     """``python -m detector val`` with ``kwargs`` as its flags (``weights=..., data=...``); returns the metrics
     (``mAP50-95``, ``mAP50``, ``mAP75``, ...). The table, plots and predictions.json are written as by the command."""
-    from detector.workflows.options import build_options
+    from detector.options import build_options
     from detector.workflows.val import ValOptions, run_val
 
     return run_val(build_options(ValOptions, _weights_file(kwargs), command="val"))
@@ -69,7 +69,7 @@ def predict(source: str | Path | None = None, **kwargs: Any) -> list[dict[str, A
     the original image, ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]`` (numpy), ``"names"}``.
     Unlike the command, nothing is written unless ``save=True`` (annotated images and predictions.json).
     """
-    from detector.workflows.options import build_options
+    from detector.options import build_options
     from detector.workflows.predict import PredictOptions, run_predict
 
     if source is not None:
@@ -85,7 +85,7 @@ def export(**kwargs: Any) -> list[Path]:
     """``python export.py`` with ``kwargs`` as its flags (``weights=..., format="onnx", ...``); returns the
     files written, after their parity check."""
     from detector.workflows.export import ExportOptions, run_export
-    from detector.workflows.options import build_options
+    from detector.options import build_options
 
     return run_export(build_options(ExportOptions, _weights_file(kwargs), command="export"))
 

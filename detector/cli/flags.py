@@ -6,7 +6,7 @@ import argparse
 from dataclasses import fields
 from typing import TypeVar
 
-from detector.workflows.options import field_type, flag_name, is_required
+from detector.options import field_type, flag_name, is_required
 
 T = TypeVar("T")
 

@@ -12,6 +12,7 @@ from typing import Any
 from detector.data.batch_augment import CHOICES as PIXEL_AUGMENT_CHOICES
 from detector.metrics.coco import BACKENDS as COCO_EVAL_CHOICES
 from detector.model import image_size_problem
+from detector.options import option
 from detector.precision import CHOICES as PRECISION_CHOICES
 from detector.training.budget import parse_duration
 
@@ -23,92 +24,88 @@ BUILTIN_EPOCHS = 20  # the recipe's length: close-mosaic and warm-up keep their 
 BUILTIN_TIME = "8m"
 
 
-def knob(default: Any, help: str, **extra: Any) -> Any:  # noqa: A002 - mirrors argparse's name
-    return field(default=default, metadata={"help": help, **extra})
-
-
 @dataclass
 class TrainConfig:
     # Data and model
-    data: str = knob("", "data YAML (Ultralytics-style or COCO JSON); empty = built-in synthetic shapes dataset")
-    datasets_dir: str = knob("", "root of downloaded datasets (--data coco); empty = $DETECTOR_DATASETS or ./datasets")
-    model: str = knob("n", "model scale", choices=("n", "s", "m", "l", "x"))
-    weights: str = knob("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
+    data: str = option("", "data YAML (Ultralytics-style or COCO JSON); empty = built-in synthetic shapes dataset")
+    datasets_dir: str = option("", "root of downloaded datasets (--data coco); empty = $DETECTOR_DATASETS or ./datasets")
+    model: str = option("n", "model scale", choices=("n", "s", "m", "l", "x"))
+    weights: str = option("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
                                 "(bare names look in weights/; python -m detector download yolov8n fetches one)")
-    imgsz: int = knob(0, "image size (pixels, multiple of 32); 0 = 320 on the built-in dataset, else 640")
-    epochs: int = knob(0, "training epochs; 0 = tuned default on the built-in dataset, else 100")
-    time: str = knob("", "wall-clock budget for the whole run, e.g. 8m, 1.5h, 90s (bare number = hours): the epoch "
+    imgsz: int = option(0, "image size (pixels, multiple of 32); 0 = 320 on the built-in dataset, else 640")
+    epochs: int = option(0, "training epochs; 0 = tuned default on the built-in dataset, else 100")
+    time: str = option("", "wall-clock budget for the whole run, e.g. 8m, 1.5h, 90s (bare number = hours): the epoch "
                          "count, LR schedule, warm-up and close-mosaic are fitted to it from a few timed steps before "
                          "the first one, then re-fitted after every epoch from its wall time (the LR schedule "
                          "continues without a jump); empty = no budget (the built-in dataset without --epochs: 8m)")
-    batch: int = knob(16, "images per step (per process under torchrun)")
-    workers: int = knob(-1, "data-loading worker processes; -1 = auto: 2 on the CPU, on CUDA the cores per process "
+    batch: int = option(16, "images per step (per process under torchrun)")
+    workers: int = option(-1, "data-loading worker processes; -1 = auto: 2 on the CPU, on CUDA the cores per process "
                             "minus one (at most 16)")
-    cache: str = knob("auto", "cache decoded images in RAM: auto (when they fit), ram, none", choices=("auto", "ram", "none"))
-    device: str = knob("", "cpu, cuda, cuda:N; empty = cuda if available else cpu")
-    seed: int = knob(0, "random seed (data order, augmentation, multi-scale sizes, initial weights)")
+    cache: str = option("auto", "cache decoded images in RAM: auto (when they fit), ram, none", choices=("auto", "ram", "none"))
+    device: str = option("", "cpu, cuda, cuda:N; empty = cuda if available else cpu")
+    seed: int = option(0, "random seed (data order, augmentation, multi-scale sizes, initial weights)")
     # Precision
-    precision: str = knob("auto", "auto: FP16 on CUDA, BF16 on CPUs with native BF16, else FP32", choices=PRECISION_CHOICES)
-    unamp: bool = knob(False, "true FP32 for ablations: no autocast, no loss scaling, TF32 off")
-    channels_last: bool = knob(True, "channels-last memory format (faster convolutions under AMP)")
+    precision: str = option("auto", "auto: FP16 on CUDA, BF16 on CPUs with native BF16, else FP32", choices=PRECISION_CHOICES)
+    unamp: bool = option(False, "true FP32 for ablations: no autocast, no loss scaling, TF32 off")
+    channels_last: bool = option(True, "channels-last memory format (faster convolutions under AMP)")
     # Optimisation
-    optimizer: str = knob("auto", "SGD, AdamW, or auto (AdamW for short runs under 10k steps, else SGD)", choices=("auto", "SGD", "AdamW"))
-    lr0: float = knob(0.01, "initial learning rate (SGD; 'auto' picks its own for AdamW)")
-    lrf: float = knob(0.01, "final learning rate as a fraction of lr0")
-    cosine: bool = knob(False, "cosine learning-rate decay instead of linear")
-    momentum: float = knob(0.937, "SGD momentum / Adam beta1")
-    weight_decay: float = knob(5e-4, "weight decay at the nominal batch (scaled with the real one)")
-    nominal_batch: int = knob(64, "gradients accumulate until this many images per optimizer step")
-    warmup_epochs: float = knob(3.0, "warm-up length in epochs (at least 100 steps)")
-    warmup_bias_lr: float = knob(0.1, "starting learning rate of biases during warm-up")
-    warmup_momentum: float = knob(0.8, "starting momentum during warm-up")
-    clip_grad: float = knob(10.0, "clip the gradient norm to this (after unscaling)")
-    ema_decay: float = knob(0.9999, "EMA decay (ramped up over the first ~2000 updates)")
+    optimizer: str = option("auto", "SGD, AdamW, or auto (AdamW for short runs under 10k steps, else SGD)", choices=("auto", "SGD", "AdamW"))
+    lr0: float = option(0.01, "initial learning rate (SGD; 'auto' picks its own for AdamW)")
+    lrf: float = option(0.01, "final learning rate as a fraction of lr0")
+    cosine: bool = option(False, "cosine learning-rate decay instead of linear")
+    momentum: float = option(0.937, "SGD momentum / Adam beta1")
+    weight_decay: float = option(5e-4, "weight decay at the nominal batch (scaled with the real one)")
+    nominal_batch: int = option(64, "gradients accumulate until this many images per optimizer step")
+    warmup_epochs: float = option(3.0, "warm-up length in epochs (at least 100 steps)")
+    warmup_bias_lr: float = option(0.1, "starting learning rate of biases during warm-up")
+    warmup_momentum: float = option(0.8, "starting momentum during warm-up")
+    clip_grad: float = option(10.0, "clip the gradient norm to this (after unscaling)")
+    ema_decay: float = option(0.9999, "EMA decay (ramped up over the first ~2000 updates)")
     # Loss
-    box_gain: float = knob(7.5, "box (CIoU) loss gain")
-    cls_gain: float = knob(0.5, "classification (BCE) loss gain")
-    dfl_gain: float = knob(1.5, "distribution focal loss gain")
-    assigner_topk: int = knob(10, "task-aligned assigner: candidates per box")
-    assigner_alpha: float = knob(0.5, "task-aligned assigner: class-score exponent")
-    assigner_beta: float = knob(6.0, "task-aligned assigner: IoU exponent")
+    box_gain: float = option(7.5, "box (CIoU) loss gain")
+    cls_gain: float = option(0.5, "classification (BCE) loss gain")
+    dfl_gain: float = option(1.5, "distribution focal loss gain")
+    assigner_topk: int = option(10, "task-aligned assigner: candidates per box")
+    assigner_alpha: float = option(0.5, "task-aligned assigner: class-score exponent")
+    assigner_beta: float = option(6.0, "task-aligned assigner: IoU exponent")
     # Augmentation
-    mosaic: float = knob(1.0, "mosaic probability")
-    close_mosaic: int = knob(10, "turn mosaic off for the last N epochs")
-    degrees: float = knob(0.0, "random rotation (+/- degrees)")
-    translate: float = knob(0.1, "random translation (+/- fraction of image size)")
-    scale: float = knob(0.5, "random zoom gain (+/- fraction)")
-    shear: float = knob(0.0, "random shear (+/- degrees)")
-    hsv_h: float = knob(0.015, "hue augmentation (fraction)")
-    hsv_s: float = knob(0.7, "saturation augmentation (fraction)")
-    hsv_v: float = knob(0.4, "value augmentation (fraction)")
-    fliplr: float = knob(0.5, "horizontal flip probability")
-    flipud: float = knob(0.0, "vertical flip probability")
-    albumentations: float = knob(0.01, "probability of each albumentations pixel transform (blur, CLAHE, gray)")
-    pixel_augment: str = knob("auto", "where HSV and flips run on the pixels: workers (loader processes), device "
+    mosaic: float = option(1.0, "mosaic probability")
+    close_mosaic: int = option(10, "turn mosaic off for the last N epochs")
+    degrees: float = option(0.0, "random rotation (+/- degrees)")
+    translate: float = option(0.1, "random translation (+/- fraction of image size)")
+    scale: float = option(0.5, "random zoom gain (+/- fraction)")
+    shear: float = option(0.0, "random shear (+/- degrees)")
+    hsv_h: float = option(0.015, "hue augmentation (fraction)")
+    hsv_s: float = option(0.7, "saturation augmentation (fraction)")
+    hsv_v: float = option(0.4, "value augmentation (fraction)")
+    fliplr: float = option(0.5, "horizontal flip probability")
+    flipud: float = option(0.0, "vertical flip probability")
+    albumentations: float = option(0.01, "probability of each albumentations pixel transform (blur, CLAHE, gray)")
+    pixel_augment: str = option("auto", "where HSV and flips run on the pixels: workers (loader processes), device "
                                       "(batched on the training device), auto = device on CUDA, workers elsewhere",
                               choices=PIXEL_AUGMENT_CHOICES)
-    multi_scale: bool = knob(True, "train at multiples of 32 in [min, max] x imgsz (imgsz in close-mosaic epochs)")
-    multi_scale_min: float = knob(0.875, "smallest multi-scale factor of imgsz")
-    multi_scale_max: float = knob(1.125, "largest multi-scale factor of imgsz (peak memory grows with its square)")
-    multi_scale_hold: int = knob(10, "steps each multi-scale size is held (fewer size changes)")
+    multi_scale: bool = option(True, "train at multiples of 32 in [min, max] x imgsz (imgsz in close-mosaic epochs)")
+    multi_scale_min: float = option(0.875, "smallest multi-scale factor of imgsz")
+    multi_scale_max: float = option(1.125, "largest multi-scale factor of imgsz (peak memory grows with its square)")
+    multi_scale_hold: int = option(10, "steps each multi-scale size is held (fewer size changes)")
     # Evaluation, logging, output
-    val_interval: int = knob(1, "evaluate every N epochs (and always after the last)")
-    patience: int = knob(100, "stop when fitness has not improved for N epochs (counted where evaluated); 0 = never")
-    val_conf: float = knob(0.001, "validation confidence threshold")
-    val_iou: float = knob(0.7, "validation NMS IoU threshold")
-    max_det: int = knob(300, "detections kept per image in validation")
-    coco_eval: str = knob("faster", "COCO mAP evaluator: faster (faster-coco-eval, pycocotools' numbers in a fraction "
+    val_interval: int = option(1, "evaluate every N epochs (and always after the last)")
+    patience: int = option(100, "stop when fitness has not improved for N epochs (counted where evaluated); 0 = never")
+    val_conf: float = option(0.001, "validation confidence threshold")
+    val_iou: float = option(0.7, "validation NMS IoU threshold")
+    max_det: int = option(300, "detections kept per image in validation")
+    coco_eval: str = option("faster", "COCO mAP evaluator: faster (faster-coco-eval, pycocotools' numbers in a fraction "
                                     "of the time; pycocotools when not installed) or pycocotools",
                           choices=COCO_EVAL_CHOICES)
-    final_fp32: bool = knob(False, "run the final evaluation in FP32 regardless of the training precision")
-    plots: bool = knob(True, "write PNG plots into the run folder")
-    tensorboard: bool = knob(False, "log scalars and plots to TensorBoard in the run folder")
-    project: str = knob("runs/train", "parent folder of run folders")
-    name: str = knob("exp", "run folder name (a number is appended if it exists)")
-    resume: str = knob("", "resume an interrupted run from its last.pt (or 'auto': the newest under --project); "
+    final_fp32: bool = option(False, "run the final evaluation in FP32 regardless of the training precision")
+    plots: bool = option(True, "write PNG plots into the run folder")
+    tensorboard: bool = option(False, "log scalars and plots to TensorBoard in the run folder")
+    project: str = option("runs/train", "parent folder of run folders")
+    name: str = option("exp", "run folder name (a number is appended if it exists)")
+    resume: str = option("", "resume an interrupted run from its last.pt (or 'auto': the newest under --project); "
                                "a finished run's last.pt is stripped: fine-tune from it with --weights")
-    amp_check: bool = knob(True, "before training, compare one AMP step with FP32 and fall back if AMP misbehaves")
-    sync_bn: bool = knob(False, "SyncBatchNorm under torchrun")
+    amp_check: bool = option(True, "before training, compare one AMP step with FP32 and fall back if AMP misbehaves")
+    sync_bn: bool = option(False, "SyncBatchNorm under torchrun")
 
     def with_defaults(self) -> "TrainConfig":
         """Fill the 'auto' (0) image size and epoch count: small and quick for the built-in dataset."""

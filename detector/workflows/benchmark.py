@@ -28,7 +28,7 @@ from detector.inference.tensorrt_backend import tensorrt_missing
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
 from detector.precision import cpu_has_native_bf16
 from detector.tuning import enlarge_onednn_cache
-from detector.workflows.options import Options, option
+from detector.options import Options, option
 
 
 @dataclass(kw_only=True)

@@ -25,7 +25,7 @@ from detector.model import YOLO, image_size_problem
 from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig
 from detector.tuning import enlarge_onednn_cache
-from detector.workflows.options import Options, option
+from detector.options import Options, option
 
 FORMATS = ("onnx", "engine")
 

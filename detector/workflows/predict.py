@@ -25,7 +25,7 @@ from detector.inference import Backend, find_latest_checkpoint, load_backend, pr
 from detector.postprocess import NMSConfig
 from detector.runs import next_run_dir
 from detector.tuning import enlarge_onednn_cache
-from detector.workflows.options import Options, option
+from detector.options import Options, option
 
 VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
 PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),

@@ -35,7 +35,7 @@ from detector.postprocess import NMSConfig
 from detector.precision import resolve_precision
 from detector.runs import next_run_dir
 from detector.tuning import enlarge_onednn_cache
-from detector.workflows.options import Options, option
+from detector.options import Options, option
 
 
 @dataclass(kw_only=True)

@@ -1,4 +1,4 @@
-"""Option objects: one dataclass per command, its fields the command's flags.
+"""Option objects: one dataclass per command (``TrainConfig``, ``ValOptions``, ...), its fields the command's flags.
 
 A field is a flag (``max_det`` -> ``--max-det``) with its default and a ``metadata={"help": ...}`` (plus
 ``"choices"`` where the values are a fixed set); detector/cli generates each parser from these fields, so the

@@ -1,4 +1,4 @@
-"""The option objects (detector/workflows/*.py): the flags' names, defaults and checks, for the CLI and the API."""
+"""The option objects (detector/options.py; TrainConfig and detector/workflows/*.py): the flags' names, defaults and checks, for the CLI and the API."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from detector.training.config import TrainConfig
 from detector.workflows.benchmark import BenchmarkOptions
-from detector.workflows.options import build_options
+from detector.options import build_options
 from detector.workflows.predict import PredictOptions
 from detector.workflows.val import ValOptions
 
