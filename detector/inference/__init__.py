@@ -17,7 +17,7 @@ from detector.runs import newest_file
 SUFFIXES = (".pt", ".onnx", ".engine")
 
 __all__ = [
-    "Backend", "Detections", "RawOutputs", "SUFFIXES", "find_latest_checkpoint", "load_backend",
+    "Backend", "Detections", "RawOutputs", "SUFFIXES", "find_latest_checkpoint", "load_backend", "weights_or_latest",
     "prepare_batch", "to_original_pixels", "unpack_detections",
 ]
 
@@ -53,3 +53,13 @@ def load_backend(
 def find_latest_checkpoint(root: str | Path = "runs/train", name: str = "best.pt") -> Path | None:
     """The most recently modified ``<root>/*/weights/<name>``, or ``None`` when there is none."""
     return newest_file(root, f"*/weights/{name}")
+
+
+def weights_or_latest(weights: str | Path | None) -> Path:
+    """``--weights``, or without one the newest training run's best.pt; ``FileNotFoundError`` when neither exists."""
+    if weights is not None:
+        return Path(weights)
+    latest = find_latest_checkpoint()
+    if latest is None:
+        raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
+    return latest

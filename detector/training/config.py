@@ -6,7 +6,7 @@ comment beside it. Only ``build_*`` functions see the whole config; the rest tak
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from detector.data.batch_augment import CHOICES as PIXEL_AUGMENT_CHOICES

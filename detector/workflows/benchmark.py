@@ -23,7 +23,7 @@ from detector.checkpoint import model_from_checkpoint
 from detector.data.synthetic import make_image
 from detector.device import resolve_device
 from detector.exporting.tensorrt import build_engine
-from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
+from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
 from detector.inference.tensorrt_backend import tensorrt_missing
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
 from detector.precision import cpu_has_native_bf16
@@ -125,9 +125,7 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
     """
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     device = str(resolve_device(options.device))
-    weights = options.weights or find_latest_checkpoint()
-    if weights is None:
-        raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
+    weights = weights_or_latest(options.weights)
     images = sample_images(options.batch)
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="detector-benchmark-") as folder:

@@ -18,7 +18,7 @@ from detector.exporting.parity import SCORE_TOLERANCE, check_parity, split_image
 from detector.exporting.tensorrt import DEFAULT_WORKSPACE_GIB, build_engine
 from detector.exporting.wrapper import EXPORT_NMS
 from detector.files import publish, staging_folder
-from detector.inference import find_latest_checkpoint, load_backend
+from detector.inference import load_backend, weights_or_latest
 from detector.inference.tensorrt_backend import tensorrt_missing
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
 from detector.model import YOLO, image_size_problem
@@ -77,13 +77,10 @@ def parse_formats(text: str) -> list[str]:
 
 
 def resolve_weights(weights: Path | None) -> Path:
-    if weights is not None:
-        return weights
-    latest = find_latest_checkpoint()
-    if latest is None:
-        raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
-    print(f"export: using the newest checkpoint {latest}")
-    return latest
+    path = weights_or_latest(weights)
+    if weights is None:
+        print(f"export: using the newest checkpoint {path}")
+    return path
 
 
 def model_info(options: ExportOptions, names: list[str], strides: tuple[int, ...], trained: int | None) -> ModelInfo:

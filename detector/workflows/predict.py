@@ -21,7 +21,7 @@ import numpy as np
 from detector.data.dataset import read_image_rgb
 from detector.data.spec import IMAGE_SUFFIXES
 from detector.device import resolve_device
-from detector.inference import Backend, find_latest_checkpoint, load_backend, prepare_batch, to_original_pixels
+from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
 from detector.postprocess import NMSConfig
 from detector.runs import next_run_dir
 from detector.tuning import enlarge_onednn_cache
@@ -160,10 +160,7 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         raise FileNotFoundError(f"{options.source}: no such image, folder or video")
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
     if backend is None:
-        weights = options.weights or find_latest_checkpoint()
-        if weights is None:
-            raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")
-        backend = load_backend(weights, device=str(device), imgsz=options.imgsz, nms=nms)
+        backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms)
     else:
         backend.nms = nms
     baked = backend.info.nms
