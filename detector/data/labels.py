@@ -9,6 +9,7 @@ kind, see :mod:`detector.data.problems`), never raised.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import numpy as np
 
 from detector.data.problems import (
     BAD_BBOX,
+    BAD_IMAGE_SIZE,
     CLASS_OUT_OF_RANGE,
     CLIPPED,
     DUPLICATE,
@@ -27,6 +29,7 @@ from detector.data.problems import (
     ZERO_AREA,
     Problems,
 )
+from detector.data.containment import unsafe_relative
 from detector.data.spec import IMAGE_SUFFIXES, DatasetError
 
 CLIP_TOLERANCE = 0.02  # coordinates this far outside [0, 1] are clipped; further out the box is dropped
@@ -82,7 +85,9 @@ def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>")
     valid_class = (classes == np.floor(classes)) & (classes >= 0) & (classes < num_classes)
     for number in np.asarray(numbers, np.int64)[~valid_class]:
         problems.add(CLASS_OUT_OF_RANGE, f"{source}:{number}")
-    labels = values[valid_class].astype(np.float32)
+    # Float64 until the boxes are checked: a finite 1e39 is inf in float32, and inf - inf would be a NaN
+    # box that passes every comparison below.
+    labels = values[valid_class]
     if not len(labels):
         return np.zeros((0, 5), np.float32), problems
     x1y1 = labels[:, 1:3] - labels[:, 3:5] / 2
@@ -126,40 +131,125 @@ class CocoLabels:
     problems: Problems = field(default_factory=Problems)
 
 
+def whole_number(value: object) -> bool:
+    """A JSON integer (COCO's ids; ``7.0`` too): not a bool, a NaN or a list, so it hashes and sorts with the rest."""
+    if isinstance(value, float):
+        return value.is_integer()
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _entries(coco: dict, key: str, json_path: Path) -> list[dict]:
+    """``coco[key]`` as a list of objects (missing: empty); anything else names the file and the key."""
+    entries = coco.get(key, [])
+    if not isinstance(entries, list):
+        raise DatasetError(f"{json_path}: '{key}' must be a list, got {type(entries).__name__}")
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise DatasetError(f"{json_path}: {key}[{index}] must be an object, got {type(entry).__name__}")
+    return entries
+
+
+def _field(entry: dict, key: str, index: int, section: str, json_path: Path) -> object:
+    if key not in entry:
+        raise DatasetError(f"{json_path}: {section}[{index}] has no '{key}'")
+    return entry[key]
+
+
+def valid_bbox(bbox: object) -> bool:
+    """``[x, y, w, h]``: four finite numbers (Python's JSON reader accepts NaN and Infinity), ``w, h >= 0``."""
+    if not (isinstance(bbox, list) and len(bbox) == 4):
+        return False
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bbox):
+        return False
+    return bbox[2] >= 0 and bbox[3] >= 0
+
+
+def _positive_size(info: dict) -> bool:
+    """A listed image's ``width`` and ``height``: finite numbers above 0 (a 0 would divide every box by 0)."""
+    sides = (info["width"], info["height"])
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in sides)
+
+
+def read_coco_json(json_path: Path) -> dict:
+    try:
+        with open(json_path, "rb") as file:
+            coco = json.load(file)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise DatasetError(f"{json_path}: cannot read COCO JSON ({str(error)[:200]})") from None
+    if not isinstance(coco, dict):
+        raise DatasetError(f"{json_path}: not a COCO JSON (an object with 'images', 'annotations', 'categories')")
+    return coco
+
+
+def _coco_images(coco: dict, json_path: Path, problems: Problems) -> tuple[dict[int, dict], set[int]]:
+    """id -> image entry, of the entries with a usable size, and the ids of those without (dropped and counted
+    here; their annotations go with them). A missing key or an id that is not an integer is an error naming
+    the file and the key."""
+    images, skipped = {}, set()
+    for index, info in enumerate(_entries(coco, "images", json_path)):
+        image_id = _field(info, "id", index, "images", json_path)
+        if not whole_number(image_id):
+            raise DatasetError(f"{json_path}: images[{index}] 'id' must be an integer, got {image_id!r:.40}")
+        name = _field(info, "file_name", index, "images", json_path)
+        if not isinstance(name, str):
+            raise DatasetError(f"{json_path}: images[{index}] 'file_name' must be text, got {name!r:.40}")
+        reason = unsafe_relative(name)
+        if reason:  # joined to the image folder it would name a file outside it
+            raise DatasetError(f"{json_path}: images[{index}] (id {image_id}) 'file_name' {name!r:.80} {reason}")
+        for key in ("width", "height"):
+            _field(info, key, index, "images", json_path)
+        if not _positive_size(info):
+            problems.add(BAD_IMAGE_SIZE, f"{json_path} (image {image_id})")
+            skipped.add(image_id)
+            continue
+        images[image_id] = info
+    return images, skipped
+
+
 def read_coco_labels(json_path: Path, images_dir: Path, names: list[str]) -> CocoLabels:
     """Read a COCO instances JSON once into arrays.
 
     Category ids map to contiguous class indices in sorted-id order; the YAML's ``names`` must list as many.
     Crowd annotations are left out of training. Annotations naming an unknown image or category, or
-    without a usable bbox, are dropped and counted; boxes are clipped to the image (counted).
+    without a usable bbox (non-finite, negative size), and images of a non-positive or non-finite size are
+    dropped and counted; boxes are clipped to the image (counted). A JSON that is not COCO's shape (a
+    missing key, an id that is not an integer, a ``file_name`` leaving the image folder) raises
+    :class:`DatasetError` naming the file and the entry.
     """
-    try:
-        with open(json_path, "rb") as file:
-            coco = json.load(file)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DatasetError(f"{json_path}: cannot read COCO JSON ({error})") from None
-    categories = sorted(c["id"] for c in coco.get("categories", []))
+    coco = read_coco_json(json_path)
+    categories = []
+    for index, category in enumerate(_entries(coco, "categories", json_path)):
+        category_id = _field(category, "id", index, "categories", json_path)
+        if not whole_number(category_id):
+            raise DatasetError(f"{json_path}: categories[{index}] 'id' must be an integer, got {category_id!r:.40}")
+        categories.append(int(category_id))
+    categories.sort()
     if len(categories) != len(names):
         raise DatasetError(f"{json_path}: {len(categories)} categories but the YAML 'names' lists {len(names)}")
     class_of = {cat: i for i, cat in enumerate(categories)}
-    images = {info["id"]: info for info in coco.get("images", [])}
-    rows_by_image: dict[int, list[list[float]]] = {}
     problems = Problems()
+    images, skipped = _coco_images(coco, json_path, problems)
+    rows_by_image: dict[int, list[list[float]]] = {}
     where = str(json_path)
-    for ann in coco.pop("annotations", []):
+    for ann in _entries(coco, "annotations", json_path):
         if ann.get("iscrowd", 0):
             continue
-        if ann.get("image_id") not in images:
-            problems.add(MISSING_IMAGE_ENTRY, f"{where} (annotation {ann.get('id')})")
+        place = f"{where} (annotation {str(ann.get('id'))[:40]})"
+        image_id, category_id = ann.get("image_id"), ann.get("category_id")
+        if whole_number(image_id) and image_id in skipped:
+            continue  # its image was counted as unusable
+        if not whole_number(image_id) or image_id not in images:
+            problems.add(MISSING_IMAGE_ENTRY, place)
             continue
-        if ann.get("category_id") not in class_of:
-            problems.add(UNKNOWN_CATEGORY, f"{where} (annotation {ann.get('id')})")
+        if not whole_number(category_id) or category_id not in class_of:
+            problems.add(UNKNOWN_CATEGORY, place)
             continue
         bbox = ann.get("bbox")
-        if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
-            problems.add(BAD_BBOX, f"{where} (annotation {ann.get('id')})")
+        if not valid_bbox(bbox):
+            problems.add(BAD_BBOX, place)
             continue
-        rows_by_image.setdefault(ann["image_id"], []).append([class_of[ann["category_id"]], *bbox])
+        rows_by_image.setdefault(image_id, []).append([class_of[category_id], *bbox])
+    coco.clear()  # the parsed JSON's objects can go before the arrays are built
     paths, image_ids, labels = [], [], []
     for image_id in sorted(images):
         info = images[image_id]

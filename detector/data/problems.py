@@ -31,6 +31,7 @@ DUPLICATE = "duplicate box(es), removed"
 MISSING_IMAGE_ENTRY = "annotation(s) naming an image the JSON does not list, dropped"
 UNKNOWN_CATEGORY = "annotation(s) with a category the JSON does not list, dropped"
 BAD_BBOX = "annotation(s) without a valid [x, y, w, h] bbox, dropped"
+BAD_IMAGE_SIZE = "image(s) listed with a non-positive or non-finite width or height, skipped"
 
 
 @dataclass
