@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,13 +112,28 @@ def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>")
     return labels, problems
 
 
+class UnreadableLabels(OSError):
+    """A label file that exists but cannot be read (a folder, a pipe, no permission); names the file."""
+
+
 def read_yolo_labels(image: Path, num_classes: int) -> tuple[np.ndarray, Problems]:
-    """The labels of one image (none when its label file is missing: a background image)."""
+    """The labels of one image (none when its label file is missing: a background image).
+
+    Raises :class:`UnreadableLabels` when the label file exists but is not a readable regular file: the
+    image cannot be trained on as a background image, its boxes are just unknown. Only regular files are
+    opened (opening a named pipe would wait for a writer forever).
+    """
     label_file = label_path_for(image)
     try:
+        if not stat.S_ISREG(os.stat(label_file).st_mode):
+            raise UnreadableLabels(f"{label_file} (not a regular file)")
         text = label_file.read_text(errors="replace")
     except FileNotFoundError:
         return np.zeros((0, 5), np.float32), Problems()
+    except UnreadableLabels:
+        raise
+    except OSError as error:
+        raise UnreadableLabels(f"{label_file} ({error.strerror or error})") from None
     return parse_yolo_label_text(text, num_classes, str(label_file))
 
 

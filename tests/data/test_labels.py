@@ -144,3 +144,25 @@ def test_yolo_values_past_float32_range_are_dropped_not_turned_into_nan():
     labels, problems = parse_yolo_label_text(text, num_classes=3, source="x.txt")
     assert labels.tolist() == [[1, 0.5, 0.5, 0.20000000298023224, 0.20000000298023224]]
     assert _found(problems) == {kinds.FAR_OUTSIDE: 2, kinds.NOT_NUMERIC: 2}
+
+
+def test_a_label_file_that_cannot_be_read_skips_its_image_with_one_line(tmp_path: Path):
+    import os
+    import warnings
+
+    from detector.data.build import load_records
+    from tests.conftest import write_yolo_dataset
+
+    yaml = write_yolo_dataset(tmp_path / "d", train=4, val=2)
+    labels = tmp_path / "d/labels/train"
+    (labels / "train_00001.txt").unlink()
+    (labels / "train_00001.txt").mkdir()  # a folder where the label file should be
+    (labels / "train_00002.txt").unlink()
+    os.mkfifo(labels / "train_00002.txt")  # opening a pipe to read waits for a writer: never opened
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records, _, _ = load_records(load_dataset_spec(yaml), "train")
+    assert [p.name for p in records.paths()] == ["train_00000.png", "train_00003.png"]
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and f"2 {kinds.UNREADABLE_LABELS}, in 2 file(s): " in messages[0]
+    assert f"{labels / 'train_00001.txt'} (not a regular file)" in messages[0]
