@@ -14,6 +14,8 @@ from detector.boxes import cxcywh_to_xyxy
 from detector.data.labels import read_coco_json, valid_bbox, whole_number
 from detector.data.records import ImageRecord
 
+COCO_SECTIONS = ("images", "annotations", "categories")
+
 
 def build_coco_ground_truth(
     records: list[ImageRecord], image_hw: list[tuple[int, int]], names: list[str], category_ids: list[int]
@@ -44,11 +46,12 @@ def usable_ground_truth(json_path: Path) -> dict:
     records left out are excluded from scoring by id (:mod:`detector.metrics.coco`).
     """
     coco = read_coco_json(json_path)
-    images = [i for i in coco.get("images", []) if isinstance(i, dict) and whole_number(i.get("id"))]
-    categories = [c for c in coco.get("categories", []) if isinstance(c, dict) and whole_number(c.get("id"))]
+    sections = {key: coco.get(key) if isinstance(coco.get(key), list) else [] for key in COCO_SECTIONS}
+    images = [i for i in sections["images"] if isinstance(i, dict) and whole_number(i.get("id"))]
+    categories = [c for c in sections["categories"] if isinstance(c, dict) and whole_number(c.get("id"))]
     image_ids, category_ids = {i["id"] for i in images}, {c["id"] for c in categories}
     annotations, seen = [], set()
-    for ann in coco.get("annotations", []) if isinstance(coco.get("annotations"), list) else []:
+    for ann in sections["annotations"]:
         if not (isinstance(ann, dict) and whole_number(ann.get("image_id")) and ann["image_id"] in image_ids
                 and whole_number(ann.get("category_id")) and ann["category_id"] in category_ids
                 and valid_bbox(ann.get("bbox"))):

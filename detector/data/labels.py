@@ -92,8 +92,9 @@ def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>")
     labels = values[valid_class]
     if not len(labels):
         return np.zeros((0, 5), np.float32), problems
-    x1y1 = labels[:, 1:3] - labels[:, 3:5] / 2
-    x2y2 = labels[:, 1:3] + labels[:, 3:5] / 2
+    with np.errstate(over="ignore"):  # 1e308 + 1e308 is inf: far outside, dropped below
+        x1y1 = labels[:, 1:3] - labels[:, 3:5] / 2
+        x2y2 = labels[:, 1:3] + labels[:, 3:5] / 2
     corners = np.concatenate((x1y1, x2y2), 1)
     absurd = ((corners < -CLIP_TOLERANCE) | (corners > 1 + CLIP_TOLERANCE)).any(1) | (labels[:, 3:5] < 0).any(1)
     problems.add(FAR_OUTSIDE, source, int(absurd.sum()))
@@ -149,10 +150,11 @@ class CocoLabels:
 
 
 def whole_number(value: object) -> bool:
-    """A JSON integer (COCO's ids; ``7.0`` too): not a bool, a NaN or a list, so it hashes and sorts with the rest."""
+    """A JSON integer in int64's range (COCO's ids; ``7.0`` too): not a bool, a NaN or a list, so it hashes
+    and sorts with the rest."""
     if isinstance(value, float):
-        return value.is_integer()
-    return isinstance(value, int) and not isinstance(value, bool)
+        return value.is_integer() and abs(value) < 2**63
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63  # ids are int64 arrays
 
 
 def _entries(coco: dict, key: str, json_path: Path) -> list[dict]:
@@ -285,7 +287,8 @@ def _normalise_coco_boxes(rows: np.ndarray, width: float, height: float, name: s
     if not len(rows):
         return np.zeros((0, 5), np.float32)
     scale = np.array([width, height, width, height])
-    corners = np.concatenate((rows[:, 1:3], rows[:, 1:3] + rows[:, 3:5]), 1) / scale
+    with np.errstate(over="ignore"):  # x + w past float64's range is inf, clipped to the border below
+        corners = np.concatenate((rows[:, 1:3], rows[:, 1:3] + rows[:, 3:5]), 1) / scale
     # COCO's float boxes often end a rounding error past the border; only real overshoot is reported.
     problems.add(CLIPPED, name, int(((corners < -1e-3) | (corners > 1 + 1e-3)).any(1).sum()))
     corners = corners.clip(0, 1)
