@@ -16,8 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 EXAMPLES = 3  # places named per kind; the rest are counted
-# "labels/a.txt:7" and "instances.json (annotation 12)" are places in the files "labels/a.txt" and "instances.json"
-PLACE_IN_FILE = re.compile(r"(:\d+| \(annotation [^)]*\))$")
+# "labels/a.txt:7", "instances.json (annotation 12)" and "instances.json (image 3)" are places in the files
+# "labels/a.txt" and "instances.json"
+PLACE_IN_FILE = re.compile(r"(:\d+| \((annotation|image) [^)]*\))$")
 
 # The kinds, one constant each, so the parsers, the cache and the tests name them the same way.
 UNREADABLE_IMAGE = "unreadable image(s), skipped"

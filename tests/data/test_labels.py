@@ -68,6 +68,16 @@ def test_an_image_of_impossible_size_is_skipped_and_counted(tmp_path: Path, size
     assert all(np.isfinite(labels).all() for labels in parsed.labels)
 
 
+def test_images_of_impossible_size_are_one_line_counting_one_file(tmp_path: Path):
+    json_path, coco = _coco(tmp_path)
+    for image in coco["images"][:3]:
+        image["width"] = 0
+    _write(json_path, coco)
+    lines = read_coco_labels(json_path, tmp_path / "images", NAMES).problems.lines()
+    assert lines == [f"3 {kinds.BAD_IMAGE_SIZE}, in 1 file(s): {json_path} (image 100), {json_path} (image 101), "
+                     f"{json_path} (image 102)"]
+
+
 @pytest.mark.parametrize(("section", "key"), [("images", "width"), ("images", "height"), ("images", "file_name"),
                                               ("images", "id"), ("categories", "id")])
 def test_a_missing_key_is_one_line_naming_the_file_the_entry_and_the_key(tmp_path: Path, section: str, key: str):
