@@ -16,9 +16,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 EXAMPLES = 3  # places named per kind; the rest are counted
-# "labels/a.txt:7", "instances.json (annotation 12)" and "instances.json (image 3)" are places in the files
-# "labels/a.txt" and "instances.json"
-PLACE_IN_FILE = re.compile(r"(:\d+| \((annotation|image) [^)]*\))$")
+# "labels/a.txt:7", "instances.json (annotation 12)", "instances.json (image 3)" and "a.xml (object 'cat')" are
+# places in the files "labels/a.txt", "instances.json" and "a.xml"
+PLACE_IN_FILE = re.compile(r"(:\d+| \((annotation|image|object) [^)]*\))$")
 
 # The kinds, one constant each, so the parsers, the cache and the tests name them the same way.
 UNREADABLE_IMAGE = "unreadable image(s), skipped"

@@ -88,7 +88,7 @@ def yolo_rows(xml_path: Path, names: Sequence[str]) -> tuple[list[str], Problems
         if (obj.findtext("difficult") or "0").strip() == "1":
             continue
         if name not in names:
-            skipped.add(NOT_A_CLASS, str(xml_path))
+            skipped.add(NOT_A_CLASS, f"{xml_path} (object {name!r:.40})")
             continue
         box = obj.find("bndbox")
         if box is None:
@@ -96,7 +96,7 @@ def yolo_rows(xml_path: Path, names: Sequence[str]) -> tuple[list[str], Problems
         x0, x1 = max(_number(box, "xmin") - 1, 0.0), min(_number(box, "xmax"), width)
         y0, y1 = max(_number(box, "ymin") - 1, 0.0), min(_number(box, "ymax"), height)
         if x1 <= x0 or y1 <= y0:
-            skipped.add(EMPTY_BOX, str(xml_path))
+            skipped.add(EMPTY_BOX, f"{xml_path} (object {name!r:.40})")
             continue
         cx, cy, w, h = (x0 + x1) / 2 / width, (y0 + y1) / 2 / height, (x1 - x0) / width, (y1 - y0) / height
         rows.append(f"{names.index(name)} {cx:.6f} {cy:.6f} {w:.6f} {h:.6f}")

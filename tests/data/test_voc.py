@@ -48,7 +48,8 @@ def test_boxes_are_normalised_from_1_based_pixels_and_difficult_objects_are_skip
     rows, skipped = yolo_rows(xml, VOC_NAMES)
     # dog: pixels 1..32 x 1..24 of 64x48 -> [0, 32] x [0, 24]; car: [10, 40] x [4, 44]
     assert rows == ["11 0.250000 0.250000 0.500000 0.500000", "6 0.390625 0.500000 0.468750 0.833333"]
-    assert skipped.entries == [(NOT_A_CLASS, str(xml), 1)]
+    assert skipped.entries == [(NOT_A_CLASS, f"{xml} (object 'unicorn')", 1)]
+    assert skipped.lines() == [f"1 {NOT_A_CLASS}, in 1 file(s): {xml} (object 'unicorn')"]
 
 
 def test_convert_writes_each_image_set_once_and_removes_the_devkit(tmp_path: Path, capsys: pytest.CaptureFixture):
