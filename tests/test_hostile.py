@@ -181,7 +181,7 @@ BAD_DATA: dict[str, Callable[[Path], tuple[Path, list[object]]]] = {
     "not YAML": lambda root: _yaml(root, "path: [unclosed\n"),
     "binary YAML": lambda root: _yaml(root, "\x00\x01\x02"),
     "COCO image without width": lambda root: _coco(root, lambda coco: coco["images"][1].pop("width")),
-    "COCO file_name climbs out": lambda root: _coco(root, lambda coco: coco["images"][0].update(file_name="../../x.jpg")),
+    "COCO file_name climbs out": lambda root: _coco(root, lambda coco: coco["images"][0].update(file_name="../x.jpg")),
     "COCO images is a number": lambda root: _coco(root, lambda coco: coco.update(images=7)),
     "COCO every box NaN, every size 0": _all_dropped,
     "list line climbs out": _escaping_list,

@@ -98,7 +98,8 @@ def test_read_image_names_the_file_in_one_line(tmp_path: Path):
     (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     with pytest.raises(ImageError) as error:
         read_image(tmp_path / "bad.jpg")
-    assert str(error.value).startswith(f"{tmp_path / 'bad.jpg'}: cannot decode image (") and "\n" not in str(error.value)
+    message = str(error.value)
+    assert message.startswith(f"{tmp_path / 'bad.jpg'}: cannot decode image (") and "\n" not in message
 
 
 def test_a_dataset_of_every_mode_scans_clean_and_trains_one_epoch(tmp_path: Path):
