@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 from pathlib import Path
 
 import torch
 from pycocotools.coco import COCO
 
 from detector.boxes import cxcywh_to_xyxy
+from detector.data.labels import read_coco_json, valid_bbox, whole_number
 from detector.data.records import ImageRecord
+
+COCO_SECTIONS = ("images", "annotations", "categories")
 
 
 def build_coco_ground_truth(
@@ -32,12 +36,43 @@ def build_coco_ground_truth(
     return {"images": images, "annotations": annotations, "categories": categories}
 
 
+def usable_ground_truth(json_path: Path) -> dict:
+    """A dataset's COCO JSON with only what the evaluators can score.
+
+    The annotations the training labels drop (:func:`detector.data.labels.read_coco_labels`: no bbox, a
+    non-finite or negative one, an unknown image or category) are left out here too, so a NaN box cannot
+    reach the IoU maths; a missing ``area`` is the box's, a missing ``iscrowd`` 0, and a missing or repeated
+    ``id`` a new one (pycocotools indexes by it). The images and categories are kept as they are; images the
+    records left out are excluded from scoring by id (:mod:`detector.metrics.coco`).
+    """
+    coco = read_coco_json(json_path)
+    sections = {key: coco.get(key) if isinstance(coco.get(key), list) else [] for key in COCO_SECTIONS}
+    images = [i for i in sections["images"] if isinstance(i, dict) and whole_number(i.get("id"))]
+    categories = [c for c in sections["categories"] if isinstance(c, dict) and whole_number(c.get("id"))]
+    image_ids, category_ids = {i["id"] for i in images}, {c["id"] for c in categories}
+    annotations, seen = [], set()
+    for ann in sections["annotations"]:
+        if not (isinstance(ann, dict) and whole_number(ann.get("image_id")) and ann["image_id"] in image_ids
+                and whole_number(ann.get("category_id")) and ann["category_id"] in category_ids
+                and valid_bbox(ann.get("bbox"))):
+            continue
+        ann = dict(ann)
+        area = ann.get("area")
+        if not (isinstance(area, (int, float)) and math.isfinite(area) and area >= 0):
+            ann["area"] = ann["bbox"][2] * ann["bbox"][3]
+        ann["iscrowd"] = 1 if ann.get("iscrowd") else 0
+        if not whole_number(ann.get("id")) or ann["id"] in seen:
+            ann["id"] = -len(annotations) - 1  # negative: never one of the file's own ids
+        seen.add(ann["id"])
+        annotations.append(ann)
+    return {**coco, "images": images, "categories": categories, "annotations": annotations}
+
+
 def load_coco(ground_truth: dict | Path) -> COCO:
+    """A COCO index of ``ground_truth``: a dict as built above, or a dataset's JSON (cleaned on the way in)."""
+    dataset = ground_truth if isinstance(ground_truth, dict) else usable_ground_truth(ground_truth)
     with contextlib.redirect_stdout(io.StringIO()):
-        if isinstance(ground_truth, dict):
-            coco = COCO()
-            coco.dataset = ground_truth
-            coco.createIndex()
-        else:
-            coco = COCO(str(ground_truth))
+        coco = COCO()
+        coco.dataset = dataset
+        coco.createIndex()
     return coco

@@ -61,12 +61,45 @@ def check_image(path: Path) -> tuple[tuple[int, int] | None, str]:
     return (height, width), ""
 
 
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
+
+
+class ImageError(ValueError):
+    """An image file that cannot be decoded; the message names the file and why (one line)."""
+
+
+def to_rgb8(image: Image.Image) -> np.ndarray:
+    """Any Pillow mode -> ``uint8 [H, W, 3]`` RGB, the way the image looks on screen.
+
+    - 16-bit gray (``I;16``): ``value / 257``, so the full 16-bit range maps onto the full 8-bit range and
+      a 16-bit copy of an 8-bit image decodes to the same pixels (a stretch to each image's own maximum
+      would make one scene brighter or darker depending on its brightest pixel). Pillow opens 16-bit
+      RGB(A) PNGs as 8-bit RGB(A) already (the high byte).
+    - 32-bit integer gray (``I``): as 16-bit when any value exceeds 255 (Pillow's mode for some 16-bit
+      files), else as the 8-bit values it holds; clipped to the range.
+    - Gray, palette, bilevel, CMYK (Adobe's inverted CMYK JPEGs are handled by the decoder), YCbCr and
+      float images: Pillow's own conversion to RGB (floats clipped to 0..255).
+    - An alpha channel is dropped (the colour under it is kept), as OpenCV's ``imread`` does, so training
+      and ``predict`` see what Ultralytics would.
+    """
+    if image.mode in SIXTEEN_BIT_MODES or image.mode == "I":
+        array = np.asarray(image).astype(np.float32)
+        if image.mode in SIXTEEN_BIT_MODES or float(array.max(initial=0)) > 255:
+            array = array / 257
+        gray = np.rint(array.clip(0, 255)).astype(np.uint8)
+        return np.ascontiguousarray(np.repeat(gray[..., None], 3, 2))
+    return np.ascontiguousarray(np.asarray(image.convert("RGB")))
+
+
 def read_image_rgb(path: Path) -> np.ndarray:
-    """Decode to ``uint8 [H, W, 3]`` RGB, honouring EXIF rotation and flattening gray/alpha/16-bit."""
+    """Decode to ``uint8 [H, W, 3]`` RGB, honouring EXIF rotation (any mode: :func:`to_rgb8`)."""
     with Image.open(path) as image:
-        image = ImageOps.exif_transpose(image)
-        if image.mode in ("I;16", "I;16B", "I;16L", "I"):
-            array = np.asarray(image, dtype=np.float32)
-            array = (array / max(float(array.max()), 1.0) * 255).astype(np.uint8)
-            return np.ascontiguousarray(np.repeat(array[..., None], 3, 2))
-        return np.ascontiguousarray(np.asarray(image.convert("RGB")))
+        return to_rgb8(ImageOps.exif_transpose(image))
+
+
+def read_image(path: Path) -> np.ndarray:
+    """:func:`read_image_rgb` for a file a user named: an undecodable one raises :class:`ImageError`."""
+    try:
+        return read_image_rgb(path)
+    except READ_ERRORS as error:
+        raise ImageError(f"{path}: cannot decode image ({str(error).strip()[:200] or type(error).__name__})") from None

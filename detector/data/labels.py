@@ -9,6 +9,9 @@ kind, see :mod:`detector.data.problems`), never raised.
 from __future__ import annotations
 
 import json
+import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +19,7 @@ import numpy as np
 
 from detector.data.problems import (
     BAD_BBOX,
+    BAD_IMAGE_SIZE,
     CLASS_OUT_OF_RANGE,
     CLIPPED,
     DUPLICATE,
@@ -27,6 +31,7 @@ from detector.data.problems import (
     ZERO_AREA,
     Problems,
 )
+from detector.data.containment import unsafe_relative
 from detector.data.spec import IMAGE_SUFFIXES, DatasetError
 
 CLIP_TOLERANCE = 0.02  # coordinates this far outside [0, 1] are clipped; further out the box is dropped
@@ -82,11 +87,14 @@ def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>")
     valid_class = (classes == np.floor(classes)) & (classes >= 0) & (classes < num_classes)
     for number in np.asarray(numbers, np.int64)[~valid_class]:
         problems.add(CLASS_OUT_OF_RANGE, f"{source}:{number}")
-    labels = values[valid_class].astype(np.float32)
+    # Float64 until the boxes are checked: a finite 1e39 is inf in float32, and inf - inf would be a NaN
+    # box that passes every comparison below.
+    labels = values[valid_class]
     if not len(labels):
         return np.zeros((0, 5), np.float32), problems
-    x1y1 = labels[:, 1:3] - labels[:, 3:5] / 2
-    x2y2 = labels[:, 1:3] + labels[:, 3:5] / 2
+    with np.errstate(over="ignore"):  # 1e308 + 1e308 is inf: far outside, dropped below
+        x1y1 = labels[:, 1:3] - labels[:, 3:5] / 2
+        x2y2 = labels[:, 1:3] + labels[:, 3:5] / 2
     corners = np.concatenate((x1y1, x2y2), 1)
     absurd = ((corners < -CLIP_TOLERANCE) | (corners > 1 + CLIP_TOLERANCE)).any(1) | (labels[:, 3:5] < 0).any(1)
     problems.add(FAR_OUTSIDE, source, int(absurd.sum()))
@@ -105,13 +113,28 @@ def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>")
     return labels, problems
 
 
+class UnreadableLabels(OSError):
+    """A label file that exists but cannot be read (a folder, a pipe, no permission); names the file."""
+
+
 def read_yolo_labels(image: Path, num_classes: int) -> tuple[np.ndarray, Problems]:
-    """The labels of one image (none when its label file is missing: a background image)."""
+    """The labels of one image (none when its label file is missing: a background image).
+
+    Raises :class:`UnreadableLabels` when the label file exists but is not a readable regular file: the
+    image cannot be trained on as a background image, its boxes are just unknown. Only regular files are
+    opened (opening a named pipe would wait for a writer forever).
+    """
     label_file = label_path_for(image)
     try:
+        if not stat.S_ISREG(os.stat(label_file).st_mode):
+            raise UnreadableLabels(f"{label_file} (not a regular file)")
         text = label_file.read_text(errors="replace")
     except FileNotFoundError:
         return np.zeros((0, 5), np.float32), Problems()
+    except UnreadableLabels:
+        raise
+    except OSError as error:
+        raise UnreadableLabels(f"{label_file} ({error.strerror or error})") from None
     return parse_yolo_label_text(text, num_classes, str(label_file))
 
 
@@ -126,40 +149,126 @@ class CocoLabels:
     problems: Problems = field(default_factory=Problems)
 
 
+def whole_number(value: object) -> bool:
+    """A JSON integer in int64's range (COCO's ids; ``7.0`` too): not a bool, a NaN or a list, so it hashes
+    and sorts with the rest."""
+    if isinstance(value, float):
+        return value.is_integer() and abs(value) < 2**63
+    return isinstance(value, int) and not isinstance(value, bool) and abs(value) < 2**63  # ids are int64 arrays
+
+
+def _entries(coco: dict, key: str, json_path: Path) -> list[dict]:
+    """``coco[key]`` as a list of objects (missing: empty); anything else names the file and the key."""
+    entries = coco.get(key, [])
+    if not isinstance(entries, list):
+        raise DatasetError(f"{json_path}: '{key}' must be a list, got {type(entries).__name__}")
+    for index, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise DatasetError(f"{json_path}: {key}[{index}] must be an object, got {type(entry).__name__}")
+    return entries
+
+
+def _field(entry: dict, key: str, index: int, section: str, json_path: Path) -> object:
+    if key not in entry:
+        raise DatasetError(f"{json_path}: {section}[{index}] has no '{key}'")
+    return entry[key]
+
+
+def valid_bbox(bbox: object) -> bool:
+    """``[x, y, w, h]``: four finite numbers (Python's JSON reader accepts NaN and Infinity), ``w, h >= 0``."""
+    if not (isinstance(bbox, list) and len(bbox) == 4):
+        return False
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in bbox):
+        return False
+    return bbox[2] >= 0 and bbox[3] >= 0
+
+
+def _positive_size(info: dict) -> bool:
+    """A listed image's ``width`` and ``height``: finite numbers above 0 (a 0 would divide every box by 0)."""
+    sides = (info["width"], info["height"])
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0 for v in sides)
+
+
+def read_coco_json(json_path: Path) -> dict:
+    try:
+        with open(json_path, "rb") as file:
+            coco = json.load(file)
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError, RecursionError) as error:
+        raise DatasetError(f"{json_path}: cannot read COCO JSON ({str(error)[:200]})") from None
+    if not isinstance(coco, dict):
+        raise DatasetError(f"{json_path}: not a COCO JSON (an object with 'images', 'annotations', 'categories')")
+    return coco
+
+
+def _coco_images(coco: dict, json_path: Path, problems: Problems) -> tuple[dict[int, dict], set[int]]:
+    """id -> image entry, of the entries with a usable size, and the ids of those without (dropped and counted
+    here; their annotations go with them). A missing key or an id that is not an integer is an error naming
+    the file and the key."""
+    images, skipped = {}, set()
+    for index, info in enumerate(_entries(coco, "images", json_path)):
+        image_id = _field(info, "id", index, "images", json_path)
+        if not whole_number(image_id):
+            raise DatasetError(f"{json_path}: images[{index}] 'id' must be an integer, got {image_id!r:.40}")
+        name = _field(info, "file_name", index, "images", json_path)
+        if not isinstance(name, str):
+            raise DatasetError(f"{json_path}: images[{index}] 'file_name' must be text, got {name!r:.40}")
+        reason = unsafe_relative(name)
+        if reason:  # joined to the image folder it would name a file outside it
+            raise DatasetError(f"{json_path}: images[{index}] (id {image_id}) 'file_name' {name!r:.80} {reason}")
+        for key in ("width", "height"):
+            _field(info, key, index, "images", json_path)
+        if not _positive_size(info):
+            problems.add(BAD_IMAGE_SIZE, f"{json_path} (image {image_id})")
+            skipped.add(image_id)
+            continue
+        images[image_id] = info
+    return images, skipped
+
+
 def read_coco_labels(json_path: Path, images_dir: Path, names: list[str]) -> CocoLabels:
     """Read a COCO instances JSON once into arrays.
 
     Category ids map to contiguous class indices in sorted-id order; the YAML's ``names`` must list as many.
     Crowd annotations are left out of training. Annotations naming an unknown image or category, or
-    without a usable bbox, are dropped and counted; boxes are clipped to the image (counted).
+    without a usable bbox (non-finite, negative size), and images of a non-positive or non-finite size are
+    dropped and counted; boxes are clipped to the image (counted). A JSON that is not COCO's shape (a
+    missing key, an id that is not an integer, a ``file_name`` leaving the image folder) raises
+    :class:`DatasetError` naming the file and the entry.
     """
-    try:
-        with open(json_path, "rb") as file:
-            coco = json.load(file)
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise DatasetError(f"{json_path}: cannot read COCO JSON ({error})") from None
-    categories = sorted(c["id"] for c in coco.get("categories", []))
+    coco = read_coco_json(json_path)
+    categories = []
+    for index, category in enumerate(_entries(coco, "categories", json_path)):
+        category_id = _field(category, "id", index, "categories", json_path)
+        if not whole_number(category_id):
+            raise DatasetError(f"{json_path}: categories[{index}] 'id' must be an integer, got {category_id!r:.40}")
+        categories.append(int(category_id))
+    categories.sort()
     if len(categories) != len(names):
         raise DatasetError(f"{json_path}: {len(categories)} categories but the YAML 'names' lists {len(names)}")
     class_of = {cat: i for i, cat in enumerate(categories)}
-    images = {info["id"]: info for info in coco.get("images", [])}
-    rows_by_image: dict[int, list[list[float]]] = {}
     problems = Problems()
+    images, skipped = _coco_images(coco, json_path, problems)
+    rows_by_image: dict[int, list[list[float]]] = {}
     where = str(json_path)
-    for ann in coco.pop("annotations", []):
+    for ann in _entries(coco, "annotations", json_path):
         if ann.get("iscrowd", 0):
             continue
-        if ann.get("image_id") not in images:
-            problems.add(MISSING_IMAGE_ENTRY, f"{where} (annotation {ann.get('id')})")
+        place = f"{where} (annotation {str(ann.get('id'))[:40]})"
+        image_id, category_id = ann.get("image_id"), ann.get("category_id")
+        if whole_number(image_id) and image_id in skipped:
+            continue  # its image was counted as unusable
+        if not whole_number(image_id) or image_id not in images:
+            problems.add(MISSING_IMAGE_ENTRY, place)
             continue
-        if ann.get("category_id") not in class_of:
-            problems.add(UNKNOWN_CATEGORY, f"{where} (annotation {ann.get('id')})")
+        if not whole_number(category_id) or category_id not in class_of:
+            problems.add(UNKNOWN_CATEGORY, place)
             continue
         bbox = ann.get("bbox")
-        if not (isinstance(bbox, list) and len(bbox) == 4 and all(isinstance(v, (int, float)) for v in bbox)):
-            problems.add(BAD_BBOX, f"{where} (annotation {ann.get('id')})")
+        if not valid_bbox(bbox):
+            problems.add(BAD_BBOX, place)
             continue
-        rows_by_image.setdefault(ann["image_id"], []).append([class_of[ann["category_id"]], *bbox])
+        rows_by_image.setdefault(image_id, []).append([class_of[category_id], *bbox])
+    coco.clear()  # the parsed JSON's objects can go before the arrays are built
     paths, image_ids, labels = [], [], []
     for image_id in sorted(images):
         info = images[image_id]
@@ -178,7 +287,8 @@ def _normalise_coco_boxes(rows: np.ndarray, width: float, height: float, name: s
     if not len(rows):
         return np.zeros((0, 5), np.float32)
     scale = np.array([width, height, width, height])
-    corners = np.concatenate((rows[:, 1:3], rows[:, 1:3] + rows[:, 3:5]), 1) / scale
+    with np.errstate(over="ignore"):  # x + w past float64's range is inf, clipped to the border below
+        corners = np.concatenate((rows[:, 1:3], rows[:, 1:3] + rows[:, 3:5]), 1) / scale
     # COCO's float boxes often end a rounding error past the border; only real overshoot is reported.
     problems.add(CLIPPED, name, int(((corners < -1e-3) | (corners > 1 + 1e-3)).any(1).sum()))
     corners = corners.clip(0, 1)

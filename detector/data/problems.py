@@ -16,11 +16,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 EXAMPLES = 3  # places named per kind; the rest are counted
-# "labels/a.txt:7" and "instances.json (annotation 12)" are places in the files "labels/a.txt" and "instances.json"
-PLACE_IN_FILE = re.compile(r"(:\d+| \(annotation [^)]*\))$")
+# "labels/a.txt:7", "instances.json (annotation 12)", "instances.json (image 3)" and "a.xml (object 'cat')" are
+# places in the files "labels/a.txt", "instances.json" and "a.xml"
+PLACE_IN_FILE = re.compile(r"(:\d+| \((annotation|image|object) [^)]*\))$")
 
 # The kinds, one constant each, so the parsers, the cache and the tests name them the same way.
 UNREADABLE_IMAGE = "unreadable image(s), skipped"
+UNREADABLE_LABELS = "image(s) whose label file cannot be read, skipped"
 WRONG_COLUMNS = "label line(s) without 5 columns, dropped"
 NOT_NUMERIC = "label line(s) with a non-numeric or non-finite value, dropped"
 CLASS_OUT_OF_RANGE = "label line(s) with a class id outside the YAML's names, dropped"
@@ -31,6 +33,7 @@ DUPLICATE = "duplicate box(es), removed"
 MISSING_IMAGE_ENTRY = "annotation(s) naming an image the JSON does not list, dropped"
 UNKNOWN_CATEGORY = "annotation(s) with a category the JSON does not list, dropped"
 BAD_BBOX = "annotation(s) without a valid [x, y, w, h] bbox, dropped"
+BAD_IMAGE_SIZE = "image(s) listed with a non-positive or non-finite width or height, skipped"
 
 
 @dataclass

@@ -34,8 +34,8 @@ import numpy as np
 from tqdm import tqdm
 
 from detector.data.images import check_image
-from detector.data.labels import label_path_for, read_coco_labels, read_yolo_labels
-from detector.data.problems import UNREADABLE_IMAGE, Problems
+from detector.data.labels import UnreadableLabels, label_path_for, read_coco_labels, read_yolo_labels
+from detector.data.problems import UNREADABLE_IMAGE, UNREADABLE_LABELS, Problems
 from detector.data.records import Records
 from detector.data.spec import Split
 from detector.data.workers import usable_cores
@@ -85,15 +85,20 @@ def _parallel(function: Callable, items: Sequence, *, threads: int) -> list:
 
 def _scan_files(paths: Sequence[Path], num_classes: int | None) -> list[tuple]:
     """Per image: ``(upright (h, w) or None, reason, labels or None, problem entries)``; labels are read from
-    YOLO txt files when ``num_classes`` is given (COCO labels come from the JSON)."""
+    YOLO txt files when ``num_classes`` is given (COCO labels come from the JSON). An image whose label file
+    cannot be read is unusable with no reason of its own (its entry names the label file)."""
     out = []
     for path in paths:
         hw, reason = check_image(path)
         if num_classes is None:
             out.append((hw, reason, None, []))
-        else:
+            continue
+        try:
             labels, problems = read_yolo_labels(path, num_classes)
-            out.append((hw, reason, labels, problems.entries))
+        except UnreadableLabels as error:
+            out.append((None, "", None, [(UNREADABLE_LABELS, str(error), 1)]))
+            continue
+        out.append((hw, reason, labels, problems.entries))
     return out
 
 
@@ -240,9 +245,9 @@ def scan_split(split: Split, names: list[str], *, threads: int | None = None) ->
     if listing.labels is not None:
         labels = listing.labels
     for index, (size, reason, parsed, entries) in zip(stale.tolist(), scanned):
-        if size is None:
+        if size is None and reason:
             per_image.append([index, UNREADABLE_IMAGE, f"{listing.paths[index]} ({reason})", 1])
-        else:
+        elif size is not None:
             hw[index] = size
         if parsed is not None:
             labels[index] = parsed

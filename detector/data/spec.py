@@ -25,6 +25,7 @@ from pathlib import Path
 
 import yaml
 
+from detector.data.containment import lexically_inside
 from detector.data.catalog import (
     DATASETS_ENV,
     datasets_root,
@@ -64,11 +65,21 @@ class DatasetSpec:
         return len(self.names)
 
 
+def _text(value: object, source: Path, key: str) -> str:
+    """A YAML value that names a path: text (a bare number such as ``2024`` is read as its text)."""
+    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)):
+        return str(value)
+    raise DatasetError(f"{source}: '{key}' must be a path (text), got {type(value).__name__} {value!r:.60}")
+
+
 def _parse_names(raw: object, source: Path) -> list[str]:
     if isinstance(raw, list) and raw:
         return [str(n) for n in raw]
     if isinstance(raw, dict) and raw:
-        keys = sorted(int(k) for k in raw)
+        try:
+            keys = sorted(int(k) for k in raw)
+        except (TypeError, ValueError):
+            raise DatasetError(f"{source}: 'names' keys must be class ids 0, 1, ..., got {list(raw)[:5]}") from None
         if keys != list(range(len(keys))):
             raise DatasetError(f"{source}: 'names' keys must be 0..{len(keys) - 1}, got {keys[:5]}...")
         return [str(raw[k] if k in raw else raw[str(k)]) for k in keys]
@@ -82,30 +93,56 @@ def list_images(entry: str | Path, root: Path, source: Path, field_name: str) ->
     if path.is_dir():
         return sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
     if path.suffix == ".txt" and path.is_file():
-        images = []
-        for line in path.read_text().splitlines():
-            line = line.strip()
-            if line:
-                image = Path(line)
-                images.append(image if image.is_absolute() else (path.parent / image).resolve())
-        return images
+        return _read_image_list(path, root)
     if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
         return [path]
     raise DatasetError(f"{source}: '{field_name}' path does not exist: {path}")
+
+
+def _read_image_list(listing: Path, root: Path) -> list[Path]:
+    """A ``.txt`` list of image paths, one a line.
+
+    An absolute line is taken as written (Ultralytics' lists often hold them, and the list is the user's own
+    file). A relative line resolves against the list's folder and must stay, once ``..`` is folded (reading a
+    backslash as a separator too), inside the dataset root or the list's own folder: one that climbs out is
+    refused naming the list and the line. Links are not followed for this check (a dataset may link its
+    images from elsewhere; its list's own text may not climb out).
+    Bytes that are not UTF-8 are kept as the file system's own (``surrogateescape``), as ``os.listdir`` does.
+    """
+    images = []
+    folders = [root, listing.parent.absolute()]
+    for number, line in enumerate(listing.read_bytes().decode("utf-8", "surrogateescape").splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        if "\x00" in line:
+            raise DatasetError(f"{listing}:{number}: image path holds a NUL byte")
+        image = Path(line)
+        if not image.is_absolute():
+            # A backslash is a separator on Windows: a line must stay inside read either way.
+            if not all(lexically_inside(listing.parent.absolute() / text, folders)
+                       for text in (line, line.replace("\\", "/"))):
+                raise DatasetError(f"{listing}:{number}: image path {line!r:.80} climbs out of the dataset "
+                                   f"folder {root} (write it inside, or as an absolute path)")
+            image = (listing.parent / image).resolve()
+        images.append(image)
+    return images
 
 
 def _parse_split(raw: object, root: Path, source: Path, field_name: str, hint: str = "") -> Split:
     if isinstance(raw, dict):
         if "json" not in raw or "images" not in raw:
             raise DatasetError(f"{source}: '{field_name}' mapping needs both 'json' and 'images'")
-        json_path = Path(raw["json"]) if Path(raw["json"]).is_absolute() else root / raw["json"]
+        json_name = _text(raw["json"], source, f"{field_name}.json")
+        json_path = Path(json_name) if Path(json_name).is_absolute() else root / json_name
         if not json_path.is_file():
             raise DatasetError(f"{source}: '{field_name}.json' does not exist: {json_path}{hint}")
-        images_dir = Path(raw["images"]) if Path(raw["images"]).is_absolute() else root / raw["images"]
+        images_name = _text(raw["images"], source, f"{field_name}.images")
+        images_dir = Path(images_name) if Path(images_name).is_absolute() else root / images_name
         if not images_dir.is_dir():
             raise DatasetError(f"{source}: '{field_name}.images' folder does not exist: {images_dir}{hint}")
         return Split(images=[images_dir], coco_json=json_path, sources=[json_path])
-    entries = raw if isinstance(raw, list) else [raw]
+    entries = [_text(entry, source, field_name) for entry in (raw if isinstance(raw, list) else [raw])]
     images: list[Path] = []
     sources = [Path(entry) if Path(entry).is_absolute() else root / entry for entry in entries]
     for entry in entries:
@@ -138,7 +175,7 @@ def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> t
         raise DatasetError(f"{source}: 'relative_to' must be 'yaml' or 'datasets' (got {relative_to!r})")
     in_datasets = relative_to == "datasets"
     base = datasets_root(datasets_dir) if in_datasets else source.parent
-    root = Path(raw.get("path") or ".")
+    root = Path(_text(raw.get("path") or ".", source, "path"))
     root = (root if root.is_absolute() else base / root).resolve()
     hint = download_hint(root, base.resolve()) if in_datasets else ""
     if not root.is_dir():
@@ -158,7 +195,9 @@ def load_dataset_spec(yaml_path: str | Path, *, datasets_dir: str | Path | None 
     raw = _read_yaml(source)
     root, hint = _dataset_root(raw, source, datasets_dir)
     names = _parse_names(raw.get("names"), source)
-    if "nc" in raw and int(raw["nc"]) != len(names):
+    if "nc" in raw and (not isinstance(raw["nc"], int) or isinstance(raw["nc"], bool)):
+        raise DatasetError(f"{source}: 'nc' must be a whole number, got {raw['nc']!r:.60}")
+    if "nc" in raw and raw["nc"] != len(names):
         raise DatasetError(f"{source}: 'nc' is {raw['nc']} but 'names' lists {len(names)} classes")
     for key in ("train", "val"):
         if not raw.get(key):

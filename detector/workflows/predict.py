@@ -18,7 +18,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from detector.data.dataset import read_image_rgb
+from detector.data.images import ImageError, read_image
 from detector.data.spec import IMAGE_SUFFIXES
 from detector.device import resolve_device
 from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
@@ -54,7 +54,12 @@ def iterate_source(source: Path) -> Iterator[tuple[str, int | None, np.ndarray, 
         if not files:
             raise FileNotFoundError(f"{source}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
         for file in files:
-            yield file.name, None, read_image_rgb(file), 0.0
+            try:  # one bad image of many is skipped with a line; the only image given fails the command
+                image = read_image(file)
+            except ImageError as error:
+                print(f"warning: {error}; skipped", file=sys.stderr)
+                continue
+            yield file.name, None, image, 0.0
     elif source.suffix.lower() in VIDEO_SUFFIXES:
         capture = cv2.VideoCapture(str(source))
         if not capture.isOpened():
@@ -66,7 +71,7 @@ def iterate_source(source: Path) -> Iterator[tuple[str, int | None, np.ndarray, 
             frame += 1
         capture.release()
     elif source.is_file() and source.suffix.lower() in IMAGE_SUFFIXES:
-        yield source.name, None, read_image_rgb(source), 0.0
+        yield source.name, None, read_image(source), 0.0
     else:
         raise FileNotFoundError(f"{source}: not an image, a folder or a video ({', '.join(sorted(VIDEO_SUFFIXES))})")
 

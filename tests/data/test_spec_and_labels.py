@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,14 @@ def test_names_as_dict_and_list_file(tmp_path: Path, yolo_yaml: Path):
         ("path: .\ntrain: nowhere\nval: images/val\nnames: [a]\n", "train"),
         ("path: .\ntrain: images/train\nval: images/val\nnc: 2\nnames: [a]\n", "nc"),
         ("path: missing_root\ntrain: images/train\nval: images/val\nnames: [a]\n", "path"),
+        # wrong types: each a TypeError or ValueError traceback when read as a path or a number
+        ("path: [1, 2]\ntrain: images/train\nval: images/val\nnames: [a]\n", "path"),
+        ("path: {a: 1}\ntrain: images/train\nval: images/val\nnames: [a]\n", "path"),
+        ("path: .\ntrain: [images/train, [x]]\nval: images/val\nnames: [a]\n", "train"),
+        ("path: .\ntrain: 1.5\nval: images/val\nnames: [a]\n", "train"),
+        ("path: .\ntrain: images/train\nval: {json: [1], images: images/val}\nnames: [a]\n", "val.json"),
+        ("path: .\ntrain: images/train\nval: images/val\nnc: many\nnames: [a]\n", "nc"),
+        ("path: .\ntrain: images/train\nval: images/val\nnames: {a: x, b: y}\n", "names"),
     ],
 )
 def test_broken_yaml_names_the_field(tmp_path: Path, yolo_yaml: Path, body: str, field: str):
@@ -84,3 +93,43 @@ def test_download_entry_is_never_run(tmp_path: Path):
     with pytest.raises(DatasetError, match="never executed: fetch the data by hand"):
         load_dataset_spec(yaml)
     assert not marker.exists()
+
+
+def _list_dataset(root: Path, lines: list[str]) -> Path:
+    """A data YAML whose train split is ``root/lists/train.txt`` holding ``lines``."""
+    (root / "lists").mkdir()
+    (root / "lists/train.txt").write_text("".join(f"{line}\n" for line in lines))
+    yaml = root / "list.yaml"
+    yaml.write_text("path: .\ntrain: lists/train.txt\nval: images/val\nnames: [a, b, c]\n")
+    return yaml
+
+
+def test_a_list_file_may_name_images_inside_the_root_relatively_or_anywhere_absolutely(yolo_yaml: Path):
+    root = yolo_yaml.parent
+    first, second = sorted((root / "images/train").iterdir())[:2]
+    yaml = _list_dataset(root, ["../images/train/" + first.name, str(second), "", "  ./../images/train/" + first.name])
+    images = load_dataset_spec(yaml).train.images
+    assert images == [first.resolve(), second, first.resolve()]
+
+
+@pytest.mark.parametrize("line", ["../../outside.png", "../images/../../outside.png", "..\\..\\outside.png"])
+def test_a_list_file_line_climbing_out_of_the_dataset_is_refused_naming_the_line(yolo_yaml: Path, line: str):
+    root = yolo_yaml.parent
+    (root.parent / "outside.png").write_bytes((root / "images/train/train_00000.png").read_bytes())
+    first = sorted((root / "images/train").iterdir())[0]
+    yaml = _list_dataset(root, ["../images/train/" + first.name, line])
+    with pytest.raises(DatasetError) as error:
+        load_dataset_spec(yaml)
+    message = str(error.value)
+    assert message.startswith(f"{root / 'lists/train.txt'}:2: image path {line!r}") and "\n" not in message
+
+
+def test_a_list_file_of_non_utf8_names_reads_them_as_the_file_system_does(yolo_yaml: Path):
+    root = yolo_yaml.parent
+    name = os.fsdecode(b"caf\xe9.png")  # Latin-1 bytes: not UTF-8
+    (root / "images/train" / name).write_bytes((root / "images/train/train_00000.png").read_bytes())
+    (root / "lists").mkdir()
+    (root / "lists/train.txt").write_bytes(b"../images/train/caf\xe9.png\n")
+    yaml = root / "list.yaml"
+    yaml.write_text("path: .\ntrain: lists/train.txt\nval: images/val\nnames: [a, b, c]\n")
+    assert [p.name for p in load_dataset_spec(yaml).train.images] == [name]

@@ -12,7 +12,7 @@ import yaml
 
 from detector.data.catalog import PACKAGE_DIR, resolve_data_yaml
 from detector.data.spec import DatasetError, load_dataset_spec
-from detector.data.voc import VOC_NAMES, convert_voc, yolo_rows
+from detector.data.voc import MALFORMED, NOT_A_CLASS, VOC_NAMES, UnsafeImageId, convert_voc, yolo_rows
 from tests.conftest import voc_xml, write_voc_devkit
 
 REPO = PACKAGE_DIR.parent
@@ -45,10 +45,11 @@ def test_boxes_are_normalised_from_1_based_pixels_and_difficult_objects_are_skip
     xml = tmp_path / "a.xml"
     xml.write_text(voc_xml([("dog", 1, 1, 32, 24, 0), ("person", 5, 5, 20, 20, 1), ("car", 11, 5, 40, 44, 0),
                             ("unicorn", 1, 1, 2, 2, 0)]))
-    rows, notes = yolo_rows(xml, VOC_NAMES)
+    rows, skipped = yolo_rows(xml, VOC_NAMES)
     # dog: pixels 1..32 x 1..24 of 64x48 -> [0, 32] x [0, 24]; car: [10, 40] x [4, 44]
     assert rows == ["11 0.250000 0.250000 0.500000 0.500000", "6 0.390625 0.500000 0.468750 0.833333"]
-    assert notes == ["object 'unicorn' is not a VOC class"]
+    assert skipped.entries == [(NOT_A_CLASS, f"{xml} (object 'unicorn')", 1)]
+    assert skipped.lines() == [f"1 {NOT_A_CLASS}, in 1 file(s): {xml} (object 'unicorn')"]
 
 
 def test_convert_writes_each_image_set_once_and_removes_the_devkit(tmp_path: Path, capsys: pytest.CaptureFixture):
@@ -74,17 +75,39 @@ def test_convert_writes_each_image_set_once_and_removes_the_devkit(tmp_path: Pat
     assert not (folder / "VOCdevkit").exists()
 
 
-def test_malformed_xml_skips_its_image_with_one_line_naming_the_file(tmp_path: Path,
-                                                                     capsys: pytest.CaptureFixture):
+def test_malformed_xml_skips_its_image_with_one_summary_line_naming_the_files(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture):
     folder = tmp_path / "VOC"
     devkit = write_voc_devkit(folder, "2012", "trainval", {
         "2012_000001": voc_xml([("bus", 1, 1, 64, 48, 0)]),
         "2012_000002": "<annotation><size><width>64</width>",  # cut off
         "2012_000003": voc_xml([("bus", 1, 1, 64, 48, 0)], width=0),
+        "2012_000004": voc_xml([("bus", 1, 1, 64, 48, 0)], width="nan"),  # float() reads it; a NaN box follows
+        "2012_000005": voc_xml([("bus", 1, 1, "inf", 48, 0)]),
     })
     convert_voc(folder)
     lines = capsys.readouterr().err.splitlines()
-    assert len(lines) == 2, lines
-    assert str(devkit / "Annotations/2012_000002.xml") in lines[0] and "malformed" in lines[0]
-    assert str(devkit / "Annotations/2012_000003.xml") in lines[1] and "image size 0x48" in lines[1]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"warning: VOC trainval2012: 4 {MALFORMED}, in 4 file(s): ")
+    assert str(devkit / "Annotations/2012_000002.xml") in lines[0]
+    assert f"{devkit / 'Annotations/2012_000003.xml'} (image size 0x48)" in lines[0]
+    assert "<width> is 'nan', not a finite number" in lines[0] and lines[0].endswith("(1 more)")
     assert [p.name for p in (folder / "images/trainval2012").iterdir()] == ["2012_000001.jpg"]
+
+
+@pytest.mark.parametrize("image_id", ["../../../escaped", "/tmp/absolute", "sub/dir", "sub\\dir", "..", "C:x"])
+def test_an_image_id_that_is_not_a_plain_name_refuses_the_devkit_before_writing(tmp_path: Path, image_id: str):
+    folder = tmp_path / "data" / "VOC"
+    devkit = write_voc_devkit(folder, "2007", "trainval", {"000001": voc_xml([("cat", 1, 1, 64, 48, 0)])})
+    write_voc_devkit(folder, "2012", "trainval", {"2012_000001": voc_xml([("cat", 1, 1, 64, 48, 0)])})
+    listing = devkit / "ImageSets/Main/trainval.txt"
+    listing.write_text(f"000001\n{image_id}\n")
+    # The files an escaping id reaches, so that a conversion that followed it would write a label outside.
+    (folder / "escaped.jpg").write_bytes((devkit / "JPEGImages/000001.jpg").read_bytes())
+    (folder / "escaped.xml").write_text(voc_xml([("dog", 1, 1, 64, 48, 0)]))
+    before = sorted(p for p in tmp_path.rglob("*"))
+    with pytest.raises(UnsafeImageId) as error:
+        convert_voc(folder)
+    message = str(error.value)
+    assert message.startswith(f"{listing}:2: image id {image_id!r}") and "\n" not in message
+    assert sorted(p for p in tmp_path.rglob("*")) == before  # nothing written, not even the 2012 set

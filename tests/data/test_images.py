@@ -1,0 +1,117 @@
+"""Images in every common mode decode like their RGB twin and train (detector/data/images.py)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from detector.data.build import load_records
+from detector.data.images import ImageError, check_image, read_image, read_image_rgb
+from detector.data.spec import load_dataset_spec
+from detector.training.config import TrainConfig
+from detector.training.trainer import train
+from tests.conftest import write_yolo_dataset
+
+# Stripes and a gradient, so a channel swap, an inversion or a wrong scale shows in any mode.
+BASE = np.zeros((48, 64, 3), np.uint8)
+BASE[..., 0] = np.arange(64, dtype=np.uint8)[None, :] * 4
+BASE[..., 1] = np.arange(48, dtype=np.uint8)[:, None] * 5
+BASE[::4, :, 2] = 255
+GRAY = BASE[..., 0]
+# Pillow writes CMYK JPEGs without chroma subsampling, so at quality 95 this pattern comes back exact (measured:
+# 0 levels; the RGB JPEG of it, subsampled, is off by up to 145 at the stripes). 4 levels allow for another
+# libjpeg's rounding; an inverted channel moves the pixels by ~168 levels on average, swapped channels by ~85.
+JPEG_LEVELS = 4
+
+
+def _write(folder: Path, mode: str) -> tuple[Path, np.ndarray, int]:
+    """One image of ``mode``; its expected RGB decode and how many levels a pixel may differ by."""
+    rgb = Image.fromarray(BASE)
+    gray3 = np.repeat(GRAY[..., None], 3, 2)
+    if mode == "gray":
+        path = folder / "gray.png"
+        cv2.imwrite(str(path), GRAY)
+        return path, gray3, 0
+    if mode == "gray16":  # the 8-bit image x 257: the full 16-bit range
+        path = folder / "gray16.png"
+        cv2.imwrite(str(path), GRAY.astype(np.uint16) * 257)
+        return path, gray3, 0
+    if mode == "rgb16":
+        path = folder / "rgb16.png"
+        cv2.imwrite(str(path), BASE[..., ::-1].astype(np.uint16) * 257)
+        return path, BASE, 0
+    if mode == "rgba":  # alpha is dropped; the colour under it stays
+        path = folder / "rgba.png"
+        Image.fromarray(np.dstack([BASE, np.full(GRAY.shape, 7, np.uint8)])).save(path)
+        return path, BASE, 0
+    if mode == "gray_alpha":
+        path = folder / "la.png"
+        Image.fromarray(np.dstack([GRAY, GRAY])).save(path)
+        return path, gray3, 0
+    if mode == "palette":
+        path = folder / "p.png"
+        image = rgb.quantize(256)
+        image.save(path)
+        return path, np.asarray(image.convert("RGB")), 0
+    if mode == "cmyk_jpeg":
+        path = folder / "cmyk.jpg"
+        rgb.convert("CMYK").save(path, quality=95)
+        return path, BASE, JPEG_LEVELS
+    if mode == "int32_tiff":  # Pillow's "I": 8-bit values kept as they are
+        path = folder / "i.tif"
+        Image.fromarray(GRAY.astype(np.int32)).save(path)
+        return path, gray3, 0
+    if mode == "bilevel":
+        path = folder / "b.png"
+        Image.fromarray(GRAY > 127).save(path)
+        return path, np.where(gray3 > 127, 255, 0).astype(np.uint8), 0
+    raise ValueError(mode)
+
+
+MODES = ["gray", "gray16", "rgb16", "rgba", "gray_alpha", "palette", "cmyk_jpeg", "int32_tiff", "bilevel"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_each_mode_decodes_to_its_rgb_twin(tmp_path: Path, mode: str):
+    path, expected, levels = _write(tmp_path, mode)
+    assert check_image(path) == ((48, 64), "")
+    image = read_image_rgb(path)
+    assert image.dtype == np.uint8 and image.shape == (48, 64, 3) and image.flags.c_contiguous
+    difference = np.abs(image.astype(np.int16) - expected).max()
+    assert difference <= levels, (mode, difference)
+
+
+def test_sixteen_bit_gray_keeps_its_brightness_instead_of_stretching_to_its_maximum(tmp_path: Path):
+    dark = np.full((8, 8), 1000, np.uint16)  # 1000 / 257 = 3.9: a dark image stays dark
+    dark[0, 0] = 2570
+    cv2.imwrite(str(tmp_path / "dark.png"), dark)
+    image = read_image_rgb(tmp_path / "dark.png")
+    assert image[1, 1].tolist() == [4, 4, 4] and image[0, 0].tolist() == [10, 10, 10]
+
+
+def test_read_image_names_the_file_in_one_line(tmp_path: Path):
+    (tmp_path / "bad.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    with pytest.raises(ImageError) as error:
+        read_image(tmp_path / "bad.jpg")
+    message = str(error.value)
+    assert message.startswith(f"{tmp_path / 'bad.jpg'}: cannot decode image (") and "\n" not in message
+
+
+def test_a_dataset_of_every_mode_scans_clean_and_trains_one_epoch(tmp_path: Path):
+    yaml = write_yolo_dataset(tmp_path / "modes", train=2, val=1)
+    images, labels = tmp_path / "modes/images/train", tmp_path / "modes/labels/train"
+    for mode in MODES:
+        path, _, _ = _write(images, mode)
+        (labels / f"{path.stem}.txt").write_text("0 0.5 0.5 0.5 0.5\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        records, _, _ = load_records(load_dataset_spec(yaml), "train")
+    assert len(records) == 2 + len(MODES) and not caught
+    summary = train(TrainConfig(data=str(yaml), device="cpu", imgsz=64, epochs=1, batch=4, workers=0, cache="ram",
+                                project=str(tmp_path / "runs"), plots=False, amp_check=False), progress=False)
+    assert summary["epochs_done"] == 1
