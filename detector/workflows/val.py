@@ -33,7 +33,8 @@ from detector.model import image_size_problem
 from detector.plots.reporter import validation_report
 from detector.postprocess import NMSConfig
 from detector.precision import resolve_precision
-from detector.runs import next_run_dir
+from detector.files import write_text_atomically
+from detector.runs import claim_run_dir
 from detector.tuning import enlarge_onednn_cache
 from detector.options import Options, option
 
@@ -96,8 +97,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
                     multi_label=True)
     coco_eval = resolve_backend(options.coco_eval)
-    save_dir = next_run_dir(options.project, options.name)
-    save_dir.mkdir(parents=True)
+    save_dir = claim_run_dir(options.project, options.name)
     print(f"val: {options.weights} on {spec.yaml_path.name} '{options.split}' ({len(split.records)} images), "
           f"imgsz {image_size}, {device.type} {precision.name.upper()} ({precision.reason}), "
           f"COCO eval {evaluator_name(coco_eval)}")
@@ -118,7 +118,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
     speed = 1000 * validation.seconds / max(validation.images, 1)
     report = (f"{table}\n\n{result.evaluator}:\n{result.summary}\n\n"
               f"Speed: {speed:.1f} ms/image (inference, NMS and {result.evaluator.split()[0]})")
-    (save_dir / "results.txt").write_text(report + "\n")
+    write_text_atomically(save_dir / "results.txt", report + "\n")
     print(report)
     print(f"Results saved to {save_dir}")
     return dict(result.metrics)
