@@ -29,11 +29,9 @@ def check_weights(path: Path, weights: PretrainedWeights, url: str) -> str:
     """Size, the pinned SHA-256, then a safe read of the file; returns a one-line summary. A file that fails is
     deleted."""
     size = path.stat().st_size
-    if size != weights.size:
-        problem = f"{size} bytes, expected {weights.size}"
-    elif problem := digest_problem(path, sha256=weights.sha256):
-        pass
-    else:
+    problem = f"{size} bytes, expected {weights.size}" if size != weights.size else None
+    problem = problem or digest_problem(path, sha256=weights.sha256)  # the whole file, resumed or not
+    if problem is None:
         try:
             checkpoint = read_ultralytics_checkpoint(path)
             problem = None if checkpoint.scale == weights.scale else f"holds YOLOv8{checkpoint.scale} weights"
