@@ -83,8 +83,11 @@ def _files(root: Path) -> set[Path]:
     return {path.relative_to(root) for path in root.rglob("*")}
 
 
-def _one_error_line(capsys: pytest.CaptureFixture[str], *must_say: str) -> str:
-    err = capsys.readouterr().err
+def _one_error_line(capsys: pytest.CaptureFixture[str], *must_say: str, silent: bool = False) -> str:
+    """The command's one ``error:`` line (after asserting it is alone); ``silent``: nothing on stdout either."""
+    captured = capsys.readouterr()
+    err = captured.err
+    assert not silent or captured.out == "", captured.out
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("warning:")]
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     assert "Traceback" not in err and "weights_only=False" not in err and "Re-running" not in err
@@ -157,7 +160,7 @@ def test_download_over_plain_http_is_one_line_without_the_flag(tmp_path: Path, c
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("DETECTOR_DOWNLOAD_URL", "http://127.0.0.1:9")  # never contacted: refused before
     assert download_command.main(["coco128", "--datasets-dir", str(tmp_path / "datasets")]) == 1
-    _one_error_line(capsys, "http://127.0.0.1:9/coco128.zip", "plain http refused", "--allow-http")
+    _one_error_line(capsys, "http://127.0.0.1:9/coco128.zip", "plain http refused", "--allow-http", silent=True)
     assert not (tmp_path / "datasets").exists() or not any((tmp_path / "datasets").iterdir())
 
 
@@ -180,3 +183,12 @@ def test_any_bytes_as_a_model_file_are_refused_in_one_line(tmp_path_factory: pyt
     with pytest.raises(USER_ERRORS) as refused:
         load_backend(path)
     assert str(path) in str(refused.value) and "\n" not in str(refused.value).strip()
+
+
+def test_weights_over_plain_http_are_refused_before_anything_is_made(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DETECTOR_DOWNLOAD_URL", "http://127.0.0.1:9")
+    assert download_command.main(["yolov8n", "--weights-dir", str(tmp_path / "weights")]) == 1
+    _one_error_line(capsys, "http://127.0.0.1:9/yolov8n.pt", "plain http refused")
+    assert not (tmp_path / "weights").exists()

@@ -338,6 +338,7 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
         convert(spec, destination)  # finishes what an interrupted run extracted but did not convert
     for archive in spec.missing(root, split):
         url = archive_url(archive, base_url)
+        check_transport(url, allow_http=allow_http)  # before saying "fetching"
         approx = "" if archive.exact_size else "about "
         print(f"{spec.name}: fetching {url} ({approx}{human_size(archive.size)}) into {root}")
         path = fetch(url, root / archive.filename, archive.size if archive.exact_size else None,

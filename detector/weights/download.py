@@ -17,7 +17,7 @@ import pickle
 from pathlib import Path
 
 from detector.data.catalog import human_size
-from detector.data.download import BASE_URL_ENV, DownloadError, digest_problem, fetch, mirrored_url
+from detector.data.download import BASE_URL_ENV, DownloadError, check_transport, digest_problem, fetch, mirrored_url
 from detector.weights.catalog import LICENCE_NOTE, PRETRAINED, PretrainedWeights
 from detector.weights.locate import WEIGHTS_DIR
 from detector.weights.ultralytics import read_ultralytics_checkpoint
@@ -56,6 +56,7 @@ def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path = WE
     if target.is_file():
         print(f"{spec.name}: already in {target}; checking it")
     else:
+        check_transport(url, allow_http=allow_http)  # before making the folder or saying "fetching"
         weights_dir.mkdir(parents=True, exist_ok=True)
         print(f"{spec.name}: fetching {url} ({human_size(spec.size)}) into {weights_dir}")
         fetch(url, target, spec.size, allow_http=allow_http, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
