@@ -192,3 +192,23 @@ def test_weights_over_plain_http_are_refused_before_anything_is_made(tmp_path: P
     assert download_command.main(["yolov8n", "--weights-dir", str(tmp_path / "weights")]) == 1
     _one_error_line(capsys, "http://127.0.0.1:9/yolov8n.pt", "plain http refused")
     assert not (tmp_path / "weights").exists()
+
+
+def test_a_val_that_fails_midway_removes_its_run_folder(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from detector.data.synthetic import NAMES
+    from detector.workflows import val as val_workflow
+
+    data = write_yolo_dataset(tmp_path / "data", train=2, val=2)
+    weights = _ours(tmp_path / "ok.pt", model=build_model(num_classes=len(NAMES)).state_dict(),
+                    model_args={"num_classes": len(NAMES), "scale": "n"}, names=list(NAMES))
+
+    def bad_image(*args: object, **kwargs: object) -> None:
+        raise ValueError("images/val/1.png: cannot be decoded")  # a user error raised once the folder is claimed
+
+    monkeypatch.setattr(val_workflow, "run_validation", bad_image)
+    code = val_command.main(["--weights", str(weights), "--data", str(data), "--project", str(tmp_path / "runs"),
+                             "--device", "cpu", "--workers", "0"])
+    assert code == 1
+    _one_error_line(capsys, "1.png: cannot be decoded")
+    assert not (tmp_path / "runs").exists()  # neither the run folder nor the project made for it
