@@ -77,7 +77,7 @@ def check_transport(url: str, *, allow_http: bool = False) -> None:
         return
     if scheme == "http":
         raise DownloadError(f"{url}: plain http refused (anyone on the way could swap the file); use an https URL, "
-                            "or pass --allow-http (the file is still checked against its pinned digest)")
+                            "or pass --allow-http (the same checks apply to what arrives)")
     raise DownloadError(f"{url}: only https (or http with --allow-http) URLs are fetched, not {scheme or 'a bare path'}")
 
 
