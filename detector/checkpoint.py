@@ -17,6 +17,8 @@ A checkpoint is a plain dict of tensors and builtin types. Two kinds exist:
 
 from __future__ import annotations
 
+import pickle
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from torch import nn
 
 from detector.files import atomic_file
 from detector.model import YOLO, build_model
+from detector.model.yolo import SCALES
 
 
 class CheckpointError(ValueError):
@@ -48,16 +51,72 @@ def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
         torch.save(payload, file)
 
 
+# The oldest torch whose ``weights_only`` loader has no published bypass: CVE-2025-32434 (GHSA-53q9-r3pm-6pq6,
+# remote code execution through ``torch.load(weights_only=True)``) is fixed in 2.6, and CVE-2026-24747
+# (GHSA-63cw-57p8-fm3p, heap corruption in the weights_only unpickler from a crafted storage) in 2.10.
+# pyproject.toml declares the same floor; this check covers an environment that installed around it.
+TORCH_FLOOR = (2, 10)
+_VERSION = re.compile(r"(\d+)\.(\d+)")
+
+
+def torch_floor_problem(version: str | None = None) -> str | None:
+    """Why this torch may not load files from others (one sentence), or None when it is at the floor or above.
+
+    Only the release number counts: a ``2.10.0a0+nv...`` container build is 2.10.
+    """
+    version = version or torch.__version__
+    match = _VERSION.match(version)
+    if match and (int(match.group(1)), int(match.group(2))) >= TORCH_FLOOR:
+        return None
+    floor = ".".join(map(str, TORCH_FLOOR))
+    return (f"torch {version} is older than {floor}, whose weights_only loader a crafted file can exploit "
+            f"(CVE-2025-32434, CVE-2026-24747); install torch>={floor}")
+
+
+def refuse_on_old_torch(path: str | Path) -> None:
+    """Raise :class:`CheckpointError` naming ``path`` when :func:`torch_floor_problem` finds one."""
+    if problem := torch_floor_problem():
+        raise CheckpointError(f"{path}: refused to load: {problem}")
+
+
+_BLOCKED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")  # how torch's message names the refused global (2.6 to 2.14)
+
+
+def load_problem(error: BaseException) -> str:
+    """What torch's error says about a file, in our words: never torch's advice to retry with ``weights_only=False``
+    (which would run the code a malicious file carries), and one sentence at most."""
+    text = str(error)
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if isinstance(error, pickle.UnpicklingError) and "weights only" in text.lower():
+        if match := _BLOCKED_GLOBAL.search(text):
+            return (f"refused: it names the Python global {match.group(1)}, which loading would import and run; "
+                    "checkpoints are read as tensors and plain values only")
+        advice = ("weights_only", "Weights only", "documentation", "file an issue")
+        detail = next((line for line in lines if not any(word in line for word in advice)), "")
+        return f"refused: not plain tensors and values ({detail or 'unsupported pickle content'})"
+    if isinstance(error, EOFError) or not lines:
+        return f"not a checkpoint (empty or cut short: {type(error).__name__})"
+    return f"not a loadable checkpoint ({lines[0].split('. ')[0][:200]})"
+
+
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """Load without unpickling arbitrary objects."""
+    """Load without unpickling arbitrary objects (``weights_only=True``), on a torch at :data:`TORCH_FLOOR` or later.
+
+    Raises:
+        CheckpointError: one line naming the file: missing, refused (it names code to run, or torch is too
+            old to read files from others safely), empty, truncated, or not a dict.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
+    refuse_on_old_torch(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises several types for corrupt or foreign files
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise CheckpointError(f"{path}: not a loadable detector checkpoint ({first_line})") from None
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for corrupt or foreign files; none is a bug of ours
+        raise CheckpointError(f"{path}: {load_problem(error)}") from None
+    if not isinstance(checkpoint, dict):
+        raise CheckpointError(f"{path}: not a detector checkpoint (holds a {type(checkpoint).__name__}, not a dict)")
+    return checkpoint
 
 
 # What a stripped checkpoint keeps besides the weights (:func:`strip_checkpoint`).
@@ -97,14 +156,83 @@ def strip_checkpoint_file(path: str | Path) -> None:
         save_checkpoint(strip_checkpoint(checkpoint), path)
 
 
-def model_from_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[YOLO, dict[str, Any]]:
-    """Rebuild the model (EMA weights when present) in eval mode; return it and the checkpoint dict."""
-    checkpoint = load_checkpoint(path)
+def model_args(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any]:
+    """``checkpoint["model_args"]`` checked: ``num_classes`` a positive int, ``scale`` one of ``n s m l x``,
+    ``reg_max`` (optional, 16) a positive int; anything else is a :class:`CheckpointError` naming the key."""
     if "model_args" not in checkpoint or "model" not in checkpoint:
         raise CheckpointError(f"{path}: missing 'model_args' or 'model'; not a detector checkpoint")
-    model = build_model(**checkpoint["model_args"])
+    args = checkpoint["model_args"]
+    if not isinstance(args, dict):
+        raise CheckpointError(f"{path}: 'model_args' is a {type(args).__name__}, not a dict")
+    unknown = sorted(map(str, set(args) - {"num_classes", "scale", "reg_max"}))
+    if unknown:
+        raise CheckpointError(f"{path}: 'model_args' has unknown key {unknown[0]!r}")
+    checked = {"num_classes": args.get("num_classes"), "scale": args.get("scale"), "reg_max": args.get("reg_max", 16)}
+    for key in ("num_classes", "reg_max"):
+        value = checked[key]
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 100_000:
+            raise CheckpointError(f"{path}: 'model_args' {key} is {value!r}; expected a positive integer")
+    if checked["scale"] not in SCALES:
+        raise CheckpointError(f"{path}: 'model_args' scale is {checked['scale']!r}; expected one of {' '.join(SCALES)}")
+    return checked
+
+
+def load_weights(model: nn.Module, state_dict: object, path: str | Path, *, what: str = "weights") -> None:
+    """``model.load_state_dict(state_dict)`` (strict); a mismatch is one :class:`CheckpointError` line naming
+    the file and the first differing keys instead of torch's multi-line list."""
+    if not isinstance(state_dict, dict):
+        raise CheckpointError(f"{path}: '{what}' is a {type(state_dict).__name__}, not a state dict")
+    own = model.state_dict()
+    missing = [key for key in own if key not in state_dict]
+    unexpected = [key for key in state_dict if key not in own]
+    misshapen = [key for key in own if key in state_dict and not _same_shape(state_dict[key], own[key])]
+    for label, keys in (("missing", missing), ("unexpected", unexpected), ("of another shape", misshapen)):
+        if keys:
+            raise CheckpointError(f"{path}: the {what} do not fit the model: {len(keys)} tensors {label} "
+                                  f"(first: {keys[0]}); was it written by another version or model?")
+    model.load_state_dict(state_dict)
+
+
+# ``train --weights``: the share of the model's tensors a file must fill for the run to count as a fine-tune. Measured
+# on our models: the same scale with another class count fills 90% (nano: 319/355, its whole class branch depends
+# on the count) to 98% (s: 349/355); a file of another scale fills 20-26% (BatchNorm counters and the DFL conv,
+# whose shapes never change); a foreign file, none. Half sits well between the two.
+MIN_MATCHED_SHARE = 0.5
+
+
+def load_matching(model: nn.Module, state_dict: object, path: str | Path) -> tuple[int, int]:
+    """Copy the tensors of ``state_dict`` whose names and shapes match ``model``; -> (copied, the model's total).
+
+    Raises:
+        CheckpointError: fewer than :data:`MIN_MATCHED_SHARE` of the model's tensors match (one line, with the count):
+            training would silently start from scratch.
+    """
+    if not isinstance(state_dict, dict):
+        raise CheckpointError(f"{path}: the weights are a {type(state_dict).__name__}, not a state dict")
+    own = model.state_dict()
+    compatible = {key: value for key, value in state_dict.items() if key in own and _same_shape(value, own[key])}
+    if len(compatible) < MIN_MATCHED_SHARE * len(own):
+        raise CheckpointError(f"{path}: only {len(compatible)}/{len(own)} tensors fit the model (under "
+                              f"{MIN_MATCHED_SHARE:.0%}); these weights are for another model, so training would "
+                              "start from scratch")
+    model.load_state_dict(compatible, strict=False)
+    return len(compatible), len(own)
+
+
+def _same_shape(value: object, reference: torch.Tensor) -> bool:
+    return isinstance(value, torch.Tensor) and value.shape == reference.shape
+
+
+def model_from_checkpoint(path: str | Path, *, use_ema: bool = True) -> tuple[YOLO, dict[str, Any]]:
+    """Rebuild the model (EMA weights when present) in eval mode; return it and the checkpoint dict.
+
+    Raises:
+        CheckpointError: one line naming the file (unreadable, bad ``model_args``, weights that do not fit).
+    """
+    checkpoint = load_checkpoint(path)
+    model = build_model(**model_args(checkpoint, path))
     weights = checkpoint["ema"] if use_ema and checkpoint.get("ema") is not None else checkpoint["model"]
-    model.load_state_dict(weights)
+    load_weights(model, weights, path)
     return model.eval(), checkpoint
 
 

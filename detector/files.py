@@ -1,14 +1,15 @@
-"""Atomic file writes: artefacts (exports, caches) appear whole or not at all, even with several writers."""
+"""Atomic file writes: artefacts (exports, caches, every run output) appear whole or not at all, even with several
+writers. Text, figures and images all go through :func:`atomic_file`; an image that cannot be encoded raises."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 
 @contextmanager
@@ -39,6 +40,26 @@ def write_atomically(path: str | Path, data: bytes) -> Path:
     with atomic_file(path) as file:
         file.write(data)
     return Path(path)
+
+
+def write_text_atomically(path: str | Path, text: str) -> Path:
+    """Write ``text`` (UTF-8) to ``path`` through :func:`atomic_file`: config.yaml, results.txt, predictions.json."""
+    return write_atomically(path, text.encode())
+
+
+def write_image(path: str | Path, image_bgr: Any, params: Sequence[int] = ()) -> Path:
+    """Encode ``image_bgr`` (``uint8 [H, W, 3]``, OpenCV's channel order) in the format of ``path``'s suffix and write
+    it atomically. ``cv2.imwrite`` only returns False on failure; this raises ``OSError`` naming the file instead."""
+    import cv2  # only callers that write images pay for the import
+
+    path = Path(path)
+    try:
+        encoded, buffer = cv2.imencode(path.suffix or ".png", image_bgr, list(params))
+    except cv2.error as error:  # an unknown suffix or an image OpenCV cannot encode
+        raise OSError(f"{path}: could not encode the image ({str(error).strip().splitlines()[-1]})") from None
+    if not encoded:
+        raise OSError(f"{path}: could not encode the image as {path.suffix or '.png'}")
+    return write_atomically(path, buffer.tobytes())
 
 
 def current_umask() -> int:

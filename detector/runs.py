@@ -1,18 +1,49 @@
-"""Run folders and the per-epoch ``results.csv``."""
+"""Run folders, claimed atomically, and the per-epoch ``results.csv``."""
 
 from __future__ import annotations
 
 import csv
+import io
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from detector.files import write_text_atomically
 
-def next_run_dir(project: str | Path, name: str) -> Path:
-    """``project/name``, or ``name2``, ``name3``... if taken."""
+
+def claim_run_dir(project: str | Path, name: str) -> Path:
+    """Create and return ``project/name``, or ``name2``, ``name3``... when taken.
+
+    ``os.mkdir`` without ``exist_ok`` either creates the folder or fails because it exists, in one step: two
+    runs started at the same moment never share a folder (checking ``exists()`` first would let both pass).
+    """
     base = Path(project)
-    candidate, number = base / name, 2
-    while candidate.exists():
-        candidate, number = base / f"{name}{number}", number + 1
-    return candidate
+    base.mkdir(parents=True, exist_ok=True)
+    number = 1
+    while True:
+        candidate = base / (name if number == 1 else f"{name}{number}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            number += 1
+
+
+@contextmanager
+def run_folder(project: str | Path, name: str) -> Iterator[Path]:
+    """:func:`claim_run_dir` for the ``with`` block; when the block raises, the folder and what the block wrote
+    into it are removed, so a failed command leaves no empty or half-filled run folder behind."""
+    made_project = not Path(project).exists()
+    folder = claim_run_dir(project, name)
+    try:
+        yield folder
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        if made_project:  # ``runs/predict`` made for this folder alone goes too (unless another run is in it now)
+            with suppress(OSError):
+                Path(project).rmdir()
+        raise
 
 
 def newest_file(root: str | Path, pattern: str) -> Path | None:
@@ -21,10 +52,15 @@ def newest_file(root: str | Path, pattern: str) -> Path | None:
 
 
 def append_results(csv_path: Path, row: dict[str, object]) -> None:
-    """Append one epoch row; the header is written with the first row. Floats get 6 significant digits."""
-    new = not csv_path.is_file()
-    with csv_path.open("a", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(row))
-        if new:
-            writer.writeheader()
-        writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+    """Add one epoch row; the header is written with the first row. Floats get 6 significant digits.
+
+    The file is rewritten whole through the atomic writer (a few kB even after hundreds of epochs), so a crash
+    mid-write leaves the previous epochs' file, never a cut row.
+    """
+    previous = csv_path.read_bytes().decode() if csv_path.is_file() else ""  # bytes: keeps csv's \r\n
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(row))
+    if not previous:
+        writer.writeheader()
+    writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+    write_text_atomically(csv_path, previous + buffer.getvalue())

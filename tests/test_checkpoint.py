@@ -16,10 +16,12 @@ from detector.checkpoint import (
     CheckpointError,
     is_stripped,
     load_checkpoint,
+    load_matching,
     model_from_checkpoint,
     save_checkpoint,
     strip_checkpoint,
     to_half,
+    torch_floor_problem,
 )
 from detector.exporting.parity import synthetic_images
 from detector.model import build_model
@@ -88,6 +90,93 @@ def test_checkpoints_load_weights_only_and_refuse_pickled_code(tmp_path: Path):
     torch.save({"model": Hostile()}, tmp_path / "hostile.pt")
     with pytest.raises(CheckpointError, match="hostile.pt"):
         load_checkpoint(tmp_path / "hostile.pt")
+
+
+def _ours(tmp_path: Path, name: str = "ok.pt", **changes) -> Path:
+    """A small valid checkpoint (nano, 2 classes) with ``changes`` applied to its dict."""
+    payload = {"model": build_model(num_classes=2).state_dict(), "ema": None,
+               "model_args": {"num_classes": 2, "scale": "n", "reg_max": 16}, "names": ["a", "b"], "config": {}}
+    payload.update(changes)
+    save_checkpoint(payload, tmp_path / name)
+    return tmp_path / name
+
+
+def test_a_refused_checkpoint_says_why_and_never_suggests_weights_only_false(tmp_path: Path):
+    class Hostile:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+
+    torch.save({"model": Hostile()}, tmp_path / "hostile.pt")
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(tmp_path / "hostile.pt")
+    message = str(refused.value)
+    assert "\n" not in message and "refused" in message and "system" in message
+    assert "weights_only" not in message and "Re-running" not in message
+
+
+@pytest.mark.parametrize("content, problem", [
+    (b"", "empty or cut short"),
+    (b"PK\x03\x04 an odd zip", "not a loadable checkpoint"),
+    (b"\x80\x02garbage", "not"),
+])
+def test_empty_odd_and_garbage_files_give_one_line(tmp_path: Path, content: bytes, problem: str):
+    path = tmp_path / "bad.pt"
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError, match=problem) as refused:
+        load_checkpoint(path)
+    assert str(refused.value).startswith(str(path)) and "\n" not in str(refused.value)
+
+
+def test_a_truncated_checkpoint_is_one_line(tmp_path: Path):
+    path = _ours(tmp_path)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    with pytest.raises(CheckpointError, match="ok.pt") as refused:
+        model_from_checkpoint(path)
+    assert "\n" not in str(refused.value)
+
+
+def test_torch_older_than_the_floor_is_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    assert torch_floor_problem("2.10.0") is None and torch_floor_problem("2.11.0a0+nv25.01") is None
+    assert "CVE-2025-32434" in torch_floor_problem("2.5.1") and "torch>=2.10" in torch_floor_problem("2.9.1")
+    path = _ours(tmp_path)
+    monkeypatch.setattr(torch, "__version__", "2.5.1")
+    with pytest.raises(CheckpointError, match="refused to load: torch 2.5.1 is older than 2.10"):
+        load_checkpoint(path)
+    from detector.weights.safe_pickle import load_checkpoint as load_foreign
+
+    with pytest.raises(CheckpointError, match="torch>=2.10"):
+        load_foreign(path)
+
+
+@pytest.mark.parametrize("model_args, problem", [
+    ([2, "n"], "'model_args' is a list"),
+    ({"num_classes": 2, "scale": "q"}, "scale is 'q'"),
+    ({"num_classes": -1, "scale": "n"}, "num_classes is -1"),
+    ({"num_classes": "2", "scale": "n"}, "num_classes is '2'"),
+    ({"num_classes": 2, "scale": "n", "depth": 9}, "unknown key 'depth'"),
+])
+def test_bad_model_args_are_one_line(tmp_path: Path, model_args, problem: str):
+    with pytest.raises(CheckpointError, match=problem):
+        model_from_checkpoint(_ours(tmp_path, model_args=model_args))
+
+
+def test_weights_that_do_not_fit_name_the_file_and_the_first_key(tmp_path: Path):
+    other = build_model(num_classes=2, scale="s").state_dict()
+    with pytest.raises(CheckpointError, match=r"ok.pt: the weights do not fit the model: \d+ tensors of another shape"):
+        model_from_checkpoint(_ours(tmp_path, model=other))
+    partial = dict(list(build_model(num_classes=2).state_dict().items())[:10])
+    with pytest.raises(CheckpointError, match="tensors missing"):
+        model_from_checkpoint(_ours(tmp_path, model=partial))
+
+
+def test_fine_tuning_needs_half_the_tensors_to_fit(tmp_path: Path):
+    same_scale_other_classes = build_model(num_classes=80).state_dict()
+    copied, total = load_matching(build_model(num_classes=3), same_scale_other_classes, "x.pt")
+    assert copied / total > 0.85 and total == len(build_model(num_classes=3).state_dict())
+    with pytest.raises(CheckpointError, match=r"x.pt: only \d+/355 tensors fit the model"):
+        load_matching(build_model(num_classes=3), build_model(num_classes=3, scale="s").state_dict(), "x.pt")
+    with pytest.raises(CheckpointError, match="only 0/355"):
+        load_matching(build_model(num_classes=3), {"foreign.weight": torch.zeros(3)}, "x.pt")
 
 
 # ------------------------------------------------------------------------------------------ stripped files

@@ -18,7 +18,9 @@ import torch
 from detector.cli.errors import run_command
 from detector.device import resolve_device
 from detector.precision import has_native_bf16
-from detector.runs import next_run_dir
+from detector.files import write_text_atomically
+from detector.plots.canvas import save_figure
+from detector.runs import claim_run_dir
 
 
 def variants(device: torch.device) -> list[tuple[str, list[str]]]:
@@ -70,8 +72,7 @@ def plot(results: dict[str, dict[str, float]], out_png: Path) -> Path:
         axis = figure.add_subplot(1, 3, index + 1)
         axis.bar(names, [results[n][key] for n in names], color=["tab:green", "tab:orange", "tab:blue"][: len(names)])
         axis.set_title(title)
-    figure.savefig(out_png, dpi=100)
-    return out_png
+    return save_figure(figure, out_png)  # atomic, as every run output
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,8 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
 def ablate(args: argparse.Namespace, train_args: list[str]) -> None:
     """Train each variant in its own process, then write the report; ``RuntimeError`` when a run fails."""
     device = resolve_device(args.device)
-    out_dir = next_run_dir(args.project, args.name)
-    out_dir.mkdir(parents=True)
+    out_dir = claim_run_dir(args.project, args.name)
     results = {}
     for name, flags in variants(device):
         command = [sys.executable, "-m", "detector", "train", "--epochs", str(args.epochs), "--project", str(out_dir),
@@ -104,7 +104,7 @@ def ablate(args: argparse.Namespace, train_args: list[str]) -> None:
             raise RuntimeError(f"the {name} run failed")
         results[name] = summarise(out_dir / name / "results.csv")
     table = markdown_table(results)
-    (out_dir / "ablation.md").write_text(f"# AMP ablation ({args.epochs} epochs, same seed)\n\n{table}\n")
+    write_text_atomically(out_dir / "ablation.md", f"# AMP ablation ({args.epochs} epochs, same seed)\n\n{table}\n")
     plot(results, out_dir / "ablation.png")
     print(table)
     print(f"report: {out_dir / 'ablation.md'}, {out_dir / 'ablation.png'}")

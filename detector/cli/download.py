@@ -23,9 +23,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m detector download",
         description="Fetch a dataset into the datasets root, or Ultralytics' YOLOv8 detection weights into weights/ "
                     "(explicit: nothing in detector downloads by itself).",
-        epilog="Weights: Ultralytics publishes no checksums; a download is checked by its exact size and by "
-               "reading it through detector's restricted unpickler. They are AGPL-3.0, not Apache-2.0 (see "
-               "weights/README.md). $DETECTOR_DOWNLOAD_URL fetches every file from that base URL (a mirror).",
+        epilog="Every file is fetched over https (see --allow-http), capped in bytes fetched and unpacked, and checked "
+               "against the SHA-256 pinned in detector's catalog (COCO: its published MD5; coco128 and VOC have none "
+               "pinned: size and zip CRCs, with a warning). Weights are then read through detector's restricted "
+               "unpickler. They are AGPL-3.0, not Apache-2.0 (see weights/README.md). $DETECTOR_DOWNLOAD_URL "
+               "fetches every file from that base URL (a mirror); the same checks apply. See docs/security.md.",
     )
     parser.add_argument("name", type=_name, choices=sorted(DOWNLOADS) + sorted(PRETRAINED),
                         help="dataset, or weights (yolov8n ... yolov8x; yolov8n.pt also works)")
@@ -36,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--weights-dir", type=Path, default=WEIGHTS_DIR,
                         help="weights: folder to write into (default: the repository's weights/, where "
                              "--weights yolov8n.pt looks)")
+    parser.add_argument("--allow-http", action="store_true",
+                        help="accept plain http URLs (COCO's own host, or an http mirror); digests are checked all the "
+                             "same (default: https only)")
     return parser
 
 
@@ -47,9 +52,9 @@ def fetch(args: argparse.Namespace) -> None:
         if weights:
             from detector.weights.download import download_weights  # imports torch: only for weights
 
-            download_weights(args.name, weights_dir=where)
+            download_weights(args.name, weights_dir=where, allow_http=args.allow_http)
         else:
-            download(args.name, root=where, split=args.split)
+            download(args.name, root=where, split=args.split, allow_http=args.allow_http)
     except KeyboardInterrupt:
         # run_command prints this instead of a bare 'interrupted' (exit 130): a second run resumes the download.
         raise KeyboardInterrupt(f"interrupted; run the command again to resume (partial files in {where})") from None

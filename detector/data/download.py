@@ -5,17 +5,21 @@ Fetch, verify, extract (convert), prove.
 Downloads are explicit: nothing else in ``detector`` touches the network, and a YAML's ``download:``
 entry is never run. For each archive the dataset still lacks:
 
-1. fetch it into ``<root>/<file>.part`` with a progress bar; a cut transfer resumes with an HTTP
-   ``Range`` request (a server that ignores ``Range`` and sends the whole file restarts it);
-2. verify the size and MD5 published with it (see :data:`detector.data.catalog.DOWNLOADS`), and always
-   zipfile's CRC test, before anything is extracted; a corrupt file is deleted;
-3. extract into a temporary folder in the datasets root and rename its entries into place, so a failure
-   leaves nothing half-extracted; then delete the zip;
+1. fetch it into ``<root>/<file>.part`` with a progress bar, over https only (``allow_http`` / ``--allow-http``
+   lets plain http through, redirects included) and never more bytes than the catalog allows, whatever the
+   server announces; a cut transfer resumes with an HTTP ``Range`` request (a server that ignores ``Range``
+   and sends the whole file restarts it);
+2. verify the whole file, resumed or not, against the SHA-256 pinned in the catalog (or the MD5 COCO
+   publishes; with neither, say so and print the file's SHA-256), and always zipfile's CRC test, before
+   anything is extracted; a file that fails is deleted;
+3. extract into a temporary folder in the datasets root, at most :data:`EXTRACT_RATIO` times the zip's size
+   (a zip bomb stops there), and rename its entries into place, so a failure leaves nothing half-extracted;
+   then delete the zip;
 4. where the dataset has a ``convert`` step (VOC: XML -> YOLO txt, :mod:`detector.data.voc`), run it.
 
 It ends by loading the shipped YAML against the root, which proves the layout is what training reads.
 ``$DETECTOR_DOWNLOAD_URL`` (or ``base_url``) fetches every archive from ``<base>/<file name>`` instead:
-a mirror, or a local server in the tests.
+a mirror, or a local server in the tests; the same digests and caps apply. docs/security.md has the policy.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import zipfile
 from pathlib import Path, PurePosixPath
@@ -39,6 +44,12 @@ from detector.data.spec import load_dataset_spec, load_split
 
 BASE_URL_ENV = "DETECTOR_DOWNLOAD_URL"
 CHUNK_BYTES = 1 << 20
+# Unzipped bytes allowed per zipped byte. Photographs do not compress (20 coco128 JPEGs deflate 1.00x) and COCO's
+# JSON deflates 3.3x (coco128's instances_train2017.json, zlib level 9); ten times leaves room for any dataset
+# we ship, and stops a zip bomb (1000x and more) after a few times the archive's size.
+EXTRACT_RATIO = 10
+# Bytes fetched for an archive whose size the catalog knows only roughly (coco128, VOC): twice that.
+APPROXIMATE_SIZE_MARGIN = 2
 
 
 class DownloadError(RuntimeError):
@@ -59,13 +70,37 @@ def archive_url(archive: Archive, base_url: str | None = None) -> str:
     return mirrored_url(archive.url, base_url)
 
 
-def _open(url: str, start: int, timeout: float) -> http.client.HTTPResponse:
+def check_transport(url: str, *, allow_http: bool = False) -> None:
+    """https, or http when ``allow_http`` says so; anything else (ftp, file, ...) is refused in one line."""
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme == "https" or (scheme == "http" and allow_http):
+        return
+    if scheme == "http":
+        raise DownloadError(f"{url}: plain http refused (anyone on the way could swap the file); use an https URL, "
+                            "or pass --allow-http (the same checks apply to what arrives)")
+    raise DownloadError(f"{url}: only https (or http with --allow-http) URLs are fetched, not {scheme or 'a bare path'}")
+
+
+class _CheckedRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to a URL :func:`check_transport` accepts: an https link cannot fall back to http."""
+
+    def __init__(self, allow_http: bool) -> None:
+        self.allow_http = allow_http
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001 - urllib's signature
+        check_transport(newurl, allow_http=self.allow_http)
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+def _open(url: str, start: int, timeout: float, allow_http: bool = False) -> http.client.HTTPResponse:
+    check_transport(url, allow_http=allow_http)
     headers = {"Range": f"bytes={start}-"} if start else {}
+    opener = urllib.request.build_opener(_CheckedRedirects(allow_http))
     try:
-        return urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout)
+        return opener.open(urllib.request.Request(url, headers=headers), timeout=timeout)
     except urllib.error.HTTPError as error:
         if error.code == 416 and start:  # the .part is no prefix the server can continue: start over
-            return _open(url, 0, timeout)
+            return _open(url, 0, timeout, allow_http)
         raise DownloadError(f"{url}: HTTP {error.code} {error.reason}") from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
@@ -78,10 +113,18 @@ def _resumes_at(response: http.client.HTTPResponse, start: int) -> bool:
     return response.status == 206 and content_range.startswith(f"bytes {start}-")
 
 
-def _transfer(url: str, part: Path, size: int | None, *, timeout: float, label: str) -> int:
-    """Append the rest of ``url`` to ``part``; returns the expected total size. Raises :class:`CutTransfer`."""
+def _too_many(url: str, part: Path, limit: int) -> DownloadError:
+    part.unlink(missing_ok=True)
+    return DownloadError(f"{url}: more than {limit} bytes ({human_size(limit)}), the most this file may have; "
+                         "stopped and deleted what came")
+
+
+def _transfer(url: str, part: Path, size: int | None, *, timeout: float, label: str, limit: int,
+              allow_http: bool = False) -> int:
+    """Append the rest of ``url`` to ``part``, never past ``limit`` bytes in all; returns the expected total size.
+    Raises :class:`CutTransfer`, or :class:`DownloadError` when the file outgrows ``limit``."""
     start = part.stat().st_size if part.exists() else 0
-    with _open(url, start, timeout) as response:
+    with _open(url, start, timeout, allow_http) as response:
         if start and not _resumes_at(response, start):
             if response.status == 206:  # some other byte range: useless here, so start over without Range
                 part.unlink()
@@ -92,25 +135,44 @@ def _transfer(url: str, part: Path, size: int | None, *, timeout: float, label: 
         if size is not None and announced is not None and announced != size:  # another file, not a cut
             part.unlink(missing_ok=True)
             raise DownloadError(f"{url}: the server announces {announced} bytes, expected {size}; not fetched")
+        if announced is not None and announced > limit:
+            raise _too_many(url, part, limit)
         total = size or announced
+        received = start
         with part.open("ab" if start else "wb") as file, tqdm(
             total=total, initial=start, unit="B", unit_scale=True, desc=label, disable=None
         ) as bar:
             try:
-                while chunk := response.read(CHUNK_BYTES):
+                # Counted here, not trusted from Content-Length: a server may send more than it announced, or
+                # announce nothing at all.
+                while chunk := response.read(min(CHUNK_BYTES, limit + 1 - received)):
+                    received += len(chunk)
+                    if received > limit:
+                        break
                     file.write(chunk)
                     bar.update(len(chunk))
             except (http.client.IncompleteRead, OSError) as error:
                 raise CutTransfer(f"connection lost at {part.stat().st_size} bytes ({type(error).__name__})") from None
+        if received > limit:
+            raise _too_many(url, part, limit)
     received = part.stat().st_size
     if total is not None and received < total:
         raise CutTransfer(f"connection closed at {received} of {total} bytes")
     return total or received
 
 
-def fetch(url: str, target: Path, size: int | None, *, timeout: float = 30.0, attempts: int = 3,
-          retry_wait: float = 2.0) -> Path:
-    """Download ``url`` to ``target`` through ``target.part``, resuming cut transfers; returns ``target``."""
+def fetch(url: str, target: Path, size: int | None, *, max_bytes: int | None = None, allow_http: bool = False,
+          timeout: float = 30.0, attempts: int = 3, retry_wait: float = 2.0) -> Path:
+    """Download ``url`` to ``target`` through ``target.part``, resuming cut transfers; returns ``target``.
+
+    ``size``: the exact size when known (a server announcing another is refused before anything is fetched);
+    ``max_bytes``: the most bytes the file may have (default ``size``; one of the two is required), counted as
+    they arrive. Over https only unless ``allow_http``. The caller verifies the digest of the whole file.
+    """
+    limit = max_bytes if max_bytes is not None else size
+    if limit is None:
+        raise ValueError(f"{url}: fetch needs an exact size or a byte cap")
+    check_transport(url, allow_http=allow_http)
     if target.exists():
         return target  # fetched by an earlier run whose extraction failed; verify() checks it again
     part = target.with_name(target.name + ".part")
@@ -120,7 +182,7 @@ def fetch(url: str, target: Path, size: int | None, *, timeout: float = 30.0, at
         if size is not None and part.exists() and part.stat().st_size == size:
             break  # complete from an earlier run that stopped before the rename
         try:
-            _transfer(url, part, size, timeout=timeout, label=target.name)
+            _transfer(url, part, size, timeout=timeout, label=target.name, limit=limit, allow_http=allow_http)
             break
         except CutTransfer as cut:
             if attempt == attempts:
@@ -131,12 +193,29 @@ def fetch(url: str, target: Path, size: int | None, *, timeout: float = 30.0, at
     return target
 
 
-def _md5(path: Path) -> str:
-    digest = hashlib.md5(usedforsecurity=False)
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    """Hex digest of the whole file (``sha256``, or ``md5`` for the digests COCO publishes)."""
+    digest = hashlib.new(algorithm, usedforsecurity=algorithm != "md5")
     with path.open("rb") as file:
         while chunk := file.read(CHUNK_BYTES):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def digest_problem(path: Path, *, sha256: str | None, md5: str | None = None) -> str | None:
+    """Compare ``path`` with its pinned SHA-256 (else the published MD5); -> the mismatch, or None.
+
+    With neither pinned, one warning line says so and gives the file's SHA-256, to compare with a trusted copy.
+    """
+    if sha256:
+        digest = file_digest(path)
+        return None if digest == sha256.lower() else f"SHA-256 {digest}, expected {sha256.lower()}"
+    if md5:
+        digest = file_digest(path, "md5")
+        return None if digest == md5 else f"MD5 {digest}, expected {md5}"
+    print(f"warning: {path.name}: no digest is pinned for this file, so only its size and zip CRCs are checked; "
+          f"its SHA-256 is {file_digest(path)}", file=sys.stderr)
+    return None
 
 
 def _zip_problem(path: Path) -> str | None:
@@ -154,27 +233,60 @@ def _zip_problem(path: Path) -> str | None:
 
 
 def verify(path: Path, archive: Archive, url: str) -> None:
-    """Size and MD5 where published, then the zip's own CRCs; a file that fails is deleted."""
+    """Size, then the pinned digest (:func:`digest_problem`), then the zip's own CRCs; a file that fails is deleted."""
     size = path.stat().st_size
-    problem = None
     if archive.exact_size and size != archive.size:
         problem = f"{size} bytes, expected {archive.size}"
-    elif archive.md5 and (digest := _md5(path)) != archive.md5:
-        problem = f"MD5 {digest}, expected {archive.md5}"
     else:
-        problem = _zip_problem(path)
+        problem = digest_problem(path, sha256=archive.sha256, md5=archive.md5) or _zip_problem(path)
     if problem:
         path.unlink()
         raise DownloadError(f"{path} (from {url}): {problem}; deleted it, run the command again to fetch it anew")
 
 
+def _copy_member(archive: zipfile.ZipFile, member: zipfile.ZipInfo, staging: Path, budget: list[int]) -> None:
+    """Write one member under ``staging``, counting its bytes against ``budget[0]`` as they are decompressed (the
+    sizes in a zip's directory are the archive's word, not a promise)."""
+    target = staging.joinpath(*PurePosixPath(member.filename).parts)  # member names were checked by _zip_problem
+    if member.is_dir():
+        target.mkdir(parents=True, exist_ok=True)
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with archive.open(member) as source, target.open("wb") as sink:
+        while chunk := source.read(CHUNK_BYTES):
+            budget[0] -= len(chunk)
+            if budget[0] < 0:
+                raise _ExtractionCap()
+            sink.write(chunk)
+
+
+def declared_size(archive: zipfile.ZipFile) -> int:
+    """The unpacked size the zip's directory declares (its word only: :func:`_copy_member` counts what comes)."""
+    return sum(member.file_size for member in archive.infolist())
+
+
+class _ExtractionCap(Exception):
+    """More bytes came out of the zip than :data:`EXTRACT_RATIO` allows."""
+
+
 def extract(path: Path, destination: Path, root: Path) -> None:
-    """Unpack ``path`` into ``destination`` all at once: into a temporary folder in ``root``, then rename."""
+    """Unpack ``path`` into ``destination`` all at once: into a temporary folder in ``root``, then rename.
+
+    At most :data:`EXTRACT_RATIO` times the zip's size is unpacked: the declared sizes are checked first, the bytes
+    actually decompressed while extracting.
+    """
+    limit = EXTRACT_RATIO * path.stat().st_size
     staging = Path(tempfile.mkdtemp(prefix=f".{path.stem}-", suffix=".extracting", dir=root))
     created = not destination.exists()
+    cap = (f"{path}: unpacks to more than {human_size(limit)} ({EXTRACT_RATIO}x its size), the most a dataset zip "
+           "may hold; not extracted (a zip bomb?)")
     try:
         with zipfile.ZipFile(path) as archive:
-            archive.extractall(staging)
+            if declared_size(archive) > limit:
+                raise DownloadError(cap)
+            budget = [limit]
+            for member in archive.infolist():
+                _copy_member(archive, member, staging, budget)
         entries = sorted(staging.iterdir())
         clashes = [entry.name for entry in entries if (destination / entry.name).exists()]
         if clashes:
@@ -182,6 +294,8 @@ def extract(path: Path, destination: Path, root: Path) -> None:
         destination.mkdir(parents=True, exist_ok=True)
         for entry in entries:  # renames within one filesystem: each entry appears whole or not at all
             entry.rename(destination / entry.name)
+    except _ExtractionCap:
+        raise DownloadError(cap) from None
     except (OSError, zipfile.BadZipFile) as error:
         if created and destination.is_dir() and not any(destination.iterdir()):
             destination.rmdir()
@@ -212,8 +326,11 @@ def prove(download: Download, root: Path, split: str) -> str:
 
 
 def download(dataset: str | Download, *, root: Path, split: str = "all", base_url: str | None = None,
-             timeout: float = 30.0, attempts: int = 3, retry_wait: float = 2.0) -> Path:
-    """Fetch, verify and extract what ``dataset`` still lacks under ``root``; returns the dataset folder."""
+             allow_http: bool = False, timeout: float = 30.0, attempts: int = 3, retry_wait: float = 2.0) -> Path:
+    """Fetch, verify and extract what ``dataset`` still lacks under ``root``; returns the dataset folder.
+
+    ``allow_http``: accept plain http URLs (a mirror, or COCO's own host); the digests are checked all the same.
+    """
     spec = DOWNLOADS[dataset] if isinstance(dataset, str) else dataset
     root.mkdir(parents=True, exist_ok=True)
     destination = root / spec.extract_to
@@ -221,10 +338,12 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
         convert(spec, destination)  # finishes what an interrupted run extracted but did not convert
     for archive in spec.missing(root, split):
         url = archive_url(archive, base_url)
+        check_transport(url, allow_http=allow_http)  # before saying "fetching"
         approx = "" if archive.exact_size else "about "
         print(f"{spec.name}: fetching {url} ({approx}{human_size(archive.size)}) into {root}")
         path = fetch(url, root / archive.filename, archive.size if archive.exact_size else None,
-                     timeout=timeout, attempts=attempts, retry_wait=retry_wait)
+                     max_bytes=archive.size * (1 if archive.exact_size else APPROXIMATE_SIZE_MARGIN),
+                     allow_http=allow_http, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
         verify(path, archive, url)
         extract(path, destination, root)
         path.unlink()  # the extracted files are what training reads; the zip would double the disk use

@@ -33,7 +33,10 @@ class OnnxBackend(Backend):
         providers = ["CPUExecutionProvider"]
         if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
             providers.insert(0, "CUDAExecutionProvider")
-        self.session = ort.InferenceSession(str(path), options, providers=providers)
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as error:  # onnxruntime's own types (InvalidProtobuf, Fail, ...), none a bug of ours
+            raise ValueError(f"{path}: not a loadable ONNX model ({_reason(error)})") from None
         info = decode_metadata(self.session.get_modelmeta().custom_metadata_map, source=str(path))
         super().__init__(info, nms)
         self.name = f"onnxruntime {info.precision}" + (" +nms" if info.nms else "")
@@ -48,3 +51,9 @@ class OnnxBackend(Backend):
         if self.info.dynamic:
             return tuple(run(images))
         return run_in_fixed_batches(run, images, self.info.batch)
+
+
+def _reason(error: BaseException) -> str:
+    """onnxruntime's message without its ``[ONNXRuntimeError] : 7 : INVALID_PROTOBUF :`` prefix, one line."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text.rsplit(" : ", 1)[-1][:200]

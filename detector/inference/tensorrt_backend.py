@@ -50,7 +50,10 @@ def write_engine_file(path: str | Path, info: ModelInfo, engine: bytes) -> Path:
 def read_engine_file(path: str | Path) -> tuple[ModelInfo, bytes]:
     """-> (metadata, serialized engine) from a file written by :func:`write_engine_file`."""
     data = Path(path).read_bytes()
-    (length,) = struct.unpack("<I", data[:4])
+    (length,) = struct.unpack("<I", data[:4]) if len(data) >= 4 else (len(data),)
+    if len(data) < 4 or 4 + length > len(data):  # a cut or foreign file: its header runs past its end
+        raise ValueError(f"{path}: not an engine file from export.py ({len(data)} bytes, "
+                         "shorter than the header it announces)")
     try:
         props = json.loads(data[4 : 4 + length].decode())
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -62,12 +65,12 @@ class TensorRTBackend(Backend):
     """Deserialises the engine once; each call binds torch CUDA buffers and runs on the current stream."""
 
     def __init__(self, path: str | Path, *, device: str = "cuda", nms: NMSConfig | None = None) -> None:
+        info, engine_bytes = read_engine_file(path)  # first: a broken file is named as such on any machine
         reason = tensorrt_missing(f"running {Path(path).name}")
         if reason is not None:
             raise RuntimeError(reason)
         import tensorrt as trt
 
-        info, engine_bytes = read_engine_file(path)
         super().__init__(info, nms)
         self.device = torch.device(device)
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))

@@ -12,6 +12,7 @@ import cv2
 import numpy as np
 import torch
 
+from detector.files import write_image
 from detector.plots.canvas import class_color
 
 MAX_GRID_SIDE = 1920  # pixels; tiles shrink so the whole grid stays under this
@@ -79,9 +80,7 @@ def _write_grid(tiles: list[np.ndarray], out_png: str | Path) -> Path:
         row, col = divmod(index, columns)
         top, left = row * (height + TILE_GAP), col * (width + TILE_GAP)
         grid[top : top + height, left : left + width] = tile
-    if not cv2.imwrite(str(out_png), cv2.cvtColor(grid, cv2.COLOR_RGB2BGR)):
-        raise OSError(f"{out_png}: could not write image")
-    return out_png
+    return write_image(out_png, cv2.cvtColor(grid, cv2.COLOR_RGB2BGR))  # atomic; raises OSError naming the file
 
 
 def _tile_scale(count: int, side: int, panels_per_image: int = 1) -> float:

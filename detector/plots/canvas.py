@@ -8,6 +8,7 @@ from a background thread is safe.
 from __future__ import annotations
 
 import colorsys
+import io
 import sys
 from pathlib import Path
 
@@ -20,6 +21,8 @@ if "matplotlib.pyplot" not in sys.modules:
 import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+
+from detector.files import write_atomically  # noqa: E402
 
 DPI = 100  # figure sizes below are in inches, so 100 dpi gives e.g. 1200 x 600 px for (12, 6)
 
@@ -65,10 +68,9 @@ def panel_grid(
 
 def save_figure(figure: Figure, out_png: str | Path) -> Path:
     """Write ``figure`` as PNG (creating the folder) and return the path."""
-    out_png = Path(out_png)
-    out_png.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out_png, dpi=DPI)
-    return out_png
+    buffer = io.BytesIO()
+    figure.savefig(buffer, dpi=DPI, format="png")
+    return write_atomically(out_png, buffer.getvalue())  # the figure appears whole or not at all
 
 
 def class_color(index: int) -> tuple[int, int, int]:

@@ -17,6 +17,7 @@ from torch import nn
 
 from detector.assigner import AssignedTargets
 from detector.distributed import unwrap
+from detector.files import write_text_atomically
 from detector.loss import DetectionLoss
 from detector.precision import Precision, fallback_chain
 from detector.training.engine import TrainStep
@@ -121,5 +122,5 @@ def amp_preflight(step: TrainStep, images: torch.Tensor, targets: torch.Tensor) 
 
 
 def save_preflight(result: PreflightResult, path: Path) -> None:
-    path.write_text(json.dumps({"requested": result.requested, "chosen": result.chosen,
+    write_text_atomically(path, json.dumps({"requested": result.requested, "chosen": result.chosen,
                                 "checks": [asdict(c) for c in result.checks]}, indent=2))

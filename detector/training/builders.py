@@ -12,7 +12,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint
+from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, load_matching, model_args
 from detector.data.augment import AugmentConfig
 from detector.data.batch_augment import resolve_pixel_augment
 from detector.data.build import SplitData, build_split
@@ -147,13 +147,10 @@ def build_model_from_weights(config: TrainConfig, num_classes: int, log) -> YOLO
     except CheckpointError:
         ours = None  # not one of ours: try the Ultralytics reader, which gives its own clear errors
     if ours is not None and "model_args" in ours:
-        scale = ours["model_args"]["scale"]
+        scale = model_args(ours, path)["scale"]
         model = build_model(num_classes=num_classes, scale=scale)
-        state = ours.get("ema") or ours["model"]
-        own = model.state_dict()
-        compatible = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
-        model.load_state_dict(compatible, strict=False)
-        log(f"weights: {len(compatible)}/{len(own)} tensors from {path} (scale {scale})")
+        copied, total = load_matching(model, ours.get("ema") or ours["model"], path)  # refuses under half
+        log(f"weights: {copied}/{total} tensors from {path} (scale {scale})")
         return model
     checkpoint = read_ultralytics_checkpoint(path)
     if checkpoint.scale != config.model:

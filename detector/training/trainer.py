@@ -36,7 +36,8 @@ from detector.metrics.loop import Validation
 from detector.model import build_model
 from detector.plots.reporter import RunReporter
 from detector.precision import Precision, resolve_precision, safest
-from detector.runs import append_results, next_run_dir
+from detector.files import write_text_atomically
+from detector.runs import append_results, claim_run_dir
 from detector.training.amp_check import amp_preflight, save_preflight
 from detector.training.budget import RunClock, RunSettings, TimeBudget
 from detector.training.builders import build_criterion, build_data, build_model_from_weights, build_optimization
@@ -153,10 +154,11 @@ class Trainer:
             raise CheckpointError(f"{self.resume_path}: run already finished all {self.epochs} epochs")
 
     def _make_run_dir(self, *, resuming: bool) -> Path:
-        run_dir = self.resume_path.parent.parent if resuming else next_run_dir(self.config.project, self.config.name)
-        if self.dist.is_main:
+        run_dir = None
+        if self.dist.is_main:  # rank 0 alone claims the folder (atomically: a run started beside it takes name2)
+            run_dir = self.resume_path.parent.parent if resuming else claim_run_dir(self.config.project, self.config.name)
             (run_dir / "weights").mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.yaml").write_text(yaml.safe_dump(self.config.to_dict(), sort_keys=False))
+            write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(self.config.to_dict(), sort_keys=False))
         return broadcast_from_main(run_dir, self.dist)  # the others would see rank 0's folder and pick name2
 
     # ------------------------------------------------------------------------------------- the run

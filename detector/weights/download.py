@@ -1,10 +1,11 @@
 """``python -m detector download yolov8n``: fetch pretrained weights into ``weights/``, check them, prove they load.
 
-The same downloader as the datasets (:func:`detector.data.download.fetch`): a progress bar, a
-``<file>.part`` that a cut transfer resumes with an HTTP ``Range`` request, and an atomic rename into
-place. Ultralytics publishes no checksums, so the checks are the exact size of the release asset
-(:mod:`detector.weights.catalog`) and a read through the restricted unpickler, which must find YOLOv8
-detection weights of the expected scale; a file that fails either is deleted.
+The same downloader as the datasets (:func:`detector.data.download.fetch`): https only (``--allow-http`` for
+a plain-http mirror), never more bytes than the file's exact size, a progress bar, a ``<file>.part`` that a cut
+transfer resumes with an HTTP ``Range`` request, and an atomic rename into place. The checks: the exact size
+and the SHA-256 pinned in :mod:`detector.weights.catalog` (of the whole file, resumed or not), then a read
+through the restricted unpickler, which must find YOLOv8 detection weights of the expected scale; a file that
+fails any of them is deleted. A file already in ``weights/`` is checked the same way.
 
 ``$DETECTOR_DOWNLOAD_URL`` (or ``base_url``) fetches from ``<base>/<file name>`` instead: a mirror, or a
 local server in the tests (the same variable the dataset downloads read).
@@ -16,7 +17,7 @@ import pickle
 from pathlib import Path
 
 from detector.data.catalog import human_size
-from detector.data.download import BASE_URL_ENV, DownloadError, fetch, mirrored_url
+from detector.data.download import BASE_URL_ENV, DownloadError, check_transport, digest_problem, fetch, mirrored_url
 from detector.weights.catalog import LICENCE_NOTE, PRETRAINED, PretrainedWeights
 from detector.weights.locate import WEIGHTS_DIR
 from detector.weights.ultralytics import read_ultralytics_checkpoint
@@ -25,11 +26,12 @@ __all__ = ["BASE_URL_ENV", "check_weights", "download_weights"]
 
 
 def check_weights(path: Path, weights: PretrainedWeights, url: str) -> str:
-    """Size, then a safe read of the file; returns a one-line summary. A file that fails is deleted."""
+    """Size, the pinned SHA-256, then a safe read of the file; returns a one-line summary. A file that fails is
+    deleted."""
     size = path.stat().st_size
-    if size != weights.size:
-        problem = f"{size} bytes, expected {weights.size} (no checksum is published: the size is the check)"
-    else:
+    problem = f"{size} bytes, expected {weights.size}" if size != weights.size else None
+    problem = problem or digest_problem(path, sha256=weights.sha256)  # the whole file, resumed or not
+    if problem is None:
         try:
             checkpoint = read_ultralytics_checkpoint(path)
             problem = None if checkpoint.scale == weights.scale else f"holds YOLOv8{checkpoint.scale} weights"
@@ -43,7 +45,7 @@ def check_weights(path: Path, weights: PretrainedWeights, url: str) -> str:
 
 
 def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path = WEIGHTS_DIR,
-                     base_url: str | None = None, timeout: float = 30.0, attempts: int = 3,
+                     base_url: str | None = None, allow_http: bool = False, timeout: float = 30.0, attempts: int = 3,
                      retry_wait: float = 2.0) -> Path:
     """Fetch ``weights`` (``"yolov8n"`` ... ``"yolov8x"``) into ``weights_dir`` unless it is there; check it; return
     its path. Raises :class:`DownloadError` (one line naming the URL or file)."""
@@ -54,9 +56,10 @@ def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path = WE
     if target.is_file():
         print(f"{spec.name}: already in {target}; checking it")
     else:
+        check_transport(url, allow_http=allow_http)  # before making the folder or saying "fetching"
         weights_dir.mkdir(parents=True, exist_ok=True)
         print(f"{spec.name}: fetching {url} ({human_size(spec.size)}) into {weights_dir}")
-        fetch(url, target, spec.size, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
+        fetch(url, target, spec.size, allow_http=allow_http, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
     name = spec.filename if weights_dir.resolve() == WEIGHTS_DIR.resolve() else target  # found by bare name?
     print(f"{spec.name}: ready in {target} ({check_weights(target, spec, url)}); "
           f"train from it: python train.py --weights {name} --data YOUR.yaml")

@@ -26,6 +26,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from detector.checkpoint import load_problem, refuse_on_old_torch
+
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
     """The checkpoint names a global that loading it would import and run."""
@@ -150,12 +152,18 @@ def load_checkpoint(path: str | Path) -> Any:
     Raises:
         UnsafeCheckpointError: the file names a global outside the allow-list, or is a TorchScript
             archive (``torch.load`` would hand it to ``torch.jit.load``, which runs its code).
+        CheckpointError: torch is older than :data:`detector.checkpoint.TORCH_FLOOR`.
+        ValueError: the file is empty, cut short or no ``torch.save`` file (one line naming it).
     """
     path = Path(path)
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
-            if any(Path(member).name == "constants.pkl" for member in archive.namelist()):
-                raise UnsafeCheckpointError(f"{path}: is a TorchScript archive, which would run code when loaded")
+    refuse_on_old_torch(path)
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                if any(Path(member).name == "constants.pkl" for member in archive.namelist()):
+                    raise UnsafeCheckpointError(f"{path}: is a TorchScript archive, which would run code when loaded")
+    except (zipfile.BadZipFile, OSError, EOFError) as error:  # looked like a zip but is not a readable one
+        raise ValueError(f"{path}: not a readable checkpoint ({error})") from None
 
     # torch.load subclasses ``pickle_module.Unpickler`` (to map storage types) and defers every other global to
     # our find_class, so the allow-list covers the whole file. A class attribute carries the name into messages.
@@ -167,7 +175,12 @@ def load_checkpoint(path: str | Path) -> Any:
 
     # torch.load reads ``__name__`` and uses ``Unpickler`` (zip format) or ``load`` (legacy format).
     pickle_module = types.SimpleNamespace(__name__=__name__, Unpickler=_NamedUnpickler, load=load_named)
-    return torch.load(path, map_location="cpu", weights_only=False, pickle_module=pickle_module)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False, pickle_module=pickle_module)
+    except UnsafeCheckpointError:
+        raise
+    except Exception as error:  # a truncated, empty or foreign file: torch raises many types, none a bug of ours
+        raise ValueError(f"{path}: {load_problem(error)}") from None
 
 
 def stand_in_state_dict(module: StandIn, prefix: str = "") -> dict[str, torch.Tensor]:

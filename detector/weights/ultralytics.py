@@ -128,7 +128,17 @@ def read_ultralytics_checkpoint(path: str | Path) -> UltralyticsCheckpoint:
             "only yolov8n/s/m/l/x detection weights are supported"
         )
 
-    state_dict = stand_in_state_dict(network)
+    try:
+        state_dict = stand_in_state_dict(network)
+    except TypeError as error:  # a layer pickled as something other than a module
+        raise ValueError(f"{path}: not a YOLOv8 detection model ({error})") from None
+    for key in ("model.0.conv.weight", "model.22.cv3.0.2.bias"):  # what the scale and the class count come from
+        if not isinstance(state_dict.get(key), torch.Tensor) or state_dict[key].ndim < 1:
+            raise ValueError(f"{path}: not YOLOv8 detection weights (no tensor {key})")
+    try:
+        detect_yolov8_scale(state_dict)
+    except ValueError as error:  # a custom width or depth: no scale of ours matches it
+        raise ValueError(f"{path}: {error}; only yolov8n/s/m/l/x detection weights are supported") from None
     num_classes = state_dict["model.22.cv3.0.2.bias"].shape[0]  # the tensors, not metadata, decide what loads
     names = _read_names(network.state.get("names"))
     return UltralyticsCheckpoint(path, state_dict, layer_types, num_classes, names, source)

@@ -8,7 +8,9 @@ Writes ``<project>/<name>/predictions.json`` (a list, one entry per image or vid
 from __future__ import annotations
 
 import json
+import os
 import sys
+from contextlib import nullcontext
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -23,7 +25,8 @@ from detector.data.spec import IMAGE_SUFFIXES
 from detector.device import resolve_device
 from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
 from detector.postprocess import NMSConfig
-from detector.runs import next_run_dir
+from detector.files import write_image, write_text_atomically
+from detector.runs import run_folder
 from detector.tuning import enlarge_onednn_cache
 from detector.options import Options, option
 
@@ -140,15 +143,21 @@ def predict(backend: Backend, source: Path, out_dir: Path | None, *, size: int, 
                 continue
             canvas = annotate(image, detections, names)
             if frame is None:
-                cv2.imwrite(str(out_dir / file), canvas)
+                write_image(out_dir / file, canvas)  # atomic; an image OpenCV cannot encode raises OSError
             else:
                 if writer is None:
                     path = out_dir / f"{Path(file).stem}.mp4"
-                    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, canvas.shape[1::-1])
+                    staged = path.with_name(f".{path.stem}.partial.mp4")  # OpenCV picks the container by suffix
+                    writer = cv2.VideoWriter(str(staged), cv2.VideoWriter_fourcc(*"mp4v"), fps, canvas.shape[1::-1])
+                    if not writer.isOpened():
+                        writer = None
+                        raise OSError(f"{path}: cannot write video (this OpenCV build has no mp4v encoder)")
                 writer.write(canvas)
     finally:
         if writer is not None:
             writer.release()
+    if writer is not None:
+        os.replace(staged, path)  # the video appears whole, once every frame is in
     return results
 
 
@@ -173,15 +182,13 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         warning = f"the graph has NMS inside at conf {baked.conf_threshold}; --conf {options.conf} cannot go lower"
         print(f"warning: {warning}", file=sys.stderr)
     size = input_size(backend, options.imgsz)
-    out_dir = None
-    if write or options.save:
-        out_dir = next_run_dir(options.project, options.name)
-        out_dir.mkdir(parents=True)
-    results = predict(backend, options.source, out_dir, size=size, save=options.save)
-    if out_dir is not None:
-        # One record per line: readable, diffable, and still a single JSON list.
-        records = [json.dumps(to_record(result)) for result in results]
-        (out_dir / "predictions.json").write_text("[\n" + ",\n".join(records) + "\n]\n")
+    # A failure inside removes the run folder it claimed: a failed predict leaves nothing behind.
+    with run_folder(options.project, options.name) if write or options.save else nullcontext() as out_dir:
+        results = predict(backend, options.source, out_dir, size=size, save=options.save)
+        if out_dir is not None:
+            # One record per line: readable, diffable, and still a single JSON list.
+            records = [json.dumps(to_record(result)) for result in results]
+            write_text_atomically(out_dir / "predictions.json", "[\n" + ",\n".join(records) + "\n]\n")
     where = f"; results in {out_dir}" if out_dir is not None else ""
     print(f"{backend.name} on {len(results)} images/frames at {size} px{where}")
     return results

@@ -33,7 +33,8 @@ from detector.model import image_size_problem
 from detector.plots.reporter import validation_report
 from detector.postprocess import NMSConfig
 from detector.precision import resolve_precision
-from detector.runs import next_run_dir
+from detector.files import write_text_atomically
+from detector.runs import run_folder
 from detector.tuning import enlarge_onednn_cache
 from detector.options import Options, option
 
@@ -96,29 +97,29 @@ def run_val(options: ValOptions) -> dict[str, float]:
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
                     multi_label=True)
     coco_eval = resolve_backend(options.coco_eval)
-    save_dir = next_run_dir(options.project, options.name)
-    save_dir.mkdir(parents=True)
-    print(f"val: {options.weights} on {spec.yaml_path.name} '{options.split}' ({len(split.records)} images), "
-          f"imgsz {image_size}, {device.type} {precision.name.upper()} ({precision.reason}), "
-          f"COCO eval {evaluator_name(coco_eval)}")
+    # A failure inside removes the run folder it claimed: a failed val leaves nothing behind.
+    with run_folder(options.project, options.name) as save_dir:
+        print(f"val: {options.weights} on {spec.yaml_path.name} '{options.split}' ({len(split.records)} images), "
+              f"imgsz {image_size}, {device.type} {precision.name.upper()} ({precision.reason}), "
+              f"COCO eval {evaluator_name(coco_eval)}")
 
-    loader = make_val_loader(split, batch_size=options.batch, workers=options.workers,
-                             cpu_compute=device.type == "cpu")
-    validation = run_validation(
-        make_torch_infer(model, precision=precision, nms=nms, device=device),
-        split,
-        loader,
-        results_json=save_dir / "predictions.json",
-        progress=sys.stderr.isatty(),
-        keep_predictions=True,
-        coco_eval=coco_eval,
-    )
-    result = validation.result
-    table = validation_report(validation, split, spec.names, plot_dir=save_dir if options.plots else None)
-    speed = 1000 * validation.seconds / max(validation.images, 1)
-    report = (f"{table}\n\n{result.evaluator}:\n{result.summary}\n\n"
-              f"Speed: {speed:.1f} ms/image (inference, NMS and {result.evaluator.split()[0]})")
-    (save_dir / "results.txt").write_text(report + "\n")
-    print(report)
-    print(f"Results saved to {save_dir}")
-    return dict(result.metrics)
+        loader = make_val_loader(split, batch_size=options.batch, workers=options.workers,
+                                 cpu_compute=device.type == "cpu")
+        validation = run_validation(
+            make_torch_infer(model, precision=precision, nms=nms, device=device),
+            split,
+            loader,
+            results_json=save_dir / "predictions.json",
+            progress=sys.stderr.isatty(),
+            keep_predictions=True,
+            coco_eval=coco_eval,
+        )
+        result = validation.result
+        table = validation_report(validation, split, spec.names, plot_dir=save_dir if options.plots else None)
+        speed = 1000 * validation.seconds / max(validation.images, 1)
+        report = (f"{table}\n\n{result.evaluator}:\n{result.summary}\n\n"
+                  f"Speed: {speed:.1f} ms/image (inference, NMS and {result.evaluator.split()[0]})")
+        write_text_atomically(save_dir / "results.txt", report + "\n")
+        print(report)
+        print(f"Results saved to {save_dir}")
+        return dict(result.metrics)

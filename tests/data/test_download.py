@@ -22,8 +22,8 @@ import pytest
 
 from detector.cli import download as download_command
 from detector.data import download as downloader
-from detector.data.catalog import DOWNLOADS
-from detector.data.download import DownloadError, download
+from detector.data.catalog import DOWNLOADS, Download
+from detector.data.download import DownloadError, _CheckedRedirects, check_transport, download
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import make_image, write_yolo_split
 from tests.conftest import voc_xml, write_voc_devkit
@@ -38,6 +38,8 @@ class Served:
     files: dict[str, bytes] = field(default_factory=dict)
     cut_first: bool = False  # close the first response to each file halfway through its body
     ignore_range: bool = False
+    no_length: bool = False  # send no Content-Length: the client cannot know the size in advance
+    redirects: dict[str, str] = field(default_factory=dict)  # name -> Location of a 302
     requests: list[tuple[str, str | None]] = field(default_factory=list)
 
 
@@ -47,6 +49,11 @@ def _handler(served: Served) -> type[BaseHTTPRequestHandler]:
             name = self.path.lstrip("/")
             first = all(path != name for path, _ in served.requests)
             served.requests.append((name, self.headers.get("Range")))
+            if name in served.redirects:
+                self.send_response(302)
+                self.send_header("Location", served.redirects[name])
+                self.end_headers()
+                return
             body = served.files.get(name)
             if body is None:
                 self.send_error(404)
@@ -61,7 +68,8 @@ def _handler(served: Served) -> type[BaseHTTPRequestHandler]:
                 self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
             else:
                 self.send_response(200)
-            self.send_header("Content-Length", str(len(body) - start))
+            if not served.no_length:
+                self.send_header("Content-Length", str(len(body) - start))
             self.end_headers()
             if served.cut_first and first:
                 self.wfile.write(body[start:start + len(body) // 2])
@@ -116,7 +124,8 @@ def corrupt_first_jpeg(body: bytes) -> tuple[bytes, str]:
 
 
 def fetch_options(base: str) -> dict:
-    return {"base_url": base, "timeout": TIMEOUT_S, "retry_wait": 0.0}
+    """The local server speaks plain http: allowed here, as ``--allow-http`` would."""
+    return {"base_url": base, "timeout": TIMEOUT_S, "retry_wait": 0.0, "allow_http": True}
 
 
 def assert_nothing_extracted(root: Path) -> None:
@@ -190,14 +199,14 @@ def test_failed_extraction_leaves_nothing_half_extracted(tmp_path: Path, server:
     served.files["coco128.zip"] = coco128_zip(tmp_path)
     calls = []
 
-    def fail_on_third(self: zipfile.ZipFile, member: object, path: object, pwd: object) -> str:
-        calls.append(member)
+    def fail_on_third(*args: object) -> None:
+        calls.append(args)
         if len(calls) == 3:
             raise OSError(28, "No space left on device")
-        return original(self, member, path, pwd)
+        return original(*args)
 
-    original = zipfile.ZipFile._extract_member  # what extractall calls for each member (CPython 3.10-3.13)
-    monkeypatch.setattr(zipfile.ZipFile, "_extract_member", fail_on_third)
+    original = downloader._copy_member  # what extract() calls for each member
+    monkeypatch.setattr(downloader, "_copy_member", fail_on_third)
     root = tmp_path / "datasets"
     with pytest.raises(DownloadError, match="No space left") as error:
         download("coco128", root=root, **fetch_options(base))
@@ -214,7 +223,7 @@ def test_unreachable_host_is_named_in_one_line(tmp_path: Path, capsys: pytest.Ca
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     monkeypatch.setenv(downloader.BASE_URL_ENV, f"http://127.0.0.1:{port}")
-    code = download_command.main(["coco128", "--datasets-dir", str(tmp_path / "datasets")])
+    code = download_command.main(["coco128", "--datasets-dir", str(tmp_path / "datasets"), "--allow-http"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1, lines
     assert f"http://127.0.0.1:{port}/coco128.zip" in lines[0] and "cannot connect" in lines[0]
@@ -291,7 +300,7 @@ def test_voc_downloads_converts_to_yolo_labels_and_loads(tmp_path: Path, server:
     served.files.update(voc_zips(tmp_path))
     monkeypatch.setenv(downloader.BASE_URL_ENV, base)
     root = tmp_path / "datasets"
-    assert download_command.main(["voc", "--datasets-dir", str(root)]) == 0
+    assert download_command.main(["voc", "--datasets-dir", str(root), "--allow-http"]) == 0
     folder = root / "VOC"
     assert sorted(p.name for p in root.iterdir()) == ["VOC"]  # no zip, no devkit, no staging folder left
     assert sorted(p.name for p in folder.iterdir()) == ["images", "labels"]
@@ -301,14 +310,16 @@ def test_voc_downloads_converts_to_yolo_labels_and_loads(tmp_path: Path, server:
     images = sorted(p.relative_to(folder / "images").as_posix() for p in (folder / "images").rglob("*.jpg"))
     assert images == sorted(label.replace(".txt", ".jpg") for label in VOC_LABELS)
     captured = capsys.readouterr()
-    warnings = [line for line in captured.err.splitlines() if line.startswith("warning:")]
+    unpinned = [line for line in captured.err.splitlines() if "no digest is pinned" in line]
+    assert len(unpinned) == 3 and all("its SHA-256 is" in line for line in unpinned)  # VOC has no pinned digest
+    warnings = [line for line in captured.err.splitlines() if line.startswith("warning:") and line not in unpinned]
     assert len(warnings) == 1 and "2008_000002.xml" in warnings[0] and "'unicorn'" in warnings[0]
     assert "VOC.yaml loads: 20 classes" in captured.out
     spec = load_dataset_spec("VOC.yaml", datasets_dir=root)
     assert [p.name for p in spec.train.images] == ["000005.jpg", "000007.jpg", "2008_000002.jpg"]
     assert [p.name for p in spec.val.images] == ["000001.jpg"]
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
-    assert download_command.main(["VOC", "--datasets-dir", str(root)]) == 0  # again: nothing to do
+    assert download_command.main(["VOC", "--datasets-dir", str(root), "--allow-http"]) == 0  # again: nothing to do
     assert len(served.requests) == 3 and {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before
 
 
@@ -329,8 +340,8 @@ def test_a_corrupt_voc_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_p
     served.files["VOCtrainval_06-Nov-2007.zip"], corrupted = corrupt_first_jpeg(served.files["VOCtrainval_06-Nov-2007.zip"])
     monkeypatch.setenv(downloader.BASE_URL_ENV, base)
     root = tmp_path / "datasets"
-    assert download_command.main(["voc", "--datasets-dir", str(root)]) == 1
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert download_command.main(["voc", "--datasets-dir", str(root), "--allow-http"]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "no digest is pinned" not in line]
     assert len(lines) == 1 and "CRC" in lines[0] and corrupted in lines[0], lines
     assert_nothing_extracted(root)
 
@@ -360,3 +371,99 @@ def test_a_conversion_that_fails_is_one_line_and_the_next_run_finishes_it(tmp_pa
     assert "\n" not in str(error.value) and (root / "VOC/VOCdevkit/VOC2007/ImageSets/Main/test.txt").is_file()
     download("voc", root=root, split="val", **fetch_options(base))  # converts the extracted devkit: no fetch
     assert len(served.requests) == 1 and (root / "VOC/labels/test2007/000001.txt").is_file()
+
+
+# ------------------------------------------------------------------------------------------------ trust
+def pinned_coco128(body: bytes, **changes: object) -> Download:
+    """coco128's catalogue entry with ``body``'s exact size and SHA-256 pinned (as the weights are)."""
+    fields = {"size": len(body), "exact_size": True, "sha256": hashlib.sha256(body).hexdigest(), **changes}
+    return replace(DOWNLOADS["coco128"], archives=(replace(DOWNLOADS["coco128"].archives[0], **fields),))
+
+
+def test_plain_http_is_refused_unless_allowed(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    served.files["coco128.zip"] = coco128_zip(tmp_path)
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError, match="plain http refused .* --allow-http") as error:
+        download("coco128", root=root, **{**fetch_options(base), "allow_http": False})
+    assert "\n" not in str(error.value) and served.requests == [] and not any(root.iterdir())
+    with pytest.raises(DownloadError, match="only https"):
+        check_transport("file:///etc/passwd")
+    check_transport("https://example.org/a.zip")  # accepted without a flag
+
+
+def test_a_redirect_to_another_scheme_is_not_followed(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    served.redirects["coco128.zip"] = "ftp://127.0.0.1/coco128.zip"
+    with pytest.raises(DownloadError, match="ftp://127.0.0.1/coco128.zip: only https"):
+        download("coco128", root=tmp_path / "datasets", **fetch_options(base))
+    redirects = _CheckedRedirects(allow_http=False)
+    with pytest.raises(DownloadError, match="plain http refused"):  # https -> http: the downgrade is refused
+        redirects.redirect_request(None, None, 302, "Found", {}, "http://mirror.example/coco128.zip")
+
+
+def test_a_pinned_sha256_that_differs_is_refused_and_the_file_deleted(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    body = coco128_zip(tmp_path)
+    served.files["coco128.zip"] = body
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError) as error:
+        download(pinned_coco128(body, sha256="0" * 64), root=root, **fetch_options(base))
+    assert f"SHA-256 {hashlib.sha256(body).hexdigest()}, expected {'0' * 64}" in str(error.value)
+    assert "deleted it" in str(error.value) and "\n" not in str(error.value)
+    assert_nothing_extracted(root)
+    download(pinned_coco128(body), root=root, **fetch_options(base))  # the right digest: fetched and extracted
+    assert sorted(p.name for p in root.iterdir()) == ["coco128"]
+
+
+def test_a_resumed_download_is_verified_as_a_whole(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    body = coco128_zip(tmp_path)
+    served.files["coco128.zip"] = body
+    root = tmp_path / "datasets"
+    root.mkdir()
+    (root / "coco128.zip.part").write_bytes(b"\0" * (len(body) // 2))  # a prefix that is not the file's
+    with pytest.raises(DownloadError, match="SHA-256 .* deleted it"):
+        download(pinned_coco128(body), root=root, **fetch_options(base))
+    assert served.requests == [("coco128.zip", f"bytes={len(body) // 2}-")]  # it was resumed, then refused whole
+    assert_nothing_extracted(root)
+
+
+@pytest.mark.parametrize("no_length", [False, True])
+def test_bytes_fetched_are_capped_also_without_a_content_length(tmp_path: Path, server: tuple[str, Served],
+                                                                no_length: bool):
+    base, served = server
+    body = coco128_zip(tmp_path)
+    served.files["coco128.zip"], served.no_length = body, no_length
+    approximate = len(body) // 5  # the catalogue's rough size; the cap is twice that, well under the body
+    dataset = replace(DOWNLOADS["coco128"], archives=(replace(DOWNLOADS["coco128"].archives[0], size=approximate),))
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError, match=f"more than {2 * approximate} bytes") as error:
+        download(dataset, root=root, **fetch_options(base))
+    assert "\n" not in str(error.value)
+    assert_nothing_extracted(root)
+
+
+def test_a_zip_bomb_is_not_extracted(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as bundle:
+        bundle.writestr("coco128/images/train2017/zeros.jpg", b"\0" * (20 << 20))  # 20 MB of zeros: ~20 kB zipped
+    body = buffer.getvalue()
+    served.files["coco128.zip"] = body
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError, match=f"more than .* \\({downloader.EXTRACT_RATIO}x its size\\).*zip bomb"):
+        download(pinned_coco128(body), root=root, **fetch_options(base))
+    assert sorted(p.name for p in root.iterdir()) == ["coco128.zip"]  # verified zip kept, nothing unpacked
+
+
+def test_extraction_counts_the_bytes_it_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The declared sizes can lie; the bytes decompressed are what the cap counts."""
+    zipped = tmp_path / "a.zip"
+    zipped.write_bytes(coco128_zip(tmp_path))
+    declared = downloader.declared_size(zipfile.ZipFile(zipped))
+    monkeypatch.setattr(downloader, "declared_size", lambda archive: 0)  # a directory that claims nothing
+    monkeypatch.setattr(downloader, "EXTRACT_RATIO", declared / 2 / zipped.stat().st_size)
+    with pytest.raises(DownloadError, match="zip bomb"):
+        downloader.extract(zipped, tmp_path / "out", tmp_path)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".a-*"))

@@ -58,3 +58,55 @@ def test_image_unreadable_while_filling_is_left_to_the_dataset(dataset: Detectio
     assert dataset.image_cache.unreadable.tolist() == [False, False, True, False, False]
     with pytest.warns(UserWarning, match="2.png: failed to decode"):
         assert dataset[2][2].unreadable.endswith("2.png")
+
+
+def _shared(dataset, monkeypatch, tmp_path, run_id: str):
+    """Local rank 0 and 1 of a two-process node, with the temporary folder under ``tmp_path`` and room to cache."""
+    monkeypatch.setattr(ram_cache.tempfile, "gettempdir", lambda: str(tmp_path))
+    common = dict(mode="ram", local_world_size=2, run_id=run_id)
+    path = ram_cache.shared_cache_path(dataset.records, 48, run_id)
+    return path, (lambda: ram_cache.build_image_cache(dataset.records, 48, _load(dataset), local_rank=0, **common),
+                  lambda: ram_cache.build_image_cache(dataset.records, 48, _load(dataset), local_rank=1, **common))
+
+
+def test_the_shared_file_sits_in_a_private_folder(dataset, monkeypatch, tmp_path):
+    import os
+    import stat
+
+    path, (rank0, rank1) = _shared(dataset, monkeypatch, tmp_path, "private")
+    first = rank0()
+    assert path.parent.parent == tmp_path and str(os.getuid()) in path.parent.name
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert rank1() is not None
+    first.release_name()
+    assert not path.parent.exists()  # the folder goes with the name
+
+
+def test_a_symlink_in_place_of_the_folder_or_the_file_is_refused(dataset, monkeypatch, tmp_path):
+    elsewhere = tmp_path / "attacker"
+    elsewhere.mkdir()
+    path, (rank0, rank1) = _shared(dataset, monkeypatch, tmp_path, "planted")
+    path.parent.symlink_to(elsewhere, target_is_directory=True)  # planted before the run: the predictable name
+    with pytest.warns(UserWarning, match="is a symlink, not a folder; not caching"):
+        assert rank0() is None
+    assert rank1() is None and not any(elsewhere.iterdir())  # nothing written into, or read from, the target
+    path.parent.unlink()
+
+    path, (rank0, rank1) = _shared(dataset, monkeypatch, tmp_path, "file-link")
+    first = rank0()
+    path.unlink()
+    (elsewhere / "decoy.u8").write_bytes(b"\0" * first.nbytes)
+    path.symlink_to(elsewhere / "decoy.u8")  # the file's name now points elsewhere: O_NOFOLLOW refuses it
+    with pytest.warns(UserWarning, match="not opened"):
+        assert rank1() is None
+
+
+def test_a_folder_that_is_not_private_is_not_used(dataset, monkeypatch, tmp_path):
+    path, (rank0, rank1) = _shared(dataset, monkeypatch, tmp_path, "open-folder")
+    path.parent.mkdir(mode=0o755)
+    path.parent.chmod(0o755)
+    with pytest.warns(UserWarning, match="has mode 755, not 700"):
+        assert rank0() is None
+    assert rank1() is None
+    path.parent.chmod(0o700)  # a folder of ours left by a crashed run, private: reused
+    assert rank0() is not None and rank1() is not None

@@ -10,7 +10,7 @@ import torch
 
 from detector.model.metadata import ModelInfo
 from detector.exporting.parity import synthetic_images
-from detector.inference.tensorrt_backend import tensorrt_missing
+from detector.inference.tensorrt_backend import tensorrt_missing, write_engine_file
 from detector.inference import load_backend, prepare_batch, to_original_pixels
 from detector.inference.onnx_backend import OnnxBackend
 from detector.inference.torch_backend import TorchBackend
@@ -33,9 +33,28 @@ def test_suffix_picks_the_runtime(checkpoint: Path, onnx_fp32: Path, tmp_path: P
 
 @pytest.mark.skipif(tensorrt_missing() is None, reason="TensorRT and a GPU are present")
 def test_engine_without_tensorrt_says_why(tmp_path: Path) -> None:
-    (tmp_path / "m.engine").write_bytes(b"\x00" * 8)
+    info = ModelInfo(names=["a"], strides=(8, 16, 32), imgsz=IMGSZ, dynamic=False)
+    write_engine_file(tmp_path / "m.engine", info, b"\x00" * 8)  # a well-formed file: only TensorRT is missing
     with pytest.raises(RuntimeError, match="needs"):
         load_backend(tmp_path / "m.engine")
+
+
+@pytest.mark.parametrize("name, content, problem", [
+    ("m.engine", b"ab", "not an engine file from export.py \\(2 bytes"),
+    ("m.engine", b"", "not an engine file from export.py \\(0 bytes"),
+    ("m.engine", b"\xff\xff\x00\x00{}", "shorter than the header"),
+    ("m.engine", b"\x02\x00\x00\x00{}", "missing or malformed detector metadata"),
+    ("m.onnx", b"not a protobuf at all", "not a loadable ONNX model"),
+    ("m.onnx", b"", "not a loadable ONNX model"),
+    ("m.pt", b"", "empty or cut short"),
+])
+def test_a_broken_model_file_is_one_line_naming_it(tmp_path: Path, name: str, content: bytes, problem: str) -> None:
+    if name.endswith(".onnx"):
+        pytest.importorskip("onnxruntime", reason="the ONNX backend needs onnxruntime")
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(ValueError, match=problem) as refused:  # CheckpointError is a ValueError too
+        load_backend(tmp_path / name)
+    assert str(refused.value).startswith(str(tmp_path / name)) and "\n" not in str(refused.value)
 
 
 def test_onnx_and_pytorch_give_the_same_detections(model: YOLO, checkpoint: Path, onnx_fp32: Path) -> None:

@@ -50,10 +50,13 @@ class _UltralyticsPathPickler(pickle._Pickler):  # the Python pickler: its save_
         super().save_global(obj, name)
 
 
-def yolov8_lookalike_bytes(scale: str = "n", num_classes: int = 80, seed: int = 0) -> bytes:
-    """``torch.save`` bytes of ``{"model": <FP16 DetectionModel>, "ema": None, ...}`` with random weights."""
+def yolov8_lookalike_bytes(scale: str = "n", num_classes: int = 80, seed: int = 0, stem_width: int | None = None) -> bytes:
+    """``torch.save`` bytes of ``{"model": <FP16 DetectionModel>, "ema": None, ...}`` with random weights;
+    ``stem_width`` gives the first conv another width (a custom YOLOv8 that is none of n/s/m/l/x)."""
     torch.manual_seed(seed)
     ours = build_model(num_classes=num_classes, scale=scale)
+    if stem_width is not None:
+        ours.stem.conv.weight = nn.Parameter(torch.zeros(stem_width, *ours.stem.conv.weight.shape[1:]))
     parameter_free = {"Upsample": lambda: nn.Upsample(scale_factor=2.0), "Concat": Concat}
     layers = [getattr(ours, attribute) if attribute else parameter_free[kind]() for kind, attribute in YOLOV8_LAYERS]
     network = DetectionModel()

@@ -7,6 +7,7 @@ swapped for its size. Nothing can hang: 5 s socket timeouts, the server thread j
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from pathlib import Path
 
@@ -17,12 +18,18 @@ from detector.cli import download as download_command
 from detector.data import download as downloader
 from detector.data.download import DownloadError
 from detector.weights import resolve_weights
-from detector.weights.catalog import PRETRAINED
+from detector.weights.catalog import PRETRAINED, PretrainedWeights
 from detector.weights.download import download_weights
 from tests.data.test_download import TIMEOUT_S, Served, server  # noqa: F401 - the fixture, shared
 from tests.weights.lookalike import yolov8_lookalike_bytes
 
-OPTIONS = {"timeout": TIMEOUT_S, "retry_wait": 0.0}
+OPTIONS = {"timeout": TIMEOUT_S, "retry_wait": 0.0, "allow_http": True}  # the local server speaks plain http
+
+
+def pinned(content: bytes, **changes: object) -> PretrainedWeights:
+    """yolov8n's catalogue entry with the size and SHA-256 of ``content`` (what the local server holds)."""
+    fields = {"size": len(content), "sha256": hashlib.sha256(content).hexdigest(), **changes}
+    return dataclasses.replace(PRETRAINED["yolov8n"], **fields)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +41,7 @@ def body() -> bytes:
 def served_weights(server: tuple[str, Served], body: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Served]:
     base, served = server
     served.files["yolov8n.pt"] = body
-    monkeypatch.setitem(PRETRAINED, "yolov8n", dataclasses.replace(PRETRAINED["yolov8n"], size=len(body)))
+    monkeypatch.setitem(PRETRAINED, "yolov8n", pinned(body))
     monkeypatch.setenv(downloader.BASE_URL_ENV, base)
     return base, served
 
@@ -43,14 +50,14 @@ def test_the_command_fetches_checks_and_names_the_licence(tmp_path: Path, served
                                                           body: bytes, capsys: pytest.CaptureFixture):
     base, served = served_weights
     folder = tmp_path / "weights"
-    assert download_command.main(["YOLOv8n.pt", "--weights-dir", str(folder)]) == 0
+    assert download_command.main(["YOLOv8n.pt", "--weights-dir", str(folder), "--allow-http"]) == 0
     assert sorted(p.name for p in folder.iterdir()) == ["yolov8n.pt"]  # no .part left behind
     assert (folder / "yolov8n.pt").read_bytes() == body and served.requests == [("yolov8n.pt", None)]
     out = capsys.readouterr().out
     assert "AGPL-3.0" in out and "never imports Ultralytics" in out
     assert f"fetching {base}/yolov8n.pt" in out and "loads: YOLOv8n, 80 classes, 355 tensors" in out
     assert resolve_weights("yolov8n.pt", weights_dir=folder) == folder / "yolov8n.pt"
-    assert download_command.main(["yolov8n", "--weights-dir", str(folder)]) == 0  # again: checked, not fetched
+    assert download_command.main(["yolov8n", "--weights-dir", str(folder), "--allow-http"]) == 0  # again: checked, not fetched
     assert len(served.requests) == 1 and "already in" in capsys.readouterr().out
 
 
@@ -72,7 +79,7 @@ def test_a_cut_transfer_leaves_only_the_part_file_and_the_next_run_resumes_it(
 
 def test_a_file_of_another_size_is_refused_before_it_is_fetched(tmp_path: Path, served_weights: tuple[str, Served],
                                                                  body: bytes, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setitem(PRETRAINED, "yolov8n", dataclasses.replace(PRETRAINED["yolov8n"], size=len(body) + 1))
+    monkeypatch.setitem(PRETRAINED, "yolov8n", pinned(body, size=len(body) + 1))
     folder = tmp_path / "weights"
     with pytest.raises(DownloadError) as error:
         download_weights("yolov8n", weights_dir=folder, **OPTIONS)
@@ -100,7 +107,7 @@ def test_a_file_that_does_not_load_as_the_expected_weights_is_deleted(kind: str,
     else:
         content = yolov8_lookalike_bytes("s")
     served.files["yolov8n.pt"] = content
-    monkeypatch.setitem(PRETRAINED, "yolov8n", dataclasses.replace(PRETRAINED["yolov8n"], size=len(content)))
+    monkeypatch.setitem(PRETRAINED, "yolov8n", pinned(content))
     folder = tmp_path / "weights"
     expected = {"junk": "does not load", "hostile": "refuses to load global", "yolov8s": "holds YOLOv8s weights"}[kind]
     with pytest.raises(DownloadError, match=expected) as error:
@@ -117,8 +124,23 @@ def test_missing_catalogued_weights_name_the_download_command(tmp_path: Path, mo
     assert "\n" not in str(error.value)
 
 
-def test_help_says_there_are_no_checksums(capsys: pytest.CaptureFixture):
+def test_help_names_the_checks_and_the_http_flag(capsys: pytest.CaptureFixture):
     with pytest.raises(SystemExit):
         download_command.main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "yolov8n" in out and "no checksums" in out and "AGPL-3.0" in out
+    assert "yolov8n" in out and "SHA-256" in out and "--allow-http" in out and "AGPL-3.0" in out
+
+
+def test_a_file_of_the_right_size_but_another_sha256_is_deleted(tmp_path: Path, served_weights: tuple[str, Served],
+                                                                 body: bytes, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setitem(PRETRAINED, "yolov8n", pinned(body, sha256="f" * 64))
+    folder = tmp_path / "weights"
+    with pytest.raises(DownloadError, match=f"SHA-256 {hashlib.sha256(body).hexdigest()}, expected {'f' * 64}"):
+        download_weights("yolov8n", weights_dir=folder, **OPTIONS)
+    assert not any(folder.iterdir())
+
+
+def test_every_catalogued_file_is_pinned_and_fetched_over_https():
+    for weights in PRETRAINED.values():
+        assert len(weights.sha256) == 64 and int(weights.sha256, 16) >= 0 and weights.size > 1_000_000
+        assert weights.url.startswith("https://") and weights.url.endswith(f"/{weights.filename}")

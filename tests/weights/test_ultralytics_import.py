@@ -27,6 +27,7 @@ from detector.weights import (
     resolve_weights,
 )
 from tests.tolerances import FP32_EPS, assert_same_detections, fp32_tolerance
+from tests.weights.lookalike import yolov8_lookalike_bytes
 
 os.environ.setdefault("YOLO_OFFLINE", "1")  # read by ultralytics at import: never reach the network
 
@@ -304,3 +305,17 @@ def test_exported_onnx_matches_ultralytics(saved_checkpoint, tmp_path: Path) -> 
     # Detections after NMS are not compared here: this random-weight model's boxes and scores are full of
     # near-ties, and ~1e-7 differences reorder them, so NMS keeps different but equivalent boxes. The
     # PyTorch-model test above compares NMS output where both sides are bit-identical.
+
+
+@pytest.mark.parametrize("content, problem", [
+    ("custom-width", "unrecognised YOLOv8 size: stem width 24"),
+    ("empty", "empty or cut short"),
+    ("cut", "custom.pt"),
+])
+def test_weights_without_a_scale_or_cut_short_are_one_line(tmp_path: Path, content: str, problem: str) -> None:
+    path = tmp_path / "custom.pt"
+    whole = yolov8_lookalike_bytes("n", stem_width=24)
+    path.write_bytes({"custom-width": whole, "empty": b"", "cut": whole[: len(whole) // 2]}[content])
+    with pytest.raises(ValueError, match=problem) as refused:
+        read_ultralytics_checkpoint(path)
+    assert str(refused.value).startswith(str(path)) and "\n" not in str(refused.value)

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from detector.workflows.predict import input_size, iterate_source, to_record
+from detector.workflows.predict import PredictOptions, input_size, iterate_source, run_predict, to_record
 
 
 def test_to_record_rounds_for_json() -> None:
@@ -36,3 +36,12 @@ def test_input_size_follows_the_model() -> None:
     assert input_size(dynamic, 640) == 640
     with pytest.raises(ValueError, match="--imgsz must be a multiple of 32; got 100"):
         input_size(dynamic, 100)
+
+
+def test_a_failed_predict_leaves_no_run_folder(checkpoint: Path, tmp_path: Path) -> None:
+    (tmp_path / "clip.mp4").write_bytes(b"not a video")
+    project = tmp_path / "runs" / "predict"
+    options = PredictOptions(weights=checkpoint, source=tmp_path / "clip.mp4", project=project, device="cpu")
+    with pytest.raises(FileNotFoundError, match="cannot open video"):
+        run_predict(options)
+    assert not project.exists()

@@ -1,0 +1,39 @@
+"""The one atomic writer: bytes, text and images appear whole or not at all; a failed image write raises."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from detector.files import atomic_file, write_image, write_text_atomically
+
+
+def test_an_error_inside_the_block_keeps_the_old_file(tmp_path: Path) -> None:
+    path = write_text_atomically(tmp_path / "results.txt", "old\n")
+    with pytest.raises(RuntimeError), atomic_file(path) as file:
+        file.write(b"new and half")
+        raise RuntimeError("disk went away")
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["results.txt"]
+
+
+def test_images_are_encoded_by_suffix_and_written_whole(tmp_path: Path) -> None:
+    image = np.zeros((8, 12, 3), np.uint8)
+    image[2:5, 3:9] = (0, 0, 255)
+    for suffix in (".png", ".jpg"):
+        written = write_image(tmp_path / f"a{suffix}", image)
+        read = cv2.imread(str(written))
+        assert read.shape == (8, 12, 3)
+    assert np.array_equal(cv2.imread(str(tmp_path / "a.png")), image)  # PNG is lossless
+
+
+@pytest.mark.parametrize("name, image", [
+    ("a.unknown-format", np.zeros((4, 4, 3), np.uint8)),
+    ("empty.png", np.zeros((0, 0, 3), np.uint8)),
+])
+def test_an_image_that_cannot_be_written_raises_naming_the_file(tmp_path: Path, name: str, image) -> None:
+    with pytest.raises(OSError, match=name) as failed:
+        write_image(tmp_path / name, image)
+    assert "\n" not in str(failed.value) and not any(tmp_path.iterdir())
