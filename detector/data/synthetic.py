@@ -3,7 +3,7 @@
 Deterministic (fixed seed) and generated, not downloaded: the shipped ``shapes.yaml`` says ``generate: shapes``,
 so the first command that reads it (``detector train``, ``--data shapes``) writes 512 train / 128 val images in
 YOLO format into ``<datasets root>/shapes`` (detector/data/catalog.py: a checkout's ``datasets/``, else the
-user's data folder), about 10 s and 20 MB. Boxes are the exact extents of the drawn shapes.
+user's data folder), about 10 s and 40 MB. Boxes are the exact extents of the drawn shapes.
 """
 
 from __future__ import annotations
