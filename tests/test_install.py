@@ -2,13 +2,15 @@
 
 Builds the wheel from a copy of the source (so the checkout gets no ``build/``), installs it with
 ``pip install --target`` into a folder of its own, and runs the installed ``detector`` from an empty working
-folder: ``train --data shapes`` (the built-in set, generated into the user's data folder), then ``val`` on the
-run's best.pt. The installed tree is hashed before and after: byte for byte the same.
+folder: ``train --data shapes`` (the built-in set, generated into the user's data folder), then ``val``,
+``predict`` and (with the export extra) ``export`` on the run's best.pt. The installed tree is hashed before
+and after: byte for byte the same.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -77,6 +79,14 @@ def test_the_installed_package_trains_from_another_folder_and_stays_unchanged(in
                  work, env, RUN_TIMEOUT)
     assert "IoU=0.50:0.95" in result.stdout and (work / "runs" / "val" / "exp").is_dir()
     assert "generating" not in result.stdout  # the set made by train is found, not made again
+    image = sorted((shapes / "images" / "val").glob("*.jpg"))[0]
+    run([sys.executable, "-m", "detector", "predict", "--weights", str(best), "--source", str(image), "--save",
+         "--device", "cpu"], work, env, RUN_TIMEOUT)
+    assert (work / "runs" / "predict" / "exp" / image.name).is_file()
+    if importlib.util.find_spec("onnx") and importlib.util.find_spec("onnxruntime"):  # the export extra
+        run([sys.executable, "-m", "detector", "export", "--weights", str(best), "--device", "cpu"], work, env,
+            RUN_TIMEOUT)
+        assert best.with_suffix(".onnx").is_file()
     assert str(installed) in run([sys.executable, "-c", "import detector; print(detector.__file__)"],
                                  work, env, RUN_TIMEOUT).stdout  # it ran the installed copy, not the checkout
     assert tree_digest(installed) == before
