@@ -145,7 +145,11 @@ def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> t
     if (generator := raw.get("generate")) is not None:  # the built-in set: generated, never downloaded
         if generator != "shapes":
             raise DatasetError(f"{source}: 'generate' can only be 'shapes' (the built-in set), got {generator!r}")
-        write_shapes(root)
+        try:
+            write_shapes(root)
+        except OSError as error:  # a read-only or full datasets root: say where, and how to choose another
+            raise DatasetError(f"{source}: cannot generate the built-in set into {root} ({error.strerror or error}); "
+                               f"choose another datasets root with --datasets-dir or ${DATASETS_ENV}") from None
     hint = download_hint(root, base.resolve()) if in_datasets else ""
     if not root.is_dir():
         where = f" (datasets root {base}, set by --datasets-dir or ${DATASETS_ENV})" if in_datasets else ""

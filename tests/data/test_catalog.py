@@ -58,6 +58,13 @@ def test_shipped_shapes_yaml_generates_the_set_into_the_datasets_root(tmp_path: 
     assert all(Path(image).is_relative_to(tmp_path / "root" / "shapes") for image in spec.train.images)
 
 
+def test_a_datasets_root_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "file").write_text("")  # a file where the root's folder would go: no user can create it
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path / "file" / "root"))
+    with pytest.raises(DatasetError, match=r"shapes.yaml: cannot generate the built-in set into .*--datasets-dir"):
+        load_dataset_spec("shapes")
+
+
 def test_generate_names_only_the_builtin_set(tmp_path: Path):
     (tmp_path / "odd.yaml").write_text("path: .\ngenerate: coco\ntrain: a\nval: a\nnames: [x]\n")
     with pytest.raises(DatasetError, match=r"odd.yaml: 'generate' can only be 'shapes'"):
