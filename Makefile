@@ -26,4 +26,4 @@ test: $(VENV)/.dev  ## run the test suite
 	$(PY) -m pytest tests $(ARGS)
 
 clean:
-	rm -rf $(VENV) runs data/shapes data/shapes.yaml
+	rm -rf $(VENV) runs datasets/shapes

@@ -1,5 +1,6 @@
 """``python -m detector download NAME``: fetch a dataset into the datasets root (detector/data/download.py), or
-pretrained weights into ``weights/`` (detector/weights/download.py)."""
+pretrained weights into the weights folder (detector/weights/download.py); both default to the data folder of
+detector/paths.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from detector.cli.errors import run_command
 from detector.data.catalog import DOWNLOADS, datasets_root
 from detector.data.download import download
 from detector.weights.catalog import PRETRAINED, pretrained_name
-from detector.weights.locate import WEIGHTS_DIR
+from detector.paths import HOME_ENV, default_weights_dir
 
 
 def _name(text: str) -> str:
@@ -21,7 +22,7 @@ def _name(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m detector download",
-        description="Fetch a dataset into the datasets root, or Ultralytics' YOLOv8 detection weights into weights/ "
+        description="Fetch a dataset into the datasets root, or Ultralytics' YOLOv8 detection weights into the weights folder "
                     "(explicit: nothing in detector downloads by itself).",
         epilog="Every file is fetched over https (see --allow-http), capped in bytes fetched and unpacked, and checked "
                "against the SHA-256 pinned in detector's catalog (COCO: its published MD5; coco128 and VOC have none "
@@ -34,10 +35,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", choices=("all", "val"), default="all",
                         help="datasets: val: only what the val split needs "
                              "(COCO: annotations + val2017, 1.1 GB; VOC: the 2007 test zip)")
-    parser.add_argument("--datasets-dir", default="", help="datasets root; default $DETECTOR_DATASETS, else ./datasets")
-    parser.add_argument("--weights-dir", type=Path, default=WEIGHTS_DIR,
-                        help="weights: folder to write into (default: the repository's weights/, where "
-                             "--weights yolov8n.pt looks)")
+    parser.add_argument("--datasets-dir", default="",
+                        help=f"datasets root; default $DETECTOR_DATASETS, else ${HOME_ENV}/datasets (in a checkout: "
+                             f"its datasets/; installed: ~/.local/share/detector/datasets)")
+    parser.add_argument("--weights-dir", type=Path, default=None,
+                        help=f"weights: folder to write into; default where --weights yolov8n.pt looks: "
+                             f"${HOME_ENV}/weights (in a checkout: its weights/; installed: "
+                             f"~/.local/share/detector/weights)")
     parser.add_argument("--allow-http", action="store_true",
                         help="accept plain http URLs (COCO's own host, or an http mirror); digests are checked all the "
                              "same (default: https only)")
@@ -47,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def fetch(args: argparse.Namespace) -> None:
     """Download what ``args.name`` names: weights into ``--weights-dir``, a dataset into the datasets root."""
     weights = args.name in PRETRAINED
-    where = args.weights_dir if weights else datasets_root(args.datasets_dir or None)
+    where = (args.weights_dir or default_weights_dir()) if weights else datasets_root(args.datasets_dir or None)
     try:
         if weights:
             from detector.weights.download import download_weights  # imports torch: only for weights

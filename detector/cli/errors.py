@@ -13,6 +13,7 @@ from detector.checkpoint import CheckpointError
 from detector.cli import FAILED, INTERRUPTED, OK
 from detector.data.download import DownloadError
 from detector.data.spec import DatasetError
+from detector.extras import MissingExtra
 
 # What a user can act on: a file, a flag value, a dataset, a download, a diverged run, a failed export check.
 # Each is raised with a message that names the file or the flag, so the message is all the user needs; anything
@@ -23,6 +24,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     DownloadError,
     FileNotFoundError,
     FloatingPointError,
+    MissingExtra,  # an optional package: the line names the extra that installs it
     RuntimeError,  # export's parity check and missing TensorRT, predict's runtimes
     ValueError,
     pickle.UnpicklingError,

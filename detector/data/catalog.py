@@ -4,8 +4,9 @@
   top-level ``data/`` folder; a non-editable install copies them to ``detector/datasets/`` (see pyproject.toml).
 * ``--data NAME`` is a path first, then a shipped YAML (``coco`` and ``coco.yaml`` both work; case does
   not matter, so ``voc``, ``VOC`` and ``VOC.yaml`` all name ``VOC.yaml``).
-* The datasets root holds downloaded datasets: ``--datasets-dir``, else ``$DETECTOR_DATASETS``, else
-  ``./datasets`` in the working directory (Ultralytics' ``datasets_dir`` convention).
+* The datasets root holds downloaded datasets and the generated built-in one: ``--datasets-dir``, else
+  ``$DETECTOR_DATASETS``, else ``datasets/`` in the data folder (:func:`detector.paths.data_home`: a
+  checkout's own folder, else ``$DETECTOR_HOME`` or ``~/.local/share/detector``), never the installed package.
 
 No network code here: :mod:`detector.data.download` does the fetching; this module only describes it,
 so the loader can say in one line what is missing and which command fetches it.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from detector.data.voc import convert_voc
+from detector.paths import default_datasets_dir
 
 DATASETS_ENV = "DETECTOR_DATASETS"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -56,7 +58,7 @@ def resolve_data_yaml(name: str | Path) -> Path:
 
 def datasets_root(explicit: str | Path | None = None) -> Path:
     """The folder that ``relative_to: datasets`` YAMLs resolve their ``path`` against (absolute)."""
-    chosen = explicit or os.environ.get(DATASETS_ENV) or Path.cwd() / "datasets"
+    chosen = explicit or os.environ.get(DATASETS_ENV) or default_datasets_dir()
     return Path(chosen).expanduser().absolute()
 
 

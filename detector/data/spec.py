@@ -13,7 +13,8 @@ and COCO-JSON datasets, where a split is a mapping naming the JSON and the image
 
 ``relative_to: datasets`` makes a relative ``path`` resolve against the datasets root instead of the
 YAML's folder (the shipped YAMLs do this; see :mod:`detector.data.catalog`). ``yaml_path`` may also be
-the name of a shipped YAML (``coco``, ``coco.yaml``).
+the name of a shipped YAML (``coco``, ``coco.yaml``). ``generate: shapes`` (the shipped ``shapes.yaml``) makes
+the built-in synthetic set in ``path`` first, if it is not there (:mod:`detector.data.synthetic`).
 
 YAMLs are read with ``yaml.safe_load``; a ``download:`` entry is never executed.
 """
@@ -34,6 +35,7 @@ from detector.data.catalog import (
     shipped_yaml_dir,
     shipped_yaml_names,
 )
+from detector.data.synthetic import write_shapes
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
 
@@ -177,6 +179,14 @@ def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> t
     base = datasets_root(datasets_dir) if in_datasets else source.parent
     root = Path(_text(raw.get("path") or ".", source, "path"))
     root = (root if root.is_absolute() else base / root).resolve()
+    if (generator := raw.get("generate")) is not None:  # the built-in set: generated, never downloaded
+        if generator != "shapes":
+            raise DatasetError(f"{source}: 'generate' can only be 'shapes' (the built-in set), got {generator!r}")
+        try:
+            write_shapes(root)
+        except OSError as error:  # a read-only or full datasets root: say where, and how to choose another
+            raise DatasetError(f"{source}: cannot generate the built-in set into {root} ({error.strerror or error}); "
+                               f"choose another datasets root with --datasets-dir or ${DATASETS_ENV}") from None
     hint = download_hint(root, base.resolve()) if in_datasets else ""
     if not root.is_dir():
         where = f" (datasets root {base}, set by --datasets-dir or ${DATASETS_ENV})" if in_datasets else ""

@@ -11,16 +11,26 @@ from __future__ import annotations
 import io
 import warnings
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
-import onnx
 import torch
 
 from detector.exporting.wrapper import ExportWrapper
+from detector.extras import require
 from detector.files import write_atomically
 from detector.model import YOLO
 from detector.model.metadata import INPUT_NAME, ModelInfo, decode_metadata, encode_metadata
 
+if TYPE_CHECKING:
+    import onnx
+
 DEFAULT_OPSET = 17  # NonMaxSuppression needs >= 11; 17 is read by TensorRT 8.6 and later
+
+
+def _onnx() -> ModuleType:
+    """The ``onnx`` package, imported on first use: ``export --help`` and PyTorch inference run without it."""
+    return require("onnx", "export", "ONNX export")
 
 
 def dynamic_axes(info: ModelInfo) -> dict[str, dict[int, str]] | None:
@@ -55,16 +65,15 @@ def trace_to_onnx(model: YOLO, info: ModelInfo, *, opset: int, device: str) -> o
             dynamic_axes=dynamic_axes(info),
             do_constant_folding=True,
         )
-    return onnx.load_from_string(buffer.getvalue())
+    return _onnx().load_from_string(buffer.getvalue())
 
 
 def finish_onnx(proto: onnx.ModelProto, info: ModelInfo, *, simplify: bool) -> onnx.ModelProto:
     """Optionally slim the graph, attach metadata and run the full ONNX checker (with shape inference)."""
     if simplify:
-        import onnxslim  # optional dependency: imported only when asked for
-
-        proto = onnxslim.slim(proto)
+        proto = require("onnxslim", "export", "--simplify").slim(proto)
     del proto.metadata_props[:]
+    onnx = _onnx()
     onnx.helper.set_model_props(proto, encode_metadata(info))
     proto.producer_name = "detector"
     onnx.checker.check_model(proto, full_check=True)
@@ -79,11 +88,12 @@ def export_onnx(
 
     The graph is built in memory and written atomically, so a failure leaves no half-written ``path``.
     """
+    _onnx()  # before the trace: a missing package fails at once, with the line naming the extra
     proto = finish_onnx(trace_to_onnx(model, info, opset=opset, device=device), info, simplify=simplify)
     return write_atomically(path, proto.SerializeToString())
 
 
 def read_onnx_info(path: str | Path) -> ModelInfo:
     """Metadata of an exported ONNX file (raises ``ValueError`` if it was not made by this exporter)."""
-    proto = onnx.load(str(path), load_external_data=False)
+    proto = _onnx().load(str(path), load_external_data=False)
     return decode_metadata({prop.key: prop.value for prop in proto.metadata_props}, source=str(path))

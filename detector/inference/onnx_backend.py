@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from detector.extras import require
 from detector.inference.backend import Backend, RawOutputs, run_in_fixed_batches
 from detector.model.metadata import INPUT_NAME, decode_metadata
 from detector.postprocess import NMSConfig
@@ -22,7 +23,7 @@ class OnnxBackend(Backend):
     def __init__(
         self, path: str | Path, *, device: str = "cpu", nms: NMSConfig | None = None, threads: int = 0
     ) -> None:
-        import onnxruntime as ort  # optional dependency (the `export` extra)
+        ort = require("onnxruntime", "export", f"running {Path(path).name}")  # optional: the export extra
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads  # 0 = onnxruntime's default (one per core)

@@ -1,6 +1,6 @@
 """Optional TensorBoard logging: scalars and saved PNG figures, behind a lazy import.
 
-TensorBoard is an optional extra (``pip install 'detector[tensorboard]'``), so nothing imports it until a
+TensorBoard is an optional extra (``pip install 'detector-yolo[tensorboard]'``), so nothing imports it until a
 :class:`TensorBoardLogger` is created.
 """
 
@@ -13,10 +13,12 @@ from types import TracebackType
 
 import cv2
 
-INSTALL_HINT = "TensorBoard logging needs the 'tensorboard' package: pip install 'detector[tensorboard]'"
+from detector.extras import MissingExtra, install_hint
+
+INSTALL_HINT = f"TensorBoard logging needs the 'tensorboard' package: {install_hint('tensorboard')}"
 
 
-class TensorBoardUnavailable(ImportError):
+class TensorBoardUnavailable(MissingExtra):
     """Raised by :class:`TensorBoardLogger` when the tensorboard package is missing."""
 
 

@@ -19,7 +19,6 @@ from detector.data.build import SplitData, build_split
 from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler
 from detector.data.spec import DatasetSpec, load_dataset_spec
-from detector.data.synthetic import generate_shapes
 from detector.data.workers import worker_init
 from detector.distributed import DistInfo
 from detector.loss import DetectionLoss, LossGains
@@ -39,7 +38,7 @@ def build_augment(config: TrainConfig) -> AugmentConfig:
 
 
 def resolve_data(config: TrainConfig) -> DatasetSpec:
-    yaml_path = config.data or generate_shapes()
+    yaml_path = config.data or "shapes"  # the shipped shapes.yaml: generated into the datasets root on first use
     return load_dataset_spec(yaml_path, datasets_dir=config.datasets_dir or None)
 
 

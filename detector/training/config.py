@@ -28,7 +28,8 @@ BUILTIN_TIME = "8m"
 class TrainConfig:
     # Data and model
     data: str = option("", "data YAML (Ultralytics-style or COCO JSON); empty = built-in synthetic shapes dataset")
-    datasets_dir: str = option("", "root of downloaded datasets (--data coco); empty = $DETECTOR_DATASETS or ./datasets")
+    datasets_dir: str = option("", "root of downloaded datasets (--data coco) and the built-in one; empty = "
+                                  "$DETECTOR_DATASETS, else datasets/ in the data folder")
     model: str = option("n", "model scale", choices=("n", "s", "m", "l", "x"))
     weights: str = option("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
                                 "(bare names look in weights/; python -m detector download yolov8n fetches one)")

@@ -1,6 +1,6 @@
 """Pretrained weights from other projects: find the file, read it safely, map it onto our model."""
 
-from detector.weights.locate import WEIGHTS_DIR, resolve_weights
+from detector.weights.locate import resolve_weights
 from detector.weights.safe_pickle import UnsafeCheckpointError
 from detector.weights.ultralytics import (
     LoadReport,
@@ -12,7 +12,6 @@ from detector.weights.ultralytics import (
 )
 
 __all__ = [
-    "WEIGHTS_DIR",
     "LoadReport",
     "UltralyticsCheckpoint",
     "UnsafeCheckpointError",

@@ -1,4 +1,5 @@
-"""``python -m detector download yolov8n``: fetch pretrained weights into ``weights/``, check them, prove they load.
+"""``python -m detector download yolov8n``: fetch pretrained weights into the weights folder, check them, prove they
+load.
 
 The same downloader as the datasets (:func:`detector.data.download.fetch`): https only (``--allow-http`` for
 a plain-http mirror), never more bytes than the file's exact size, a progress bar, a ``<file>.part`` that a cut
@@ -19,7 +20,7 @@ from pathlib import Path
 from detector.data.catalog import human_size
 from detector.data.download import BASE_URL_ENV, DownloadError, check_transport, digest_problem, fetch, mirrored_url
 from detector.weights.catalog import LICENCE_NOTE, PRETRAINED, PretrainedWeights
-from detector.weights.locate import WEIGHTS_DIR
+from detector.paths import default_weights_dir
 from detector.weights.ultralytics import read_ultralytics_checkpoint
 
 __all__ = ["BASE_URL_ENV", "check_weights", "download_weights"]
@@ -44,11 +45,13 @@ def check_weights(path: Path, weights: PretrainedWeights, url: str) -> str:
             f"{len(checkpoint.state_dict)} tensors")
 
 
-def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path = WEIGHTS_DIR,
+def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path | None = None,
                      base_url: str | None = None, allow_http: bool = False, timeout: float = 30.0, attempts: int = 3,
                      retry_wait: float = 2.0) -> Path:
     """Fetch ``weights`` (``"yolov8n"`` ... ``"yolov8x"``) into ``weights_dir`` unless it is there; check it; return
-    its path. Raises :class:`DownloadError` (one line naming the URL or file)."""
+    its path. ``weights_dir``: default :func:`detector.paths.default_weights_dir`, where ``--weights yolov8n.pt``
+    looks. Raises :class:`DownloadError` (one line naming the URL or file)."""
+    weights_dir = weights_dir or default_weights_dir()
     spec = PRETRAINED[weights] if isinstance(weights, str) else weights
     url = mirrored_url(spec.url, base_url)
     target = weights_dir / spec.filename
@@ -60,7 +63,7 @@ def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path = WE
         weights_dir.mkdir(parents=True, exist_ok=True)
         print(f"{spec.name}: fetching {url} ({human_size(spec.size)}) into {weights_dir}")
         fetch(url, target, spec.size, allow_http=allow_http, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
-    name = spec.filename if weights_dir.resolve() == WEIGHTS_DIR.resolve() else target  # found by bare name?
+    name = spec.filename if weights_dir.resolve() == default_weights_dir().resolve() else target  # by bare name?
     print(f"{spec.name}: ready in {target} ({check_weights(target, spec, url)}); "
-          f"train from it: python train.py --weights {name} --data YOUR.yaml")
+          f"train from it: python -m detector train --weights {name} --data YOUR.yaml")
     return target

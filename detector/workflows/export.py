@@ -53,7 +53,7 @@ class ExportOptions(Options):
     data: Path | None = option(None, "dataset YAML: check parity on its val split, with mAP (default: synthetic "
                                      "images, no mAP)")
     datasets_dir: Path | None = option(None, "with --data: root of downloaded datasets (default: $DETECTOR_DATASETS, "
-                                             "else ./datasets)")
+                                             "else datasets/ in the data folder)")
     no_check: bool = option(False, "skip the parity check (default: check)")
     map_margin: float = option(0.5, "with --data: largest allowed mAP50-95 drop in points (default: 0.5)")
     score_tol: float = option(SCORE_TOLERANCE,

@@ -46,7 +46,7 @@ class ValOptions(Options):
     weights: Path = option(help="checkpoint (.pt) written by training")
     data: Path = option(help="dataset YAML, or a shipped one's name (coco.yaml)")
     datasets_dir: Path | None = option(None, "root of downloaded datasets (default: $DETECTOR_DATASETS, else "
-                                             "./datasets)")
+                                             "datasets/ in the data folder)")
     imgsz: int | None = option(None, f"input size (default: the checkpoint's training size, else {DEFAULT_IMGSZ})")
     batch: int = option(32, "images per batch")
     workers: int = option(2, "data-loader worker processes")

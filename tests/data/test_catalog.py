@@ -17,8 +17,10 @@ from detector.data.catalog import (
     resolve_data_yaml,
     shipped_yaml_dir,
 )
+from detector.data import spec as spec_module
 from detector.data.spec import DatasetError, load_dataset_spec, load_split
-from detector.data.synthetic import SHAPES_YAML
+from detector.data.synthetic import write_shapes
+from detector.paths import HOME_ENV
 from tests.conftest import write_coco_dataset, write_yolo_dataset
 
 REPO = PACKAGE_DIR.parent
@@ -40,8 +42,33 @@ def test_coco_yamls_list_the_80_classes_in_category_order():
     assert "download" not in coco and "download" not in coco128  # fetching is explicit, never from a YAML
 
 
-def test_committed_shapes_yaml_is_what_the_generator_writes():
-    assert (REPO / "data/shapes.yaml").read_text() == SHAPES_YAML
+def test_shipped_shapes_yaml_generates_the_set_into_the_datasets_root(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch):
+    calls = []
+
+    def small_set(folder: Path) -> Path:  # the real generator, at 2 + 2 images of 64 px (the full set takes ~10 s)
+        calls.append(folder)
+        return write_shapes(folder, train=2, val=2, size=64)
+
+    monkeypatch.setattr(spec_module, "write_shapes", small_set)
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path / "root"))
+    spec = load_dataset_spec("shapes")
+    assert calls == [tmp_path / "root" / "shapes"]
+    assert spec.names == ["circle", "square", "triangle"] and len(spec.train.images) == 2
+    assert all(Path(image).is_relative_to(tmp_path / "root" / "shapes") for image in spec.train.images)
+
+
+def test_a_datasets_root_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    (tmp_path / "file").write_text("")  # a file where the root's folder would go: no user can create it
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path / "file" / "root"))
+    with pytest.raises(DatasetError, match=r"shapes.yaml: cannot generate the built-in set into .*--datasets-dir"):
+        load_dataset_spec("shapes")
+
+
+def test_generate_names_only_the_builtin_set(tmp_path: Path):
+    (tmp_path / "odd.yaml").write_text("path: .\ngenerate: coco\ntrain: a\nval: a\nnames: [x]\n")
+    with pytest.raises(DatasetError, match=r"odd.yaml: 'generate' can only be 'shapes'"):
+        load_dataset_spec(tmp_path / "odd.yaml")
 
 
 def test_names_resolve_as_a_path_first_then_as_a_shipped_yaml(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -52,10 +79,13 @@ def test_names_resolve_as_a_path_first_then_as_a_shipped_yaml(tmp_path: Path, mo
     assert resolve_data_yaml("nothing.yaml") == Path("nothing.yaml")
 
 
-def test_datasets_root_flag_then_environment_then_cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.chdir(tmp_path)
+def test_datasets_root_flag_then_environment_then_data_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path / "..")  # the working directory plays no part
     monkeypatch.delenv(DATASETS_ENV, raising=False)
-    assert datasets_root() == tmp_path / "datasets"
+    monkeypatch.delenv(HOME_ENV, raising=False)
+    assert datasets_root() == REPO / "datasets"  # a source checkout keeps its own
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    assert datasets_root() == tmp_path / "home" / "datasets"
     monkeypatch.setenv(DATASETS_ENV, str(tmp_path / "env"))
     assert datasets_root() == tmp_path / "env"
     assert datasets_root(tmp_path / "flag") == tmp_path / "flag"
