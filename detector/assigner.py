@@ -114,7 +114,8 @@ def soft_class_targets(
     max_alignment = alignment.amax(-1, keepdim=True)
     max_iou = (iou * positive).amax(-1, keepdim=True)
     norm = (alignment * max_iou / (max_alignment + EPS)).amax(1)  # [B, A]
-    scores = torch.nn.functional.one_hot(labels, num_classes).float()
+    # one_hot checks the label range on the host for CPU tensors; a scatter gives the same 0/1 floats everywhere.
+    scores = torch.zeros(*labels.shape, num_classes, device=labels.device).scatter_(-1, labels[..., None], 1.0)
     return scores * (foreground * norm)[..., None]
 
 

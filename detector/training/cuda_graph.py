@@ -170,7 +170,8 @@ class StepGraphs:
                 return self._eager(batch, key)
             try:
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool):
+                # thread_local: the loader's pin-memory thread keeps calling CUDA while this thread captures.
+                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                     outputs = self.body(batch, key[2])
             except Exception as error:  # a host sync or an uncapturable kernel inside the step (any error type)
                 self._give_up(error)
