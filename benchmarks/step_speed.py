@@ -14,7 +14,10 @@ default heap against the held one the trainer sets (detector/tuning.py explains 
 off, as --unamp) against FP16 autocast with loss scaling, NCHW / channels-last, fixed / multi-scale; the uint8
 batches wait on the GPU, so no loader or host copy is timed, and the phases are timed between
 ``torch.cuda.synchronize()`` calls (which the training loop does not make, so images/s here is a floor).
-Prints a markdown table of images/s and milliseconds per phase (input: resize + float conversion).
+Four more CUDA rows time the FP16 step without those syncs, eagerly and as CUDA graphs (``--cuda-graphs``,
+detector/training/cuda_graph.py), at a fixed size and multi-scale: the pairs to compare. Prints a markdown
+table of images/s, milliseconds per phase (input: resize + float conversion) and, on CUDA, the share of the
+timed steps' wall time the GPU was busy (NVML, benchmarks/gpu_busy.py; the ``bench`` extra), n/a on the CPU.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 import torch
+from gpu_busy import busy_text
 from isolated import run_isolated
 
 from detector.training.multiscale import MultiScale
@@ -40,8 +44,10 @@ from detector.data.build import build_split
 from detector.data.dataset import collate
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import generate_shapes
+from benchmarks.gpu_busy import sampler_for
 from detector.training.ema import ModelEMA
-from detector.training.engine import optimizer_step, step_input
+from detector.training.engine import TrainStep, graphed_step, optimizer_step, step_input
+from detector.training.schedule import StepSchedule
 from detector.training.multiscale import MultiScale
 from detector.loss import DetectionLoss
 from detector.model import build_model
@@ -76,15 +82,27 @@ step_model = torch.compile(model) if args["compile"] else model
 phases = {"input": 0.0, "forward": 0.0, "loss": 0.0, "backward": 0.0, "optimizer": 0.0}
 parameters = [p for p in model.parameters() if p.requires_grad]
 finite = torch.ones((), dtype=torch.bool, device=device)  # made once: a Python bool would be copied over each step
+graphs = None
+if args["cuda_graphs"]:  # the trainer's captured step: a TrainStep's graphs, no warm-up in its schedule
+    schedule = StepSchedule(epochs=1, steps_per_epoch=1, warmup_steps=0, base_lr=0.001, final_lr_fraction=1.0,
+                            cosine=False, warmup_bias_lr=0.001, warmup_momentum=0.9, momentum=0.9,
+                            batch_size=args["batch"], nominal_batch=args["batch"], clip_grad=10.0)
+    train_step = TrainStep(model, criterion, optimizer, scaler, ema, precision, schedule, device,
+                           channels_last=args["channels_last"], cuda_graphs="on")
+    graphs = train_step.step_graphs(parameters)
 
-def clock():
-    if cuda:
+def clock(phase=True):
+    if cuda and (phase is False or args["phases"]):
         torch.cuda.synchronize()
     return time.perf_counter()
 
 def step(index, record):
     images, targets, _ = batches[index % len(batches)]
     size = ladder[(index * 7) % len(ladder)]  # every size in turn, not in order
+    if graphs is not None:
+        x = step_input(images, size, device, channels_last=args["channels_last"])
+        graphed_step(graphs, x, targets, with_optimizer=True, earlier_finite=finite)
+        return
     tp = clock()
     x = step_input(images, size, device, channels_last=args["channels_last"])
     t0 = clock()
@@ -102,15 +120,25 @@ def step(index, record):
         for name, seconds in zip(phases, (t0 - tp, t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
             phases[name] += seconds
 
-for index in range(2 * len(ladder)):  # warm-up: every size's kernels built (compiled, with --compile)
+# Warm-up: every size's kernels built (compiled, with --compile); with graphs every (batch, size) pair met three
+# times (two eager runs, then the capture), as the timed loop meets each pair: a batch's box count is its key too.
+warmup = 3 * len(batches) * len(ladder) if graphs is not None else 2 * len(ladder)
+for index in range(warmup):
     step(index, False)
-start = clock()
+if graphs is not None and graphs.failed:
+    raise SystemExit(f"CUDA graphs failed: {graphs.failed}")
+sampler = sampler_for(args["device"])
+start = clock(False)
+if sampler is not None:
+    sampler.start()
 for index in range(args["steps"]):
     step(index, True)
-seconds = clock() - start
+seconds = clock(False) - start
+busy = sampler.stop() if sampler is not None else None
 peak = torch.cuda.max_memory_allocated(device) / 2**20 if cuda else float("nan")
-print("RESULT", json.dumps({"images_per_s": args["steps"] * args["batch"] / seconds, "peak_mb": peak,
-                            **{k: 1000 * v / args["steps"] for k, v in phases.items()}}))
+timed = args["phases"] and graphs is None
+print("RESULT", json.dumps({"images_per_s": args["steps"] * args["batch"] / seconds, "peak_mb": peak, "busy": busy,
+                            **{k: 1000 * v / args["steps"] if timed else None for k, v in phases.items()}}))
 """
 
 @dataclass(frozen=True)
@@ -122,6 +150,8 @@ class Row:
     default_cache: bool = False  # oneDNN's own 1024-entry kernel cache instead of detector's
     default_heap: bool = False  # glibc's own malloc behaviour instead of the held heap
     compile: bool = False
+    phases: bool = True  # synchronize between phases to time them (CUDA); False: the step's own pace
+    cuda_graphs: bool = False
 
 
 ROWS = [
@@ -143,6 +173,14 @@ CUDA_ROWS = [
     Row("FP16, channels-last, multi-scale (= default)", True, True, True),
     Row("FP32 (TF32 off), channels-last, multi-scale (= --unamp)", False, True, True),
 ]
+CUDA_GRAPH_ROWS = [
+    Row("FP16, channels-last, fixed size, no phase syncs", True, True, False, phases=False),
+    Row("FP16, channels-last, fixed size, CUDA graphs (= the default after warm-up, fixed size)", True, True, False,
+        phases=False, cuda_graphs=True),
+    Row("FP16, channels-last, multi-scale, no phase syncs", True, True, True, phases=False),
+    Row("FP16, channels-last, multi-scale, CUDA graphs (= the default after warm-up)", True, True, True,
+        phases=False, cuda_graphs=True),
+]
 CUDA_COMPILE_ROW = Row("FP16, channels-last, fixed size, torch.compile", True, True, False, compile=True)
 
 
@@ -154,6 +192,19 @@ def run_row(row: Row, *, imgsz: int, batch: int, steps: int, device: str) -> dic
         env.pop(ONEDNN_CACHE_ENV, None)
     payload = {**asdict(row), "imgsz": imgsz, "batch": batch, "steps": steps, "device": device}
     return run_isolated(ROW, payload, env=env)
+
+
+def step_alone(*, amp: bool, multi_scale: bool, imgsz: int, batch: int, device: str, cycles: int = 2) -> dict:
+    """The trainer's step alone (no loader) as a run with these settings trains after warm-up: channels-last,
+    on CUDA without phase syncs and, with AMP, as CUDA graphs. For train_speed.py's step-alone column."""
+    cuda = device.startswith("cuda")
+    row = Row("step alone", amp, True, multi_scale, phases=not cuda, cuda_graphs=cuda and amp)
+    steps = cycles * len(MultiScale(imgsz, enabled=multi_scale).ladder())
+    return run_row(row, imgsz=imgsz, batch=batch, steps=steps, device=device)
+
+
+def ms_text(milliseconds: float | None) -> str:
+    return "-" if milliseconds is None else f"{milliseconds:.1f}"
 
 
 def peak_text(megabytes: float) -> str:
@@ -171,17 +222,20 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
-    rows, compile_row = (CUDA_ROWS, CUDA_COMPILE_ROW) if cuda else (ROWS, COMPILE_ROW)
+    rows, compile_row = ([*CUDA_ROWS, *CUDA_GRAPH_ROWS], CUDA_COMPILE_ROW) if cuda else (ROWS, COMPILE_ROW)
     rows = [*rows, compile_row] if args.compile else rows
     steps = args.cycles * len(MultiScale(args.imgsz).ladder())  # whole cycles: every size equally often
     where = torch.cuda.get_device_name(args.device) if cuda else f"CPU, threads {torch.get_num_threads()}"
     print(f"{where}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
-    print("| step | images/s | input ms | forward ms | loss ms | backward ms | optimizer + EMA ms | peak MB |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| step | images/s | GPU busy | input ms | forward ms | loss ms | backward ms | optimizer + EMA ms | "
+          "peak MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         r = run_row(row, imgsz=args.imgsz, batch=args.batch, steps=steps, device=args.device)
-        print(f"| {row.label} | {r['images_per_s']:.1f} | {r['input']:.1f} | {r['forward']:.1f} | {r['loss']:.1f} | "
-              f"{r['backward']:.1f} | {r['optimizer']:.1f} | {peak_text(r['peak_mb'])} |", flush=True)
+        busy = busy_text(r["busy"]).removeprefix("GPU busy: ")
+        print(f"| {row.label} | {r['images_per_s']:.1f} | {busy} | {ms_text(r['input'])} | {ms_text(r['forward'])} | "
+              f"{ms_text(r['loss'])} | {ms_text(r['backward'])} | {ms_text(r['optimizer'])} | "
+              f"{peak_text(r['peak_mb'])} |", flush=True)
     return 0
 
 

@@ -20,6 +20,12 @@ Columns: images/s of the first epoch (start-up, kernel autotuning, caches fillin
 of the later epochs), per epoch from results.csv (Ultralytics: its epoch callbacks). --bccd PATH adds a row per
 trainer: 100 epochs at 640, batch 16, validating as each does by default, wall clock and final mAP50-95.
 
+On a GPU two more columns: the share of the training process's wall time the GPU was busy (NVML sampled in a
+background thread while the process runs, set-up and the final validation included; benchmarks/gpu_busy.py, the
+``bench`` extra), and our runs' step alone (benchmarks/step_speed.py's row for the run's precision and sizes,
+batches kept on the GPU, CUDA graphs as training uses them after warm-up) beside the loop's steady images/s:
+their ratio is how much of its own step the loop reaches. ``--step-alone`` adds that column on the CPU too.
+
 Prints a markdown table. Ultralytics (AGPL-3.0) is a benchmark extra: `pip install ultralytics`.
 """
 
@@ -32,10 +38,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
+from gpu_busy import busy_text, sampler_for
 from isolated import ROOT, run_isolated
+from step_speed import step_alone
 
 ULTRALYTICS_TRAIN = r"""
 import json, resource, sys, time
@@ -118,13 +127,25 @@ def absolute_yaml(data: Path, out_dir: Path) -> Path:
     return out
 
 
+def busy_while(device: str, run: Callable[[], dict]) -> tuple[dict, float | None]:
+    """``run()``'s result and the GPU's busy share while it ran (None on the CPU or without NVML)."""
+    sampler = sampler_for(device)
+    if sampler is not None:
+        sampler.start()
+    try:
+        result = run()
+    finally:
+        busy = sampler.stop() if sampler is not None else None
+    return result, busy
+
+
 def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path, project: Path) -> dict:
     """``flags`` come last, so a caller's ``--epochs`` / ``--val-interval`` override the benchmark's."""
     command = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--epochs", str(args.epochs), "--imgsz",
                str(args.imgsz), "--batch", str(args.batch), "--workers", str(args.workers), "--project", str(project),
                "--name", name, "--no-plots", "--val-interval", str(args.epochs), "--device", args.device, *flags]
     start = time.perf_counter()
-    subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+    _, busy = busy_while(args.device, lambda: vars(subprocess.run(command, check=True, capture_output=True, cwd=ROOT)))
     wall = time.perf_counter() - start
     rows = list(csv.DictReader((project / name / "results.csv").open()))
     train_seconds = sum(float(r["epoch_seconds"]) for r in rows)
@@ -132,7 +153,8 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
     evaluation = run_isolated(OUR_VAL, {"weights": str(weights), "data": str(data), "imgsz": args.imgsz,
                                       "batch": args.batch, "workers": args.workers, "fp32": "--unamp" in flags,
                                       "device": args.device})
-    return {"train_seconds": train_seconds, "wall_seconds": wall, "peak_mb": max(float(r["peak_mem_mb"]) for r in rows),
+    return {"train_seconds": train_seconds, "wall_seconds": wall, "busy": busy,
+            "peak_mb": max(float(r["peak_mem_mb"]) for r in rows),
             "precision": rows[-1]["precision"], "epoch_rates": [float(r["images_per_s"]) for r in rows], **evaluation}
 
 
@@ -142,7 +164,7 @@ def train_ultralytics(args: argparse.Namespace, data: Path, project: Path, *, va
     payload = {"data": str(data), "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
                "workers": args.workers, "project": str(project), "device": device, "val": val}
     start = time.perf_counter()
-    trained = run_isolated(ULTRALYTICS_TRAIN, payload)
+    trained, busy = busy_while(args.device, lambda: run_isolated(ULTRALYTICS_TRAIN, payload))
     wall = time.perf_counter() - start
     own = run_isolated(ULTRALYTICS_VAL, {**payload, "weights": trained["weights"]})
     ours = run_isolated(OUR_VAL, {"weights": trained["weights"], "data": str(data), "imgsz": args.imgsz,
@@ -152,6 +174,7 @@ def train_ultralytics(args: argparse.Namespace, data: Path, project: Path, *, va
     precision = "fp16 AMP" if trained["amp"] else ("fp32 (AMP off on CPU)" if args.device == "cpu" else "fp32")
     images = len(__import__("detector.data.spec", fromlist=["x"]).load_dataset_spec(data).train.images)
     return {"train_seconds": trained["train_seconds"], "wall_seconds": wall, "peak_mb": trained["peak_mb"],
+            "busy": busy,
             "epoch_rates": [images / seconds for seconds in trained["epoch_seconds"]],
             "precision": precision, "val_seconds": own["val_seconds"], "map": ours["map"],
             "map50": ours["map50"], "own_map": own["own_map"]}
@@ -171,6 +194,15 @@ def spread(values: list[float], digits: int = 1) -> str:
 def epoch_columns(rates: list[float]) -> tuple[float, float]:
     """Images/s of the first epoch, and of the steady state (median of the later epochs; the first when alone)."""
     return rates[0], statistics.median(rates[1:] or rates)
+
+
+def step_alone_rate(run: str, extra: list[str], args: argparse.Namespace) -> float:
+    """Images/s of the step alone (no loader) with ``run``'s precision and input sizes (step_speed.py's row)."""
+    print(f"timing the step alone for {run} ...", file=sys.stderr, flush=True)
+    multi_scale = run == "amp" and "--no-multi-scale" not in extra
+    result = step_alone(amp=run != "unamp", multi_scale=multi_scale, imgsz=args.imgsz, batch=args.batch,
+                        device=args.device)
+    return result["images_per_s"]
 
 
 def bccd_rows(args: argparse.Namespace, work: Path) -> list[str]:
@@ -205,6 +237,8 @@ def main() -> int:
     parser.add_argument("--bccd-epochs", type=int, default=BCCD["epochs"], help="epochs of the BCCD rows (smoke tests)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all runs; the table gives medians")
     parser.add_argument("--extra", default="", help="extra flags for our runs, e.g. '--no-multi-scale'")
+    parser.add_argument("--step-alone", action="store_true",
+                        help="time each of our runs' step alone beside its loop (always on a GPU)")
     args = parser.parse_args()
     runs = (args.runs or ("amp,unamp,ultralytics" if args.device == "cpu" else ",".join(RUNS))).split(",")
     if unknown := [run for run in runs if run not in RUNS]:
@@ -233,19 +267,25 @@ def main() -> int:
                 results[RUNS[run]] = train_ultralytics(args, data, project)
             results[RUNS[run]]["rate"] = images * args.epochs / results[RUNS[run]]["train_seconds"]
         rounds.append(results)
+    alone = {run: step_alone_rate(run, extra, args) for run in runs
+             if run != "ultralytics" and (args.step_alone or args.device != "cpu")}
     memory = "peak GPU memory MB" if args.device != "cpu" else "peak RSS MB"
     print(f"\n{images} train images, {args.epochs} epochs, imgsz {args.imgsz}, batch {args.batch}, "
           f"workers {args.workers}, device {args.device}, {args.repeats} round(s), data {args.data}\n")
-    print(f"| trainer | precision | train images/s | first epoch images/s | steady images/s | wall s (whole run) | "
-          f"val s | {memory} | mAP50-95 (pycocotools) | mAP50 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name in (RUNS[run] for run in runs):
+    print(f"| trainer | precision | train images/s | first epoch images/s | steady images/s | step alone images/s | "
+          f"steady / step | GPU busy | wall s (whole run) | val s | {memory} | mAP50-95 (pycocotools) | mAP50 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for run, name in ((run, RUNS[run]) for run in runs):
         for r in rounds:
             r[name]["first"], r[name]["steady"] = epoch_columns(r[name]["epoch_rates"])
         keys = ("rate", "first", "steady", "wall_seconds", "val_seconds", "peak_mb", "map", "map50")
         column = {key: [r[name][key] for r in rounds] for key in keys}
+        step_rate = alone.get(run)
+        versus = f"{statistics.median(column['steady']) / step_rate:.2f}" if step_rate else "-"
+        busy = [r[name]["busy"] for r in rounds if r[name]["busy"] is not None]
+        busy_column = busy_text(statistics.median(busy) if busy else None).removeprefix("GPU busy: ")
         print(f"| {name} | {rounds[-1][name]['precision']} | {spread(column['rate'])} | {spread(column['first'])} | "
-              f"{spread(column['steady'])} | "
+              f"{spread(column['steady'])} | {f'{step_rate:.1f}' if step_rate else '-'} | {versus} | {busy_column} | "
               f"{spread(column['wall_seconds'], 0)} | {spread(column['val_seconds'])} | {max(column['peak_mb']):.0f} | "
               f"{spread(column['map'], 4)} | {spread(column['map50'], 4)} |")
     for a, b in (("amp", "ultralytics"), ("fixed", "ultralytics"), ("amp", "unamp")):

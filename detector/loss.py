@@ -6,6 +6,7 @@ Computed in FP32, outside autocast, whatever precision the forward pass used.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,18 +30,57 @@ class LossGains:
     dfl: float = 1.5
 
 
+class PaddedTargets(NamedTuple):
+    """One batch's ground truth per image: labels ``[B, M]`` long, xyxy pixel boxes ``[B, M, 4]``, and ``mask``
+    ``[B, M]`` bool (True for a real box; padding rows are zero). ``M`` is the most boxes in one image, or a
+    fixed slot count (:func:`box_slots`) so that a captured step sees one shape whatever the batch holds."""
+
+    labels: torch.Tensor
+    boxes: torch.Tensor
+    mask: torch.Tensor
+
+
+# Fixed box counts grow in powers of two from this: a handful of shapes covers any dataset (COCO's most boxes in
+# one mosaic image stay under 1024), each a separate captured graph.
+MIN_BOX_SLOTS = 16
+
+
+def box_slots(most_boxes: int) -> int:
+    """The fixed box count for a batch whose fullest image holds ``most_boxes``: the next power of two, at
+    least :data:`MIN_BOX_SLOTS`. Padding rows cost assigner work (``[B, M, A]`` tensors) but change no result."""
+    slots = MIN_BOX_SLOTS
+    while slots < most_boxes:
+        slots *= 2
+    return slots
+
+
+def most_boxes_per_image(targets: torch.Tensor, batch_size: int) -> int:
+    """The most ground-truth boxes one image of the batch holds (targets ``[N, 6]``, image index first).
+
+    Reads the count on the host: call it where the targets are (the loader's host memory), not on the GPU."""
+    if not len(targets) or not batch_size:
+        return 0
+    return int(torch.bincount(targets[:, 0].long(), minlength=batch_size).max())
+
+
 def targets_to_padded(
-    targets: torch.Tensor, batch_size: int, image_hw: tuple[int, int]
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    targets: torch.Tensor, batch_size: int, image_hw: tuple[int, int], *, slots: int | None = None
+) -> PaddedTargets:
     """Targets ``[N, 6]`` (image index, class, cx, cy, w, h normalised) -> padded per-image tensors.
 
-    Returns labels ``[B, M]``, xyxy pixel boxes ``[B, M, 4]`` and a validity mask ``[B, M]``.
+    ``slots``: the box count ``M`` to pad to (at least the most boxes in one image); None pads to exactly
+    that most. Extra padding changes neither the assignment nor the loss (masked rows take no anchor:
+    tests/test_loss.py compares both).
     """
     device = targets.device
     counts = torch.bincount(targets[:, 0].long(), minlength=batch_size) if len(targets) else torch.zeros(
         batch_size, dtype=torch.long, device=device
     )
     most = int(counts.max()) if batch_size else 0
+    if slots is not None:
+        if slots < most:
+            raise ValueError(f"{slots} box slots cannot hold an image with {most} boxes")
+        most = slots
     labels = torch.zeros(batch_size, most, dtype=torch.long, device=device)
     boxes = torch.zeros(batch_size, most, 4, device=device)
     mask = torch.zeros(batch_size, most, dtype=torch.bool, device=device)
@@ -55,7 +95,7 @@ def targets_to_padded(
         labels[image_index, slot] = targets[order, 1].long()
         boxes[image_index, slot] = cxcywh_to_xyxy(targets[order, 2:6].float() * scale)
         mask[image_index, slot] = True
-    return labels, boxes, mask
+    return PaddedTargets(labels, boxes, mask)
 
 
 def distribution_focal_loss(bin_logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -101,9 +141,9 @@ def foreground_losses(
     """
     if dense:
         mask = foreground.unsqueeze(-1)
-        # Made from the host list with a non-blocking copy: a blocking one (torch.tensor(..., device=...)) makes
-        # PyTorch wait for the stream, the very sync this path avoids.
-        safe = torch.tensor(_SAFE_BOX, dtype=pred_boxes.dtype).to(pred_boxes.device, non_blocking=True)
+        # Made by a kernel on the device, not copied from the host: a blocking copy waits for the stream (the
+        # very sync this path avoids), and no host copy may sit inside a captured CUDA graph.
+        safe = (torch.arange(4, device=pred_boxes.device) >= 2).to(pred_boxes.dtype)  # = _SAFE_BOX
         pred = torch.where(mask, pred_boxes, safe).flatten(0, 1)
         target = torch.where(mask, target_boxes, safe)
         weight = (weights * foreground).flatten()
@@ -149,13 +189,15 @@ class DetectionLoss(torch.nn.Module):
     def forward(
         self,
         outputs: list[torch.Tensor],
-        targets: torch.Tensor,
+        targets: torch.Tensor | PaddedTargets,
         image_hw: tuple[int, int],
         *,
         assigned: AssignedTargets | None = None,
         across_ranks: bool = True,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """``assigned``: reuse an earlier assignment (the AMP check holds it fixed to compare precisions).
+        """``targets``: ``[N, 6]`` rows (padded here), or :class:`PaddedTargets` already on the device (the
+        captured step's fixed-shape buffers). ``assigned``: reuse an earlier assignment (the AMP check holds it
+        fixed to compare precisions).
 
         ``across_ranks=False`` computes this process's loss alone, with no collective call: for work that
         one rank does by itself (the AMP check), where a collective would wait forever for the others.
@@ -169,9 +211,8 @@ class DetectionLoss(torch.nn.Module):
         pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits, self.reg_max))  # grid units
         # Padded where the targets are (the loader's host memory in training): sizing the padding there needs
         # no wait for the GPU; the three small results then travel to the device.
-        gt_labels, gt_boxes, gt_mask = (
-            t.to(flat.device, non_blocking=True) for t in targets_to_padded(targets, batch, image_hw)
-        )
+        padded = targets if isinstance(targets, PaddedTargets) else targets_to_padded(targets, batch, image_hw)
+        gt_labels, gt_boxes, gt_mask = (t.to(flat.device, non_blocking=True) for t in padded)
 
         assigned = assigned or assign_targets(
             cls_logits.detach().sigmoid(),

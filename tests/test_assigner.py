@@ -67,3 +67,33 @@ def test_anchor_claimed_by_two_boxes_keeps_the_one_it_overlaps_most():
     assert result.foreground[0].tolist() == [True, True]
     assert result.labels[0].tolist() == [1, 0]  # anchor 0 -> box 1 (higher IoU); anchor 1 only in box 0
     assert torch.equal(result.boxes[0, 0], gt_boxes[0, 1])
+
+
+def test_candidates_from_bool_comparisons_equal_the_min_distance_rule():
+    from detector.assigner import EPS, candidate_anchors
+
+    generator = torch.Generator().manual_seed(5)
+    anchors = torch.stack(torch.meshgrid(torch.arange(16) * 4 + 2.0, torch.arange(16) * 4 + 2.0, indexing="xy"),
+                          -1).view(-1, 2)
+    corners = torch.rand(3, 7, 2, generator=generator) * 50
+    boxes = torch.cat((corners, corners + torch.rand(3, 7, 2, generator=generator) * 30), -1)
+    boxes[0, 0] = torch.tensor([2.0, 2.0, 10.0, 10.0])  # anchors exactly on the edges: not inside
+    mask = torch.rand(3, 7, generator=generator) < 0.8
+    x, y = anchors[:, 0], anchors[:, 1]
+    gx1, gy1, gx2, gy2 = (boxes[..., i, None] for i in range(4))
+    # The rule as it was written before: the smallest of the four distances, over a float [B, M, A, 4] stack.
+    expected = (torch.stack((x - gx1, y - gy1, gx2 - x, gy2 - y), -1).amin(-1) > EPS) & mask[..., None]
+    found = candidate_anchors(anchors, boxes, mask)
+    assert found.dtype == torch.bool and torch.equal(found, expected) and found.any()
+
+
+def test_extra_padding_rows_change_no_assignment():
+    scores, pred_boxes, anchors, labels, boxes, mask = _inputs()
+    tight = assign_targets(scores, pred_boxes, anchors, labels, boxes, mask, num_classes=3)
+    extra = 13  # padding rows as the captured step's fixed box count adds them: zeros, masked out
+    padded = assign_targets(scores, pred_boxes, anchors,
+                            torch.cat((labels, torch.zeros(2, extra, dtype=torch.long)), 1),
+                            torch.cat((boxes, torch.zeros(2, extra, 4)), 1),
+                            torch.cat((mask, torch.zeros(2, extra, dtype=torch.bool)), 1), num_classes=3)
+    for name in ("labels", "boxes", "scores", "foreground"):  # bit for bit: padding only adds masked zeros
+        assert torch.equal(getattr(tight, name), getattr(padded, name)), name

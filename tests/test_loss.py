@@ -1,6 +1,6 @@
 import torch
 
-from detector.loss import DetectionLoss, targets_to_padded
+from detector.loss import DetectionLoss, PaddedTargets, box_slots, most_boxes_per_image, targets_to_padded
 from detector.model import build_model
 
 
@@ -33,6 +33,47 @@ def test_targets_to_padded_groups_boxes_by_image():
     assert mask.tolist() == [[True, False], [True, True], [False, False]]
     assert labels[1].tolist() == [2, 1]
     assert torch.allclose(boxes[0, 0], torch.tensor([0.0, 0.0, 100.0, 50.0]))
+    fixed = targets_to_padded(targets, 3, (100, 200), slots=16)
+    assert fixed.mask.shape == (3, 16) and torch.equal(fixed.mask[:, :2], mask) and not fixed.mask[:, 2:].any()
+    try:
+        targets_to_padded(targets, 3, (100, 200), slots=1)
+    except ValueError as error:
+        assert "2 boxes" in str(error)
+    else:
+        raise AssertionError("one slot cannot hold two boxes")
+
+
+def test_box_slots_are_powers_of_two_that_hold_the_fullest_image():
+    assert [box_slots(n) for n in (0, 1, 16, 17, 100, 1000)] == [16, 16, 16, 32, 128, 1024]
+    targets = torch.tensor([[0, 0, 0.5, 0.5, 0.1, 0.1]] * 3 + [[2, 0, 0.5, 0.5, 0.1, 0.1]] * 5)
+    assert most_boxes_per_image(targets, 4) == 5 and most_boxes_per_image(torch.zeros(0, 6), 4) == 0
+
+
+def test_targets_padded_to_a_fixed_count_give_the_same_loss_and_gradients():
+    """The captured step pads to a fixed box count (box_slots): the loss and gradients must not notice."""
+    generator = torch.Generator().manual_seed(1)
+    counts = (3, 0, 7)  # one image without boxes
+    rows = []
+    for image, count in enumerate(counts):
+        for _ in range(count):
+            centre = (0.2 + 0.6 * torch.rand(2, generator=generator)).tolist()
+            size = (0.1 + 0.3 * torch.rand(2, generator=generator)).tolist()
+            rows.append([image, int(torch.randint(0, 3, (), generator=generator)), *centre, *size])
+    targets = torch.tensor(rows)
+    results = []
+    for slots in (None, 16, 64):
+        model, criterion = _model_and_loss()
+        images = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(2))
+        given = targets if slots is None else PaddedTargets(*targets_to_padded(targets, 3, (64, 64), slots=slots))
+        total, parts = criterion(model(images), given, (64, 64))
+        total.backward()
+        results.append((total, parts, [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    # Bit for bit: the padding rows are masked out of every candidate set, so every sum adds the same
+    # terms in the same order.
+    for total, parts, grads in results[1:]:
+        assert torch.equal(total, results[0][0]) and parts["box"] > 0
+        assert all(torch.equal(parts[k], results[0][1][k]) for k in parts)
+        assert len(grads) == len(results[0][2]) and all(torch.equal(a, b) for a, b in zip(grads, results[0][2]))
 
 
 def _foreground_case(seed: int, anchors: int = 200, reg_max: int = 16):

@@ -15,6 +15,7 @@ from detector.model import image_size_problem
 from detector.options import option
 from detector.precision import CHOICES as PRECISION_CHOICES
 from detector.training.budget import parse_duration
+from detector.training.cuda_graph import CHOICES as CUDA_GRAPH_CHOICES
 
 # Defaults for the built-in shapes dataset, chosen so `python train.py` finishes in minutes on a 2-core CPU.
 BUILTIN_IMGSZ = 320
@@ -49,6 +50,10 @@ class TrainConfig:
     precision: str = option("auto", "auto: FP16 on CUDA, BF16 on CPUs with native BF16, else FP32", choices=PRECISION_CHOICES)
     unamp: bool = option(False, "true FP32 for ablations: no autocast, no loss scaling, TF32 off")
     channels_last: bool = option(True, "channels-last memory format (faster convolutions under AMP)")
+    cuda_graphs: str = option("auto", "replay the training step as CUDA graphs after warm-up, one per input shape: "
+                                    "auto = on CUDA in a single process (eager again, with one line, if capture "
+                                    "fails), on = the same but says why when it cannot, off",
+                              choices=CUDA_GRAPH_CHOICES)
     # Optimisation
     optimizer: str = option("auto", "SGD, AdamW, or auto (AdamW for short runs under 10k steps, else SGD)", choices=("auto", "SGD", "AdamW"))
     lr0: float = option(0.01, "initial learning rate (SGD; 'auto' picks its own for AdamW)")

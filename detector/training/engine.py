@@ -7,7 +7,7 @@ import math
 import resource
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -18,8 +18,10 @@ from tqdm import tqdm
 from detector.data.batch_augment import PixelOps, apply_pixel_ops, carried_pixel_ops
 from detector.data.letterbox import ImageMeta
 from detector.inference.preprocess import model_input
-from detector.loss import DetectionLoss
+from detector.distributed import unwrap
+from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
 from detector.precision import Precision
+from detector.training.cuda_graph import Body, DeviceEMA, StaticBatch, StepGraphs, graphs_unavailable, skip_on_device
 from detector.training.ema import ModelEMA
 from detector.training.multiscale import MultiScale
 from detector.training.schedule import StepSchedule, StepValues
@@ -122,10 +124,7 @@ def optimizer_step(
     the CPU, where nothing runs ahead). The EMA updates after every step, skipped or not (as Ultralytics
     does): a skipped step left the model unchanged, so the average only moves towards the same weights.
     """
-    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-    grad_norm = nn.utils.clip_grad_norm_(parameters, clip_grad)
-    finite = torch.isfinite(grad_norm)
-    scale = loss_scale(scaler, grad_norm.device)
+    finite, scale = unscale_and_clip(optimizer, scaler, parameters, clip_grad)
     if precision.uses_scaler:
         scaler.step(optimizer)  # skips the step itself when it found inf/nan
         scaler.update()
@@ -134,6 +133,22 @@ def optimizer_step(
     optimizer.zero_grad(set_to_none=True)
     if ema is not None:
         ema.update(model)
+    return step_outcome(finite, scale, loss_was_finite, precision)
+
+
+def unscale_and_clip(
+    optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, parameters: list[torch.Tensor], clip_grad: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Unscale and clip the gradients: -> (0-dim bool: their norm is finite, the loss scale they had)."""
+    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+    grad_norm = nn.utils.clip_grad_norm_(parameters, clip_grad)
+    return torch.isfinite(grad_norm), loss_scale(scaler, grad_norm.device)
+
+
+def step_outcome(
+    finite: torch.Tensor, scale: torch.Tensor, loss_was_finite: torch.Tensor | bool, precision: Precision
+) -> StepResult:
+    """Applied, unstable (see SCALER_EXHAUSTED) and scale of a step, all on the device."""
     scaler_can_help = torch.as_tensor(loss_was_finite, device=finite.device) & (scale > SCALER_EXHAUSTED)
     unstable = ~finite & ~scaler_can_help if precision.uses_scaler else ~finite
     return StepResult(applied=finite, unstable=unstable, scale=scale)
@@ -157,6 +172,9 @@ class TrainStep:
 
     ``model`` is the model as trained (the DDP wrapper under torchrun); ``ema`` may be None (a bare step).
     ``schedule`` gives each step's learning rate, momentum and accumulation (detector/training/schedule.py).
+    ``cuda_graphs`` (auto/on/off): whether steps after warm-up replay captured CUDA graphs
+    (detector/training/cuda_graph.py); the graphs themselves are made on first use and belong to this
+    object alone (a ``dataclasses.replace`` copy, as the ``--time`` probe makes, starts without them).
     """
 
     model: nn.Module
@@ -169,11 +187,81 @@ class TrainStep:
     device: torch.device
     channels_last: bool = False
     world_size: int = 1
+    cuda_graphs: str = "off"
+    graphs: StepGraphs | None = field(default=None, init=False, repr=False)
+    graphs_checked: bool = field(default=False, init=False, repr=False)
 
     def set_precision(self, precision: Precision) -> None:
         """Train on in ``precision``, with a fresh loss scaler of its kind (none outside FP16)."""
         self.precision = precision
         self.scaler = precision.make_scaler()
+        self.graphs, self.graphs_checked = None, False  # captured with the old autocast dtype and scaler
+
+    def step_graphs(self, parameters: list[torch.Tensor]) -> StepGraphs | None:
+        """The captured steps, made on first call where ``cuda_graphs`` allows (None elsewhere: the CPU, ...).
+
+        ``--cuda-graphs on`` says in one line why it cannot be; ``auto`` stays quiet.
+        """
+        if self.graphs is None and not self.graphs_checked:
+            self.graphs_checked = True
+            reason = graphs_unavailable(self.cuda_graphs, self.device, world_size=self.world_size)
+            if reason is None:
+                ema = DeviceEMA(self.ema, unwrap(self.model)) if self.ema is not None else None
+                self.graphs = StepGraphs(graphed_body(self, parameters, ema), optimizer=self.optimizer,
+                                         scaler=self.scaler, ema=ema)
+            elif self.cuda_graphs == "on":
+                print(f"cuda graphs: off, {reason}", flush=True)
+        return self.graphs
+
+
+def graphed_body(step: TrainStep, parameters: list[torch.Tensor], ema: DeviceEMA | None) -> Body:
+    """The training step on a graph's static buffers: forward, loss, backward and, ``with_optimizer``, unscale,
+    clip, step (skipped on the device when not finite), zeroed gradients and the EMA. The same work as the
+    eager loop below, minus every host read; -> its outputs as device tensors."""
+
+    def body(batch: StaticBatch, with_optimizer: bool) -> dict[str, torch.Tensor]:
+        with step.precision.autocast():
+            outputs = step.model(batch.images)
+        loss, parts = step.criterion(outputs, batch.targets, batch.images.shape[2:], across_ranks=False)
+        finite_loss = torch.isfinite(loss)
+        step.scaler.scale(loss).backward()  # one process: no world-size factor
+        result = {"parts": torch.stack([parts["box"], parts["cls"], parts["dfl"]]).nan_to_num(0.0),
+                  "finite_loss": finite_loss}
+        if with_optimizer:
+            finite, scale = unscale_and_clip(step.optimizer, step.scaler, parameters, step.schedule.clip_grad)
+            if step.precision.uses_scaler:
+                step.scaler.step(step.optimizer)  # the fused kernel reads GradScaler's found_inf on the device
+                step.scaler.update()  # one in-place kernel on the scale and its growth tracker
+            else:
+                skip_on_device(step.optimizer, finite)
+            step.optimizer.zero_grad(set_to_none=False)  # the graphs' gradient tensors stay where they are
+            if ema is not None:
+                ema.update()
+            outcome = step_outcome(finite, scale, batch.earlier_finite & finite_loss, step.precision)
+            result.update(applied=outcome.applied, unstable=outcome.unstable, scale=outcome.scale)
+        return result
+
+    return body
+
+
+def graphed_step(
+    graphs: StepGraphs, images: torch.Tensor, targets: torch.Tensor, *, with_optimizer: bool,
+    earlier_finite: torch.Tensor,
+) -> dict[str, torch.Tensor] | None:
+    """One step through ``graphs``: targets padded on the host to a fixed box count, the EMA weight filled.
+
+    None when the graphs gave up (a failed capture): the caller steps eagerly, as it would have.
+    """
+    batch = len(images)
+    padded = targets_to_padded(targets, batch, images.shape[2:], slots=box_slots(most_boxes_per_image(targets, batch)))
+    ema = graphs.ema
+    if with_optimizer and ema is not None:
+        ema.advance()
+    key = (tuple(images.shape), padded.mask.shape[1], with_optimizer)
+    outputs = graphs.run(key, images, padded, earlier_finite)
+    if outputs is None and with_optimizer and ema is not None:
+        ema.retreat()
+    return outputs
 
 
 def train_one_epoch(
@@ -197,6 +285,7 @@ def train_one_epoch(
     last_step = epoch * steps - 1
     losses_before_step = nonfinite_losses.clone()
     parameters = [p for p in model.parameters() if p.requires_grad]
+    graphs = step.step_graphs(parameters)
     bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}", disable=not progress, leave=True)
     start = last_shown = time.perf_counter()
     for index, (images, targets, metas) in enumerate(bar):
@@ -205,22 +294,35 @@ def train_one_epoch(
         pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
         unreadable_images += sum(1 for meta in metas if meta.unreadable)  # replaced by the dataset (it warned)
         images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops)
-        with precision.autocast():
-            outputs = model(images)
-        # The loss runs in FP32 outside autocast; x world_size because DDP averages gradients over ranks.
-        # Targets stay on the host: the loss pads them there, so it need not wait for the GPU to count them.
-        loss, parts = criterion(outputs, targets, images.shape[2:])
-        nonfinite_losses += ~torch.isfinite(loss)
-        scaler.scale(loss * world_size).backward()
-        loss_sums += torch.stack([parts["box"], parts["cls"], parts["dfl"]]).nan_to_num(0.0)
+        stepping = step - last_step >= accumulate or index == steps - 1
+        # Captured steps start after warm-up: momentum and accumulation, which a graph bakes in, are fixed then.
+        captured = None
+        if graphs is not None and step >= schedule.warmup_steps:
+            captured = graphed_step(graphs, images, targets, with_optimizer=stepping,
+                                    earlier_finite=nonfinite_losses == losses_before_step)
+        if captured is None:
+            with precision.autocast():
+                outputs = model(images)
+            # The loss runs in FP32 outside autocast; x world_size because DDP averages gradients over ranks.
+            # Targets stay on the host: the loss pads them there, so it need not wait for the GPU to count them.
+            loss, parts = criterion(outputs, targets, images.shape[2:])
+            nonfinite_losses += ~torch.isfinite(loss)
+            scaler.scale(loss * world_size).backward()
+            loss_sums += torch.stack([parts["box"], parts["cls"], parts["dfl"]]).nan_to_num(0.0)
+        else:
+            nonfinite_losses += ~captured["finite_loss"]
+            loss_sums += captured["parts"]
         images_seen += len(images)
 
-        if step - last_step >= accumulate or index == steps - 1:
-            result = optimizer_step(
-                model=model, parameters=parameters, optimizer=optimizer, scaler=scaler, ema=ema,
-                precision=precision, clip_grad=schedule.clip_grad,
-                loss_was_finite=nonfinite_losses == losses_before_step,
-            )
+        if stepping:
+            if captured is not None:
+                result = StepResult(captured["applied"], captured["unstable"], captured["scale"])
+            else:
+                result = optimizer_step(
+                    model=model, parameters=parameters, optimizer=optimizer, scaler=scaler, ema=ema,
+                    precision=precision, clip_grad=schedule.clip_grad,
+                    loss_was_finite=nonfinite_losses == losses_before_step,
+                )
             losses_before_step = nonfinite_losses.clone()
             scale_min, scale_max = torch.minimum(scale_min, result.scale), torch.maximum(scale_max, result.scale)
             optimizer_steps += 1

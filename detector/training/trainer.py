@@ -97,7 +97,8 @@ class Trainer:
         precision = resolve_precision(config.precision, self.device, unamp=config.unamp)
         self.step = TrainStep(model, build_criterion(config, model), choice.optimizer, precision.make_scaler(),
                               ModelEMA(model, decay=config.ema_decay), precision, schedule, self.device,
-                              channels_last=config.channels_last, world_size=self.dist.world_size)
+                              channels_last=config.channels_last, world_size=self.dist.world_size,
+                              cuda_graphs=config.cuda_graphs)
         self.optimizer_name = choice.name
         self.multi_scale = MultiScale(
             config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max, hold=config.multi_scale_hold,

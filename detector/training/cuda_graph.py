@@ -1,0 +1,223 @@
+"""CUDA graphs of the training step (``--cuda-graphs``): its kernels recorded once per input shape, then replayed.
+
+A YOLOv8n step at batch 64 launches thousands of small kernels; the host spends longer launching them than the
+GPU spends running them (issue 29: the step ran at ~3% of an H100's FP16 arithmetic). At a fixed shape the
+kernel sequence never changes, so a CUDA graph records it once and replays it with one launch.
+
+What the graph holds, and what makes it replayable (the engine's body is in detector/training/engine.py):
+
+- **Fixed shapes.** One graph per key: the input ``(batch, 3, size, size)`` of the multi-scale list, the box
+  count the targets are padded to (:func:`detector.loss.box_slots`, with a mask: the same loss bit for bit,
+  tests/test_loss.py), and whether the step ends with the optimizer (gradient accumulation). Every graph
+  draws from one memory pool (``graph_pool_handle``): only one runs at a time, and what each hands back
+  stays referenced, so a later capture reuses only memory that no graph still reads.
+- **Static inputs.** Each key owns its input buffers (:class:`StaticBatch`); a step copies its batch into
+  them and replays. Values that change every step live in device tensors that the host fills before the
+  replay (a fill is a kernel launch, not a wait): the learning rate of each parameter group (fused SGD and
+  AdamW read a tensor ``lr``) and the EMA weight (:class:`DeviceEMA`).
+- **Baked values.** Momentum (AdamW's beta1) and the accumulation count are recorded as constants; both
+  change only during warm-up, so the engine hands steps to the graphs from the first step after warm-up.
+- **No host syncs inside.** Targets are padded on the host before the copy; the loss runs its dense form on
+  CUDA (no boolean indexing); gradients stay allocated between steps (zeroed, never set to None), so every
+  graph accumulates into the same tensors.
+- **FP16 loss scaling, captured as it is.** GradScaler keeps its scale and growth tracker in device tensors.
+  With a fused optimizer it hands its inf/NaN check (``found_inf``) to the optimizer kernel, which skips the
+  update on the device, and ``update()`` is one in-place kernel (``_amp_update_scale_``): the dynamic scale
+  keeps halving and growing inside the graph. BF16/FP32 steps hand the same flag (a non-finite gradient
+  norm) to the fused kernel themselves (:func:`skip_on_device`).
+- **Warm-up and fallback.** A key's first runs go eagerly on a side stream (cuDNN autotuning, lazy state);
+  the next is captured and replayed. A capture that fails prints one line and the run goes on eagerly.
+
+Never reached on the CPU: :func:`graphs_unavailable` answers first, and only a CUDA device gets past it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from detector.loss import PaddedTargets
+from detector.training.ema import ModelEMA
+
+CHOICES = ("auto", "on", "off")
+WARMUP_RUNS = 2  # eager runs of a key before its capture (PyTorch's examples warm up 3; one is cuDNN's autotuning)
+MAX_GRAPHS = 64  # keys beyond this run eagerly (sizes x box-slot counts x with/without the optimizer)
+
+GraphKey = tuple[tuple[int, ...], int, bool]  # (input shape, box slots, ends with the optimizer step)
+
+
+def graphs_unavailable(choice: str, device: torch.device, *, world_size: int) -> str | None:
+    """Why ``--cuda-graphs choice`` cannot capture here, or None when it can try."""
+    if choice not in CHOICES:
+        raise ValueError(f"--cuda-graphs must be one of {', '.join(CHOICES)} (got {choice!r})")
+    if choice == "off":
+        return "--cuda-graphs off"
+    if device.type != "cuda":
+        return f"needs a CUDA device (training on {device.type})"
+    if world_size > 1:
+        return "not under torchrun: the DDP gradient all-reduce is not captured"
+    return None
+
+
+@dataclass
+class StaticBatch:
+    """A graph's input buffers: float model input ``[B, 3, S, S]``, padded targets, and ``earlier_finite``
+    (0-dim bool: every loss since the last optimizer step was finite)."""
+
+    images: torch.Tensor
+    targets: PaddedTargets
+    earlier_finite: torch.Tensor
+
+    @classmethod
+    def like(cls, images: torch.Tensor, targets: PaddedTargets) -> StaticBatch:
+        device = images.device  # empty_like keeps the memory format: a channels-last input stays one
+        return cls(torch.empty_like(images), PaddedTargets(*(torch.empty_like(t, device=device) for t in targets)),
+                   torch.ones((), dtype=torch.bool, device=device))
+
+    def fill(self, images: torch.Tensor, targets: PaddedTargets, earlier_finite: torch.Tensor) -> None:
+        self.images.copy_(images)
+        for static, given in zip(self.targets, targets):
+            static.copy_(given, non_blocking=True)
+        self.earlier_finite.copy_(earlier_finite)
+
+
+class DeviceEMA:
+    """The EMA step with its weight in a device tensor: a graph reads the weight at replay instead of baking in
+    the value it had at capture. Host side, :meth:`advance` counts the update and fills the weight."""
+
+    def __init__(self, ema: ModelEMA, model: torch.nn.Module) -> None:
+        self.ema = ema
+        self.targets = [v for v in ema.module.state_dict().values() if v.dtype.is_floating_point]
+        self.sources = [v for v in model.state_dict().values() if v.dtype.is_floating_point]
+        self.weight = torch.zeros((), device=self.targets[0].device)
+
+    def advance(self) -> None:
+        self.ema.updates += 1
+        self.weight.fill_(1 - self.ema.current_decay())
+
+    def retreat(self) -> None:
+        """Undo :meth:`advance` (the step it was for ran on the eager path, which counts for itself)."""
+        self.ema.updates -= 1
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """``ema += weight * (model - ema)``: three fused multi-tensor kernels, nothing read on the host."""
+        differences = torch._foreach_sub(self.sources, self.targets)
+        torch._foreach_mul_(differences, self.weight)
+        torch._foreach_add_(self.targets, differences)
+
+
+def skip_on_device(optimizer: torch.optim.Optimizer, finite: torch.Tensor) -> None:
+    """Step a fused optimizer unless ``finite`` (0-dim bool) is False, decided by its kernel on the device.
+
+    The ``found_inf`` attribute is GradScaler's own handover to fused optimizers (torch/amp/grad_scaler.py):
+    the kernel skips the update where it is 1. Without a scaler (BF16/FP32) the eager step decides on the
+    host instead, a sync that a graph cannot hold.
+    """
+    optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
+
+
+Body = Callable[[StaticBatch, bool], dict[str, torch.Tensor]]
+
+
+class StepGraphs:
+    """The captured training steps of one run, keyed by :data:`GraphKey`, sharing one memory pool.
+
+    ``body(batch, with_optimizer)`` is the step on static buffers; it must keep gradients allocated (the first
+    eager run's backward allocates them, zeroing never frees them). It runs eagerly for a key's first
+    :data:`WARMUP_RUNS` calls, then is captured and replayed. ``ema``: the body's EMA, whose weight the caller
+    fills before each step that ends with the optimizer.
+    """
+
+    def __init__(self, body: Body, *, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                 ema: DeviceEMA | None, log: Callable[[str], None] = print) -> None:
+        self.body, self.optimizer, self.scaler, self.ema, self.log = body, optimizer, scaler, ema, log
+        device = optimizer.param_groups[0]["params"][0].device
+        self.learning_rates = [torch.zeros(1, device=device) for _ in optimizer.param_groups]
+        self.pool = torch.cuda.graph_pool_handle()
+        self.side = torch.cuda.Stream(device)
+        self.batches: dict[GraphKey, StaticBatch] = {}
+        self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
+        self.runs: Counter[GraphKey] = Counter()
+        self.failed: str | None = None
+
+    def run(self, key: GraphKey, images: torch.Tensor, targets: PaddedTargets,
+            earlier_finite: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """One step; its outputs (valid until the next call). None after a failed capture: step eagerly."""
+        if self.failed is not None:
+            return None
+        if key not in self.batches:
+            self.batches[key] = StaticBatch.like(images, targets)
+        batch = self.batches[key]
+        batch.fill(images, targets, earlier_finite)
+        for learning_rate, group in zip(self.learning_rates, self.optimizer.param_groups):
+            learning_rate.fill_(group["lr"])
+        if key in self.graphs:
+            graph, outputs = self.graphs[key]
+            graph.replay()
+            return outputs
+        with self._tensor_learning_rates():
+            if self.runs[key] < WARMUP_RUNS or len(self.graphs) >= MAX_GRAPHS:
+                self.runs[key] += 1
+                return self._eager(batch, key)
+            try:
+                graph = torch.cuda.CUDAGraph()
+                # thread_local: the loader's pin-memory thread keeps calling CUDA while this thread captures.
+                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                    outputs = self.body(batch, key[2])
+            except Exception as error:  # a host sync or an uncapturable kernel inside the step (any error type)
+                self._give_up(error)
+                return None
+        if not self.graphs:
+            self.log(f"cuda graphs: on (first capture: input {list(key[0])}, {key[1]} box slots)")
+        self.graphs[key] = graph, outputs
+        graph.replay()  # capturing records the kernels without running them: this step runs now
+        return outputs
+
+    def _eager(self, batch: StaticBatch, key: GraphKey) -> dict[str, torch.Tensor]:
+        """The body run eagerly on the side stream, as PyTorch asks before a capture."""
+        main = torch.cuda.current_stream()
+        self.side.wait_stream(main)
+        with torch.cuda.stream(self.side):
+            outputs = self.body(batch, key[2])
+        main.wait_stream(self.side)
+        for tensor in outputs.values():  # read on the main stream: keep their memory until it has
+            tensor.record_stream(main)
+        return outputs
+
+    @contextlib.contextmanager
+    def _tensor_learning_rates(self) -> Iterator[None]:
+        """The optimizer reads the device learning rates (and may be captured) while the body runs; its param
+        groups hold plain floats again afterwards, so checkpoints and the schedule see what they always did."""
+        groups = self.optimizer.param_groups
+        saved = [(group["lr"], group.get("capturable")) for group in groups]
+        for group, learning_rate in zip(groups, self.learning_rates):
+            group["lr"] = learning_rate
+            if "capturable" in group:  # AdamW refuses capture unless its groups say capturable
+                group["capturable"] = True
+        try:
+            yield
+        finally:
+            for group, (learning_rate, capturable) in zip(groups, saved):
+                group["lr"] = learning_rate
+                if capturable is not None:
+                    group["capturable"] = capturable
+
+    def _give_up(self, error: BaseException) -> None:
+        """After a failed capture nothing of the step ran; only host-side bookkeeping is left to reset."""
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        self.failed = first_line
+        self.log(f"cuda graphs: capture failed ({first_line}); training on without graphs")
+        for name in ("found_inf", "grad_scale"):
+            if hasattr(self.optimizer, name):
+                delattr(self.optimizer, name)
+        # GradScaler's per-optimizer stage (unscaled / stepped) is host state the failed capture may have moved.
+        self.scaler._per_optimizer_states.clear()

@@ -1,0 +1,204 @@
+"""CUDA graphs of the training step: the parts that run on the CPU here, and the capture itself on a GPU.
+
+The CPU tests check what the captured step is made of (the body on static buffers, the device-side EMA and
+step skipping, the switch); they never claim a graph was captured. The capture tests skip without CUDA.
+"""
+
+import copy
+
+import pytest
+import torch
+
+from detector.data.letterbox import ImageMeta
+from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
+from detector.model import build_model
+from detector.precision import Precision
+from detector.training.cuda_graph import DeviceEMA, StaticBatch, graphs_unavailable, skip_on_device
+from detector.training.ema import ModelEMA
+from detector.training.engine import TrainStep, graphed_body, optimizer_step, train_one_epoch
+from detector.training.multiscale import MultiScale
+from detector.training.optim import build_optimizer
+from detector.training.schedule import StepSchedule
+from tests.tolerances import FP32_EPS
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+
+
+def _train_step(device: str, *, precision: str = "fp32", cuda_graphs: str = "off", optimizer: str = "SGD",
+                warmup_steps: int = 0, steps_per_epoch: int = 6) -> TrainStep:
+    """A small run's TrainStep on ``device``: the nano model, 2 images per step, no accumulation."""
+    torch.manual_seed(0)
+    model = build_model(num_classes=2).to(device)
+    choice = build_optimizer(model, name=optimizer, lr=1e-3, momentum=0.9, weight_decay=5e-4, num_classes=2,
+                             total_steps=steps_per_epoch)
+    schedule = StepSchedule(epochs=1, steps_per_epoch=steps_per_epoch, warmup_steps=warmup_steps,
+                            base_lr=choice.lr, final_lr_fraction=0.5, cosine=False, warmup_bias_lr=0.0,
+                            warmup_momentum=0.9, momentum=0.9, batch_size=2, nominal_batch=2, clip_grad=10.0)
+    chosen = Precision(precision, torch.device(device).type, "test")
+    criterion = DetectionLoss(num_classes=2, strides=model.strides, reg_max=model.reg_max)
+    return TrainStep(model, criterion, choice.optimizer, chosen.make_scaler(), ModelEMA(model), chosen, schedule,
+                     torch.device(device), cuda_graphs=cuda_graphs)
+
+
+def _batches(count: int, size: int = 64) -> list:
+    generator = torch.Generator().manual_seed(0)
+    batches = []
+    for index in range(count):
+        images = (torch.rand(2, 3, size, size, generator=generator) * 255).to(torch.uint8)
+        boxes = 1 + index % 3  # box counts vary between batches, as they do in training
+        rows = [[image, box % 2, 0.3 + 0.1 * box, 0.5, 0.2, 0.3] for image in range(2) for box in range(boxes)]
+        metas = [ImageMeta(i, (size, size), 1.0, (0.0, 0.0)) for i in range(2)]
+        batches.append((images, torch.tensor(rows), metas))
+    return batches
+
+
+def test_graphs_are_unreachable_on_the_cpu_and_when_off():
+    cpu = torch.device("cpu")
+    assert "CUDA" in graphs_unavailable("auto", cpu, world_size=1)
+    assert "CUDA" in graphs_unavailable("on", cpu, world_size=1)
+    assert graphs_unavailable("off", torch.device("cuda"), world_size=1) == "--cuda-graphs off"
+    assert "torchrun" in graphs_unavailable("auto", torch.device("cuda"), world_size=2)
+    with pytest.raises(ValueError, match="--cuda-graphs"):
+        graphs_unavailable("always", cpu, world_size=1)
+    step = _train_step("cpu", cuda_graphs="on")
+    assert step.step_graphs([p for p in step.model.parameters()]) is None and step.graphs is None
+
+
+def test_the_cpu_loop_with_cuda_graphs_on_trains_as_with_them_off():
+    """On the CPU the switch changes nothing: the same losses and weights, bit for bit."""
+    results = []
+    for choice in ("on", "off"):
+        step = _train_step("cpu", cuda_graphs=choice)
+        stats = train_one_epoch(step, _batches(2), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
+                                progress=False)
+        results.append((stats, step.model.state_dict()))
+    for key in ("train/box", "train/cls", "train/dfl"):
+        assert results[0][0][key] == results[1][0][key]
+    assert all(torch.equal(v, results[1][1][k]) for k, v in results[0][1].items())
+
+
+def test_device_ema_matches_the_model_ema():
+    torch.manual_seed(0)
+    model = build_model(num_classes=2)
+    host, device = ModelEMA(model, decay=0.9), ModelEMA(model, decay=0.9)
+    on_device = DeviceEMA(device, model)
+    largest = {k: v.abs().max() for k, v in model.state_dict().items() if v.is_floating_point()}
+    for _ in range(3):
+        with torch.no_grad():
+            for parameter in model.parameters():
+                parameter.add_(torch.randn_like(parameter) * 0.1)
+        largest = {k: torch.maximum(m, model.state_dict()[k].abs().max()) for k, m in largest.items()}
+        host.update(model)
+        on_device.advance()
+        on_device.update()
+    assert device.updates == host.updates == 3
+    # lerp(a, b, w) and a + w * (b - a) each round b - a, the product and the sum: at most 2 eps of the largest
+    # value involved (M, the tensor's largest magnitude over the steps) apart per update. Three updates, each
+    # keeping an earlier error at most once (weight <= 1): 6 eps M bounds the difference.
+    for (name, a), b in zip(host.module.state_dict().items(), device.module.state_dict().values()):
+        if a.is_floating_point():
+            assert ((a - b).abs() <= 6 * FP32_EPS * largest[name]).all(), name
+
+
+def test_skip_on_device_steps_or_skips_like_the_host_decision():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1, momentum=0.9, fused=True)
+    reference = copy.deepcopy(layer)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, fused=True)
+    for module, stepper in ((layer, optimizer), (reference, reference_optimizer)):
+        module(torch.ones(1, 3)).pow(2).sum().backward()
+        stepper.step()  # one ordinary step first: the momentum buffers exist, as after the eager warm-up
+        stepper.zero_grad()
+        module(torch.ones(1, 3)).pow(2).sum().backward()
+    before = [p.clone() for p in layer.parameters()]
+    momentum = [optimizer.state[p]["momentum_buffer"].clone() for p in layer.parameters()]
+    skip_on_device(optimizer, torch.tensor(False))
+    assert all(torch.equal(a, b) for a, b in zip(before, layer.parameters()))  # skipped on the kernel's side
+    assert all(torch.equal(m, optimizer.state[p]["momentum_buffer"]) for m, p in zip(momentum, layer.parameters()))
+    assert not hasattr(optimizer, "found_inf")
+    skip_on_device(optimizer, torch.tensor(True))
+    reference_optimizer.step()
+    assert all(torch.equal(a, b) for a, b in zip(reference.parameters(), layer.parameters()))
+    assert not torch.equal(before[0], layer.weight)
+
+
+def test_the_graph_body_does_what_the_eager_step_does():
+    """The body a graph records, run eagerly on the CPU: the eager loop's loss, update and EMA."""
+    batch_images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    _, targets, _ = _batches(2)[1]
+    eager, graphed = _train_step("cpu"), _train_step("cpu")
+
+    loss, _ = eager.criterion(eager.model(batch_images), targets, (64, 64))
+    loss.backward()
+    parameters = [p for p in eager.model.parameters() if p.requires_grad]
+    eager_result = optimizer_step(model=eager.model, parameters=parameters, optimizer=eager.optimizer,
+                                  scaler=eager.scaler, ema=eager.ema, precision=eager.precision, clip_grad=10.0,
+                                  loss_was_finite=True)
+
+    padded = targets_to_padded(targets, 2, (64, 64), slots=box_slots(most_boxes_per_image(targets, 2)))
+    assert padded.mask.shape[1] == 16  # padded beyond the 2 boxes per image
+    ema = DeviceEMA(graphed.ema, graphed.model)
+    ema.advance()
+    body = graphed_body(graphed, [p for p in graphed.model.parameters() if p.requires_grad], ema)
+    outputs = body(StaticBatch(batch_images.clone(), padded, torch.tensor(True)), True)
+
+    assert bool(outputs["applied"]) and bool(eager_result.applied) and not bool(outputs["unstable"])
+    assert all(torch.equal(a, b) for a, b in zip(eager.model.parameters(), graphed.model.parameters()))
+    trained = [p for p in graphed.model.parameters() if p.requires_grad]
+    assert all(p.grad is not None and not p.grad.any() for p in trained)  # zeroed, not freed
+    # EMA: one update by two formulas, 2 eps of the largest magnitude apart (see test_device_ema_matches_the_model_ema).
+    before = _train_step("cpu").model.state_dict()  # the EMA's starting point: the initial weights
+    for (name, a), b in zip(eager.ema.module.state_dict().items(), graphed.ema.module.state_dict().values()):
+        if a.is_floating_point():
+            largest = torch.maximum(before[name].abs().max(), eager.model.state_dict()[name].abs().max())
+            assert ((a - b).abs() <= 2 * FP32_EPS * largest).all(), name
+
+
+# ----------------------------------------------------------------------------------------- on a GPU
+
+
+@cuda_only
+@pytest.mark.parametrize("precision,optimizer", [("fp16", "SGD"), ("fp32", "AdamW")])
+def test_captured_steps_train_as_the_eager_ones(precision, optimizer):
+    """Graphs are captured and replayed (not failed), and train to the eager run's weights and losses."""
+    results = []
+    for choice in ("on", "off"):
+        step = _train_step("cuda", precision=precision, optimizer=optimizer, cuda_graphs=choice, steps_per_epoch=8)
+        stats = train_one_epoch(step, _batches(8), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
+                                progress=False)
+        results.append((stats, step))
+    (graphed_stats, graphed), (eager_stats, eager) = results
+    assert graphed.graphs is not None and graphed.graphs.failed is None and graphed.graphs.graphs
+    assert graphed_stats["optimizer_steps"] == eager_stats["optimizer_steps"] == 8
+    assert graphed.ema.updates == eager.ema.updates == 8
+    # Replay runs the kernels the eager step launched, so only cuDNN's choice of algorithm per call may differ:
+    # 8 steps of a lr-1e-3 optimizer move weights by ~1e-2; allow a thousandth of that.
+    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
+    for key in ("train/box", "train/cls", "train/dfl"):
+        assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
+
+
+@cuda_only
+def test_steps_in_warm_up_stay_eager_and_a_failed_capture_falls_back():
+    step = _train_step("cuda", precision="fp16", cuda_graphs="on", warmup_steps=100)
+    train_one_epoch(step, _batches(4), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
+    assert step.graphs is not None and not step.graphs.graphs and not step.graphs.runs  # nothing graphed yet
+
+    step = _train_step("cuda", precision="fp16", cuda_graphs="on")
+    lines = []
+    graphs = step.step_graphs([p for p in step.model.parameters() if p.requires_grad])
+    graphs.log = lines.append
+    real_body = graphs.body
+
+    def body_with_a_sync(batch, with_optimizer):
+        outputs = real_body(batch, with_optimizer)
+        outputs["parts"].sum().item()  # a host read: illegal inside a capture
+        return outputs
+
+    graphs.body = body_with_a_sync
+    stats = train_one_epoch(step, _batches(6), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
+                            progress=False)
+    assert graphs.failed and len(lines) == 1 and "capture failed" in lines[0]
+    assert stats["optimizer_steps"] == 6 and step.ema.updates == 6
