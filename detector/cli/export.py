@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from detector.cli.errors import run_command
-from detector.cli.flags import add_flags, options_from_args
+from detector.cli.flags import add_flags, options_from_args, parse_command
 from detector.workflows.export import ExportOptions, run_export
 
 
@@ -21,5 +21,5 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_command(build_parser(), ExportOptions, "export", argv)
     return run_command(lambda: run_export(options_from_args(ExportOptions, args)))

@@ -1,33 +1,42 @@
-"""``python -m detector predict``: run a .pt / .onnx / .engine model on an image, a folder or a video.
+"""``python -m detector predict``: run a .pt / .onnx / .engine model on images, folders, globs, videos, webcams
+and streams (every source :mod:`detector.inference.sources` reads).
 
 Writes ``<project>/<name>/predictions.json`` (a list, one entry per image or video frame:
-``{"file", "frame", "boxes" [[x1, y1, x2, y2] original pixels], "scores", "labels", "names"}``) and, with
-``--save``, annotated images (same file names) or an annotated ``<video stem>.mp4``.
+``{"file", "frame", "boxes" [[x1, y1, x2, y2] original pixels], "scores", "labels", "names"}``); with
+``--save`` annotated images (under their names relative to the source folder) or an annotated
+``<video stem>.mp4`` per video; with ``--save-txt`` YOLO labels ``labels/<image stem>.txt`` (``_<frame>``
+added for video frames): one ``class cx cy w h`` line per box, normalised to the image, ``--save-conf`` adding
+the score, as Ultralytics writes them.
+
+Results are produced one frame at a time (:func:`predict_frames`), frames are decoded ahead of the model in a
+small bounded queue, and nothing keeps a frame's pixels after its result, so a long video or a stream runs in
+constant memory (predictions.json's records, ~100 bytes per frame, are the only thing that grows).
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 
-from detector.data.dataset import read_image_rgb
-from detector.data.spec import IMAGE_SUFFIXES
 from detector.device import resolve_device
+from detector.files import write_atomically
 from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
+from detector.inference.sources import Frame, open_source, read_ahead
+from detector.options import Options, option
 from detector.postprocess import NMSConfig
 from detector.runs import next_run_dir
 from detector.tuning import enlarge_onednn_cache
-from detector.options import Options, option
 
-VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
 PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),
            (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0), (168, 153, 44), (255, 194, 0)]  # BGR
 
@@ -36,9 +45,14 @@ PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 
 class PredictOptions(Options):
     """The flags of ``python -m detector predict``."""
 
-    weights: Path | None = option(None, ".pt, .onnx or .engine (default: the newest runs/train/*/weights/best.pt)")
-    source: Path = option(help="an image, a folder of images, or a video file")
+    weights: Path | None = option(None, ".pt (ours or an Ultralytics yolov8*.pt), .onnx or .engine (default: the "
+                                        "newest runs/train/*/weights/best.pt)")
+    source: str = option(help="an image, a folder (searched recursively), a glob ('imgs/*.jpg'), a video, a "
+                              "webcam index (0) or a stream URL (rtsp://, http://)")
     save: bool = option(False, "write annotated images / video (default: off; predictions.json always)")
+    save_txt: bool = option(False, "write YOLO labels labels/<image>.txt: class cx cy w h, normalised (default: off)")
+    save_conf: bool = option(False, "with --save-txt: each box's score as a sixth column (default: off)")
+    classes: tuple[int, ...] | None = option(None, "keep only these class ids, e.g. --classes 0 2 (default: all)")
     conf: float = option(0.25, "score threshold (default: 0.25)")
     iou: float = option(0.7, "NMS IoU threshold (default: 0.7)")
     max_det: int = option(300, "detections kept per image (default: 300)")
@@ -46,29 +60,6 @@ class PredictOptions(Options):
     device: str = option("", "cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     project: Path = option(Path("runs/predict"), "parent folder of runs (default: runs/predict)")
     name: str = option("exp", "run folder; exp, exp2, ... when taken (default: exp)")
-
-def iterate_source(source: Path) -> Iterator[tuple[str, int | None, np.ndarray, float]]:
-    """-> (file name, frame index or None, RGB ``uint8 [H, W, 3]``, fps (0 for images))."""
-    if source.is_dir():
-        files = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        if not files:
-            raise FileNotFoundError(f"{source}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
-        for file in files:
-            yield file.name, None, read_image_rgb(file), 0.0
-    elif source.suffix.lower() in VIDEO_SUFFIXES:
-        capture = cv2.VideoCapture(str(source))
-        if not capture.isOpened():
-            raise FileNotFoundError(f"{source}: cannot open video")
-        fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
-        frame = 0
-        while (read := capture.read())[0]:
-            yield source.name, frame, cv2.cvtColor(read[1], cv2.COLOR_BGR2RGB), fps
-            frame += 1
-        capture.release()
-    elif source.is_file() and source.suffix.lower() in IMAGE_SUFFIXES:
-        yield source.name, None, read_image_rgb(source), 0.0
-    else:
-        raise FileNotFoundError(f"{source}: not an image, a folder or a video ({', '.join(sorted(VIDEO_SUFFIXES))})")
 
 
 def annotate(image_rgb: np.ndarray, result: dict, names: list[str]) -> np.ndarray:
@@ -107,57 +98,119 @@ def input_size(backend: Backend, requested: int | None) -> int:
     return size
 
 
-def predict(backend: Backend, source: Path, out_dir: Path | None, *, size: int, save: bool) -> list[dict]:
-    """Run over every image/frame of ``source``; with ``save``, write annotations under ``out_dir``.
-
-    Returns one dict per image or frame: ``{"file", "frame" (None for images), "boxes"`` float32 ``[N, 4]``
-    xyxy original-image pixels, ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]`` (numpy arrays),
-    ``"names"`` (the class name of each label)``}``.
-    """
-    results, writer = [], None
+def detect(backend: Backend, frame: Frame, *, size: int, classes: tuple[int, ...] | None) -> dict[str, Any]:
+    """One frame through the model -> ``{"file", "frame", "boxes"`` float32 ``[N, 4]`` xyxy original pixels,
+    ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``, ``"names"}``; only ``classes`` kept when given
+    (after NMS, which runs per class, so the kept boxes are those an unfiltered run finds)."""
+    batch, transforms = prepare_batch([frame.image], size)
+    detections = to_original_pixels(backend(batch)[0], transforms[0])
+    boxes = detections["boxes"].float().cpu().numpy()
+    scores = detections["scores"].float().cpu().numpy()
+    labels = detections["labels"].cpu().numpy().astype(np.int64)
+    if classes is not None:
+        keep = np.isin(labels, classes)
+        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
     names = backend.info.names
+    return {"file": frame.name, "frame": frame.index, "boxes": boxes, "scores": scores, "labels": labels,
+            "names": [names[i] if i < len(names) else str(i) for i in labels.tolist()]}
+
+
+def yolo_lines(result: dict, height: int, width: int, *, with_score: bool) -> str:
+    """A result as YOLO label lines: ``class cx cy w h [score]``, normalised to the image, 6 significant digits."""
+    lines = []
+    for (x1, y1, x2, y2), score, label in zip(result["boxes"].tolist(), result["scores"].tolist(),
+                                              result["labels"].tolist()):
+        values = [(x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height]
+        values += [score] if with_score else []
+        lines.append(" ".join([str(int(label))] + [f"{value:.6g}" for value in values]) + "\n")
+    return "".join(lines)
+
+
+def output_stem(name: str) -> Path:
+    """Where a frame's outputs go, without suffix: ``a/x.jpg`` -> ``a/x``; a URL -> its host and path as one name."""
+    if "://" in name:
+        return Path(re.sub(r"[^A-Za-z0-9._-]+", "_", name.split("://", 1)[1]).strip("_") or "stream")
+    return Path(name).with_suffix("")
+
+
+class Outputs:
+    """What a run writes under its folder, one frame at a time: annotated images or videos, YOLO txt labels,
+    and at :meth:`close` predictions.json (whole, atomically, for the frames done, even after Ctrl-C)."""
+
+    def __init__(self, out_dir: Path, options: PredictOptions, names: list[str]) -> None:
+        self.out_dir, self.options, self.names = out_dir, options, names
+        self.records: list[str] = []
+        self.videos: dict[str, cv2.VideoWriter] = {}
+
+    def add(self, frame: Frame, result: dict) -> None:
+        self.records.append(json.dumps(to_record(result)))
+        stem = output_stem(frame.name)
+        if self.options.save_txt:
+            suffix = "" if frame.index is None else f"_{frame.index}"
+            text = yolo_lines(result, *frame.image.shape[:2], with_score=self.options.save_conf)
+            # One file per image, empty when nothing was found: a processed background image, not a missing one.
+            write_atomically(self.out_dir / "labels" / f"{stem}{suffix}.txt", text.encode())
+        if not self.options.save:
+            return
+        canvas = annotate(frame.image, result, self.names)
+        if frame.index is None:
+            suffix = Path(frame.name).suffix or ".jpg"
+            ok, encoded = cv2.imencode(suffix, canvas)
+            if not ok:
+                raise ValueError(f"{frame.name}: cannot encode an annotated {suffix} image")
+            write_atomically(self.out_dir / frame.name, encoded.tobytes())
+            return
+        if frame.name not in self.videos:
+            path = self.out_dir / f"{stem}.mp4"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.videos[frame.name] = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), frame.fps,
+                                                      canvas.shape[1::-1])
+        self.videos[frame.name].write(canvas)
+
+    def close(self) -> None:
+        for writer in self.videos.values():
+            writer.release()
+        # One record per line: readable, diffable, and still a single JSON list.
+        text = "[\n" + ",\n".join(self.records) + "\n]\n" if self.records else "[]\n"
+        write_atomically(self.out_dir / "predictions.json", text.encode())
+
+
+def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, options: PredictOptions,
+                   outputs: Outputs | None = None, with_image: bool = False) -> Iterator[dict[str, Any]]:
+    """:func:`detect` on each frame, a one-line summary printed per frame, written through ``outputs``;
+    ``with_image``: each result also carries its frame (``"image"``, RGB ``uint8 [H, W, 3]``)."""
     try:
-        for file, frame, image, fps in iterate_source(source):
+        for frame in frames:
             start = time.perf_counter()
-            batch, transforms = prepare_batch([image], size)
-            detections = to_original_pixels(backend(batch)[0], transforms[0])
-            labels = detections["labels"].cpu().numpy().astype(np.int64)
-            results.append({
-                "file": file, "frame": frame, "boxes": detections["boxes"].float().cpu().numpy(),
-                "scores": detections["scores"].float().cpu().numpy(), "labels": labels,
-                "names": [names[i] if i < len(names) else str(i) for i in labels.tolist()],
-            })
-            counts = Counter(results[-1]["names"]).most_common()
-            where = file if frame is None else f"{file} frame {frame}"
+            result = detect(backend, frame, size=size, classes=options.classes)
+            counts = Counter(result["names"]).most_common()
+            where = frame.name if frame.index is None else f"{frame.name} frame {frame.index}"
             summary = ", ".join(f"{count} {name}" for name, count in counts) or "nothing"
             print(f"{where}: {summary} ({1000 * (time.perf_counter() - start):.1f} ms)")
-            if not save or out_dir is None:
-                continue
-            canvas = annotate(image, detections, names)
-            if frame is None:
-                cv2.imwrite(str(out_dir / file), canvas)
-            else:
-                if writer is None:
-                    path = out_dir / f"{Path(file).stem}.mp4"
-                    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, canvas.shape[1::-1])
-                writer.write(canvas)
+            if outputs is not None:
+                outputs.add(frame, result)
+            yield {**result, "image": frame.image} if with_image else result
     finally:
-        if writer is not None:
-            writer.release()
-    return results
+        if outputs is not None:
+            outputs.close()
 
 
-def run_predict(options: PredictOptions, *, backend: Backend | None = None, write: bool = True) -> list[dict]:
-    """Load the model (unless ``backend`` is given), run, and with ``write`` (or ``--save``) write
-    ``<project>/<name>/predictions.json``; returns :func:`predict`'s results.
+def run_predict(options: PredictOptions, *, backend: Backend | None = None, write: bool = True,
+                source: Any = None, stream: bool = False) -> list[dict] | Iterator[dict]:
+    """Load the model (unless ``backend`` is given) and run it over ``source`` (default: ``options.source``;
+    the API passes arrays, PIL images and lists here); returns :func:`detect`'s results, a list, or with
+    ``stream`` a generator that runs as it is read (``"image"``, the RGB frame, added to each result). With
+    ``write`` (or ``--save``/``--save-txt``) the outputs go to ``<project>/<name>``.
+
+    The model, the input size and the run folder are settled before this returns, so a bad flag raises here
+    even with ``stream``; an unreadable source raises at the first frame.
 
     Raises:
         FileNotFoundError, ValueError, RuntimeError: one line naming the file or flag.
     """
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     device = resolve_device(options.device)
-    if not options.source.exists():
-        raise FileNotFoundError(f"{options.source}: no such image, folder or video")
+    frames = open_source(options.source if source is None else source)
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
     if backend is None:
         backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms)
@@ -168,15 +221,24 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         warning = f"the graph has NMS inside at conf {baked.conf_threshold}; --conf {options.conf} cannot go lower"
         print(f"warning: {warning}", file=sys.stderr)
     size = input_size(backend, options.imgsz)
-    out_dir = None
-    if write or options.save:
+    outputs = None
+    if write or options.save or options.save_txt:
         out_dir = next_run_dir(options.project, options.name)
         out_dir.mkdir(parents=True)
-    results = predict(backend, options.source, out_dir, size=size, save=options.save)
-    if out_dir is not None:
-        # One record per line: readable, diffable, and still a single JSON list.
-        records = [json.dumps(to_record(result)) for result in results]
-        (out_dir / "predictions.json").write_text("[\n" + ",\n".join(records) + "\n]\n")
-    where = f"; results in {out_dir}" if out_dir is not None else ""
-    print(f"{backend.name} on {len(results)} images/frames at {size} px{where}")
-    return results
+        outputs = Outputs(out_dir, options, list(backend.info.names))
+    results = predict_frames(backend, read_ahead(frames), size=size, options=options, outputs=outputs,
+                             with_image=stream)
+    where = f"; results in {outputs.out_dir}" if outputs is not None else ""
+    if stream:
+        return closing_line(results, backend.name, size, where)
+    done = list(results)
+    print(f"{backend.name} on {len(done)} images/frames at {size} px{where}")
+    return done
+
+
+def closing_line(results: Iterator[dict], name: str, size: int, where: str) -> Iterator[dict]:
+    """The stream :func:`run_predict` returns: the results, then the closing line once they are all read."""
+    count = 0
+    for count, result in enumerate(results, 1):
+        yield result
+    print(f"{name} on {count} images/frames at {size} px{where}")
