@@ -50,7 +50,7 @@ def is_true(value: Any) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
         return value.lower() == "true"
-    raise ValueError(f"expected True or False, got {value!r}")
+    raise ValueError("expected True or False")
 
 
 def amp(value: Any) -> dict[str, Any]:
@@ -66,7 +66,7 @@ def cache(value: Any) -> dict[str, Any]:
     if isinstance(value, bool):
         return {"cache": "ram" if value else "none"}
     if str(value).lower() == "disk":
-        raise ValueError("cache='disk' has no equivalent: images are cached in RAM (--cache ram) or not at all")
+        raise ValueError("no disk cache here: images are cached in RAM (cache='ram') or not at all")
     return {"cache": {"true": "ram", "false": "none"}.get(str(value).lower(), value)}
 
 
@@ -76,8 +76,8 @@ def device(value: Any) -> dict[str, Any]:
     if isinstance(value, int) and not isinstance(value, bool) or text.isdigit():
         return {"device": f"cuda:{int(text)}"}
     if "," in text or isinstance(value, (list, tuple)):
-        raise ValueError(f"device={value!r}: one device per process here; for several GPUs launch with "
-                         "torchrun --nproc_per_node N (docs/training.md)")
+        raise ValueError("one device per process here; for several GPUs launch with torchrun --nproc_per_node N "
+                         "(docs/training.md)")
     return {"device": value}
 
 
@@ -94,8 +94,7 @@ def train_model(value: Any) -> dict[str, Any]:
         return {"weights": text if match.group(2) else f"{text}.pt", "model": match.group(1)}
     if text.lower().endswith(".pt"):
         return {"weights": text}  # our own checkpoint or another YOLOv8 file: the file decides the scale
-    raise ValueError(f"model={value!r}: expected a scale (n, s, m, l, x), yolov8n...yolov8x (.pt or .yaml), "
-                     "or a .pt file")
+    raise ValueError("expected a scale (n, s, m, l, x), yolov8n...yolov8x (.pt or .yaml), or a .pt file")
 
 
 def multi_scale(value: Any) -> dict[str, Any]:
@@ -252,7 +251,7 @@ def translate(command: str, values: dict[str, Any], *, note: Callable[[str], Non
             try:
                 mapped = alias.means(value)
             except ValueError as error:
-                raise ValueError(f"{command}: {name}: {error}") from None
+                raise ValueError(f"{command}: {name}={value!r}: {error}") from None
             if mapped != {name: value}:
                 extra = f" ({alias.says})" if alias.says else ""
                 note(f"note: Ultralytics' {name}={value!r} is {describe(mapped)} here{extra}")

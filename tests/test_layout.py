@@ -32,8 +32,7 @@ MAX_PARAMETERS = 8
 # The API's verbs take every flag of their command as a named, typed, defaulted parameter, so that an editor and
 # help() show them (tests/test_api.py checks they match the option dataclasses): they mirror the command line,
 # whose width is the point, rather than group parameters that belong together. Nothing else is exempt.
-WIDE_BY_DESIGN = {"detector.api.train", "detector.api.val", "detector.api.predict", "detector.api.export",
-                  "detector.api.Model.predict"}
+WIDE_BY_DESIGN = {"detector.api.train", "detector.api.val", "detector.api.predict", "detector.api.export"}
 
 
 def unit(module: str) -> str:

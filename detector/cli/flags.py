@@ -93,7 +93,8 @@ def flag_tokens(parser: argparse.ArgumentParser, options_class: type, values: di
     tokens: list[str] = []
     for name, value in values.items():
         if name not in known:
-            near = difflib.get_close_matches(name, known, n=3)
+            near = [k for k in known if name.startswith(k) or k.startswith(name)]
+            near = near or difflib.get_close_matches(name, known, n=3)
             hint = f"; did you mean {', '.join(near)}?" if near else f"; see {parser.prog} --help"
             parser.error(f"unknown argument {name}={texts.get(name, value)}{hint}")
         if value is None:
@@ -111,7 +112,8 @@ def flag_tokens(parser: argparse.ArgumentParser, options_class: type, values: di
             elif known[name].default is not False:
                 parser.error(f"{name}=False: {flag} has no off form")
         elif typing.get_origin(kind) is tuple:
-            items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
+            items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) \
+                else [value]
             tokens += [flag, *(str(item).strip() for item in items)]
         else:
             tokens += [flag, texts[name] if name in texts else ",".join(map(str, value))
