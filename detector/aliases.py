@@ -240,8 +240,10 @@ def translate(command: str, values: dict[str, Any], *, note: Callable[[str], Non
     came_from: dict[str, str] = {}
     for name, value in values.items():
         alias = table.get(name)
-        if alias is None or value is None:
+        if alias is None:
             mapped = {name: value}
+        elif value is None:
+            continue  # Ultralytics' "unset": our default stands
         elif alias.means is None:
             if asks_for_nothing(value, alias.harmless):
                 note(f"note: Ultralytics' {name}={value!r} has no equivalent here and changes nothing: {alias.says}")
@@ -252,7 +254,7 @@ def translate(command: str, values: dict[str, Any], *, note: Callable[[str], Non
                 mapped = alias.means(value)
             except ValueError as error:
                 raise ValueError(f"{command}: {name}={value!r}: {error}") from None
-            if mapped != {name: value}:
+            if set(mapped) != {name} or type(mapped[name]) is not type(value) or mapped[name] != value:
                 extra = f" ({alias.says})" if alias.says else ""
                 note(f"note: Ultralytics' {name}={value!r} is {describe(mapped)} here{extra}")
         for ours, converted in mapped.items():

@@ -19,7 +19,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
+    return parse_command(build_parser(), PredictOptions, "predict", argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_command(build_parser(), PredictOptions, "predict", argv)
+    args = parse_args(argv)
     # Streamed and dropped: a webcam or a long video keeps nothing but predictions.json's records.
     return run_command(lambda: deque(run_predict(options_from_args(PredictOptions, args), stream=True), maxlen=0))

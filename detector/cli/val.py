@@ -17,8 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
+    return parse_command(build_parser(), ValOptions, "val", argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parse_command(build_parser(), ValOptions, "val", argv)
+    args = parse_args(argv)
     return run_command(lambda: run_val(options_from_args(ValOptions, args)))
 
 
