@@ -15,12 +15,13 @@ constant memory (predictions.json's records, ~100 bytes per frame, are the only 
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,15 +203,15 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     ``stream`` a generator that runs as it is read (``"image"``, the RGB frame, added to each result). With
     ``write`` (or ``--save``/``--save-txt``) the outputs go to ``<project>/<name>``.
 
-    The model, the input size and the run folder are settled before this returns, so a bad flag raises here
-    even with ``stream``; an unreadable source raises at the first frame.
+    The source's first frame, the model, the input size and the run folder are settled before this returns, so
+    a bad flag or an unreadable source raises here even with ``stream`` (and no run folder is made for it).
 
     Raises:
         FileNotFoundError, ValueError, RuntimeError: one line naming the file or flag.
     """
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     device = resolve_device(options.device)
-    frames = open_source(options.source if source is None else source)
+    frames = first_frame_checked(read_ahead(open_source(options.source if source is None else source)))
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
     if backend is None:
         backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms)
@@ -226,7 +227,7 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         out_dir = next_run_dir(options.project, options.name)
         out_dir.mkdir(parents=True)
         outputs = Outputs(out_dir, options, list(backend.info.names))
-    results = predict_frames(backend, read_ahead(frames), size=size, options=options, outputs=outputs,
+    results = predict_frames(backend, frames, size=size, options=options, outputs=outputs,
                              with_image=stream)
     where = f"; results in {outputs.out_dir}" if outputs is not None else ""
     if stream:
@@ -236,9 +237,25 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     return done
 
 
-def closing_line(results: Iterator[dict], name: str, size: int, where: str) -> Iterator[dict]:
-    """The stream :func:`run_predict` returns: the results, then the closing line once they are all read."""
+def first_frame_checked(frames: Iterator[Frame]) -> Iterator[Frame]:
+    """``frames`` with the first one already read, so a source that cannot be read fails now, not later."""
+    try:
+        first = next(frames)
+    except StopIteration:
+        return iter(())
+    return itertools.chain([first], frames)
+
+
+def closing_line(results: Generator[dict, None, None], name: str, size: int, where: str) -> Iterator[dict]:
+    """The stream :func:`run_predict` returns: the results, then the closing line once they are all read.
+
+    Closing it early (a ``break``) closes ``results`` at once: the reader thread stops, a capture is released and
+    predictions.json is written for the frames done.
+    """
     count = 0
-    for count, result in enumerate(results, 1):
-        yield result
+    try:
+        for count, result in enumerate(results, 1):
+            yield result
+    finally:
+        results.close()
     print(f"{name} on {count} images/frames at {size} px{where}")
