@@ -72,6 +72,7 @@ def split_key_values(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[
     rest: list[str] = []
     pairs: dict[str, str] = {}
     for index, token in enumerate(argv):
+        # argparse keeps no public map from option string to action; this one has been stable since Python 3.2.
         previous = parser._option_string_actions.get(argv[index - 1]) if index else None
         is_value_of_flag = previous is not None and previous.nargs != 0
         match = KEY_VALUE.fullmatch(token)

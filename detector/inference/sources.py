@@ -54,10 +54,6 @@ class Frame:
     image: np.ndarray
     fps: float = 0.0
 
-    @property
-    def is_video(self) -> bool:
-        return self.index is not None
-
 
 def open_source(source: Any) -> Iterator[Frame]:
     """Every frame of ``source`` (see the module docstring), lazily: nothing is decoded before it is asked for.
@@ -146,7 +142,7 @@ def readable(path: Path) -> bool:
 def glob_root(pattern: str) -> str:
     """The folder part of a glob before its first wildcard: ``imgs/a/*.jpg`` -> ``imgs/a``."""
     parts = Path(pattern).parts
-    fixed = [part for part in iter_until_wildcard(parts)]
+    fixed = list(iter_until_wildcard(parts))
     return str(Path(*fixed)) if fixed else "."
 
 
