@@ -1,7 +1,8 @@
 """The five verbs from Python: ``from detector import train, val, predict, export, load``.
 
-Each takes the command's flags as keyword arguments, spelled as Python names (``--max-det`` -> ``max_det``,
-``--no-plots`` -> ``plots=False``), and runs the same workflow as the command (``detector/workflows``)::
+Each takes its command's flags as named, typed, defaulted parameters, spelled as Python names (``--max-det`` ->
+``max_det``, ``--no-plots`` -> ``plots=False``), so an editor and ``help()`` show them; each runs the same
+workflow as the command (``detector/workflows``)::
 
     from detector import train, val, predict, load
 
@@ -9,85 +10,268 @@ Each takes the command's flags as keyword arguments, spelled as Python names (``
     metrics = val(weights=run["best"], data="coco128")                    # {"mAP50-95": ..., "mAP50": ...}
     for image in predict("photos/", weights=run["best"], conf=0.3):       # one dict per image
         print(image["file"], image["boxes"], image["scores"], image["labels"])
+    for frame in predict("clip.mp4", weights=run["best"], stream=True):   # a generator: constant memory
+        ...
     model = load(run["best"])                                             # loaded once, run many times
-    results = model.predict("photos/cat.jpg")
+    results = model.predict(cv2.imread("cat.jpg"))                        # arrays are BGR, as OpenCV reads them
 
-The keyword arguments become the command's option object directly (``val(**kwargs)`` ->
-:class:`detector.workflows.val.ValOptions`, ``train`` -> :class:`detector.training.config.TrainConfig`): no
-command line in between. ``None`` leaves an argument at its
-default; an unknown or missing name raises ``TypeError``, a bad value ``ValueError``, in one line naming it.
-Errors the command prints as ``error: ...`` are raised. Only heavy modules are imported when a verb runs, so
-``import detector`` stays cheap.
+The parameters become the command's option object (``val(...)`` -> :class:`detector.workflows.val.ValOptions`,
+``train`` -> :class:`detector.training.config.TrainConfig`): no command line in between. Their names, defaults
+and types are those classes' fields (``tests/test_api.py`` fails if they drift apart); the annotations also
+admit a ``Path`` where the field is text. ``None`` leaves an argument at its default.
+
+Ultralytics' names are accepted as well, through the same table as the commands' ``key=value`` arguments
+(:mod:`detector.aliases`): ``train(model="yolov8n.pt", amp=False, cos_lr=True)`` is
+``train(weights="yolov8n.pt", model="n", precision="fp32", cosine=True)``, and says so in one line per alias.
+An unknown name raises ``TypeError`` (as does an Ultralytics setting we have no equivalent for, naming what we do
+instead), a bad value ``ValueError``, in one line. Errors the command prints as ``error: ...`` are raised. Only
+heavy modules are imported when a verb runs, so ``import detector`` stays cheap.
 """
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    import numpy as np
+    from PIL import Image
+
     from detector.inference import Backend
 
 __all__ = ["Model", "export", "load", "predict", "train", "val"]
 
 
-def _weights_file(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``weights=`` a :func:`load` ed model -> the file it came from (val and export read the file themselves)."""
-    if isinstance(kwargs.get("weights"), Model):
-        kwargs["weights"] = kwargs["weights"].weights
-    return kwargs
+def train(
+    *,
+    data: str | Path = "",
+    datasets_dir: str | Path = "",
+    model: str = "n",
+    weights: str | Path = "",
+    freeze: int = 0,
+    imgsz: int = 0,
+    epochs: int = 0,
+    time: str | float = "",
+    batch: int = 16,
+    workers: int = -1,
+    cache: str | bool = "auto",
+    device: str | int = "",
+    seed: int = 0,
+    precision: str = "auto",
+    unamp: bool = False,
+    channels_last: bool = True,
+    cuda_graphs: str = "auto",
+    optimizer: str = "auto",
+    lr0: float = 0.01,
+    lrf: float = 0.01,
+    cosine: bool = False,
+    momentum: float = 0.937,
+    weight_decay: float = 0.0005,
+    nominal_batch: int = 64,
+    warmup_epochs: float = 3.0,
+    warmup_bias_lr: float = 0.1,
+    warmup_momentum: float = 0.8,
+    clip_grad: float = 10.0,
+    ema_decay: float = 0.9999,
+    box_gain: float = 7.5,
+    cls_gain: float = 0.5,
+    dfl_gain: float = 1.5,
+    assigner_topk: int = 10,
+    assigner_alpha: float = 0.5,
+    assigner_beta: float = 6.0,
+    mosaic: float = 1.0,
+    close_mosaic: int = 10,
+    degrees: float = 0.0,
+    translate: float = 0.1,
+    scale: float = 0.5,
+    shear: float = 0.0,
+    hsv_h: float = 0.015,
+    hsv_s: float = 0.7,
+    hsv_v: float = 0.4,
+    fliplr: float = 0.5,
+    flipud: float = 0.0,
+    albumentations: float = 0.01,
+    pixel_augment: str = "auto",
+    multi_scale: bool | float = True,
+    multi_scale_min: float = 0.875,
+    multi_scale_max: float = 1.125,
+    multi_scale_hold: int = 10,
+    val_interval: int = 1,
+    patience: int = 100,
+    val_conf: float = 0.001,
+    val_iou: float = 0.7,
+    max_det: int = 300,
+    coco_eval: str = "faster",
+    final_fp32: bool = False,
+    plots: bool = True,
+    tensorboard: bool = False,
+    project: str | Path = "runs/train",
+    name: str = "exp",
+    resume: str | Path | bool = "",
+    amp_check: bool = True,
+    sync_bn: bool = False,
+    **ultralytics: Any,
+) -> dict[str, Any]:
+    """Train a detector: ``python train.py`` with these flags (``python train.py --help`` describes each).
 
-
-def train(**kwargs: Any) -> dict[str, Any]:
-    """``python train.py`` with ``kwargs`` as its flags (``data="coco128", epochs=10, ...``).
+    Common ones: ``data`` (a data YAML, a shipped name such as ``"coco128"``; empty: the built-in shapes set),
+    ``model`` (scale ``n``...``x``, or an Ultralytics ``"yolov8n.pt"``: its weights and scale), ``weights`` (start
+    from a ``.pt``), ``epochs``, ``imgsz``, ``batch``, ``time`` (a wall-clock budget such as ``"1h"``),
+    ``freeze`` (YOLOv8 layers ``0..N-1`` stay fixed), ``device``, ``project``/``name`` (the run folder).
 
     Returns ``{"metrics" (last evaluation), "run_dir", "best" (path of best.pt), "seconds", "epochs_done",
     "precision", "interrupted"}``.
     """
     from detector.training.config import TrainConfig
     from detector.training.trainer import train as run_training
-    from detector.options import build_options
 
-    summary = run_training(build_options(TrainConfig, kwargs, command="train"))
+    summary = run_training(_options(TrainConfig, "train", given(train, locals()), ultralytics))
     return {**summary, "best": Path(summary["run_dir"]) / "weights" / "best.pt"}
 
 
-def val(**kwargs: Any) -> dict[str, float]:
-    """``python -m detector val`` with ``kwargs`` as its flags (``weights=..., data=...``); returns the metrics
-    (``mAP50-95``, ``mAP50``, ``mAP75``, ...). The table, plots and predictions.json are written as by the command."""
-    from detector.options import build_options
+def val(
+    *,
+    weights: str | Path | Model | None = None,
+    data: str | Path | None = None,
+    datasets_dir: str | Path | None = None,
+    imgsz: int | None = None,
+    batch: int = 32,
+    workers: int = 2,
+    conf: float = 0.001,
+    iou: float = 0.7,
+    max_det: int = 300,
+    split: str = "val",
+    coco_eval: str = "faster",
+    device: str | int = "",
+    fp32: bool = False,
+    plots: bool = True,
+    project: str | Path = Path("runs/val"),
+    name: str = "exp",
+    **ultralytics: Any,
+) -> dict[str, float]:
+    """Score ``weights`` (our ``.pt``, an Ultralytics ``yolov8*.pt``, an ``.onnx`` or ``.engine``, or a
+    :func:`load` ed model) on a split of ``data``: ``python -m detector val`` with these flags.
+
+    Returns the metrics (``mAP50-95``, ``mAP50``, ``mAP75``, ...). The table, plots and predictions.json are
+    written under ``project/name`` as by the command. ``weights`` and ``data`` are required (``None`` here only so
+    that Ultralytics' ``model=`` can stand for ``weights``).
+    """
     from detector.workflows.val import ValOptions, run_val
 
-    return run_val(build_options(ValOptions, _weights_file(kwargs), command="val"))
+    return run_val(_options(ValOptions, "val", weights_file(given(val, locals())), ultralytics))
 
 
-def predict(source: str | Path | None = None, **kwargs: Any) -> list[dict[str, Any]]:
-    """``python -m detector predict`` with ``kwargs`` as its flags; ``weights`` may also be a :func:`load` ed model.
+def predict(
+    source: str | Path | int | np.ndarray | Image.Image | list | tuple | None = None,
+    *,
+    weights: str | Path | Model | None = None,
+    save: bool = False,
+    save_txt: bool = False,
+    save_conf: bool = False,
+    classes: int | list[int] | tuple[int, ...] | None = None,
+    conf: float = 0.25,
+    iou: float = 0.7,
+    max_det: int = 300,
+    imgsz: int | None = None,
+    device: str | int = "",
+    project: str | Path = Path("runs/predict"),
+    name: str = "exp",
+    stream: bool = False,
+    **ultralytics: Any,
+) -> list[dict[str, Any]] | Iterator[dict[str, Any]]:
+    """Detect objects in ``source``: ``python -m detector predict`` with these flags.
 
-    Returns one dict per image (or video frame): ``{"file", "frame", "boxes"`` float32 ``[N, 4]`` xyxy pixels of
-    the original image, ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]`` (numpy), ``"names"}``.
-    Unlike the command, nothing is written unless ``save=True`` (annotated images and predictions.json).
+    ``source``: an image, video or folder path (searched recursively), a glob (``"imgs/*.jpg"``), a webcam index
+    (``0``), a stream URL (``rtsp://``, ``http://``), a NumPy array (``uint8 [H, W, 3]`` **BGR**, as
+    ``cv2.imread`` gives), a PIL image, or a list of any of these. ``weights`` may be a :func:`load` ed model.
+    ``classes`` keeps only those class ids; ``save`` writes annotated images or videos, ``save_txt`` YOLO labels
+    (``save_conf`` adds scores); unlike the command, nothing is written unless one of them is set.
+
+    Returns one dict per image or video frame: ``{"file", "frame"`` (None for images), ``"boxes"`` float32
+    ``[N, 4]`` xyxy pixels of the original image, ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``
+    (numpy), ``"names"}``: a list, or with ``stream=True`` a generator that runs as it is read (each result also
+    holding its frame as ``"image"``, RGB ``uint8 [H, W, 3]``), so a long video or a webcam runs in constant
+    memory.
     """
-    from detector.options import build_options
     from detector.workflows.predict import PredictOptions, run_predict
 
-    if source is not None:
-        kwargs["source"] = source
-    model = kwargs.pop("weights", None)
+    values = given(predict, locals())
+    model = values.pop("weights", None)
     if model is not None and not isinstance(model, Model):
-        kwargs["weights"] = model
-    options = build_options(PredictOptions, kwargs, command="predict")
-    return run_predict(options, backend=model.backend if isinstance(model, Model) else None, write=False)
+        values["weights"] = model
+    text_source = source is None or isinstance(source, (str, Path, int)) and not isinstance(source, bool)
+    values["source"] = None if source is None else str(source) if text_source else f"<{type(source).__name__}>"
+    options = _options(PredictOptions, "predict", values, ultralytics)
+    return run_predict(options, backend=model.backend if isinstance(model, Model) else None, write=False,
+                       source=None if text_source else source, stream=stream)
 
 
-def export(**kwargs: Any) -> list[Path]:
-    """``python export.py`` with ``kwargs`` as its flags (``weights=..., format="onnx", ...``); returns the
-    files written, after their parity check."""
+def export(
+    *,
+    weights: str | Path | Model | None = None,
+    format: str | list[str] = "onnx",
+    half: bool = False,
+    imgsz: int | None = None,
+    batch: int = 1,
+    dynamic: bool = False,
+    opset: int = 17,
+    simplify: bool = False,
+    nms: bool = False,
+    conf: float = 0.25,
+    iou: float = 0.7,
+    max_det: int = 300,
+    data: str | Path | None = None,
+    datasets_dir: str | Path | None = None,
+    no_check: bool = False,
+    map_margin: float = 0.5,
+    score_tol: float = 0.05,
+    workers: int = 2,
+    device: str | int = "",
+    workspace: float = 4.0,
+    **ultralytics: Any,
+) -> list[Path]:
+    """Export ``weights`` (default: the newest ``runs/train/*/weights/best.pt``) to ONNX and/or TensorRT
+    (``format="onnx"``, ``"engine"`` or ``"onnx,engine"``): ``python export.py`` with these flags.
+
+    Returns the files written, after their parity check against the FP32 PyTorch model.
+    """
     from detector.workflows.export import ExportOptions, run_export
+
+    return run_export(_options(ExportOptions, "export", weights_file(given(export, locals())), ultralytics))
+
+
+def given(function: Callable, values: dict[str, Any]) -> dict[str, Any]:
+    """The keyword parameters of ``function`` that ``values`` (its ``locals()``) sets to other than the default."""
+    changed = {}
+    for name, parameter in inspect.signature(function).parameters.items():
+        if parameter.kind is not parameter.KEYWORD_ONLY or name not in values:
+            continue
+        value, default = values[name], parameter.default
+        try:
+            same = value is default or (type(value) is type(default) and bool(value == default))
+        except (TypeError, ValueError):  # an array compares element-wise
+            same = False
+        if not same and name != "stream":
+            changed[name] = value
+    return changed
+
+
+def _options(options_class: type, command: str, values: dict[str, Any], ultralytics: dict[str, Any]) -> Any:
+    """Ultralytics' names translated (one note each), then the option object, checked; one-line errors."""
+    from detector.aliases import translate
     from detector.options import build_options
 
-    return run_export(build_options(ExportOptions, _weights_file(kwargs), command="export"))
+    return build_options(options_class, translate(command, {**values, **ultralytics}), command=command)
+
+
+def weights_file(values: dict[str, Any]) -> dict[str, Any]:
+    """``weights=`` a :func:`load` ed model -> the file it came from (val and export read the file themselves)."""
+    if isinstance(values.get("weights"), Model):
+        values["weights"] = values["weights"].weights
+    return values
 
 
 @dataclass
@@ -106,13 +290,14 @@ class Model:
     def names(self) -> list[str]:
         return list(self.backend.info.names)
 
-    def predict(self, source: str | Path, **kwargs: Any) -> list[dict[str, Any]]:
-        """:func:`predict` with this model: the same flags, the same results."""
-        return predict(source, weights=self, **kwargs)
+    def predict(self, source: Any, *, stream: bool = False, **flags: Any) -> list[dict[str, Any]] | Iterator[dict]:
+        """:func:`predict` with this model: the same sources and flags, the same results."""
+        return predict(source, weights=self, stream=stream, **flags)
 
 
 def load(weights: str | Path, *, device: str = "", imgsz: int | None = None) -> Model:
-    """Load ``weights`` (a training checkpoint, full or stripped, or an export) for :meth:`Model.predict`.
+    """Load ``weights`` (a training checkpoint, full or stripped, Ultralytics ``yolov8*.pt``, or an export) for
+    :meth:`Model.predict`.
 
     ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (default: CUDA when there is one); ``imgsz``: the input size of a
     ``.pt`` model (default: its training size).

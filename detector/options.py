@@ -53,6 +53,8 @@ def coerce(options_class: type, item: Field, value: Any) -> Any:
     flag = flag_name(item.name)
     if value is None and optional:
         return None
+    if typing.get_origin(kind) is tuple:  # ``--classes 0 2``: a tuple of one element type
+        return tuple_of(typing.get_args(kind)[0], value, flag)
     try:
         if kind is bool and not isinstance(value, bool):
             raise TypeError
@@ -81,6 +83,17 @@ def coerce(options_class: type, item: Field, value: Any) -> Any:
     if choices is not None and value not in choices:
         raise ValueError(f"{flag}: invalid choice: {value!r} (choose from {', '.join(map(repr, choices))})")
     return value
+
+
+def tuple_of(element: type, value: Any, flag: str) -> tuple:
+    """``0``, ``[0, 2]`` or ``"0,2"`` -> ``(0, 2)`` for a ``tuple[int, ...]`` field; ``ValueError`` naming the flag."""
+    items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) else [value]
+    try:
+        if any(isinstance(item, bool) for item in items):
+            raise TypeError
+        return tuple(element(item) for item in items)
+    except (TypeError, ValueError):
+        raise ValueError(f"{flag}: expected {element.__name__} values, got {value!r}") from None
 
 
 def check_options(options: Any) -> None:

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
 import subprocess
 import sys
+import types
+import typing
 from pathlib import Path
+
+import cv2
+import PIL.Image
 
 import numpy as np
 import pytest
+import torch
 
+import detector.model
+
+import detector.api
 from detector import export, load, predict, train, val
 from detector.checkpoint import is_stripped, load_checkpoint
+from detector.training.config import TrainConfig
+from detector.workflows.export import ExportOptions
+from detector.workflows.predict import PredictOptions
+from detector.workflows.val import ValOptions
 from detector.cli.predict import main as predict_main
 from tests.conftest import write_yolo_dataset
 
@@ -42,8 +57,10 @@ def test_keywords_are_the_option_objects_fields():
         predict(weights="x.pt")
     with pytest.raises(TypeError, match=r"^train: unknown argument 'epoch'; known: .*\bepochs\b"):
         train(epoch=3)
-    with pytest.raises(ValueError, match=r"^--model: invalid choice: 'z'"):  # TrainConfig's choices, as the flag's
-        train(model="z")
+    with pytest.raises(ValueError, match=r"^train: model='z': expected a scale \(n, s, m, l, x\), yolov8n"):
+        train(model="z")  # a scale or Ultralytics' model= (detector/aliases.py)
+    with pytest.raises(ValueError, match=r"^--optimizer: invalid choice: 'Adam'"):  # TrainConfig's choices
+        train(optimizer="Adam")
     with pytest.raises(ValueError, match=r"^--conf: expected float, got 'high'$"):
         predict("x.jpg", conf="high")
 
@@ -102,11 +119,19 @@ def test_export_returns_the_checked_files(run: dict, tmp_path: Path):
     assert load(tmp_path / "best.onnx", device="cpu").names == ["circle", "square", "triangle"]
 
 
-def test_a_stripped_best_starts_a_fine_tune(run: dict, capsys: pytest.CaptureFixture):
+def test_a_stripped_best_starts_a_fine_tune_with_its_backbone_frozen(run: dict, capsys: pytest.CaptureFixture):
     summary = train(data=str(run["data"]), weights=str(run["best"]), project=run["root"] / "runs", name="tune",
-                    **TRAIN_FLAGS)
+                    freeze=10, **TRAIN_FLAGS)
     assert summary["epochs_done"] == 1
-    assert f"tensors from {run['best']} (scale n)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"tensors from {run['best']} (scale n)" in out and "freeze: YOLOv8 layers 0-9 (stem, " in out
+    before, after = (load_checkpoint(path)["model"] for path in (run["best"], summary["best"]))
+    backbone = ("stem.", "down2.", "stage2.", "down3.", "stage3.", "down4.", "stage4.", "down5.", "stage5.", "sppf.")
+    parameters = {name for name, _ in detector.model.build_model(num_classes=3).named_parameters()}
+    frozen = [key for key in parameters if key.startswith(backbone)]
+    # Frozen weights never move, and the EMA's lerp of x towards x is x: best.pt holds them bit for bit.
+    assert frozen and all(torch.equal(before[key], after[key]) for key in frozen)
+    assert not torch.equal(before["head.cv3.0.2.weight"], after["head.cv3.0.2.weight"])  # the head trained
 
 
 def test_the_verbs_stay_functions_after_every_subpackage_is_imported():
@@ -116,3 +141,139 @@ def test_the_verbs_stay_functions_after_every_subpackage_is_imported():
 
     assert detector.export is export and detector.train is train
     assert all(callable(getattr(detector, verb)) for verb in ("train", "val", "predict", "export", "load"))
+
+
+# ------------------------------------------------------------------------------------ signatures an editor shows
+VERBS = [(train, TrainConfig), (val, ValOptions), (predict, PredictOptions), (export, ExportOptions)]
+# Where a verb's parameter may differ from its field, and why: val's required weights/data are None-defaulted so
+# that Ultralytics' model= can stand for weights (the option object still requires them); predict's source is the
+# first positional parameter and takes arrays, images and lists as well as text.
+REQUIRED_BUT_NONE_HERE = {("val", "weights"), ("val", "data")}
+
+
+def members(hint: object) -> set:
+    """``str | Path | None`` -> {str, Path, NoneType}; ``tuple[int, ...]`` -> {tuple[int, ...]}."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return set(typing.get_args(hint))
+    return {hint}
+
+
+@pytest.mark.parametrize("verb,options_class", VERBS, ids=[verb.__name__ for verb, _ in VERBS])
+def test_the_verbs_parameters_are_the_option_classes_fields(verb, options_class) -> None:
+    """Names, order, defaults and types: the API cannot drift from the command's single source of truth."""
+    signature = inspect.signature(verb)
+    namespace = {**vars(detector.api), "np": np, "Image": PIL.Image}
+    hints = typing.get_type_hints(verb, globalns=namespace)
+    field_hints = typing.get_type_hints(options_class)
+    parameters = [p for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY and p.name != "stream"]
+    fields = [f for f in dataclasses.fields(options_class) if not (verb is predict and f.name == "source")]
+    assert [p.name for p in parameters] == [f.name for f in fields]
+    for parameter, field in zip(parameters, fields):
+        where = f"{verb.__name__}({parameter.name})"
+        if field.default is dataclasses.MISSING:
+            assert (verb.__name__, field.name) in REQUIRED_BUT_NONE_HERE and parameter.default is None, where
+        else:
+            assert parameter.default == field.default and type(parameter.default) is type(field.default), where
+        # The annotation admits at least what the field takes (it may add Path where the field is text, or
+        # Ultralytics' spellings such as cache=True).
+        assert members(field_hints[field.name]) <= members(hints[parameter.name]), where
+    assert list(signature.parameters.values())[-1].kind is inspect.Parameter.VAR_KEYWORD  # Ultralytics' names
+    assert verb.__doc__ and len(verb.__doc__.split()) > 20
+
+
+def test_predict_takes_its_source_first_and_a_stream_switch() -> None:
+    parameters = inspect.signature(predict).parameters
+    assert list(parameters)[0] == "source" and parameters["stream"].default is False
+    hints = typing.get_type_hints(predict, globalns={**vars(detector.api), "np": np, "Image": PIL.Image})
+    assert {str, Path, int, np.ndarray, PIL.Image.Image, list} <= members(hints["source"])
+
+
+# ------------------------------------------------------------------------------------- Ultralytics' names
+def test_ultralytics_names_become_the_config_and_say_so(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture) -> None:
+    seen = []
+    monkeypatch.setattr("detector.training.trainer.train", lambda config: seen.append(config) or {"run_dir": "r"})
+    train(model="yolov8s.pt", amp=False, cos_lr=True, nbs=32, box=5.0, cls=1.0, dfl=2.0, lr0=0.02, epochs=3)
+    config = seen[0]
+    assert (config.weights, config.model, config.precision, config.cosine) == ("yolov8s.pt", "s", "fp32", True)
+    assert (config.nominal_batch, config.box_gain, config.cls_gain, config.dfl_gain) == (32, 5.0, 1.0, 2.0)
+    assert (config.lr0, config.epochs) == (0.02, 3)  # the same name here: no note
+    notes = capsys.readouterr().err.splitlines()
+    assert len(notes) == 7 and "note: Ultralytics' amp=False is precision='fp32' here" in notes
+    with pytest.raises(TypeError, match=r"^train: cosine and cos_lr both set cosine \(True vs False\)"):
+        train(cosine=True, cos_lr=False)
+    with pytest.raises(TypeError, match=r"^train: Ultralytics' mixup=0.5 has no equivalent here: mosaic"):
+        train(mixup=0.5)
+    with pytest.raises(TypeError, match=r"^val: missing argument 'weights'"):
+        val(data="coco128.yaml")
+
+
+def test_predict_takes_ultralytics_weights_directly(run: dict, tmp_path: Path, capsys: pytest.CaptureFixture):
+    from tests.weights.lookalike import yolov8_lookalike_bytes
+
+    weights = tmp_path / "yolov8n.pt"
+    weights.write_bytes(yolov8_lookalike_bytes("n", num_classes=3, seed=1))
+    images = Path(run["data"]).parent / "images" / "val"
+    results = predict(images, model=str(weights), device="cpu", conf=0.001)  # Ultralytics' model= for weights
+    assert len(results) == len(list(images.iterdir())) and results[0]["names"] is not None
+    captured = capsys.readouterr()
+    assert "Ultralytics YOLOv8n weights (3 classes)" in captured.out and "is weights=" in captured.err
+    assert load(weights, device="cpu").names == ["class0", "class1", "class2"]
+
+
+# ------------------------------------------------------------------------------------------- predict sources
+def test_arrays_pil_images_and_lists_give_the_files_detections(run: dict):
+    files = sorted((Path(run["data"]).parent / "images" / "val").iterdir())[:2]
+    flags = dict(weights=run["best"], device="cpu", conf=0.001)
+    from_files = [predict(file, **flags)[0] for file in files]
+    from_arrays = predict([cv2.imread(str(file)) for file in files], **flags)  # BGR, as OpenCV reads
+    from_pil = predict(PIL.Image.open(files[0]), **flags)
+    assert [r["file"] for r in from_arrays] == ["image0.jpg", "image1.jpg"] and from_pil[0]["file"] == files[0].name
+    for expected, got in zip(from_files, [*from_arrays, from_pil[0]]):  # the same pixels: the same detections
+        np.testing.assert_array_equal(expected["boxes"], got["boxes"])
+        np.testing.assert_array_equal(expected["scores"], got["scores"])
+    np.testing.assert_array_equal(from_pil[0]["boxes"], from_files[0]["boxes"])
+
+
+def test_stream_is_a_generator_with_the_lists_results(run: dict, tmp_path: Path):
+    frames = [cv2.imread(str(p)) for p in sorted((Path(run["data"]).parent / "images" / "val").iterdir())]
+    video = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 5, frames[0].shape[1::-1])
+    for frame in frames:
+        writer.write(frame)
+    writer.release()
+    flags = dict(weights=run["best"], device="cpu", conf=0.001)
+    listed = predict(video, **flags)
+    streamed = predict(video, stream=True, **flags)
+    assert isinstance(streamed, types.GeneratorType)
+    count = 0
+    for expected, got in zip(listed, streamed, strict=True):
+        assert got["frame"] == expected["frame"] == count and got["image"].shape == frames[0].shape
+        np.testing.assert_array_equal(expected["boxes"], got["boxes"])
+        assert "image" not in expected  # the list keeps no frame's pixels
+        count += 1
+    assert count == len(frames)
+
+
+def test_classes_and_save_txt(run: dict, tmp_path: Path):
+    images = Path(run["data"]).parent / "images" / "val"
+    flags = dict(weights=run["best"], device="cpu", conf=0.001)
+    everything = predict(images, **flags)
+    labels = np.concatenate([r["labels"] for r in everything])
+    keep = int(np.bincount(labels).argmax())  # a class the one-epoch model finds (the filter's unit test: workflows)
+    only = predict(images, classes=[keep], save_txt=True, save_conf=True, project=tmp_path, **flags)
+    none = predict(images, classes=[c for c in range(3) if c not in labels.tolist()] or [99], **flags)
+    assert sum(len(r["labels"]) for r in none) == 0
+    for full, kept in zip(everything, only, strict=True):
+        assert set(kept["labels"].tolist()) <= {keep}
+        np.testing.assert_array_equal(kept["boxes"], full["boxes"][full["labels"] == keep])
+        height, width = cv2.imread(str(images / full["file"])).shape[:2]
+        lines = (tmp_path / "exp" / "labels" / f"{Path(full['file']).stem}.txt").read_text().splitlines()
+        assert len(lines) == len(kept["labels"])
+        for line, box, score in zip(lines, kept["boxes"], kept["scores"]):
+            label, cx, cy, w, h, conf = line.split()
+            assert label == str(keep) and float(conf) == pytest.approx(score, rel=1e-5)  # 6 significant digits
+            x1, y1, x2, y2 = box.tolist()
+            assert [float(cx), float(cy), float(w), float(h)] == pytest.approx(
+                [(x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height], rel=1e-5)
+    assert sum(len(r["labels"]) for r in only) > 0

@@ -11,6 +11,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 import torch
 
@@ -106,6 +108,8 @@ def test_predict_with_bad_weights_is_one_line_and_leaves_nothing(name: str, tmp_
     make, says = BAD_WEIGHTS[name]
     weights = make(tmp_path / name)
     (tmp_path / "images").mkdir()
+    # A readable image: predict opens the source before the model, so the weights are what fails.
+    cv2.imwrite(str(tmp_path / "images" / "a.jpg"), np.full((32, 32, 3), 114, np.uint8))
     before = _files(tmp_path)
     code = predict_command.main(["--weights", str(weights), "--source", str(tmp_path / "images"),
                                  "--project", str(tmp_path / "runs"), "--device", "cpu"])

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "detector"
 # Lowest first. A package or top-level module may import only from layers below its own, never from its own
 # layer or above (inside one package, modules import each other freely). docs/development.md draws this map.
 LAYERS: list[set[str]] = [
-    {"boxes", "files", "device", "precision", "tuning", "options", "paths", "extras"},
+    {"boxes", "files", "device", "precision", "tuning", "options", "paths", "extras", "aliases"},
     {"distributed", "postprocess", "assigner", "runs"},
     {"model", "loss"},
     {"checkpoint", "data"},
@@ -29,6 +29,10 @@ LAYERS: list[set[str]] = [
 ]
 MAX_MODULE_LINES = 450
 MAX_PARAMETERS = 8
+# The API's verbs take every flag of their command as a named, typed, defaulted parameter, so that an editor and
+# help() show them (tests/test_api.py checks they match the option dataclasses): they mirror the command line,
+# whose width is the point, rather than group parameters that belong together. Nothing else is exempt.
+WIDE_BY_DESIGN = {"detector.api.train", "detector.api.val", "detector.api.predict", "detector.api.export"}
 
 
 def unit(module: str) -> str:
@@ -101,7 +105,7 @@ def test_no_function_takes_more_than_eight_parameters() -> None:
                 args = node.args
                 named = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg not in ("self", "cls")]
                 count = len(named) + (args.vararg is not None) + (args.kwarg is not None)
-                if count > MAX_PARAMETERS:
+                if count > MAX_PARAMETERS and f"{name}.{node.name}" not in WIDE_BY_DESIGN:
                     wide.append(f"{name}.{node.name} (line {node.lineno}): {count} parameters")
     assert not wide, f"group related parameters into an object (> {MAX_PARAMETERS}):\n" + "\n".join(wide)
 

@@ -119,8 +119,9 @@ def refusal(text: str) -> str | None:
             if name == "ablate-amp":  # its unknown flags go to each training run: parse them as train's
                 _, rest = parser_for(name).parse_known_args(argv)
                 parser_for("train").parse_args(rest)
-            else:
-                parser_for(name).parse_args(argv)
+            else:  # a command's own parse_args takes key=value arguments too (detector/cli/flags.py)
+                module = importlib.import_module(COMMANDS[name][0])
+                getattr(module, "parse_args", parser_for(name).parse_args)(argv)
     except SystemExit as error:
         return f"argparse refused it (exit {error.code}): {stderr.getvalue().strip()}"
     return None
@@ -139,6 +140,9 @@ def test_a_wrong_command_is_refused() -> None:
     assert refusal("detector frobnicate --weights best.pt") is not None
     assert refusal("python -m detector ablate-amp --epochs 2 --no-such-flag") is not None
     assert refusal("OMP_NUM_THREADS=1 python train.py --data my.yaml --epochs 3") is None
+    assert refusal("detector train data=my.yaml epochs=3 amp=False") is None  # key=value, Ultralytics' names too
+    assert refusal("detector train data=my.yaml mixup=0.3") is not None  # no equivalent: refused
+    assert refusal("detector predict source=0 conf=high") is not None
 
 
 HELP_COMMANDS = [["train.py"], ["export.py"], ["-m", "detector"]] + [["-m", "detector", name] for name in COMMANDS]

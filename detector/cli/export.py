@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from detector.cli.errors import run_command
-from detector.cli.flags import add_flags, options_from_args
+from detector.cli.flags import add_flags, options_from_args, parse_command
 from detector.workflows.export import ExportOptions, run_export
 
 
@@ -20,6 +20,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
+    return parse_command(build_parser(), ExportOptions, "export", argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     return run_command(lambda: run_export(options_from_args(ExportOptions, args)))

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import re
+import sys
+import typing
 from dataclasses import fields
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from detector.aliases import translate
 from detector.options import field_type, flag_name, is_required
 
 T = TypeVar("T")
@@ -20,7 +25,10 @@ def add_flags(parser: argparse.ArgumentParser, options_class: type, *, negatable
     for item in fields(options_class):
         kind, _ = field_type(options_class, item.name)
         help_text = item.metadata.get("help", "")
-        if kind is bool:
+        if typing.get_origin(kind) is tuple:  # ``--classes 0 2``
+            parser.add_argument(flag_name(item.name), dest=item.name, nargs="+", type=typing.get_args(kind)[0],
+                                default=item.default, help=help_text, metavar=item.name.upper())
+        elif kind is bool:
             action = argparse.BooleanOptionalAction if negatable or item.default else "store_true"
             parser.add_argument(flag_name(item.name), dest=item.name, action=action, default=item.default,
                                 help=help_text)
@@ -35,3 +43,121 @@ def add_flags(parser: argparse.ArgumentParser, options_class: type, *, negatable
 def options_from_args(options_class: type[T], args: argparse.Namespace) -> T:
     """The option object a parsed command line means (its values checked as it is made)."""
     return options_class(**{item.name: getattr(args, item.name) for item in fields(options_class)})
+
+
+# ``epochs=3``: Ultralytics' command-line form. The key is a Python name; a token that is the value of a flag
+# before it (``--name run=1``) is left alone.
+KEY_VALUE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
+
+
+def parse_value(text: str) -> Any:
+    """``key=value`` text as Ultralytics reads it: True/False, None, numbers, ``[0, 2]`` lists; else the text."""
+    lowered = text.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered in ("none", "null"):
+        return None
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    if text.startswith("[") and text.endswith("]"):
+        return [parse_value(part.strip()) for part in text[1:-1].split(",") if part.strip()]
+    return text
+
+
+def split_key_values(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """-> (the ``--flag`` tokens, ``{key: text}`` of the ``key=value`` ones), in order."""
+    rest: list[str] = []
+    pairs: dict[str, str] = {}
+    for index, token in enumerate(argv):
+        # argparse keeps no public map from option string to action; this one has been stable since Python 3.2.
+        previous = parser._option_string_actions.get(argv[index - 1]) if index else None
+        is_value_of_flag = previous is not None and previous.nargs != 0
+        match = KEY_VALUE.fullmatch(token)
+        if match and not is_value_of_flag:
+            pairs[match.group(1)] = match.group(2)
+        else:
+            rest.append(token)
+    return rest, pairs
+
+
+def flag_tokens(parser: argparse.ArgumentParser, options_class: type, values: dict[str, Any],
+                texts: dict[str, str]) -> list[str]:
+    """Our field values -> the ``--flag`` tokens that mean them, so argparse checks them as it checks flags.
+
+    ``texts``: the user's own text for a value that was not converted (passed as typed, so ``name=1e3`` stays
+    ``1e3``). Unknown names are a usage error, with the nearest flag names.
+    """
+    known = {item.name: item for item in fields(options_class)}
+    tokens: list[str] = []
+    for name, value in values.items():
+        if name not in known:
+            near = [k for k in known if name.startswith(k) or k.startswith(name)]
+            near = near or difflib.get_close_matches(name, known, n=3)
+            hint = f"; did you mean {', '.join(near)}?" if near else f"; see {parser.prog} --help"
+            parser.error(f"unknown argument {name}={texts.get(name, value)}{hint}")
+        if value is None:
+            continue
+        kind, _ = field_type(options_class, name)
+        flag = flag_name(name)
+        if kind is bool:
+            if not isinstance(value, bool):
+                parser.error(f"{name}={texts.get(name, value)}: expected True or False")
+            negative = "--no-" + flag[2:]
+            if value:
+                tokens.append(flag)
+            elif negative in parser._option_string_actions:
+                tokens.append(negative)
+            elif known[name].default is not False:
+                parser.error(f"{name}=False: {flag} has no off form")
+        elif typing.get_origin(kind) is tuple:
+            items = value.split(",") if isinstance(value, str) else value if isinstance(value, (list, tuple)) \
+                else [value]
+            tokens += [flag, *(str(item).strip() for item in items)]
+        else:
+            tokens += [flag, texts[name] if name in texts else ",".join(map(str, value))
+                       if isinstance(value, (list, tuple)) else str(value)]
+    return tokens
+
+
+def parse_command(parser: argparse.ArgumentParser, options_class: type, command: str,
+                  argv: list[str] | None) -> argparse.Namespace:
+    """Parse ``--flag value`` and Ultralytics' ``key=value`` arguments (our names or its aliases,
+    :mod:`detector.aliases`) alike; each alias says once what our name is.
+
+    Train's ``--model yolov8n.pt`` is the ``model`` alias too: a weights file with its scale.
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if command == "train":
+        argv = model_flag_as_alias(argv)
+    rest, pairs = split_key_values(parser, argv)
+    given = {name: parse_value(text) for name, text in pairs.items()}
+    try:
+        values = translate(command, given)
+    except (TypeError, ValueError) as error:
+        parser.error(str(error))
+    unchanged = {name: pairs[name] for name in pairs if name in values and values[name] is given[name]}
+    return parser.parse_args(rest + flag_tokens(parser, options_class, values, unchanged))
+
+
+def model_flag_as_alias(argv: list[str]) -> list[str]:
+    """``--model yolov8n.pt`` (anything but a scale letter) -> ``model=yolov8n.pt``, for :func:`parse_command`."""
+    out: list[str] = []
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        value = None
+        if token == "--model" and index + 1 < len(argv):
+            value, index = argv[index + 1], index + 1
+        elif token.startswith("--model="):
+            value = token.split("=", 1)[1]
+        if value is None:
+            out.append(token)
+        elif value in ("n", "s", "m", "l", "x"):
+            out += ["--model", value]
+        else:
+            out.append(f"model={value}")
+        index += 1
+    return out

@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import argparse
+from collections import deque
 
 from detector.cli.errors import run_command
-from detector.cli.flags import add_flags, options_from_args
+from detector.cli.flags import add_flags, options_from_args, parse_command
 from detector.workflows.predict import PredictOptions, run_predict
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m detector predict",
-        description="Run a .pt / .onnx / .engine model on an image, a folder of images or a video.",
+        description="Run a .pt / .onnx / .engine model on images, folders, globs, videos, webcams or streams.",
     )
     add_flags(parser, PredictOptions)
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
+    return parse_command(build_parser(), PredictOptions, "predict", argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run_command(lambda: run_predict(options_from_args(PredictOptions, args)))
+    args = parse_args(argv)
+    # Streamed and dropped: a webcam or a long video keeps nothing but predictions.json's records.
+    return run_command(lambda: deque(run_predict(options_from_args(PredictOptions, args), stream=True), maxlen=0))

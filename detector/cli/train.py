@@ -7,7 +7,7 @@ import warnings
 from typing import Any
 
 from detector.cli.errors import run_command
-from detector.cli.flags import add_flags, options_from_args
+from detector.cli.flags import add_flags, options_from_args, parse_command
 from detector.training.config import TrainConfig
 
 
@@ -32,7 +32,12 @@ def run_train(config: TrainConfig) -> dict[str, Any]:
     return train(config)
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
+    return parse_command(build_parser(), TrainConfig, "train", argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     warnings.formatwarning = lambda message, category, *_: f"warning: {message}\n"
     return run_command(lambda: run_train(options_from_args(TrainConfig, args)))

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from detector.cli.errors import run_command
-from detector.cli.flags import add_flags, options_from_args
+from detector.cli.flags import add_flags, options_from_args, parse_command
 from detector.workflows import val as workflow
 from detector.workflows.val import ValOptions, run_val
 
@@ -17,8 +17,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
+    return parse_command(build_parser(), ValOptions, "val", argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     return run_command(lambda: run_val(options_from_args(ValOptions, args)))
 
 

@@ -13,10 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from detector.checkpoint import model_from_checkpoint
 from detector.distributed import unwrap
 from detector.inference.backend import Backend, RawOutputs
 from detector.inference.preprocess import Detections, model_input
+from detector.inference.pt_model import model_from_pt
 from detector.model import YOLO
 from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
@@ -94,7 +94,7 @@ class TorchBackend(Backend):
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, imgsz: int | None = None, **kwargs: Any) -> TorchBackend:
         """EMA weights when the checkpoint has them; ``imgsz`` defaults to the training size, else 640."""
-        model, checkpoint = model_from_checkpoint(path)
+        model, checkpoint = model_from_pt(path)  # ours, or Ultralytics YOLOv8 weights through the safe reader
         config = checkpoint.get("config") or {}
         info = ModelInfo(
             names=list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)]),

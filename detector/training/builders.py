@@ -159,6 +159,29 @@ def build_model_from_weights(config: TrainConfig, num_classes: int, log) -> YOLO
     return model
 
 
+def freeze_layers(model: YOLO, count: int, log) -> tuple[str, ...]:
+    """``--freeze N``: YOLOv8 layers ``0..N-1`` stop training, as Ultralytics' ``freeze=N`` does; -> our modules frozen.
+
+    YOLOv8's layer numbers map onto our attributes (:data:`detector.weights.ultralytics.YOLOV8_LAYERS`): 0-9 are
+    the backbone (``stem`` ... ``sppf``), 10-21 the neck (upsample and concat layers have no parameters), 22 the
+    head. Frozen parameters get ``requires_grad=False``, so :func:`build_optimizer` leaves them out and no
+    gradient is computed for them. BatchNorm layers inside keep updating their running statistics in training
+    mode, as in Ultralytics: the frozen weights stay the pretrained ones, while the statistics follow the new
+    data's distribution (the cheapest part of adapting to it), and the same ``--freeze`` trains what it trains
+    there. The module types stay as they are, so checkpoints, the EMA and export see the same model.
+    """
+    from detector.weights.ultralytics import YOLOV8_LAYERS
+
+    names = tuple(name for _, name in YOLOV8_LAYERS[:count] if name is not None)
+    for name in names:
+        getattr(model, name).requires_grad_(False)
+    if names:
+        frozen = sum(p.numel() for name in names for p in getattr(model, name).parameters())
+        total = sum(p.numel() for p in model.parameters())
+        log(f"freeze: YOLOv8 layers 0-{count - 1} ({', '.join(names)}): {frozen:,} of {total:,} parameters frozen")
+    return names
+
+
 def load_resume(config: TrainConfig) -> tuple[TrainConfig, Path, dict[str, Any]]:
     """``--resume``: the run's own config (only the device and worker count may change), its last.pt and that file.
 

@@ -23,6 +23,9 @@ BUILTIN_EPOCHS = 20  # the recipe's length: close-mosaic and warm-up keep their 
 # The demo promises to finish in under 10 minutes on any 2-core x86 CPU: with BF16 the 20 epochs fit in
 # about 7; without it (FP32, ~3x slower) only a budget keeps the promise, so the built-in run has one.
 BUILTIN_TIME = "8m"
+# --freeze N freezes YOLOv8 layers 0..N-1 (detector.training.builders.freeze_layers maps them to our modules);
+# layer 22 is the head, so 22 leaves only the head to train and more would leave nothing.
+FREEZABLE_LAYERS = 22
 
 
 @dataclass
@@ -34,6 +37,8 @@ class TrainConfig:
     model: str = option("n", "model scale", choices=("n", "s", "m", "l", "x"))
     weights: str = option("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
                                 "(bare names look in weights/; python -m detector download yolov8n fetches one)")
+    freeze: int = option(0, "freeze the first N layers, numbered as in YOLOv8 (10 = the backbone, 22 = all but the "
+                            "head): their weights and BN affine parameters stay as loaded; 0 = train everything")
     imgsz: int = option(0, "image size (pixels, multiple of 32); 0 = 320 on the built-in dataset, else 640")
     epochs: int = option(0, "training epochs; 0 = tuned default on the built-in dataset, else 100")
     time: str = option("", "wall-clock budget for the whole run, e.g. 8m, 1.5h, 90s (bare number = hours): the epoch "
@@ -142,6 +147,8 @@ class TrainConfig:
                 parse_duration(self.time)
             except ValueError as error:
                 problems.append(str(error))
+        if not 0 <= self.freeze <= FREEZABLE_LAYERS:
+            problems.append(f"--freeze must be in [0, {FREEZABLE_LAYERS}] (22 = all but the head; got {self.freeze})")
         if self.patience < 0:
             problems.append(f"--patience must be >= 0 (got {self.patience})")
         if self.val_interval < 1:

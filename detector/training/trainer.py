@@ -40,7 +40,8 @@ from detector.files import write_text_atomically
 from detector.runs import append_results, claim_run_dir
 from detector.training.amp_check import amp_preflight, save_preflight
 from detector.training.budget import RunClock, RunSettings, TimeBudget
-from detector.training.builders import build_criterion, build_data, build_model_from_weights, build_optimization
+from detector.training.builders import (build_criterion, build_data, build_model_from_weights, build_optimization,
+                                        freeze_layers)
 from detector.training.builders import build_train_loader, load_resume, warmup_steps, wrap_distributed
 from detector.training.config import TrainConfig
 from detector.training.decision import EpochDecision, fallback_after_epoch, fitness
@@ -85,6 +86,7 @@ class Trainer:
         model = (build_model_from_weights(config, self.spec.num_classes, self.log) if checkpoint is None
                  else build_model(num_classes=self.spec.num_classes, scale=config.model))
         config.model = model.scale  # the weights file may have chosen the scale; resume must rebuild it
+        freeze_layers(model, config.freeze, self.log)  # before the optimizer: it takes trainable parameters only
         model.to(self.device)
         if config.channels_last:
             model.to(memory_format=torch.channels_last)

@@ -1,36 +1,44 @@
-"""``python -m detector predict``: run a .pt / .onnx / .engine model on an image, a folder or a video.
+"""``python -m detector predict``: run a .pt / .onnx / .engine model on images, folders, globs, videos, webcams
+and streams (every source :mod:`detector.inference.sources` reads).
 
 Writes ``<project>/<name>/predictions.json`` (a list, one entry per image or video frame:
-``{"file", "frame", "boxes" [[x1, y1, x2, y2] original pixels], "scores", "labels", "names"}``) and, with
-``--save``, annotated images (same file names) or an annotated ``<video stem>.mp4``.
+``{"file", "frame", "boxes" [[x1, y1, x2, y2] original pixels], "scores", "labels", "names"}``); with
+``--save`` annotated images (under their names relative to the source folder) or an annotated
+``<video stem>.mp4`` per video; with ``--save-txt`` YOLO labels ``labels/<image stem>.txt`` (``_<frame>``
+added for video frames): one ``class cx cy w h`` line per box, normalised to the image, ``--save-conf`` adding
+the score, as Ultralytics writes them.
+
+Results are produced one frame at a time (:func:`predict_frames`), frames are decoded ahead of the model in a
+small bounded queue, and nothing keeps a frame's pixels after its result, so a long video or a stream runs in
+constant memory (predictions.json's records, ~100 bytes per frame, are the only thing that grows).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
 import sys
-from contextlib import nullcontext
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 
-from detector.data.images import ImageError, read_image
-from detector.data.spec import IMAGE_SUFFIXES
 from detector.device import resolve_device
+from detector.files import write_atomically, write_image, write_text_atomically
 from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
-from detector.postprocess import NMSConfig
-from detector.files import write_image, write_text_atomically
-from detector.runs import run_folder
-from detector.tuning import enlarge_onednn_cache
+from detector.inference.sources import Frame, open_source, read_ahead
 from detector.options import Options, option
+from detector.postprocess import NMSConfig
+from detector.runs import claim_run_dir
+from detector.tuning import enlarge_onednn_cache
 
-VIDEO_SUFFIXES = {".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg"}
 PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),
            (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0), (168, 153, 44), (255, 194, 0)]  # BGR
 
@@ -39,9 +47,14 @@ PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 
 class PredictOptions(Options):
     """The flags of ``python -m detector predict``."""
 
-    weights: Path | None = option(None, ".pt, .onnx or .engine (default: the newest runs/train/*/weights/best.pt)")
-    source: Path = option(help="an image, a folder of images, or a video file")
+    weights: Path | None = option(None, ".pt (ours or an Ultralytics yolov8*.pt), .onnx or .engine (default: the "
+                                        "newest runs/train/*/weights/best.pt)")
+    source: str = option(help="an image, a folder (searched recursively), a glob ('imgs/*.jpg'), a video, a "
+                              "webcam index (0) or a stream URL (rtsp://, http://)")
     save: bool = option(False, "write annotated images / video (default: off; predictions.json always)")
+    save_txt: bool = option(False, "write YOLO labels labels/<image>.txt: class cx cy w h, normalised (default: off)")
+    save_conf: bool = option(False, "with --save-txt: each box's score as a sixth column (default: off)")
+    classes: tuple[int, ...] | None = option(None, "keep only these class ids, e.g. --classes 0 2 (default: all)")
     conf: float = option(0.25, "score threshold (default: 0.25)")
     iou: float = option(0.7, "NMS IoU threshold (default: 0.7)")
     max_det: int = option(300, "detections kept per image (default: 300)")
@@ -49,34 +62,6 @@ class PredictOptions(Options):
     device: str = option("", "cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     project: Path = option(Path("runs/predict"), "parent folder of runs (default: runs/predict)")
     name: str = option("exp", "run folder; exp, exp2, ... when taken (default: exp)")
-
-def iterate_source(source: Path) -> Iterator[tuple[str, int | None, np.ndarray, float]]:
-    """-> (file name, frame index or None, RGB ``uint8 [H, W, 3]``, fps (0 for images))."""
-    if source.is_dir():
-        files = sorted(p for p in source.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
-        if not files:
-            raise FileNotFoundError(f"{source}: no images ({', '.join(sorted(IMAGE_SUFFIXES))})")
-        for file in files:
-            try:  # one bad image of many is skipped with a line; the only image given fails the command
-                image = read_image(file)
-            except ImageError as error:
-                print(f"warning: {error}; skipped", file=sys.stderr)
-                continue
-            yield file.name, None, image, 0.0
-    elif source.suffix.lower() in VIDEO_SUFFIXES:
-        capture = cv2.VideoCapture(str(source))
-        if not capture.isOpened():
-            raise FileNotFoundError(f"{source}: cannot open video")
-        fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
-        frame = 0
-        while (read := capture.read())[0]:
-            yield source.name, frame, cv2.cvtColor(read[1], cv2.COLOR_BGR2RGB), fps
-            frame += 1
-        capture.release()
-    elif source.is_file() and source.suffix.lower() in IMAGE_SUFFIXES:
-        yield source.name, None, read_image(source), 0.0
-    else:
-        raise FileNotFoundError(f"{source}: not an image, a folder or a video ({', '.join(sorted(VIDEO_SUFFIXES))})")
 
 
 def annotate(image_rgb: np.ndarray, result: dict, names: list[str]) -> np.ndarray:
@@ -115,63 +100,123 @@ def input_size(backend: Backend, requested: int | None) -> int:
     return size
 
 
-def predict(backend: Backend, source: Path, out_dir: Path | None, *, size: int, save: bool) -> list[dict]:
-    """Run over every image/frame of ``source``; with ``save``, write annotations under ``out_dir``.
-
-    Returns one dict per image or frame: ``{"file", "frame" (None for images), "boxes"`` float32 ``[N, 4]``
-    xyxy original-image pixels, ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]`` (numpy arrays),
-    ``"names"`` (the class name of each label)``}``.
-    """
-    results, writer = [], None
+def detect(backend: Backend, frame: Frame, *, size: int, classes: tuple[int, ...] | None) -> dict[str, Any]:
+    """One frame through the model -> ``{"file", "frame", "boxes"`` float32 ``[N, 4]`` xyxy original pixels,
+    ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``, ``"names"}``; only ``classes`` kept when given
+    (after NMS, which runs per class, so the kept boxes are those an unfiltered run finds)."""
+    batch, transforms = prepare_batch([frame.image], size)
+    detections = to_original_pixels(backend(batch)[0], transforms[0])
+    boxes = detections["boxes"].float().cpu().numpy()
+    scores = detections["scores"].float().cpu().numpy()
+    labels = detections["labels"].cpu().numpy().astype(np.int64)
+    if classes is not None:
+        keep = np.isin(labels, classes)
+        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
     names = backend.info.names
+    return {"file": frame.name, "frame": frame.index, "boxes": boxes, "scores": scores, "labels": labels,
+            "names": [names[i] if i < len(names) else str(i) for i in labels.tolist()]}
+
+
+def yolo_lines(result: dict, height: int, width: int, *, with_score: bool) -> str:
+    """A result as YOLO label lines: ``class cx cy w h [score]``, normalised to the image, 6 significant digits."""
+    lines = []
+    for (x1, y1, x2, y2), score, label in zip(result["boxes"].tolist(), result["scores"].tolist(),
+                                              result["labels"].tolist()):
+        values = [(x1 + x2) / 2 / width, (y1 + y2) / 2 / height, (x2 - x1) / width, (y2 - y1) / height]
+        values += [score] if with_score else []
+        lines.append(" ".join([str(int(label))] + [f"{value:.6g}" for value in values]) + "\n")
+    return "".join(lines)
+
+
+def output_stem(name: str) -> Path:
+    """Where a frame's outputs go, without suffix: ``a/x.jpg`` -> ``a/x``; a URL -> its host and path as one name."""
+    if "://" in name:
+        return Path(re.sub(r"[^A-Za-z0-9._-]+", "_", name.split("://", 1)[1]).strip("_") or "stream")
+    return Path(name).with_suffix("")
+
+
+class Outputs:
+    """What a run writes under its folder, one frame at a time: annotated images or videos, YOLO txt labels,
+    and at :meth:`close` predictions.json (whole, atomically, for the frames done, even after Ctrl-C)."""
+
+    def __init__(self, out_dir: Path, options: PredictOptions, names: list[str]) -> None:
+        self.out_dir, self.options, self.names = out_dir, options, names
+        self.records: list[str] = []
+        self.videos: dict[str, cv2.VideoWriter] = {}
+        self.staged: dict[str, tuple[Path, Path]] = {}
+
+    def add(self, frame: Frame, result: dict) -> None:
+        self.records.append(json.dumps(to_record(result)))
+        stem = output_stem(frame.name)
+        if self.options.save_txt:
+            suffix = "" if frame.index is None else f"_{frame.index}"
+            text = yolo_lines(result, *frame.image.shape[:2], with_score=self.options.save_conf)
+            # One file per image, empty when nothing was found: a processed background image, not a missing one.
+            write_atomically(self.out_dir / "labels" / f"{stem}{suffix}.txt", text.encode())
+        if not self.options.save:
+            return
+        canvas = annotate(frame.image, result, self.names)
+        if frame.index is None:
+            name = frame.name if Path(frame.name).suffix else f"{frame.name}.jpg"
+            write_image(self.out_dir / name, canvas)  # atomic; an image OpenCV cannot encode raises OSError
+            return
+        if frame.name not in self.videos:
+            path = self.out_dir / f"{stem}.mp4"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            staged = path.with_name(f".{path.stem}.partial.mp4")  # OpenCV picks the container by the suffix
+            writer = cv2.VideoWriter(str(staged), cv2.VideoWriter_fourcc(*"mp4v"), frame.fps, canvas.shape[1::-1])
+            if not writer.isOpened():
+                raise OSError(f"{path}: cannot write video (this OpenCV build has no mp4v encoder)")
+            self.videos[frame.name] = writer
+            self.staged[frame.name] = (staged, path)
+        self.videos[frame.name].write(canvas)
+
+    def close(self) -> None:
+        for name, writer in self.videos.items():
+            writer.release()
+            staged, path = self.staged[name]
+            os.replace(staged, path)  # each video appears whole, once its frames are in
+        # One record per line: readable, diffable, and still a single JSON list.
+        text = "[\n" + ",\n".join(self.records) + "\n]\n" if self.records else "[]\n"
+        write_text_atomically(self.out_dir / "predictions.json", text)
+
+
+def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, options: PredictOptions,
+                   outputs: Outputs | None = None, with_image: bool = False) -> Iterator[dict[str, Any]]:
+    """:func:`detect` on each frame, a one-line summary printed per frame, written through ``outputs``;
+    ``with_image``: each result also carries its frame (``"image"``, RGB ``uint8 [H, W, 3]``)."""
     try:
-        for file, frame, image, fps in iterate_source(source):
+        for frame in frames:
             start = time.perf_counter()
-            batch, transforms = prepare_batch([image], size)
-            detections = to_original_pixels(backend(batch)[0], transforms[0])
-            labels = detections["labels"].cpu().numpy().astype(np.int64)
-            results.append({
-                "file": file, "frame": frame, "boxes": detections["boxes"].float().cpu().numpy(),
-                "scores": detections["scores"].float().cpu().numpy(), "labels": labels,
-                "names": [names[i] if i < len(names) else str(i) for i in labels.tolist()],
-            })
-            counts = Counter(results[-1]["names"]).most_common()
-            where = file if frame is None else f"{file} frame {frame}"
+            result = detect(backend, frame, size=size, classes=options.classes)
+            counts = Counter(result["names"]).most_common()
+            where = frame.name if frame.index is None else f"{frame.name} frame {frame.index}"
             summary = ", ".join(f"{count} {name}" for name, count in counts) or "nothing"
             print(f"{where}: {summary} ({1000 * (time.perf_counter() - start):.1f} ms)")
-            if not save or out_dir is None:
-                continue
-            canvas = annotate(image, detections, names)
-            if frame is None:
-                write_image(out_dir / file, canvas)  # atomic; an image OpenCV cannot encode raises OSError
-            else:
-                if writer is None:
-                    path = out_dir / f"{Path(file).stem}.mp4"
-                    staged = path.with_name(f".{path.stem}.partial.mp4")  # OpenCV picks the container by suffix
-                    writer = cv2.VideoWriter(str(staged), cv2.VideoWriter_fourcc(*"mp4v"), fps, canvas.shape[1::-1])
-                    if not writer.isOpened():
-                        writer = None
-                        raise OSError(f"{path}: cannot write video (this OpenCV build has no mp4v encoder)")
-                writer.write(canvas)
+            if outputs is not None:
+                outputs.add(frame, result)
+            yield {**result, "image": frame.image} if with_image else result
     finally:
-        if writer is not None:
-            writer.release()
-    if writer is not None:
-        os.replace(staged, path)  # the video appears whole, once every frame is in
-    return results
+        if outputs is not None:
+            outputs.close()
 
 
-def run_predict(options: PredictOptions, *, backend: Backend | None = None, write: bool = True) -> list[dict]:
-    """Load the model (unless ``backend`` is given), run, and with ``write`` (or ``--save``) write
-    ``<project>/<name>/predictions.json``; returns :func:`predict`'s results.
+def run_predict(options: PredictOptions, *, backend: Backend | None = None, write: bool = True,
+                source: Any = None, stream: bool = False) -> list[dict] | Iterator[dict]:
+    """Load the model (unless ``backend`` is given) and run it over ``source`` (default: ``options.source``;
+    the API passes arrays, PIL images and lists here); returns :func:`detect`'s results, a list, or with
+    ``stream`` a generator that runs as it is read (``"image"``, the RGB frame, added to each result). With
+    ``write`` (or ``--save``/``--save-txt``) the outputs go to ``<project>/<name>``.
+
+    The source's first frame, the model, the input size and the run folder are settled before this returns, so
+    a bad flag or an unreadable source raises here even with ``stream`` (and no run folder is made for it).
 
     Raises:
         FileNotFoundError, ValueError, RuntimeError: one line naming the file or flag.
     """
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     device = resolve_device(options.device)
-    if not options.source.exists():
-        raise FileNotFoundError(f"{options.source}: no such image, folder or video")
+    frames = first_frame_checked(read_ahead(open_source(options.source if source is None else source)))
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
     if backend is None:
         backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms)
@@ -182,13 +227,41 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         warning = f"the graph has NMS inside at conf {baked.conf_threshold}; --conf {options.conf} cannot go lower"
         print(f"warning: {warning}", file=sys.stderr)
     size = input_size(backend, options.imgsz)
-    # A failure inside removes the run folder it claimed: a failed predict leaves nothing behind.
-    with run_folder(options.project, options.name) if write or options.save else nullcontext() as out_dir:
-        results = predict(backend, options.source, out_dir, size=size, save=options.save)
-        if out_dir is not None:
-            # One record per line: readable, diffable, and still a single JSON list.
-            records = [json.dumps(to_record(result)) for result in results]
-            write_text_atomically(out_dir / "predictions.json", "[\n" + ",\n".join(records) + "\n]\n")
-    where = f"; results in {out_dir}" if out_dir is not None else ""
-    print(f"{backend.name} on {len(results)} images/frames at {size} px{where}")
-    return results
+    outputs = None
+    if write or options.save or options.save_txt:
+        # Claimed only now, once the model loaded and the source's first frame was read: a bad source or flag
+        # leaves no run folder behind (claim_run_dir: atomic, two runs at once get different folders).
+        out_dir = claim_run_dir(options.project, options.name)
+        outputs = Outputs(out_dir, options, list(backend.info.names))
+    results = predict_frames(backend, frames, size=size, options=options, outputs=outputs,
+                             with_image=stream)
+    where = f"; results in {outputs.out_dir}" if outputs is not None else ""
+    if stream:
+        return closing_line(results, backend.name, size, where)
+    done = list(results)
+    print(f"{backend.name} on {len(done)} images/frames at {size} px{where}")
+    return done
+
+
+def first_frame_checked(frames: Iterator[Frame]) -> Iterator[Frame]:
+    """``frames`` with the first one already read, so a source that cannot be read fails now, not later."""
+    try:
+        first = next(frames)
+    except StopIteration:
+        return iter(())
+    return itertools.chain([first], frames)
+
+
+def closing_line(results: Generator[dict, None, None], name: str, size: int, where: str) -> Iterator[dict]:
+    """The stream :func:`run_predict` returns: the results, then the closing line once they are all read.
+
+    Closing it early (a ``break``) closes ``results`` at once: the reader thread stops, a capture is released and
+    predictions.json is written for the frames done.
+    """
+    count = 0
+    try:
+        for count, result in enumerate(results, 1):
+            yield result
+    finally:
+        results.close()
+    print(f"{name} on {count} images/frames at {size} px{where}")

@@ -11,9 +11,13 @@ when taken)::
     confusion_matrix.png  at conf 0.25, IoU 0.45
     val_batch0_pred.png   ground truth beside predictions for the first 16 images
 
-Precision follows training's ``auto`` rule (``detector.precision``): FP16 autocast on CUDA, BF16 on a
-CPU with native BF16 (AVX-512 BF16 / AMX), else FP32; ``--fp32`` turns autocast off. Box decoding and
-NMS always run in FP32.
+``--weights`` is one of our checkpoints, Ultralytics YOLOv8 weights (``yolov8n.pt``, read by the safe
+converter, detector/weights/ultralytics.py), or an export (``.onnx``, ``.engine``) run through its
+:class:`~detector.inference.Backend`, the same runtime predict and benchmark use.
+
+Precision of a ``.pt`` follows training's ``auto`` rule (``detector.precision``): FP16 autocast on CUDA, BF16 on
+a CPU with native BF16 (AVX-512 BF16 / AMX), else FP32; ``--fp32`` turns autocast off. An export runs at the
+precision it was exported with. Box decoding and NMS always run in FP32.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from detector.checkpoint import model_from_checkpoint
 from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
 from detector.device import resolve_device
+from detector.inference import Backend, load_backend
+from detector.inference.pt_model import model_from_pt
 from detector.inference.torch_backend import DEFAULT_IMGSZ, make_torch_infer
 from detector.metrics.coco import BACKENDS, evaluator_name, resolve_backend
 from detector.metrics.loop import make_val_loader, run_validation
@@ -43,7 +48,8 @@ from detector.options import Options, option
 class ValOptions(Options):
     """The flags of ``python -m detector val``."""
 
-    weights: Path = option(help="checkpoint (.pt) written by training")
+    weights: Path = option(help="checkpoint (.pt) written by training, Ultralytics yolov8*.pt, or an export "
+                                "(.onnx, .engine)")
     data: Path = option(help="dataset YAML, or a shipped one's name (coco.yaml)")
     datasets_dir: Path | None = option(None, "root of downloaded datasets (default: $DETECTOR_DATASETS, else "
                                              "datasets/ in the data folder)")
@@ -72,6 +78,14 @@ def resolve_image_size(requested: int | None, config: dict | None) -> int:
     return size
 
 
+def exported_image_size(requested: int | None, backend: Backend) -> int:
+    """An export's own size, or ``--imgsz`` where the graph is dynamic (``ValueError`` where it is fixed)."""
+    info = backend.info
+    if requested and not info.dynamic and requested != info.imgsz:
+        raise ValueError(f"{info.imgsz} px is fixed in this export; drop --imgsz or export with --dynamic")
+    return resolve_image_size(requested or info.imgsz, None)
+
+
 def run_val(options: ValOptions) -> dict[str, float]:
     """Score ``options.weights`` on a split; returns the metrics (``mAP50-95``, ``mAP50``, ...).
 
@@ -80,33 +94,43 @@ def run_val(options: ValOptions) -> dict[str, float]:
     """
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     spec = load_dataset_spec(options.data, datasets_dir=options.datasets_dir)
-    model, checkpoint = model_from_checkpoint(options.weights)
-    if model.num_classes != spec.num_classes:
-        raise DatasetError(
-            f"{options.data}: {spec.num_classes} classes but {options.weights} was trained for {model.num_classes}"
-        )
-    if checkpoint.get("names") and list(checkpoint["names"]) != spec.names:
-        print(f"note: class names differ between {options.weights} and {options.data}; the table uses the data YAML's")
-    image_size = resolve_image_size(options.imgsz, checkpoint.get("config"))
-    # One pass over the images, so a RAM cache would only add its own load time and memory.
-    split = build_split(spec, options.split, image_size=image_size, augment=None, cache="false")
     device = resolve_device(options.device)
-
-    precision = resolve_precision("fp32" if options.fp32 else "auto", device)
-    model = model.to(device).float()
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
                     multi_label=True)
+    if options.weights.suffix.lower() == ".pt":
+        model, checkpoint = model_from_pt(options.weights)
+        num_classes, names = model.num_classes, checkpoint.get("names")
+        image_size = resolve_image_size(options.imgsz, checkpoint.get("config"))
+        precision = resolve_precision("fp32" if options.fp32 else "auto", device)
+        infer = make_torch_infer(model.to(device).float(), precision=precision, nms=nms, device=device)
+        runtime = f"{device.type} {precision.name.upper()} ({precision.reason})"
+    else:
+        backend = load_backend(options.weights, device=str(device), nms=nms)
+        num_classes, names = len(backend.info.names), backend.info.names
+        image_size = exported_image_size(options.imgsz, backend)
+        if backend.info.nms is not None:
+            print(f"note: {options.weights} has NMS inside (conf {backend.info.nms.conf_threshold}, one class per box):"
+                  " mAP is lower than with the Python NMS at --conf 0.001; export without --nms to evaluate")
+        infer, runtime = backend, backend.name
+    if num_classes != spec.num_classes:
+        raise DatasetError(
+            f"{options.data}: {spec.num_classes} classes but {options.weights} was trained for {num_classes}"
+        )
+    if names and list(names) != spec.names:
+        print(f"note: class names differ between {options.weights} and {options.data}; the table uses the data YAML's")
+    # One pass over the images, so a RAM cache would only add its own load time and memory.
+    split = build_split(spec, options.split, image_size=image_size, augment=None, cache="false")
     coco_eval = resolve_backend(options.coco_eval)
     # A failure inside removes the run folder it claimed: a failed val leaves nothing behind.
     with run_folder(options.project, options.name) as save_dir:
         print(f"val: {options.weights} on {spec.yaml_path.name} '{options.split}' ({len(split.records)} images), "
-              f"imgsz {image_size}, {device.type} {precision.name.upper()} ({precision.reason}), "
+              f"imgsz {image_size}, {runtime}, "
               f"COCO eval {evaluator_name(coco_eval)}")
 
         loader = make_val_loader(split, batch_size=options.batch, workers=options.workers,
                                  cpu_compute=device.type == "cpu")
         validation = run_validation(
-            make_torch_infer(model, precision=precision, nms=nms, device=device),
+            infer,
             split,
             loader,
             results_json=save_dir / "predictions.json",

@@ -100,3 +100,30 @@ def test_benchmark_prints_a_markdown_row_per_backend(checkpoint: Path, capsys: p
     for name in ("| pytorch fp32 |", "| onnxruntime fp32 |", "| onnxruntime fp16 |"):
         assert name in table
     assert "tensorrt" in table  # timed where present, otherwise a skip note saying why
+
+
+def test_a_source_that_cannot_be_read_fails_before_any_run_folder(checkpoint: Path, tmp_path: Path, capsys) -> None:
+    runs = tmp_path / "runs"
+    assert predict_main(["--weights", str(checkpoint), "--source", str(tmp_path / "missing"), "--project", str(runs),
+                         "--device", "cpu"]) == 1
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'missing'}: no such image, folder, video or glob"
+    assert not runs.exists()
+
+
+def test_key_value_arguments_save_txt_and_classes(checkpoint: Path, tmp_path: Path, capsys) -> None:
+    names = write_images(tmp_path / "images")
+    (tmp_path / "images" / "nested").mkdir()
+    (tmp_path / "images" / "nested" / "deep.jpg").write_bytes((tmp_path / "images" / names[0]).read_bytes())
+    assert predict_main([f"model={checkpoint}", f"source={tmp_path / 'images'}", "save_txt=True", "classes=[0,2]",
+                         "conf=0.3", "device=cpu", f"project={tmp_path / 'runs'}"]) == 0
+    assert "note: Ultralytics' model=" in capsys.readouterr().err
+    out = tmp_path / "runs" / "exp"
+    records = json.loads((out / "predictions.json").read_text())
+    assert [r["file"] for r in records] == [*names, "nested/deep.jpg"]  # recursive, paths relative to the folder
+    assert records[0]["boxes"] == records[-1]["boxes"]  # the same file
+    assert all(set(r["labels"]) <= {0, 2} for r in records) and sum(len(r["labels"]) for r in records) > 0
+    labels = sorted(p.relative_to(out / "labels").as_posix() for p in (out / "labels").rglob("*.txt"))
+    assert labels == sorted([*(Path(n).stem + ".txt" for n in names), "nested/deep.txt"])
+    for record in records:
+        lines = (out / "labels" / Path(record["file"]).with_suffix(".txt")).read_text().splitlines()
+        assert [int(line.split()[0]) for line in lines] == record["labels"] and all(len(l.split()) == 5 for l in lines)

@@ -1,8 +1,17 @@
-"""train.py's flags: the Ultralytics spellings fill the same config fields as ours."""
+"""train.py's flags: the Ultralytics spellings (``--val-period``, ``key=value`` arguments, ``--model yolov8n.pt``)
+fill the same config fields as ours, each saying once what our name is."""
 
 from __future__ import annotations
 
+import pytest
+
+from detector.cli.flags import options_from_args, parse_command
 from detector.cli.train import build_parser
+from detector.training.config import TrainConfig
+
+
+def parse(argv: list[str]) -> TrainConfig:
+    return options_from_args(TrainConfig, parse_command(build_parser(), TrainConfig, "train", argv))
 
 
 def test_val_period_is_val_interval() -> None:
@@ -11,3 +20,53 @@ def test_val_period_is_val_interval() -> None:
     assert parser.parse_args(["--val-period", "5"]).val_interval == 5
     assert parser.parse_args(["--val-interval", "3"]).val_interval == 3
     assert parser.parse_args(["--img", "416"]).imgsz == 416
+
+
+def test_key_value_arguments_are_flags(capsys: pytest.CaptureFixture) -> None:
+    config = parse(["data=coco128.yaml", "epochs=3", "imgsz=320", "--batch", "8", "lr0=0.02", "name=run=1",
+                    "plots=False", "channels_last=false", "time=1.5"])
+    assert (config.data, config.epochs, config.imgsz, config.batch, config.lr0) == ("coco128.yaml", 3, 320, 8, 0.02)
+    assert config.name == "run=1" and config.plots is False and config.channels_last is False and config.time == "1.5"
+    assert capsys.readouterr().err == ""  # our own names: nothing to say
+    assert parse(["--name", "a=b"]).name == "a=b"  # a flag's value is never read as key=value
+
+
+def test_ultralytics_names_say_once_what_ours_are(capsys: pytest.CaptureFixture) -> None:
+    config = parse(["amp=False", "cos_lr=True", "nbs=32", "box=5", "cls=1.0", "dfl=2", "cache=True", "device=cpu",
+                    "multi_scale=0.25", "mixup=0.0", "resume=False"])
+    assert (config.precision, config.cosine, config.nominal_batch) == ("fp32", True, 32)
+    assert (config.box_gain, config.cls_gain, config.dfl_gain, config.cache) == (5.0, 1.0, 2.0, "ram")
+    assert (config.multi_scale, config.multi_scale_min, config.multi_scale_max) == (True, 0.75, 1.25)
+    notes = capsys.readouterr().err.splitlines()
+    assert "note: Ultralytics' amp=False is precision='fp32' here" in notes
+    assert "note: Ultralytics' cos_lr=True is cosine=True here" in notes
+    assert "note: Ultralytics' nbs=32 is nominal_batch=32 here" in notes
+    assert any(line.startswith("note: Ultralytics' mixup=0.0 has no equivalent here and changes nothing")
+               for line in notes)
+    assert "note: Ultralytics' resume=False is resume='' here" in notes
+    assert len(notes) == 10  # one line per alias whose name or value differs from ours (device=cpu does not)
+
+
+def test_model_as_a_weights_file_means_weights_with_its_scale(capsys: pytest.CaptureFixture) -> None:
+    for argv in (["--model", "yolov8s.pt"], ["--model=yolov8s.pt"], ["model=yolov8s.pt"], ["model=yolov8s"]):
+        config = parse(argv)
+        assert (config.weights, config.model) == ("yolov8s.pt", "s"), argv
+    assert "note: Ultralytics' model='yolov8s.pt' is weights='yolov8s.pt' model='s' here" in capsys.readouterr().err
+    assert (parse(["model=yolov8m.yaml"]).model, parse(["model=yolov8m.yaml"]).weights) == ("m", "")  # from scratch
+    assert (parse(["--model", "runs/x/best.pt"]).weights, parse(["--model", "l"]).model) == ("runs/x/best.pt", "l")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["mixup=0.2"], "train: Ultralytics' mixup=0.2 has no equivalent here: mosaic (--mosaic) is the mixing"),
+    (["amp=maybe"], "train: amp='maybe': expected True or False"),
+    (["cache=disk"], "train: cache='disk': no disk cache here"),
+    (["device=0,1"], "train: device='0,1': one device per process here; for several GPUs launch with torchrun"),
+    (["epoch=3"], "unknown argument epoch=3; did you mean epochs?"),
+    (["cos_lr=True", "cosine=False"], "train: cos_lr and cosine both set cosine (True vs False); give one"),
+    (["plots=maybe"], "plots=maybe: expected True or False"),
+])
+def test_what_cannot_be_done_answers_in_one_line(argv: list[str], message: str,
+                                                 capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]

@@ -100,3 +100,78 @@ def test_val_finds_a_shipped_dataset_under_datasets_dir(val_inputs, tmp_path: Pa
     assert code == 1 and len(errors) == 1 and str(empty / "coco") in errors[0]
     assert f"python -m detector download coco --datasets-dir {empty}" in errors[0]
 
+
+
+def write_ultralytics_weights(path: Path, num_classes: int) -> Path:
+    from tests.weights.lookalike import yolov8_lookalike_bytes
+
+    path.write_bytes(yolov8_lookalike_bytes("n", num_classes=num_classes, seed=3))
+    return path
+
+
+def test_val_takes_ultralytics_weights_and_its_key_value_arguments(tmp_path: Path, capsys) -> None:
+    data = write_dataset(tmp_path / "data")
+    yolov8 = write_ultralytics_weights(tmp_path / "yolov8n.pt", num_classes=2)
+    # The same weights converted into one of our checkpoints: the reference the direct read must equal exactly.
+    from detector.weights import load_pretrained
+
+    ours = build_model(num_classes=2, scale="n")
+    load_pretrained(ours, yolov8)
+    converted = tmp_path / "converted.pt"
+    save_checkpoint({"model": ours.state_dict(), "ema": None, "model_args": {"num_classes": 2, "scale": "n",
+                     "reg_max": 16}, "names": NAMES, "epoch": 0}, converted)
+    common = [f"data={data}", "workers=0", "batch=4", "device=cpu", "conf=0", "imgsz=64", "plots=False",
+              f"project={tmp_path / 'runs'}"]
+    assert main([f"model={yolov8}", "half=False", *common, "name=yolov8"]) == 0
+    captured = capsys.readouterr()
+    assert "Ultralytics YOLOv8n weights (2 classes)" in captured.out and "FP32" in captured.out
+    assert "note: Ultralytics' model=" in captured.err and "is weights=" in captured.err
+    assert "note: Ultralytics' half=False is fp32=True here" in captured.err
+    assert main([f"model={converted}", "half=False", *common, "name=ours"]) == 0
+    results = [json.loads((tmp_path / "runs" / name / "predictions.json").read_text()) for name in ("yolov8", "ours")]
+    assert results[0] and results[0] == results[1]  # the same model after conversion, the same code: identical
+
+
+def test_key_value_arguments_with_no_equivalent_answer_in_one_line(val_inputs, tmp_path: Path, capsys) -> None:
+    weights, data = val_inputs
+    with pytest.raises(SystemExit) as exit_info:
+        main([f"model={weights}", f"data={data}", "augment=True"])
+    assert exit_info.value.code == 2
+    assert "val: Ultralytics' augment=True has no equivalent here: no test-time augmentation" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([f"weights={weights}", f"data={data}", "confidence=0.3"])
+    assert "unknown argument confidence=0.3; did you mean conf?" in capsys.readouterr().err
+
+
+def coco_as_detections(records: list[dict], image_ids: list[int]) -> list[dict[str, torch.Tensor]]:
+    out = []
+    for image_id in image_ids:
+        rows = [r for r in records if r["image_id"] == image_id]
+        boxes = torch.tensor([r["bbox"] for r in rows], dtype=torch.float32).view(-1, 4)
+        boxes[:, 2:] += boxes[:, :2]  # COCO xywh -> xyxy
+        out.append({"boxes": boxes, "scores": torch.tensor([r["score"] for r in rows]),
+                    "labels": torch.tensor([r["category_id"] for r in rows], dtype=torch.long)})
+    return out
+
+
+def test_val_runs_an_onnx_export_through_its_backend(model, checkpoint: Path, onnx_fp32: Path, tmp_path: Path,
+                                                      capsys) -> None:
+    from detector.inference import prepare_batch
+    from detector.postprocess import NMSConfig
+    from tests.conftest import write_yolo_dataset
+    from tests.tolerances import assert_same_detections, fp32_tolerance_on
+
+    data = write_yolo_dataset(tmp_path / "data", val=3)
+    common = ["--data", str(data), "--workers", "0", "--batch", "3", "--device", "cpu", "--fp32", "--no-plots",
+              "--project", str(tmp_path / "runs")]
+    assert main(["--weights", str(checkpoint), *common, "--name", "pt"]) == 0
+    assert main(["--weights", str(onnx_fp32), *common, "--name", "onnx"]) == 0
+    assert "onnxruntime" in capsys.readouterr().out  # the backend's name, in the header line
+    records = [json.loads((tmp_path / "runs" / name / "predictions.json").read_text()) for name in ("pt", "onnx")]
+    ids = sorted({r["image_id"] for r in records[0]} | {r["image_id"] for r in records[1]})
+    images = sorted((tmp_path / "data" / "images" / "val").iterdir())
+    letterboxed = prepare_batch([cv2.imread(str(p))[..., ::-1] for p in images], 64)[0]
+    # The same FP32 network in another runtime: detections agree within FP32 accumulation error
+    # (tests/tolerances.py); the 64 px images are evaluated at 64 px, so no rescaling enlarges it.
+    assert_same_detections(coco_as_detections(records[0], ids), coco_as_detections(records[1], ids),
+                           nms=NMSConfig(0.25, 0.7), tolerance=fp32_tolerance_on(model, letterboxed))

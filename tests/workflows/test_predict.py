@@ -8,7 +8,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from detector.workflows.predict import PredictOptions, input_size, iterate_source, run_predict, to_record
+import torch
+
+from detector.inference.sources import Frame
+from detector.workflows.predict import PredictOptions, detect, input_size, output_stem, run_predict, to_record, yolo_lines
 
 
 def test_to_record_rounds_for_json() -> None:
@@ -18,13 +21,40 @@ def test_to_record_rounds_for_json() -> None:
                                  "scores": [0.1235], "labels": [2], "names": ["cat"]}
 
 
-def test_sources_that_hold_no_images_are_named(tmp_path: Path) -> None:
-    (tmp_path / "empty").mkdir()
-    with pytest.raises(FileNotFoundError, match="empty: no images"):
-        next(iterate_source(tmp_path / "empty"))
-    (tmp_path / "notes.txt").write_text("not an image")
-    with pytest.raises(FileNotFoundError, match="notes.txt: not an image, a folder or a video"):
-        next(iterate_source(tmp_path / "notes.txt"))
+def test_yolo_lines_are_normalised_centre_and_size() -> None:
+    result = {"boxes": np.array([[10, 20, 30, 60], [0, 0, 100, 50]], dtype=np.float32),
+              "scores": np.array([0.9, 0.25], dtype=np.float32), "labels": np.array([2, 0])}
+    # image 100 wide, 50 high: (10+30)/2/100 = 0.2, (20+60)/2/50 = 0.8, 20/100 = 0.2, 40/50 = 0.8
+    assert yolo_lines(result, 50, 100, with_score=False) == "2 0.2 0.8 0.2 0.8\n0 0.5 0.5 1 1\n"
+    assert yolo_lines(result, 50, 100, with_score=True).splitlines()[1] == "0 0.5 0.5 1 1 0.25"
+    assert yolo_lines({**result, "boxes": result["boxes"][:0], "scores": result["scores"][:0],
+                       "labels": result["labels"][:0]}, 50, 100, with_score=False) == ""
+
+
+class FixedBackend:
+    """Three detections, one per class: what the class filter acts on."""
+
+    def __init__(self) -> None:
+        self.info = SimpleNamespace(names=["cat", "dog", "car"])
+
+    def __call__(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        return [{"boxes": torch.tensor([[0.0, 0, 8, 8], [8, 8, 16, 16], [16, 16, 32, 32]]),
+                 "scores": torch.tensor([0.9, 0.8, 0.7]), "labels": torch.tensor([0, 1, 2])}]
+
+
+def test_classes_keep_only_those_ids() -> None:
+    frame = Frame("a.jpg", None, np.zeros((32, 32, 3), np.uint8))
+    everything = detect(FixedBackend(), frame, size=32, classes=None)
+    assert everything["labels"].tolist() == [0, 1, 2]
+    kept = detect(FixedBackend(), frame, size=32, classes=(0, 2))
+    assert kept["labels"].tolist() == [0, 2] and kept["names"] == ["cat", "car"]
+    np.testing.assert_array_equal(kept["boxes"], everything["boxes"][[0, 2]])
+    assert kept["scores"].tolist() == pytest.approx([0.9, 0.7])
+
+
+def test_outputs_are_named_after_the_source() -> None:
+    assert output_stem("a/x.jpg") == Path("a/x") and output_stem("webcam0") == Path("webcam0")
+    assert output_stem("rtsp://cam.local:554/live/1") == Path("cam.local_554_live_1")
 
 
 def test_input_size_follows_the_model() -> None:

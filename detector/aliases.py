@@ -1,0 +1,265 @@
+"""Ultralytics' argument names, and what each one is here: the one table the command line and the API share.
+
+A user coming from Ultralytics types ``amp=False``, ``cos_lr=True``, ``nbs=64`` or ``model=yolov8n.pt``.
+:func:`translate` turns those into our option fields (``precision="fp32"``, ``cosine=True``,
+``nominal_batch=64``, ``weights="yolov8n.pt", model="n"``) and says so in one line per alias, so the user learns
+our name once. A name that has no equivalent answers in one line with what we do instead: given at
+Ultralytics' own default (a value that asks for nothing, ``mixup=0.0``) it is accepted with a note; any other
+value raises ``TypeError``, because silently ignoring a setting would train something the user did not ask for.
+
+Names that are spelled the same here (``epochs``, ``lr0``, ``imgsz``, ``mosaic``, ...) are not in the table:
+they are our fields already. The table was read from Ultralytics' ``cfg/default.yaml`` (detection only).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+COMMANDS = ("train", "val", "predict", "export")
+YOLOV8_NAME = re.compile(r"yolov8([nsmlx])(\.pt|\.yaml)?")
+
+
+@dataclass(frozen=True)
+class Alias:
+    """One Ultralytics name: ``means(value) -> {our field: value}``, or ``None`` when we have no equivalent.
+
+    ``says``: for an alias, anything worth adding to the note; for no equivalent, what we do instead.
+    ``harmless``: values (Ultralytics' defaults) that ask for nothing, accepted with a note when ``means`` is None.
+    """
+
+    means: Callable[[Any], dict[str, Any]] | None
+    says: str = ""
+    harmless: tuple[Any, ...] = ()
+
+
+def renamed(ours: str) -> Alias:
+    return Alias(lambda value: {ours: value})
+
+
+def unsupported(says: str, *harmless: Any) -> Alias:
+    return Alias(None, says, harmless)
+
+
+def is_true(value: Any) -> bool:
+    """``True``/``False`` as Python or YAML text gives them; anything else is refused (``ValueError``)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError("expected True or False")
+
+
+def amp(value: Any) -> dict[str, Any]:
+    """``amp=True`` -> precision auto (FP16 on CUDA after the AMP check, as there), ``False`` -> fp32;
+    newer Ultralytics also takes ``'fp16'``/``'bf16'``/``'fp32'`` text."""
+    if isinstance(value, str) and value.lower() in ("fp16", "bf16", "fp32"):
+        return {"precision": value.lower()}
+    return {"precision": "auto" if is_true(value) else "fp32"}
+
+
+def cache(value: Any) -> dict[str, Any]:
+    """``cache=True``/``'ram'`` -> ram, ``False`` -> none; ours (``auto``) passes through; ``disk`` is refused."""
+    if isinstance(value, bool):
+        return {"cache": "ram" if value else "none"}
+    if str(value).lower() == "disk":
+        raise ValueError("no disk cache here: images are cached in RAM (cache='ram') or not at all")
+    return {"cache": {"true": "ram", "false": "none"}.get(str(value).lower(), value)}
+
+
+def device(value: Any) -> dict[str, Any]:
+    """``device=0`` (or ``'0'``) -> ``cuda:0``; ``'0,1'`` -> use torchrun (one process per GPU); else as given."""
+    text = str(value).strip()
+    if isinstance(value, int) and not isinstance(value, bool) or text.isdigit():
+        return {"device": f"cuda:{int(text)}"}
+    if "," in text or isinstance(value, (list, tuple)):
+        raise ValueError("one device per process here; for several GPUs launch with torchrun --nproc_per_node N "
+                         "(docs/training.md)")
+    return {"device": value}
+
+
+def train_model(value: Any) -> dict[str, Any]:
+    """``model=yolov8n.pt`` (or ``yolov8n``, or any ``.pt`` path) -> ``--weights`` with its scale;
+    ``yolov8n.yaml`` -> ``--model n`` from scratch; our scale letters pass through."""
+    text = str(value)
+    if text in ("n", "s", "m", "l", "x"):
+        return {"model": text}
+    match = YOLOV8_NAME.fullmatch(text.rsplit("/", 1)[-1].lower())
+    if match and match.group(2) == ".yaml":
+        return {"model": match.group(1)}
+    if match:
+        return {"weights": text if match.group(2) else f"{text}.pt", "model": match.group(1)}
+    if text.lower().endswith(".pt"):
+        return {"weights": text}  # our own checkpoint or another YOLOv8 file: the file decides the scale
+    raise ValueError("expected a scale (n, s, m, l, x), yolov8n...yolov8x (.pt or .yaml), or a .pt file")
+
+
+def multi_scale(value: Any) -> dict[str, Any]:
+    """Ultralytics' ``multi_scale=0.5`` (a +/- fraction of imgsz) -> our on/off and range; ours (a bool) as is."""
+    if isinstance(value, bool) or isinstance(value, str) and value.lower() in ("true", "false"):
+        return {"multi_scale": is_true(value)}
+    fraction = float(value)
+    if fraction <= 0:
+        return {"multi_scale": False}
+    return {"multi_scale": True, "multi_scale_min": max(1 - fraction, 0.125), "multi_scale_max": 1 + fraction}
+
+
+def weights(value: Any) -> dict[str, Any]:
+    """``model=`` in val, predict and export: the file to run (ours, an Ultralytics yolov8*.pt, an export)."""
+    match = YOLOV8_NAME.fullmatch(str(value).rsplit("/", 1)[-1].lower())
+    return {"weights": f"{value}.pt" if match and not match.group(2) else value}
+
+
+def resume(value: Any) -> Any:
+    """``resume=True`` -> ``auto`` (the newest last.pt under --project), ``False`` -> no resume; a path as is."""
+    if isinstance(value, bool) or str(value).lower() in ("true", "false"):
+        return "auto" if is_true(value) else ""
+    return value
+
+
+def negated(ours: str) -> Alias:
+    return Alias(lambda value: {ours: not is_true(value)})
+
+
+# Every command takes these.
+COMMON: dict[str, Alias] = {
+    "task": unsupported("this trainer detects objects only", "detect"),
+    "mode": unsupported("the command names the mode (detector train|val|predict|export)", "train", "val",
+                        "predict", "export"),
+    "verbose": unsupported("the output is the same either way", True, False),
+    "exist_ok": unsupported("a run never overwrites another: a taken --name gets a number appended "
+                            "(exp, exp2, ...)", False, True),
+    "device": Alias(device),
+    "half": unsupported("precision is chosen per command (train --precision, val --fp32, export --half)", False),
+}
+TRAIN: dict[str, Alias] = {
+    **COMMON,
+    "model": Alias(train_model),
+    "amp": Alias(amp),
+    "cos_lr": renamed("cosine"),
+    "nbs": renamed("nominal_batch"),
+    "box": renamed("box_gain"),
+    "cls": renamed("cls_gain"),
+    "dfl": renamed("dfl_gain"),
+    "cache": Alias(cache),
+    "multi_scale": Alias(multi_scale),
+    "save_period": unsupported("last.pt is saved every epoch and best.pt whenever fitness improves", -1),
+    "pretrained": unsupported("start from weights with --weights (or model=yolov8n.pt)", True),
+    "val": unsupported("evaluate less often with --val-interval N (the last epoch is always evaluated)", True),
+    "rect": unsupported("training batches are square letterboxes with mosaic", False),
+    "single_cls": unsupported("train on a data YAML with one class name", False),
+    "fraction": unsupported("point the data YAML at a smaller image list", 1.0),
+    "deterministic": unsupported("runs are seeded (--seed); bitwise-deterministic kernels are not forced", True),
+    "profile": unsupported("time the backends with detector benchmark", False),
+    "compile": unsupported("torch.compile is not used", False),
+    "dropout": unsupported("classification only", 0.0),
+    "perspective": unsupported("the affine augmentation has no perspective term", 0.0),
+    "mixup": unsupported("mosaic (--mosaic) is the mixing augmentation here", 0.0),
+    "cutmix": unsupported("mosaic (--mosaic) is the mixing augmentation here", 0.0),
+    "copy_paste": unsupported("segmentation only", 0.0),
+    "bgr": unsupported("no channel-swap augmentation", 0.0),
+    "cls_pw": unsupported("no class-frequency weights in the loss", 0.0),
+    "save": unsupported("checkpoints are always saved (weights/last.pt, best.pt)", True),
+    "resume": Alias(lambda value: {"resume": resume(value)}),
+}
+VAL: dict[str, Alias] = {
+    **COMMON,
+    "model": Alias(weights),
+    "half": negated("fp32"),  # Ultralytics' half=False runs FP32; ours picks FP16/BF16 by default (--fp32 to not)
+    "save_json": unsupported("predictions.json (COCO results) is always written", False, True),
+    "rect": unsupported("evaluation letterboxes every image to a square of --imgsz", False, True),
+    "save_txt": unsupported("val writes predictions.json; predict --save-txt writes YOLO txt labels", False),
+    "save_hybrid": unsupported("no hybrid labels", False),
+    "save_conf": unsupported("predict --save-txt --save-conf writes scores", False),
+    "augment": unsupported("no test-time augmentation", False),
+    "single_cls": unsupported("evaluate on a data YAML with one class name", False),
+    "dnn": unsupported("exported files run on ONNX Runtime or TensorRT", False),
+}
+PREDICT: dict[str, Alias] = {
+    **COMMON,
+    "model": Alias(weights),
+    "show": unsupported("save annotated images or video with --save (no window opens)", False),
+    "save_crop": unsupported("crop from the saved boxes (predictions.json or --save-txt)", False),
+    "save_frames": unsupported("--save writes one annotated video per video source", False),
+    "augment": unsupported("no test-time augmentation", False),
+    "visualize": unsupported("no feature-map visualisation", False),
+    "agnostic_nms": unsupported("NMS runs per class", False),
+    "retina_masks": unsupported("detection only", False),
+    "embed": unsupported("no feature embeddings", None),
+    "vid_stride": unsupported("every frame is read (skip frames before passing them in)", 1),
+    "stream_buffer": unsupported("video frames are read into a small bounded queue ahead of the model", False),
+    "line_width": unsupported("box lines scale with the image", None),
+    "show_labels": unsupported("annotations always show the class and score", True),
+    "show_conf": unsupported("annotations always show the class and score", True),
+    "show_boxes": unsupported("annotations always show the boxes", True),
+    "dnn": unsupported("exported files run on ONNX Runtime or TensorRT", False),
+}
+EXPORT: dict[str, Alias] = {
+    **COMMON,
+    "model": Alias(weights),
+    "half": renamed("half"),
+    "int8": unsupported("FP32 or FP16 (--half) only", False),
+    "optimize": unsupported("mobile export is not supported", False),
+    "keras": unsupported("ONNX and TensorRT only", False),
+}
+TABLES = {"train": TRAIN, "val": VAL, "predict": PREDICT, "export": EXPORT}
+
+
+def describe(values: dict[str, Any]) -> str:
+    """``{"precision": "fp32", "cosine": True}`` -> ``precision='fp32' cosine=True``: our names, spelled as both
+    the API and ``key=value`` command-line arguments take them (the flag is ``--`` + the name, ``_`` -> ``-``)."""
+    return " ".join(f"{name}={str(value) if hasattr(value, '__fspath__') else value!r}"
+                    for name, value in values.items())
+
+
+def asks_for_nothing(value: Any, harmless: tuple[Any, ...]) -> bool:
+    """``value`` is one of ``harmless`` (``1`` matches ``1.0``; ``0`` never matches ``False``)."""
+    return any(value == ok and isinstance(value, bool) == isinstance(ok, bool) for ok in harmless)
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def translate(command: str, values: dict[str, Any], *, note: Callable[[str], None] = say) -> dict[str, Any]:
+    """Ultralytics names in ``values`` -> our fields; every other name passes through unchanged (our own, or an
+    unknown one, which the option object then refuses).
+
+    Each alias says once, through ``note``, what it is here (nothing when it is already our name and value).
+
+    Raises:
+        TypeError: a name with no equivalent given at a value that asks for something; one line saying what we
+            do instead. Also when an alias and our own name for it are both given with different values.
+        ValueError: an alias's value that cannot be converted (``amp='maybe'``), naming the alias.
+    """
+    table = TABLES[command]
+    out: dict[str, Any] = {}
+    came_from: dict[str, str] = {}
+    for name, value in values.items():
+        alias = table.get(name)
+        if alias is None:
+            mapped = {name: value}
+        elif value is None:
+            continue  # Ultralytics' "unset": our default stands
+        elif alias.means is None:
+            if asks_for_nothing(value, alias.harmless):
+                note(f"note: Ultralytics' {name}={value!r} has no equivalent here and changes nothing: {alias.says}")
+                continue
+            raise TypeError(f"{command}: Ultralytics' {name}={value!r} has no equivalent here: {alias.says}")
+        else:
+            try:
+                mapped = alias.means(value)
+            except ValueError as error:
+                raise ValueError(f"{command}: {name}={value!r}: {error}") from None
+            if set(mapped) != {name} or type(mapped[name]) is not type(value) or mapped[name] != value:
+                extra = f" ({alias.says})" if alias.says else ""
+                note(f"note: Ultralytics' {name}={value!r} is {describe(mapped)} here{extra}")
+        for ours, converted in mapped.items():
+            if ours in out and out[ours] != converted:
+                raise TypeError(f"{command}: {came_from[ours]} and {name} both set {ours} "
+                                f"({out[ours]!r} vs {converted!r}); give one")
+            out[ours], came_from[ours] = converted, name
+    return out

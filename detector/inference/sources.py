@@ -1,0 +1,232 @@
+"""What predict runs on: every kind of source as one stream of RGB frames, decoded ahead of the model.
+
+:func:`open_source` takes what a user hands over, as Ultralytics takes it:
+
+- a NumPy array ``uint8 [H, W, 3]`` in **BGR** order (OpenCV's ``cv2.imread``, Ultralytics' convention), or
+  ``[H, W]`` grey, or ``[H, W, 4]`` BGRA;
+- a PIL image (any mode; converted to RGB);
+- a list or tuple of any of these, or of paths;
+- a path: an image, a video file, or a folder (searched recursively, images and videos, sorted);
+- a glob: ``"imgs/*.jpg"``, ``"data/**/*.png"`` (``**`` recurses);
+- a webcam index: ``0`` or ``"0"``;
+- a network stream or remote file: ``rtsp://``, ``rtmp://``, ``http(s)://`` URLs, read by OpenCV (FFmpeg).
+
+Each yields :class:`Frame` objects; :func:`read_ahead` runs that iterator in a thread with a small bounded
+queue, so JPEG and video decoding overlap the model and a long video never piles up in memory.
+"""
+
+from __future__ import annotations
+
+import glob
+import queue
+import sys
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from detector.data.images import ImageError, read_image
+from detector.data.spec import IMAGE_SUFFIXES
+
+VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".ts"})
+STREAM_PREFIXES = ("rtsp://", "rtmp://", "http://", "https://", "tcp://", "udp://")
+READ_AHEAD = 4  # frames decoded ahead of the model: enough to hide a decode behind a forward, little memory
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One image for the model.
+
+    Attributes:
+        name: where it came from, for results and saved files: a path relative to the folder or glob it was
+            found in (``"a/x.jpg"``), a file name, ``"image0.jpg"`` for the n-th in-memory image, ``"webcam0"``
+            or the URL for a stream.
+        index: the frame number in a video or stream; ``None`` for a still image.
+        image: RGB ``uint8 [H, W, 3]``, contiguous.
+        fps: frames per second of a video or stream (0 for still images): the rate of a saved video.
+    """
+
+    name: str
+    index: int | None
+    image: np.ndarray
+    fps: float = 0.0
+
+
+def open_source(source: Any) -> Iterator[Frame]:
+    """Every frame of ``source`` (see the module docstring), lazily: nothing is decoded before it is asked for.
+
+    Raises (on the first ``next``):
+        FileNotFoundError: a path, folder or glob with nothing to read, or a video or stream that cannot be opened.
+        ValueError: an array or object that is not an image, naming it.
+    """
+    if isinstance(source, (list, tuple)):
+        return _many(source)
+    if is_in_memory(source):
+        return iter([in_memory_frame(source, 0)])
+    if isinstance(source, int) and not isinstance(source, bool):
+        return capture_frames(source, f"webcam{source}")
+    text = str(source)
+    if text.isdigit() and not Path(text).exists():
+        return capture_frames(int(text), f"webcam{text}")
+    if text.lower().startswith(STREAM_PREFIXES):
+        return capture_frames(text, text)
+    return files_frames(text)
+
+
+def is_in_memory(item: Any) -> bool:
+    return isinstance(item, np.ndarray) or type(item).__module__.startswith("PIL.")
+
+
+def _many(items: list | tuple) -> Iterator[Frame]:
+    for position, item in enumerate(items):
+        if is_in_memory(item):
+            yield in_memory_frame(item, position)
+        else:
+            yield from open_source(item)
+
+
+def in_memory_frame(item: Any, position: int) -> Frame:
+    """A NumPy array (BGR, as OpenCV and Ultralytics give it) or a PIL image (RGB) -> a :class:`Frame`."""
+    name = f"image{position}.jpg"
+    if isinstance(item, np.ndarray):
+        return Frame(name, None, bgr_array_to_rgb(item, name))
+    return Frame(Path(getattr(item, "filename", "") or name).name, None, np.ascontiguousarray(item.convert("RGB")))
+
+
+def bgr_array_to_rgb(array: np.ndarray, name: str) -> np.ndarray:
+    """``uint8 [H, W]`` grey, ``[H, W, 3]`` BGR or ``[H, W, 4]`` BGRA -> RGB ``[H, W, 3]``; ``ValueError`` otherwise."""
+    if array.dtype != np.uint8:
+        raise ValueError(f"{name}: expected a uint8 image array, got {array.dtype} (scale floats to 0-255 first)")
+    if array.ndim == 2:
+        return cv2.cvtColor(array, cv2.COLOR_GRAY2RGB)
+    if array.ndim == 3 and array.shape[2] == 3:
+        return np.ascontiguousarray(array[:, :, ::-1])
+    if array.ndim == 3 and array.shape[2] == 4:
+        return cv2.cvtColor(array, cv2.COLOR_BGRA2RGB)
+    raise ValueError(f"{name}: expected an image array [H, W], [H, W, 3] (BGR) or [H, W, 4], got {list(array.shape)}")
+
+
+def files_frames(text: str) -> Iterator[Frame]:
+    """A file, a folder (recursive) or a glob -> its images' and videos' frames, in sorted path order."""
+    path = Path(text)
+    if any(char in text for char in "*?["):
+        found = [Path(match) for match in glob.glob(text, recursive=True)]
+        files, root = [p for p in found if readable(p)], Path(glob_root(text))
+        if not files:
+            raise FileNotFoundError(f"{text}: matches no image or video")
+    elif path.is_dir():
+        files, root = [p for p in path.rglob("*") if p.is_file() and readable(p)], path
+        if not files:
+            raise FileNotFoundError(f"{path}: no images or videos (searched recursively)")
+    elif path.is_file() and readable(path):
+        files, root = [path], path.parent
+    elif path.exists():
+        raise FileNotFoundError(f"{path}: not an image, a folder or a video ({', '.join(sorted(VIDEO_SUFFIXES))})")
+    else:
+        raise FileNotFoundError(f"{path}: no such image, folder, video or glob")
+    for file in sorted(files):
+        name = file.relative_to(root).as_posix() if file.is_relative_to(root) else file.name
+        if file.suffix.lower() in VIDEO_SUFFIXES:
+            yield from capture_frames(str(file), name)
+        else:
+            try:  # one bad image of many is skipped with a line; the only image given fails the command
+                image = read_image(file)
+            except ImageError as error:
+                if len(files) == 1:
+                    raise
+                print(f"warning: {error}; skipped", file=sys.stderr)
+                continue
+            yield Frame(name, None, image)
+
+
+def readable(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_SUFFIXES or path.suffix.lower() in VIDEO_SUFFIXES
+
+
+def glob_root(pattern: str) -> str:
+    """The folder part of a glob before its first wildcard: ``imgs/a/*.jpg`` -> ``imgs/a``."""
+    parts = Path(pattern).parts
+    fixed = list(iter_until_wildcard(parts))
+    return str(Path(*fixed)) if fixed else "."
+
+
+def iter_until_wildcard(parts: tuple[str, ...]) -> Iterator[str]:
+    for part in parts[:-1]:
+        if any(char in part for char in "*?["):
+            return
+        yield part
+
+
+def capture_frames(target: int | str, name: str) -> Iterator[Frame]:
+    """Frames of ``cv2.VideoCapture(target)``: an int opens a webcam, text a video file or a stream URL."""
+    capture = cv2.VideoCapture(target)
+    try:
+        if not capture.isOpened():
+            what = "webcam" if isinstance(target, int) else "stream" if name == target else "video"
+            raise FileNotFoundError(f"{target}: cannot open {what}")
+        fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
+        index = 0
+        while True:
+            ok, bgr = capture.read()
+            if not ok:
+                return
+            yield Frame(name, index, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), fps)
+            index += 1
+    finally:
+        capture.release()
+
+
+_DONE = object()
+
+
+def read_ahead(frames: Iterable[Frame], depth: int = READ_AHEAD) -> Iterator[Frame]:
+    """``frames``, decoded in a background thread at most ``depth`` ahead of the consumer.
+
+    OpenCV and PIL decode with the GIL released, so decoding overlaps the model. The queue bounds memory
+    (``depth`` frames, ~25 MB at 1080p for 4). An error in the reader is raised here, at the frame it hit.
+    Closing the generator early (``break``) stops the reader and releases its capture.
+    """
+    buffer: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                buffer.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def reader() -> None:
+        iterator = iter(frames)
+        try:
+            for frame in iterator:
+                if not put(frame):
+                    break
+            else:
+                put(_DONE)
+        except BaseException as error:  # noqa: BLE001 - handed to the consumer, raised there
+            put(error)
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()  # a generator's finally (the capture's release) runs in this thread
+
+    thread = threading.Thread(target=reader, name="predict-reader", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = buffer.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        thread.join(timeout=5)

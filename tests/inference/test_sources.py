@@ -1,0 +1,180 @@
+"""Every kind of predict source (detector/inference/sources.py): arrays, PIL images, lists, globs, nested folders,
+video files, webcams and streams (through a fake capture: no device here), and the read-ahead thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from detector.inference import sources
+from detector.inference.sources import Frame, open_source, read_ahead
+
+
+def bgr(seed: int, height: int = 24, width: int = 32) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (height, width, 3), dtype=np.uint8)
+
+
+def write_video(path: Path, frames: int = 5, fps: float = 7.0) -> list[np.ndarray]:
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (64, 48))
+    images = [np.full((48, 64, 3), 40 * index, np.uint8) for index in range(frames)]
+    for image in images:
+        writer.write(image)
+    writer.release()
+    return images
+
+
+def test_arrays_are_bgr_as_opencv_gives_them_and_pil_images_are_rgb() -> None:
+    array = bgr(0)
+    (frame,) = open_source(array)
+    assert frame.name == "image0.jpg" and frame.index is None
+    np.testing.assert_array_equal(frame.image, array[:, :, ::-1])  # BGR in, RGB out
+    assert frame.image.flags["C_CONTIGUOUS"]
+    (from_pil,) = open_source(Image.fromarray(array[:, :, ::-1]))  # PIL holds RGB
+    np.testing.assert_array_equal(from_pil.image, array[:, :, ::-1])
+    (grey,) = open_source(array[:, :, 0])
+    assert grey.image.shape == (24, 32, 3)
+
+
+def test_a_list_mixes_arrays_pil_images_and_paths(tmp_path: Path) -> None:
+    cv2.imwrite(str(tmp_path / "c.png"), bgr(2))
+    frames = list(open_source([bgr(0), Image.fromarray(bgr(1)), tmp_path / "c.png"]))
+    assert [f.name for f in frames] == ["image0.jpg", "image1.jpg", "c.png"]
+    np.testing.assert_array_equal(frames[2].image, bgr(2)[:, :, ::-1])  # PNG is lossless
+
+
+def test_arrays_that_are_not_images_are_named() -> None:
+    with pytest.raises(ValueError, match=r"image0.jpg: expected a uint8 image array, got float32"):
+        open_source(np.zeros((4, 4, 3), np.float32))
+    with pytest.raises(ValueError, match=r"expected an image array .* got \[4, 4, 2\]"):
+        open_source(np.zeros((4, 4, 2), np.uint8))
+
+
+def test_folders_are_searched_recursively_and_globs_expand(tmp_path: Path) -> None:
+    for name in ("b/x.jpg", "a/deep/y.png", "z.jpg"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(tmp_path / name), bgr(3))
+    (tmp_path / "a" / "notes.txt").write_text("not an image")
+    assert [f.name for f in open_source(tmp_path)] == ["a/deep/y.png", "b/x.jpg", "z.jpg"]
+    assert [f.name for f in open_source(str(tmp_path / "*.jpg"))] == ["z.jpg"]
+    assert [f.name for f in open_source(str(tmp_path / "**" / "*.jpg"))] == ["b/x.jpg", "z.jpg"]
+    with pytest.raises(FileNotFoundError, match=r"\*.bmp: matches no image or video"):
+        next(open_source(str(tmp_path / "*.bmp")))
+
+
+def test_sources_that_hold_nothing_are_named(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="empty: no images or videos"):
+        next(open_source(tmp_path / "empty"))
+    (tmp_path / "notes.txt").write_text("not an image")
+    with pytest.raises(FileNotFoundError, match="notes.txt: not an image, a folder or a video"):
+        next(open_source(tmp_path / "notes.txt"))
+    with pytest.raises(FileNotFoundError, match="missing.jpg: no such image, folder, video or glob"):
+        next(open_source(tmp_path / "missing.jpg"))
+
+
+def test_a_video_file_yields_numbered_rgb_frames(tmp_path: Path) -> None:
+    write_video(tmp_path / "clip.mp4", frames=5)
+    frames = list(open_source(tmp_path / "clip.mp4"))
+    assert [f.index for f in frames] == [0, 1, 2, 3, 4] and {f.name for f in frames} == {"clip.mp4"}
+    assert frames[0].fps == pytest.approx(7.0) and frames[3].image.shape == (48, 64, 3)
+    assert abs(int(frames[3].image.mean()) - 120) <= 3  # mp4v is lossy; a flat grey survives within a few levels
+
+
+class FakeCapture:
+    """Stands for ``cv2.VideoCapture`` where no camera or network exists: records what it was opened with."""
+
+    opened: list = []
+
+    def __init__(self, target, frames: int = 3) -> None:
+        FakeCapture.opened.append(target)
+        self.left, self.released = frames, False
+
+    def isOpened(self) -> bool:  # noqa: N802 - OpenCV's name
+        return True
+
+    def get(self, prop: int) -> float:
+        return 25.0
+
+    def read(self):
+        if self.left == 0:
+            return False, None
+        self.left -= 1
+        return True, np.zeros((8, 8, 3), np.uint8)
+
+    def release(self) -> None:
+        self.released = True
+
+
+def test_a_webcam_index_opens_the_capture_with_an_int_and_a_url_with_its_text(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(sources.cv2, "VideoCapture", FakeCapture)
+    FakeCapture.opened = []
+    assert [f.name for f in open_source(0)] == ["webcam0"] * 3
+    assert [f.index for f in open_source("1")] == [0, 1, 2]
+    url = "rtsp://camera.local:554/stream"
+    assert {f.name for f in open_source(url)} == {url}
+    assert FakeCapture.opened == [0, 1, url] and type(FakeCapture.opened[1]) is int
+
+
+def test_a_capture_that_does_not_open_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Closed(FakeCapture):
+        def isOpened(self) -> bool:  # noqa: N802
+            return False
+
+    monkeypatch.setattr(sources.cv2, "VideoCapture", Closed)
+    with pytest.raises(FileNotFoundError, match="^3: cannot open webcam$"):
+        next(open_source(3))
+    with pytest.raises(FileNotFoundError, match="^http://host/live: cannot open stream$"):
+        next(open_source("http://host/live"))
+
+
+def counting_frames(made: list[int], count: int = 100):
+    for index in range(count):
+        made.append(index)
+        yield Frame("f", index, np.zeros((2, 2, 3), np.uint8))
+
+
+def test_read_ahead_keeps_order_and_stays_bounded() -> None:
+    made: list[int] = []
+    ahead = read_ahead(counting_frames(made), depth=3)
+    assert next(ahead).index == 0
+    time.sleep(0.3)  # let the reader fill its queue
+    # one taken + 3 queued + 1 held by the reader waiting for room: never the whole source
+    assert len(made) <= 5
+    assert [frame.index for frame in ahead] == list(range(1, 100))
+
+
+def test_read_ahead_raises_the_readers_error_and_stops_when_closed() -> None:
+    def broken():
+        yield Frame("a", 0, np.zeros((2, 2, 3), np.uint8))
+        raise FileNotFoundError("b.jpg: cannot read")
+
+    frames = read_ahead(broken())
+    assert next(frames).name == "a"
+    with pytest.raises(FileNotFoundError, match="b.jpg: cannot read"):
+        next(frames)
+    made: list[int] = []
+    ahead = read_ahead(counting_frames(made, count=10_000), depth=2)
+    next(ahead)
+    ahead.close()  # a consumer's break
+    assert not any(thread.name == "predict-reader" for thread in threading.enumerate())
+    assert len(made) < 10
+
+
+def test_closing_early_releases_the_capture(monkeypatch: pytest.MonkeyPatch) -> None:
+    captures: list[FakeCapture] = []
+
+    def make(target):
+        captures.append(FakeCapture(target, frames=1000))
+        return captures[-1]
+
+    monkeypatch.setattr(sources.cv2, "VideoCapture", make)
+    stream = read_ahead(open_source(0), depth=2)
+    next(stream)
+    stream.close()
+    assert captures[0].released

@@ -1,0 +1,74 @@
+"""The Ultralytics alias table (detector/aliases.py): conversions, notes, refusals, and the docs that list it."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from detector.aliases import TABLES, translate
+from detector.training.config import TrainConfig
+from detector.workflows.export import ExportOptions
+from detector.workflows.predict import PredictOptions
+from detector.workflows.val import ValOptions
+
+OPTIONS = {"train": TrainConfig, "val": ValOptions, "predict": PredictOptions, "export": ExportOptions}
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "training.md"
+
+
+def quiet(command: str, values: dict) -> tuple[dict, list[str]]:
+    notes: list[str] = []
+    return translate(command, values, note=notes.append), notes
+
+
+def test_our_own_names_pass_through_silently() -> None:
+    values = {"epochs": 3, "lr0": 0.02, "model": "s", "cache": "ram", "device": "cpu", "multi_scale": False}
+    assert quiet("train", values) == (values, [])
+
+
+@pytest.mark.parametrize("command,given,expected", [
+    ("train", {"amp": True}, {"precision": "auto"}),
+    ("train", {"amp": "bf16"}, {"precision": "bf16"}),
+    ("train", {"model": "yolov8x"}, {"weights": "yolov8x.pt", "model": "x"}),
+    ("train", {"model": "weights/yolov8l.pt"}, {"weights": "weights/yolov8l.pt", "model": "l"}),
+    ("train", {"model": "yolov8n.yaml"}, {"model": "n"}),
+    ("train", {"cache": False}, {"cache": "none"}),
+    ("train", {"multi_scale": 0.0}, {"multi_scale": False}),
+    ("train", {"resume": True}, {"resume": "auto"}),
+    ("train", {"device": 1}, {"device": "cuda:1"}),
+    ("val", {"model": "yolov8n"}, {"weights": "yolov8n.pt"}),
+    ("val", {"half": True}, {"fp32": False}),
+    ("predict", {"model": "best.onnx"}, {"weights": "best.onnx"}),
+])
+def test_conversions(command: str, given: dict, expected: dict) -> None:
+    converted, notes = quiet(command, given)
+    assert converted == expected and len(notes) == 1 and notes[0].startswith("note: Ultralytics' ")
+
+
+def test_unset_and_harmless_values_ask_for_nothing() -> None:
+    assert quiet("predict", {"embed": None, "line_width": None}) == ({}, [])  # Ultralytics' "unset"
+    converted, notes = quiet("train", {"fraction": 1, "rect": False, "exist_ok": True})
+    assert converted == {} and len(notes) == 3 and all("changes nothing" in line for line in notes)
+    with pytest.raises(TypeError, match="rect=0 has no equivalent"):  # 0 is not False: a bool is expected
+        quiet("train", {"rect": 0})
+    with pytest.raises(TypeError, match=r"^predict: Ultralytics' show=True has no equivalent here: save annotated"):
+        quiet("predict", {"show": True})
+
+
+def test_every_alias_lands_on_a_real_field() -> None:
+    """What an alias converts to must be a flag of its command (a renamed field would fail here)."""
+    samples = {"amp": False, "model": "yolov8n.pt", "cache": True, "multi_scale": 0.5, "resume": True, "device": 0,
+               "half": True}
+    for command, table in TABLES.items():
+        known = {item.name for item in fields(OPTIONS[command])}
+        for name, alias in table.items():
+            if alias.means is not None:
+                converted = alias.means(samples.get(name, 1.0))
+                assert set(converted) <= known, (command, name, converted)
+
+
+def test_the_training_docs_list_every_alias() -> None:
+    text = DOCS.read_text().split("## Coming from Ultralytics", 1)[1]
+    missing = sorted({name for table in TABLES.values() for name in table if f"`{name}" not in text})
+    assert not missing, f"docs/training.md 'Coming from Ultralytics' does not mention: {missing}"

@@ -1,0 +1,58 @@
+"""``--freeze N`` (detector/training/builders.py freeze_layers): which modules, and what training then does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from detector.model import build_model
+from detector.training.builders import freeze_layers
+from detector.training.config import TrainConfig
+from detector.training.optim import build_optimizer
+
+BACKBONE = ("stem", "down2", "stage2", "down3", "stage3", "down4", "stage4", "down5", "stage5", "sppf")
+
+
+def test_freeze_maps_yolov8_layer_numbers_onto_our_modules() -> None:
+    lines: list[str] = []
+    model = build_model(num_classes=3, scale="n")
+    assert freeze_layers(model, 10, lines.append) == BACKBONE  # YOLOv8 layers 0-9: the backbone
+    assert lines and lines[0].startswith("freeze: YOLOv8 layers 0-9 (stem, ")
+    # 12 adds layer 10 (upsample, no parameters) and 11 (concat, none): the same modules
+    assert freeze_layers(build_model(num_classes=3, scale="n"), 12, lines.append) == BACKBONE
+    assert freeze_layers(build_model(num_classes=3, scale="n"), 13, lines.append)[-1] == "top_down4"
+    everything_but_head = freeze_layers(build_model(num_classes=3, scale="n"), 22, lines.append)
+    assert "head" not in everything_but_head and everything_but_head[-1] == "bottom_up5"
+    assert freeze_layers(build_model(num_classes=3, scale="n"), 0, lines.append) == ()
+
+
+def test_frozen_parameters_leave_the_optimizer_and_keep_their_values() -> None:
+    torch.manual_seed(0)
+    model = build_model(num_classes=3, scale="n")
+    freeze_layers(model, 10, lambda line: None)
+    frozen = {name: p.detach().clone() for name, p in model.named_parameters() if name.split(".")[0] in BACKBONE}
+    assert frozen and not any(p.requires_grad for n, p in model.named_parameters() if n in frozen)
+    choice = build_optimizer(model, name="AdamW", lr=0.01, momentum=0.9, weight_decay=5e-4, num_classes=3,
+                             total_steps=10)
+    in_optimizer = {id(p) for group in choice.optimizer.param_groups for p in group["params"]}
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    assert in_optimizer == trainable and not in_optimizer & {id(p) for n, p in model.named_parameters() if n in frozen}
+    stem_bn = model.stem.bn.running_mean.clone()
+    head_before = model.head.cv2[0][0].conv.weight.detach().clone()
+    model.train()
+    for _ in range(2):
+        choice.optimizer.zero_grad()
+        sum(out.square().mean() for out in model(torch.rand(2, 3, 64, 64))).backward()
+        choice.optimizer.step()
+    for name, parameter in model.named_parameters():
+        if name in frozen:
+            torch.testing.assert_close(parameter, frozen[name], rtol=0, atol=0)  # not one bit moved
+    assert not torch.equal(model.head.cv2[0][0].conv.weight, head_before)  # the rest trains
+    # BatchNorm statistics of frozen layers follow the data, as in Ultralytics (the choice: builders.py)
+    assert not torch.equal(model.stem.bn.running_mean, stem_bn)
+
+
+@pytest.mark.parametrize("count", [-1, 23])
+def test_freeze_beyond_the_layers_is_refused(count: int) -> None:
+    with pytest.raises(ValueError, match=rf"--freeze must be in \[0, 22\] \(22 = all but the head; got {count}\)"):
+        TrainConfig(freeze=count, epochs=1, imgsz=64).validate()
