@@ -252,6 +252,7 @@ class Trainer:
             self.best_fitness, self.best_epoch = fitness(validation.metrics), epoch
         patience_ran_out = bool(self.config.patience and validation and not interrupted and not last
                                 and epoch - self.best_epoch >= self.config.patience)
+        self._record(epoch, stats, validation)  # before the final report, whose results.png shows this row too
         if (last or patience_ran_out) and validation:  # an early stop gets the final report too
             with self.account.phase("final evaluation"):
                 write_results_json(self.run_dir / "predictions.json", validation.detections)
@@ -259,7 +260,6 @@ class Trainer:
                     self.log(f"{self.reporter.on_final(validation, self.val_data)}\n{validation.result.evaluator}:\n"
                              f"{validation.result.summary}")
         metrics = validation.metrics if validation else {}
-        self._record(epoch, stats, validation)
         precision, reason = self.step.precision.name, self.step.precision.reason
         if (fallback := fallback_after_epoch(self.step.precision, stats, self.device.type)) is not None:
             precision, reason = fallback
