@@ -21,6 +21,8 @@ import torch
 from torch import nn
 
 from detector.precision import Precision
+from detector.training.config import TrainConfig
+from detector.training.multiscale import MultiScale
 
 AUTO_BATCH = -1
 DEFAULT_BATCH = 16
@@ -98,3 +100,11 @@ def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: 
     log(f"--batch -1: batch {chosen} fits {fraction:.0%} of {total / 2**30:.1f} GiB on {device} "
         f"(peak GiB per batch measured: {peaks}; a straight line fitted through them)")
     return chosen
+
+
+def batch_for(config: TrainConfig, model: nn.Module, precision: Precision, device: torch.device,
+              log: Callable[[str], None]) -> int:
+    """:func:`auto_batch` for a run's config, at its largest training input (multi-scale's top size)."""
+    largest = MultiScale(config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max,
+                         enabled=config.multi_scale).ladder()[-1]
+    return auto_batch(model, largest, precision, device, log)

@@ -34,8 +34,8 @@ from detector.model import build_model
 from detector.plots.reporter import RunReporter
 from detector.precision import Precision, resolve_precision, safest
 from detector.runs import append_results, next_run_dir
-from detector.training.amp_check import amp_preflight, save_preflight
-from detector.training.autobatch import AUTO_BATCH, auto_batch
+from detector.training.amp_check import amp_preflight, first_images, save_preflight
+from detector.training.autobatch import AUTO_BATCH, batch_for
 from detector.training.budget import RunClock, RunSettings, TimeBudget
 from detector.training.builders import build_criterion, build_data, build_model_from_weights, build_optimization
 from detector.training.builders import build_train_loader, load_resume, warmup_steps, wrap_distributed
@@ -93,9 +93,8 @@ class Trainer:
         if config.channels_last:
             model.to(memory_format=torch.channels_last)
         precision = resolve_precision(config.precision, self.device, unamp=config.unamp)
-        if config.batch == AUTO_BATCH:  # sized at the largest multi-scale input; rank 0 measures, all follow
-            largest = MultiScale(config.imgsz, high=config.multi_scale_max, enabled=config.multi_scale).ladder()[-1]
-            config.batch = decide_on_main(lambda: auto_batch(model, largest, precision, self.device, self.log), self.dist)
+        if config.batch == AUTO_BATCH:  # rank 0 measures, every rank follows
+            config.batch = decide_on_main(lambda: batch_for(config, model, precision, self.device, self.log), self.dist)
         self.sampler, self.train_loader = build_train_loader(self.train_data, config, self.dist, self.device)
         saved_choice = (checkpoint or {}).get("optimizer_choice")  # what auto chose, for its saved state
         choice, schedule = build_optimization(
@@ -429,8 +428,9 @@ class Trainer:
         def check() -> tuple[str, str]:
             if precision.name == "fp32":
                 return precision.name, precision.reason
-            images = model_input(batch[0], self.device, channels_last=self.config.channels_last)
-            chosen, result = amp_preflight(self.step, images, batch[1].to(self.device))
+            images, targets = first_images(batch[0], batch[1])  # its FP32 step's memory is not the run's peak
+            images = model_input(images, self.device, channels_last=self.config.channels_last)
+            chosen, result = amp_preflight(self.step, images, targets.to(self.device))
             save_preflight(result, self.run_dir / "amp_check.json")
             self.log(result.line())
             return chosen.name, ("chosen by the AMP check" if result.fell_back else precision.reason)

@@ -41,3 +41,23 @@ def test_on_cuda_the_chosen_batch_fits_the_fraction():
     assert 1 <= batch <= MAX_BATCH and "fits 10% of" in lines[0]
     for name, buffer in model.named_buffers():  # the probe ran on a copy
         assert torch.equal(buffer, before[name]), name
+
+
+def test_a_run_is_sized_at_its_largest_multi_scale_input(monkeypatch):
+    import detector.training.autobatch as autobatch
+    from detector.training.config import TrainConfig
+
+    sizes = []
+    monkeypatch.setattr(autobatch, "auto_batch", lambda model, size, *args: sizes.append(size) or 8)
+    for multi_scale in (True, False):
+        config = TrainConfig(imgsz=640, batch=-1, multi_scale=multi_scale)
+        assert autobatch.batch_for(config, None, None, torch.device("cpu"), print) == 8
+    assert sizes == [704, 640]  # 1.125 x 640 = 720, down to a multiple of 32
+
+
+def test_batch_minus_one_is_a_valid_flag_and_other_negatives_are_not():
+    from detector.training.config import TrainConfig
+
+    assert TrainConfig(batch=-1).with_defaults().validate().batch == -1
+    with pytest.raises(ValueError, match=r"--batch must be at least 1, or -1 for auto \(got -2\)"):
+        TrainConfig(batch=-2).with_defaults().validate()
