@@ -64,6 +64,7 @@ def train(
     unamp: bool = False,
     channels_last: bool = True,
     cuda_graphs: str = "auto",
+    cudnn_benchmark: str = "auto",
     optimizer: str = "auto",
     lr0: float = 0.01,
     lrf: float = 0.01,

@@ -37,18 +37,45 @@ class DistInfo:
         return self.world_size > 1
 
 
+class DistributedSetupError(RuntimeError):
+    """A torchrun launch that cannot work on this machine; the message says what to change."""
+
+
+def gpu_shortage(local_world_size: int, visible_gpus: int) -> str | None:
+    """Why ``local_world_size`` processes cannot each have their own CUDA device here (None: they can).
+
+    NCCL, the CUDA backend, needs one GPU per process: two ranks on one GPU fail at their first collective
+    ("Duplicate GPU detected") or wait there until the timeout. gloo on the CPU has no such limit.
+    """
+    if local_world_size <= visible_gpus:
+        return None
+    return (f"torchrun started {local_world_size} processes on this node but {visible_gpus} GPU"
+            f"{'' if visible_gpus == 1 else 's'} {'is' if visible_gpus == 1 else 'are'} visible, and CUDA training "
+            f"needs one GPU per process: use --nproc_per_node {max(visible_gpus, 1)}, or --device cpu (gloo)")
+
+
 def init_distributed(device_request: str) -> tuple[DistInfo, torch.device]:
-    """Join the process group when launched by torchrun; pick this process's device."""
+    """Join the process group when launched by torchrun; pick this process's device.
+
+    Raises :class:`DistributedSetupError` on each node's local rank 0 (one line) and exits the others quietly (code 1) when a
+    CUDA run has more processes on this node than visible GPUs, before any collective could wait on them.
+    """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_request)
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if device.type == "cuda" and world_size > 1:
+        problem = gpu_shortage(local_world_size, torch.cuda.device_count())
+        if problem is not None:
+            if local_rank == 0:
+                raise DistributedSetupError(problem)
+            raise SystemExit(1)  # the node's first process says why: one line, not one per process
     if device.type == "cuda":
         # Under torchrun each process takes the GPU of its local rank, whatever index was asked for.
         device = torch.device("cuda", local_rank if world_size > 1 else (device.index or 0))
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return DistInfo(rank, local_rank, world_size, local_world_size), device
 
 

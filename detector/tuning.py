@@ -6,9 +6,12 @@
 - Freed memory kept in the heap (training on the CPU): glibc handed large freed blocks back to the kernel, so
   every step faulted in fresh zeroed pages for the same activations; kept, bare steps ran ~11% faster, peak
   resident memory ~4% higher. Skipped when you tune malloc yourself, and off glibc.
-- cuDNN autotuning (training on CUDA, once the run's input shapes are known): its timing is paid once per
-  input shape, so it is on up to ``MAX_AUTOTUNED_SHAPES`` shapes and off beyond, where heuristics choose (as
-  detectron2 and torchvision do when sizes vary). The limit is a judgement, not yet measured on a GPU.
+- cuDNN autotuning (training on CUDA, once the run's input shapes and length are known): its timing is paid
+  once per input shape, and on an H100 a new shape cost an epoch of 12-13 s instead of ~1 s (BCCD, 640 px,
+  batch 16, five multi-scale shapes: ~45 s of a 283 s run went to it). It is on only where it can pay that
+  back: at most ``MAX_AUTOTUNED_SHAPES`` shapes and at least ``MIN_STEPS_PER_AUTOTUNED_SHAPE`` training steps per
+  shape; elsewhere heuristics choose (as detectron2 and torchvision do when sizes vary, and as Ultralytics
+  always does). ``--cudnn-benchmark on|off`` overrides it. The break-even is an estimate (below), not measured.
 
 The measurements behind each, with their commands: docs/benchmarks.md, "Where the CPU time goes", and
 docs/multiscale.md, "cuDNN autotuning".
@@ -66,6 +69,14 @@ def hold_freed_memory() -> bool:
 
 
 MAX_AUTOTUNED_SHAPES = 8
+# Break-even of autotuning, estimated from the one GPU figure we have (issue 33, H100, nano, 640 px, batch 16):
+# ~10 s of timing per new shape, ~75 ms per steady step. If the tuned kernels save at most 10% of a step (an
+# assumption: unmeasured, it is the usual size of the gap between cuDNN's heuristics and its fastest algorithm
+# for these layers), 10 s comes back after 10 / 0.0075 ~ 1,300 steps at that shape; 1,500 leaves a margin.
+# BCCD at 640 (13 steps per epoch, 100 epochs, 1,300 steps in all) then runs without it; COCO (7,300 steps per
+# epoch) autotunes, and its first epoch carries at most ~5 x 10 s over ~9 minutes.
+MIN_STEPS_PER_AUTOTUNED_SHAPE = 1500
+BENCHMARK_CHOICES = ("auto", "on", "off")
 
 
 def tune_for_training(device: torch.device) -> None:
@@ -78,12 +89,20 @@ def tune_for_training(device: torch.device) -> None:
         hold_freed_memory()
 
 
-def autotune_convolutions(device: torch.device, *, input_shapes: int) -> bool:
-    """Turn ``cudnn.benchmark`` on for a CUDA run with at most ``MAX_AUTOTUNED_SHAPES`` input shapes.
+def autotune_convolutions(device: torch.device, *, input_shapes: int, steps: int, policy: str = "auto") -> bool:
+    """Set ``cudnn.benchmark`` for a CUDA run of ``steps`` training steps over ``input_shapes`` distinct shapes.
 
-    Returns whether it is on; off (and untouched) elsewhere. The module docstring says why.
+    ``policy`` "auto": on only with at most ``MAX_AUTOTUNED_SHAPES`` shapes and at least
+    ``MIN_STEPS_PER_AUTOTUNED_SHAPE`` steps per shape (the module docstring says why); "on" / "off" force it.
+    Returns whether it is on; off (and untouched) on any other device.
     """
+    if policy not in BENCHMARK_CHOICES:
+        raise ValueError(f"--cudnn-benchmark must be one of {', '.join(BENCHMARK_CHOICES)} (got {policy!r})")
     if device.type != "cuda":
         return False
-    torch.backends.cudnn.benchmark = input_shapes <= MAX_AUTOTUNED_SHAPES
-    return torch.backends.cudnn.benchmark
+    if policy == "auto":
+        enabled = 0 < input_shapes <= MAX_AUTOTUNED_SHAPES and steps >= MIN_STEPS_PER_AUTOTUNED_SHAPE * input_shapes
+    else:
+        enabled = policy == "on"
+    torch.backends.cudnn.benchmark = enabled
+    return enabled

@@ -183,3 +183,32 @@ def test_ctrl_c_to_the_launcher_stops_every_rank_after_the_epoch_and_the_run_res
     _run(_torchrun(str(ROOT / "train.py"), "--resume", str(last), "--device", "cpu", "--workers", "0"), tmp_path)
     assert load_checkpoint(last)["epoch"] == 4
     assert [row["epoch"] for row in _rows(tmp_path / "exp")] == ["1", "2", "3", "4", "5"]
+
+
+def test_more_cuda_processes_than_gpus_stop_in_one_line_before_any_collective(monkeypatch, capsys):
+    """Two ranks on one visible GPU would meet NCCL's duplicate-GPU failure (or a hang) at their first collective:
+    the node's first rank raises one line, the other exits quietly. Nothing here touches CUDA: the device and the
+    GPU count are given, and the check runs before either is used."""
+    import torch
+
+    import detector.distributed
+    from detector.cli.errors import run_command
+    from detector.distributed import DistributedSetupError, gpu_shortage, init_distributed
+
+    assert gpu_shortage(2, 2) is None and gpu_shortage(1, 1) is None
+    monkeypatch.setattr(detector.distributed, "resolve_device", lambda request: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: pytest.fail("CUDA touched before the check"))
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(DistributedSetupError):
+        init_distributed("cuda")
+    assert run_command(init_distributed, "cuda") == 1
+    assert capsys.readouterr().err == (
+        "error: torchrun started 2 processes on this node but 1 GPU is visible, and CUDA training needs one GPU per "
+        "process: use --nproc_per_node 1, or --device cpu (gloo)\n")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(SystemExit) as quiet:
+        init_distributed("cuda")
+    assert quiet.value.code == 1 and capsys.readouterr().err == ""

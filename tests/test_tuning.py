@@ -8,6 +8,7 @@ import torch
 
 from detector.tuning import (
     MAX_AUTOTUNED_SHAPES,
+    MIN_STEPS_PER_AUTOTUNED_SHAPE,
     ONEDNN_CACHE_CAPACITY,
     ONEDNN_CACHE_ENV,
     autotune_convolutions,
@@ -77,13 +78,24 @@ def test_held_memory_is_reused_without_new_page_faults():
     assert _faults("default")[1] > pages // 2
 
 
-def test_cuda_autotunes_only_runs_with_few_input_shapes(monkeypatch):
+def test_cuda_autotunes_only_where_the_timing_can_pay_back(monkeypatch):
     # Setting the flag needs no GPU; monkeypatch restores it for the other tests.
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    tune_for_training(torch.device("cuda"))
+    cuda = torch.device("cuda")
+    tune_for_training(cuda)
     assert torch.backends.cudnn.benchmark is False  # decided once the shapes are known
-    assert autotune_convolutions(torch.device("cuda"), input_shapes=MAX_AUTOTUNED_SHAPES)
+    enough = MIN_STEPS_PER_AUTOTUNED_SHAPE * MAX_AUTOTUNED_SHAPES
+    assert autotune_convolutions(cuda, input_shapes=MAX_AUTOTUNED_SHAPES, steps=enough)
     assert torch.backends.cudnn.benchmark is True
-    assert not autotune_convolutions(torch.device("cuda"), input_shapes=MAX_AUTOTUNED_SHAPES + 1)
+    assert not autotune_convolutions(cuda, input_shapes=MAX_AUTOTUNED_SHAPES + 1, steps=10 * enough)
     assert torch.backends.cudnn.benchmark is False
-    assert not autotune_convolutions(torch.device("cpu"), input_shapes=1)
+    # BCCD at 640 px: 13 steps per epoch for 100 epochs, five multi-scale shapes (or one): too short to pay back.
+    assert not autotune_convolutions(cuda, input_shapes=5, steps=1300)
+    assert not autotune_convolutions(cuda, input_shapes=1, steps=1300)
+    assert autotune_convolutions(cuda, input_shapes=5, steps=100 * 7300)  # COCO
+    assert autotune_convolutions(cuda, input_shapes=20, steps=1, policy="on")  # the switch wins
+    assert not autotune_convolutions(cuda, input_shapes=1, steps=10**7, policy="off")
+    assert not autotune_convolutions(torch.device("cpu"), input_shapes=1, steps=10**7, policy="on")  # CPU: untouched
+    assert torch.backends.cudnn.benchmark is False
+    with pytest.raises(ValueError, match="--cudnn-benchmark"):
+        autotune_convolutions(cuda, input_shapes=1, steps=1, policy="always")

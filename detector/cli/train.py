@@ -29,7 +29,7 @@ def run_train(config: TrainConfig) -> dict[str, Any]:
     """:func:`detector.training.trainer.train`, imported only now so that ``--help`` is instant."""
     from detector.training.trainer import train
 
-    return train(config)
+    return train(config, process_start=True)  # the time account counts the imports before the run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

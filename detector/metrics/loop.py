@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
@@ -70,15 +70,16 @@ class Validation:
 def run_validation(
     infer: Callable[[torch.Tensor], Detections],
     split: SplitData,
-    loader: DataLoader,
+    loader: Iterable[tuple],
     *,
     results_json: Path | None = None,
     progress: bool = True,
     keep_predictions: bool = False,
     coco_eval: str = "faster",
 ) -> Validation:
-    """Run ``infer`` over ``loader`` (:func:`make_val_loader` of ``split``) and score it with the ``coco_eval``
-    evaluator (see detector.metrics.coco); with ``results_json``, write the COCO results there too."""
+    """Run ``infer`` over ``loader`` (:func:`make_val_loader` of ``split``, or the batches it yielded before) and
+    score it with the ``coco_eval`` evaluator (see detector.metrics.coco); with ``results_json``, write the COCO
+    results there too."""
     coco_detections: list[np.ndarray] = []
     predictions = []
     start = time.perf_counter()

@@ -5,9 +5,11 @@ see the whole config): data, loss, loader, optimizer with its schedule, the mode
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
@@ -207,3 +209,10 @@ def wrap_distributed(model: YOLO, config: TrainConfig, dist: DistInfo, device: t
     if config.sync_bn and device.type == "cuda":
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def seed_everything(seed: int) -> None:
+    """Python's, NumPy's and torch's generators from one seed (data order, augmentation, initial weights)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

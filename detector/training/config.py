@@ -16,6 +16,7 @@ from detector.options import option
 from detector.precision import CHOICES as PRECISION_CHOICES
 from detector.training.budget import parse_duration
 from detector.training.cuda_graph import CHOICES as CUDA_GRAPH_CHOICES
+from detector.tuning import BENCHMARK_CHOICES
 
 # Defaults for the built-in shapes dataset, chosen so `python train.py` finishes in minutes on a 2-core CPU.
 BUILTIN_IMGSZ = 320
@@ -45,7 +46,8 @@ class TrainConfig:
                          "count, LR schedule, warm-up and close-mosaic are fitted to it from a few timed steps before "
                          "the first one, then re-fitted after every epoch from its wall time (the LR schedule "
                          "continues without a jump); empty = no budget (the built-in dataset without --epochs: 8m)")
-    batch: int = option(16, "images per step (per process under torchrun)")
+    batch: int = option(16, "images per step (per process under torchrun); -1 = auto: the largest that fits 0.6 of the "
+                            "GPU's memory (measured before the run), the default 16 on a CPU")
     workers: int = option(-1, "data-loading worker processes; -1 = auto: 2 on the CPU, on CUDA the cores per process "
                             "minus one (at most 16)")
     cache: str = option("auto", "cache decoded images in RAM: auto (when they fit), ram, none", choices=("auto", "ram", "none"))
@@ -59,6 +61,8 @@ class TrainConfig:
                                     "auto = on CUDA in a single process (eager again, with one line, if capture "
                                     "fails), on = the same but says why when it cannot, off",
                               choices=CUDA_GRAPH_CHOICES)
+    cudnn_benchmark: str = option("auto", "cuDNN autotuning on CUDA: auto = only where its per-shape timing pays back "
+                                          "(few input shapes, many steps each), on, off", choices=BENCHMARK_CHOICES)
     # Optimisation
     optimizer: str = option("auto", "SGD, AdamW, or auto (AdamW for short runs under 10k steps, else SGD)", choices=("auto", "SGD", "AdamW"))
     lr0: float = option(0.01, "initial learning rate (SGD; 'auto' picks its own for AdamW)")
@@ -134,8 +138,8 @@ class TrainConfig:
         problems = []
         if self.epochs < 1:
             problems.append(f"--epochs must be at least 1 (got {self.epochs})")
-        if self.batch < 1:
-            problems.append(f"--batch must be at least 1 (got {self.batch})")
+        if self.batch < 1 and self.batch != -1:  # -1: detector/training/autobatch.py
+            problems.append(f"--batch must be at least 1, or -1 for auto (got {self.batch})")
         if (size_problem := image_size_problem(self.imgsz)) is not None:
             problems.append(size_problem)
         if self.workers < -1:

@@ -13,43 +13,43 @@ becomes an :class:`EpochDecision` on rank 0 that every rank then applies (detect
 from __future__ import annotations
 
 import dataclasses
-import os
-import random
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 
-from detector.checkpoint import CheckpointError, RunState, Trained, restore_run, run_checkpoint, save_checkpoint
-from detector.checkpoint import strip_checkpoint, strip_checkpoint_file
+from detector.checkpoint import CheckpointError, RunState, Trained, restore_run, run_checkpoint
 from detector.data.workers import default_workers
 from detector.distributed import any_rank, broadcast_from_main, cleanup, decide_on_main, init_distributed
 from detector.distributed import local_main_first, unwrap
 from detector.inference.preprocess import model_input
-from detector.metrics.coco import METRIC_NAMES, write_results_json
+from detector.metrics.coco import write_results_json
 from detector.metrics.loop import Validation
 from detector.model import build_model
 from detector.plots.reporter import RunReporter
 from detector.precision import Precision, resolve_precision, safest
 from detector.files import write_text_atomically
 from detector.runs import append_results, claim_run_dir
-from detector.training.amp_check import amp_preflight, save_preflight
+from detector.training.amp_check import amp_preflight, first_images, save_preflight
+from detector.training.autobatch import AUTO_BATCH, batch_for
 from detector.training.budget import RunClock, RunSettings, TimeBudget
 from detector.training.builders import (build_criterion, build_data, build_model_from_weights, build_optimization,
                                         freeze_layers)
-from detector.training.builders import build_train_loader, load_resume, warmup_steps, wrap_distributed
+from detector.training.builders import build_train_loader, load_resume, seed_everything, warmup_steps, wrap_distributed
+from detector.training.checkpoint_writer import CheckpointWriter, snapshot
 from detector.training.config import TrainConfig
 from detector.training.decision import EpochDecision, fallback_after_epoch, fitness
 from detector.training.ema import ModelEMA
 from detector.training.engine import TrainStep, as_trained, train_one_epoch
 from detector.training.header import run_header
+from detector.training.interrupt import CtrlC
 from detector.training.multiscale import MultiScale, images_per_step
 from detector.training.probe import ProbeResult, plan_from_probe, size_factor, time_training_steps
+from detector.training.results import results_row
+from detector.training.time_account import TimeAccount, process_age
 from detector.training.validator import Validator
 from detector.tuning import autotune_convolutions, tune_for_training
 
@@ -58,17 +58,14 @@ from detector.tuning import autotune_convolutions, tune_for_training
 PROBE_BUDGET_FRACTION = 0.02
 
 
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 class Trainer:
     """Holds the objects of one run; ``fit()`` runs it. Built only from the config, in reading order."""
 
-    def __init__(self, config: TrainConfig, *, progress: bool = True) -> None:
-        self.clock = RunClock()  # first: a --time budget counts set-up, the AMP check and evaluation too
+    def __init__(self, config: TrainConfig, *, progress: bool = True, process_start: bool = False) -> None:
+        # First: the account (and a --time budget) count set-up, the AMP check and evaluation too; a command's
+        # run (process_start) also counts the interpreter's start and the imports before it.
+        self.account = TimeAccount(before=process_age() if process_start else 0.0)
+        self.clock = RunClock()
         self.config = config.with_defaults().validate()
         self.progress = progress
         self.dist, self.device = init_distributed(self.config.device)
@@ -90,13 +87,15 @@ class Trainer:
         model.to(self.device)
         if config.channels_last:
             model.to(memory_format=torch.channels_last)
+        precision = resolve_precision(config.precision, self.device, unamp=config.unamp)
+        if config.batch == AUTO_BATCH:  # rank 0 measures, every rank follows
+            config.batch = decide_on_main(lambda: batch_for(config, model, precision, self.device, self.log), self.dist)
         self.sampler, self.train_loader = build_train_loader(self.train_data, config, self.dist, self.device)
         saved_choice = (checkpoint or {}).get("optimizer_choice")  # what auto chose, for its saved state
         choice, schedule = build_optimization(
             config, model, steps_per_epoch=len(self.train_loader), world_size=self.dist.world_size,
             resolved=(saved_choice["name"], saved_choice["lr"]) if saved_choice else None,
         )
-        precision = resolve_precision(config.precision, self.device, unamp=config.unamp)
         self.step = TrainStep(model, build_criterion(config, model), choice.optimizer, precision.make_scaler(),
                               ModelEMA(model, decay=config.ema_decay), precision, schedule, self.device,
                               channels_last=config.channels_last, world_size=self.dist.world_size,
@@ -111,14 +110,15 @@ class Trainer:
         self.mosaic_closed_at: int | None = None
         if checkpoint is not None:
             self._restore(checkpoint)
-        autotune_convolutions(self.device, input_shapes=len(self.input_shapes()))
+        autotune_convolutions(self.device, input_shapes=len(self.input_shapes()), policy=config.cudnn_benchmark,
+                              steps=len(self.train_loader) * (self.epochs - self.start_epoch))
         self.step.model = wrap_distributed(model, config, self.dist, self.device)
         self.run_dir = self._make_run_dir(resuming=checkpoint is not None)
         self.validator = Validator(self.val_data, config, self.device, progress=progress) if self.val_data else None
         self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots,
                                     tensorboard=config.tensorboard) if self.dist.is_main else None
-        self.stop_requested = False
-        self.pid = os.getpid()  # the process whose Ctrl-C handler this is (see _on_interrupt)
+        self.writer = CheckpointWriter()  # rank 0's checkpoints, written off the training thread
+        self.ctrl_c = CtrlC(single_process=not self.dist.enabled, announce=self.dist.is_main)
 
     # ----------------------------------------------------------------------------------------- set-up
     def log(self, message: str) -> None:
@@ -126,7 +126,7 @@ class Trainer:
             print(message, flush=True)
 
     def _build_data(self) -> None:
-        with local_main_first(self.dist):  # one process per node prepares the data; the others then read it
+        with local_main_first(self.dist), self.account.detail("data"):  # one process per node prepares the data
             self.spec, self.train_data, self.val_data = build_data(self.config, with_val=self.dist.is_main,
                                                                    device=self.device, dist=self.dist)
         if self.dist.enabled:  # every rank has mapped the node's shared image cache: its file name can go
@@ -168,12 +168,14 @@ class Trainer:
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
         self.before_train()
-        previous_handler = signal.signal(signal.SIGINT, self._on_interrupt)
+        self.account.switch("other")
+        self.ctrl_c.install()
         decision, epoch, start = None, self.start_epoch, time.perf_counter()
         try:
             while epoch < self.epochs:
-                stats = self.train_in_epoch(epoch)
-                interrupted = any_rank(self.stop_requested, self.dist)  # a Ctrl-C seen by any rank stops all
+                with self.account.phase("training"):
+                    stats = self.train_in_epoch(epoch)
+                interrupted = any_rank(self.ctrl_c.requested, self.dist)  # a Ctrl-C seen by any rank stops all
                 if stop_after_epochs is not None and epoch + 1 >= stop_after_epochs:
                     interrupted = True
                 decision = decide_on_main(lambda: self.after_epoch(epoch, stats, interrupted=interrupted), self.dist)
@@ -184,14 +186,22 @@ class Trainer:
                     self.log(decision.stop)
                     break
         finally:
-            signal.signal(signal.SIGINT, previous_handler)
-            cleanup(self.dist)
+            self.ctrl_c.restore()
+            try:
+                with self.account.phase("checkpoints"):
+                    self.writer.close()  # every checkpoint on disk before a Ctrl-C or an error returns
+            finally:
+                cleanup(self.dist)
         interrupted = bool(decision and decision.stop.startswith("interrupted"))
         summary = {"run_dir": self.run_dir, "metrics": decision.metrics if decision else {},
                    "seconds": time.perf_counter() - start, "epochs_done": epoch,
                    "precision": self.step.precision.name, "interrupted": interrupted}
         if self.dist.is_main and not interrupted:
             self.after_train(summary)
+        if self.dist.is_main:
+            totals = self.account.save(self.run_dir / "time.json")
+            self.log(self.account.table(totals))
+            summary["time_account"] = totals
         return summary
 
     def before_train(self) -> None:
@@ -203,14 +213,17 @@ class Trainer:
             # all of that memory (measured: ~2 s on the first step, 2-core CPU).
             self.sampler.set_epoch(0, use_mosaic=self.close_mosaic < self.epochs)
             batches = iter(self.train_loader)
-            loaded = next(batches)
+            with self.account.detail("first batch"):
+                loaded = next(batches)
             first_batch = as_trained(loaded)
             if config.amp_check:
-                self._preflight(first_batch)
+                with self.account.detail("AMP check"):
+                    self._preflight(first_batch)
             if self.reporter is not None:
                 self.reporter.on_start(self.train_data, first_batch)
             if self.clock.budget is not None:
-                self._plan_before_first_step(loaded, batches)
+                with self.account.detail("--time probe"):
+                    self._plan_before_first_step(loaded, batches)
         self.log(run_header(self))
 
     def train_in_epoch(self, epoch: int) -> dict[str, float]:
@@ -235,13 +248,14 @@ class Trainer:
             self.best_fitness, self.best_epoch = fitness(validation.metrics), epoch
         patience_ran_out = bool(self.config.patience and validation and not interrupted and not last
                                 and epoch - self.best_epoch >= self.config.patience)
+        self._record(epoch, stats, validation)  # before the final report, whose results.png shows this row too
         if (last or patience_ran_out) and validation:  # an early stop gets the final report too
-            write_results_json(self.run_dir / "predictions.json", validation.detections)
-            if self.reporter is not None:
-                self.log(f"{self.reporter.on_final(validation, self.val_data)}\n{validation.result.evaluator}:\n"
-                         f"{validation.result.summary}")
+            with self.account.phase("final evaluation"):
+                write_results_json(self.run_dir / "predictions.json", validation.detections)
+                if self.reporter is not None:
+                    self.log(f"{self.reporter.on_final(validation, self.val_data)}\n{validation.result.evaluator}:\n"
+                             f"{validation.result.summary}")
         metrics = validation.metrics if validation else {}
-        self._record(epoch, stats, validation)
         precision, reason = self.step.precision.name, self.step.precision.reason
         if (fallback := fallback_after_epoch(self.step.precision, stats, self.device.type)) is not None:
             precision, reason = fallback
@@ -254,19 +268,17 @@ class Trainer:
                     f"{self.best_epoch + 1}); --patience 0 turns this off")
         decision = EpochDecision(precision, reason, epochs, close_mosaic, warmup, stop, metrics)
         self._apply(decision, epochs_done=epoch + 1)  # before the checkpoint: a resume continues as the run would
-        payload = run_checkpoint(self._trained(), self._run_state(epoch, metrics))
-        save_checkpoint(payload, self.run_dir / "weights" / "last.pt")
-        if self.best_epoch == epoch:  # never resumed from: only what inference and fine-tuning need
-            save_checkpoint(strip_checkpoint(payload), self.run_dir / "weights" / "best.pt")
+        self._checkpoint(epoch, metrics, finished=(last or patience_ran_out) and not interrupted,
+                         wait=bool(decision.stop))
         return decision
 
     def after_train(self, summary: dict[str, Any]) -> None:
-        """Rank 0, a run that finished: last.pt no longer needs the optimizer for --resume (detector/checkpoint.py)."""
-        if (last := self.run_dir / "weights" / "last.pt").is_file():
-            strip_checkpoint_file(last)
+        """Rank 0, a run that finished (its last.pt was written stripped: see _checkpoint): the final FP32
+        evaluation when asked for, and the last line."""
         if self.config.final_fp32:
-            validation = self.evaluate(force_fp32=True)
-            write_results_json(self.run_dir / "predictions.json", validation.detections)
+            with self.account.phase("final evaluation"):
+                validation = self.evaluate(force_fp32=True)
+                write_results_json(self.run_dir / "predictions.json", validation.detections)
             self.log(f"final FP32 evaluation: mAP50-95 {validation.metrics['mAP50-95']:.4f} "
                      f"({validation.result.evaluator})")
             summary["metrics_fp32"] = validation.metrics
@@ -287,7 +299,8 @@ class Trainer:
         # decide so afterwards, and so can --patience when this epoch does not improve on the best.
         patience_may_end = bool(self.config.patience) and epoch - self.best_epoch >= self.config.patience
         keep = self.clock.budget is not None or epoch + 1 >= self.epochs or patience_may_end
-        validation = self.evaluate(keep_predictions=keep)
+        with self.account.phase("validation"):
+            validation = self.evaluate(keep_predictions=keep)
         metrics = validation.metrics
         self.log(
             f"epoch {epoch + 1}: mAP50-95 {metrics['mAP50-95']:.4f}  mAP50 {metrics['mAP50']:.4f}  "
@@ -296,20 +309,27 @@ class Trainer:
         return validation
 
     def _record(self, epoch: int, stats: dict[str, float], validation: Validation | None) -> None:
-        """One ``results.csv`` row (and TensorBoard / plots through the reporter); ``evaluator`` names the library
-        that produced the row's mAP (empty where the epoch was not evaluated)."""
-        metrics = validation.metrics if validation else {}
-        row: dict[str, object] = {"epoch": epoch + 1, **{k: stats[k] for k in ("train/box", "train/cls", "train/dfl", "lr")}}
-        row.update({k: metrics.get(k, "") for k in METRIC_NAMES})
-        row.update({"precision": self.step.precision.name,
-                    "val_seconds": validation.seconds if validation else float("nan"),
-                    "evaluator": validation.result.evaluator if validation else ""})
-        row.update({k: v for k, v in stats.items() if k not in row})
+        """One ``results.csv`` row (and TensorBoard / plots through the reporter)."""
+        row = results_row(epoch, stats, validation, self.step.precision.name)
         append_results(self.run_dir / "results.csv", row)
         if self.reporter is not None:
             self.reporter.on_epoch_end(row, epoch)
 
     # ------------------------------------------------------------------------------------- checkpoints
+    def _checkpoint(self, epoch: int, metrics: dict[str, float], *, finished: bool, wait: bool) -> None:
+        """Snapshot the run (tensors copied to the CPU, so training may go on) and hand it to the writer:
+        last.pt, and best.pt when this epoch improved on the best. A run that ``finished`` no longer needs the
+        optimizer for --resume, so its last.pt is written stripped too (detector/checkpoint.py). ``wait``: the
+        run stops here and its last line says the file is saved, so wait for the disk."""
+        with self.account.phase("checkpoints"):
+            payload = snapshot(run_checkpoint(self._trained(), self._run_state(epoch, metrics)))
+            self.writer.submit(self.run_dir / "weights" / "last.pt", payload, strip=finished)
+            if self.best_epoch == epoch:  # never resumed from: only what inference and fine-tuning need
+                self.writer.submit(self.run_dir / "weights" / "best.pt", payload, strip=True)
+            if wait or finished:
+                self.writer.drain()
+            self.account.background["checkpoint writes"] = self.writer.write_seconds
+
     def _trained(self) -> Trained:
         return Trained(unwrap(self.step.model), self.step.ema.module, self.step.optimizer, self.step.scaler)
 
@@ -405,8 +425,9 @@ class Trainer:
         def check() -> tuple[str, str]:
             if precision.name == "fp32":
                 return precision.name, precision.reason
-            images = model_input(batch[0], self.device, channels_last=self.config.channels_last)
-            chosen, result = amp_preflight(self.step, images, batch[1].to(self.device))
+            images, targets = first_images(batch[0], batch[1])  # its FP32 step's memory is not the run's peak
+            images = model_input(images, self.device, channels_last=self.config.channels_last)
+            chosen, result = amp_preflight(self.step, images, targets.to(self.device))
             save_preflight(result, self.run_dir / "amp_check.json")
             self.log(result.line())
             return chosen.name, ("chosen by the AMP check" if result.fell_back else precision.reason)
@@ -415,18 +436,10 @@ class Trainer:
         if name != precision.name:
             self.step.set_precision(Precision(name, self.device.type, reason))
 
-    def _on_interrupt(self, signum: int, frame: object) -> None:
-        if os.getpid() != self.pid:  # a loader worker forked after this handler, before its worker_init_fn
-            return  # set SIGINT to ignored (detector/data/workers.py): the parent decides, not the worker
-        # Under torchrun a Ctrl-C reaches each worker twice (from the terminal and forwarded by the launcher),
-        # so only a single process aborts on a second one; torchrun ends its workers itself when they linger.
-        if self.stop_requested and not self.dist.enabled:
-            raise KeyboardInterrupt
-        self.stop_requested = True
-        if self.dist.is_main:
-            print("\nCtrl-C: finishing this epoch and saving last.pt (press again to abort)", flush=True)
 
-
-def train(config: TrainConfig, *, progress: bool = True, stop_after_epochs: int | None = None) -> dict[str, Any]:
-    """Train from a config; returns ``{"run_dir", "metrics", "seconds", "epochs_done", "precision", ...}``."""
-    return Trainer(config, progress=progress).fit(stop_after_epochs=stop_after_epochs)
+def train(config: TrainConfig, *, progress: bool = True, stop_after_epochs: int | None = None,
+          process_start: bool = False) -> dict[str, Any]:
+    """Train from a config; returns ``{"run_dir", "metrics", "seconds", "epochs_done", "precision",
+    "time_account", ...}``. ``process_start``: the process runs only this (a command), so the time account
+    starts at the process's start."""
+    return Trainer(config, progress=progress, process_start=process_start).fit(stop_after_epochs=stop_after_epochs)

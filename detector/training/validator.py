@@ -1,9 +1,9 @@
-"""The run's validation: its loader (made once, so its workers persist between epochs), the model it runs (the
-EMA, as an FP16 copy under CUDA FP16: detector/inference/torch_backend.py) and the COCO evaluator it scores with."""
+"""The run's validation: its batches (loaded once and kept when they fit, see :class:`Validator`), the model it runs
+(the EMA, as an FP16 copy under CUDA FP16: detector/inference/torch_backend.py) and the COCO evaluator it scores with."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -18,20 +18,53 @@ from detector.precision import Precision
 from detector.training.config import TrainConfig
 from detector.training.probe import time_validation_images
 
+# Validation batches are kept in memory after the first pass when the split's letterboxed images take at most this
+# many bytes (BCCD's 87 images at 640 px: 107 MB; COCO val2017's 5,000: 6.1 GB, loaded every time). Validation
+# images are not augmented, so every pass would decode and letterbox the same pixels again: on a 2-core CPU the
+# loader's first batch cost ~1.7 s of every per-epoch validation of 16 images at 160 px with persistent workers
+# (benchmarks/val_speed.py, "loader first batch", warm), more than the rest of a GPU's validation.
+KEEP_BATCHES_BYTES = 512 * 2**20
+
+
+def validation_batch(config: TrainConfig, device: torch.device) -> int:
+    """Images per validation batch: twice the training batch on the CPU, where no memory is at stake, and the
+    training batch itself on CUDA, where inference at twice the batch raised the run's peak memory above the
+    training step's (the issue measured 12.8 GB at batch 64 against 7.65 GB for the step alone)."""
+    return config.batch if device.type == "cuda" else config.batch * 2
+
 
 class Validator:
-    """Validates a model of the run on ``split`` with the config's thresholds, batch and evaluator."""
+    """Validates a model of the run on ``split`` with the config's thresholds, batch and evaluator.
+
+    The first pass runs the loader (its workers persist between passes) and keeps the batches when the split fits
+    :data:`KEEP_BATCHES_BYTES`; later passes read them from memory and the loader, workers and all, is dropped.
+    """
 
     def __init__(self, split: SplitData, config: TrainConfig, device: torch.device, *, progress: bool) -> None:
         self.split, self.config, self.device, self.progress = split, config, device, progress
         self._loader: DataLoader | None = None
+        self._kept: list[tuple] | None = None
+        self.keep = len(split.records) * 3 * split.dataset.image_size**2 <= KEEP_BATCHES_BYTES  # uint8 pixels
 
     def loader(self) -> DataLoader:
         if self._loader is None:
-            self._loader = make_val_loader(self.split, batch_size=self.config.batch * 2, workers=self.config.workers,
-                                           cpu_compute=self.device.type == "cpu",
+            self._loader = make_val_loader(self.split, batch_size=validation_batch(self.config, self.device),
+                                           workers=self.config.workers, cpu_compute=self.device.type == "cpu",
                                            pin_memory=self.device.type == "cuda")
         return self._loader
+
+    def batches(self) -> Iterable[tuple]:
+        """The validation batches: from memory after a first pass that kept them, else from the loader."""
+        if self._kept is not None:
+            return self._kept
+        return self._keeping(self.loader()) if self.keep else self.loader()
+
+    def _keeping(self, loader: DataLoader) -> Iterator[tuple]:
+        kept = []
+        for batch in loader:
+            kept.append(batch)
+            yield batch
+        self._kept, self._loader = kept, None  # a whole pass: its workers can go
 
     def infer(self, model: nn.Module, precision: Precision) -> Callable[[torch.Tensor], list[dict[str, torch.Tensor]]]:
         config = self.config
@@ -43,12 +76,12 @@ class Validator:
     def run(self, model: nn.Module, precision: Precision, *, keep_predictions: bool = False) -> Validation:
         # predictions.json is written by the final evaluations only (the trainer's after_epoch and after_train): at
         # COCO size (1.5M detections) its json.dumps costs seconds, every epoch, for a file the next epoch replaces.
-        return run_validation(self.infer(model, precision), self.split, self.loader(), progress=self.progress,
+        return run_validation(self.infer(model, precision), self.split, self.batches(), progress=self.progress,
                               keep_predictions=keep_predictions, coco_eval=resolve_backend(self.config.coco_eval))
 
     def seconds_per_image(self, model: nn.Module, precision: Precision) -> float | None:
         """Inference and NMS on part of the first validation batch, for the ``--time`` probe (None: no images)."""
         if not len(self.split.records):
             return None
-        images = next(iter(self.loader()))[0]
+        images = self._kept[0][0] if self._kept else next(iter(self.loader()))[0]
         return time_validation_images(self.infer(model, precision), images)

@@ -49,3 +49,13 @@ def test_planted_fp16_overflow_is_detected_and_falls_back(tmp_path):
     assert "falling back" in result.line()
     save_preflight(result, tmp_path / "amp_check.json")
     assert json.loads((tmp_path / "amp_check.json").read_text())["chosen"] == chosen.name
+
+
+def test_the_check_steps_on_the_first_images_of_the_batch_with_their_targets():
+    from detector.training.amp_check import CHECK_IMAGES, first_images
+
+    images = torch.zeros(CHECK_IMAGES + 4, 3, 32, 32)
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.1, 0.1], [CHECK_IMAGES - 1, 2, 0.5, 0.5, 0.1, 0.1],
+                            [CHECK_IMAGES, 0, 0.5, 0.5, 0.1, 0.1]])
+    kept_images, kept_targets = first_images(images, targets)
+    assert len(kept_images) == CHECK_IMAGES and kept_targets[:, 0].tolist() == [0, CHECK_IMAGES - 1]

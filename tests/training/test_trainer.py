@@ -1,5 +1,8 @@
 import csv
+import errno
+import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,7 @@ import torch
 from detector.checkpoint import CheckpointError, load_checkpoint
 from detector.cli.train import main as train_main
 from detector.training.config import TrainConfig
+from detector.training.time_account import PARTS
 from detector.training.trainer import train
 
 
@@ -48,6 +52,13 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
     assert "| COCO eval faster-coco-eval " in printed  # the run header names the evaluator
     assert "| HSV/flips in the workers |" in printed  # --pixel-augment auto on the CPU
     assert "): 1 input shape |" in printed  # 64 px: the default list is [64]; 8 images, batch 4: no partial batch
+    # The time account: printed at the end, kept in the run folder, its parts summing to the wall clock (each
+    # part is a difference of clock readings that telescopes: float round-off only, 1e-9 s for 6 terms).
+    account = json.loads((run_dir / "time.json").read_text())["seconds"]
+    assert summary["time_account"] == account and all(account[part] >= 0 for part in PARTS)
+    assert sum(account[part] for part in PARTS) == pytest.approx(account["wall"], abs=1e-9)
+    assert all(account[part] > 0 for part in ("start-up", "training", "validation", "checkpoints"))
+    assert "time account (wall " in printed and "  checkpoints " in printed
 
 
 def test_pixel_augment_on_the_device_trains_and_says_so(yolo_yaml: Path, tmp_path: Path, capsys):
@@ -197,7 +208,10 @@ def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path
     assert "| AdamW lr " in printed  # chosen from the fitted plan, not the configured 20,000 epochs
 
     rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
-    assert len(rows) == summary["epochs_done"] >= 3 and trainer.optimizer_name == "AdamW"
+    # The run does what its last plan said. How many epochs fit 15 s depends on the machine and its load (a GPU
+    # host fitted 2; a 2-core CPU shared with 8 busy processes, 1), so the count follows the plan rather than a
+    # fixed number; the LR check at the re-plans below needs at least 2.
+    assert len(rows) == summary["epochs_done"] == trainer.epochs >= 1 and trainer.optimizer_name == "AdamW"
     # The run ends inside the budget, give or take the end of the run the last re-fit had to predict: at most
     # one epoch (wall time between epoch starts, checkpoints included) and one validation more than planned.
     overrun = max(trainer.clock.epoch_seconds) + max(float(row["val_seconds"]) for row in rows)
@@ -222,6 +236,8 @@ def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path
         curvature = max((abs(b - a) for a, b in zip(before, before[1:])), default=0.0)
         inside = [abs(lr[s + 1] - lr[s]) for s in range(boundary - 12, boundary + 11) if s + 1 != boundary]
         assert abs(lr[boundary] - lr[boundary - 1]) <= max(inside) + curvature + 1e-12, epoch
+    if len(rows) < 2:
+        pytest.skip(f"only {len(rows)} epoch fitted the 15 s budget on this machine: no re-plan to check the LR at")
 
 
 @pytest.mark.parametrize("saved", ["fp16", "fp32"])
@@ -267,3 +283,29 @@ def test_resume_of_a_time_budget_run_continues_its_schedule_and_optimizer(yolo_y
     resumed = Trainer(_config(yolo_yaml, tmp_path, resume=str(last)), progress=False)
     assert resumed.step.schedule.state() == state["schedule"] and resumed.epochs == state["plan"]["epochs"]
     assert resumed.optimizer_name == "AdamW" and resumed.step.schedule.base_lr == state["optimizer_choice"]["lr"]
+
+
+def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_and_stops_with_one_line(
+        yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
+    """ENOSPC in the background writer's second last.pt: the first stays whole, the run ends with one line."""
+    real_fsync, checkpoints_written = os.fsync, []
+
+    def fsync_fails_when_the_disk_is_full(descriptor: int) -> None:
+        name = os.readlink(f"/proc/self/fd/{descriptor}")
+        if "/weights/.last.pt." in name:  # the atomic writer's temporary file for last.pt
+            checkpoints_written.append(name)
+            if len(checkpoints_written) > 1:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        real_fsync(descriptor)
+
+    monkeypatch.setattr(os, "fsync", fsync_fails_when_the_disk_is_full)
+    code = train_main(["--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "3", "--batch", "4", "--workers", "0",
+                       "--cache", "none", "--device", "cpu", "--project", str(tmp_path), "--no-plots",
+                       "--no-amp-check"])
+    error = capsys.readouterr().err
+    last = tmp_path / "exp" / "weights" / "last.pt"
+    assert code == 1 and "Traceback" not in error and error.count("error:") == 1  # (stderr has progress bars too)
+    assert error.splitlines()[-1] == (f"error: {last}: could not write the checkpoint (No space left on device); "
+                                      "the previous one is intact")
+    assert load_checkpoint(last)["epoch"] == 0  # the first epoch's, whole
+    assert sorted(p.name for p in last.parent.iterdir()) == ["best.pt", "last.pt"]  # no temporary file left

@@ -1,0 +1,110 @@
+"""``--batch -1``: the largest batch whose training step fits a set fraction of the GPU's memory.
+
+As Ultralytics' AutoBatch does: time nothing, measure the peak memory (``torch.cuda.max_memory_allocated``) of one
+forward and backward pass at a few batch sizes, fit a straight line (activation memory grows linearly with the
+batch; the intercept is the weights, gradients and workspaces), and take the batch where the line meets
+``FRACTION`` of the device's memory. The rest of the fraction's complement is for what the probe does not hold:
+the optimizer's moments, the EMA copy, the loss and assigner, validation, and other processes on the card.
+
+On a CPU there is nothing to fit (memory is the machine's, and speed, not memory, limits the batch): the run keeps
+the default batch and says so in one line. The CUDA path is unreachable without CUDA.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from detector.precision import Precision
+from detector.training.config import TrainConfig
+from detector.training.multiscale import MultiScale
+
+AUTO_BATCH = -1
+DEFAULT_BATCH = 16
+FRACTION = 0.60  # of the device's total memory (Ultralytics' default), for the step the probe measures
+PROBE_BATCHES = (1, 2, 4, 8, 16)
+MAX_BATCH = 1024
+ALLOCATOR_ROUNDING = 512  # bytes
+
+
+def fit_batch(measurements: Sequence[tuple[int, float]], budget_bytes: float, *, default: int = DEFAULT_BATCH) -> int:
+    """The largest batch whose peak memory, on the least-squares line through ``measurements``, is within
+    ``budget_bytes``.
+
+    Args:
+        measurements: ``(batch, peak bytes)`` pairs, at least two distinct batches.
+        budget_bytes: the memory the step may use.
+        default: returned when the line cannot be trusted (fewer than two batches, no measurable growth).
+
+    Returns at least 1 and at most ``MAX_BATCH``; 1 when even the intercept exceeds the budget (the caller warns).
+    """
+    batches = np.array([batch for batch, _ in measurements], dtype=np.float64)
+    peaks = np.array([peak for _, peak in measurements], dtype=np.float64)
+    if len(np.unique(batches)) < 2:
+        return default
+    slope, intercept = np.polyfit(batches, peaks, 1)
+    # CUDA's caching allocator rounds every block up to 512 bytes: a slope below that is no measured growth.
+    if not math.isfinite(slope) or slope < ALLOCATOR_ROUNDING:
+        return default
+    return int(min(max(math.floor((budget_bytes - intercept) / slope), 1), MAX_BATCH))
+
+
+def measure_peak_memory(model: nn.Module, image_size: int, batch: int, precision: Precision,
+                        device: torch.device) -> float:
+    """Peak bytes allocated on ``device`` by one forward and backward pass of ``batch`` random images (CUDA)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    images = torch.rand(batch, 3, image_size, image_size, device=device)
+    with precision.autocast():
+        outputs = model(images)
+    sum(output.float().sum() for output in _tensors(outputs)).backward()
+    peak = torch.cuda.max_memory_allocated(device)
+    model.zero_grad(set_to_none=True)
+    del images, outputs
+    torch.cuda.empty_cache()
+    return float(peak)
+
+
+def _tensors(outputs: object) -> list[torch.Tensor]:
+    if isinstance(outputs, torch.Tensor):
+        return [outputs]
+    if isinstance(outputs, dict):
+        outputs = list(outputs.values())
+    return [tensor for item in outputs for tensor in _tensors(item)]  # type: ignore[union-attr]
+
+
+def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: torch.device,
+               log: Callable[[str], None], *, fraction: float = FRACTION) -> int:
+    """The batch for ``--batch -1`` on ``device`` (the module docstring says how); logs one line saying why."""
+    if device.type != "cuda":
+        log(f"--batch -1: no CUDA device, so the default batch {DEFAULT_BATCH} (it sizes a batch to GPU memory)")
+        return DEFAULT_BATCH
+    total = torch.cuda.get_device_properties(device).total_memory
+    measurements = []
+    probe = copy.deepcopy(model).train()  # a copy: random images must not move the run's BatchNorm statistics
+    for batch in PROBE_BATCHES:
+        try:
+            measurements.append((batch, measure_peak_memory(probe, image_size, batch, precision, device)))
+        except torch.cuda.OutOfMemoryError:
+            torch.cuda.empty_cache()
+            break
+    del probe
+    torch.cuda.empty_cache()
+    chosen = fit_batch(measurements, fraction * total)
+    peaks = ", ".join(f"{batch}: {peak / 2**30:.2f}" for batch, peak in measurements)
+    log(f"--batch -1: batch {chosen} fits {fraction:.0%} of {total / 2**30:.1f} GiB on {device} "
+        f"(peak GiB per batch measured: {peaks}; a straight line fitted through them)")
+    return chosen
+
+
+def batch_for(config: TrainConfig, model: nn.Module, precision: Precision, device: torch.device,
+              log: Callable[[str], None]) -> int:
+    """:func:`auto_batch` for a run's config, at its largest training input (multi-scale's top size)."""
+    largest = MultiScale(config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max,
+                         enabled=config.multi_scale).ladder()[-1]
+    return auto_batch(model, largest, precision, device, log)

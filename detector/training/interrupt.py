@@ -1,0 +1,39 @@
+"""Ctrl-C during training: the first one asks the run to stop after this epoch (saving last.pt), a second aborts."""
+
+from __future__ import annotations
+
+import os
+import signal
+from types import FrameType
+from typing import Any, Callable
+
+
+class CtrlC:
+    """A SIGINT handler for the duration of a run: :attr:`requested` turns true on the first Ctrl-C.
+
+    Args:
+        single_process: False under torchrun, where a Ctrl-C reaches each worker twice (from the terminal and
+            forwarded by the launcher), so a second one must not abort; torchrun ends lingering workers itself.
+        announce: print the "finishing this epoch" line (rank 0).
+    """
+
+    def __init__(self, *, single_process: bool, announce: bool) -> None:
+        self.requested = False
+        self.single_process, self.announce = single_process, announce
+        self.pid = os.getpid()  # the process whose handler this is (see handle)
+        self._previous: Callable[..., Any] | int | None = None
+
+    def install(self) -> None:
+        self._previous = signal.signal(signal.SIGINT, self.handle)
+
+    def restore(self) -> None:
+        signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if os.getpid() != self.pid:  # a loader worker forked after this handler, before its worker_init_fn
+            return  # set SIGINT to ignored (detector/data/workers.py): the parent decides, not the worker
+        if self.requested and self.single_process:
+            raise KeyboardInterrupt
+        self.requested = True
+        if self.announce:
+            print("\nCtrl-C: finishing this epoch and saving last.pt (press again to abort)", flush=True)

@@ -1,0 +1,19 @@
+"""An epoch's row of ``results.csv``: losses, learning rate, COCO metrics, precision, validation time, evaluator."""
+
+from __future__ import annotations
+
+from detector.metrics.coco import METRIC_NAMES
+from detector.metrics.loop import Validation
+
+
+def results_row(epoch: int, stats: dict[str, float], validation: Validation | None, precision: str) -> dict[str, object]:
+    """The row for ``epoch`` (0-based; the row says ``epoch + 1``). ``stats`` is what the epoch's training loop
+    returned; its keys beyond the fixed columns follow them. Metrics are empty and ``val_seconds`` NaN where the
+    epoch was not evaluated; ``evaluator`` names the library that produced the row's mAP (empty there)."""
+    metrics = validation.metrics if validation else {}
+    row: dict[str, object] = {"epoch": epoch + 1, **{k: stats[k] for k in ("train/box", "train/cls", "train/dfl", "lr")}}
+    row.update({k: metrics.get(k, "") for k in METRIC_NAMES})
+    row.update({"precision": precision, "val_seconds": validation.seconds if validation else float("nan"),
+                "evaluator": validation.result.evaluator if validation else ""})
+    row.update({k: v for k, v in stats.items() if k not in row})
+    return row

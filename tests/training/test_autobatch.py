@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+from detector.model import build_model
+from detector.precision import Precision
+from detector.training.autobatch import DEFAULT_BATCH, MAX_BATCH, auto_batch, fit_batch
+
+GIB = 2**30
+
+
+def test_the_fit_takes_the_largest_batch_under_the_budget():
+    # 1 GiB of weights and workspaces, 0.5 GiB per image: a 48.2 GiB budget fits (48.2 - 1) / 0.5 = 94.4 images.
+    measurements = [(batch, 1 * GIB + 0.5 * GIB * batch) for batch in (1, 2, 4, 8, 16)]
+    assert fit_batch(measurements, 48.2 * GIB) == 94
+    # Noise of +/-2% on each measurement moves the least-squares line a little, not the answer's order.
+    noisy = [(batch, peak * factor) for (batch, peak), factor in zip(measurements, (1.02, 0.98, 1.02, 0.98, 1.0))]
+    assert 90 <= fit_batch(noisy, 48.2 * GIB) <= 98
+
+
+def test_the_fit_falls_back_where_the_line_cannot_be_trusted():
+    assert fit_batch([(1, GIB)], 48 * GIB) == DEFAULT_BATCH  # one batch: no slope
+    assert fit_batch([(1, 2 * GIB), (2, 2 * GIB)], 48 * GIB) == DEFAULT_BATCH  # flat: memory does not grow
+    assert fit_batch([(1, 1 * GIB), (2, 2 * GIB)], 0.5 * GIB) == 1  # not even one image: the smallest batch
+    assert fit_batch([(1, GIB), (2, 2 * GIB)], 1e18) == MAX_BATCH
+
+
+def test_on_a_cpu_the_default_batch_is_kept_with_one_line():
+    lines = []
+    model = build_model(num_classes=3, scale="n")
+    assert auto_batch(model, 64, Precision("fp32", "cpu", "test"), torch.device("cpu"), lines.append) == DEFAULT_BATCH
+    assert len(lines) == 1 and lines[0].startswith("--batch -1: no CUDA device")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: measures GPU memory")
+def test_on_cuda_the_chosen_batch_fits_the_fraction():
+    device = torch.device("cuda")
+    model = build_model(num_classes=3, scale="n").to(device)
+    before = {name: buffer.clone() for name, buffer in model.named_buffers()}
+    lines = []
+    batch = auto_batch(model, 320, Precision("fp16", "cuda", "test"), device, lines.append, fraction=0.1)
+    assert 1 <= batch <= MAX_BATCH and "fits 10% of" in lines[0]
+    for name, buffer in model.named_buffers():  # the probe ran on a copy
+        assert torch.equal(buffer, before[name]), name
+
+
+def test_a_run_is_sized_at_its_largest_multi_scale_input(monkeypatch):
+    import detector.training.autobatch as autobatch
+    from detector.training.config import TrainConfig
+
+    sizes = []
+    monkeypatch.setattr(autobatch, "auto_batch", lambda model, size, *args: sizes.append(size) or 8)
+    for multi_scale in (True, False):
+        config = TrainConfig(imgsz=640, batch=-1, multi_scale=multi_scale)
+        assert autobatch.batch_for(config, None, None, torch.device("cpu"), print) == 8
+    assert sizes == [704, 640]  # 1.125 x 640 = 720, down to a multiple of 32
+
+
+def test_batch_minus_one_is_a_valid_flag_and_other_negatives_are_not():
+    from detector.training.config import TrainConfig
+
+    assert TrainConfig(batch=-1).with_defaults().validate().batch == -1
+    with pytest.raises(ValueError, match=r"--batch must be at least 1, or -1 for auto \(got -2\)"):
+        TrainConfig(batch=-2).with_defaults().validate()

@@ -1,0 +1,66 @@
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from detector.training.time_account import PARTS, TimeAccount, process_age
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_parts_are_charged_to_the_innermost_phase_and_sum_to_the_wall_clock():
+    clock = FakeClock()
+    account = TimeAccount(before=2.0, clock=clock)  # 2 s of imports before the account existed
+    clock.now += 1.0  # start-up
+    account.switch("other")
+    with account.phase("training"):
+        clock.now += 5.0
+    clock.now += 0.5  # other
+    with account.phase("checkpoints"):
+        clock.now += 0.25
+        with account.phase("validation"):  # nested: validation, not checkpoints
+            clock.now += 3.0
+        clock.now += 0.25
+    totals = account.totals()
+    assert totals == {"wall": 12.0, "start-up": 3.0, "training": 5.0, "validation": 3.0, "checkpoints": 0.5,
+                      "final evaluation": 0.0, "other": 0.5}
+    assert account.details == {"imports": 2.0}
+
+
+def test_an_open_phase_counts_up_to_now_and_an_unknown_part_is_refused():
+    clock = FakeClock()
+    account = TimeAccount(clock=clock)
+    with account.phase("training"):
+        clock.now += 4.0
+        assert account.totals()["training"] == 4.0
+    with pytest.raises(ValueError, match="unknown part 'lunch'"):
+        account.switch("lunch")
+
+
+def test_a_real_clock_account_sums_to_its_wall_clock_and_is_written(tmp_path: Path):
+    account = TimeAccount(before=process_age())
+    for part in ("training", "validation", "checkpoints", "final evaluation"):
+        with account.phase(part), account.detail(part):
+            time.sleep(0.01)
+    totals = account.save(tmp_path / "time.json")
+    assert all(totals[part] >= 0 for part in PARTS)
+    # Each switch reads the clock once, and the parts are differences of those readings: their sum telescopes to
+    # the wall clock up to float round-off (~1e-16 relative per addition; 1e-9 s leaves room for 10 terms).
+    assert sum(totals[part] for part in PARTS) == pytest.approx(totals["wall"], abs=1e-9)
+    assert all(totals[part] >= 0.01 for part in ("training", "validation", "checkpoints", "final evaluation"))
+    written = json.loads((tmp_path / "time.json").read_text())
+    assert written["seconds"] == totals and set(written["start-up details"]) >= {"training", "validation"}
+    table = account.table(totals)
+    assert table.splitlines()[0].startswith("time account (wall ") and all(part in table for part in PARTS)
+
+
+def test_process_age_is_the_time_since_this_process_started():
+    age = process_age()
+    assert 0 < age < time.monotonic() + 1  # older than nothing, younger than the machine's uptime (plus a tick)

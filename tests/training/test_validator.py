@@ -1,0 +1,51 @@
+import torch
+
+import detector.training.validator as validator_module
+from detector.data.build import SplitData
+from detector.model import build_model
+from detector.precision import Precision
+from detector.training.config import TrainConfig
+from detector.training.validator import Validator, validation_batch
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(num_classes=2, scale="n").eval()  # the tiny split's two classes
+
+
+def _config(**overrides) -> TrainConfig:
+    return TrainConfig(**{"imgsz": 64, "batch": 2, "workers": 0, "device": "cpu", **overrides})
+
+
+def test_a_small_split_is_loaded_once_and_scored_the_same_from_memory(tiny_split: SplitData, monkeypatch):
+    loads = []
+    real_make = validator_module.make_val_loader
+
+    def counting_make(*args, **kwargs):
+        loads.append(kwargs["batch_size"])
+        return real_make(*args, **kwargs)
+
+    monkeypatch.setattr(validator_module, "make_val_loader", counting_make)
+    validator = Validator(tiny_split, _config(), torch.device("cpu"), progress=False)
+    assert validator.keep
+    model, precision = _model(), Precision("fp32", "cpu", "test")
+    first = validator.run(model, precision)
+    second = validator.run(model, precision)
+    assert loads == [4]  # one loader, at twice the batch on a CPU; the second pass read the kept batches
+    assert validator._loader is None  # its workers are gone
+    assert first.metrics == second.metrics and (first.detections == second.detections).all()
+
+
+def test_a_large_split_goes_through_the_loader_every_time(tiny_split: SplitData, monkeypatch):
+    monkeypatch.setattr(validator_module, "KEEP_BATCHES_BYTES", 1)
+    validator = Validator(tiny_split, _config(), torch.device("cpu"), progress=False)
+    assert not validator.keep
+    model, precision = _model(), Precision("fp32", "cpu", "test")
+    validator.run(model, precision)
+    assert validator._kept is None and validator._loader is not None
+
+
+def test_validation_runs_at_the_training_batch_on_cuda_and_twice_it_on_a_cpu():
+    config = _config(batch=16)
+    assert validation_batch(config, torch.device("cuda")) == 16
+    assert validation_batch(config, torch.device("cpu")) == 32
