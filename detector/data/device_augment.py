@@ -138,7 +138,7 @@ def render(batch: WarpBatch, device: torch.device, *, size: int, channels_last: 
     theta = batch.theta.to(device, non_blocking=True)
     bounds = batch.bounds.to(device, non_blocking=True)[:, None, None]
     grid = F.affine_grid(theta, [count, 3, size, size], align_corners=False)
-    grid = torch.minimum(torch.maximum(grid, bounds[..., :2]), bounds[..., 2:])
+    grid = grid.clamp_(bounds[..., :2], bounds[..., 2:])  # in place: one pass
     # One sampling call over the atlas as a single image: the B output grids stacked into one tall grid.
     source = atlas.permute(2, 0, 1)[None].float()
     out = F.grid_sample(source, grid.reshape(1, count * size, size, 2), mode="bilinear", padding_mode="zeros",
