@@ -54,15 +54,17 @@ def filter_boxes(
     return boxes[keep], classes[keep]
 
 
-def mosaic(
-    images: list[np.ndarray], boxes: list[np.ndarray], classes: list[np.ndarray], size: int, rng: np.random.Generator
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Four images (long side ``size``) around a random centre of a ``2*size`` canvas."""
-    canvas = np.full((2 * size, 2 * size, 3), PAD_VALUE, np.uint8)
+Placement = tuple[int, int, int, int, int, int]  # canvas x1, y1, x2, y2 and the tile's crop corner x, y
+
+
+def mosaic_placements(shapes: list[tuple[int, int]], size: int, rng: np.random.Generator) -> list[Placement]:
+    """Where each of four ``(height, width)`` tiles lands on a ``2*size`` canvas around a random centre (two draws).
+
+    Tile ``i`` fills canvas ``[y1:y2, x1:x2]`` from its crop starting at ``(tile_y1, tile_x1)``; the rest is fill.
+    """
     centre_x, centre_y = (int(rng.uniform(0.5 * size, 1.5 * size)) for _ in range(2))
-    out_boxes, out_classes = [], []
-    for index, (image, image_boxes, image_classes) in enumerate(zip(images, boxes, classes)):
-        height, width = image.shape[:2]
+    placements = []
+    for index, (height, width) in enumerate(shapes):
         # Corner of the canvas this tile grows from, and the matching crop of the tile.
         if index == 0:  # top left
             x1, y1, x2, y2 = max(centre_x - width, 0), max(centre_y - height, 0), centre_x, centre_y
@@ -76,26 +78,55 @@ def mosaic(
         else:  # bottom right
             x1, y1, x2, y2 = centre_x, centre_y, min(centre_x + width, 2 * size), min(2 * size, centre_y + height)
             tile_x1, tile_y1 = 0, 0
-        canvas[y1:y2, x1:x2] = image[tile_y1 : tile_y1 + (y2 - y1), tile_x1 : tile_x1 + (x2 - x1)]
+        placements.append((x1, y1, x2, y2, tile_x1, tile_y1))
+    return placements
+
+
+def mosaic_tiles(images: list[np.ndarray], placements: list[Placement]) -> list[tuple[np.ndarray, int, int]]:
+    """Each tile's visible crop (a view, no copy) and the canvas ``(x, y)`` of its top-left pixel."""
+    return [(image[ty : ty + (y2 - y1), tx : tx + (x2 - x1)], x1, y1)
+            for image, (x1, y1, x2, y2, tx, ty) in zip(images, placements)]
+
+
+def paste(tiles: list[tuple[np.ndarray, int, int]], height: int, width: int) -> np.ndarray:
+    """A ``height x width`` fill-coloured canvas with each ``(tile, x, y)`` copied in (tiles lie inside it)."""
+    canvas = np.full((height, width, 3), PAD_VALUE, np.uint8)
+    for tile, x, y in tiles:
+        canvas[y : y + tile.shape[0], x : x + tile.shape[1]] = tile
+    return canvas
+
+
+def mosaic_boxes(
+    placements: list[Placement], boxes: list[np.ndarray], classes: list[np.ndarray], size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The four tiles' boxes moved with their tiles onto the ``2*size`` canvas, clipped and filtered."""
+    out_boxes, out_classes = [], []
+    for (x1, y1, _, _, tile_x1, tile_y1), image_boxes, image_classes in zip(placements, boxes, classes):
         shift = np.array([x1 - tile_x1, y1 - tile_y1] * 2, np.float32)
         out_boxes.append(image_boxes + shift)
         out_classes.append(image_classes)
     all_boxes = np.concatenate(out_boxes) if out_boxes else np.zeros((0, 4), np.float32)
     all_classes = np.concatenate(out_classes) if out_classes else np.zeros(0, np.float32)
-    all_boxes, all_classes = filter_boxes(all_boxes, all_classes, 2 * size, 2 * size)
+    return filter_boxes(all_boxes, all_classes, 2 * size, 2 * size)
+
+
+def mosaic(
+    images: list[np.ndarray], boxes: list[np.ndarray], classes: list[np.ndarray], size: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Four images (long side ``size``) around a random centre of a ``2*size`` canvas."""
+    placements = mosaic_placements([image.shape[:2] for image in images], size, rng)
+    canvas = paste(mosaic_tiles(images, placements), 2 * size, 2 * size)
+    all_boxes, all_classes = mosaic_boxes(placements, boxes, classes, size)
     return canvas, all_boxes, all_classes
 
 
-def random_affine(
-    image: np.ndarray,
-    boxes: np.ndarray,
-    classes: np.ndarray,
-    out_size: int,
-    config: AugmentConfig,
-    rng: np.random.Generator,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rotate/scale/shear/translate around the image centre into an ``out_size`` square, in one warp."""
-    height, width = image.shape[:2]
+def affine_matrix(
+    height: int, width: int, out_size: int, config: AugmentConfig, rng: np.random.Generator
+) -> tuple[np.ndarray, float]:
+    """The random affine's float64 ``[3, 3]`` matrix (image pixels -> ``out_size`` square pixels) and its zoom.
+
+    Rotate/scale/shear/translate around the image centre; six draws, in that order.
+    """
     to_origin = np.array([[1, 0, -width / 2], [0, 1, -height / 2], [0, 0, 1]], np.float64)
     angle = rng.uniform(-config.degrees, config.degrees)
     # A mosaic canvas is twice the output size; fold that into the zoom so objects keep their scale.
@@ -110,18 +141,41 @@ def random_affine(
     to_output = np.eye(3)
     to_output[0, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_size
     to_output[1, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_size
-    matrix = to_output @ shear @ rotate @ to_origin
-    warped = cv2.warpAffine(image, matrix[:2], (out_size, out_size), borderValue=(PAD_VALUE,) * 3)
+    return to_output @ shear @ rotate @ to_origin, zoom
+
+
+def warp_image(image: np.ndarray, matrix: np.ndarray, out_size: int) -> np.ndarray:
+    """OpenCV's bilinear warp of ``image`` by ``matrix`` into an ``out_size`` square, fill outside."""
+    return cv2.warpAffine(image, matrix[:2], (out_size, out_size), borderValue=(PAD_VALUE,) * 3)
+
+
+def warp_boxes(
+    boxes: np.ndarray, classes: np.ndarray, matrix: np.ndarray, zoom: float, out_size: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Boxes moved by ``matrix`` (the enclosing box of their four corners), clipped and filtered."""
     if len(boxes) == 0:
-        return warped, boxes, classes
+        return boxes, classes
     corners = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(-1, 2)  # 4 corners per box
     corners = np.concatenate((corners, np.ones((len(corners), 1))), 1) @ matrix.T
     corners = corners[:, :2].reshape(-1, 8)
     xs, ys = corners[:, 0::2], corners[:, 1::2]
     moved = np.stack((xs.min(1), ys.min(1), xs.max(1), ys.max(1)), 1).astype(np.float32)
     scaled_before = boxes * np.float32(zoom)
-    new_boxes, new_classes = filter_boxes(moved, classes, out_size, out_size, before=scaled_before)
-    return warped, new_boxes, new_classes
+    return filter_boxes(moved, classes, out_size, out_size, before=scaled_before)
+
+
+def random_affine(
+    image: np.ndarray,
+    boxes: np.ndarray,
+    classes: np.ndarray,
+    out_size: int,
+    config: AugmentConfig,
+    rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rotate/scale/shear/translate around the image centre into an ``out_size`` square, in one warp."""
+    matrix, zoom = affine_matrix(image.shape[0], image.shape[1], out_size, config, rng)
+    new_boxes, new_classes = warp_boxes(boxes, classes, matrix, zoom, out_size)
+    return warp_image(image, matrix, out_size), new_boxes, new_classes
 
 
 def draw_hsv_gains(config: AugmentConfig, rng: np.random.Generator) -> tuple[float, float, float]:

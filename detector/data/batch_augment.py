@@ -2,7 +2,8 @@
 
 The loader workers draw each image's operations (:class:`PixelOps`, from the same random numbers as the
 OpenCV path in :mod:`detector.data.augment`) and flip its boxes; the training step applies the pixel side
-here, batched, after the batch reaches the device (issue 16: on a GPU the CPU workers are the wall).
+here, batched, after the batch reaches the device (issue 16: on a GPU the CPU workers are the wall), and
+after the warp where mosaic and affine run there too (:mod:`detector.data.device_augment`).
 Images are float ``[B, 3, H, W]`` RGB in [0, 1]; hue is in turns ([0, 1) = 0-360 degrees).
 """
 
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-CHOICES = ("auto", "workers", "device")  # --pixel-augment
+CHOICES = ("auto", "workers", "pixels", "device")  # --pixel-augment
 
 
 @dataclass(frozen=True)
@@ -32,10 +33,14 @@ class PixelOps:
 
 
 def resolve_pixel_augment(choice: str, device: torch.device) -> str:
-    """``--pixel-augment`` -> where HSV and flips run: ``"device"`` or ``"workers"``.
+    """``--pixel-augment`` -> where augmentation runs: ``"workers"``, ``"pixels"`` or ``"device"``.
 
-    ``auto`` moves them to the device on CUDA only: on a CPU the step and the workers share the same cores,
-    and the workers' uint8 lookup tables are cheaper than float HSV in the step.
+    ``workers``: everything in the loader processes (OpenCV). ``pixels``: HSV and flips in the step, batched
+    (here); mosaic and affine in the workers. ``device``: mosaic and affine in the step too
+    (:mod:`detector.data.device_augment`); decoding, the random draws, the boxes and albumentations stay in
+    the workers. ``auto`` is ``device`` on CUDA only: on a CPU the step and the workers share the same cores,
+    and the workers' OpenCV (fixed-point warp, uint8 lookup tables) costs less than float sampling and HSV
+    in the step (docs/gpu.md, "Augmentation on the device").
     """
     if choice not in CHOICES:
         raise ValueError(f"--pixel-augment must be one of {', '.join(CHOICES)} (got {choice!r})")

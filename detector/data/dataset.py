@@ -14,16 +14,22 @@ from detector.boxes import cxcywh_to_xyxy
 from detector.data.augment import (
     PAD_VALUE,
     AugmentConfig,
+    affine_matrix,
     augment_hsv,
     build_albumentations,
     draw_flips,
     draw_hsv_gains,
     flip_boxes,
     flip_image,
-    mosaic,
-    random_affine,
+    mosaic_boxes,
+    mosaic_placements,
+    mosaic_tiles,
+    paste,
+    warp_boxes,
+    warp_image,
 )
 from detector.data.batch_augment import PixelOps
+from detector.data.device_augment import WarpBatch, WarpSource, canvas_region, pack_warp_batch
 from detector.data.images import READ_ERRORS, read_image_rgb
 from detector.data.letterbox import ImageMeta, letterbox
 from detector.data.ram_cache import ImageCache
@@ -49,7 +55,9 @@ class DetectionDataset(Dataset):
     after mosaic/affine/HSV/albumentations/flip; evaluation items are letterboxed to ``S x S`` with
     no augmentation. With ``pixel_ops_on_device`` the HSV gains and flips are drawn as always and the
     boxes flipped, but the pixels are left to the training step: ``meta.pixel_ops`` carries them there
-    (:mod:`detector.data.batch_augment`).
+    (:mod:`detector.data.batch_augment`). With ``geometry_on_device`` too, mosaic and the random affine are
+    drawn and the boxes moved, but the item's image is a :class:`WarpSource` (the source pixels the warp
+    reads, and its matrix) that the training step warps (:mod:`detector.data.device_augment`).
     """
 
     def __init__(
@@ -61,12 +69,14 @@ class DetectionDataset(Dataset):
         image_cache: ImageCache | None = None,
         seed: int = 0,
         pixel_ops_on_device: bool = False,
+        geometry_on_device: bool = False,
     ) -> None:
         self.records = records
         self.image_size = image_size
         self.augment = augment
         self.seed = seed
         self.pixel_ops_on_device = pixel_ops_on_device
+        self.geometry_on_device = geometry_on_device  # mosaic and affine in the step (implies the pixel ops there)
         self.albumentations = build_albumentations(augment.albumentations) if augment else None
         self.image_cache = image_cache  # set by detector.data.build once filled (detector/data/ram_cache.py)
 
@@ -107,31 +117,45 @@ class DetectionDataset(Dataset):
 
     def _train_item(
         self, index: int, epoch: int, use_mosaic: bool
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, PixelOps | None]:
-        """Image, xyxy pixel boxes, classes, and the pixel operations left to the device (None: all applied)."""
+    ) -> tuple[np.ndarray | WarpSource, np.ndarray, np.ndarray, PixelOps | None]:
+        """Image (or what the step warps into one), xyxy pixel boxes, classes, and the pixel operations left to
+        the device (None: all applied)."""
         config, size = self.augment, self.image_size
         assert config is not None
         # Augmentation is a pure function of (seed, epoch, index): the same with any number of workers,
-        # and a resumed run replays exactly what an uninterrupted one would have drawn. Both pixel paths
+        # and a resumed run replays exactly what an uninterrupted one would have drawn. All three paths
         # draw the same numbers in the same order, so their geometry and boxes are identical.
         rng = np.random.default_rng((self.seed, epoch, index))
         if use_mosaic and rng.random() < config.mosaic:
             picks = [index, *rng.integers(0, len(self.records), 3)]
-            parts = [self._image_and_boxes(int(i)) for i in picks]
-            image, boxes, classes = mosaic([p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts], size, rng)
+            images, boxes, classes = zip(*(self._image_and_boxes(int(i)) for i in picks))
+            placements = mosaic_placements([image.shape[:2] for image in images], size, rng)
+            tiles, (height, width) = mosaic_tiles(list(images), placements), (2 * size, 2 * size)
+            boxes, classes = mosaic_boxes(placements, list(boxes), list(classes), size)
         else:
             image, boxes, classes = self._image_and_boxes(index)
-        image, boxes, classes = random_affine(image, boxes, classes, size, config, rng)
+            tiles, (height, width) = [(image, 0, 0)], image.shape[:2]
+        matrix, zoom = affine_matrix(height, width, size, config, rng)
+        boxes, classes = warp_boxes(boxes, classes, matrix, zoom, size)
+        if self.geometry_on_device:
+            image = canvas_region(tiles, height, width, matrix, size)
+        else:  # one tile at the origin is the canvas itself: no copy
+            image = warp_image(tiles[0][0] if len(tiles) == 1 else paste(tiles, height, width), matrix, size)
         gains = draw_hsv_gains(config, rng)
-        if not self.pixel_ops_on_device:
+        pixels_on_device = self.pixel_ops_on_device or self.geometry_on_device
+        if not pixels_on_device:
             image = augment_hsv(image, gains)
         if self.albumentations is not None:
-            # On the device path these (blur, median blur, gray, CLAHE; rare) see the image before HSV, not after.
+            # On the device paths these (blur, median blur, gray, CLAHE; rare) see the image before HSV, not
+            # after; with the geometry there too, they see the source region before the warp.
             self.albumentations.set_random_seed(int(rng.integers(2**31)))
-            image = self.albumentations(image=image)["image"]
+            if isinstance(image, WarpSource):
+                image = dataclasses.replace(image, region=self.albumentations(image=image.region)["image"])
+            else:
+                image = self.albumentations(image=image)["image"]
         flip_lr, flip_ud = draw_flips(config, rng)
-        boxes = flip_boxes(boxes, image.shape[1], image.shape[0], flip_lr=flip_lr, flip_ud=flip_ud)
-        if self.pixel_ops_on_device:
+        boxes = flip_boxes(boxes, size, size, flip_lr=flip_lr, flip_ud=flip_ud)
+        if pixels_on_device:
             return image, boxes, classes, PixelOps(*gains, flip_lr=flip_lr, flip_ud=flip_ud)
         return flip_image(image, flip_lr=flip_lr, flip_ud=flip_ud), boxes, classes, None
 
@@ -160,12 +184,12 @@ class DetectionDataset(Dataset):
             raise RuntimeError(f"{MAX_REPLACEMENTS} images in a row failed to decode, from {failed}")
         if failed:
             meta = dataclasses.replace(meta, unreadable=failed)
-        size = image.shape[0]
+        size = self.image_size  # training and evaluation items are all image_size squares
         centres = (boxes[:, :2] + boxes[:, 2:]) / 2 / size
         sides = (boxes[:, 2:] - boxes[:, :2]) / size
         labels = np.concatenate((classes[:, None], centres, sides), 1).astype(np.float32)
         # A [3, S, S] view of the HWC pixels, no copy: collate stacks them straight into channels-last.
-        image_chw = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
+        image_chw = image if isinstance(image, WarpSource) else torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
         return image_chw, torch.from_numpy(labels), meta
 
     def _item(self, index: int, epoch: int, use_mosaic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, ImageMeta]:
@@ -173,7 +197,8 @@ class DetectionDataset(Dataset):
         image_id = int(self.records.image_ids[index])
         if self.augment is not None:
             image, boxes, classes, pixel_ops = self._train_item(index, epoch, use_mosaic)
-            return image, boxes, classes, ImageMeta(image_id, image.shape[:2], 1.0, (0.0, 0.0), pixel_ops)
+            size = (self.image_size, self.image_size)
+            return image, boxes, classes, ImageMeta(image_id, size, 1.0, (0.0, 0.0), pixel_ops)
         resized, original_hw = self.load(index)
         image, _, pad = letterbox(resized, self.image_size)
         ratio = self.image_size / max(original_hw)
@@ -191,14 +216,18 @@ class DetectionDataset(Dataset):
         return image, np.zeros((0, 4), np.float32), np.zeros(0, np.float32), meta
 
 
-def collate(batch: list[tuple[torch.Tensor, torch.Tensor, ImageMeta]]) -> tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]:
+def collate(
+    batch: list[tuple[torch.Tensor | WarpSource, torch.Tensor, ImageMeta]],
+) -> tuple[torch.Tensor | WarpBatch, torch.Tensor, list[ImageMeta]]:
     """-> images ``uint8 [B, 3, S, S]``, targets ``[N, 6]`` (image index, class, cx, cy, w, h), metas.
 
     The images come out in channels-last memory (the decoder's HWC order), the layout the model trains
-    in, so the training step needs no transposing copy of the batch.
+    in, so the training step needs no transposing copy of the batch. Items whose geometry is left to the
+    device (:class:`WarpSource`) come out as one :class:`WarpBatch` instead, which the step renders.
     """
     images, labels, metas = zip(*batch)
     targets = [torch.cat((torch.full((len(l), 1), i, dtype=torch.float32), l), 1) for i, l in enumerate(labels)]
+    if isinstance(images[0], WarpSource):
+        return pack_warp_batch(images), torch.cat(targets), list(metas)
     pixels = torch.stack([image.permute(1, 2, 0) for image in images]).permute(0, 3, 1, 2)
     return pixels, torch.cat(targets), list(metas)
-

@@ -52,14 +52,16 @@ def build_data(
     Under torchrun, call it on each node's local rank 0 first (:func:`detector.distributed.local_main_first`):
     that process scans the data and fills the RAM cache the node's processes share.
 
-    ``device`` decides where ``--pixel-augment auto`` puts HSV and flips (see :func:`resolve_pixel_augment`).
+    ``device`` decides where ``--pixel-augment auto`` puts mosaic, affine, HSV and flips (see :func:`resolve_pixel_augment`).
     """
     dist = dist or DistInfo()
     spec = resolve_data(config)
     train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache,
                         local_rank=dist.local_rank, local_world_size=dist.local_world_size, run_id=run_id())
     train.dataset.seed = config.seed
-    train.dataset.pixel_ops_on_device = resolve_pixel_augment(config.pixel_augment, device) == "device"
+    where = resolve_pixel_augment(config.pixel_augment, device)
+    train.dataset.pixel_ops_on_device = where in ("pixels", "device")
+    train.dataset.geometry_on_device = where == "device"
     val = build_split(spec, "val", image_size=config.imgsz, augment=None, cache=config.cache) if with_val else None
     return spec, train, val
 

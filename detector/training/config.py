@@ -96,9 +96,10 @@ class TrainConfig:
     fliplr: float = option(0.5, "horizontal flip probability")
     flipud: float = option(0.0, "vertical flip probability")
     albumentations: float = option(0.01, "probability of each albumentations pixel transform (blur, CLAHE, gray)")
-    pixel_augment: str = option("auto", "where HSV and flips run on the pixels: workers (loader processes), device "
-                                      "(batched on the training device), auto = device on CUDA, workers elsewhere",
-                              choices=PIXEL_AUGMENT_CHOICES)
+    pixel_augment: str = option("auto", "where augmentation runs: workers (loader processes, OpenCV), pixels (HSV "
+                                      "and flips batched on the training device), device (mosaic, affine, HSV and "
+                                      "flips there; decoding, boxes and albumentations stay in the workers), "
+                                      "auto = device on CUDA, workers elsewhere", choices=PIXEL_AUGMENT_CHOICES)
     multi_scale: bool = option(True, "train at multiples of 32 in [min, max] x imgsz (imgsz in close-mosaic epochs)")
     multi_scale_min: float = option(0.875, "smallest multi-scale factor of imgsz")
     multi_scale_max: float = option(1.125, "largest multi-scale factor of imgsz (peak memory grows with its square)")

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from detector.data.batch_augment import PixelOps, apply_pixel_ops, carried_pixel_ops
+from detector.data.device_augment import WarpBatch, render, render_uint8
 from detector.data.letterbox import ImageMeta
 from detector.inference.preprocess import model_input
 from detector.distributed import unwrap
@@ -28,7 +29,7 @@ from detector.training.schedule import StepSchedule, StepValues
 
 
 def step_input(
-    images: torch.Tensor,
+    images: torch.Tensor | WarpBatch,
     size: int,
     device: torch.device,
     *,
@@ -38,7 +39,11 @@ def step_input(
     """A training step's input: the loader's uint8 ``[B, 3, S, S]`` batch as float model input ``[B, 3, size, size]``.
 
     ``pixel_ops`` (the device path, one per image) are applied on ``device`` in float, before the resize.
+    A :class:`WarpBatch` (mosaic and affine left to the device) is warped there straight to ``size``.
     """
+    if isinstance(images, WarpBatch):
+        rendered = render(images, device, size=size, channels_last=channels_last)
+        return rendered if pixel_ops is None else apply_pixel_ops(rendered, pixel_ops)
     if pixel_ops is not None:
         return resize_batch(apply_pixel_ops(model_input(images, device, channels_last=channels_last), pixel_ops), size)
     if device.type == "cpu":  # resize while still uint8: PyTorch's channels-last uint8 path is 2-4x faster
@@ -53,6 +58,9 @@ def as_trained(batch: tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]) -> tup
     workers flipped already. A batch without operations comes back as it is.
     """
     images, targets, metas = batch
+    if isinstance(images, WarpBatch):  # mosaic and affine left to the device: warped here, on the CPU
+        images = render_uint8(images)
+        batch = images, targets, metas
     pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
     if pixel_ops is None:
         return batch

@@ -39,12 +39,15 @@ def run_header(trainer: Run) -> str:
     model = unwrap(step.model)
     params = sum(p.numel() for p in model.parameters())
     val_count = len(trainer.val_data.records) if trainer.val_data else "?"
-    pixel_ops = "on the device" if trainer.train_data.dataset.pixel_ops_on_device else "in the workers"
+    dataset = trainer.train_data.dataset
+    on_device = ("mosaic/affine/HSV/flips" if dataset.geometry_on_device else "HSV/flips"
+                 ) if dataset.pixel_ops_on_device else ""
+    augment = f"{on_device} on the device" if on_device else "augmentation in the workers"
     return (
         f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | "
         f"data {config.data or 'built-in shapes'} ({len(trainer.train_data.records)} train / {val_count} val) | "
         f"{trainer.device} x{trainer.dist.world_size}, {config.workers} loader workers | "
-        f"precision {step.precision.name}: {step.precision.reason} | HSV/flips {pixel_ops} | "
+        f"precision {step.precision.name}: {step.precision.reason} | {augment} | "
         f"{cache_text(trainer)} | COCO eval {evaluator_name(config.coco_eval)} | "
         f"{trainer.optimizer_name} lr {step.schedule.base_lr:g} | {epochs_text(trainer)} | "
         f"{trainer.multi_scale.describe(len(trainer.input_shapes()))} | run {trainer.run_dir}"

@@ -200,12 +200,14 @@ def test_pixel_augment_auto_is_device_on_cuda_and_workers_elsewhere(yolo_yaml):
     assert resolve_pixel_augment("auto", torch.device("cuda", 0)) == "device"
     assert resolve_pixel_augment("device", torch.device("cpu")) == "device"
     assert resolve_pixel_augment("workers", torch.device("cuda")) == "workers"
+    assert resolve_pixel_augment("pixels", torch.device("cuda")) == "pixels"
     with pytest.raises(ValueError, match="--pixel-augment"):
         resolve_pixel_augment("gpu", torch.device("cpu"))
-    for choice, on_device in (("auto", False), ("device", True)):
+    # (pixel ops on the device, mosaic and affine on the device)
+    for choice, where in (("auto", (False, False)), ("pixels", (True, False)), ("device", (True, True))):
         config = TrainConfig(data=str(yolo_yaml), imgsz=64, cache="none", pixel_augment=choice)
         _, train, _ = build_data(config, with_val=False, device=torch.device("cpu"))
-        assert train.dataset.pixel_ops_on_device is on_device
+        assert (train.dataset.pixel_ops_on_device, train.dataset.geometry_on_device) == where, choice
 
 
 def test_train_one_epoch_on_the_device_path_gives_finite_losses(tmp_path):

@@ -50,7 +50,7 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
     printed = capsys.readouterr().out
     assert "AP50-95" in printed and "Average Precision" in printed  # per-class table + COCO summary
     assert "| COCO eval faster-coco-eval " in printed  # the run header names the evaluator
-    assert "| HSV/flips in the workers |" in printed  # --pixel-augment auto on the CPU
+    assert "| augmentation in the workers |" in printed  # --pixel-augment auto on the CPU
     assert "): 1 input shape |" in printed  # 64 px: the default list is [64]; 8 images, batch 4: no partial batch
     # The time account: printed at the end, kept in the run folder, its parts summing to the wall clock (each
     # part is a difference of clock readings that telescopes: float round-off only, 1e-9 s for 6 terms).
@@ -62,14 +62,14 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
 
 
 def test_pixel_augment_on_the_device_trains_and_says_so(yolo_yaml: Path, tmp_path: Path, capsys):
-    """HSV and flips in the training step (what CUDA gets by default), here on the CPU; the plot and the
+    """Mosaic, affine, HSV and flips in the training step (what CUDA gets by default), here on the CPU; the plot and the
     AMP check see the batch with them applied (detector/training/engine.py as_trained)."""
     summary = train(_config(yolo_yaml, tmp_path, epochs=1, close_mosaic=0, plots=True, amp_check=True,
                             pixel_augment="device"), progress=False)
     rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
     assert all(math.isfinite(float(rows[-1][k])) for k in ("train/box", "train/cls", "train/dfl"))
     assert (summary["run_dir"] / "train_batch0.png").is_file()
-    assert "| HSV/flips on the device |" in capsys.readouterr().out
+    assert "| mosaic/affine/HSV/flips on the device |" in capsys.readouterr().out
 
 
 def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
