@@ -22,6 +22,7 @@ from detector.data.dataset import read_image_rgb
 from detector.data.spec import IMAGE_SUFFIXES
 from detector.device import resolve_device
 from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
+from detector.inference.torch_backend import half_precision
 from detector.postprocess import NMSConfig
 from detector.runs import next_run_dir
 from detector.tuning import enlarge_onednn_cache
@@ -44,6 +45,8 @@ class PredictOptions(Options):
     max_det: int = option(300, "detections kept per image (default: 300)")
     imgsz: int | None = option(None, "input size (default: the model's own: training or export size)")
     device: str = option("", "cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    half: bool = option(False, ".pt: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, else FP32 "
+                               "(default: off)")
     project: Path = option(Path("runs/predict"), "parent folder of runs (default: runs/predict)")
     name: str = option("exp", "run folder; exp, exp2, ... when taken (default: exp)")
 
@@ -119,7 +122,7 @@ def predict(backend: Backend, source: Path, out_dir: Path | None, *, size: int, 
     try:
         for file, frame, image, fps in iterate_source(source):
             start = time.perf_counter()
-            batch, transforms = prepare_batch([image], size)
+            batch, transforms = prepare_batch([image], size, device=getattr(backend, "device", None))
             detections = to_original_pixels(backend(batch)[0], transforms[0])
             labels = detections["labels"].cpu().numpy().astype(np.int64)
             results.append({
@@ -160,7 +163,9 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         raise FileNotFoundError(f"{options.source}: no such image, folder or video")
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
     if backend is None:
-        backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms)
+        precision = half_precision(device) if options.half else "fp32"
+        backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms,
+                               precision=precision)
     else:
         backend.nms = nms
     baked = backend.info.nms

@@ -26,13 +26,14 @@ from detector.checkpoint import model_from_checkpoint
 from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
 from detector.device import resolve_device
-from detector.inference.torch_backend import DEFAULT_IMGSZ, make_torch_infer
+from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend, half_precision, make_torch_infer
 from detector.metrics.coco import BACKENDS, evaluator_name, resolve_backend
 from detector.metrics.loop import make_val_loader, run_validation
 from detector.model import image_size_problem
+from detector.model.metadata import ModelInfo
 from detector.plots.reporter import validation_report
 from detector.postprocess import NMSConfig
-from detector.precision import resolve_precision
+from detector.precision import Precision, resolve_precision
 from detector.runs import next_run_dir
 from detector.tuning import enlarge_onednn_cache
 from detector.options import Options, option
@@ -57,6 +58,8 @@ class ValOptions(Options):
                                       "or pycocotools (the same numbers, slower)", choices=BACKENDS)
     device: str = option("", "cpu, cuda or cuda:N (default: cuda when available)")
     fp32: bool = option(False, "run the model in FP32 (no FP16/BF16 autocast)")
+    half: bool = option(False, "a prepared copy: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, "
+                               "else FP32; BatchNorm folded (default: off, autocast)")
     plots: bool = option(True, "write PR curve, confusion matrix and prediction images")
     project: Path = option(Path("runs/val"), "parent folder of the run folder")
     name: str = option("exp", "run folder name (suffixed 2, 3... when it exists)")
@@ -91,7 +94,11 @@ def run_val(options: ValOptions) -> dict[str, float]:
     split = build_split(spec, options.split, image_size=image_size, augment=None, cache="false")
     device = resolve_device(options.device)
 
+    if options.half and options.fp32:
+        raise ValueError("--half and --fp32 contradict each other; pick one")
     precision = resolve_precision("fp32" if options.fp32 else "auto", device)
+    if options.half:
+        precision = Precision(half_precision(device), device.type, "--half: weights converted, no autocast")
     model = model.to(device).float()
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
                     multi_label=True)
@@ -102,10 +109,14 @@ def run_val(options: ValOptions) -> dict[str, float]:
           f"imgsz {image_size}, {device.type} {precision.name.upper()} ({precision.reason}), "
           f"COCO eval {evaluator_name(coco_eval)}")
 
+    infer = make_torch_infer(model, precision=precision, nms=nms, device=device)
+    if options.half:  # the inference backend's prepared copy: fused, converted once, CUDA graphs on CUDA
+        info = ModelInfo(names=spec.names, strides=tuple(model.strides), imgsz=image_size, dynamic=True)
+        infer = TorchBackend(model, info, device=str(device), precision=precision.name, nms=nms)
     loader = make_val_loader(split, batch_size=options.batch, workers=options.workers,
                              cpu_compute=device.type == "cpu")
     validation = run_validation(
-        make_torch_infer(model, precision=precision, nms=nms, device=device),
+        infer,
         split,
         loader,
         results_json=save_dir / "predictions.json",

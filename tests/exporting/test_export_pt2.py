@@ -91,17 +91,15 @@ def test_a_package_refuses_another_device(package: tuple[Path, str]) -> None:
         Pt2Backend(package[0], device="cuda")
 
 
-def test_without_a_compiler_it_fails_in_one_line_and_writes_nothing(
-    model: YOLO, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_without_a_compiler_it_fails_in_one_line_and_writes_nothing(model: YOLO, tmp_path: Path) -> None:
     from torch._inductor import config
 
-    monkeypatch.setattr(config.cpp, "cxx", (None, "no-such-compiler-for-detector"))
-    reason = compiler_missing()
-    assert reason is not None and "no-such-compiler-for-detector" in reason and "\n" not in reason
     checkpoint = write_checkpoint(model, tmp_path / "best.pt")
-    with pytest.raises(RuntimeError, match="needs a compiler at export time.*nothing was written"):
-        run_export(ExportOptions(weights=checkpoint, format="pt2", device="cpu"))
+    with config.patch({"cpp.cxx": (None, "no-such-compiler-for-detector")}):
+        reason = compiler_missing()
+        assert reason is not None and "no-such-compiler-for-detector" in reason and "\n" not in reason
+        with pytest.raises(RuntimeError, match="needs a compiler at export time.*nothing was written"):
+            run_export(ExportOptions(weights=checkpoint, format="pt2", device="cpu"))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt"]
 
 
