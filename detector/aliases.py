@@ -120,10 +120,6 @@ def resume(value: Any) -> Any:
     return value
 
 
-def negated(ours: str) -> Alias:
-    return Alias(lambda value: {ours: not is_true(value)})
-
-
 # Every command takes these.
 COMMON: dict[str, Alias] = {
     "task": unsupported("this trainer detects objects only", "detect"),
@@ -133,11 +129,11 @@ COMMON: dict[str, Alias] = {
     "exist_ok": unsupported("a run never overwrites another: a taken --name gets a number appended "
                             "(exp, exp2, ...)", False, True),
     "device": Alias(device),
-    "half": unsupported("precision is chosen per command (train --precision, val --fp32, export --half)", False),
 }
 TRAIN: dict[str, Alias] = {
     **COMMON,
     "model": Alias(train_model),
+    "half": unsupported("training precision is --precision (val, predict and export take --half)", False),
     "amp": Alias(amp),
     "cos_lr": renamed("cosine"),
     "nbs": renamed("nominal_batch"),
@@ -168,7 +164,6 @@ TRAIN: dict[str, Alias] = {
 VAL: dict[str, Alias] = {
     **COMMON,
     "model": Alias(weights),
-    "half": negated("fp32"),  # Ultralytics' half=False runs FP32; ours picks FP16/BF16 by default (--fp32 to not)
     "save_json": unsupported("predictions.json (COCO results) is always written", False, True),
     "rect": unsupported("evaluation letterboxes every image to a square of --imgsz", False, True),
     "save_txt": unsupported("val writes predictions.json; predict --save-txt writes YOLO txt labels", False),

@@ -28,32 +28,64 @@ class NMSConfig:
     multi_label: bool = False  # one candidate per (box, class) above threshold, as COCO eval expects
 
 
+def candidates(image_preds: torch.Tensor, config: NMSConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One image's ``[A, 4 + C]`` -> the (boxes ``[N, 4]``, scores ``[N]``, labels ``[N]``) that enter NMS."""
+    boxes, class_scores = image_preds[:, :4], image_preds[:, 4:]
+    if config.multi_label:
+        anchor_idx, labels = (class_scores > config.conf_threshold).nonzero(as_tuple=True)
+        scores = class_scores[anchor_idx, labels]
+        boxes = boxes[anchor_idx]
+    else:
+        scores, labels = class_scores.max(1)
+        keep = scores > config.conf_threshold
+        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+    # Top-k before NMS, as Ultralytics' max_nms=30000: bounds NMS's worst case. It changes the result only
+    # for an image with more than max_candidates (box, class) pairs above conf, e.g. 8400 anchors x 80
+    # classes at conf 0.001 on a barely trained model; then the lowest-scoring ones never enter NMS.
+    if scores.numel() > config.max_candidates:
+        top = scores.topk(config.max_candidates).indices
+        boxes, scores, labels = boxes[top], scores[top], labels[top]
+    return boxes, scores, labels
+
+
 def non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) -> list[dict[str, torch.Tensor]]:
     """``[B, A, 4 + C]`` decoded predictions -> per image ``{boxes [N,4] xyxy px, scores [N], labels [N]}``.
 
-    One ``batched_nms`` per image, on purpose: one call for the whole batch (groups = image x class) measured
-    slower on CPU, 2.6x on the built-in data (benchmarks/val_speed.py) and 10x at 80 classes, because
-    torchvision's large-input path masks every candidate once per group, O(groups x candidates).
+    On the CPU, one ``batched_nms`` per image, on purpose: one call for the whole batch (groups = image x
+    class) measured slower on CPU, 2.6x on the built-in data (benchmarks/val_speed.py) and 10x at 80 classes,
+    because torchvision's large-input path masks every candidate once per group, O(groups x candidates).
+    On CUDA the opposite holds (a launch per image costs more than the kernel): one call for the batch,
+    :func:`batched_non_max_suppression`.
     """
+    if decoded.is_cuda:
+        return batched_non_max_suppression(decoded, config)
     results = []
     for image_preds in decoded:
-        boxes, class_scores = image_preds[:, :4], image_preds[:, 4:]
-        if config.multi_label:
-            anchor_idx, labels = (class_scores > config.conf_threshold).nonzero(as_tuple=True)
-            scores = class_scores[anchor_idx, labels]
-            boxes = boxes[anchor_idx]
-        else:
-            scores, labels = class_scores.max(1)
-            keep = scores > config.conf_threshold
-            boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
-        # Top-k before NMS, as Ultralytics' max_nms=30000: bounds NMS's worst case. It changes the result only
-        # for an image with more than max_candidates (box, class) pairs above conf, e.g. 8400 anchors x 80
-        # classes at conf 0.001 on a barely trained model; then the lowest-scoring ones never enter NMS.
-        if scores.numel() > config.max_candidates:
-            top = scores.topk(config.max_candidates).indices
-            boxes, scores, labels = boxes[top], scores[top], labels[top]
+        boxes, scores, labels = candidates(image_preds, config)
         keep = batched_nms(boxes, scores, labels, config.iou_threshold)[: config.max_detections]
         results.append({"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]})
+    return results
+
+
+def batched_non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) -> list[dict[str, torch.Tensor]]:
+    """:func:`non_max_suppression` with one ``batched_nms`` call for the whole batch (groups = image x class).
+
+    The same result: boxes of different images or classes never suppress each other in either form.
+    """
+    per_image = [candidates(image_preds, config) for image_preds in decoded]
+    counts = [len(scores) for _, scores, _ in per_image]
+    boxes = torch.cat([image_boxes for image_boxes, _, _ in per_image])
+    scores = torch.cat([image_scores for _, image_scores, _ in per_image])
+    labels = torch.cat([image_labels for _, _, image_labels in per_image])
+    image_index = torch.repeat_interleave(torch.arange(len(counts), device=decoded.device),
+                                          torch.tensor(counts, device=decoded.device))
+    num_classes = decoded.shape[-1] - 4
+    keep = batched_nms(boxes, scores, image_index * num_classes + labels, config.iou_threshold)  # by score
+    kept_image = image_index[keep]
+    results = []
+    for image in range(len(counts)):
+        mine = keep[kept_image == image][: config.max_detections]
+        results.append({"boxes": boxes[mine], "scores": scores[mine], "labels": labels[mine]})
     return results
 
 

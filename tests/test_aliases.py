@@ -38,7 +38,6 @@ def test_our_own_names_pass_through_silently() -> None:
     ("train", {"resume": True}, {"resume": "auto"}),
     ("train", {"device": 1}, {"device": "cuda:1"}),
     ("val", {"model": "yolov8n"}, {"weights": "yolov8n.pt"}),
-    ("val", {"half": True}, {"fp32": False}),
     ("predict", {"model": "best.onnx"}, {"weights": "best.onnx"}),
 ])
 def test_conversions(command: str, given: dict, expected: dict) -> None:

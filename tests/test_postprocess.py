@@ -62,3 +62,18 @@ def test_empty_image_gives_empty_detections():
     assert [len(d["scores"]) for d in out] == [0, 0]
     assert out[0]["boxes"].shape == (0, 4)
 
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_one_call_for_the_batch_equals_one_call_per_image(multi_label):
+    """The CUDA path (one batched_nms over image x class groups), checked on the CPU against the per-image one."""
+    from detector.postprocess import batched_non_max_suppression
+
+    decoded = random_decoded(4, 300, 3, seed=3)
+    decoded[2, :, 4:] = 0  # an image without candidates
+    config = NMSConfig(conf_threshold=0.05, iou_threshold=0.5, max_detections=20, multi_label=multi_label)
+    per_image, batched = non_max_suppression(decoded, config), batched_non_max_suppression(decoded, config)
+    assert len(batched) == 4 and len(batched[2]["scores"]) == 0
+    for got, want in zip(batched, per_image):
+        assert all(torch.equal(got[key], want[key]) for key in ("boxes", "scores", "labels"))
+    assert sum(len(result["scores"]) for result in batched) > 20  # NMS and the cap had work to do

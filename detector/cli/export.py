@@ -12,7 +12,7 @@ from detector.workflows.export import ExportOptions, run_export
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="export.py",
-        description="Export a checkpoint to ONNX and/or TensorRT, then check it against the FP32 PyTorch model.",
+        description="Export a checkpoint to ONNX, TensorRT and/or pt2 (AOTInductor), then check it against the FP32 PyTorch model.",
         epilog="Input 'images' float32 [B,3,H,W] RGB in [0,1]. Outputs: 'boxes' [B,A,4] xyxy px + 'scores' [B,A,C]; "
         "with --nms 'detections' [B,K,6] (x1,y1,x2,y2,score,label; zero rows pad) + 'num_detections' [B].",
     )

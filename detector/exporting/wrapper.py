@@ -105,12 +105,16 @@ class ExportWrapper(nn.Module):
             box arithmetic and NMS stay FP32. Why: FP16 has a 0.25-0.5 px step at 256-1024 px, which
             would quantise box corners, and FP32 I/O lets callers feed the same tensors to every export.
         nms: append in-graph NMS with this config (see module docstring for the output layout).
+        compute_dtype: the network's dtype, overriding ``half`` (BF16 for the pt2 export on CPUs with it).
     """
 
-    def __init__(self, model: YOLO, *, half: bool = False, nms: NMSConfig | None = None) -> None:
+    def __init__(
+        self, model: YOLO, *, half: bool = False, nms: NMSConfig | None = None,
+        compute_dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         self.model = copy.deepcopy(model).eval()
-        self.compute_dtype = torch.float16 if half else torch.float32
+        self.compute_dtype = compute_dtype or (torch.float16 if half else torch.float32)
         self.model.to(self.compute_dtype)
         self.strides = tuple(model.strides)
         self.reg_max = model.reg_max

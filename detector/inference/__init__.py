@@ -14,7 +14,7 @@ from detector.inference.preprocess import Detections, prepare_batch, to_original
 from detector.postprocess import NMSConfig
 from detector.runs import newest_file
 
-SUFFIXES = (".pt", ".onnx", ".engine")
+SUFFIXES = (".pt", ".onnx", ".engine", ".pt2")
 
 __all__ = [
     "Backend", "Detections", "RawOutputs", "SUFFIXES", "find_latest_checkpoint", "load_backend", "weights_or_latest",
@@ -26,10 +26,11 @@ def load_backend(
     weights: str | Path, *, device: str = "cpu", precision: str = "fp32", imgsz: int | None = None,
     nms: NMSConfig | None = None,
 ) -> Backend:
-    """Pick the runtime by suffix: ``.pt`` PyTorch, ``.onnx`` ONNX Runtime, ``.engine`` TensorRT.
+    """Pick the runtime by suffix: ``.pt`` PyTorch, ``.onnx`` ONNX Runtime, ``.engine`` TensorRT, ``.pt2``
+    AOTInductor.
 
-    ``precision`` (fp32 | fp16 | bf16 autocast) and ``imgsz`` apply to ``.pt`` only; exported files carry
-    their own in their metadata.
+    ``precision`` (fp32 | fp16 | bf16: the weights converted, see :class:`TorchBackend`) and ``imgsz`` apply
+    to ``.pt`` only; exported files carry their own in their metadata.
     """
     path = Path(weights)
     if not path.is_file():
@@ -47,6 +48,10 @@ def load_backend(
         from detector.inference.tensorrt_backend import TensorRTBackend
 
         return TensorRTBackend(path, device=device if device.startswith("cuda") else "cuda", nms=nms)
+    if suffix == ".pt2":
+        from detector.inference.pt2_backend import Pt2Backend
+
+        return Pt2Backend(path, device=device, nms=nms)
     raise ValueError(f"{path}: unknown weights type {suffix!r}; expected one of {', '.join(SUFFIXES)}")
 
 

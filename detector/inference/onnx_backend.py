@@ -1,7 +1,16 @@
-"""ONNX Runtime backend for files written by :func:`detector.exporting.export_onnx`."""
+"""ONNX Runtime backend for files written by :func:`detector.exporting.export_onnx`.
+
+On ``--device cuda`` with an ``onnxruntime-gpu`` build it asks for the TensorRT and CUDA execution providers
+(whichever the build has, TensorRT first) and binds torch CUDA tensors as inputs and outputs (I/O binding),
+so images and results stay on the GPU; elsewhere it runs the CPU provider on numpy arrays, as before.
+The provider that actually runs (ONNX Runtime falls back when one fails to start) is in ``provider`` and
+in the backend's name.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -9,12 +18,32 @@ import torch
 
 from detector.extras import require
 from detector.inference.backend import Backend, RawOutputs, run_in_fixed_batches
-from detector.model.metadata import INPUT_NAME, decode_metadata
+from detector.inference.preprocess import model_input
+from detector.model.metadata import INPUT_NAME, ModelInfo, decode_metadata
 from detector.postprocess import NMSConfig
+
+GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")  # preferred first
+CPU_PROVIDER = "CPUExecutionProvider"
+TORCH_DTYPES = {"boxes": torch.float32, "scores": torch.float32, "detections": torch.float32,
+                "num_detections": torch.int64}
+
+
+def choose_providers(available: Sequence[str], device: str) -> list[str]:
+    """Execution providers to ask for, best first: on a CUDA ``device`` the GPU ones ``available`` has, then CPU."""
+    chosen = [name for name in GPU_PROVIDERS if name in available] if device.startswith("cuda") else []
+    return chosen + [CPU_PROVIDER]
+
+
+def output_shapes(info: ModelInfo, batch: int, height: int, width: int) -> dict[str, tuple[int, ...]]:
+    """The shape of each graph output for a ``[batch, 3, height, width]`` input (to pre-allocate bound outputs)."""
+    if info.nms:
+        return {"detections": (batch, info.nms.max_detections, 6), "num_detections": (batch,)}
+    anchors = sum((height // stride) * (width // stride) for stride in info.strides)
+    return {"boxes": (batch, anchors, 4), "scores": (batch, anchors, len(info.names))}
 
 
 class OnnxBackend(Backend):
-    """An ``onnxruntime.InferenceSession``; CUDA provider when ``device`` is CUDA and onnxruntime-gpu has it.
+    """An ``onnxruntime.InferenceSession`` on the providers of :func:`choose_providers`.
 
     Inputs go in as float32 ``[B, 3, S, S]`` in [0, 1] (the graph casts to FP16 inside when exported with
     ``--half``); fixed-batch graphs are fed in chunks of their batch size.
@@ -31,24 +60,41 @@ class OnnxBackend(Backend):
         # which run on the same cores between calls.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only: the FP16 graph on CPU logs a warning per inserted cast
-        providers = ["CPUExecutionProvider"]
-        if device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, "CUDAExecutionProvider")
+        providers = choose_providers(ort.get_available_providers(), device)
         try:
             self.session = ort.InferenceSession(str(path), options, providers=providers)
         except Exception as error:  # onnxruntime's own types (InvalidProtobuf, Fail, ...), none a bug of ours
             raise ValueError(f"{path}: not a loadable ONNX model ({_reason(error)})") from None
         info = decode_metadata(self.session.get_modelmeta().custom_metadata_map, source=str(path))
         super().__init__(info, nms)
-        self.name = f"onnxruntime {info.precision}" + (" +nms" if info.nms else "")
+        self.provider = self.session.get_providers()[0]
+        self.device = torch.device(device if self.provider != CPU_PROVIDER else "cpu")
+        print(f"onnxruntime: {Path(path).name} runs on {self.provider}", file=sys.stderr)
+        label = "" if self.provider == CPU_PROVIDER else f" {self.provider.removesuffix('ExecutionProvider')}"
+        self.name = f"onnxruntime {info.precision}{label}" + (" +nms" if info.nms else "")
+
+    def run_on_cpu(self, chunk: torch.Tensor) -> list[torch.Tensor]:
+        inputs = chunk.cpu().numpy().astype(np.float32) / np.float32(255)
+        return [torch.from_numpy(out) for out in self.session.run(self.info.outputs, {INPUT_NAME: inputs})]
+
+    def run_bound(self, chunk: torch.Tensor) -> list[torch.Tensor]:
+        """GPU providers: bind torch CUDA tensors as the input and the (pre-allocated) outputs; no host copy."""
+        inputs = model_input(chunk, self.device, channels_last=False)  # dense NCHW float32: ORT reads raw memory
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        binding = self.session.io_binding()
+        binding.bind_input(INPUT_NAME, "cuda", index, np.float32, list(inputs.shape), inputs.data_ptr())
+        outputs = []
+        for name, shape in output_shapes(self.info, *inputs.shape[:1], *inputs.shape[2:]).items():
+            outputs.append(torch.empty(shape, dtype=TORCH_DTYPES[name], device=self.device))
+            numpy_dtype = np.float32 if outputs[-1].dtype == torch.float32 else np.int64
+            binding.bind_output(name, "cuda", index, numpy_dtype, list(shape), outputs[-1].data_ptr())
+        torch.cuda.current_stream(self.device).synchronize()  # the input is ready before ORT's stream reads it
+        self.session.run_with_iobinding(binding)
+        return outputs
 
     def infer(self, images: torch.Tensor) -> RawOutputs:
         self.check_input(images)
-
-        def run(chunk: torch.Tensor) -> list[torch.Tensor]:
-            inputs = chunk.cpu().numpy().astype(np.float32) / np.float32(255)
-            return [torch.from_numpy(out) for out in self.session.run(self.info.outputs, {INPUT_NAME: inputs})]
-
+        run = self.run_on_cpu if self.provider == CPU_PROVIDER else self.run_bound
         if self.info.dynamic:
             return tuple(run(images))
         return run_in_fixed_batches(run, images, self.info.batch)

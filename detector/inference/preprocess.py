@@ -4,15 +4,25 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from detector.data.augment import PAD_VALUE
 from detector.data.letterbox import ImageMeta, letterbox, unletterbox_boxes
 
 Detections = list[dict[str, torch.Tensor]]  # per image {boxes [N, 4] xyxy px, scores [N], labels [N]}
 
 
-def prepare_batch(images_rgb: list[np.ndarray], size: int) -> tuple[torch.Tensor, list[ImageMeta]]:
+def prepare_batch(
+    images_rgb: list[np.ndarray], size: int, device: torch.device | str | None = None
+) -> tuple[torch.Tensor, list[ImageMeta]]:
     """RGB ``uint8 [H, W, 3]`` images -> ``uint8 [B, 3, size, size]`` letterboxed batch and how each was letterboxed
-    (``image_id`` is the position in the batch)."""
+    (``image_id`` is the position in the batch).
+
+    On the CPU (``device`` None or a CPU) with OpenCV; on a CUDA ``device`` with :func:`letterbox_on_device`,
+    so only the uint8 originals cross the bus and the batch comes back on the GPU.
+    """
+    if device is not None and torch.device(device).type == "cuda":
+        return letterbox_on_device(images_rgb, size, torch.device(device))
     tensors, transforms = [], []
     for index, image in enumerate(images_rgb):
         boxed, ratio, pad = letterbox(image, size)
@@ -32,3 +42,27 @@ def model_input(images: torch.Tensor, device: torch.device, *, channels_last: bo
     layout = torch.channels_last if channels_last else torch.contiguous_format
     # The loader's batches are already channels-last, so on that path this is one conversion pass, no transpose.
     return images.to(device, non_blocking=True).contiguous(memory_format=layout).float().div_(255)
+
+
+def letterbox_on_device(
+    images_rgb: list[np.ndarray], size: int, device: torch.device
+) -> tuple[torch.Tensor, list[ImageMeta]]:
+    """:func:`prepare_batch` with the resize and padding done by torch on ``device`` (any device; CUDA is the point).
+
+    Same geometry as :func:`detector.data.letterbox.letterbox`; the resize is bilinear with half-pixel centres,
+    as OpenCV's INTER_LINEAR, which rounds its weights to 11 bits, so pixels may differ by one grey level.
+    """
+    batch = torch.full((len(images_rgb), 3, size, size), PAD_VALUE, dtype=torch.uint8, device=device)
+    transforms = []
+    for index, image in enumerate(images_rgb):
+        height, width = image.shape[:2]
+        ratio = size / max(height, width)
+        new_w, new_h = round(width * ratio), round(height * ratio)
+        left, top = (size - new_w) // 2, (size - new_h) // 2
+        pixels = torch.from_numpy(np.ascontiguousarray(image)).to(device, non_blocking=True).permute(2, 0, 1)
+        if (new_h, new_w) != (height, width):
+            resized = F.interpolate(pixels[None].float(), size=(new_h, new_w), mode="bilinear", align_corners=False)
+            pixels = resized[0].round_().clamp_(0, 255).to(torch.uint8)
+        batch[index, :, top : top + new_h, left : left + new_w] = pixels
+        transforms.append(ImageMeta(index, (height, width), ratio, (float(left), float(top))))
+    return batch, transforms

@@ -1,6 +1,6 @@
-"""PyTorch inference, the one path for training's evaluation, ``val``, the export parity reference, predict and
-benchmark: the network under autocast (FP16 on CUDA, BF16 on CPU) or in FP32, then the FP32 decode of
-:func:`detector.postprocess.decode_outputs` (the same decode the exported graphs carry).
+"""PyTorch inference: training's evaluation (:func:`make_torch_infer`, the live model under autocast) and the
+prepared copy behind :class:`TorchBackend` (``val --half``, predict, benchmark, the export parity reference),
+both ending in the FP32 decode of :func:`detector.postprocess.decode_outputs` (the decode the exports carry).
 """
 
 from __future__ import annotations
@@ -15,12 +15,14 @@ from torch import nn
 
 from detector.distributed import unwrap
 from detector.inference.backend import Backend, RawOutputs
+from detector.inference.cuda_graph import CudaGraphRunner
+from detector.inference.fusion import fuse_conv_bn
 from detector.inference.preprocess import Detections, model_input
 from detector.inference.pt_model import model_from_pt
 from detector.model import YOLO
 from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
-from detector.precision import Precision
+from detector.precision import Precision, has_native_bf16
 
 DEFAULT_IMGSZ = 640
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -70,13 +72,18 @@ def make_torch_infer(
 
 
 class TorchBackend(Backend):
-    """The checkpoint's model run eagerly through :func:`decode_images`, behind the :class:`Backend` interface.
+    """The checkpoint's model prepared for inference, behind the :class:`Backend` interface.
+
+    A copy of the model with BatchNorm folded into the convolutions (:func:`fuse_conv_bn`) and its weights
+    converted to ``precision`` once (no autocast: autocast casts every weight again on every call). On CUDA
+    the copy runs channels-last and the forward + box decode is replayed from a CUDA graph, one per batch
+    size and input shape, captured on first use (:class:`CudaGraphRunner`). The decode is FP32 either way.
 
     Args:
         model: detector (FP32 weights); copied, so the caller's module is untouched.
         info: names and input size; PyTorch takes any size and batch, so ``info.dynamic`` is true.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-        precision: ``"fp32"``, or ``"fp16"``/``"bf16"`` autocast for the network; decode stays FP32.
+        precision: ``"fp32"``, ``"fp16"`` or ``"bf16"`` weights and activations (see :func:`half_precision`).
     """
 
     def __init__(
@@ -88,8 +95,23 @@ class TorchBackend(Backend):
         super().__init__(info, nms)
         self.device = torch.device(device)
         self.precision = Precision(precision, self.device.type, "asked for")
-        self.model = copy.deepcopy(model).float().eval().to(self.device)
-        self.name = f"pytorch {precision}" + ("" if precision == "fp32" else " autocast")
+        self.dtype = self.precision.dtype or torch.float32
+        self.channels_last = self.device.type == "cuda"  # NHWC is what cuDNN's FP16 tensor-core kernels read
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        fused = fuse_conv_bn(copy.deepcopy(model).float().eval())
+        self.model = fused.to(self.device, self.dtype, memory_format=layout)
+        self.forward: Callable[[torch.Tensor], torch.Tensor] = self.decode
+        if self.device.type == "cuda":
+            self.forward = CudaGraphRunner(self.decode)
+        self.name = f"pytorch {precision}" + (" cuda graph" if self.device.type == "cuda" else "")
+
+    def decode(self, images: torch.Tensor) -> torch.Tensor:
+        """uint8 ``[B, 3, S, S]`` on the device -> ``[B, A, 4 + C]`` FP32 decoded boxes and scores.
+
+        Scaling to [0, 1] happens here, so on CUDA it is part of the graph and only uint8 crosses the bus.
+        """
+        inputs = images.float().div_(255).to(self.dtype)
+        return decode_outputs(self.model(inputs), self.model.strides, self.model.reg_max)
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, imgsz: int | None = None, **kwargs: Any) -> TorchBackend:
@@ -107,5 +129,15 @@ class TorchBackend(Backend):
     @torch.inference_mode()
     def infer(self, images: torch.Tensor) -> RawOutputs:
         self.check_input(images)
-        decoded = decode_images(self.model, images, precision=self.precision, device=self.device)
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
+        decoded = self.forward(images.to(self.device, non_blocking=True).contiguous(memory_format=layout))
         return decoded[..., :4], decoded[..., 4:]
+
+
+def half_precision(device: str | torch.device) -> str:
+    """What ``--half`` runs the PyTorch backend in: FP16 on CUDA, BF16 on a CPU with native BF16, else FP32
+    (emulated BF16 and FP16 convolutions are slower than FP32 on a CPU)."""
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return "fp16"
+    return "bf16" if has_native_bf16(kind) else "fp32"

@@ -1,14 +1,17 @@
-"""``python -m detector benchmark``: per-image pre-process / inference / post-process time for each backend.
+"""``python -m detector benchmark``: batch-1 latency and batch-32 throughput of every backend present.
 
-Given a ``.pt`` checkpoint it times PyTorch FP32, PyTorch autocast (FP16 on CUDA, BF16 on CPUs with
-native BF16), ONNX Runtime FP32 and FP16 (exported to a temporary folder), and TensorRT when it can be
-built here; given an ``.onnx`` or ``.engine`` file it times that file alone. Printed as a markdown table
-of median milliseconds per image over ``--runs`` timed batches after ``--warmup`` untimed ones.
+Given a ``.pt`` checkpoint it times PyTorch FP32, PyTorch ``--half`` where it pays (FP16 + CUDA graphs on
+CUDA, BF16 on CPUs with native BF16), ONNX Runtime FP32 and FP16 and the pt2 (AOTInductor) package, each
+exported to a temporary folder, and TensorRT when it can be built here; given an ``.onnx``, ``.engine`` or
+``.pt2`` file it times that file alone. Printed as a markdown table: median milliseconds per image of each
+stage at ``--batch`` (1) over ``--runs`` timed batches after ``--warmup`` untimed ones, and images per second
+at ``--throughput-batch`` (32), with the device's name in the header.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import platform
 import statistics
 import tempfile
 import time
@@ -26,23 +29,62 @@ from detector.exporting.tensorrt import build_engine
 from detector.extras import MissingExtra, require
 from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
 from detector.inference.tensorrt_backend import tensorrt_missing
-from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
-from detector.precision import cpu_has_native_bf16
+from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend, half_precision
+from detector.model import YOLO
+from detector.model.metadata import ModelInfo
 from detector.tuning import enlarge_onednn_cache
 from detector.options import Options, option
+
+BACKEND_KINDS = ("pytorch", "onnx", "pt2", "engine")
+STAGES = ("pre-process", "inference", "post-process")
 
 
 @dataclass(kw_only=True)
 class BenchmarkOptions(Options):
     """The flags of ``python -m detector benchmark``."""
 
-    weights: Path | None = option(None, ".pt (all backends) or one .onnx/.engine (default: the newest "
+    weights: Path | None = option(None, ".pt (all backends) or one .onnx/.engine/.pt2 (default: the newest "
                                         "runs/train/*/weights/best.pt)")
     imgsz: int | None = option(None, f"input size for .pt weights (default: the training size, else {DEFAULT_IMGSZ})")
-    batch: int = option(1, "images per call (default: 1)")
-    runs: int = option(20, "timed batches per backend (default: 20)")
+    batch: int = option(1, "images per call for the latency columns (default: 1)")
+    throughput_batch: int = option(32, "images per call for the throughput column; 0 = no throughput (default: 32)")
+    runs: int = option(20, "timed batches per backend for latency (default: 20)")
+    throughput_runs: int = option(5, "timed batches per backend for throughput (default: 5)")
     warmup: int = option(3, "untimed batches first (default: 3)")
+    skip: str = option("", f"comma-separated backends not to time: {', '.join(BACKEND_KINDS)} (default: none; "
+                           "pt2 compiles for minutes on a small CPU)")
     device: str = option("", "cpu or cuda (default: cuda if available, else cpu)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        skipped(self.skip)  # refused here, before any work
+
+
+def skipped(text: str) -> set[str]:
+    kinds = {part.strip().lower() for part in text.split(",") if part.strip()}
+    if unknown := kinds - set(BACKEND_KINDS):
+        raise ValueError(f"--skip {text!r}: choose from {', '.join(BACKEND_KINDS)} (comma-separated)")
+    return kinds
+
+
+@dataclass
+class Candidate:
+    """A backend to time, built per batch size (fixed-shape exports need one file per batch)."""
+
+    name: str
+    build: Callable[[int], Backend]
+
+
+def device_name(device: str) -> str:
+    """The GPU's name, or the CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_name(torch.device(device))
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(errors="ignore").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
 
 
 def sample_images(count: int, seed: int = 0) -> list[np.ndarray]:
@@ -59,11 +101,17 @@ def synchronize(device: str) -> None:
 def time_backend(
     backend: Backend, images: list[np.ndarray], *, size: int, runs: int, warmup: int, device: str
 ) -> dict[str, float]:
-    """Median per-image milliseconds of each stage (inference includes host<->device copies)."""
-    stages: dict[str, list[float]] = {"pre-process": [], "inference": [], "post-process": []}
+    """Median per-image milliseconds of each stage (inference includes host<->device copies).
+
+    On CUDA the letterbox runs on the GPU (``prepare_batch`` with the backend's device), so pre-process
+    includes the upload of the uint8 originals.
+    """
+    stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    target = getattr(backend, "device", None)
     for run in range(warmup + runs):
         marks = [time.perf_counter()]
-        batch, transforms = prepare_batch(images, size)
+        batch, transforms = prepare_batch(images, size, device=target)
+        synchronize(device)
         marks.append(time.perf_counter())
         raw = backend.infer(batch)
         synchronize(device)
@@ -77,19 +125,55 @@ def time_backend(
     return {stage: statistics.median(values) for stage, values in stages.items()}
 
 
+def per_batch(build: Callable[[int], Backend]) -> Callable[[int], Backend]:
+    """Build once per batch size and keep it."""
+    built: dict[int, Backend] = {}
+
+    def get(batch: int) -> Backend:
+        if batch not in built:
+            built[batch] = build(batch)
+        return built[batch]
+
+    return get
+
+
 def backends_for_checkpoint(
-    weights: Path, *, imgsz: int | None, batch: int, device: str, folder: Path
-) -> Iterator[Backend | str]:
-    """Yield each backend in turn (built lazily, so exports happen just before they are timed), or a skip note."""
+    weights: Path, *, imgsz: int | None, device: str, folder: Path, skip: set[str]
+) -> Iterator[Candidate | str]:
+    """Yield each backend to time (built lazily, so exports happen just before they are timed), or a skip note."""
     model, _ = model_from_checkpoint(weights)
     reference = TorchBackend.from_checkpoint(weights, imgsz=imgsz, device=device)
-    yield reference
-    if device.startswith("cuda"):
-        yield TorchBackend(model, reference.info, device=device, precision="fp16")
-    elif cpu_has_native_bf16():
-        yield TorchBackend(model, reference.info, device=device, precision="bf16")
-    else:
-        yield "pytorch bf16 autocast: skipped (this CPU has no native BF16)"
+    if "pytorch" not in skip:
+        yield Candidate(reference.name, lambda batch: reference)
+        half = half_precision(device)
+        if half == "fp32":
+            yield "pytorch --half: skipped (FP32 is what --half runs on this CPU: it has no native BF16)"
+        else:
+            fast = TorchBackend(model, reference.info, device=device, precision=half)
+            yield Candidate(fast.name, lambda batch: fast)
+    static = dataclasses.replace(reference.info, dynamic=False)
+    if "onnx" not in skip:
+        yield from onnx_candidates(model, static, device, folder)
+    if "pt2" not in skip:
+        yield from pt2_candidates(model, static, device, folder)
+    if "engine" in skip:
+        return
+    if (reason := tensorrt_missing()) is not None:
+        yield f"tensorrt: skipped ({reason})"
+        return
+    from detector.exporting.onnx import export_onnx
+
+    for precision in ("fp32", "fp16"):
+        def build(batch: int, precision: str = precision) -> Backend:
+            info = dataclasses.replace(static, precision=precision, batch=batch)
+            source = export_onnx(model, folder / f"trt-{batch}.onnx", dataclasses.replace(info, precision="fp32"))
+            return load_backend(build_engine(source, folder / f"{precision}-{batch}.engine", info), device=device)
+
+        yield Candidate(f"tensorrt {precision}", per_batch(build))
+
+
+def onnx_candidates(model: YOLO, static: ModelInfo, device: str, folder: Path) -> Iterator[Candidate | str]:
+    """ONNX Runtime FP32 and FP16, one fixed-shape export per batch size."""
     try:
         for module in ("onnxruntime", "onnx"):  # onnx: the export that makes the graphs timed here
             require(module, "export", "timing ONNX Runtime")
@@ -97,29 +181,52 @@ def backends_for_checkpoint(
         yield f"onnxruntime: skipped ({missing})"
         return
     from detector.exporting.onnx import export_onnx
-    static = dataclasses.replace(reference.info, dynamic=False, batch=batch)
+
     for precision in ("fp32", "fp16"):
-        info = dataclasses.replace(static, precision=precision)
-        yield load_backend(export_onnx(model, folder / f"{precision}.onnx", info, device=device), device=device)
-    if (reason := tensorrt_missing()) is not None:
-        yield f"tensorrt: skipped ({reason})"
+        def build(batch: int, precision: str = precision) -> Backend:
+            info = dataclasses.replace(static, precision=precision, batch=batch)
+            return load_backend(export_onnx(model, folder / f"{precision}-{batch}.onnx", info, device=device),
+                                device=device)
+
+        yield Candidate(f"onnxruntime {precision}", per_batch(build))
+
+
+def pt2_candidates(model: YOLO, static: ModelInfo, device: str, folder: Path) -> Iterator[Candidate | str]:
+    """The pt2 package in FP32, and FP16 on CUDA: one compile each (its batch is free)."""
+    from detector.exporting.pt2 import compiler_missing, export_pt2
+
+    if (reason := compiler_missing()) is not None:
+        yield f"pt2: skipped ({reason})"
         return
-    for precision in ("fp32", "fp16"):
-        info = dataclasses.replace(static, precision=precision)
-        build_engine(folder / "fp32.onnx", folder / f"{precision}.engine", info)
-        yield load_backend(folder / f"{precision}.engine", device=device)
+    for precision in ("fp32", "fp16") if device.startswith("cuda") else ("fp32",):
+        def build(batch: int, precision: str = precision) -> Backend:
+            info = dataclasses.replace(static, precision=precision)
+            return load_backend(export_pt2(model, folder / f"{precision}.pt2", info, device=device), device=device)
+
+        built = per_batch(build)
+        yield Candidate(f"pt2 {precision}", lambda batch, built=built: built(1))
 
 
-def markdown_table(rows: list[tuple[str, dict[str, float]]], notes: list[str]) -> str:
-    lines = ["| backend | pre-process ms | inference ms | post-process ms | total ms |", "|---|---:|---:|---:|---:|"]
+def markdown_table(rows: list[tuple[str, dict[str, float]]], notes: list[str], *, throughput_batch: int = 0) -> str:
+    """Rows of stage times (ms per image), plus ``throughput`` (images/s at ``throughput_batch``) when measured."""
+    columns = "| backend | pre-process ms | inference ms | post-process ms | total ms |"
+    rule = "|---|---:|---:|---:|---:|"
+    if throughput_batch:
+        columns += f" batch-{throughput_batch} images/s |"
+        rule += "---:|"
+    lines = [columns, rule]
     for name, times in rows:
-        cells = [f"{times[stage]:.2f}" for stage in ("pre-process", "inference", "post-process")]
-        lines.append(f"| {name} | {' | '.join(cells)} | {sum(times.values()):.2f} |")
+        cells = [f"{times[stage]:.2f}" for stage in STAGES] + [f"{sum(times[stage] for stage in STAGES):.2f}"]
+        if throughput_batch:
+            cells.append(f"{times['throughput']:.1f}" if "throughput" in times else "-")
+        lines.append(f"| {name} | {' | '.join(cells)} |")
     return "\n".join(lines + [f"\n{note}" for note in notes])
 
 
 def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = print) -> str:
-    """Time every backend; -> a header line and the markdown table (``progress`` gets one line per backend).
+    """Time every backend; -> a header line (weights, device name, threads) and the markdown table.
+
+    ``progress`` gets one line per backend and batch size.
 
     Raises:
         CheckpointError, FileNotFoundError, ValueError, RuntimeError: one line naming the file or flag.
@@ -127,23 +234,44 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     device = str(resolve_device(options.device))
     weights = weights_or_latest(options.weights)
-    images = sample_images(options.batch)
     rows, notes = [], []
     with tempfile.TemporaryDirectory(prefix="detector-benchmark-") as folder:
         if Path(weights).suffix == ".pt":
-            candidates: Iterator[Backend | str] = backends_for_checkpoint(
-                Path(weights), imgsz=options.imgsz, batch=options.batch, device=device, folder=Path(folder)
+            candidates: Iterator[Candidate | str] = backends_for_checkpoint(
+                Path(weights), imgsz=options.imgsz, device=device, folder=Path(folder), skip=skipped(options.skip)
             )
         else:
-            candidates = iter([load_backend(weights, device=device)])
-        for backend in candidates:
-            if isinstance(backend, str):
-                notes.append(backend)
+            single = load_backend(weights, device=device)
+            candidates = iter([Candidate(single.name, lambda batch: single)])
+        for candidate in candidates:
+            if isinstance(candidate, str):
+                notes.append(candidate)
                 continue
-            size = options.imgsz if backend.info.dynamic and options.imgsz else backend.info.imgsz
-            progress(f"timing {backend.name} at {size} px ...")
-            times = time_backend(backend, images, size=size, runs=options.runs, warmup=options.warmup, device=device)
-            rows.append((backend.name, times))
+            rows.append((candidate.name, time_candidate(candidate, options, device, progress)))
     threads = torch.get_num_threads()
-    header = f"{weights}, batch {options.batch}, {device} ({threads} torch threads), median of {options.runs} runs\n\n"
-    return header + markdown_table(rows, notes)
+    header = (f"{weights} on {device} ({device_name(device)}, {threads} torch threads): ms per image at batch "
+              f"{options.batch}, median of {options.runs} runs")
+    if options.throughput_batch:
+        header += f"; images/s at batch {options.throughput_batch}, median of {options.throughput_runs} runs"
+    return header + "\n\n" + markdown_table(rows, notes, throughput_batch=options.throughput_batch)
+
+
+def time_candidate(
+    candidate: Candidate, options: BenchmarkOptions, device: str, progress: Callable[[str], None]
+) -> dict[str, float]:
+    """Latency stages at ``--batch``, and ``throughput`` (images/s) at ``--throughput-batch`` when asked for."""
+    times: dict[str, float] = {}
+    plan = [(options.batch, options.runs, False)]
+    if options.throughput_batch:
+        plan.append((options.throughput_batch, options.throughput_runs, True))
+    for batch, runs, throughput in plan:
+        backend = candidate.build(batch)
+        size = options.imgsz if backend.info.dynamic and options.imgsz else backend.info.imgsz
+        progress(f"timing {backend.name} at {size} px, batch {batch} ...")
+        measured = time_backend(backend, sample_images(batch), size=size, runs=runs, warmup=options.warmup,
+                                device=device)
+        if throughput:
+            times["throughput"] = 1000 / sum(measured.values())
+        else:
+            times.update(measured)
+    return times

@@ -1,7 +1,7 @@
-"""``python export.py`` / ``python -m detector export``: checkpoint -> ONNX and/or TensorRT, then a parity check.
+"""``python export.py`` / ``python -m detector export``: checkpoint -> ONNX, TensorRT and/or pt2, then a parity check.
 
 Files are built in a hidden staging folder beside the checkpoint and renamed into place
-(``best.pt`` -> ``best.onnx`` / ``best.engine``) only after the parity check passes, so a failed export
+(``best.pt`` -> ``best.onnx`` / ``best.engine`` / ``best.pt2``) only after the parity check passes, so a failed export
 or check leaves nothing behind.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from detector.checkpoint import model_from_checkpoint
 from detector.device import resolve_device
 from detector.exporting.onnx import DEFAULT_OPSET, export_onnx
+from detector.exporting.pt2 import compiler_missing, export_pt2, pt2_precision
 from detector.exporting.parity import SCORE_TOLERANCE, check_parity, split_images, synthetic_images
 from detector.exporting.tensorrt import DEFAULT_WORKSPACE_GIB, build_engine
 from detector.exporting.wrapper import EXPORT_NMS
@@ -27,7 +28,7 @@ from detector.postprocess import NMSConfig
 from detector.tuning import enlarge_onednn_cache
 from detector.options import Options, option
 
-FORMATS = ("onnx", "engine")
+FORMATS = ("onnx", "engine", "pt2")
 
 
 @dataclass(kw_only=True)
@@ -35,7 +36,8 @@ class ExportOptions(Options):
     """The flags of ``python export.py`` / ``python -m detector export``."""
 
     weights: Path | None = option(None, "checkpoint .pt (default: the newest runs/train/*/weights/best.pt)")
-    format: str = option("onnx", "onnx, engine, or onnx,engine (default: onnx)")
+    format: str = option("onnx", "onnx, engine, pt2 (AOTInductor; needs a C++ compiler), or several: onnx,pt2 "
+                                 "(default: onnx)")
     half: bool = option(False, "FP16 convolutions; inputs/outputs stay FP32 (default: off)")
     imgsz: int | None = option(None, "square input size, a multiple of 32 (default: the training size, else "
                                      f"{DEFAULT_IMGSZ})")
@@ -115,6 +117,9 @@ def stage_exports(
             fp32_info = dataclasses.replace(info, precision="fp32")
             source = export_onnx(model, staging / "engine-source.onnx", fp32_info, **onnx_options)
         staged["engine"] = build_engine(source, staging / f"{stem}.engine", info, workspace_gib=options.workspace)
+    if "pt2" in formats:
+        pt2_info = dataclasses.replace(info, precision=pt2_precision(options.half, device))
+        staged["pt2"] = export_pt2(model, staging / f"{stem}.pt2", pt2_info, device=device)
     return staged
 
 
@@ -151,8 +156,14 @@ def run_export(options: ExportOptions) -> list[Path]:
     formats = parse_formats(options.format)
     if "engine" in formats and (reason := tensorrt_missing()):
         raise RuntimeError(f"{reason}; nothing was written")
+    if "pt2" in formats and (reason := compiler_missing()):
+        raise RuntimeError(f"{reason}; nothing was written")
     weights = resolve_weights(options.weights)
     device = str(resolve_device(options.device))
+    if "pt2" in formats:
+        if options.dynamic:
+            raise ValueError("--format pt2 takes a fixed --imgsz (its batch is always free); drop --dynamic")
+        pt2_precision(options.half, device)  # refuses --half where it would not pay, before any work
     model, checkpoint = model_from_checkpoint(weights)
     names = list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)])
     info = model_info(options, names, tuple(model.strides), (checkpoint.get("config") or {}).get("imgsz"))

@@ -34,6 +34,7 @@ from detector.device import resolve_device
 from detector.files import write_atomically, write_image, write_text_atomically
 from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
 from detector.inference.sources import Frame, open_source, read_ahead
+from detector.inference.torch_backend import half_precision
 from detector.options import Options, option
 from detector.postprocess import NMSConfig
 from detector.runs import claim_run_dir
@@ -60,6 +61,8 @@ class PredictOptions(Options):
     max_det: int = option(300, "detections kept per image (default: 300)")
     imgsz: int | None = option(None, "input size (default: the model's own: training or export size)")
     device: str = option("", "cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    half: bool = option(False, ".pt: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, else FP32 "
+                               "(default: off)")
     project: Path = option(Path("runs/predict"), "parent folder of runs (default: runs/predict)")
     name: str = option("exp", "run folder; exp, exp2, ... when taken (default: exp)")
 
@@ -104,7 +107,7 @@ def detect(backend: Backend, frame: Frame, *, size: int, classes: tuple[int, ...
     """One frame through the model -> ``{"file", "frame", "boxes"`` float32 ``[N, 4]`` xyxy original pixels,
     ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``, ``"names"}``; only ``classes`` kept when given
     (after NMS, which runs per class, so the kept boxes are those an unfiltered run finds)."""
-    batch, transforms = prepare_batch([frame.image], size)
+    batch, transforms = prepare_batch([frame.image], size, device=getattr(backend, "device", None))
     detections = to_original_pixels(backend(batch)[0], transforms[0])
     boxes = detections["boxes"].float().cpu().numpy()
     scores = detections["scores"].float().cpu().numpy()
@@ -219,7 +222,9 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     frames = first_frame_checked(read_ahead(open_source(options.source if source is None else source)))
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
     if backend is None:
-        backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms)
+        precision = half_precision(device) if options.half else "fp32"
+        backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms,
+                               precision=precision)
     else:
         backend.nms = nms
     baked = backend.info.nms

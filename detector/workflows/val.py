@@ -31,13 +31,14 @@ from detector.data.spec import DatasetError, load_dataset_spec
 from detector.device import resolve_device
 from detector.inference import Backend, load_backend
 from detector.inference.pt_model import model_from_pt
-from detector.inference.torch_backend import DEFAULT_IMGSZ, make_torch_infer
+from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend, half_precision, make_torch_infer
 from detector.metrics.coco import BACKENDS, evaluator_name, resolve_backend
 from detector.metrics.loop import make_val_loader, run_validation
 from detector.model import image_size_problem
+from detector.model.metadata import ModelInfo
 from detector.plots.reporter import validation_report
 from detector.postprocess import NMSConfig
-from detector.precision import resolve_precision
+from detector.precision import Precision, resolve_precision
 from detector.files import write_text_atomically
 from detector.runs import run_folder
 from detector.tuning import enlarge_onednn_cache
@@ -64,6 +65,8 @@ class ValOptions(Options):
                                       "or pycocotools (the same numbers, slower)", choices=BACKENDS)
     device: str = option("", "cpu, cuda or cuda:N (default: cuda when available)")
     fp32: bool = option(False, "run the model in FP32 (no FP16/BF16 autocast)")
+    half: bool = option(False, "a prepared copy: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, "
+                               "else FP32; BatchNorm folded (default: off, autocast)")
     plots: bool = option(True, "write PR curve, confusion matrix and prediction images")
     project: Path = option(Path("runs/val"), "parent folder of the run folder")
     name: str = option("exp", "run folder name (suffixed 2, 3... when it exists)")
@@ -95,6 +98,9 @@ def run_val(options: ValOptions) -> dict[str, float]:
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     spec = load_dataset_spec(options.data, datasets_dir=options.datasets_dir)
     device = resolve_device(options.device)
+
+    if options.half and options.fp32:
+        raise ValueError("--half and --fp32 contradict each other; pick one")
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
                     multi_label=True)
     if options.weights.suffix.lower() == ".pt":
@@ -102,7 +108,13 @@ def run_val(options: ValOptions) -> dict[str, float]:
         num_classes, names = model.num_classes, checkpoint.get("names")
         image_size = resolve_image_size(options.imgsz, checkpoint.get("config"))
         precision = resolve_precision("fp32" if options.fp32 else "auto", device)
-        infer = make_torch_infer(model.to(device).float(), precision=precision, nms=nms, device=device)
+        model = model.to(device).float()
+        if options.half:  # the inference backend's prepared copy: fused, converted once, CUDA graphs on CUDA
+            precision = Precision(half_precision(device), device.type, "--half: weights converted, no autocast")
+            info = ModelInfo(names=spec.names, strides=tuple(model.strides), imgsz=image_size, dynamic=True)
+            infer = TorchBackend(model, info, device=str(device), precision=precision.name, nms=nms)
+        else:
+            infer = make_torch_infer(model, precision=precision, nms=nms, device=device)
         runtime = f"{device.type} {precision.name.upper()} ({precision.reason})"
     else:
         backend = load_backend(options.weights, device=str(device), nms=nms)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from detector.cli.benchmark import main as benchmark_main
+from detector.workflows.benchmark import device_name
 from detector.cli.predict import main as predict_main
 from detector.data.synthetic import make_image
 from detector.inference import prepare_batch
@@ -93,10 +94,13 @@ def test_predict_missing_source_is_an_error(
 def test_benchmark_prints_a_markdown_row_per_backend(checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("onnx", reason="the onnxruntime rows need an ONNX export (the 'export' extra)")
     pytest.importorskip("onnxruntime", reason="the onnxruntime rows need onnxruntime (the 'export' extra)")
-    args = ["--weights", str(checkpoint), "--imgsz", "64", "--runs", "1", "--warmup", "0", "--device", "cpu"]
+    # pt2 is left out: its compile takes minutes here (tests/exporting/test_export_pt2.py covers it).
+    args = ["--weights", str(checkpoint), "--imgsz", "64", "--runs", "1", "--warmup", "0", "--device", "cpu",
+            "--throughput-batch", "3", "--throughput-runs", "1", "--skip", "pt2"]
     assert benchmark_main(args) == 0
     table = capsys.readouterr().out
-    assert "| backend | pre-process ms | inference ms | post-process ms | total ms |" in table
+    assert "| backend | pre-process ms | inference ms | post-process ms | total ms | batch-3 images/s |" in table
+    assert f"on cpu ({device_name('cpu')}," in table
     for name in ("| pytorch fp32 |", "| onnxruntime fp32 |", "| onnxruntime fp16 |"):
         assert name in table
     assert "tensorrt" in table  # timed where present, otherwise a skip note saying why

@@ -122,12 +122,11 @@ def test_val_takes_ultralytics_weights_and_its_key_value_arguments(tmp_path: Pat
                      "reg_max": 16}, "names": NAMES, "epoch": 0}, converted)
     common = [f"data={data}", "workers=0", "batch=4", "device=cpu", "conf=0", "imgsz=64", "plots=False",
               f"project={tmp_path / 'runs'}"]
-    assert main([f"model={yolov8}", "half=False", *common, "name=yolov8"]) == 0
+    assert main([f"model={yolov8}", "fp32=True", *common, "name=yolov8"]) == 0
     captured = capsys.readouterr()
     assert "Ultralytics YOLOv8n weights (2 classes)" in captured.out and "FP32" in captured.out
     assert "note: Ultralytics' model=" in captured.err and "is weights=" in captured.err
-    assert "note: Ultralytics' half=False is fp32=True here" in captured.err
-    assert main([f"model={converted}", "half=False", *common, "name=ours"]) == 0
+    assert main([f"model={converted}", "fp32=True", *common, "name=ours"]) == 0
     results = [json.loads((tmp_path / "runs" / name / "predictions.json").read_text()) for name in ("yolov8", "ours")]
     assert results[0] and results[0] == results[1]  # the same model after conversion, the same code: identical
 

@@ -13,10 +13,11 @@ from detector.exporting.parity import synthetic_images
 from detector.inference.tensorrt_backend import tensorrt_missing, write_engine_file
 from detector.inference import load_backend, prepare_batch, to_original_pixels
 from detector.inference.onnx_backend import OnnxBackend
-from detector.inference.torch_backend import TorchBackend
+from detector.inference.torch_backend import TorchBackend, half_precision, make_torch_infer
 from detector.model import YOLO
 from detector.postprocess import NMSConfig
-from tests.tolerances import assert_same_detections, fp32_tolerance_on
+from detector.precision import Precision, has_native_bf16
+from tests.tolerances import assert_same_detections, fp32_tolerance_on, rounded_relative_error
 
 NMS = NMSConfig(conf_threshold=0.3, iou_threshold=0.5)
 
@@ -71,9 +72,43 @@ def test_fixed_shape_graph_rejects_other_sizes(onnx_fp32: Path) -> None:
         load_backend(onnx_fp32)(torch.zeros(1, 3, 96, 96, dtype=torch.uint8))
 
 
-def test_bf16_autocast_runs_on_cpu(checkpoint: Path) -> None:
-    boxes, scores = load_backend(checkpoint, precision="bf16").infer(synthetic_images(IMGSZ, count=1))
-    assert boxes.dtype == scores.dtype == torch.float32  # decode stays FP32 under autocast
+def test_bf16_runs_on_cpu(checkpoint: Path) -> None:
+    backend = load_backend(checkpoint, precision="bf16")
+    assert all(p.dtype == torch.bfloat16 for p in backend.model.parameters())  # converted once, not autocast
+    boxes, scores = backend.infer(synthetic_images(IMGSZ, count=1))
+    assert boxes.dtype == scores.dtype == torch.float32  # the decode stays FP32
+
+
+def test_fused_backend_gives_the_live_models_detections(model: YOLO, checkpoint: Path) -> None:
+    """The prepared copy (BatchNorm folded) against the unfused model training evaluates with."""
+    images = synthetic_images(IMGSZ, count=3)
+    live = make_torch_infer(model, precision=Precision("fp32", "cpu", "test"), nms=NMS, device=torch.device("cpu"))
+    backend = load_backend(checkpoint, nms=NMS)
+    assert backend.name == "pytorch fp32" and not any(isinstance(m, torch.nn.BatchNorm2d) for m in backend.model.modules())
+    assert_same_detections(live(images), backend(images), nms=NMS, tolerance=fp32_tolerance_on(model, images))
+
+
+def test_half_means_fp16_on_cuda_and_bf16_only_on_cpus_that_have_it() -> None:
+    assert half_precision("cuda:0") == "fp16"
+    assert half_precision("cpu") == ("bf16" if has_native_bf16("cpu") else "fp32")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FP16 weights and CUDA graphs run on a GPU")
+def test_fp16_cuda_graph_backend_matches_fp32(model: YOLO, checkpoint: Path) -> None:
+    images = synthetic_images(IMGSZ, count=3)
+    fast = load_backend(checkpoint, device="cuda", precision="fp16", nms=NMS)
+    assert fast.name == "pytorch fp16 cuda graph"
+    assert all(p.dtype == torch.float16 for p in fast.model.parameters())
+    expected = load_backend(checkpoint, nms=NMS)(images)
+    first = fast(images.cuda())
+    fast(images[:1].cuda())
+    again = fast(images.cuda())  # replayed from the graph captured by the first call
+    assert len(fast.forward.graphs) == 2  # one per input shape
+    # FP16 storage rounds every weight and activation: depth * eps_fp16 relative (tests/tolerances.py).
+    tolerance = fp32_tolerance_on(model, images, relative=rounded_relative_error(model, 2**-10))
+    assert_same_detections(expected, first, nms=NMS, tolerance=tolerance)
+    for got, want in zip(again, first):
+        assert all(torch.equal(got[key], want[key]) for key in ("boxes", "scores", "labels"))
 
 
 def test_letterbox_is_undone() -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 
-from detector.workflows.benchmark import markdown_table, sample_images
+from detector.workflows.benchmark import BenchmarkOptions, device_name, markdown_table, sample_images, skipped
 
 
 def test_sample_images_are_deterministic_4_3_frames() -> None:
@@ -18,3 +20,24 @@ def test_the_table_has_a_row_per_backend_and_the_skip_notes() -> None:
     table = markdown_table([("pytorch fp32", times)], ["tensorrt: skipped (no GPU)"])
     assert "| pytorch fp32 | 1.00 | 2.00 | 0.50 | 3.50 |" in table.splitlines()
     assert table.endswith("\ntensorrt: skipped (no GPU)")
+
+
+def test_the_throughput_column_is_images_per_second_at_the_big_batch() -> None:
+    fast = {"pre-process": 1.0, "inference": 2.0, "post-process": 0.5, "throughput": 512.25}
+    slow = {"pre-process": 1.0, "inference": 2.0, "post-process": 0.5}  # no throughput measured
+    table = markdown_table([("pt2 fp32", fast), ("onnxruntime fp32", slow)], [], throughput_batch=32).splitlines()
+    assert table[0].endswith("| total ms | batch-32 images/s |")
+    assert "| pt2 fp32 | 1.00 | 2.00 | 0.50 | 3.50 | 512.2 |" in table
+    assert "| onnxruntime fp32 | 1.00 | 2.00 | 0.50 | 3.50 | - |" in table
+
+
+def test_skip_names_backends_and_refuses_others() -> None:
+    assert skipped("PT2, onnx") == {"pt2", "onnx"} and skipped("") == set()
+    with pytest.raises(ValueError, match="--skip 'tflite': choose from pytorch, onnx, pt2, engine"):
+        BenchmarkOptions(skip="tflite")
+
+
+def test_the_device_has_a_name() -> None:
+    assert device_name("cpu").strip()
+    if torch.cuda.is_available():
+        assert device_name("cuda") == torch.cuda.get_device_name(0)

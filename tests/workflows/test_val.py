@@ -12,3 +12,16 @@ def test_image_size_resolution() -> None:
     assert resolve_image_size(None, None) == 640
     with pytest.raises(ValueError, match=r"must be a positive multiple of 32 \(got 100\); try 96"):
         resolve_image_size(100, {"imgsz": 320})  # refused, as training refuses it
+
+
+def test_half_runs_the_prepared_backend_and_refuses_fp32(checkpoint, yolo_yaml, tmp_path, capsys) -> None:
+    from detector.inference.torch_backend import half_precision
+    from detector.workflows.val import ValOptions, run_val
+
+    common = {"weights": checkpoint, "data": yolo_yaml, "workers": 0, "batch": 2, "device": "cpu", "plots": False,
+              "project": tmp_path}
+    metrics = run_val(ValOptions(**common, half=True))
+    assert 0.0 <= metrics["mAP50-95"] <= 1.0
+    assert f"cpu {half_precision('cpu').upper()} (--half: weights converted, no autocast)" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--half and --fp32"):
+        run_val(ValOptions(**common, half=True, fp32=True))

@@ -1,0 +1,92 @@
+"""Model -> ``.pt2``: ``torch.export`` of the export wrapper, compiled and packaged by AOTInductor.
+
+The package holds the compiled network + box decode as native code (C++ on the CPU, Triton kernels on CUDA)
+and the weights; :class:`detector.inference.pt2_backend.Pt2Backend` runs it without the model's Python code.
+Inputs and outputs are those of :class:`~detector.exporting.wrapper.ExportWrapper` (``images`` float32 in,
+``boxes`` + ``scores`` or, with ``--nms``, ``detections`` + ``num_detections`` out) and the metadata of
+:mod:`detector.model.metadata` is stored in the package (AOTInductor's own ``aot_inductor.metadata``).
+
+* **Batch**: always free (``torch.export.Dim``, 1..:data:`MAX_BATCH`); it costs nothing at run time since
+  the convolutions are library calls either way. Height and width are fixed at ``imgsz`` (``--dynamic`` is
+  refused). The metadata's ``batch`` is the batch the graph was traced with.
+* **Precision**: FP32 on the CPU; ``--half`` is FP16 on CUDA, or BF16 on a CPU with native BF16 (elsewhere
+  refused: emulated BF16 is slower than FP32).
+* **Device**: the package runs on the kind of device it was compiled on (``--device``).
+* **Compiler**: compiling needs a C++ compiler (``g++``, or ``$CXX``) at export time only; loading does not.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+
+from detector.exporting.wrapper import ExportWrapper
+from detector.files import publish, staging_folder
+from detector.model import YOLO
+from detector.model.metadata import INPUT_NAME, ModelInfo, encode_metadata
+from detector.precision import has_native_bf16
+
+MAX_BATCH = 1024
+COMPUTE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def compiler_missing() -> str | None:
+    """``None`` when the C++ compiler AOTInductor would call is on ``PATH``, else a one-line reason.
+
+    Inductor tries each entry of ``torch._inductor.config.cpp.cxx`` in turn (``$CXX``, else ``g++``; ``None``
+    stands for an opt-in conda download, which we do not count).
+    """
+    from torch._inductor import config
+
+    candidates = config.cpp.cxx if isinstance(config.cpp.cxx, (list, tuple)) else (config.cpp.cxx,)
+    names = [name for name in candidates if name]
+    if any(shutil.which(name) for name in names):
+        return None
+    return (f"pt2 export compiles C++ and needs a compiler at export time ({' or '.join(names) or 'g++'}, "
+            "or set $CXX); none is on PATH")
+
+
+def pt2_precision(half: bool, device: str) -> str:
+    """``--half`` -> the precision a pt2 package gets on ``device``; ``ValueError`` where it would not pay."""
+    if not half:
+        return "fp32"
+    kind = torch.device(device).type
+    if kind == "cuda":
+        return "fp16"
+    if has_native_bf16(kind):
+        return "bf16"
+    raise ValueError(f"pt2 --half is FP16 on CUDA or BF16 on a CPU with native BF16; this {kind} has neither "
+                     "(drop --half: FP32 is the fast choice here)")
+
+
+def export_program(model: YOLO, info: ModelInfo, *, device: str) -> torch.export.ExportedProgram:
+    """``torch.export`` of the wrapper with a free batch dimension (traced at batch >= 2: 1 would specialise)."""
+    if info.dynamic:
+        raise ValueError("pt2 export takes a fixed --imgsz (its batch is always free); drop --dynamic")
+    wrapper = ExportWrapper(model, nms=info.nms, compute_dtype=COMPUTE_DTYPES[info.precision]).to(device)
+    example = torch.zeros(max(2, info.batch), 3, info.imgsz, info.imgsz, device=device)
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    with torch.no_grad():
+        return torch.export.export(wrapper, (example,), dynamic_shapes={INPUT_NAME: {0: batch}}, strict=False)
+
+
+def export_pt2(model: YOLO, path: str | Path, info: ModelInfo, *, device: str = "cpu") -> Path:
+    """Compile ``model`` (FP32 weights; cast inside for ``info.precision`` fp16/bf16) into the package ``path``.
+
+    Compiled in a staging folder beside ``path`` and renamed into place, so a failure leaves nothing.
+    Raises ``RuntimeError`` (no compiler) or ``ValueError`` (``--dynamic``) before any work.
+    """
+    if (reason := compiler_missing()) is not None:
+        raise RuntimeError(reason)
+    path = Path(path)
+    program = export_program(model, info, device=device)
+    # Freezing folds the weights into the graph as constants, so the CPU convolutions get their weights
+    # pre-packed into oneDNN's blocked layout once, at compile time, instead of on every call.
+    configs = {"aot_inductor.metadata": encode_metadata(info), "freezing": True}
+    with staging_folder(path.parent) as staging:
+        staged = torch._inductor.aoti_compile_and_package(
+            program, package_path=str(staging / path.name), inductor_configs=configs
+        )
+        return publish(Path(staged), path)

@@ -1,0 +1,47 @@
+"""AOTInductor backend for ``.pt2`` packages written by :func:`detector.exporting.pt2.export_pt2`.
+
+The package is native code plus weights; loading it needs torch but neither a compiler nor the model's
+Python code. Its batch dimension is free, so any batch runs in one call; height and width are fixed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from detector.inference.backend import Backend, RawOutputs
+from detector.inference.preprocess import model_input
+from detector.model.metadata import decode_metadata
+from detector.postprocess import NMSConfig
+
+AOTI_KEY_PREFIX = "AOTI_"  # AOTInductor's own entries beside ours in the package metadata (platform, ISA, device)
+
+
+class Pt2Backend(Backend):
+    """``torch._inductor.aoti_load_package`` behind the :class:`Backend` interface.
+
+    Args:
+        path: the ``.pt2`` file.
+        device: must be the kind of device the package was compiled for (``cpu`` or ``cuda[:N]``).
+    """
+
+    def __init__(self, path: str | Path, *, device: str = "cpu", nms: NMSConfig | None = None) -> None:
+        self.device = torch.device(device)
+        index = self.device.index if self.device.type == "cuda" and self.device.index is not None else -1
+        self.runner = torch._inductor.aoti_load_package(str(path), device_index=index)
+        props = self.runner.get_metadata()
+        compiled_for = props.get("AOTI_DEVICE_KEY", "cpu")
+        if compiled_for != self.device.type:
+            raise ValueError(f"{path}: compiled for {compiled_for}, asked to run on {self.device}; "
+                             f"export it again with --device {self.device.type}")
+        ours = {key: value for key, value in props.items() if not key.startswith(AOTI_KEY_PREFIX)}
+        info = decode_metadata(ours, source=str(path))
+        super().__init__(info, nms)
+        self.name = f"pt2 {info.precision}" + (" +nms" if info.nms else "")
+
+    @torch.inference_mode()
+    def infer(self, images: torch.Tensor) -> RawOutputs:
+        self.check_input(images)
+        outputs = self.runner(model_input(images, self.device, channels_last=False))
+        return tuple(outputs)

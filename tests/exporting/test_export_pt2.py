@@ -1,0 +1,131 @@
+"""``export.py --format pt2``: an AOTInductor package that runs without our Python code, behind the Backend interface.
+
+One package is compiled per session (AOTInductor compiles C++: 1-3 minutes on a small shared CPU), by the
+command itself in a subprocess with a timeout, parity check included; every test below reads that file.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from detector.exporting.parity import check_parity
+from detector.exporting.pt2 import compiler_missing, pt2_precision
+from detector.inference import load_backend
+from detector.inference.pt2_backend import Pt2Backend
+from detector.inference.torch_backend import TorchBackend
+from detector.model import YOLO
+from detector.postprocess import NMSConfig
+from detector.precision import has_native_bf16
+from detector.workflows.export import ExportOptions, run_export
+from tests.conftest import NAMES, write_checkpoint
+from tests.exporting.conftest import IMGSZ
+from tests.tolerances import assert_same_detections, fp32_tolerance_on
+
+REPO = Path(__file__).resolve().parents[2]
+COMPILE_TIMEOUT_S = 900  # measured 100-250 s for this 64 px nano model on 2 shared cores
+NMS = NMSConfig(conf_threshold=0.3, iou_threshold=0.5)
+needs_compiler = pytest.mark.skipif(compiler_missing() is not None, reason="pt2 export needs a C++ compiler")
+
+
+@pytest.fixture(scope="module")
+def package(model: YOLO, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """``best.pt2`` written by ``export.py --format pt2`` (parity check on), and the command's output."""
+    if compiler_missing() is not None:
+        pytest.skip("pt2 export needs a C++ compiler")
+    checkpoint = write_checkpoint(model, tmp_path_factory.mktemp("pt2") / "best.pt")
+    command = [sys.executable, str(REPO / "export.py"), "--weights", str(checkpoint), "--format", "pt2",
+               "--imgsz", str(IMGSZ), "--batch", "2", "--device", "cpu"]
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True,
+                          timeout=COMPILE_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return checkpoint.with_suffix(".pt2"), done.stdout
+
+
+def test_the_command_checks_parity_and_writes_the_package(package: tuple[Path, str]) -> None:
+    path, output = package
+    assert path.is_file() and path.stat().st_size > 0
+    assert "parity pt2 fp32 vs pytorch fp32" in output and "FAILED" not in output
+    assert f"export: wrote {path}" in output
+
+
+def test_metadata_is_the_onnx_exports(package: tuple[Path, str], model: YOLO) -> None:
+    backend = load_backend(package[0])
+    assert isinstance(backend, Pt2Backend) and backend.name == "pt2 fp32"
+    info = backend.info
+    assert (info.names, info.strides, info.imgsz, info.batch) == (NAMES, tuple(model.strides), IMGSZ, 2)
+    assert (info.precision, info.dynamic, info.nms) == ("fp32", False, None)
+
+
+def test_any_batch_runs_and_matches_pytorch(package: tuple[Path, str], model: YOLO, images: torch.Tensor) -> None:
+    backend = load_backend(package[0], nms=NMS)
+    one = backend.infer(images[:1])
+    assert one[0].shape == (1, 84, 4) and one[1].shape == (1, 84, len(NAMES))  # 8x8 + 4x4 + 2x2 anchors at 64 px
+    reference = TorchBackend(model, backend.info, nms=NMS)
+    # Inductor folds BatchNorm and picks its own convolution kernels: the same FP32 network summed in
+    # another order, so the summation-order tolerances apply; 4 images through a package traced at batch 2.
+    assert_same_detections(reference(images), backend(images), nms=NMS, tolerance=fp32_tolerance_on(model, images))
+    report = check_parity(TorchBackend(model, backend.info), backend, images=images)
+    assert report.passed, report.summary()
+
+
+def test_runs_without_the_model_code(package: tuple[Path, str]) -> None:
+    code = ("import sys, torch; sys.modules['detector'] = None  # any import of our package fails\n"
+            f"runner = torch._inductor.aoti_load_package({str(package[0])!r})\n"
+            f"boxes, scores = runner(torch.rand(3, 3, {IMGSZ}, {IMGSZ}))\n"
+            "print(tuple(boxes.shape), tuple(scores.shape), runner.get_metadata()['imgsz'])")
+    done = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split()[-1] == str(IMGSZ) and "(3, 84, 4) (3, 84, 3)" in done.stdout
+
+
+def test_a_package_refuses_another_device(package: tuple[Path, str]) -> None:
+    with pytest.raises(ValueError, match="compiled for cpu, asked to run on cuda"):
+        Pt2Backend(package[0], device="cuda")
+
+
+def test_without_a_compiler_it_fails_in_one_line_and_writes_nothing(model: YOLO, tmp_path: Path) -> None:
+    from torch._inductor import config
+
+    checkpoint = write_checkpoint(model, tmp_path / "best.pt")
+    with config.patch({"cpp.cxx": (None, "no-such-compiler-for-detector")}):
+        reason = compiler_missing()
+        assert reason is not None and "no-such-compiler-for-detector" in reason and "\n" not in reason
+        with pytest.raises(RuntimeError, match="needs a compiler at export time.*nothing was written"):
+            run_export(ExportOptions(weights=checkpoint, format="pt2", device="cpu"))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt"]
+
+
+def test_dynamic_is_refused_before_any_work(model: YOLO, tmp_path: Path) -> None:
+    checkpoint = write_checkpoint(model, tmp_path / "best.pt")
+    with pytest.raises(ValueError, match="pt2 takes a fixed --imgsz"):
+        run_export(ExportOptions(weights=checkpoint, format="pt2", dynamic=True, device="cpu"))
+
+
+def test_half_is_fp16_on_cuda_and_bf16_only_on_cpus_that_have_it() -> None:
+    assert pt2_precision(False, "cpu") == "fp32"
+    assert pt2_precision(True, "cuda") == "fp16"
+    if has_native_bf16("cpu"):
+        assert pt2_precision(True, "cpu") == "bf16"
+    else:
+        with pytest.raises(ValueError, match="drop --half"):
+            pt2_precision(True, "cpu")
+
+
+@needs_compiler
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the FP16 pt2 package is compiled for CUDA")
+def test_fp16_package_on_cuda(model: YOLO, images: torch.Tensor, tmp_path: Path) -> None:
+    from detector.exporting.pt2 import export_pt2
+    from detector.model.metadata import ModelInfo
+
+    info = ModelInfo(names=NAMES, strides=tuple(model.strides), imgsz=IMGSZ, precision="fp16")
+    backend = load_backend(export_pt2(model, tmp_path / "half.pt2", info, device="cuda"), device="cuda")
+    report = check_parity(TorchBackend(model, info, device="cuda"), backend, images=images)
+    assert backend.name == "pt2 fp16" and report.passed, report.summary()
