@@ -77,6 +77,7 @@ BAD_WEIGHTS: dict[str, tuple[Callable[[Path], Path], str]] = {
     "other-model.pt": (lambda p: _ours(p, model=build_model(num_classes=2, scale="s").state_dict()), "do not fit"),
     "garbage.onnx": (lambda p: (p.write_bytes(b"\x08\x07garbage" * 10), p)[1], "not a loadable ONNX model"),
     "two-bytes.engine": (lambda p: (p.write_bytes(b"ab"), p)[1], "not an engine file"),
+    "garbage.pt2": (lambda p: (p.write_bytes(b"garbage"), p)[1], "not a loadable pt2 package"),
     "long-header.engine": (_engine_with_bad_length, "shorter than the header"),
 }
 

@@ -6,6 +6,7 @@ Python code. Its batch dimension is free, so any batch runs in one call; height 
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import torch
@@ -29,7 +30,15 @@ class Pt2Backend(Backend):
     def __init__(self, path: str | Path, *, device: str = "cpu", nms: NMSConfig | None = None) -> None:
         self.device = torch.device(device)
         index = self.device.index if self.device.type == "cuda" and self.device.index is not None else -1
-        self.runner = torch._inductor.aoti_load_package(str(path), device_index=index)
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path}: no such pt2 package")
+        if not zipfile.is_zipfile(path):  # before torch, which logs a misleading "outdated pt2 file" warning first
+            raise ValueError(f"{path}: not a loadable pt2 package (not a zip archive)")
+        try:
+            self.runner = torch._inductor.aoti_load_package(str(path), device_index=index)
+        except Exception as error:  # torch's own (zip, C++ loader) errors: a bad file, never a bug of ours
+            reason = " ".join(str(error).split())[:200] or type(error).__name__
+            raise ValueError(f"{path}: not a loadable pt2 package ({reason})") from None
         props = self.runner.get_metadata()
         compiled_for = props.get("AOTI_DEVICE_KEY", "cpu")
         if compiled_for != self.device.type:
