@@ -174,8 +174,6 @@ def test_a_label_file_that_cannot_be_read_skips_its_image_with_one_line(tmp_path
         records, _, _ = load_records(load_dataset_spec(yaml), "train")
     assert [p.name for p in records.paths()] == ["train_00000.png", "train_00003.png"]
     messages = [str(w.message) for w in caught]
-    records, _, _ = load_records(load_dataset_spec(yaml), "train")
-    assert len(records) == 5 and np.isfinite(records.labels).all()
     assert len(messages) == 1 and f"2 {kinds.UNREADABLE_LABELS}, in 2 file(s): " in messages[0]
     assert f"{labels / 'train_00001.txt'} (not a regular file)" in messages[0]
 
