@@ -54,6 +54,7 @@ class CheckpointWriter:
                  background: bool = True) -> None:
         self._save = save
         self._background = background
+        self.in_background = background  # False: each write happens at submit, on the caller's thread
         self._pending: dict[Path, tuple[dict[str, Any], bool]] = {}  # path -> (snapshot, strip), in order
         self._busy = False
         self._error: CheckpointError | None = None

@@ -287,7 +287,7 @@ def test_resume_of_a_time_budget_run_continues_its_schedule_and_optimizer(yolo_y
 
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_and_stops_with_one_line(
         yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
-    """ENOSPC in the background writer's second last.pt: the first stays whole, the run ends with one line."""
+    """ENOSPC in the checkpoint writer's second last.pt: the first stays whole, the run ends with one line."""
     real_fsync, checkpoints_written = os.fsync, []
 
     def fsync_fails_when_the_disk_is_full(descriptor: int) -> None:
