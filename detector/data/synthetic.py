@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 
 from detector.data.catalog import datasets_root, shipped_yaml_dir
-from detector.files import write_atomically
+from detector.files import write_text_atomically
 
 NAMES = ["circle", "square", "triangle"]
 VERSION = "1"  # bump when the generator changes, so stale caches are rebuilt
@@ -140,5 +140,5 @@ def generate_shapes(
     write_shapes(root / "shapes", train=train, val=val, size=size, seed=seed)
     yaml_path = root / "shapes.yaml"
     if not yaml_path.is_file() or yaml_path.read_text() != SHAPES_YAML:
-        write_atomically(yaml_path, SHAPES_YAML.encode())
+        write_text_atomically(yaml_path, SHAPES_YAML)
     return yaml_path

@@ -53,7 +53,6 @@ class CheckpointWriter:
     def __init__(self, save: Callable[[dict[str, Any], Path], None] = save_checkpoint, *,
                  background: bool = True) -> None:
         self._save = save
-        self._background = background
         self.in_background = background  # False: each write happens at submit, on the caller's thread
         self._pending: dict[Path, tuple[dict[str, Any], bool]] = {}  # path -> (snapshot, strip), in order
         self._busy = False
@@ -75,7 +74,7 @@ class CheckpointWriter:
                 raise RuntimeError("checkpoint writer is closed")
             self._pending.pop(path, None)  # re-inserted last: files are written in submission order
             self._pending[path] = (payload, strip)
-            if self._background:
+            if self.in_background:
                 self._start()
                 self._condition.notify_all()
                 return

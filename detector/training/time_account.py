@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from detector.files import write_atomically
+from detector.files import write_text_atomically
 
 # The parts of a run, in the order the table lists them; "other" is everything between the named phases
 # (results.csv, plots, re-planning, the loader between epochs).
@@ -96,10 +96,6 @@ class TimeAccount:
         finally:
             self.details[name] = self.details.get(name, 0.0) + self.clock() - start
 
-    def add_background(self, name: str, seconds: float) -> None:
-        """Time spent off the training thread (the checkpoint writer): reported, not part of the wall clock."""
-        self.background[name] = self.background.get(name, 0.0) + seconds
-
     def totals(self) -> dict[str, float]:
         """``{"wall", each part}`` in seconds, as of now; the parts sum to "wall" (the current part counts up to now)."""
         now = self.clock()
@@ -126,5 +122,5 @@ class TimeAccount:
         """Write ``{"seconds": totals, "start-up details": ..., "background": ...}`` as JSON, atomically."""
         totals = totals or self.totals()
         document = {"seconds": totals, "start-up details": self.details, "background": self.background}
-        write_atomically(path, (json.dumps(document, indent=2) + "\n").encode())
+        write_text_atomically(path, json.dumps(document, indent=2) + "\n")
         return totals

@@ -62,7 +62,7 @@ class BenchmarkOptions(Options):
 
 def skipped(text: str) -> set[str]:
     kinds = {part.strip().lower() for part in text.split(",") if part.strip()}
-    if unknown := kinds - set(BACKEND_KINDS):
+    if kinds - set(BACKEND_KINDS):
         raise ValueError(f"--skip {text!r}: choose from {', '.join(BACKEND_KINDS)} (comma-separated)")
     return kinds
 

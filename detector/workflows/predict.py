@@ -31,7 +31,7 @@ import cv2
 import numpy as np
 
 from detector.device import resolve_device
-from detector.files import write_atomically, write_image, write_text_atomically
+from detector.files import write_image, write_text_atomically
 from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
 from detector.inference.sources import Frame, open_source, read_ahead
 from detector.inference.torch_backend import half_precision
@@ -155,7 +155,7 @@ class Outputs:
             suffix = "" if frame.index is None else f"_{frame.index}"
             text = yolo_lines(result, *frame.image.shape[:2], with_score=self.options.save_conf)
             # One file per image, empty when nothing was found: a processed background image, not a missing one.
-            write_atomically(self.out_dir / "labels" / f"{stem}{suffix}.txt", text.encode())
+            write_text_atomically(self.out_dir / "labels" / f"{stem}{suffix}.txt", text)
         if not self.options.save:
             return
         canvas = annotate(frame.image, result, self.names)
