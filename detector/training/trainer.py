@@ -39,7 +39,7 @@ from detector.training.budget import RunClock, RunSettings, TimeBudget
 from detector.training.builders import (build_criterion, build_data, build_model_from_weights, build_optimization,
                                         freeze_layers)
 from detector.training.builders import build_train_loader, load_resume, seed_everything, warmup_steps, wrap_distributed
-from detector.training.checkpoint_writer import CheckpointWriter, snapshot
+from detector.training.checkpoint_writer import RunCheckpoints
 from detector.training.config import TrainConfig
 from detector.training.decision import EpochDecision, fallback_after_epoch, fitness
 from detector.training.ema import ModelEMA
@@ -119,7 +119,7 @@ class Trainer:
                                     tensorboard=config.tensorboard) if self.dist.is_main else None
         # Rank 0's checkpoints: off the training thread on a GPU, where the host waits on the device; on the CPU
         # a writer thread takes cores from the step (2-core EPYC, 30 epochs: 87-93 s wall against 66-75 s inline).
-        self.writer = CheckpointWriter(background=self.device.type != "cpu")
+        self.checkpoints = RunCheckpoints(self.run_dir / "weights", background=self.device.type != "cpu", log=self.log)
         self.ctrl_c = CtrlC(single_process=not self.dist.enabled, announce=self.dist.is_main)
 
     # ----------------------------------------------------------------------------------------- set-up
@@ -191,7 +191,7 @@ class Trainer:
             self.ctrl_c.restore()
             try:
                 with self.account.phase("checkpoints"):
-                    self.writer.close()  # every checkpoint on disk before a Ctrl-C or an error returns
+                    self.checkpoints.close()  # every checkpoint on disk before a Ctrl-C or an error returns
             finally:
                 cleanup(self.dist)
         interrupted = bool(decision and decision.stop.startswith("interrupted"))
@@ -319,19 +319,16 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------- checkpoints
     def _checkpoint(self, epoch: int, metrics: dict[str, float], *, finished: bool, wait: bool) -> None:
-        """Snapshot the run (tensors copied to the CPU, so training may go on) and hand it to the writer:
-        last.pt, and best.pt when this epoch improved on the best. A run that ``finished`` no longer needs the
-        optimizer for --resume, so its last.pt is written stripped too (detector/checkpoint.py). ``wait``: the
-        run stops here and its last line says the file is saved, so wait for the disk."""
+        """Hand the run to its checkpoints (training goes on while they are written): last.pt when due, best.pt
+        when this epoch improved on the best. A run that ``finished`` no longer needs the optimizer for --resume,
+        so its last.pt is written stripped too (detector/checkpoint.py). ``wait``: the run stops here and its
+        last line says the file is saved, so wait for the disk."""
         with self.account.phase("checkpoints"):
-            payload = snapshot(run_checkpoint(self._trained(), self._run_state(epoch, metrics)))
-            self.writer.submit(self.run_dir / "weights" / "last.pt", payload, strip=finished)
-            if self.best_epoch == epoch:  # never resumed from: only what inference and fine-tuning need
-                self.writer.submit(self.run_dir / "weights" / "best.pt", payload, strip=True)
-            if wait or finished:
-                self.writer.drain()
-            if self.writer.in_background:  # inline writes are already in the "checkpoints" part
-                self.account.background["checkpoint writes"] = self.writer.write_seconds
+            self.checkpoints.epoch_done(lambda: run_checkpoint(self._trained(), self._run_state(epoch, metrics)),
+                                        improved=self.best_epoch == epoch, finished=finished, wait=wait)
+            writer = self.checkpoints.writer
+            if writer.in_background:  # inline writes are already in the "checkpoints" part
+                self.account.background["checkpoint writes"] = writer.write_seconds
 
     def _trained(self) -> Trained:
         return Trained(unwrap(self.step.model), self.step.ema.module, self.step.optimizer, self.step.scaler)

@@ -7,7 +7,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from detector.data.augment import PAD_VALUE, AugmentConfig, mosaic_placements, mosaic_tiles, paste
-from detector.data.batch_augment import apply_pixel_ops, carried_pixel_ops
+from detector.data.batch_augment import apply_pixel_ops
 from detector.data.dataset import DetectionDataset, collate
 from detector.data.device_augment import WarpBatch, WarpSource, canvas_region, pack_warp_batch, render, render_uint8, shelf_pack
 from detector.data.synthetic import make_image

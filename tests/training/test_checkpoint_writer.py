@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from detector.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from detector.training.checkpoint_writer import CheckpointWriter, snapshot
+from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, save_checkpoint
+from detector.training.checkpoint_writer import Cadence, CheckpointWriter, RunCheckpoints, snapshot
 
 
 def payload(epoch: int) -> dict:
@@ -91,3 +91,64 @@ def test_synchronous_mode_writes_on_the_callers_thread(tmp_path: Path):
     writer.submit(tmp_path / "last.pt", payload(3))
     assert threads == [threading.current_thread()] and load_checkpoint(tmp_path / "last.pt")["epoch"] == 3
     writer.close()
+
+
+class FakeClock:
+    """Seconds that move ``tick`` at every reading (a write of one reading to the next costs ``tick``)."""
+
+    def __init__(self, tick: float = 0.0) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_the_cadence_keeps_writes_to_their_share_of_the_run():
+    clock = FakeClock()
+    cadence = Cadence(share=0.02, clock=clock)
+    assert cadence.due()  # the first epoch always writes
+    started, clock.now = clock.now, 0.25  # a 0.25 s write
+    cadence.wrote(started)
+    clock.now += 12.0  # 12 s of training: 0.25 / 12 > 2%
+    assert not cadence.due() and cadence.due(must=True)
+    clock.now += 0.5  # 12.5 s: exactly 2%
+    assert cadence.due()
+
+
+def full_checkpoint(epoch: int) -> dict:
+    weights = {"w": torch.full((4,), float(epoch))}
+    return {"model": weights, "ema": weights, "optimizer": {"state": {}}, "epoch": epoch,
+            "model_args": {"num_classes": 1, "scale": "n", "reg_max": 16}}
+
+
+def test_best_pt_keeps_an_improvement_made_between_writes(tmp_path: Path):
+    clock, said = FakeClock(tick=0.1), []  # every write costs 0.1 s: due again 5 s after the last one
+    checkpoints = RunCheckpoints(tmp_path, background=False, log=said.append,
+                                 cadence=Cadence(share=0.02, clock=clock))
+    clock.now = 1.0
+    checkpoints.epoch_done(lambda: full_checkpoint(0), improved=True, finished=False, wait=False)
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 0
+    for epoch in (1, 2):  # short epochs: last.pt is not due, and epoch 1 was the best
+        clock.now += 1.0
+        checkpoints.epoch_done(lambda epoch=epoch: full_checkpoint(epoch), improved=epoch == 1, finished=False,
+                               wait=False)
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 0
+    assert load_checkpoint(tmp_path / "best.pt")["epoch"] == 0
+    assert len(said) == 1 and "last.pt is written every" in said[0]
+    checkpoints.close()  # a stop, a Ctrl-C or an error: the held improvement is written
+    best = load_checkpoint(tmp_path / "best.pt")
+    assert best["epoch"] == 1 and is_stripped(best) and best["model"]["w"].dtype == torch.float16
+    assert torch.equal(best["model"]["w"], torch.ones(4, dtype=torch.float16))
+
+
+def test_a_finished_run_writes_at_once_and_strips_last_pt(tmp_path: Path):
+    clock = FakeClock()
+    checkpoints = RunCheckpoints(tmp_path, background=True, log=print, cadence=Cadence(share=0.02, clock=clock))
+    checkpoints.epoch_done(lambda: full_checkpoint(0), improved=True, finished=False, wait=False)
+    clock.now += 0.1  # far too soon for the cadence, but the run finished
+    checkpoints.epoch_done(lambda: full_checkpoint(1), improved=False, finished=True, wait=False)
+    last = load_checkpoint(tmp_path / "last.pt")  # on disk before epoch_done returned
+    assert last["epoch"] == 1 and is_stripped(last)
+    assert load_checkpoint(tmp_path / "best.pt")["epoch"] == 0
+    checkpoints.close()
