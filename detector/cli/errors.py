@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import warnings
 from collections.abc import Callable
 
 from detector.checkpoint import CheckpointError
@@ -37,9 +38,17 @@ def one_line(error: BaseException) -> str:
     return "; ".join(lines) or type(error).__name__
 
 
+def plain_warning(message: Warning | str, category: type[Warning], *_: object) -> str:
+    """A warning as a command prints it: ``warning: <message>``, without Python's file, line and source line
+    (a dataset's warning names its own files)."""
+    return f"warning: {message}\n"
+
+
 def run_command(function: Callable[..., object], *args: object) -> int:
     """Call ``function(*args)``; -> the exit code. A user error prints ``error: ...`` on stderr (1), Ctrl-C
-    ``error: interrupted`` or the interrupt's own message, such as download's how-to-resume (130)."""
+    ``error: interrupted`` or the interrupt's own message, such as download's how-to-resume (130). Warnings
+    print as ``warning: ...`` lines (:func:`plain_warning`)."""
+    warnings.formatwarning = plain_warning
     try:
         function(*args)
     except USER_ERRORS as error:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import warnings
 from typing import Any
 
 from detector.cli.errors import run_command
@@ -39,5 +38,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    warnings.formatwarning = lambda message, category, *_: f"warning: {message}\n"
     return run_command(lambda: run_train(options_from_args(TrainConfig, args)))

@@ -17,6 +17,7 @@ Inputs and outputs are those of :class:`~detector.exporting.wrapper.ExportWrappe
 
 from __future__ import annotations
 
+import logging
 import shutil
 from pathlib import Path
 
@@ -85,8 +86,16 @@ def export_pt2(model: YOLO, path: str | Path, info: ModelInfo, *, device: str = 
     # Freezing folds the weights into the graph as constants, so the CPU convolutions get their weights
     # pre-packed into oneDNN's blocked layout once, at compile time, instead of on every call.
     configs = {"aot_inductor.metadata": encode_metadata(info), "freezing": True}
+    # torch's C++ builder logs "No CUDA runtime is found, using CUDA_HOME=..." on a CPU machine that has a CUDA
+    # toolkit folder: a warning about nothing this export uses. Its errors still show.
+    builder_log = logging.getLogger("torch.utils.cpp_extension")
+    level = builder_log.level
+    builder_log.setLevel(logging.ERROR)
     with staging_folder(path.parent) as staging:
-        staged = torch._inductor.aoti_compile_and_package(
-            program, package_path=str(staging / path.name), inductor_configs=configs
-        )
+        try:
+            staged = torch._inductor.aoti_compile_and_package(
+                program, package_path=str(staging / path.name), inductor_configs=configs
+            )
+        finally:
+            builder_log.setLevel(level)
         return publish(Path(staged), path)

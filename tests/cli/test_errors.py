@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import warnings
 
 import pytest
 
@@ -65,3 +66,11 @@ def test_an_interrupted_download_says_how_to_resume(tmp_path, monkeypatch: pytes
     assert download_command.main(["coco128", "--datasets-dir", str(tmp_path)]) == 130
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"error: interrupted; run the command again to resume (partial files in {tmp_path})"]
+
+
+def test_every_command_prints_a_warning_as_one_plain_line() -> None:
+    with warnings.catch_warnings():  # restores Python's formatter afterwards
+        assert run_command(lambda: None) == 0
+        text = warnings.formatwarning("bccd.yaml 'val': 3 box(es) slightly outside [0, 1], clipped", UserWarning,
+                                      "/site-packages/detector/data/build.py", 39, "scan.problems.warn(...)")
+    assert text == "warning: bccd.yaml 'val': 3 box(es) slightly outside [0, 1], clipped\n"
