@@ -262,3 +262,17 @@ def make_train_step(
     criterion = DetectionLoss(num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max)
     return TrainStep(model, criterion, choice.optimizer, chosen.make_scaler(), ModelEMA(model) if ema else None,
                      chosen, schedule, torch.device("cpu"), channels_last=channels_last)
+
+
+# make test hands whole files to its two workers in collection order (pytest-xdist --dist loadfile); these take a
+# minute or more each, so they go first, and the many short files even out the end instead of one worker
+# finishing a long file alone.
+SLOWEST_FILES = ("exporting/test_export_pt2.py", "test_install.py", "test_distributed.py", "training/test_trainer.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.path.as_posix()
+        return next((i for i, name in enumerate(SLOWEST_FILES) if path.endswith(f"tests/{name}")), len(SLOWEST_FILES))
+
+    items.sort(key=rank)  # stable: the order within a file, and of every other file, stays

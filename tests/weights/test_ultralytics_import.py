@@ -12,6 +12,7 @@ import os
 import re
 import subprocess
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,26 @@ from tests.tolerances import FP32_EPS, assert_same_detections, fp32_tolerance
 from tests.weights.lookalike import yolov8_lookalike_bytes
 
 os.environ.setdefault("YOLO_OFFLINE", "1")  # read by ultralytics at import: never reach the network
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_process_as_it_was() -> Iterator[None]:
+    """Importing ultralytics patches the process for good: ``PIL.Image.open`` (a corrupt image then tries to
+    pip-install pi-heif and raises ModuleNotFoundError), ``torch.save``, OpenCV's thread count, NumPy's print
+    options and environment variables. The tests that run after these in the same process (any order, any
+    worker) must see the libraries as a user of detector does."""
+    import cv2
+    import numpy as np
+    from PIL import Image
+
+    opened, saved, threads, environment, printing = (Image.open, torch.save, cv2.getNumThreads(), dict(os.environ),
+                                                     np.get_printoptions())
+    yield
+    Image.open, torch.save = opened, saved
+    cv2.setNumThreads(threads)
+    os.environ.clear()
+    os.environ.update(environment)
+    np.set_printoptions(**printing)
 
 
 def _ultralytics_model(yaml_name: str, seed: int = 0):
