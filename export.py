@@ -3,9 +3,8 @@
 Thin entry point; the logic (and ``--help``) lives in :mod:`detector.cli.export`.
 """
 
-import sys
-
+from detector.cli import exit_with
 from detector.cli.export import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

@@ -1,8 +1,7 @@
 """Train a detector: ``python train.py --data my.yaml`` (no --data: the built-in shapes dataset)."""
 
-import sys
-
+from detector.cli import exit_with
 from detector.cli.train import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_with(main())

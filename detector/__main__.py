@@ -1,8 +1,6 @@
 """``python -m detector <command>``: the commands live in :mod:`detector.cli`."""
 
-import sys
-
-from detector.cli import main
+from detector.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

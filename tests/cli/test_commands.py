@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import subprocess
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from detector.cli import COMMANDS, main
+from detector.cli import COMMANDS, main, run
 
 REPO = Path(__file__).resolve().parents[2]
 # command -> (module, class) of the option dataclass its flags are generated from
@@ -23,11 +24,20 @@ OPTIONS = {
 }
 
 
-def test_console_script_is_the_dispatcher() -> None:
+def test_console_script_is_the_dispatcher_and_skips_the_exit_time_collection(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
     module, _, function = scripts["detector"].partition(":")
-    assert getattr(importlib.import_module(module), function) is main
+    assert getattr(importlib.import_module(module), function) is run
+    monkeypatch.setattr(sys, "argv", ["detector", "--help"])
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            run()
+        assert exit_.value.code == 0 and "commands:" in capsys.readouterr().out
+        assert gc.get_freeze_count() > 0  # what is alive is left to the operating system
+    finally:
+        gc.unfreeze()
 
 
 @pytest.mark.parametrize("command", sorted(COMMANDS))

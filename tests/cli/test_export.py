@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -81,12 +79,6 @@ def test_engine_without_tensorrt_is_one_line_error(run_checkpoint: Path, capsys:
     assert len(lines) == 1 and "TensorRT" in lines[0] and "nothing was written" in lines[0]
     assert captured.out == ""
     assert leftovers(run_checkpoint.parent) == []
-
-
-def test_export_py_is_a_thin_entry_point() -> None:
-    command = [sys.executable, str(REPO / "export.py"), "--help"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and "--map-margin" in result.stdout
 
 
 def test_bad_format_and_size_are_rejected(run_checkpoint: Path, capsys: pytest.CaptureFixture[str]) -> None:
