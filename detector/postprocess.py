@@ -67,19 +67,42 @@ def non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) 
     return results
 
 
-def batched_non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) -> list[dict[str, torch.Tensor]]:
-    """:func:`non_max_suppression` with one ``batched_nms`` call for the whole batch (groups = image x class).
+# torchvision's batched_nms runs one NMS over class-offset boxes up to 100,000 coordinates (25,000 boxes) on CUDA;
+# above that it loops over every group (image x class), a host sync each: early in training, at conf 0.001, a
+# batch of 16 holds ~134,000 candidates. So the batch goes in chunks of whole images under that.
+ONE_CALL_BOXES = 25_000
 
-    The same result: boxes of different images or classes never suppress each other in either form.
-    """
+
+def image_chunks(counts: list[int], limit: int) -> list[range]:
+    """Consecutive images grouped so that each group's candidates stay within ``limit`` (an image above it alone)."""
+    chunks, start, total = [], 0, 0
+    for image, count in enumerate(counts):
+        if image > start and count and total + count > limit:
+            chunks.append(range(start, image))
+            start, total = image, 0
+        total += count
+    return chunks + [range(start, len(counts))] if counts else chunks
+
+
+def batched_non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) -> list[dict[str, torch.Tensor]]:
+    """:func:`non_max_suppression` with one ``batched_nms`` call per chunk of images (:func:`image_chunks`;
+    groups = image x class). The same result: boxes of different images or classes never suppress each other."""
     per_image = [candidates(image_preds, config) for image_preds in decoded]
+    num_classes = decoded.shape[-1] - 4
+    results = []
+    for chunk in image_chunks([len(scores) for _, scores, _ in per_image], ONE_CALL_BOXES):
+        results.extend(_one_call([per_image[image] for image in chunk], num_classes, config))
+    return results
+
+
+def _one_call(per_image: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], num_classes: int,
+              config: NMSConfig) -> list[dict[str, torch.Tensor]]:
     counts = [len(scores) for _, scores, _ in per_image]
+    device = per_image[0][0].device
     boxes = torch.cat([image_boxes for image_boxes, _, _ in per_image])
     scores = torch.cat([image_scores for _, image_scores, _ in per_image])
     labels = torch.cat([image_labels for _, _, image_labels in per_image])
-    image_index = torch.repeat_interleave(torch.arange(len(counts), device=decoded.device),
-                                          torch.tensor(counts, device=decoded.device))
-    num_classes = decoded.shape[-1] - 4
+    image_index = torch.repeat_interleave(torch.arange(len(counts), device=device), torch.tensor(counts, device=device))
     keep = batched_nms(boxes, scores, image_index * num_classes + labels, config.iou_threshold)  # by score
     kept_image = image_index[keep]
     results = []

@@ -64,11 +64,23 @@ def test_empty_image_gives_empty_detections():
 
 
 
+def test_images_are_chunked_under_the_one_call_limit():
+    from detector.postprocess import image_chunks
+
+    assert image_chunks([10, 10, 10, 10], limit=25) == [range(0, 2), range(2, 4)]
+    assert image_chunks([30, 5, 5, 30], limit=25) == [range(0, 1), range(1, 3), range(3, 4)]  # too many: alone
+    assert image_chunks([0, 0, 0], limit=25) == [range(0, 3)] and image_chunks([], limit=25) == []
+
+
+@pytest.mark.parametrize("limit", [25_000, 100])
 @pytest.mark.parametrize("multi_label", [False, True])
-def test_one_call_for_the_batch_equals_one_call_per_image(multi_label):
-    """The CUDA path (one batched_nms over image x class groups), checked on the CPU against the per-image one."""
+def test_one_call_for_the_batch_equals_one_call_per_image(multi_label, limit, monkeypatch):
+    """The CUDA path (batched_nms over image x class groups, in chunks of images), checked on the CPU against the
+    per-image one; a limit of 100 candidates splits the batch into several calls."""
+    import detector.postprocess
     from detector.postprocess import batched_non_max_suppression
 
+    monkeypatch.setattr(detector.postprocess, "ONE_CALL_BOXES", limit)
     decoded = random_decoded(4, 300, 3, seed=3)
     decoded[2, :, 4:] = 0  # an image without candidates
     config = NMSConfig(conf_threshold=0.05, iou_threshold=0.5, max_detections=20, multi_label=multi_label)
@@ -77,3 +89,5 @@ def test_one_call_for_the_batch_equals_one_call_per_image(multi_label):
     for got, want in zip(batched, per_image):
         assert all(torch.equal(got[key], want[key]) for key in ("boxes", "scores", "labels"))
     assert sum(len(result["scores"]) for result in batched) > 20  # NMS and the cap had work to do
+    counts = [len(detector.postprocess.candidates(image, config)[1]) for image in decoded]
+    assert len(detector.postprocess.image_chunks(counts, limit)) == (1 if limit == 25_000 else 3)

@@ -37,11 +37,14 @@ class CudaGraphRunner:
             raise ValueError(f"CUDA graphs replay on a GPU; got a tensor on {inputs.device}")
         key = (tuple(inputs.shape), inputs.dtype, inputs.stride(), inputs.device)
         captured = self.graphs.get(key)
-        if captured is None:
-            captured = self.graphs[key] = self.capture(inputs)
-        captured.static_input.copy_(inputs)
-        captured.graph.replay()
-        return captured.static_output.clone()
+        # torch.cuda.graph captures on a stream of the current device: on cuda:1 with cuda:0 current it would
+        # record nothing of this input's work, and every replay would return the first call's output.
+        with torch.cuda.device(inputs.device):
+            if captured is None:
+                captured = self.graphs[key] = self.capture(inputs)
+            captured.static_input.copy_(inputs)
+            captured.graph.replay()
+            return captured.static_output.clone()
 
     def capture(self, inputs: torch.Tensor) -> CapturedGraph:
         static_input = inputs.clone()

@@ -20,10 +20,12 @@ from detector.extras import require
 from detector.inference.backend import Backend, RawOutputs, run_in_fixed_batches
 from detector.inference.preprocess import model_input
 from detector.model.metadata import INPUT_NAME, ModelInfo, decode_metadata
+from detector.paths import data_home
 from detector.postprocess import NMSConfig
 
 GPU_PROVIDERS = ("TensorrtExecutionProvider", "CUDAExecutionProvider")  # preferred first
 CPU_PROVIDER = "CPUExecutionProvider"
+TENSORRT_CACHE = Path("cache") / "onnxruntime-tensorrt"  # in the data folder: engines TensorRT built, per shape
 TORCH_DTYPES = {"boxes": torch.float32, "scores": torch.float32, "detections": torch.float32,
                 "num_detections": torch.int64}
 
@@ -32,6 +34,24 @@ def choose_providers(available: Sequence[str], device: str) -> list[str]:
     """Execution providers to ask for, best first: on a CUDA ``device`` the GPU ones ``available`` has, then CPU."""
     chosen = [name for name in GPU_PROVIDERS if name in available] if device.startswith("cuda") else []
     return chosen + [CPU_PROVIDER]
+
+
+def with_options(providers: Sequence[str], device: str, engine_cache: Path) -> list[str | tuple[str, dict[str, str]]]:
+    """``providers`` as ``InferenceSession`` takes them, the GPU ones with their options (onnxruntime's documented
+    names): the GPU of ``device`` (``cuda:1`` is device 1; without the option both run on GPU 0) and, for
+    TensorRT, its engine cache in ``engine_cache``: TensorRT builds an engine per input shape on first use, which
+    takes minutes, and the cache keeps it for the next process."""
+    index = str(torch.device(device).index or 0) if device.startswith("cuda") else "0"
+    settings: list[str | tuple[str, dict[str, str]]] = []
+    for name in providers:
+        if name == "TensorrtExecutionProvider":
+            settings.append((name, {"device_id": index, "trt_engine_cache_enable": "True",
+                                    "trt_engine_cache_path": str(engine_cache)}))
+        elif name == "CUDAExecutionProvider":
+            settings.append((name, {"device_id": index}))
+        else:
+            settings.append(name)
+    return settings
 
 
 def output_shapes(info: ModelInfo, batch: int, height: int, width: int) -> dict[str, tuple[int, ...]]:
@@ -61,8 +81,12 @@ class OnnxBackend(Backend):
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only: the FP16 graph on CPU logs a warning per inserted cast
         providers = choose_providers(ort.get_available_providers(), device)
+        engine_cache = data_home() / TENSORRT_CACHE
+        if "TensorrtExecutionProvider" in providers:
+            engine_cache.mkdir(parents=True, exist_ok=True)
         try:
-            self.session = ort.InferenceSession(str(path), options, providers=providers)
+            self.session = ort.InferenceSession(str(path), options,
+                                                providers=with_options(providers, device, engine_cache))
         except Exception as error:  # onnxruntime's own types (InvalidProtobuf, Fail, ...), none a bug of ours
             raise ValueError(f"{path}: not a loadable ONNX model ({_reason(error)})") from None
         info = decode_metadata(self.session.get_modelmeta().custom_metadata_map, source=str(path))

@@ -3,8 +3,12 @@
 As Ultralytics' AutoBatch does: time nothing, measure the peak memory (``torch.cuda.max_memory_allocated``) of one
 forward and backward pass at a few batch sizes, fit a straight line (activation memory grows linearly with the
 batch; the intercept is the weights, gradients and workspaces), and take the batch where the line meets
-``FRACTION`` of the device's memory. The rest of the fraction's complement is for what the probe does not hold:
-the optimizer's moments, the EMA copy, the loss and assigner, validation, and other processes on the card.
+``FRACTION`` of the device's memory. Unlike Ultralytics' probe, ours runs the training loss too, over random
+targets padded to the box slots of the dataset's fullest image: the assigner's ``[batch, slots, anchors]``
+tensors grow with the batch as the activations do (about 9 MB per image at 640 px and 16 slots, 150 MB at 256
+slots), so a dataset with many boxes per image gets a smaller batch. The rest of the fraction's complement is
+for what the probe does not hold: the optimizer's moments, the EMA copy, a mosaic fuller than any one image,
+CUDA graphs' memory pool, validation, and other processes on the card.
 
 On a CPU there is nothing to fit (memory is the machine's, and speed, not memory, limits the batch): the run keeps
 the default batch and says so in one line. The CUDA path is unreachable without CUDA.
@@ -20,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from detector.loss import DetectionLoss, PaddedTargets, box_slots
 from detector.precision import Precision
 from detector.training.config import TrainConfig
 from detector.training.multiscale import MultiScale
@@ -54,18 +59,47 @@ def fit_batch(measurements: Sequence[tuple[int, float]], budget_bytes: float, *,
     return int(min(max(math.floor((budget_bytes - intercept) / slope), 1), MAX_BATCH))
 
 
-def measure_peak_memory(model: nn.Module, image_size: int, batch: int, precision: Precision,
-                        device: torch.device) -> float:
-    """Peak bytes allocated on ``device`` by one forward and backward pass of ``batch`` random images (CUDA)."""
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
+# The loss of a batch's head outputs: (outputs, batch size, square image size) -> a scalar to backpropagate.
+StepLoss = Callable[[list[torch.Tensor], int, int], torch.Tensor]
+
+
+def padded_loss(criterion: DetectionLoss, slots: int) -> StepLoss:
+    """The training loss over random targets padded to ``slots`` boxes per image, every slot a real box (random
+    xyxy pixel boxes inside the image): the assignment runs at the shapes a full batch gives it."""
+    def loss(outputs: list[torch.Tensor], batch: int, image_size: int) -> torch.Tensor:
+        device = outputs[0].device
+        corner = torch.rand(batch, slots, 2, device=device) * image_size * 0.8
+        size = 2.0 + torch.rand(batch, slots, 2, device=device) * image_size * 0.2
+        targets = PaddedTargets(torch.randint(0, criterion.num_classes, (batch, slots), device=device),
+                                torch.cat([corner, corner + size], -1),
+                                torch.ones(batch, slots, dtype=torch.bool, device=device))
+        value, _ = criterion(outputs, targets, (image_size, image_size), across_ranks=False)
+        return value.sum()
+
+    return loss
+
+
+def probe_step(model: nn.Module, image_size: int, batch: int, precision: Precision, device: torch.device,
+               loss: StepLoss | None = None) -> None:
+    """One forward pass of ``batch`` random images, ``loss`` (default: the sum of the outputs) and backward."""
     images = torch.rand(batch, 3, image_size, image_size, device=device)
     with precision.autocast():
         outputs = model(images)
-    sum(output.float().sum() for output in _tensors(outputs)).backward()
+    if loss is None:
+        total = sum(output.float().sum() for output in _tensors(outputs))
+    else:
+        total = loss(_tensors(outputs), batch, image_size)
+    total.backward()
+
+
+def measure_peak_memory(model: nn.Module, image_size: int, batch: int, precision: Precision,
+                        device: torch.device, loss: StepLoss | None = None) -> float:
+    """Peak bytes allocated on ``device`` by :func:`probe_step` (CUDA)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    probe_step(model, image_size, batch, precision, device, loss)
     peak = torch.cuda.max_memory_allocated(device)
     model.zero_grad(set_to_none=True)
-    del images, outputs
     torch.cuda.empty_cache()
     return float(peak)
 
@@ -79,7 +113,7 @@ def _tensors(outputs: object) -> list[torch.Tensor]:
 
 
 def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: torch.device,
-               log: Callable[[str], None], *, fraction: float = FRACTION) -> int:
+               log: Callable[[str], None], *, fraction: float = FRACTION, loss: StepLoss | None = None) -> int:
     """The batch for ``--batch -1`` on ``device`` (the module docstring says how); logs one line saying why."""
     if device.type != "cuda":
         log(f"--batch -1: no CUDA device, so the default batch {DEFAULT_BATCH} (it sizes a batch to GPU memory)")
@@ -89,7 +123,7 @@ def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: 
     probe = copy.deepcopy(model).train()  # a copy: random images must not move the run's BatchNorm statistics
     for batch in PROBE_BATCHES:
         try:
-            measurements.append((batch, measure_peak_memory(probe, image_size, batch, precision, device)))
+            measurements.append((batch, measure_peak_memory(probe, image_size, batch, precision, device, loss)))
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
             break
@@ -102,9 +136,10 @@ def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: 
     return chosen
 
 
-def batch_for(config: TrainConfig, model: nn.Module, precision: Precision, device: torch.device,
-              log: Callable[[str], None]) -> int:
-    """:func:`auto_batch` for a run's config, at its largest training input (multi-scale's top size)."""
+def batch_for(config: TrainConfig, model: nn.Module, criterion: DetectionLoss, most_boxes: int,
+              precision: Precision, device: torch.device, log: Callable[[str], None]) -> int:
+    """:func:`auto_batch` for a run's config, at its largest training input (multi-scale's top size), with the
+    loss over the box slots of the dataset's fullest image (``most_boxes``)."""
     largest = MultiScale(config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max,
                          enabled=config.multi_scale).ladder()[-1]
-    return auto_batch(model, largest, precision, device, log)
+    return auto_batch(model, largest, precision, device, log, loss=padded_loss(criterion, box_slots(most_boxes)))

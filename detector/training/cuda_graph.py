@@ -168,12 +168,16 @@ class StepGraphs:
             if self.runs[key] < WARMUP_RUNS or len(self.graphs) >= MAX_GRAPHS:
                 self.runs[key] += 1
                 return self._eager(batch, key)
+            main = torch.cuda.current_stream()
             try:
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: the loader's pin-memory thread keeps calling CUDA while this thread captures.
                 with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
                     outputs = self.body(batch, key[2])
             except Exception as error:  # a host sync or an uncapturable kernel inside the step (any error type)
+                # torch.cuda.graph's exit ends the capture before it restores the stream: when ending raises,
+                # this thread would stay on the capture stream for the rest of the run.
+                torch.cuda.set_stream(main)
                 self._give_up(error)
                 return None
         if not self.graphs:

@@ -89,7 +89,9 @@ class Trainer:
             model.to(memory_format=torch.channels_last)
         precision = resolve_precision(config.precision, self.device, unamp=config.unamp)
         if config.batch == AUTO_BATCH:  # rank 0 measures, every rank follows
-            config.batch = decide_on_main(lambda: batch_for(config, model, precision, self.device, self.log), self.dist)
+            most_boxes = int(self.train_data.records.box_counts().max(initial=0))
+            config.batch = decide_on_main(lambda: batch_for(config, model, build_criterion(config, model), most_boxes,
+                                                            precision, self.device, self.log), self.dist)
         self.sampler, self.train_loader = build_train_loader(self.train_data, config, self.dist, self.device)
         saved_choice = (checkpoint or {}).get("optimizer_choice")  # what auto chose, for its saved state
         choice, schedule = build_optimization(

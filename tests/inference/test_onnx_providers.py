@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from detector.exporting.parity import synthetic_images
-from detector.inference.onnx_backend import choose_providers, output_shapes
+from detector.inference.onnx_backend import choose_providers, output_shapes, with_options
 from detector.model import YOLO
 from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig
@@ -23,6 +23,17 @@ def test_cuda_device_prefers_tensorrt_then_cuda_then_cpu() -> None:
     assert choose_providers(GPU_BUILD, "cuda:1") == GPU_BUILD
     assert choose_providers(["CUDAExecutionProvider", "CPUExecutionProvider"], "cuda") == [
         "CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+def test_gpu_providers_get_the_devices_gpu_and_tensorrt_its_engine_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "engines"
+    assert with_options(GPU_BUILD, "cuda:1", cache) == [
+        ("TensorrtExecutionProvider", {"device_id": "1", "trt_engine_cache_enable": "True",
+                                       "trt_engine_cache_path": str(cache)}),
+        ("CUDAExecutionProvider", {"device_id": "1"}),
+        "CPUExecutionProvider"]
+    assert with_options(GPU_BUILD[1:], "cuda", cache)[0] == ("CUDAExecutionProvider", {"device_id": "0"})
+    assert with_options(["CPUExecutionProvider"], "cpu", cache) == ["CPUExecutionProvider"]
 
 
 def test_cpu_device_or_cpu_build_runs_on_the_cpu() -> None:

@@ -48,11 +48,48 @@ def test_a_run_is_sized_at_its_largest_multi_scale_input(monkeypatch):
     from detector.training.config import TrainConfig
 
     sizes = []
-    monkeypatch.setattr(autobatch, "auto_batch", lambda model, size, *args: sizes.append(size) or 8)
+    monkeypatch.setattr(autobatch, "auto_batch", lambda model, size, *args, **kwargs: sizes.append(size) or 8)
     for multi_scale in (True, False):
         config = TrainConfig(imgsz=640, batch=-1, multi_scale=multi_scale)
-        assert autobatch.batch_for(config, None, None, torch.device("cpu"), print) == 8
+        assert autobatch.batch_for(config, None, None, 20, None, torch.device("cpu"), print) == 8
     assert sizes == [704, 640]  # 1.125 x 640 = 720, down to a multiple of 32
+
+
+def test_the_probe_runs_the_training_loss_over_full_box_slots(monkeypatch):
+    import detector.loss
+    from detector.training.autobatch import padded_loss, probe_step
+    from detector.training.builders import build_criterion
+    from detector.training.config import TrainConfig
+
+    model = build_model(num_classes=3, scale="n").train()
+    seen = []
+    real_assign = detector.loss.assign_targets
+
+    def recording(pred_scores, pred_boxes, anchor_points, gt_labels, gt_boxes, gt_mask, **kwargs):
+        seen.append((gt_labels.shape, int(gt_mask.sum())))
+        return real_assign(pred_scores, pred_boxes, anchor_points, gt_labels, gt_boxes, gt_mask, **kwargs)
+
+    monkeypatch.setattr(detector.loss, "assign_targets", recording)
+    probe_step(model, 64, 2, Precision("fp32", "cpu", "test"), torch.device("cpu"),
+               padded_loss(build_criterion(TrainConfig(), model), slots=32))
+    assert seen == [((2, 32), 64)]  # 2 images x 32 box slots, every slot a real box
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: measures GPU memory")
+def test_on_cuda_the_loss_is_part_of_the_measured_peak():
+    from detector.training.autobatch import measure_peak_memory, padded_loss
+    from detector.training.builders import build_criterion
+    from detector.training.config import TrainConfig
+
+    device = torch.device("cuda")
+    model = build_model(num_classes=3, scale="n").to(device).train()
+    precision = Precision("fp16", "cuda", "test")
+    outputs_only = measure_peak_memory(model, 640, 8, precision, device)
+    with_loss = measure_peak_memory(model, 640, 8, precision, device,
+                                    padded_loss(build_criterion(TrainConfig(), model), slots=256))
+    assert with_loss > outputs_only
 
 
 def test_batch_minus_one_is_a_valid_flag_and_other_negatives_are_not():
