@@ -142,7 +142,8 @@ TRAIN: dict[str, Alias] = {
     "dfl": renamed("dfl_gain"),
     "cache": Alias(cache),
     "multi_scale": Alias(multi_scale),
-    "save_period": unsupported("last.pt is saved every epoch and best.pt whenever fitness improves", -1),
+    "save_period": unsupported("last.pt is saved every epoch (every few when epochs are seconds long) and best.pt "
+                               "whenever fitness improves", -1),
     "pretrained": unsupported("start from weights with --weights (or model=yolov8n.pt)", True),
     "val": unsupported("evaluate less often with --val-interval N (the last epoch is always evaluated)", True),
     "rect": unsupported("training batches are square letterboxes with mosaic", False),
