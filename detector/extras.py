@@ -6,6 +6,8 @@ project there); the import package and the command are ``detector``. Its extras 
 * ``export``: onnx, onnxruntime, onnxslim (ONNX export, ONNX inference, ``--simplify``);
 * ``tensorboard``: tensorboard (``--tensorboard``);
 * ``dev``: both, plus the test and benchmark tools.
+
+What no extra installs (TensorRT and a CUDA GPU, a C++ compiler for pt2 export) is :class:`Unavailable`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,11 @@ def install_hint(extra: str) -> str:
 
 class MissingExtra(ImportError):
     """An optional package is not installed; the message names the extra that brings it (one line)."""
+
+
+class Unavailable(RuntimeError):
+    """Something this machine lacks and no extra installs (TensorRT with a CUDA GPU, a C++ compiler): one line
+    that names it."""
 
 
 def require(module: str, extra: str, purpose: str, *, package: str = "") -> ModuleType:

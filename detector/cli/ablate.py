@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from detector.cli.errors import run_command
+from detector.cli.errors import CommandFailed, run_command
 from detector.device import resolve_device
 from detector.precision import has_native_bf16
 from detector.files import write_text_atomically
@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def ablate(args: argparse.Namespace, train_args: list[str]) -> None:
-    """Train each variant in its own process, then write the report; ``RuntimeError`` when a run fails."""
+    """Train each variant in its own process, then write the report; :class:`CommandFailed` when a run fails."""
     device = resolve_device(args.device)
     out_dir = claim_run_dir(args.project, args.name)
     results = {}
@@ -101,7 +101,7 @@ def ablate(args: argparse.Namespace, train_args: list[str]) -> None:
             command += ["--device", args.device]
         print(f"ablate-amp: training {name}: {' '.join(command[1:])}", flush=True)
         if subprocess.run(command).returncode != 0:
-            raise RuntimeError(f"the {name} run failed")
+            raise CommandFailed(f"the {name} run failed (its error is above)")
         results[name] = summarise(out_dir / name / "results.csv")
     table = markdown_table(results)
     write_text_atomically(out_dir / "ablation.md", f"# AMP ablation ({args.epochs} epochs, same seed)\n\n{table}\n")

@@ -10,25 +10,35 @@ import sys
 import warnings
 from collections.abc import Callable
 
+import torch
+
 from detector.checkpoint import CheckpointError
 from detector.cli import FAILED, INTERRUPTED, OK
 from detector.data.download import DownloadError
 from detector.data.spec import DatasetError
-from detector.extras import MissingExtra
+from detector.exporting import ExportError
+from detector.extras import MissingExtra, Unavailable
 
-# What a user can act on: a file, a flag value, a dataset, a download, a diverged run, a failed export check.
-# Each is raised with a message that names the file or the flag, so the message is all the user needs; anything
-# else is a bug and keeps its traceback.
+
+class CommandFailed(Exception):
+    """A step of a command failed and has said why already (ablate-amp's training runs print their own error)."""
+
+# What a user can act on: a file, a flag value, a dataset, a download, a diverged run, a failed export check, a
+# batch too large for the GPU. Each is raised with a message that names the file or the flag, so the message is
+# all the user needs; anything else (a RuntimeError from inside torch included) is a bug and keeps its traceback.
 USER_ERRORS: tuple[type[BaseException], ...] = (
     CheckpointError,
+    CommandFailed,
     DatasetError,
     DownloadError,
+    ExportError,  # TensorRT refused the graph, or the export failed its parity check
     FileNotFoundError,
     FloatingPointError,
     MissingExtra,  # an optional package: the line names the extra that installs it
-    RuntimeError,  # export's parity check and missing TensorRT, predict's runtimes
+    Unavailable,  # TensorRT with a CUDA GPU, or a C++ compiler, that this machine lacks
     ValueError,
     pickle.UnpicklingError,
+    torch.cuda.OutOfMemoryError,  # torch's message says how much it tried to allocate; a smaller --batch helps
 )
 
 

@@ -34,6 +34,7 @@ from detector.data.images import READ_ERRORS, read_image_rgb
 from detector.data.letterbox import ImageMeta, letterbox
 from detector.data.ram_cache import ImageCache
 from detector.data.records import Records
+from detector.data.spec import DatasetError
 
 cv2.setNumThreads(0)  # loader workers give the parallelism; OpenCV's own threads would oversubscribe 2 cores
 
@@ -181,7 +182,7 @@ class DetectionDataset(Dataset):
                     image, boxes, classes, meta = self._blank_item(index)
                     break
         else:
-            raise RuntimeError(f"{MAX_REPLACEMENTS} images in a row failed to decode, from {failed}")
+            raise DatasetError(f"{MAX_REPLACEMENTS} images in a row failed to decode, from {failed}")
         if failed:
             meta = dataclasses.replace(meta, unreadable=failed)
         size = self.image_size  # training and evaluation items are all image_size squares

@@ -15,9 +15,13 @@ from detector.exporting.wrapper import EXPORT_NMS, ExportWrapper, pack_detection
 from detector.model.metadata import INPUT_NAME, ModelInfo, decode_metadata, encode_metadata
 
 __all__ = [
-    "EXPORT_NMS", "INPUT_NAME", "ExportWrapper", "ModelInfo", "decode_metadata", "encode_metadata", "export_onnx",
-    "pack_detections", "read_onnx_info",
+    "EXPORT_NMS", "INPUT_NAME", "ExportError", "ExportWrapper", "ModelInfo", "decode_metadata", "encode_metadata",
+    "export_onnx", "pack_detections", "read_onnx_info",
 ]
+
+
+class ExportError(RuntimeError):
+    """An export that could not be built (TensorRT refused the graph) or failed its parity check: one line."""
 
 
 def __getattr__(name: str) -> Any:

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from detector.exporting.wrapper import ExportWrapper
+from detector.extras import Unavailable
 from detector.files import publish, staging_folder
 from detector.model import YOLO
 from detector.model.metadata import INPUT_NAME, ModelInfo, encode_metadata
@@ -77,10 +78,10 @@ def export_pt2(model: YOLO, path: str | Path, info: ModelInfo, *, device: str = 
     """Compile ``model`` (FP32 weights; cast inside for ``info.precision`` fp16/bf16) into the package ``path``.
 
     Compiled in a staging folder beside ``path`` and renamed into place, so a failure leaves nothing.
-    Raises ``RuntimeError`` (no compiler) or ``ValueError`` (``--dynamic``) before any work.
+    Raises :class:`~detector.extras.Unavailable` (no compiler) or ``ValueError`` (``--dynamic``) before any work.
     """
     if (reason := compiler_missing()) is not None:
-        raise RuntimeError(reason)
+        raise Unavailable(reason)
     path = Path(path)
     program = export_program(model, info, device=device)
     # Freezing folds the weights into the graph as constants, so the CPU convolutions get their weights

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from detector.exporting import ExportError
 from detector.inference.tensorrt_backend import write_engine_file
 from detector.model.metadata import INPUT_NAME, ModelInfo
 
@@ -23,7 +24,7 @@ def build_engine(
     """Parse ``onnx_path`` and build a serialized engine (FP16 kernels allowed when ``info.precision == 'fp16'``).
 
     Dynamic exports get one optimisation profile: batch 1..``info.batch`` and sides ``stride``..``imgsz``
-    (optimised for ``batch x imgsz``). Raises ``RuntimeError`` with the parser's messages on failure.
+    (optimised for ``batch x imgsz``). Raises :class:`~detector.exporting.ExportError` with the parser's messages on failure.
     """
     import tensorrt as trt  # optional, GPU-only dependency
 
@@ -35,7 +36,7 @@ def build_engine(
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(index)) for index in range(parser.num_errors))
-        raise RuntimeError(f"{onnx_path}: TensorRT could not parse the ONNX graph: {errors}")
+        raise ExportError(f"{onnx_path}: TensorRT could not parse the ONNX graph: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * (1 << 30)))
     if info.precision == "fp16":
@@ -47,5 +48,5 @@ def build_engine(
         config.add_optimization_profile(profile)
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
-        raise RuntimeError(f"{onnx_path}: TensorRT failed to build an engine (see the log above)")
+        raise ExportError(f"{onnx_path}: TensorRT failed to build an engine (see the log above)")
     return write_engine_file(engine_path, info, bytes(serialized))

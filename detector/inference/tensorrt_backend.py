@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from detector.extras import Unavailable
 from detector.files import write_atomically
 from detector.inference.backend import Backend, RawOutputs, run_in_fixed_batches
 from detector.inference.preprocess import model_input
@@ -68,7 +69,7 @@ class TensorRTBackend(Backend):
         info, engine_bytes = read_engine_file(path)  # first: a broken file is named as such on any machine
         reason = tensorrt_missing(f"running {Path(path).name}")
         if reason is not None:
-            raise RuntimeError(reason)
+            raise Unavailable(reason)
         import tensorrt as trt
 
         super().__init__(info, nms)
@@ -76,7 +77,7 @@ class TensorRTBackend(Backend):
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
         if self.engine is None:
-            raise RuntimeError(f"{path}: TensorRT could not load the engine (built by another TensorRT version?)")
+            raise ValueError(f"{path}: TensorRT could not load the engine (built by another TensorRT version?)")
         self.context = self.engine.create_execution_context()
         self.dtypes = {
             trt.float32: torch.float32, trt.float16: torch.float16, trt.int32: torch.int32, trt.bool: torch.bool,

@@ -229,7 +229,7 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
     ``progress`` gets one line per backend and batch size.
 
     Raises:
-        CheckpointError, FileNotFoundError, ValueError, RuntimeError: one line naming the file or flag.
+        CheckpointError, FileNotFoundError, ValueError, Unavailable: one line naming the file or flag.
     """
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     device = str(resolve_device(options.device))

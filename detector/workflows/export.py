@@ -13,11 +13,13 @@ from pathlib import Path
 
 from detector.checkpoint import model_from_checkpoint
 from detector.device import resolve_device
+from detector.exporting import ExportError
 from detector.exporting.onnx import DEFAULT_OPSET, export_onnx
 from detector.exporting.pt2 import compiler_missing, export_pt2, pt2_precision
 from detector.exporting.parity import SCORE_TOLERANCE, check_parity, split_images, synthetic_images
 from detector.exporting.tensorrt import DEFAULT_WORKSPACE_GIB, build_engine
 from detector.exporting.wrapper import EXPORT_NMS
+from detector.extras import Unavailable
 from detector.files import publish, staging_folder
 from detector.inference import load_backend, weights_or_latest
 from detector.inference.tensorrt_backend import tensorrt_missing
@@ -126,7 +128,7 @@ def stage_exports(
 def check_parity_of(
     model: YOLO, info: ModelInfo, staged: dict[str, Path], options: ExportOptions, device: str
 ) -> None:
-    """Check each staged file against the FP32 PyTorch model; print the reports. Raises RuntimeError on a failure."""
+    """Check each staged file against the FP32 PyTorch model; print the reports. Raises ExportError on a failure."""
     split = None
     if options.data is not None:
         from detector.data.build import build_split
@@ -143,21 +145,22 @@ def check_parity_of(
         )
         print(report.summary())
         if not report.passed:
-            raise RuntimeError(f"{fmt} export failed the parity check; nothing was written")
+            raise ExportError(f"{fmt} export failed the parity check; nothing was written")
 
 
 def run_export(options: ExportOptions) -> list[Path]:
     """Export ``options.weights`` (else the newest best.pt); returns the files written (one per format).
 
     Raises:
-        CheckpointError, DatasetError, FileNotFoundError, ValueError, RuntimeError: one line; nothing is written.
+        CheckpointError, DatasetError, FileNotFoundError, ValueError, ExportError, Unavailable: one line;
+        nothing is written.
     """
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     formats = parse_formats(options.format)
     if "engine" in formats and (reason := tensorrt_missing()):
-        raise RuntimeError(f"{reason}; nothing was written")
+        raise Unavailable(f"{reason}; nothing was written")
     if "pt2" in formats and (reason := compiler_missing()):
-        raise RuntimeError(f"{reason}; nothing was written")
+        raise Unavailable(f"{reason}; nothing was written")
     weights = resolve_weights(options.weights)
     device = str(resolve_device(options.device))
     if "pt2" in formats:

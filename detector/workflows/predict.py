@@ -31,6 +31,7 @@ import cv2
 import numpy as np
 
 from detector.device import resolve_device
+from detector.extras import Unavailable
 from detector.files import write_image, write_text_atomically
 from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
 from detector.inference.sources import Frame, open_source, read_ahead
@@ -169,7 +170,7 @@ class Outputs:
             staged = path.with_name(f".{path.stem}.partial.mp4")  # OpenCV picks the container by the suffix
             writer = cv2.VideoWriter(str(staged), cv2.VideoWriter_fourcc(*"mp4v"), frame.fps, canvas.shape[1::-1])
             if not writer.isOpened():
-                raise OSError(f"{path}: cannot write video (this OpenCV build has no mp4v encoder)")
+                raise Unavailable(f"{path}: cannot write video (this OpenCV build has no mp4v encoder)")
             self.videos[frame.name] = writer
             self.staged[frame.name] = (staged, path)
         self.videos[frame.name].write(canvas)
@@ -215,7 +216,7 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     a bad flag or an unreadable source raises here even with ``stream`` (and no run folder is made for it).
 
     Raises:
-        FileNotFoundError, ValueError, RuntimeError: one line naming the file or flag.
+        FileNotFoundError, ValueError, Unavailable, CheckpointError: one line naming the file or flag.
     """
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     device = resolve_device(options.device)

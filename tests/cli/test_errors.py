@@ -6,12 +6,15 @@ import pickle
 import warnings
 
 import pytest
+import torch
 
 from detector.checkpoint import CheckpointError
 from detector.cli import download as download_command
-from detector.cli.errors import run_command
+from detector.cli.errors import CommandFailed, run_command
 from detector.data.download import DownloadError
 from detector.data.spec import DatasetError
+from detector.exporting import ExportError
+from detector.extras import Unavailable
 
 USER_ERRORS = [
     CheckpointError("best.pt: not a checkpoint"),
@@ -21,7 +24,9 @@ USER_ERRORS = [
     FileNotFoundError("images/: no such image, folder or video"),
     FloatingPointError("training diverged; lower --lr0"),
     pickle.UnpicklingError("best.pt: refuses to load global"),
-    RuntimeError("onnx export failed the parity check; nothing was written"),
+    ExportError("onnx export failed the parity check; nothing was written"),
+    Unavailable("pt2 export compiles C++ and needs a compiler at export time (g++); none is on PATH"),
+    CommandFailed("the unamp run failed (its error is above)"),
 ]
 
 
@@ -37,7 +42,7 @@ def test_a_user_error_is_one_line_and_exit_1(error: Exception, capsys: pytest.Ca
 
 
 def test_a_message_over_several_lines_is_joined_into_one(capsys: pytest.CaptureFixture[str]) -> None:
-    assert run_command(raise_, RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB.\n")) == 1
+    assert run_command(raise_, torch.cuda.OutOfMemoryError("CUDA out of memory.\nTried to allocate 2 GiB.\n")) == 1
     assert capsys.readouterr().err == "error: CUDA out of memory.; Tried to allocate 2 GiB.\n"
 
 
@@ -55,6 +60,8 @@ def test_success_is_0_and_a_bug_keeps_its_traceback(capsys: pytest.CaptureFixtur
     assert run_command(print, "done") == 0 and capsys.readouterr().out == "done\n"
     with pytest.raises(KeyError):
         run_command(raise_, KeyError("a bug, not a user error"))
+    with pytest.raises(RuntimeError):  # torch's own errors (a shape mismatch, a device assert) are bugs here
+        run_command(raise_, RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 4x3)"))
 
 
 def test_an_interrupted_download_says_how_to_resume(tmp_path, monkeypatch: pytest.MonkeyPatch,
