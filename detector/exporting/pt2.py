@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from detector.exporting import ExportError
 from detector.exporting.wrapper import ExportWrapper
 from detector.extras import Unavailable
 from detector.files import publish, staging_folder
@@ -97,6 +98,25 @@ def export_pt2(model: YOLO, path: str | Path, info: ModelInfo, *, device: str = 
             staged = torch._inductor.aoti_compile_and_package(
                 program, package_path=str(staging / path.name), inductor_configs=configs
             )
+        except Exception as error:
+            if (problem := compile_problem(error)) is None:
+                raise
+            raise ExportError(f"{path}: the pt2 compile failed: {problem}; nothing was written") from error
         finally:
             builder_log.setLevel(level)
         return publish(Path(staged), path)
+
+
+def compile_problem(error: BaseException) -> str | None:
+    """One line for a compile that failed on this machine's tools (a compiler error, a missing header, no working
+    Triton): the compiler's first error line, else the first line of the message. None for anything else (a
+    bug keeps its traceback). Inductor wraps the tool's error in ``InductorError.inner_exception``."""
+    from torch._inductor import exc
+
+    inner = getattr(error, "inner_exception", error)
+    if isinstance(inner, exc.CppCompileError):
+        errors = [line.strip() for line in inner.output.splitlines() if "error" in line.lower()]
+        return errors[0] if errors else "the C++ compiler exited with an error"
+    if isinstance(inner, (exc.InvalidCxxCompiler, exc.TritonMissing, exc.GPUTooOldForTriton)):
+        return " ".join(str(inner).split())[:300]
+    return None

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from detector.exporting.parity import check_parity
-from detector.exporting.pt2 import compiler_missing, pt2_precision
+from detector.exporting.pt2 import compile_problem, compiler_missing, pt2_precision
+from detector.extras import Unavailable
 from detector.inference import load_backend
 from detector.inference.pt2_backend import Pt2Backend
 from detector.inference.torch_backend import TorchBackend
@@ -98,9 +99,20 @@ def test_without_a_compiler_it_fails_in_one_line_and_writes_nothing(model: YOLO,
     with config.patch({"cpp.cxx": (None, "no-such-compiler-for-detector")}):
         reason = compiler_missing()
         assert reason is not None and "no-such-compiler-for-detector" in reason and "\n" not in reason
-        with pytest.raises(RuntimeError, match="needs a compiler at export time.*nothing was written"):
+        with pytest.raises(Unavailable, match="needs a compiler at export time.*nothing was written"):
             run_export(ExportOptions(weights=checkpoint, format="pt2", device="cpu"))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["best.pt"]
+
+
+def test_a_failed_compile_is_one_line_with_the_compilers_first_error() -> None:
+    from torch._inductor import exc
+
+    output = "In file included from wrapper.cpp:1:\nwrapper.cpp:3:10: fatal error: cuda.h: No such file or directory\n"
+    failed = exc.InductorError(exc.CppCompileError(["g++", "-c", "wrapper.cpp"], output), None)
+    assert compile_problem(failed) == "wrapper.cpp:3:10: fatal error: cuda.h: No such file or directory"
+    assert compile_problem(exc.CppCompileError(["g++"], "")) == "the C++ compiler exited with an error"
+    assert compile_problem(exc.InductorError(KeyError("a bug"), None)) is None  # keeps its traceback
+    assert compile_problem(ValueError("not a compile")) is None
 
 
 def test_dynamic_is_refused_before_any_work(model: YOLO, tmp_path: Path) -> None:
