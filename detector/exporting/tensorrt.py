@@ -24,7 +24,8 @@ def build_engine(
     """Parse ``onnx_path`` and build a serialized engine (FP16 kernels allowed when ``info.precision == 'fp16'``).
 
     Dynamic exports get one optimisation profile: batch 1..``info.batch`` and sides ``stride``..``imgsz``
-    (optimised for ``batch x imgsz``). Raises :class:`~detector.exporting.ExportError` with the parser's messages on failure.
+    (optimised for ``batch x imgsz``). Raises :class:`~detector.exporting.ExportError` with the parser's messages
+    on failure.
     """
     import tensorrt as trt  # optional, GPU-only dependency
 

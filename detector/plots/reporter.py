@@ -74,5 +74,11 @@ class RunReporter:
         if self.board is not None:
             for png in sorted(self.run_dir.glob("*.png")):
                 self.board.image(png.stem, png, 0)
-            self.board.close()
+        self.close()
         return table
+
+    def close(self) -> None:
+        """Flush and close TensorBoard's event file (also for a run that stopped early); safe to call again."""
+        if self.board is not None:
+            self.board.close()
+            self.board = None

@@ -195,6 +195,8 @@ class Trainer:
                 with self.account.phase("checkpoints"):
                     self.checkpoints.close()  # every checkpoint on disk before a Ctrl-C or an error returns
             finally:
+                if self.reporter is not None:  # its TensorBoard events on disk, also when the run stopped early
+                    self.reporter.close()
                 cleanup(self.dist)
         interrupted = bool(decision and decision.stop.startswith("interrupted"))
         summary = {"run_dir": self.run_dir, "metrics": decision.metrics if decision else {},

@@ -18,3 +18,20 @@ def test_results_png_is_redrawn_at_most_every_so_often_during_a_run(tmp_path: Pa
     clock[0] += reporter_module.RESULTS_PLOT_SECONDS
     reporter.on_epoch_end({"epoch": 6}, 5)
     assert drawn == [tmp_path / "results.png"] * 2
+
+
+def test_a_run_that_stops_early_still_has_its_tensorboard_events_on_disk(tmp_path: Path):
+    """A Ctrl-C or an error skips the final report, which closed TensorBoard's file; the trainer closes it then
+    (commands end without the exit-time garbage collection that would otherwise have flushed it)."""
+    import pytest
+
+    pytest.importorskip("tensorboard")
+    reporter = RunReporter(tmp_path, ["a"], plots=False, tensorboard=True)
+    events = list(tmp_path.rglob("events.out.tfevents.*"))
+    size_before = sum(path.stat().st_size for path in events)
+    for epoch in range(3):
+        reporter.on_epoch_end({"epoch": epoch + 1, "train/box": 1.0 / (epoch + 1)}, epoch)
+    reporter.close()
+    reporter.close()  # again, as the trainer's clean-up may after the final report: nothing happens
+    events = list(tmp_path.rglob("events.out.tfevents.*"))
+    assert events and sum(path.stat().st_size for path in events) > size_before
