@@ -34,6 +34,7 @@ Never reached on the CPU: :func:`graphs_unavailable` answers first, and only a C
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -208,7 +209,10 @@ class StepGraphs:
             if "capturable" in group:  # AdamW refuses capture unless its groups say capturable
                 group["capturable"] = True
         try:
-            yield
+            with warnings.catch_warnings():
+                # The eager runs before a capture are meant: torch's advice to drop capturable=True is not for us.
+                warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
+                yield
         finally:
             for group, (learning_rate, capturable) in zip(groups, saved):
                 group["lr"] = learning_rate
