@@ -16,6 +16,7 @@ from detector.checkpoint import CheckpointError
 from detector.cli import FAILED, INTERRUPTED, OK
 from detector.data.download import DownloadError
 from detector.data.spec import DatasetError
+from detector.distributed import DistributedSetupError
 from detector.exporting import ExportError
 from detector.extras import MissingExtra, Unavailable
 
@@ -30,6 +31,7 @@ USER_ERRORS: tuple[type[BaseException], ...] = (
     CheckpointError,
     CommandFailed,
     DatasetError,
+    DistributedSetupError,  # more CUDA processes on a node than GPUs: the line says what to run instead
     DownloadError,
     ExportError,  # TensorRT refused the graph, or the export failed its parity check
     FileNotFoundError,
