@@ -56,6 +56,18 @@ def _one_thread_for_tiny_models() -> Iterator[None]:
         yield
 
 
+class FakeClock:
+    """A clock in seconds for code that takes one (``clock=``): set or advance ``now`` by hand; each reading moves
+    it on by ``tick`` (0: it stands still), so the time between two readings, such as a timed write, is ``tick``."""
+
+    def __init__(self, now: float = 0.0, tick: float = 0.0) -> None:
+        self.now, self.tick = now, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
 def write_yolo_dataset(root: Path, *, train: int = 8, val: int = 4, size: int = 64, seed: int = 0) -> Path:
     """Synthetic shapes in YOLO layout (images/ + labels/) with a data YAML; returns the YAML path."""
     rng = np.random.default_rng(seed)

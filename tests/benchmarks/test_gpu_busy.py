@@ -5,14 +5,7 @@ import time
 import pytest
 
 from benchmarks.gpu_busy import BusySampler, busy_text, sampler_for
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.conftest import FakeClock
 
 
 def test_readings_are_weighted_by_the_time_they_stand_for():

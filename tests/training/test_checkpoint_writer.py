@@ -7,6 +7,7 @@ import torch
 
 from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, save_checkpoint
 from detector.training.checkpoint_writer import Cadence, CheckpointWriter, RunCheckpoints, snapshot
+from tests.conftest import FakeClock
 
 
 def payload(epoch: int) -> dict:
@@ -91,17 +92,6 @@ def test_synchronous_mode_writes_on_the_callers_thread(tmp_path: Path):
     writer.submit(tmp_path / "last.pt", payload(3))
     assert threads == [threading.current_thread()] and load_checkpoint(tmp_path / "last.pt")["epoch"] == 3
     writer.close()
-
-
-class FakeClock:
-    """Seconds that move ``tick`` at every reading (a write of one reading to the next costs ``tick``)."""
-
-    def __init__(self, tick: float = 0.0) -> None:
-        self.now, self.tick = 0.0, tick
-
-    def __call__(self) -> float:
-        self.now += self.tick
-        return self.now
 
 
 def test_the_cadence_keeps_writes_to_their_share_of_the_run():

@@ -5,18 +5,11 @@ from pathlib import Path
 import pytest
 
 from detector.training.time_account import PARTS, TimeAccount, process_age
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.conftest import FakeClock
 
 
 def test_parts_are_charged_to_the_innermost_phase_and_sum_to_the_wall_clock():
-    clock = FakeClock()
+    clock = FakeClock(now=100.0)
     account = TimeAccount(before=2.0, clock=clock)  # 2 s of imports before the account existed
     clock.now += 1.0  # start-up
     account.switch("other")
@@ -35,7 +28,7 @@ def test_parts_are_charged_to_the_innermost_phase_and_sum_to_the_wall_clock():
 
 
 def test_an_open_phase_counts_up_to_now_and_an_unknown_part_is_refused():
-    clock = FakeClock()
+    clock = FakeClock(now=100.0)
     account = TimeAccount(clock=clock)
     with account.phase("training"):
         clock.now += 4.0
