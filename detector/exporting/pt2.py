@@ -92,8 +92,8 @@ def export_pt2(model: YOLO, path: str | Path, info: ModelInfo, *, device: str = 
     # toolkit folder: a warning about nothing this export uses. Its errors still show.
     builder_log = logging.getLogger("torch.utils.cpp_extension")
     level = builder_log.level
-    builder_log.setLevel(logging.ERROR)
     with staging_folder(path.parent) as staging:
+        builder_log.setLevel(logging.ERROR)  # restored in the finally below, whatever happens
         try:
             staged = torch._inductor.aoti_compile_and_package(
                 program, package_path=str(staging / path.name), inductor_configs=configs
