@@ -36,12 +36,12 @@ def choose_providers(available: Sequence[str], device: str) -> list[str]:
     return chosen + [CPU_PROVIDER]
 
 
-def with_options(providers: Sequence[str], device: str, engine_cache: Path) -> list[str | tuple[str, dict[str, str]]]:
+def with_options(providers: Sequence[str], gpu: int, engine_cache: Path) -> list[str | tuple[str, dict[str, str]]]:
     """``providers`` as ``InferenceSession`` takes them, the GPU ones with their options (onnxruntime's documented
-    names): the GPU of ``device`` (``cuda:1`` is device 1; without the option both run on GPU 0) and, for
-    TensorRT, its engine cache in ``engine_cache``: TensorRT builds an engine per input shape on first use, which
-    takes minutes, and the cache keeps it for the next process."""
-    index = str(torch.device(device).index or 0) if device.startswith("cuda") else "0"
+    names): GPU index ``gpu`` (without the option both run on GPU 0) and, for TensorRT, its engine cache in
+    ``engine_cache``: TensorRT builds an engine per input shape on first use, which takes minutes, and the cache
+    keeps it for the next process."""
+    index = str(gpu)  # onnxruntime reads provider options as strings
     settings: list[str | tuple[str, dict[str, str]]] = []
     for name in providers:
         if name == "TensorrtExecutionProvider":
@@ -81,17 +81,22 @@ class OnnxBackend(Backend):
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.log_severity_level = 3  # errors only: the FP16 graph on CPU logs a warning per inserted cast
         providers = choose_providers(ort.get_available_providers(), device)
+        # The GPU the session runs on and the tensors bound to it are allocated on: the index --device names,
+        # else the current device (where torch puts a tensor for "cuda").
+        gpu = 0
+        if providers[0] != CPU_PROVIDER:
+            gpu = torch.device(device).index if torch.device(device).index is not None else torch.cuda.current_device()
         engine_cache = data_home() / TENSORRT_CACHE
         if "TensorrtExecutionProvider" in providers:
             engine_cache.mkdir(parents=True, exist_ok=True)
         try:
             self.session = ort.InferenceSession(str(path), options,
-                                                providers=with_options(providers, device, engine_cache))
+                                                providers=with_options(providers, gpu, engine_cache))
         except Exception as error:  # onnxruntime's own types (InvalidProtobuf, Fail, ...), none a bug of ours
             raise ValueError(f"{path}: not a loadable ONNX model ({_reason(error)})") from None
         info = decode_metadata(self.session.get_modelmeta().custom_metadata_map, source=str(path))
         super().__init__(info, nms)
-        self.provider = self.session.get_providers()[0]
+        self.provider, self.gpu = self.session.get_providers()[0], gpu
         self.device = torch.device(device if self.provider != CPU_PROVIDER else "cpu")
         print(f"onnxruntime: {Path(path).name} runs on {self.provider}", file=sys.stderr)
         label = "" if self.provider == CPU_PROVIDER else f" {self.provider.removesuffix('ExecutionProvider')}"
@@ -104,14 +109,13 @@ class OnnxBackend(Backend):
     def run_bound(self, chunk: torch.Tensor) -> list[torch.Tensor]:
         """GPU providers: bind torch CUDA tensors as the input and the (pre-allocated) outputs; no host copy."""
         inputs = model_input(chunk, self.device, channels_last=False)  # dense NCHW float32: ORT reads raw memory
-        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
         binding = self.session.io_binding()
-        binding.bind_input(INPUT_NAME, "cuda", index, np.float32, list(inputs.shape), inputs.data_ptr())
+        binding.bind_input(INPUT_NAME, "cuda", self.gpu, np.float32, list(inputs.shape), inputs.data_ptr())
         outputs = []
         for name, shape in output_shapes(self.info, *inputs.shape[:1], *inputs.shape[2:]).items():
             outputs.append(torch.empty(shape, dtype=TORCH_DTYPES[name], device=self.device))
             numpy_dtype = np.float32 if outputs[-1].dtype == torch.float32 else np.int64
-            binding.bind_output(name, "cuda", index, numpy_dtype, list(shape), outputs[-1].data_ptr())
+            binding.bind_output(name, "cuda", self.gpu, numpy_dtype, list(shape), outputs[-1].data_ptr())
         torch.cuda.current_stream(self.device).synchronize()  # the input is ready before ORT's stream reads it
         self.session.run_with_iobinding(binding)
         return outputs

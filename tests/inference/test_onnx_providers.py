@@ -27,13 +27,13 @@ def test_cuda_device_prefers_tensorrt_then_cuda_then_cpu() -> None:
 
 def test_gpu_providers_get_the_devices_gpu_and_tensorrt_its_engine_cache(tmp_path: Path) -> None:
     cache = tmp_path / "engines"
-    assert with_options(GPU_BUILD, "cuda:1", cache) == [
+    assert with_options(GPU_BUILD, 1, cache) == [
         ("TensorrtExecutionProvider", {"device_id": "1", "trt_engine_cache_enable": "True",
                                        "trt_engine_cache_path": str(cache)}),
         ("CUDAExecutionProvider", {"device_id": "1"}),
         "CPUExecutionProvider"]
-    assert with_options(GPU_BUILD[1:], "cuda", cache)[0] == ("CUDAExecutionProvider", {"device_id": "0"})
-    assert with_options(["CPUExecutionProvider"], "cpu", cache) == ["CPUExecutionProvider"]
+    assert with_options(GPU_BUILD[1:], 0, cache)[0] == ("CUDAExecutionProvider", {"device_id": "0"})
+    assert with_options(["CPUExecutionProvider"], 0, cache) == ["CPUExecutionProvider"]
 
 
 def test_cpu_device_or_cpu_build_runs_on_the_cpu() -> None:
