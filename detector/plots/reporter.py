@@ -8,6 +8,7 @@ final evaluation and the ``val`` command alike.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from detector.data.build import SplitData
@@ -29,16 +30,23 @@ def validation_report(validation: Validation, split: SplitData, names: list[str]
     return per_class_table(names, split.records, validation.result, stats.precision, stats.recall)
 
 
-# results.png is redrawn after an epoch at most this often, and always at the end: matplotlib takes ~0.5 s per
+# results.png is redrawn after an epoch at most this often, and always at the end: matplotlib takes 0.6-0.9 s per
 # redraw on a 2-core CPU, which every epoch of a short run paid (30 epochs of ~1 s each on a GPU: 15 s of plots).
 RESULTS_PLOT_SECONDS = 30.0
+# ...and at most this share of the run: each redraw is timed, and the next waits for 1/PLOT_SHARE times as long.
+PLOT_SHARE = 0.01
 
 
 class RunReporter:
-    def __init__(self, run_dir: Path, names: list[str], *, plots: bool, tensorboard: bool) -> None:
+    """Plots and TensorBoard for one run. ``clock``: monotonic seconds (tests pass a fake one); the first results.png
+    redraw waits :data:`RESULTS_PLOT_SECONDS` from the reporter's creation (a short run draws it at the end only)."""
+
+    def __init__(self, run_dir: Path, names: list[str], *, plots: bool, tensorboard: bool,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.run_dir, self.names, self.plots = run_dir, names, plots
         self.board = None
-        self._results_plotted_at = -float("inf")
+        self.clock = clock
+        self._results_plotted_at, self._results_plot_cost = clock(), 0.0
         if tensorboard:
             from detector.plots.tensorboard import TensorBoardLogger  # optional dependency: imported when asked for
 
@@ -57,14 +65,17 @@ class RunReporter:
     def on_epoch_end(self, row: dict[str, object], epoch: int) -> None:
         if self.board is not None:
             self.board.scalars({k: v for k, v in row.items() if isinstance(v, (int, float))}, epoch)
-        if self.plots and time.monotonic() - self._results_plotted_at >= RESULTS_PLOT_SECONDS:
+        wait = max(RESULTS_PLOT_SECONDS, self._results_plot_cost / PLOT_SHARE)
+        if self.plots and self.clock() - self._results_plotted_at >= wait:
             self._plot_results()
 
     def _plot_results(self) -> None:
         from detector.plots import plot_results
 
+        start = self.clock()
         plot_results(self.run_dir / "results.csv", self.run_dir / "results.png")
-        self._results_plotted_at = time.monotonic()
+        self._results_plotted_at = self.clock()
+        self._results_plot_cost = self._results_plotted_at - start
 
     def on_final(self, validation: Validation, val: SplitData) -> str:
         """PR curves, confusion matrix, prediction images; returns the per-class table."""

@@ -3,21 +3,35 @@ from pathlib import Path
 import detector.plots
 import detector.plots.reporter as reporter_module
 from detector.plots.reporter import RunReporter
+from tests.conftest import FakeClock
 
 
-def test_results_png_is_redrawn_at_most_every_so_often_during_a_run(tmp_path: Path, monkeypatch):
+def test_results_png_waits_its_interval_from_the_start_and_then_its_cost_share(tmp_path: Path, monkeypatch):
+    clock = FakeClock(now=1000.0)
     drawn = []
-    monkeypatch.setattr(detector.plots, "plot_results", lambda csv, png: drawn.append(png))
-    clock = [1000.0]
-    monkeypatch.setattr(reporter_module.time, "monotonic", lambda: clock[0])
-    reporter = RunReporter(tmp_path, ["a"], plots=True, tensorboard=False)
-    for epoch in range(5):  # five epochs of 1 s: the first is drawn, the next four are within the interval
-        reporter.on_epoch_end({"epoch": epoch + 1}, epoch)
-        clock[0] += 1.0
+
+    def plot(csv, png):  # a redraw that takes 2 s on the fake clock
+        clock.now += 2.0
+        drawn.append(png)
+
+    monkeypatch.setattr(detector.plots, "plot_results", plot)
+    reporter = RunReporter(tmp_path, ["a"], plots=True, tensorboard=False, clock=clock)
+    epoch_end = lambda epoch: reporter.on_epoch_end({"epoch": epoch + 1}, epoch)  # noqa: E731
+    for epoch in range(29):  # epochs of 1 s: none within the first RESULTS_PLOT_SECONDS of the run is drawn
+        clock.now += 1.0
+        epoch_end(epoch)
+    assert drawn == []
+    clock.now += 1.0
+    epoch_end(29)
+    assert drawn == [tmp_path / "results.png"]
+    # A 2 s redraw at a 1% share waits 200 s, longer than the interval: 199 s later it is not due, 200 s it is.
+    assert 2.0 / reporter_module.PLOT_SHARE > reporter_module.RESULTS_PLOT_SECONDS
+    clock.now += 199.0
+    epoch_end(30)
     assert len(drawn) == 1
-    clock[0] += reporter_module.RESULTS_PLOT_SECONDS
-    reporter.on_epoch_end({"epoch": 6}, 5)
-    assert drawn == [tmp_path / "results.png"] * 2
+    clock.now += 1.0
+    epoch_end(31)
+    assert len(drawn) == 2
 
 
 def test_a_run_that_stops_early_still_has_its_tensorboard_events_on_disk(tmp_path: Path):
