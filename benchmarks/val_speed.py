@@ -1,12 +1,14 @@
 """Where validation's time goes: loader start-up, forward, decode, NMS, COCO results, pycocotools.
 
 Runs the same stages as :func:`detector.metrics.loop.run_validation` (the loader, ``decode_images``' network and
-decode, ``non_max_suppression``, ``to_coco_detections``, ``evaluate_coco``), timing each one, over
+decode, ``non_max_suppression``, ``to_coco_detections``, ``evaluate_coco``) on the model as training's validator
+runs it (BatchNorm folded, channels-last: ``--no-fold``, ``--no-channels-last`` to compare), timing each one, over
 ``--repeats`` passes in one process. The loader is made once and kept, as training keeps it; the first pass's
 first batch is the cold start (worker processes forked), the later passes' first batch the warm one.
 
     python benchmarks/val_speed.py                                      # built-in shapes, fresh model, --lively
     python benchmarks/val_speed.py --data ../shared/data/bccd/bccd.yaml --weights /tmp/val-runs/bccd/weights/best.pt
+    python benchmarks/val_speed.py --no-fold                            # BatchNorm as trained, for comparison
 
 A fresh model scores almost no box above conf 0.001, which under-measures NMS: ``--lively`` (the default without
 ``--weights``) zeroes the class-logit biases so every (anchor, class) pair enters NMS -- the worst case the
@@ -28,6 +30,7 @@ import torch
 from detector.checkpoint import model_from_checkpoint
 from detector.data.build import build_split
 from detector.data.spec import load_dataset_spec
+from detector.inference.fusion import FusedCopy
 from detector.inference.preprocess import model_input
 from detector.metrics.coco import evaluate_coco, to_coco_detections
 from detector.metrics.loop import make_val_loader
@@ -47,7 +50,7 @@ def lap(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def one_pass(model, loader, split, *, precision, device, nms: NMSConfig) -> dict[str, float]:
+def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, channels_last: bool) -> dict[str, float]:
     """One validation pass; seconds per stage, candidate and detection counts."""
     seconds: dict[str, float] = defaultdict(float)
     detections_all = []
@@ -58,7 +61,7 @@ def one_pass(model, loader, split, *, precision, device, nms: NMSConfig) -> dict
         seconds["loader first batch" if index == 0 else "loader other batches"] += now - start
         with torch.no_grad():
             with precision.autocast():
-                maps = model(model_input(images, device, channels_last=False))
+                maps = model(model_input(images, device, channels_last=channels_last))
             t_forward = lap(device)
             decoded = decode_outputs(maps, model.strides, model.reg_max)
             t_decode = lap(device)
@@ -113,6 +116,10 @@ def main() -> int:
     parser.add_argument("--fp32", action="store_true", help="no autocast")
     parser.add_argument("--conf", type=float, default=0.001)
     parser.add_argument("--max-det", type=int, default=300)
+    parser.add_argument("--fold", action=argparse.BooleanOptionalAction, default=True,
+                        help="BatchNorm folded into the convolutions, as training's validation runs (default: on)")
+    parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
+                        help="channels-last weights and inputs, as training's default (default: on)")
     parser.add_argument("--repeats", type=int, default=3, help="passes over the split (the loader is kept)")
     args = parser.parse_args()
     enlarge_onednn_cache()
@@ -135,14 +142,21 @@ def main() -> int:
     device = torch.device(args.device)
     model = model.to(device).float().eval()
     precision = resolve_precision("fp32" if args.fp32 else "auto", device)
+    if args.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if args.fold:  # the copy training's validator runs (FP16 weights under CUDA FP16)
+        dtype = torch.float16 if precision.name == "fp16" and device.type == "cuda" else torch.float32
+        model = FusedCopy(model, dtype=dtype, channels_last=args.channels_last).refresh()
     split = build_split(spec, "val", image_size=size, augment=None, cache="none")
     loader = make_val_loader(split, batch_size=args.batch, workers=args.workers, cpu_compute=device.type == "cpu")
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=0.7, max_detections=args.max_det, multi_label=True)
-    passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms)
+    passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms,
+                       channels_last=args.channels_last)
               for _ in range(args.repeats)]
     images = len(split.records)
     print(f"\n{images} val images of {args.data}, imgsz {size}, batch {args.batch}, workers {args.workers}, "
-          f"{device} {precision.name}, weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
+          f"{device} {precision.name}, {'folded' if args.fold else 'BatchNorm kept'}, "
+          f"{'channels-last' if args.channels_last else 'contiguous'}, weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
           f"conf {args.conf}, max_det {args.max_det}; "
           f"{statistics.median(p['candidates'] for p in passes) / images:.0f} "
           f"(anchor, class) pairs above conf and {statistics.median(p['detections'] for p in passes) / images:.0f} "

@@ -8,8 +8,11 @@ of tests/tolerances.py. It saves one elementwise pass over every activation per 
 
 from __future__ import annotations
 
+import copy
+
+import torch
 from torch import nn
-from torch.nn.utils.fusion import fuse_conv_bn_eval
+from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_conv_bn_weights
 
 from detector.model.blocks import Conv
 
@@ -21,8 +24,54 @@ def fuse_conv_bn(model: nn.Module) -> nn.Module:
     """
     if model.training:
         raise ValueError("fuse_conv_bn folds running statistics: call model.eval() first")
-    for block in model.modules():
-        if isinstance(block, Conv) and isinstance(block.bn, nn.BatchNorm2d):
-            block.conv = fuse_conv_bn_eval(block.conv, block.bn)
-            block.bn = nn.Identity()
+    for block in _foldable(model).values():
+        block.conv = fuse_conv_bn_eval(block.conv, block.bn)
+        block.bn = nn.Identity()
     return model
+
+
+def _foldable(model: nn.Module) -> dict[str, Conv]:
+    return {name: block for name, block in model.named_modules()
+            if isinstance(block, Conv) and isinstance(block.bn, nn.BatchNorm2d)}
+
+
+class FusedCopy:
+    """A folded inference copy of a model that keeps training (the EMA), refreshed in place before each use.
+
+    In-training validation runs this copy: folding saves BatchNorm's pass over every activation, 15% of a CPU
+    forward (nano, 320 px, batch 32, FP32: 0.59 s against 0.70 s) and one kernel per ``Conv`` block on a GPU.
+    The copy is made once; :meth:`refresh` writes the source's current weights into it, folded by the same formula
+    as :func:`fuse_conv_bn` (``torch.nn.utils.fusion.fuse_conv_bn_weights``), so it equals a fresh
+    ``fuse_conv_bn(deepcopy(source))`` bit for bit, without a deep copy per evaluation.
+
+    Args:
+        source: the model to follow (DDP-unwrapped by the caller); never modified.
+        dtype: the copy's parameter dtype (FP16 for CUDA FP16 validation: cast once, not by autocast every call).
+        channels_last: lay the copy's weights out channels-last, as the inputs are.
+    """
+
+    def __init__(self, source: nn.Module, *, dtype: torch.dtype = torch.float32, channels_last: bool = False) -> None:
+        self.source, self.dtype = source, dtype
+        folded = _foldable(source)
+        self.module = fuse_conv_bn(copy.deepcopy(source).eval()).to(dtype)
+        if channels_last:
+            self.module.to(memory_format=torch.channels_last)
+        copies = dict(self.module.named_modules())
+        self._folded = [(block, copies[name].conv) for name, block in folded.items()]
+        folded_names = {f"{name}.conv.{kind}" for name in folded for kind in ("weight", "bias")}
+        source_state = source.state_dict(keep_vars=True)
+        self._copied = [(source_state[name], tensor) for name, tensor in self.module.state_dict(keep_vars=True).items()
+                        if name not in folded_names]
+
+    @torch.no_grad()
+    def refresh(self) -> nn.Module:
+        """The copy with the source's weights and BatchNorm statistics as they are now."""
+        for block, conv in self._folded:
+            bn = block.bn
+            weight, bias = fuse_conv_bn_weights(block.conv.weight, block.conv.bias, bn.running_mean, bn.running_var,
+                                                bn.eps, bn.weight, bn.bias)
+            conv.weight.copy_(weight)
+            conv.bias.copy_(bias)
+        for source, target in self._copied:
+            target.copy_(source)
+        return self.module

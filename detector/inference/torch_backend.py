@@ -41,25 +41,13 @@ def decode_images(
     return decode_outputs(maps, model.strides, model.reg_max)
 
 
-def validation_model(model: nn.Module, precision: Precision) -> nn.Module:
-    """The module in-training validation runs: under FP16 autocast on CUDA, an FP16 copy of ``model``; else ``model``.
-
-    Autocast casts every FP32 weight to FP16 again on each forward; a copy cast once per evaluation skips that
-    (Ultralytics validates its EMA in half precision too). The copy's outputs differ from autocast's in FP16
-    rounding only (BatchNorm's parameters are FP16 too); the final evaluation runs FP32 and is not affected. The CPU path keeps
-    the training precision and the model itself.
-    """
-    if precision.name != "fp16" or precision.device_type != "cuda":
-        return model
-    return copy.deepcopy(unwrap(model)).half().eval()
-
-
 def make_torch_infer(
     model: nn.Module, *, precision: Precision, nms: NMSConfig, device: torch.device, channels_last: bool = False
 ) -> Callable[[torch.Tensor], Detections]:
     """``infer(images uint8 [B,3,S,S]) -> detections`` for :func:`detector.metrics.loop.run_validation`.
 
-    Runs ``model`` itself (unwrapped from DDP, not copied), so it follows an EMA model as it trains.
+    Runs ``model`` itself (unwrapped from DDP, not copied): training's validator hands it the EMA's folded copy
+    (detector/training/validator.py), the benchmarks a model.
     """
     bare = unwrap(model)
 

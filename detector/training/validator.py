@@ -1,5 +1,6 @@
 """The run's validation: its batches (loaded once and kept when they fit, see :class:`Validator`), the model it runs
-(the EMA, as an FP16 copy under CUDA FP16: detector/inference/torch_backend.py) and the COCO evaluator it scores with."""
+(a BatchNorm-folded copy of the EMA, FP16 under CUDA FP16: :class:`~detector.inference.fusion.FusedCopy`) and the
+COCO evaluator it scores with."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from detector.data.build import SplitData
-from detector.inference.torch_backend import make_torch_infer, validation_model
+from detector.distributed import unwrap
+from detector.inference.fusion import FusedCopy
+from detector.inference.torch_backend import make_torch_infer
 from detector.metrics.coco import resolve_backend
 from detector.metrics.loop import Validation, make_val_loader, run_validation
 from detector.postprocess import NMSConfig
@@ -44,6 +47,7 @@ class Validator:
         self.split, self.config, self.device, self.progress = split, config, device, progress
         self._loader: DataLoader | None = None
         self._kept: list[tuple] | None = None
+        self._copy: FusedCopy | None = None
         self.keep = len(split.records) * 3 * split.dataset.image_size**2 <= KEEP_BATCHES_BYTES  # uint8 pixels
 
     def loader(self) -> DataLoader:
@@ -66,11 +70,23 @@ class Validator:
             yield batch
         self._kept, self._loader = kept, None  # a whole pass: its workers can go
 
+    def model_for(self, model: nn.Module, precision: Precision) -> nn.Module:
+        """``model`` as validation runs it: its folded copy (made once per model and dtype, refreshed every pass),
+        in FP16 under CUDA FP16 (Ultralytics validates its EMA in half precision too: autocast would cast every
+        weight again on every forward), else in FP32 under the precision's autocast. The copy's outputs differ from
+        the model's in rounding only: folding rounds each weight once more (detector/inference/fusion.py), and FP16
+        weights round BatchNorm's folded scale too; the final FP32 evaluation gets an FP32 copy."""
+        source = unwrap(model)
+        dtype = torch.float16 if precision.name == "fp16" and precision.device_type == "cuda" else torch.float32
+        if self._copy is None or self._copy.source is not source or self._copy.dtype != dtype:
+            self._copy = FusedCopy(source, dtype=dtype, channels_last=self.config.channels_last)
+        return self._copy.refresh()
+
     def infer(self, model: nn.Module, precision: Precision) -> Callable[[torch.Tensor], list[dict[str, torch.Tensor]]]:
         config = self.config
         nms = NMSConfig(conf_threshold=config.val_conf, iou_threshold=config.val_iou, max_detections=config.max_det,
                         multi_label=True)
-        return make_torch_infer(validation_model(model, precision), precision=precision, nms=nms, device=self.device,
+        return make_torch_infer(self.model_for(model, precision), precision=precision, nms=nms, device=self.device,
                                 channels_last=config.channels_last)
 
     def run(self, model: nn.Module, precision: Precision, *, keep_predictions: bool = False) -> Validation:

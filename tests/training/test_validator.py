@@ -49,3 +49,16 @@ def test_validation_runs_at_the_training_batch_on_cuda_and_twice_it_on_a_cpu():
     config = _config(batch=16)
     assert validation_batch(config, torch.device("cuda")) == 16
     assert validation_batch(config, torch.device("cpu")) == 32
+
+
+def test_validation_runs_a_folded_copy_made_once_per_model_and_dtype(tiny_split: SplitData):
+    validator = Validator(tiny_split, _config(), torch.device("cpu"), progress=False)
+    model = _model()
+    fp32 = Precision("fp32", "cpu", "test")
+    copy = validator.model_for(model, fp32)
+    assert copy is not model and not any(isinstance(m, torch.nn.BatchNorm2d) for m in copy.modules())
+    assert validator.model_for(model, fp32) is copy  # refreshed in place on the next pass
+    half = validator.model_for(model, Precision("fp16", "cuda", "test"))  # built on the CPU: no GPU needed
+    assert all(p.dtype == torch.float16 for p in half.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # the EMA itself stays FP32
+    assert validator.model_for(model, Precision("fp32", "cuda", "final")) is not half  # the final FP32 evaluation
