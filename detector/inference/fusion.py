@@ -59,8 +59,8 @@ class FusedCopy:
         copies = dict(self.module.named_modules())
         self._folded = [(block, copies[name].conv) for name, block in folded.items()]
         folded_names = {f"{name}.conv.{kind}" for name in folded for kind in ("weight", "bias")}
-        source_state = source.state_dict(keep_vars=True)
-        self._copied = [(source_state[name], tensor) for name, tensor in self.module.state_dict(keep_vars=True).items()
+        # By name, read afresh each time: converting a module (.to(), .half()) replaces its buffer objects.
+        self._copied = [(name, tensor) for name, tensor in self.module.state_dict(keep_vars=True).items()
                         if name not in folded_names]
 
     @torch.no_grad()
@@ -72,6 +72,7 @@ class FusedCopy:
                                                 bn.eps, bn.weight, bn.bias)
             conv.weight.copy_(weight)
             conv.bias.copy_(bias)
-        for source, target in self._copied:
-            target.copy_(source)
+        source = self.source.state_dict(keep_vars=True)
+        for name, target in self._copied:
+            target.copy_(source[name])
         return self.module
