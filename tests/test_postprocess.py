@@ -91,3 +91,31 @@ def test_one_call_for_the_batch_equals_one_call_per_image(multi_label, limit, mo
     assert sum(len(result["scores"]) for result in batched) > 20  # NMS and the cap had work to do
     counts = [len(detector.postprocess.candidates(image, config)[1]) for image in decoded]
     assert len(detector.postprocess.image_chunks(counts, limit)) == (1 if limit == 25_000 else 3)
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_images_side_by_side_on_threads_give_the_one_thread_result(multi_label, monkeypatch):
+    """On the CPU a batch's images go through NMS on a thread each (up to torch's thread count): the same
+    detections, in image order, as one image after another."""
+    import detector.postprocess
+
+    decoded = random_decoded(5, 300, 3, seed=4)
+    decoded[1, :, 4:] = 0  # an image without candidates
+    config = NMSConfig(conf_threshold=0.05, iou_threshold=0.5, max_detections=20, multi_label=multi_label)
+    pools = []
+    real_pool = detector.postprocess.ThreadPoolExecutor
+
+    def counting_pool(workers: int):
+        pools.append(workers)
+        return real_pool(workers)
+
+    monkeypatch.setattr(detector.postprocess, "ThreadPoolExecutor", counting_pool)
+    monkeypatch.setattr(detector.postprocess.torch, "get_num_threads", lambda: 1)
+    one_thread = non_max_suppression(decoded, config)
+    monkeypatch.setattr(detector.postprocess.torch, "get_num_threads", lambda: 3)
+    threaded = non_max_suppression(decoded, config)
+    assert pools == [3]  # one thread ran no pool; three threads ran one of three
+    assert len(threaded) == 5 and len(threaded[1]["scores"]) == 0
+    for got, want in zip(threaded, one_thread):
+        assert all(torch.equal(got[key], want[key]) for key in ("boxes", "scores", "labels"))
+    assert sum(len(result["scores"]) for result in threaded) > 20
