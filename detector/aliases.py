@@ -166,7 +166,6 @@ VAL: dict[str, Alias] = {
     **COMMON,
     "model": Alias(weights),
     "save_json": unsupported("predictions.json (COCO results) is always written", False, True),
-    "rect": unsupported("evaluation letterboxes every image to a square of --imgsz", False, True),
     "save_txt": unsupported("val writes predictions.json; predict --save-txt writes YOLO txt labels", False),
     "save_hybrid": unsupported("no hybrid labels", False),
     "save_conf": unsupported("predict --save-txt --save-conf writes scores", False),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import warnings
 
@@ -53,8 +54,8 @@ class DetectionDataset(Dataset):
     """Images and labels for one split.
 
     Training items are ``(image uint8 [3, S, S], labels [n, 5] (class, cx, cy, w, h normalised), meta)``
-    after mosaic/affine/HSV/albumentations/flip; evaluation items are letterboxed to ``S x S`` with
-    no augmentation. With ``pixel_ops_on_device`` the HSV gains and flips are drawn as always and the
+    after mosaic/affine/HSV/albumentations/flip; evaluation items are letterboxed to ``S x S`` (or to their
+    rectangular batch's canvas: :meth:`with_canvases`) with no augmentation. With ``pixel_ops_on_device`` the HSV gains and flips are drawn as always and the
     boxes flipped, but the pixels are left to the training step: ``meta.pixel_ops`` carries them there
     (:mod:`detector.data.batch_augment`). With ``geometry_on_device`` too, mosaic and the random affine are
     drawn and the boxes moved, but the item's image is a :class:`WarpSource` (the source pixels the warp
@@ -80,6 +81,24 @@ class DetectionDataset(Dataset):
         self.geometry_on_device = geometry_on_device  # mosaic and affine in the step (implies the pixel ops there)
         self.albumentations = build_albumentations(augment.albumentations) if augment else None
         self.image_cache = image_cache  # set by detector.data.build once filled (detector/data/ram_cache.py)
+        # Evaluation items: each image's canvas (height, width) when batches are rectangular (with_canvases).
+        self.canvas_hw: np.ndarray | None = None
+
+    def with_canvases(self, canvas_hw: np.ndarray) -> DetectionDataset:
+        """This evaluation dataset letterboxing image ``i`` to ``canvas_hw[i]`` (height, width) instead of the
+        square (:func:`detector.data.letterbox.rect_batches`); a shallow copy: records and cache are shared."""
+        if self.augment is not None:
+            raise ValueError("rectangular canvases are for evaluation; training items are squares")
+        view = copy.copy(self)
+        view.canvas_hw = canvas_hw
+        return view
+
+    def canvas(self, index: int) -> tuple[int, int]:
+        """The (height, width) an evaluation item is letterboxed to."""
+        if self.canvas_hw is None:
+            return self.image_size, self.image_size
+        height, width = self.canvas_hw[index]
+        return int(height), int(width)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -185,9 +204,11 @@ class DetectionDataset(Dataset):
             raise DatasetError(f"{MAX_REPLACEMENTS} images in a row failed to decode, from {failed}")
         if failed:
             meta = dataclasses.replace(meta, unreadable=failed)
-        size = self.image_size  # training and evaluation items are all image_size squares
-        centres = (boxes[:, :2] + boxes[:, 2:]) / 2 / size
-        sides = (boxes[:, 2:] - boxes[:, :2]) / size
+        # Training items are image_size squares; evaluation items their canvas (a square unless rectangular).
+        height, width = (self.image_size, self.image_size) if self.augment is not None else self.canvas(index)
+        scale = np.array([width, height], np.float32)
+        centres = (boxes[:, :2] + boxes[:, 2:]) / 2 / scale
+        sides = (boxes[:, 2:] - boxes[:, :2]) / scale
         labels = np.concatenate((classes[:, None], centres, sides), 1).astype(np.float32)
         # A [3, S, S] view of the HWC pixels, no copy: collate stacks them straight into channels-last.
         image_chw = image if isinstance(image, WarpSource) else torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
@@ -201,7 +222,7 @@ class DetectionDataset(Dataset):
             size = (self.image_size, self.image_size)
             return image, boxes, classes, ImageMeta(image_id, size, 1.0, (0.0, 0.0), pixel_ops)
         resized, original_hw = self.load(index)
-        image, _, pad = letterbox(resized, self.image_size)
+        image, _, pad = letterbox(resized, self.image_size, self.canvas(index))
         ratio = self.image_size / max(original_hw)
         _, boxes, classes = self._image_and_boxes(index, resized)
         boxes = boxes + np.array(pad * 2, np.float32)
@@ -212,7 +233,7 @@ class DetectionDataset(Dataset):
         height, width = (int(v) for v in self.records.image_hw[index])
         ratio = self.image_size / max(height, width)
         resized = np.full((max(round(height * ratio), 1), max(round(width * ratio), 1), 3), PAD_VALUE, np.uint8)
-        image, _, pad = letterbox(resized, self.image_size)
+        image, _, pad = letterbox(resized, self.image_size, self.canvas(index))
         meta = ImageMeta(int(self.records.image_ids[index]), (height, width), ratio, pad)
         return image, np.zeros((0, 4), np.float32), np.zeros(0, np.float32), meta
 
@@ -220,7 +241,7 @@ class DetectionDataset(Dataset):
 def collate(
     batch: list[tuple[torch.Tensor | WarpSource, torch.Tensor, ImageMeta]],
 ) -> tuple[torch.Tensor | WarpBatch, torch.Tensor, list[ImageMeta]]:
-    """-> images ``uint8 [B, 3, S, S]``, targets ``[N, 6]`` (image index, class, cx, cy, w, h), metas.
+    """-> images ``uint8 [B, 3, H, W]`` (``S x S`` but in rectangular evaluation batches), targets ``[N, 6]`` (image index, class, cx, cy, w, h), metas.
 
     The images come out in channels-last memory (the decoder's HWC order), the layout the model trains
     in, so the training step needs no transposing copy of the batch. Items whose geometry is left to the

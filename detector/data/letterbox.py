@@ -1,7 +1,8 @@
 """The letterbox, its record and its undo: the one place that maps between original and model-input pixels.
 
 Evaluation, prediction and benchmarking all resize an image so its long side is ``size`` and pad it to
-``size x size``; :class:`ImageMeta` records how, and :func:`unletterbox_boxes` maps boxes back.
+``size x size`` (or, in rectangular evaluation batches, to its batch's canvas: :func:`rect_batches`);
+:class:`ImageMeta` records how, and :func:`unletterbox_boxes` maps boxes back.
 """
 
 from __future__ import annotations
@@ -32,22 +33,50 @@ class ImageMeta:
     unreadable: str = ""
 
 
-def letterbox(image: np.ndarray, size: int) -> tuple[np.ndarray, float, tuple[float, float]]:
-    """Resize keeping aspect ratio so the long side is ``size``, pad to ``size x size``.
+def letterbox(
+    image: np.ndarray, size: int, canvas: tuple[int, int] | None = None
+) -> tuple[np.ndarray, float, tuple[float, float]]:
+    """Resize keeping aspect ratio so the long side is ``size``, pad to ``canvas`` (height, width; default
+    ``size x size``), centred.
 
     Returns the image, the scale ratio and the (left, top) padding in pixels: original coordinates map
     to letterboxed ones as ``x * ratio + pad``.
     """
     height, width = image.shape[:2]
+    canvas_h, canvas_w = canvas or (size, size)
     ratio = size / max(height, width)
     new_w, new_h = round(width * ratio), round(height * ratio)
     if (new_w, new_h) != (width, height):
         image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
-    left, top = (size - new_w) // 2, (size - new_h) // 2
+    left, top = (canvas_w - new_w) // 2, (canvas_h - new_h) // 2
     image = cv2.copyMakeBorder(
-        image, top, size - new_h - top, left, size - new_w - left, cv2.BORDER_CONSTANT, value=(PAD_VALUE,) * 3
+        image, top, canvas_h - new_h - top, left, canvas_w - new_w - left, cv2.BORDER_CONSTANT,
+        value=(PAD_VALUE,) * 3,
     )
     return image, ratio, (float(left), float(top))
+
+
+def rect_batches(image_hw: np.ndarray, size: int, batch: int, multiple: int) -> tuple[np.ndarray, np.ndarray]:
+    """Evaluation batches of similar shape, each padded only as far as its images need (Ultralytics' rect val).
+
+    Images are ordered by aspect ratio (height / width) and cut into batches of ``batch`` in that order. A batch
+    of landscape images gets the canvas ``size * max(h / w) x size``, one of portrait images ``size x size *
+    max(w / h)``, a mixed one the square; each side rounded up to ``multiple`` (the model's largest stride). The
+    long side of every image is still ``size``, so the model sees the same pixels at the same scale as in the
+    square letterbox, minus padding: 640x480 images at 640 px run at 640x480 instead of 640x640.
+
+    Returns the order (dataset indices, batch after batch) and each image's canvas ``[N, 2]`` (height, width).
+    """
+    heights, widths = (image_hw[:, 0].astype(np.float64), image_hw[:, 1].astype(np.float64))
+    aspect = heights / np.maximum(widths, 1)
+    order = np.argsort(aspect, kind="stable")
+    canvases = np.empty((len(image_hw), 2), np.int64)
+    for start in range(0, len(order), batch):
+        members = order[start : start + batch]
+        low, high = aspect[members].min(), aspect[members].max()
+        shape = (high, 1.0) if high < 1 else (1.0, 1 / low) if low > 1 else (1.0, 1.0)
+        canvases[members] = np.ceil(np.array(shape) * size / multiple - 1e-9).astype(np.int64) * multiple
+    return order, canvases
 
 
 def unletterbox_boxes(boxes: torch.Tensor, meta: ImageMeta) -> torch.Tensor:

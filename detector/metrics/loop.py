@@ -18,24 +18,33 @@ from tqdm import tqdm
 
 from detector.data.build import SplitData
 from detector.data.dataset import collate
-from detector.data.letterbox import ImageMeta
+from detector.data.letterbox import ImageMeta, rect_batches
 from detector.data.workers import worker_init
 from detector.metrics.coco import DETECTION_COLUMNS, EvalResult, evaluate_coco, to_coco_detections
+from detector.model.yolo import INPUT_MULTIPLE
 
 Detections = list[dict[str, torch.Tensor]]
 
 
 def make_val_loader(
-    split: SplitData, *, batch_size: int, workers: int, cpu_compute: bool = False, pin_memory: bool = False
+    split: SplitData, *, batch_size: int, workers: int, cpu_compute: bool = False, pin_memory: bool = False,
+    rect: bool = False,
 ) -> DataLoader:
     """``cpu_compute``: the model runs on the CPU, so the workers yield to it (see detector.data.workers).
 
     ``pin_memory`` (a CUDA model): batches in page-locked memory, so the copy to the GPU runs asynchronously.
+    ``rect``: batches of similar aspect ratio, each padded only to its own canvas (:func:`rect_batches`), for a
+    model that takes any input shape; the images come in that order, not the split's.
     """
+    dataset, order = split.dataset, None
+    if rect and len(dataset):
+        order, canvases = rect_batches(split.records.image_hw, dataset.image_size, batch_size, INPUT_MULTIPLE)
+        dataset = dataset.with_canvases(canvases)
     return DataLoader(
-        split.dataset,
+        dataset,
         batch_size=batch_size,
         shuffle=False,
+        sampler=None if order is None else order.tolist(),
         num_workers=workers,
         collate_fn=collate,
         persistent_workers=workers > 0,

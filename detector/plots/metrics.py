@@ -9,6 +9,7 @@ import torch
 
 from detector.data.build import SplitData
 from detector.data.dataset import collate
+from detector.data.letterbox import ImageMeta, unletterbox_boxes
 from detector.metrics.matching import CONF_GRID, RECALL_GRID, PRCurves, Predictions, ValidationStats, validation_stats
 from detector.plots.batches import plot_val_predictions
 from detector.plots.canvas import new_figure, panel_grid, save_figure
@@ -114,9 +115,16 @@ def plot_all_validation(
     stats.files.append(plot_confusion_matrix(stats.matches.confusion, names, out_dir / "confusion_matrix.png"))
     count = min(max_images, len(split.dataset), len(predictions))
     if count:
-        by_id = {meta.image_id: detection for detection, meta in predictions}
+        by_id = {meta.image_id: (detection, meta) for detection, meta in predictions}
         images, targets, metas = collate([split.dataset[i] for i in range(count)])
         empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.long)}
-        shown = [by_id.get(meta.image_id, empty) for meta in metas]
+        shown = [in_letterbox(*by_id[meta.image_id], meta) if meta.image_id in by_id else empty for meta in metas]
         stats.files.append(plot_val_predictions(images, shown, targets, names, out_dir / "val_batch0_pred.png"))
     return stats
+
+
+def in_letterbox(detection: dict[str, torch.Tensor], scored: ImageMeta, shown: ImageMeta) -> dict[str, torch.Tensor]:
+    """``detection``'s boxes, in the pixels of the letterbox they were scored in (``scored``: a rectangular
+    batch's canvas), moved into the letterbox ``shown`` (the square the figure draws)."""
+    boxes = unletterbox_boxes(detection["boxes"], scored) * shown.ratio
+    return {**detection, "boxes": boxes + torch.tensor(shown.pad * 2, dtype=boxes.dtype)}

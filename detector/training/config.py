@@ -110,6 +110,8 @@ class TrainConfig:
     val_conf: float = option(0.001, "validation confidence threshold")
     val_iou: float = option(0.7, "validation NMS IoU threshold")
     max_det: int = option(300, "detections kept per image in validation")
+    val_rect: bool = option(True, "validation batches of similar aspect ratio, each padded only to its own shape "
+                                  "(Ultralytics' rect val: 640x480 images run at 640x480, not 640x640)")
     coco_eval: str = option("faster", "COCO mAP evaluator: faster (faster-coco-eval, pycocotools' numbers in a fraction "
                                     "of the time; pycocotools when not installed) or pycocotools",
                           choices=COCO_EVAL_CHOICES)

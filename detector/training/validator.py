@@ -54,7 +54,7 @@ class Validator:
         if self._loader is None:
             self._loader = make_val_loader(self.split, batch_size=validation_batch(self.config, self.device),
                                            workers=self.config.workers, cpu_compute=self.device.type == "cpu",
-                                           pin_memory=self.device.type == "cuda")
+                                           pin_memory=self.device.type == "cuda", rect=self.config.val_rect)
         return self._loader
 
     def batches(self) -> Iterable[tuple]:

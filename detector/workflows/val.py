@@ -30,6 +30,7 @@ from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
 from detector.device import resolve_device
 from detector.inference import Backend, load_backend
+from detector.inference.fusion import fuse_conv_bn
 from detector.inference.pt_model import model_from_pt
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend, half_precision, make_torch_infer
 from detector.metrics.coco import BACKENDS, evaluator_name, resolve_backend
@@ -60,13 +61,15 @@ class ValOptions(Options):
     conf: float = option(0.001, "confidence threshold before NMS")
     iou: float = option(0.7, "NMS IoU threshold")
     max_det: int = option(300, "detections kept per image")
+    rect: bool = option(True, "batches of similar aspect ratio, each padded only to its own shape, where the model "
+                              "takes any input shape (PyTorch weights, --dynamic exports); as training validates")
     split: str = option("val", "dataset split to score", choices=("val", "test"))
     coco_eval: str = option("faster", "COCO mAP evaluator: faster (faster-coco-eval; pycocotools when not installed) "
                                       "or pycocotools (the same numbers, slower)", choices=BACKENDS)
     device: str = option("", "cpu, cuda or cuda:N (default: cuda when available)")
     fp32: bool = option(False, "run the model in FP32 (no FP16/BF16 autocast)")
     half: bool = option(False, "a prepared copy: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, "
-                               "else FP32; BatchNorm folded (default: off, autocast)")
+                               "else FP32 (default: off, autocast); BatchNorm is folded either way")
     plots: bool = option(True, "write PR curve, confusion matrix and prediction images")
     project: Path = option(Path("runs/val"), "parent folder of the run folder")
     name: str = option("exp", "run folder name (suffixed 2, 3... when it exists)")
@@ -103,6 +106,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
         raise ValueError("--half and --fp32 contradict each other; pick one")
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
                     multi_label=True)
+    any_shape = True  # PyTorch runs any input shape; an export only where its graph is dynamic
     if options.weights.suffix.lower() == ".pt":
         model, checkpoint = model_from_pt(options.weights)
         num_classes, names = model.num_classes, checkpoint.get("names")
@@ -113,11 +117,12 @@ def run_val(options: ValOptions) -> dict[str, float]:
             precision = Precision(half_precision(device), device.type, "--half: weights converted, no autocast")
             info = ModelInfo(names=spec.names, strides=tuple(model.strides), imgsz=image_size, dynamic=True)
             infer = TorchBackend(model, info, device=str(device), precision=precision.name, nms=nms)
-        else:
-            infer = make_torch_infer(model, precision=precision, nms=nms, device=device)
+        else:  # BatchNorm folded, as training's validation runs it (detector/inference/fusion.py)
+            infer = make_torch_infer(fuse_conv_bn(model.eval()), precision=precision, nms=nms, device=device)
         runtime = f"{device.type} {precision.name.upper()} ({precision.reason})"
     else:
         backend = load_backend(options.weights, device=str(device), nms=nms)
+        any_shape = backend.info.dynamic
         num_classes, names = len(backend.info.names), backend.info.names
         image_size = exported_image_size(options.imgsz, backend)
         if backend.info.nms is not None:
@@ -132,15 +137,16 @@ def run_val(options: ValOptions) -> dict[str, float]:
         print(f"note: class names differ between {options.weights} and {options.data}; the table uses the data YAML's")
     # One pass over the images, so a RAM cache would only add its own load time and memory.
     split = build_split(spec, options.split, image_size=image_size, augment=None, cache="false")
+    rect = options.rect and any_shape
     coco_eval = resolve_backend(options.coco_eval)
     # A failure inside removes the run folder it claimed: a failed val leaves nothing behind.
     with run_folder(options.project, options.name) as save_dir:
         print(f"val: {options.weights} on {spec.yaml_path.name} '{options.split}' ({len(split.records)} images), "
-              f"imgsz {image_size}, {runtime}, "
+              f"imgsz {image_size}{' (rect batches)' if rect else ''}, {runtime}, "
               f"COCO eval {evaluator_name(coco_eval)}")
 
         loader = make_val_loader(split, batch_size=options.batch, workers=options.workers,
-                                 cpu_compute=device.type == "cpu")
+                                 cpu_compute=device.type == "cpu", rect=rect)
         validation = run_validation(
             infer,
             split,

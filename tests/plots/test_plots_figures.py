@@ -104,3 +104,16 @@ def test_pr_and_confusion_figures_are_fast(tmp_path: Path, assert_png) -> None:
     few = pr_curves(np.array([True, False]), np.array([0.9, 0.5]), np.array([0, 1]), np.array([0, 1]), 2)
     assert_png(plot_pr_curves(few, ["a", "b"], tmp_path / "PR_few.png"))
     assert_png(plot_confusion_matrix(np.eye(3, dtype=int), ["a", "b"], tmp_path / "cm_few.png", normalize=False))
+
+
+def test_predictions_scored_in_a_rectangular_batch_are_drawn_where_the_square_shows_the_image():
+    from detector.data.letterbox import ImageMeta
+    from detector.plots.metrics import in_letterbox
+
+    # A 120 x 160 image at 160 px: scored in a 128-row canvas (4 rows above), drawn in the square (20 rows above).
+    scored, shown = ImageMeta(7, (120, 160), 1.0, (0.0, 4.0)), ImageMeta(7, (120, 160), 1.0, (0.0, 20.0))
+    detection = {"boxes": torch.tensor([[10.0, 14.0, 50.0, 44.0]]), "scores": torch.tensor([0.9]),
+                 "labels": torch.tensor([1])}
+    moved = in_letterbox(detection, scored, shown)
+    assert torch.equal(moved["boxes"], torch.tensor([[10.0, 30.0, 50.0, 60.0]]))
+    assert moved["scores"] is detection["scores"] and moved["labels"] is detection["labels"]

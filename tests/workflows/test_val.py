@@ -25,3 +25,15 @@ def test_half_runs_the_prepared_backend_and_refuses_fp32(checkpoint, yolo_yaml, 
     assert f"cpu {half_precision('cpu').upper()} (--half: weights converted, no autocast)" in capsys.readouterr().out
     with pytest.raises(ValueError, match="--half and --fp32"):
         run_val(ValOptions(**common, half=True, fp32=True))
+
+
+def test_rect_batches_where_the_model_takes_any_shape(checkpoint, onnx_fp32, yolo_yaml, tmp_path, capsys) -> None:
+    """PyTorch weights validate in rectangular batches unless --no-rect; a fixed-shape export always in squares."""
+    from detector.workflows.val import ValOptions, run_val
+
+    common = {"data": yolo_yaml, "workers": 0, "batch": 2, "device": "cpu", "plots": False, "project": tmp_path}
+    headers = []
+    for weights, rect in ((checkpoint, True), (checkpoint, False), (onnx_fp32, True)):
+        run_val(ValOptions(weights=weights, rect=rect, **common))
+        headers.append(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("val: ")))
+    assert ["(rect batches)" in header for header in headers] == [True, False, False]

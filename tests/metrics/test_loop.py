@@ -1,0 +1,86 @@
+"""Validation batches: square letterboxes, or rectangular ones padded only to each batch's canvas."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from detector.boxes import cxcywh_to_xyxy
+from detector.data.build import SplitData, build_split
+from detector.data.letterbox import unletterbox_boxes
+from detector.data.spec import load_dataset_spec
+from detector.metrics.loop import make_val_loader, run_validation
+
+SIZE = 160
+# (height, width) and YOLO rows: landscape, portrait and square images, so batches get different canvases.
+IMAGES = [((96, 160), [(0, 0.5, 0.5, 0.4, 0.5)]), ((160, 96), [(1, 0.3, 0.6, 0.4, 0.2)]),
+          ((120, 160), [(0, 0.25, 0.25, 0.2, 0.3), (1, 0.7, 0.7, 0.3, 0.3)]), ((160, 160), [(1, 0.5, 0.5, 0.5, 0.5)]),
+          ((100, 160), [(0, 0.6, 0.4, 0.3, 0.4)])]
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory) -> SplitData:
+    root = tmp_path_factory.mktemp("rect")
+    for folder in ("images/val", "labels/val"):
+        (root / folder).mkdir(parents=True)
+    for index, ((height, width), rows) in enumerate(IMAGES):
+        cv2.imwrite(str(root / "images" / "val" / f"{index}.png"), np.full((height, width, 3), 60, np.uint8))
+        (root / "labels" / "val" / f"{index}.txt").write_text("".join(f"{c} {x} {y} {w} {h}\n" for c, x, y, w, h in rows))
+    (root / "data.yaml").write_text("path: .\ntrain: images/val\nval: images/val\nnames: [a, b]\n")
+    return build_split(load_dataset_spec(root / "data.yaml"), "val", image_size=SIZE, augment=None, cache="none")
+
+
+def original_boxes(split: SplitData, image_id: int) -> torch.Tensor:
+    index = int(np.flatnonzero(split.records.image_ids == image_id)[0])
+    height, width = split.records.image_hw[index]
+    labels = torch.from_numpy(split.records.labels_of(index)[:, 1:5].copy())
+    return cxcywh_to_xyxy(labels) * torch.tensor([width, height, width, height], dtype=torch.float32)
+
+
+@pytest.mark.parametrize("rect", [False, True])
+def test_targets_and_metas_of_each_batch_map_back_to_the_ground_truth(split: SplitData, rect: bool):
+    loader = make_val_loader(split, batch_size=2, workers=0, rect=rect)
+    seen, shapes = [], []
+    for images, targets, metas in loader:
+        height, width = images.shape[-2:]
+        shapes.append((height, width))
+        assert height % 32 == 0 and width % 32 == 0 and max(height, width) == SIZE
+        for position, meta in enumerate(metas):
+            rows = targets[targets[:, 0] == position]
+            boxes = cxcywh_to_xyxy(rows[:, 2:6]) * torch.tensor([width, height, width, height])
+            want = original_boxes(split, meta.image_id)
+            # The boxes were scaled by the resized image's rounded sides, the undo divides by the exact ratio: up
+            # to half a resized pixel per side, 0.5 / ratio original pixels (ratio 1 here), plus FP32 rounding.
+            assert torch.allclose(unletterbox_boxes(boxes, meta), want, atol=0.5 / meta.ratio + 1e-3)
+            seen.append(meta.image_id)
+    assert sorted(seen) == sorted(split.records.image_ids.tolist())
+    if rect:  # by aspect: the 96- and 100-row landscapes share 128 rows; 120 rows with the square: square; the portrait
+        assert shapes == [(128, 160), (160, 160), (160, 96)]
+    else:
+        assert shapes == [(SIZE, SIZE)] * 3
+
+
+def test_an_oracle_scores_the_same_on_rectangular_and_square_batches(split: SplitData):
+    """An ``infer`` that returns the ground truth, placed in each batch's own input pixels: mAP 1 either way, so
+    the detections come back to the original images' pixels from either letterbox."""
+    for rect in (False, True):
+        loader = make_val_loader(split, batch_size=2, workers=0, rect=rect)
+        batches = list(loader)
+        truth = iter(batches)
+
+        def oracle(images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+            _, targets, _ = next(truth)
+            height, width = images.shape[-2:]
+            out = []
+            for position in range(len(images)):
+                rows = targets[targets[:, 0] == position]
+                boxes = cxcywh_to_xyxy(rows[:, 2:6]) * torch.tensor([width, height, width, height])
+                out.append({"boxes": boxes, "scores": torch.ones(len(rows)), "labels": rows[:, 1].long()})
+            return out
+
+        result = run_validation(oracle, split, batches, progress=False)
+        assert result.metrics["mAP50-95"] == pytest.approx(1.0), rect
