@@ -222,10 +222,11 @@ class DetectionDataset(Dataset):
             size = (self.image_size, self.image_size)
             return image, boxes, classes, ImageMeta(image_id, size, 1.0, (0.0, 0.0), pixel_ops)
         resized, original_hw = self.load(index)
-        image, _, pad = letterbox(resized, self.image_size, self.canvas(index))
-        ratio = self.image_size / max(original_hw)
+        # ``shrink`` is 1 unless the image no longer fits the canvas its recorded size gave (see letterbox).
+        image, shrink, pad = letterbox(resized, self.image_size, self.canvas(index))
+        ratio = self.image_size / max(original_hw) * shrink
         _, boxes, classes = self._image_and_boxes(index, resized)
-        boxes = boxes + np.array(pad * 2, np.float32)
+        boxes = boxes * np.float32(shrink) + np.array(pad * 2, np.float32)
         return image, boxes, classes, ImageMeta(image_id, original_hw, ratio, pad)
 
     def _blank_item(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, ImageMeta]:
@@ -233,8 +234,8 @@ class DetectionDataset(Dataset):
         height, width = (int(v) for v in self.records.image_hw[index])
         ratio = self.image_size / max(height, width)
         resized = np.full((max(round(height * ratio), 1), max(round(width * ratio), 1), 3), PAD_VALUE, np.uint8)
-        image, _, pad = letterbox(resized, self.image_size, self.canvas(index))
-        meta = ImageMeta(int(self.records.image_ids[index]), (height, width), ratio, pad)
+        image, shrink, pad = letterbox(resized, self.image_size, self.canvas(index))
+        meta = ImageMeta(int(self.records.image_ids[index]), (height, width), ratio * shrink, pad)
         return image, np.zeros((0, 4), np.float32), np.zeros(0, np.float32), meta
 
 

@@ -37,14 +37,15 @@ def letterbox(
     image: np.ndarray, size: int, canvas: tuple[int, int] | None = None
 ) -> tuple[np.ndarray, float, tuple[float, float]]:
     """Resize keeping aspect ratio so the long side is ``size``, pad to ``canvas`` (height, width; default
-    ``size x size``), centred.
+    ``size x size``), centred. An image that would not fit the canvas (its file changed since the scan that sized
+    the canvas) is scaled down until it does: the ratio says so, and boxes still map back.
 
     Returns the image, the scale ratio and the (left, top) padding in pixels: original coordinates map
     to letterboxed ones as ``x * ratio + pad``.
     """
     height, width = image.shape[:2]
     canvas_h, canvas_w = canvas or (size, size)
-    ratio = size / max(height, width)
+    ratio = min(size / max(height, width), canvas_h / height, canvas_w / width)
     new_w, new_h = round(width * ratio), round(height * ratio)
     if (new_w, new_h) != (width, height):
         image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)

@@ -24,7 +24,10 @@ IMAGES = [((96, 160), [(0, 0.5, 0.5, 0.4, 0.5)]), ((160, 96), [(1, 0.3, 0.6, 0.4
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory: pytest.TempPathFactory) -> SplitData:
-    root = tmp_path_factory.mktemp("rect")
+    return write_split(tmp_path_factory.mktemp("rect"))
+
+
+def write_split(root: Path) -> SplitData:
     for folder in ("images/val", "labels/val"):
         (root / folder).mkdir(parents=True)
     for index, ((height, width), rows) in enumerate(IMAGES):
@@ -84,3 +87,24 @@ def test_an_oracle_scores_the_same_on_rectangular_and_square_batches(split: Spli
 
         result = run_validation(oracle, split, batches, progress=False)
         assert result.metrics["mAP50-95"] == pytest.approx(1.0), rect
+
+
+def test_an_image_changed_since_the_scan_is_shrunk_into_its_batchs_canvas(tmp_path: Path):
+    """The canvases come from the sizes the scan recorded; an image replaced since by a taller one still fits its
+    batch (scaled down further), and its boxes still map back to its own pixels."""
+    split = write_split(tmp_path)
+    cv2.imwrite(str(tmp_path / "images" / "val" / "0.png"), np.full((160, 96, 3), 60, np.uint8))  # was 96 x 160
+    seen = []
+    for images, targets, metas in make_val_loader(split, batch_size=2, workers=0, rect=True):
+        height, width = images.shape[-2:]
+        for position, meta in enumerate(metas):
+            if meta.image_id != 0:
+                continue
+            seen.append(meta.image_id)
+            assert (height, width) == (128, 160) and meta.original_hw == (160, 96) and meta.ratio == 0.8
+            rows = targets[targets[:, 0] == position]
+            boxes = cxcywh_to_xyxy(rows[:, 2:6]) * torch.tensor([width, height, width, height])
+            label = torch.tensor([IMAGES[0][1][0][1:]])  # its label file still holds the old normalised box
+            want = cxcywh_to_xyxy(label) * torch.tensor([96, 160, 96, 160])
+            assert torch.allclose(unletterbox_boxes(boxes, meta), want, atol=0.5 / meta.ratio + 1e-3)
+    assert seen == [0]
