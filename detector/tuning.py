@@ -22,6 +22,8 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -106,3 +108,17 @@ def autotune_convolutions(device: torch.device, *, input_shapes: int, steps: int
         enabled = policy == "on"
     torch.backends.cudnn.benchmark = enabled
     return enabled
+
+
+@contextmanager
+def heuristics_over_many_shapes(device: torch.device, shapes: int) -> Iterator[None]:
+    """cuDNN's heuristics, not its autotuning, for a block that runs more than ``MAX_AUTOTUNED_SHAPES`` input shapes
+    (rectangular validation batches of varied data: each new shape would be timed once, per dtype); elsewhere, and
+    when the run does not autotune, the setting is left as it is. Restored on exit."""
+    before = torch.backends.cudnn.benchmark
+    if device.type == "cuda" and before and shapes > MAX_AUTOTUNED_SHAPES:
+        torch.backends.cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before

@@ -99,3 +99,18 @@ def test_cuda_autotunes_only_where_the_timing_can_pay_back(monkeypatch):
     assert torch.backends.cudnn.benchmark is False
     with pytest.raises(ValueError, match="--cudnn-benchmark"):
         autotune_convolutions(cuda, input_shapes=1, steps=1, policy="always")
+
+
+def test_validation_over_many_shapes_uses_heuristics_and_restores_the_setting(monkeypatch):
+    from detector.tuning import heuristics_over_many_shapes
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    cuda = torch.device("cuda")  # a device object only: nothing runs on it
+    for device, shapes, inside in ((cuda, MAX_AUTOTUNED_SHAPES + 1, False), (cuda, MAX_AUTOTUNED_SHAPES, True),
+                                   (torch.device("cpu"), 100, True)):
+        with heuristics_over_many_shapes(device, shapes):
+            assert torch.backends.cudnn.benchmark is inside
+        assert torch.backends.cudnn.benchmark is True
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # a run that does not autotune: left off
+    with heuristics_over_many_shapes(cuda, 1):
+        assert torch.backends.cudnn.benchmark is False

@@ -25,12 +25,15 @@ class CudaGraphRunner:
     """``runner(x) -> function(x)``, for a ``function`` of one CUDA tensor returning one tensor.
 
     The output is a fresh tensor (a clone of the graph's static output), so results of earlier calls stay
-    valid. Each distinct ``(shape, dtype, strides)`` is captured once and kept (its memory too).
+    valid. Each distinct ``(shape, dtype, strides)`` is captured once and kept, in one memory pool per device.
     """
 
     def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
         self.function = function
         self.graphs: dict[tuple, CapturedGraph] = {}
+        # One memory pool per device for all of its graphs: they never run at once, and every replay's output is
+        # cloned before the next, so a new shape costs its own activations only once, not a pool of its own.
+        self.pools: dict[torch.device, tuple] = {}
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
         if inputs.device.type != "cuda":
@@ -55,6 +58,7 @@ class CudaGraphRunner:
                 self.function(static_input)
         torch.cuda.current_stream(inputs.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=self.pools.get(inputs.device)):
             static_output = self.function(static_input)
+        self.pools.setdefault(inputs.device, graph.pool())
         return CapturedGraph(graph, static_input, static_output)

@@ -8,6 +8,7 @@ final evaluation and the ``val`` command alike.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -47,6 +48,7 @@ class RunReporter:
         self.board = None
         self.clock = clock
         self._results_plotted_at, self._results_plot_cost = clock(), 0.0
+        self._rows_undrawn = False  # results.csv has rows results.png does not show yet
         if tensorboard:
             from detector.plots.tensorboard import TensorBoardLogger  # optional dependency: imported when asked for
 
@@ -66,6 +68,7 @@ class RunReporter:
         if self.board is not None:
             self.board.scalars({k: v for k, v in row.items() if isinstance(v, (int, float))}, epoch)
         wait = max(RESULTS_PLOT_SECONDS, self._results_plot_cost / PLOT_SHARE)
+        self._rows_undrawn = self.plots
         if self.plots and self.clock() - self._results_plotted_at >= wait:
             self._plot_results()
 
@@ -76,6 +79,7 @@ class RunReporter:
         plot_results(self.run_dir / "results.csv", self.run_dir / "results.png")
         self._results_plotted_at = self.clock()
         self._results_plot_cost = self._results_plotted_at - start
+        self._rows_undrawn = False
 
     def on_final(self, validation: Validation, val: SplitData) -> str:
         """PR curves, confusion matrix, prediction images; returns the per-class table."""
@@ -89,7 +93,15 @@ class RunReporter:
         return table
 
     def close(self) -> None:
-        """Flush and close TensorBoard's event file (also for a run that stopped early); safe to call again."""
+        """Draw results.png if it misses rows (a run stopped by Ctrl-C or an error gets no final report), flush and
+        close TensorBoard's event file; safe to call again. A plot that fails here is one warning, so it never
+        hides the error that stopped the run."""
+        if self._rows_undrawn and (self.run_dir / "results.csv").is_file():
+            try:
+                self._plot_results()
+            except Exception as error:  # noqa: BLE001 - the run's own outcome matters more than its figure
+                warnings.warn(f"{self.run_dir / 'results.png'}: not drawn ({error})", stacklevel=2)
+            self._rows_undrawn = False
         if self.board is not None:
             self.board.close()
             self.board = None

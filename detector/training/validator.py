@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
@@ -20,6 +21,7 @@ from detector.postprocess import NMSConfig
 from detector.precision import Precision
 from detector.training.config import TrainConfig
 from detector.training.probe import time_validation_images
+from detector.tuning import heuristics_over_many_shapes
 
 # Validation batches are kept in memory after the first pass when the split's letterboxed images take at most this
 # many bytes (BCCD's 87 images at 640 px: 107 MB; COCO val2017's 5,000: 6.1 GB, loaded every time). Validation
@@ -48,6 +50,7 @@ class Validator:
         self._loader: DataLoader | None = None
         self._kept: list[tuple] | None = None
         self._copy: FusedCopy | None = None
+        self.canvases: np.ndarray | None = None  # each image's (height, width) in rectangular batches, once known
         self.keep = len(split.records) * 3 * split.dataset.image_size**2 <= KEEP_BATCHES_BYTES  # uint8 pixels
 
     def loader(self) -> DataLoader:
@@ -55,6 +58,7 @@ class Validator:
             self._loader = make_val_loader(self.split, batch_size=validation_batch(self.config, self.device),
                                            workers=self.config.workers, cpu_compute=self.device.type == "cpu",
                                            pin_memory=self.device.type == "cuda", rect=self.config.val_rect)
+            self.canvases = self._loader.dataset.canvas_hw  # type: ignore[attr-defined]
         return self._loader
 
     def batches(self) -> Iterable[tuple]:
@@ -92,12 +96,18 @@ class Validator:
     def run(self, model: nn.Module, precision: Precision, *, keep_predictions: bool = False) -> Validation:
         # predictions.json is written by the final evaluations only (the trainer's after_epoch and after_train): at
         # COCO size (1.5M detections) its json.dumps costs seconds, every epoch, for a file the next epoch replaces.
-        return run_validation(self.infer(model, precision), self.split, self.batches(), progress=self.progress,
-                              keep_predictions=keep_predictions, coco_eval=resolve_backend(self.config.coco_eval))
+        batches = self.batches()
+        shapes = 1 if self.canvases is None else len(np.unique(self.canvases, axis=0))
+        with heuristics_over_many_shapes(self.device, shapes):
+            return run_validation(self.infer(model, precision), self.split, batches, progress=self.progress,
+                                  keep_predictions=keep_predictions, coco_eval=resolve_backend(self.config.coco_eval))
 
     def seconds_per_image(self, model: nn.Module, precision: Precision) -> float | None:
         """Inference and NMS on part of the first validation batch, for the ``--time`` probe (None: no images)."""
         if not len(self.split.records):
             return None
         images = self._kept[0][0] if self._kept else next(iter(self.loader()))[0]
-        return time_validation_images(self.infer(model, precision), images)
+        seconds = time_validation_images(self.infer(model, precision), images)
+        if self.canvases is not None:  # rectangular batches come in aspect order: scale to the mean canvas's pixels
+            seconds *= float((self.canvases[:, 0] * self.canvases[:, 1]).mean()) / (images.shape[-2] * images.shape[-1])
+        return seconds

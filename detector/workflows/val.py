@@ -61,8 +61,8 @@ class ValOptions(Options):
     conf: float = option(0.001, "confidence threshold before NMS")
     iou: float = option(0.7, "NMS IoU threshold")
     max_det: int = option(300, "detections kept per image")
-    rect: bool = option(True, "batches of similar aspect ratio, each padded only to its own shape, where the model "
-                              "takes any input shape (PyTorch weights, --dynamic exports); as training validates")
+    rect: bool = option(True, "batches of similar aspect ratio, each padded only to its own shape, as training "
+                              "validates (PyTorch weights; exports and --half on CUDA score in squares)")
     split: str = option("val", "dataset split to score", choices=("val", "test"))
     coco_eval: str = option("faster", "COCO mAP evaluator: faster (faster-coco-eval; pycocotools when not installed) "
                                       "or pycocotools (the same numbers, slower)", choices=BACKENDS)
@@ -106,8 +106,11 @@ def run_val(options: ValOptions) -> dict[str, float]:
         raise ValueError("--half and --fp32 contradict each other; pick one")
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
                     multi_label=True)
-    any_shape = True  # PyTorch runs any input shape; an export only where its graph is dynamic
+    # Rectangular batches for PyTorch weights only: an export's runtime may build an engine per input shape
+    # (onnxruntime's TensorRT provider, minutes each), and so does --half on CUDA (a CUDA graph per shape).
+    shapes_are_free = False
     if options.weights.suffix.lower() == ".pt":
+        shapes_are_free = not (options.half and device.type == "cuda")
         model, checkpoint = model_from_pt(options.weights)
         num_classes, names = model.num_classes, checkpoint.get("names")
         image_size = resolve_image_size(options.imgsz, checkpoint.get("config"))
@@ -122,7 +125,6 @@ def run_val(options: ValOptions) -> dict[str, float]:
         runtime = f"{device.type} {precision.name.upper()} ({precision.reason})"
     else:
         backend = load_backend(options.weights, device=str(device), nms=nms)
-        any_shape = backend.info.dynamic
         num_classes, names = len(backend.info.names), backend.info.names
         image_size = exported_image_size(options.imgsz, backend)
         if backend.info.nms is not None:
@@ -137,7 +139,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
         print(f"note: class names differ between {options.weights} and {options.data}; the table uses the data YAML's")
     # One pass over the images, so a RAM cache would only add its own load time and memory.
     split = build_split(spec, options.split, image_size=image_size, augment=None, cache="false")
-    rect = options.rect and any_shape
+    rect = options.rect and shapes_are_free
     coco_eval = resolve_backend(options.coco_eval)
     # A failure inside removes the run folder it claimed: a failed val leaves nothing behind.
     with run_folder(options.project, options.name) as save_dir:

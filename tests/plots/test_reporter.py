@@ -49,3 +49,29 @@ def test_a_run_that_stops_early_still_has_its_tensorboard_events_on_disk(tmp_pat
     reporter.close()  # again, as the trainer's clean-up may after the final report: nothing happens
     events = list(tmp_path.rglob("events.out.tfevents.*"))
     assert events and sum(path.stat().st_size for path in events) > size_before
+
+
+def test_a_run_stopped_before_its_first_redraw_still_gets_results_png_when_closed(tmp_path: Path, monkeypatch):
+    drawn = []
+    monkeypatch.setattr(detector.plots, "plot_results", lambda csv, png: drawn.append(png))
+    (tmp_path / "results.csv").write_text("epoch\n1\n")
+    reporter = RunReporter(tmp_path, ["a"], plots=True, tensorboard=False, clock=FakeClock(now=0.0))
+    reporter.on_epoch_end({"epoch": 1}, 0)  # within the first 30 s: not drawn
+    assert drawn == []
+    reporter.close()  # a Ctrl-C: no final report, but the figure shows the epochs done
+    reporter.close()
+    assert drawn == [tmp_path / "results.png"]
+
+
+def test_a_figure_that_fails_while_closing_is_one_warning(tmp_path: Path, monkeypatch):
+    import pytest
+
+    def broken(csv, png):
+        raise ValueError("no font")
+
+    monkeypatch.setattr(detector.plots, "plot_results", broken)
+    (tmp_path / "results.csv").write_text("epoch\n1\n")
+    reporter = RunReporter(tmp_path, ["a"], plots=True, tensorboard=False, clock=FakeClock(now=0.0))
+    reporter.on_epoch_end({"epoch": 1}, 0)
+    with pytest.warns(UserWarning, match=r"results\.png: not drawn \(no font\)"):
+        reporter.close()

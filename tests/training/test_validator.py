@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 import detector.training.validator as validator_module
@@ -62,3 +63,16 @@ def test_validation_runs_a_folded_copy_made_once_per_model_and_dtype(tiny_split:
     assert all(p.dtype == torch.float16 for p in half.parameters())
     assert all(p.dtype == torch.float32 for p in model.parameters())  # the EMA itself stays FP32
     assert validator.model_for(model, Precision("fp32", "cuda", "final")) is not half  # the final FP32 evaluation
+
+
+def test_the_time_probe_scales_the_first_rectangular_batch_to_the_mean_canvas(tmp_path, monkeypatch):
+    from tests.metrics.test_loop import write_split
+
+    split = write_split(tmp_path)  # 160 px: canvases 128x160 (2 images), 160x160 (2), 160x96 (1)
+    monkeypatch.setattr(validator_module, "time_validation_images", lambda infer, images: 1.0)
+    validator = Validator(split, _config(imgsz=160, batch=1), torch.device("cpu"), progress=False)
+    seconds = validator.seconds_per_image(_model(), Precision("fp32", "cpu", "test"))
+    mean_pixels = (2 * 128 * 160 + 2 * 160 * 160 + 160 * 96) / 5
+    assert seconds == pytest.approx(mean_pixels / (128 * 160))  # the first batch is the widest landscape
+    square = Validator(split, _config(imgsz=160, batch=1, val_rect=False), torch.device("cpu"), progress=False)
+    assert square.seconds_per_image(_model(), Precision("fp32", "cpu", "test")) == 1.0
