@@ -156,7 +156,8 @@ def main() -> int:
     images = len(split.records)
     print(f"\n{images} val images of {args.data}, imgsz {size}, batch {args.batch}, workers {args.workers}, "
           f"{device} {precision.name}, {'folded' if args.fold else 'BatchNorm kept'}, "
-          f"{'channels-last' if args.channels_last else 'contiguous'}, weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
+          f"{'channels-last' if args.channels_last else 'contiguous'}, "
+          f"weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
           f"conf {args.conf}, max_det {args.max_det}; "
           f"{statistics.median(p['candidates'] for p in passes) / images:.0f} "
           f"(anchor, class) pairs above conf and {statistics.median(p['detections'] for p in passes) / images:.0f} "

@@ -73,7 +73,9 @@ def non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) 
         return list(pool.map(lambda image: _kept(*image, config), per_image))
 
 
-def _kept(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, config: NMSConfig) -> dict[str, torch.Tensor]:
+def _kept(
+    boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, config: NMSConfig
+) -> dict[str, torch.Tensor]:
     keep = batched_nms(boxes, scores, labels, config.iou_threshold)[: config.max_detections]
     return {"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]}
 

@@ -55,8 +55,9 @@ class DetectionDataset(Dataset):
 
     Training items are ``(image uint8 [3, S, S], labels [n, 5] (class, cx, cy, w, h normalised), meta)``
     after mosaic/affine/HSV/albumentations/flip; evaluation items are letterboxed to ``S x S`` (or to their
-    rectangular batch's canvas: :meth:`with_canvases`) with no augmentation. With ``pixel_ops_on_device`` the HSV gains and flips are drawn as always and the
-    boxes flipped, but the pixels are left to the training step: ``meta.pixel_ops`` carries them there
+    rectangular batch's canvas: :meth:`with_canvases`) with no augmentation. With ``pixel_ops_on_device`` the
+    HSV gains and flips are drawn as always and the boxes flipped, but the pixels are left to the training
+    step: ``meta.pixel_ops`` carries them there
     (:mod:`detector.data.batch_augment`). With ``geometry_on_device`` too, mosaic and the random affine are
     drawn and the boxes moved, but the item's image is a :class:`WarpSource` (the source pixels the warp
     reads, and its matrix) that the training step warps (:mod:`detector.data.device_augment`).
@@ -242,7 +243,8 @@ class DetectionDataset(Dataset):
 def collate(
     batch: list[tuple[torch.Tensor | WarpSource, torch.Tensor, ImageMeta]],
 ) -> tuple[torch.Tensor | WarpBatch, torch.Tensor, list[ImageMeta]]:
-    """-> images ``uint8 [B, 3, H, W]`` (``S x S`` but in rectangular evaluation batches), targets ``[N, 6]`` (image index, class, cx, cy, w, h), metas.
+    """-> images ``uint8 [B, 3, H, W]`` (``S x S`` but in rectangular evaluation batches), targets ``[N, 6]``
+    (image index, class, cx, cy, w, h), metas.
 
     The images come out in channels-last memory (the decoder's HWC order), the layout the model trains
     in, so the training step needs no transposing copy of the batch. Items whose geometry is left to the

@@ -32,7 +32,8 @@ def write_split(root: Path) -> SplitData:
         (root / folder).mkdir(parents=True)
     for index, ((height, width), rows) in enumerate(IMAGES):
         cv2.imwrite(str(root / "images" / "val" / f"{index}.png"), np.full((height, width, 3), 60, np.uint8))
-        (root / "labels" / "val" / f"{index}.txt").write_text("".join(f"{c} {x} {y} {w} {h}\n" for c, x, y, w, h in rows))
+        lines = "".join(f"{c} {x} {y} {w} {h}\n" for c, x, y, w, h in rows)
+        (root / "labels" / "val" / f"{index}.txt").write_text(lines)
     (root / "data.yaml").write_text("path: .\ntrain: images/val\nval: images/val\nnames: [a, b]\n")
     return build_split(load_dataset_spec(root / "data.yaml"), "val", image_size=SIZE, augment=None, cache="none")
 
