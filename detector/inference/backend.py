@@ -30,6 +30,9 @@ class Backend(ABC):
     """
 
     name = "backend"
+    # True where any input shape runs as it is, nothing built or captured per shape (PyTorch on the CPU): predict
+    # then pads each image only to its own stride-divisible canvas instead of the square.
+    shapes_are_free = False
 
     def __init__(self, info: ModelInfo, nms: NMSConfig | None = None) -> None:
         self.info = info

@@ -7,25 +7,31 @@ import torch
 import torch.nn.functional as F
 
 from detector.data.augment import PAD_VALUE
-from detector.data.letterbox import ImageMeta, letterbox, unletterbox_boxes
+from detector.data.letterbox import ImageMeta, letterbox, rect_batches, unletterbox_boxes
 
 Detections = list[dict[str, torch.Tensor]]  # per image {boxes [N, 4] xyxy px, scores [N], labels [N]}
 
 
 def prepare_batch(
-    images_rgb: list[np.ndarray], size: int, device: torch.device | str | None = None
+    images_rgb: list[np.ndarray], size: int, device: torch.device | str | None = None, *, tight: int | None = None
 ) -> tuple[torch.Tensor, list[ImageMeta]]:
     """RGB ``uint8 [H, W, 3]`` images -> ``uint8 [B, 3, size, size]`` letterboxed batch and how each was letterboxed
     (``image_id`` is the position in the batch).
 
     On the CPU (``device`` None or a CPU) with OpenCV; on a CUDA ``device`` with :func:`letterbox_on_device`,
-    so only the uint8 originals cross the bus and the batch comes back on the GPU.
+    so only the uint8 originals cross the bus and the batch comes back on the GPU. ``tight`` (the model's largest
+    stride; CPU only): pad the batch only to the smallest canvas of sides divisible by it that holds every image
+    (a 640x480 photo at 640 px: 640x480, not 640x640), for a backend that takes any input shape as it is.
     """
     if device is not None and torch.device(device).type == "cuda":
         return letterbox_on_device(images_rgb, size, torch.device(device))
+    canvas = None
+    if tight and images_rgb:  # one batch: rect_batches puts every image on one canvas (square if they mix)
+        shapes = np.array([image.shape[:2] for image in images_rgb])
+        canvas = tuple(int(side) for side in rect_batches(shapes, size, len(images_rgb), tight)[1][0])
     tensors, transforms = [], []
     for index, image in enumerate(images_rgb):
-        boxed, ratio, pad = letterbox(image, size)
+        boxed, ratio, pad = letterbox(image, size, canvas)
         tensors.append(torch.from_numpy(np.ascontiguousarray(boxed.transpose(2, 0, 1))))
         transforms.append(ImageMeta(index, image.shape[:2], ratio, pad))
     return torch.stack(tensors), transforms

@@ -90,7 +90,8 @@ class TorchBackend(Backend):
         self.model = fused.to(self.device, self.dtype, memory_format=layout)
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self.decode
         if self.device.type == "cuda":
-            self.forward = CudaGraphRunner(self.decode)
+            self.forward = CudaGraphRunner(self.decode)  # a graph per input shape: square inputs keep them few
+        self.shapes_are_free = self.device.type != "cuda"
         self.name = f"pytorch {precision}" + (" cuda graph" if self.device.type == "cuda" else "")
 
     def decode(self, images: torch.Tensor) -> torch.Tensor:

@@ -108,7 +108,9 @@ def detect(backend: Backend, frame: Frame, *, size: int, classes: tuple[int, ...
     """One frame through the model -> ``{"file", "frame", "boxes"`` float32 ``[N, 4]`` xyxy original pixels,
     ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``, ``"names"}``; only ``classes`` kept when given
     (after NMS, which runs per class, so the kept boxes are those an unfiltered run finds)."""
-    batch, transforms = prepare_batch([frame.image], size, device=getattr(backend, "device", None))
+    # No padding beyond the stride where the backend takes any shape as it is (see Backend.shapes_are_free).
+    tight = backend.info.stride if getattr(backend, "shapes_are_free", False) else None
+    batch, transforms = prepare_batch([frame.image], size, device=getattr(backend, "device", None), tight=tight)
     detections = to_original_pixels(backend(batch)[0], transforms[0])
     boxes = detections["boxes"].float().cpu().numpy()
     scores = detections["scores"].float().cpu().numpy()

@@ -28,3 +28,18 @@ def test_prepare_batch_on_cuda_returns_a_gpu_batch() -> None:
     batch, _ = prepare_batch([image], 64, device="cuda")
     cpu_batch, _ = prepare_batch([image], 64)
     assert batch.is_cuda and torch.equal(batch.cpu(), cpu_batch)
+
+
+def test_a_tight_batch_pads_only_to_the_stride_and_maps_back() -> None:
+    from detector.inference.preprocess import to_original_pixels
+
+    photo = np.zeros((480, 640, 3), np.uint8)
+    batch, (meta,) = prepare_batch([photo], 640, tight=32)
+    assert batch.shape == (1, 3, 480, 640) and meta.pad == (0.0, 0.0) and meta.ratio == 1.0
+    batch, (meta,) = prepare_batch([np.zeros((500, 640, 3), np.uint8)], 640, tight=32)  # 500 rows -> 512
+    assert batch.shape == (1, 3, 512, 640) and meta.pad == (0.0, 6.0)
+    back = to_original_pixels({"boxes": torch.tensor([[10.0, 16.0, 50.0, 106.0]])}, meta)["boxes"]
+    assert torch.equal(back, torch.tensor([[10.0, 10.0, 50.0, 100.0]]))
+    mixed, _ = prepare_batch([photo, np.zeros((640, 480, 3), np.uint8)], 640, tight=32)
+    assert mixed.shape == (2, 3, 640, 640)  # landscape with portrait: one square canvas holds both
+    assert prepare_batch([photo], 640)[0].shape == (1, 3, 640, 640)  # not asked: the square, as every export takes

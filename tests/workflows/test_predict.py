@@ -75,3 +75,22 @@ def test_a_failed_predict_leaves_no_run_folder(checkpoint: Path, tmp_path: Path)
     with pytest.raises(FileNotFoundError, match="cannot open video"):
         run_predict(options)
     assert not project.exists()
+
+
+def test_pytorch_on_the_cpu_predicts_on_a_tight_canvas_and_the_boxes_come_back(model, tmp_path: Path) -> None:
+    """A 96 x 128 photo at 128 px runs at 96 x 128 through PyTorch on the CPU (any shape, nothing captured per
+    shape), not in the 128 x 128 square; its boxes still come back in the photo's own pixels."""
+    from detector.inference.torch_backend import TorchBackend
+    from detector.model.metadata import ModelInfo
+    from detector.postprocess import NMSConfig
+
+    info = ModelInfo(names=["a", "b", "c"], strides=tuple(model.strides), imgsz=128, dynamic=True)
+    backend = TorchBackend(model, info, nms=NMSConfig(conf_threshold=0.01))
+    assert backend.shapes_are_free
+    shapes = []
+    real_infer = backend.infer
+    backend.infer = lambda images: shapes.append(tuple(images.shape)) or real_infer(images)
+    photo = np.random.default_rng(0).integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    result = detect(backend, Frame("photo.jpg", None, photo), size=128, classes=None)
+    assert shapes == [(1, 3, 96, 128)]
+    assert len(result["boxes"]) and (result["boxes"][:, [1, 3]] <= 96).all() and (result["boxes"] >= 0).all()
