@@ -106,11 +106,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
         raise ValueError("--half and --fp32 contradict each other; pick one")
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
                     multi_label=True)
-    # Rectangular batches for PyTorch weights only: an export's runtime may build an engine per input shape
-    # (onnxruntime's TensorRT provider, minutes each), and so does --half on CUDA (a CUDA graph per shape).
-    shapes_are_free = False
     if options.weights.suffix.lower() == ".pt":
-        shapes_are_free = not (options.half and device.type == "cuda")
         model, checkpoint = model_from_pt(options.weights)
         num_classes, names = model.num_classes, checkpoint.get("names")
         image_size = resolve_image_size(options.imgsz, checkpoint.get("config"))
@@ -139,7 +135,10 @@ def run_val(options: ValOptions) -> dict[str, float]:
         print(f"note: class names differ between {options.weights} and {options.data}; the table uses the data YAML's")
     # One pass over the images, so a RAM cache would only add its own load time and memory.
     split = build_split(spec, options.split, image_size=image_size, augment=None, cache="false")
-    rect = options.rect and shapes_are_free
+    # Rectangular batches where the model takes any shape as it is (Backend.shapes_are_free; the eager PyTorch
+    # function too): an export's runtime may build an engine per input shape (onnxruntime's TensorRT provider,
+    # minutes each), and so does --half on CUDA (a CUDA graph per shape).
+    rect = options.rect and getattr(infer, "shapes_are_free", True)
     coco_eval = resolve_backend(options.coco_eval)
     # A failure inside removes the run folder it claimed: a failed val leaves nothing behind.
     with run_folder(options.project, options.name) as save_dir:
