@@ -45,6 +45,11 @@ def original_boxes(split: SplitData, image_id: int) -> torch.Tensor:
     return cxcywh_to_xyxy(labels) * torch.tensor([width, height, width, height], dtype=torch.float32)
 
 
+def in_pixels(rows: torch.Tensor, height: int, width: int) -> torch.Tensor:
+    """Target rows ``(image, class, cx, cy, w, h)`` normalised to a ``height x width`` input -> xyxy pixels."""
+    return cxcywh_to_xyxy(rows[:, 2:6]) * torch.tensor([width, height, width, height], dtype=torch.float32)
+
+
 @pytest.mark.parametrize("rect", [False, True])
 def test_targets_and_metas_of_each_batch_map_back_to_the_ground_truth(split: SplitData, rect: bool):
     loader = make_val_loader(split, batch_size=2, workers=0, rect=rect)
@@ -55,7 +60,7 @@ def test_targets_and_metas_of_each_batch_map_back_to_the_ground_truth(split: Spl
         assert height % 32 == 0 and width % 32 == 0 and max(height, width) == SIZE
         for position, meta in enumerate(metas):
             rows = targets[targets[:, 0] == position]
-            boxes = cxcywh_to_xyxy(rows[:, 2:6]) * torch.tensor([width, height, width, height])
+            boxes = in_pixels(rows, height, width)
             want = original_boxes(split, meta.image_id)
             # The boxes were scaled by the resized image's rounded sides, the undo divides by the exact ratio: up
             # to half a resized pixel per side, 0.5 / ratio original pixels (ratio 1 here), plus FP32 rounding.
@@ -82,7 +87,7 @@ def test_an_oracle_scores_the_same_on_rectangular_and_square_batches(split: Spli
             out = []
             for position in range(len(images)):
                 rows = targets[targets[:, 0] == position]
-                boxes = cxcywh_to_xyxy(rows[:, 2:6]) * torch.tensor([width, height, width, height])
+                boxes = in_pixels(rows, height, width)
                 out.append({"boxes": boxes, "scores": torch.ones(len(rows)), "labels": rows[:, 1].long()})
             return out
 
@@ -104,7 +109,7 @@ def test_an_image_changed_since_the_scan_is_shrunk_into_its_batchs_canvas(tmp_pa
             seen.append(meta.image_id)
             assert (height, width) == (128, 160) and meta.original_hw == (160, 96) and meta.ratio == 0.8
             rows = targets[targets[:, 0] == position]
-            boxes = cxcywh_to_xyxy(rows[:, 2:6]) * torch.tensor([width, height, width, height])
+            boxes = in_pixels(rows, height, width)
             label = torch.tensor([IMAGES[0][1][0][1:]])  # its label file still holds the old normalised box
             want = cxcywh_to_xyxy(label) * torch.tensor([96, 160, 96, 160])
             assert torch.allclose(unletterbox_boxes(boxes, meta), want, atol=0.5 / meta.ratio + 1e-3)
