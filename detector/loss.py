@@ -10,7 +10,6 @@ from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torchvision.ops import complete_box_iou_loss
 
 from detector.assigner import AssignedTargets, AssignerConfig, assign_targets
 from detector.boxes import (
@@ -98,6 +97,33 @@ def targets_to_padded(
     return PaddedTargets(labels, boxes, mask)
 
 
+def complete_iou_loss(boxes1: torch.Tensor, boxes2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """``[N, 4]`` x ``[N, 4]`` xyxy -> ``[N]`` CIoU loss: torchvision's ``complete_box_iou_loss`` term for term.
+
+    Written out because torchvision fills the intersection through a boolean mask (``inter[mask] = ...``),
+    which counts the mask on the host: inside a CUDA graph capture that read fails the capture. Here the
+    same product is kept with ``torch.where``: the same values and, outside the mask, the same zero gradient.
+    """
+    # Half precision upcast as torchvision does (its products can overflow FP16); float64 stays.
+    boxes1, boxes2 = (b if b.dtype in (torch.float32, torch.float64) else b.float() for b in (boxes1, boxes2))
+    x1, y1, x2, y2 = boxes1.unbind(-1)
+    x1g, y1g, x2g, y2g = boxes2.unbind(-1)
+    left, top, right, bottom = torch.max(x1, x1g), torch.max(y1, y1g), torch.min(x2, x2g), torch.min(y2, y2g)
+    overlap = (bottom > top) & (right > left)
+    intersection = torch.where(overlap, (right - left) * (bottom - top), torch.zeros_like(x1))
+    union = (x2 - x1) * (y2 - y1) + (x2g - x1g) * (y2g - y1g) - intersection
+    iou = intersection / (union + eps)
+    # Distance term: centre distance over the diagonal of the smallest enclosing box, both squared.
+    diagonal = ((torch.max(x2, x2g) - torch.min(x1, x1g)) ** 2) + ((torch.max(y2, y2g) - torch.min(y1, y1g)) ** 2) + eps
+    centres = (((x2 + x1) / 2 - (x1g + x2g) / 2) ** 2) + (((y2 + y1) / 2 - (y1g + y2g) / 2) ** 2)
+    distance_loss = 1 - iou + centres / diagonal
+    # Aspect-ratio term, its weight alpha held out of the gradient (as in the paper and torchvision).
+    v = (4 / (torch.pi**2)) * torch.pow(torch.atan((x2g - x1g) / (y2g - y1g)) - torch.atan((x2 - x1) / (y2 - y1)), 2)
+    with torch.no_grad():
+        alpha = v / (1 - iou + v + eps)
+    return distance_loss + alpha * v
+
+
 def distribution_focal_loss(bin_logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """``[N, 4, reg_max]`` logits, ``[N, 4]`` continuous targets in bin units -> ``[N]`` loss.
 
@@ -147,7 +173,7 @@ def foreground_losses(
         pred = torch.where(mask, pred_boxes, safe).flatten(0, 1)
         target = torch.where(mask, target_boxes, safe)
         weight = (weights * foreground).flatten()
-        box_sum = (complete_box_iou_loss(pred, target.flatten(0, 1), reduction="none") * weight).sum()
+        box_sum = (complete_iou_loss(pred, target.flatten(0, 1)) * weight).sum()
         target_dist = boxes_to_distances(points, target, reg_max - 1 - 0.01).flatten(0, 1)
         bins = box_logits.reshape(-1, 4, reg_max)
         dfl_sum = (distribution_focal_loss(bins, target_dist) * weight).sum()
@@ -156,7 +182,7 @@ def foreground_losses(
         zero = box_logits.sum() * 0.0  # keeps the graph connected, so DDP and the scaler see every parameter
         return zero, zero
     weight = weights[foreground]
-    box_sum = (complete_box_iou_loss(pred_boxes[foreground], target_boxes[foreground], reduction="none") * weight).sum()
+    box_sum = (complete_iou_loss(pred_boxes[foreground], target_boxes[foreground]) * weight).sum()
     target_dist = boxes_to_distances(points, target_boxes, reg_max - 1 - 0.01)[foreground]
     bins = box_logits[foreground].view(-1, 4, reg_max)
     dfl_sum = (distribution_focal_loss(bins, target_dist) * weight).sum()
@@ -185,6 +211,9 @@ class DetectionLoss(torch.nn.Module):
         super().__init__()
         self.num_classes, self.strides, self.reg_max, self.gains = num_classes, strides, reg_max, gains
         self.assigner = AssignerConfig(top_k=top_k, alpha=alpha, beta=beta)
+        # The form of the box and DFL losses (see foreground_losses): None picks the dense one on CUDA. Tests set
+        # True on the CPU to run what a captured CUDA step runs.
+        self.dense: bool | None = None
 
     def forward(
         self,
@@ -235,7 +264,7 @@ class DetectionLoss(torch.nn.Module):
 
         box_sum, dfl_sum = foreground_losses(
             pred_boxes, assigned.boxes / stride, box_logits, points, assigned.scores.sum(-1), assigned.foreground,
-            reg_max=self.reg_max, dense=flat.is_cuda,
+            reg_max=self.reg_max, dense=flat.is_cuda if self.dense is None else self.dense,
         )
         box_loss, dfl_loss = box_sum / score_sum, dfl_sum / score_sum
 

@@ -1,6 +1,8 @@
+import pytest
 import torch
+from torchvision.ops import complete_box_iou_loss
 
-from detector.loss import DetectionLoss, PaddedTargets, box_slots, most_boxes_per_image, targets_to_padded
+from detector.loss import DetectionLoss, PaddedTargets, complete_iou_loss, box_slots, most_boxes_per_image, targets_to_padded
 from detector.model import build_model
 
 
@@ -128,3 +130,41 @@ def test_dense_foreground_losses_without_foreground_are_zero_and_connected():
         box_sum, dfl_sum = foreground_losses(pred, target, logits, points, weights, torch.zeros(2, 200, dtype=torch.bool),
                                              reg_max=16, dense=dense)
         assert box_sum == 0 and dfl_sum == 0 and dfl_sum.requires_grad  # reaches the logits: DDP sees them
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_complete_iou_loss_is_torchvisions_values_and_gradients(dtype):
+    """torchvision's CIoU (which a CUDA graph cannot capture) as the oracle: overlapping, disjoint, nested, touching
+    and identical pairs.
+
+    The loss bit for bit: the same elementwise operations in the same order on same-shaped tensors. Gradients: each
+    coordinate's is a sum of at most 16 contributions (4 coordinates x the IoU, enclosing-box, centre and aspect
+    terms) that autograd adds in its graph's order, and the two graphs differ, so the sums may round differently:
+    by at most 16 * eps * (the sum of their magnitudes). Every term is at most ~4 / (shortest side) and the
+    shortest side here is 0.1: <= 40 each. FP16 inputs compute in FP32 (both upcast) and their FP32 gradients
+    round back to FP16: one more FP16 rounding of the gradient's own size.
+    """
+    generator = torch.Generator().manual_seed(0)
+    xy = torch.rand(256, 2, generator=generator) * 20
+    wh = torch.rand(256, 2, generator=generator) * 10 + 0.1
+    boxes = torch.cat([xy, xy + wh], 1)
+    shifted = boxes + (torch.rand(256, 4, generator=generator) - 0.5) * 8
+    shifted[:, 2:] = torch.maximum(shifted[:, 2:], shifted[:, :2] + 0.1)
+    special = torch.tensor([[0.0, 0, 2, 2], [2, 0, 4, 2],  # touching edges: no overlap, zero intersection
+                            [0, 0, 10, 10], [3, 3, 4, 4],  # nested
+                            [0, 0, 1, 1], [5, 5, 6, 6],  # far apart
+                            [1, 1, 3, 3], [1, 1, 3, 3]])  # identical
+    first = torch.cat([boxes, special[0::2]]).to(dtype)
+    second = torch.cat([shifted, special[1::2]]).to(dtype)
+    results = []
+    for loss_fn in (complete_iou_loss, lambda a, b: complete_box_iou_loss(a, b, reduction="none")):
+        a, b = first.clone().requires_grad_(), second.clone().requires_grad_()
+        loss = loss_fn(a, b)
+        loss.sum().backward()
+        results.append((loss, a.grad, b.grad))
+    (ours, *our_grads), (theirs, *their_grads) = results
+    assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+    compute_eps = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps
+    for mine, reference in zip(our_grads, their_grads):
+        bound = 16 * compute_eps * 40 + torch.finfo(dtype).eps * reference.abs()
+        assert ((mine.double() - reference.double()).abs() <= bound).all()

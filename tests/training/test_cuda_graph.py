@@ -5,9 +5,11 @@ step skipping, the switch); they never claim a graph was captured. The capture t
 """
 
 import copy
+import traceback
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from detector.data.letterbox import ImageMeta
 from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
@@ -153,6 +155,66 @@ def test_the_graph_body_does_what_the_eager_step_does():
         if a.is_floating_point():
             largest = torch.maximum(before[name].abs().max(), eager.model.state_dict()[name].abs().max())
             assert ((a - b).abs() <= 2 * FP32_EPS * largest).all(), name
+
+
+class HostReads(TorchDispatchMode):
+    """Records each operator that must read device memory on the host: inside a CUDA graph capture each one
+    fails the capture ("operation not permitted when stream is capturing"). Running a body under this mode on
+    the CPU finds them without a GPU: the CPU kernels are the same operators, only they do not fail there.
+
+    Caught: ``.item()``/``bool()``/``tolist()`` (``_local_scalar_dense``), ``nonzero``, ``masked_select`` and
+    boolean-mask indexing and assignment, whose output size depends on the mask's contents.
+    """
+
+    SIZED_BY_DATA = {"aten::nonzero", "aten::_local_scalar_dense", "aten::masked_select", "aten::masked_scatter",
+                     "aten::unique_consecutive", "aten::_unique2", "aten::unique_dim"}
+    INDEXING = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func._schema.name
+        indices = args[1] if name in self.INDEXING and len(args) > 1 else ()
+        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()):
+            name = f"{name} with a boolean mask"
+        elif name not in self.SIZED_BY_DATA:
+            return func(*args, **(kwargs or {}))
+        # Where: the innermost caller in our code or torchvision's (the failure message then names the line).
+        callers = [f for f in traceback.extract_stack() if "/detector/" in f.filename or "torchvision" in f.filename]
+        self.seen.append(f"{name} at {callers[-1].filename}:{callers[-1].lineno}" if callers else name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_host_reads_sees_a_mask_index_and_an_item():
+    """The detector below is only as good as what it catches: two host reads it must see."""
+    values = torch.rand(8)
+    with HostReads() as reads:
+        values[values > 0.5] = 0.0
+        values.sum().item()
+    assert [seen.split(" at ")[0] for seen in reads.seen] == ["aten::index_put_ with a boolean mask",
+                                                              "aten::_local_scalar_dense"]
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_the_graph_body_reads_nothing_on_the_host(optimizer):
+    """The whole recorded step (forward, the loss's dense CUDA form, backward, optimizer, EMA) on the CPU, under
+    HostReads: any operator that a capture would reject fails here first, with its name."""
+    step = _train_step("cpu", optimizer=optimizer)
+    step.criterion.dense = True  # the form CUDA runs; the CPU's own indexes the foreground
+    images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    _, targets, _ = _batches(3)[2]
+    padded = targets_to_padded(targets, 2, (64, 64), slots=box_slots(most_boxes_per_image(targets, 2)))
+    ema = DeviceEMA(step.ema, step.model)
+    body = graphed_body(step, [p for p in step.model.parameters() if p.requires_grad], ema)
+    batch = StaticBatch(images, padded, torch.tensor(True))
+    body(batch, True)  # as before a capture: the eager runs make the optimizer's lazy state
+    ema.advance()
+    with HostReads() as reads:
+        outputs = body(batch, True)
+    assert not reads.seen, "host reads in the captured step:\n" + "\n".join(sorted(set(reads.seen)))
+    assert bool(outputs["applied"])  # read after the mode: the step ran and was applied
 
 
 # ----------------------------------------------------------------------------------------- on a GPU
