@@ -12,6 +12,7 @@ one core would feed the step at; on CUDA the input phase is timed between ``torc
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import statistics
 import time

@@ -9,6 +9,7 @@ this times both for a model scale, with AdamW state after one step, as ``run_che
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import statistics
 import tempfile

@@ -15,6 +15,7 @@ and CPU seconds (this process's and its children's).
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import resource
 import sys

@@ -29,6 +29,7 @@ it runs (caches); a first COCO-layout run peaks at ~4 GB of RAM (the whole JSON 
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import importlib.metadata
 import importlib.util

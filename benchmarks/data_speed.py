@@ -9,6 +9,7 @@ benchmarks/train_speed.py (the goal is at least 3x).
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import sys
 import time

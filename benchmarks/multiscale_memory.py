@@ -10,6 +10,7 @@ memory (activations grow with pixels: a 1.5x side costs ~2.25x); on CUDA it is p
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 
 from isolated import RESULT, run_isolated

@@ -14,6 +14,7 @@ but letterboxed to the square (``shapes_are_free`` off, as for an export) instea
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import contextlib
 import io

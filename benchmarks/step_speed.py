@@ -27,6 +27,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import torch
 from gpu_busy import busy_text
 from isolated import run_isolated

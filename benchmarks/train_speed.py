@@ -31,6 +31,7 @@ Prints a markdown table. Ultralytics (AGPL-3.0) is a benchmark extra: `pip insta
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import csv
 import statistics
@@ -196,13 +197,26 @@ def epoch_columns(rates: list[float]) -> tuple[float, float]:
     return rates[0], statistics.median(rates[1:] or rates)
 
 
-def step_alone_rate(run: str, extra: list[str], args: argparse.Namespace) -> float:
-    """Images/s of the step alone (no loader) with ``run``'s precision and input sizes (step_speed.py's row)."""
+def step_alone_rate(run: str, extra: list[str], args: argparse.Namespace) -> float | None:
+    """Images/s of the step alone (no loader) with ``run``'s precision and input sizes (step_speed.py's row); None,
+    with the reason on stderr, when that measurement fails: the training runs already done still get their table."""
     print(f"timing the step alone for {run} ...", file=sys.stderr, flush=True)
     multi_scale = run == "amp" and "--no-multi-scale" not in extra
-    result = step_alone(amp=run != "unamp", multi_scale=multi_scale, imgsz=args.imgsz, batch=args.batch,
-                        device=args.device)
+    try:
+        result = step_alone(amp=run != "unamp", multi_scale=multi_scale, imgsz=args.imgsz, batch=args.batch,
+                            device=args.device)
+    except RuntimeError as error:
+        print(f"step alone for {run} failed: {str(error).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
+        return None
     return result["images_per_s"]
+
+
+def run_summary(name: str, result: dict) -> str:
+    """One line per finished run, printed at once: a later failure or time limit cannot lose it."""
+    busy = busy_text(result["busy"]).removeprefix("GPU busy: ") if result.get("busy") is not None else "-"
+    return (f"{name}: {result['rate']:.1f} images/s, epochs {', '.join(f'{r:.1f}' for r in result['epoch_rates'])} "
+            f"images/s, wall {result['wall_seconds']:.0f} s, val {result['val_seconds']:.1f} s, GPU busy {busy}, "
+            f"peak {result['peak_mb']:.0f} MB, mAP50-95 {result['map']:.4f}")
 
 
 def bccd_rows(args: argparse.Namespace, work: Path) -> list[str]:
@@ -266,6 +280,7 @@ def main() -> int:
             else:
                 results[RUNS[run]] = train_ultralytics(args, data, project)
             results[RUNS[run]]["rate"] = images * args.epochs / results[RUNS[run]]["train_seconds"]
+            print(run_summary(RUNS[run], results[RUNS[run]]), file=sys.stderr, flush=True)
         rounds.append(results)
     alone = {run: step_alone_rate(run, extra, args) for run in runs
              if run != "ultralytics" and (args.step_alone or args.device != "cpu")}

@@ -16,6 +16,7 @@ table. Ultralytics (AGPL-3.0) is a benchmark extra: ``pip install ultralytics``.
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import statistics
 import sys

@@ -17,6 +17,7 @@ A fresh model scores almost no box above conf 0.001, which under-measures NMS: `
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import statistics
 import sys
