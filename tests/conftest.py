@@ -70,9 +70,8 @@ class FakeClock:
 
 def write_yolo_dataset(root: Path, *, train: int = 8, val: int = 4, size: int = 64, seed: int = 0) -> Path:
     """Synthetic shapes in YOLO layout (images/ + labels/) with a data YAML; returns the YAML path."""
-    rng = np.random.default_rng(seed)
     for split, count in (("train", train), ("val", val)):
-        write_yolo_split(root, split, count, size, rng, suffix=".png")
+        write_yolo_split(root, split, count, size, seed, suffix=".png")
     yaml_path = root / "data.yaml"
     yaml_path.write_text(f"path: .\ntrain: images/train\nval: images/val\nnames: {NAMES}\n")
     return yaml_path

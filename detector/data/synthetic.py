@@ -3,7 +3,7 @@
 Deterministic (fixed seed) and generated, not downloaded: the shipped ``shapes.yaml`` says ``generate: shapes``,
 so the first command that reads it (``detector train``, ``--data shapes``) writes 512 train / 128 val images in
 YOLO format into ``<datasets root>/shapes`` (detector/data/catalog.py: a checkout's ``datasets/``, else the
-user's data folder), about 10 s and 40 MB. Boxes are the exact extents of the drawn shapes.
+user's data folder), about 6 s on 2 cores and 40 MB. Boxes are the exact extents of the drawn shapes.
 """
 
 from __future__ import annotations
@@ -12,16 +12,19 @@ import math
 import os
 import shutil
 import tempfile
+import zlib
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cv2
 import numpy as np
 
 from detector.data.catalog import datasets_root, shipped_yaml_dir
+from detector.data.workers import usable_cores
 from detector.files import write_text_atomically
 
 NAMES = ["circle", "square", "triangle"]
-VERSION = "1"  # bump when the generator changes, so stale caches are rebuilt
+VERSION = "2"  # bump when the generator changes, so stale caches are rebuilt
 # The data YAML generate_shapes() writes beside a set made with its own root or sizes (tests, benchmarks). The
 # shipped one, data/shapes.yaml, points at the datasets root and asks for generation instead.
 SHAPES_YAML = (
@@ -35,12 +38,13 @@ def _background(rng: np.random.Generator, size: int) -> np.ndarray:
     """A smooth two-colour gradient plus Gaussian noise."""
     start, end = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
     angle = rng.uniform(0, 2 * math.pi)
-    ys, xs = np.mgrid[0:size, 0:size] / size
-    t = (np.cos(angle) * xs + np.sin(angle) * ys)
+    steps = np.arange(size) / size
+    t = np.cos(angle) * steps[None, :] + np.sin(angle) * steps[:, None]  # broadcast: no (size, size) grids
     t = (t - t.min()) / (t.max() - t.min() + 1e-9)
-    image = start + t[..., None] * (end - start)
+    image = t[..., None] * (end - start)
+    image += start
     image += rng.normal(0, rng.uniform(5, 25), image.shape)
-    return image.clip(0, 255).astype(np.uint8)
+    return image.clip(0, 255, out=image).astype(np.uint8)
 
 
 def _draw_shape(image: np.ndarray, kind: int, centre: np.ndarray, radius: float, rng: np.random.Generator) -> np.ndarray:
@@ -82,17 +86,26 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> float:
     return inter / min((a[2] - a[0]) * (a[3] - a[1]), (b[2] - b[0]) * (b[3] - b[1]))
 
 
-def write_yolo_split(folder: Path, split: str, count: int, size: int, rng: np.random.Generator, *,
-                     suffix: str = ".jpg") -> None:
-    """Write ``count`` images to ``folder/images/split`` and their YOLO labels to ``folder/labels/split``."""
+def write_yolo_split(folder: Path, split: str, count: int, size: int, seed: int, *, suffix: str = ".jpg") -> None:
+    """Write ``count`` images to ``folder/images/split`` and their YOLO labels to ``folder/labels/split``.
+
+    Each image draws from its own generator, seeded by (seed, the split's name, index): images are made on every core at
+    once (NumPy's array work, its noise draws and OpenCV's drawing and encoding release the GIL), and the set is
+    the same whichever thread makes which image. 4,096 images of 640 px took ~250 s on one core of the GPU
+    machine, a quarter of a lease, when they were drawn from one sequential generator.
+    """
     (folder / "images" / split).mkdir(parents=True, exist_ok=True)
     (folder / "labels" / split).mkdir(parents=True, exist_ok=True)
-    for index in range(count):
-        image, labels = make_image(rng, size)
+
+    def write(index: int) -> None:
+        image, labels = make_image(np.random.default_rng((seed, zlib.crc32(split.encode()), index)), size)
         name = f"{split}_{index:05d}"
         cv2.imwrite(str(folder / "images" / split / f"{name}{suffix}"), image[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 95])
         lines = "".join(f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
         (folder / "labels" / split / f"{name}.txt").write_text(lines)
+
+    with ThreadPoolExecutor(max_workers=min(32, usable_cores())) as pool:
+        list(pool.map(write, range(count)))  # list(): an error in any image is raised here
 
 
 def write_shapes(folder: Path, *, train: int = 512, val: int = 128, size: int = 320, seed: int = 0) -> Path:
@@ -110,9 +123,8 @@ def write_shapes(folder: Path, *, train: int = 512, val: int = 128, size: int = 
     folder.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".shapes-", dir=folder.parent))
     try:
-        rng = np.random.default_rng(seed)
         for split, count in (("train", train), ("val", val)):
-            write_yolo_split(work, split, count, size, rng)
+            write_yolo_split(work, split, count, size, seed)
         (work / stamp.name).touch()
         if folder.exists() and not stamp.is_file():
             shutil.rmtree(folder, ignore_errors=True)  # another version's images, or an interrupted older run

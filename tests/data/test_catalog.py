@@ -46,7 +46,7 @@ def test_shipped_shapes_yaml_generates_the_set_into_the_datasets_root(tmp_path: 
                                                                      monkeypatch: pytest.MonkeyPatch):
     calls = []
 
-    def small_set(folder: Path) -> Path:  # the real generator, at 2 + 2 images of 64 px (the full set takes ~10 s)
+    def small_set(folder: Path) -> Path:  # the real generator, at 2 + 2 images of 64 px (the full set takes ~6 s)
         calls.append(folder)
         return write_shapes(folder, train=2, val=2, size=64)
 
