@@ -23,12 +23,13 @@ def test_the_table_has_a_row_per_backend_and_the_skip_notes() -> None:
 
 
 def test_the_throughput_column_is_images_per_second_at_the_big_batch() -> None:
-    fast = {"pre-process": 1.0, "inference": 2.0, "post-process": 0.5, "throughput": 512.25}
+    fast = {"pre-process": 1.0, "inference": 2.0, "post-process": 0.5, "throughput": 512.25,
+            "batch pre-process": 0.5, "batch inference": 1.0, "batch post-process": 0.4521}
     slow = {"pre-process": 1.0, "inference": 2.0, "post-process": 0.5}  # no throughput measured
     table = markdown_table([("pt2 fp32", fast), ("onnxruntime fp32", slow)], [], throughput_batch=32).splitlines()
-    assert table[0].endswith("| total ms | batch-32 images/s |")
-    assert "| pt2 fp32 | 1.00 | 2.00 | 0.50 | 3.50 | 512.2 |" in table
-    assert "| onnxruntime fp32 | 1.00 | 2.00 | 0.50 | 3.50 | - |" in table
+    assert table[0].endswith("| total ms | batch-32 images/s | batch-32 pre / inference / post ms |")
+    assert "| pt2 fp32 | 1.00 | 2.00 | 0.50 | 3.50 | 512.2 | 0.500 / 1.000 / 0.452 |" in table
+    assert "| onnxruntime fp32 | 1.00 | 2.00 | 0.50 | 3.50 | - | - |" in table
 
 
 def test_skip_names_backends_and_refuses_others() -> None:
