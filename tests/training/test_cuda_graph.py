@@ -163,11 +163,13 @@ class HostReads(TorchDispatchMode):
     the CPU finds them without a GPU: the CPU kernels are the same operators, only they do not fail there.
 
     Caught: ``.item()``/``bool()``/``tolist()`` (``_local_scalar_dense``), ``nonzero``, ``masked_select`` and
-    boolean-mask indexing and assignment, whose output size depends on the mask's contents.
+    boolean-mask indexing and assignment, whose output size depends on the mask's contents, and ``torch.tensor``
+    of Python data, which on CUDA copies from pageable host memory and waits for it.
     """
 
     SIZED_BY_DATA = {"aten::nonzero", "aten::_local_scalar_dense", "aten::masked_select", "aten::masked_scatter",
-                     "aten::unique_consecutive", "aten::_unique2", "aten::unique_dim"}
+                     "aten::unique_consecutive", "aten::_unique2", "aten::unique_dim",
+                     "aten::lift_fresh"}  # torch.tensor(data): on CUDA a blocking copy from pageable host memory
     INDEXING = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
 
     def __init__(self) -> None:
@@ -187,14 +189,15 @@ class HostReads(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_host_reads_sees_a_mask_index_and_an_item():
-    """The detector below is only as good as what it catches: two host reads it must see."""
+def test_host_reads_sees_a_mask_index_an_item_and_a_tensor_from_data():
+    """The detector below is only as good as what it catches: three host reads it must see."""
     values = torch.rand(8)
     with HostReads() as reads:
-        values[values > 0.5] = 0.0
+        values[values > 0.5] = values[0]
         values.sum().item()
+        torch.tensor([1.0, 2.0])
     assert [seen.split(" at ")[0] for seen in reads.seen] == ["aten::index_put_ with a boolean mask",
-                                                              "aten::_local_scalar_dense"]
+                                                              "aten::_local_scalar_dense", "aten::lift_fresh"]
 
 
 @pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
