@@ -7,6 +7,7 @@ import torch
 from torchvision.ops import batched_nms, box_iou
 
 from detector.postprocess import NMSConfig, non_max_suppression
+from tests.host_reads import HostReads
 
 
 def random_decoded(batch: int, anchors: int, classes: int, *, seed: int) -> torch.Tensor:
@@ -72,25 +73,48 @@ def test_images_are_chunked_under_the_one_call_limit():
     assert image_chunks([0, 0, 0], limit=25) == [range(0, 3)] and image_chunks([], limit=25) == []
 
 
+@pytest.mark.parametrize("max_candidates", [30_000, 40])
 @pytest.mark.parametrize("limit", [25_000, 100])
 @pytest.mark.parametrize("multi_label", [False, True])
-def test_one_call_for_the_batch_equals_one_call_per_image(multi_label, limit, monkeypatch):
+def test_one_call_for_the_batch_equals_one_call_per_image(multi_label, limit, max_candidates, monkeypatch):
     """The CUDA path (batched_nms over image x class groups, in chunks of images), checked on the CPU against the
-    per-image one; a limit of 100 candidates splits the batch into several calls."""
+    per-image one; a limit of 100 candidates splits the batch into several calls, and 40 candidates at most per
+    image takes the top-k of the images above it."""
     import detector.postprocess
     from detector.postprocess import batched_non_max_suppression
 
     monkeypatch.setattr(detector.postprocess, "ONE_CALL_BOXES", limit)
     decoded = random_decoded(4, 300, 3, seed=3)
     decoded[2, :, 4:] = 0  # an image without candidates
-    config = NMSConfig(conf_threshold=0.05, iou_threshold=0.5, max_detections=20, multi_label=multi_label)
+    config = NMSConfig(conf_threshold=0.05, iou_threshold=0.5, max_detections=20, multi_label=multi_label,
+                       max_candidates=max_candidates)
     per_image, batched = non_max_suppression(decoded, config), batched_non_max_suppression(decoded, config)
     assert len(batched) == 4 and len(batched[2]["scores"]) == 0
     for got, want in zip(batched, per_image):
         assert all(torch.equal(got[key], want[key]) for key in ("boxes", "scores", "labels"))
     assert sum(len(result["scores"]) for result in batched) > 20  # NMS and the cap had work to do
     counts = [len(detector.postprocess.candidates(image, config)[1]) for image in decoded]
-    assert len(detector.postprocess.image_chunks(counts, limit)) == (1 if limit == 25_000 else 3)
+    assert len(detector.postprocess.image_chunks(counts, limit)) == (1 if limit == 25_000 else
+                                                                     3 if max_candidates > 1000 else 2)
+    if max_candidates < 1000:
+        assert max(counts) == max_candidates  # the top-k cut the images above it
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_the_cuda_path_reads_the_host_as_often_for_2_images_as_for_16(multi_label):
+    """Each host read waits for the GPU: the batched path's count must not grow with the batch (it was ~6 per
+    image). Under 1,000 candidates a batch, so torchvision takes the one-call path it takes on CUDA (below 25,000)."""
+    from detector.postprocess import batched_non_max_suppression
+
+    config = NMSConfig(conf_threshold=0.6, iou_threshold=0.5, max_detections=20, multi_label=multi_label)
+    reads = []
+    for batch in (2, 16):
+        decoded = random_decoded(batch, 100, 3, seed=batch)
+        with HostReads() as seen:
+            results = batched_non_max_suppression(decoded, config)
+        assert len(results) == batch and 0 < sum(len(r["scores"]) for r in results) < 1000
+        reads.append(len(seen.seen))
+    assert reads[0] == reads[1] <= 4, reads
 
 
 @pytest.mark.parametrize("multi_label", [False, True])

@@ -5,11 +5,9 @@ step skipping, the switch); they never claim a graph was captured. The capture t
 """
 
 import copy
-import traceback
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from detector.data.letterbox import ImageMeta
 from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
@@ -21,6 +19,7 @@ from detector.training.engine import TrainStep, graphed_body, optimizer_step, tr
 from detector.training.multiscale import MultiScale
 from detector.training.optim import build_optimizer
 from detector.training.schedule import StepSchedule
+from tests.host_reads import HostReads
 from tests.tolerances import FP32_EPS
 
 cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
@@ -157,47 +156,18 @@ def test_the_graph_body_does_what_the_eager_step_does():
             assert ((a - b).abs() <= 2 * FP32_EPS * largest).all(), name
 
 
-class HostReads(TorchDispatchMode):
-    """Records each operator that must read device memory on the host: inside a CUDA graph capture each one
-    fails the capture ("operation not permitted when stream is capturing"). Running a body under this mode on
-    the CPU finds them without a GPU: the CPU kernels are the same operators, only they do not fail there.
-
-    Caught: ``.item()``/``bool()``/``tolist()`` (``_local_scalar_dense``), ``nonzero``, ``masked_select`` and
-    boolean-mask indexing and assignment, whose output size depends on the mask's contents, and ``torch.tensor``
-    of Python data, which on CUDA copies from pageable host memory and waits for it.
-    """
-
-    SIZED_BY_DATA = {"aten::nonzero", "aten::_local_scalar_dense", "aten::masked_select", "aten::masked_scatter",
-                     "aten::unique_consecutive", "aten::_unique2", "aten::unique_dim",
-                     "aten::lift_fresh"}  # torch.tensor(data): on CUDA a blocking copy from pageable host memory
-    INDEXING = {"aten::index", "aten::index_put", "aten::index_put_", "aten::_index_put_impl_"}
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seen: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func._schema.name
-        indices = args[1] if name in self.INDEXING and len(args) > 1 else ()
-        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()):
-            name = f"{name} with a boolean mask"
-        elif name not in self.SIZED_BY_DATA:
-            return func(*args, **(kwargs or {}))
-        # Where: the innermost caller in our code or torchvision's (the failure message then names the line).
-        callers = [f for f in traceback.extract_stack() if "/detector/" in f.filename or "torchvision" in f.filename]
-        self.seen.append(f"{name} at {callers[-1].filename}:{callers[-1].lineno}" if callers else name)
-        return func(*args, **(kwargs or {}))
-
-
-def test_host_reads_sees_a_mask_index_an_item_and_a_tensor_from_data():
-    """The detector below is only as good as what it catches: three host reads it must see."""
+def test_host_reads_sees_a_mask_index_an_item_a_tensor_from_data_and_a_copy():
+    """The detector below is only as good as what it catches: four host reads it must see."""
     values = torch.rand(8)
     with HostReads() as reads:
         values[values > 0.5] = values[0]
         values.sum().item()
         torch.tensor([1.0, 2.0])
+        values.tolist()
     assert [seen.split(" at ")[0] for seen in reads.seen] == ["aten::index_put_ with a boolean mask",
-                                                              "aten::_local_scalar_dense", "aten::lift_fresh"]
+                                                              "aten::_local_scalar_dense", "aten::lift_fresh",
+                                                              "Tensor.tolist"]
+    assert not {"cpu", "tolist", "numpy"} & set(torch.Tensor.__dict__)  # the patches are undone
 
 
 @pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
