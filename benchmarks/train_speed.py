@@ -145,9 +145,19 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
     command = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--epochs", str(args.epochs), "--imgsz",
                str(args.imgsz), "--batch", str(args.batch), "--workers", str(args.workers), "--project", str(project),
                "--name", name, "--no-plots", "--val-interval", str(args.epochs), "--device", args.device, *flags]
+    project.mkdir(parents=True, exist_ok=True)
+    log = project / f"{name}.log"  # the run's own output: on a GPU, what it said about its CUDA graphs
     start = time.perf_counter()
-    _, busy = busy_while(args.device, lambda: vars(subprocess.run(command, check=True, capture_output=True, cwd=ROOT)))
+    with log.open("w") as output:
+        process, busy = busy_while(args.device, lambda: subprocess.run(command, stdout=output, stderr=subprocess.STDOUT,
+                                                                       cwd=ROOT, check=False))
     wall = time.perf_counter() - start
+    lines = log.read_text(errors="replace").replace("\r", "\n").splitlines()
+    if process.returncode != 0:
+        raise RuntimeError(f"{name}: train.py exited with {process.returncode}:\n" + "\n".join(lines[-15:]))
+    for line in lines:  # what a reader of a GPU run needs to see, printed as the run ends
+        if any(word in line.lower() for word in ("cuda graphs", "cudnn", "warning", "fallback")):
+            print(f"{name}: {line.strip()}", file=sys.stderr, flush=True)
     rows = list(csv.DictReader((project / name / "results.csv").open()))
     train_seconds = sum(float(r["epoch_seconds"]) for r in rows)
     weights = project / name / "weights" / "last.pt"

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call that fits a 15-minute GPU lease (~8 minutes of command): the CUDA tests that matter most, then
+# end to end against Ultralytics with the GPU's busy share and the step alone, then the inference table. Each
+# stage has its own time limit and prints its result as soon as it ends, so a stage that fails or runs out of
+# time loses only itself; full logs go under $OUT.
+#
+#   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
+#   STAGES="tests inference" bash benchmarks/gpu_lease.sh   # a subset
+#
+# WHEELS (default .gpu/whl): the cp312 wheels the GPU image lacks (../shared/gpu/fetch-wheels.sh), carried with
+# the call; installed once per machine. IMAGES (default 4096): the synthetic training set, 640 px.
+set -u
+OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; STAGES=${STAGES:-tests speed inference}
+mkdir -p "$OUT"; T0=$(date +%s)
+export YOLO_OFFLINE=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="/tmp/stub:$PWD"
+stamp() { echo "=== $1 at $(( $(date +%s) - T0 )) s"; }
+if [ ! -f /tmp/.gpu-ready ] && [ -d "$WHEELS" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl 2>&1 | tail -2
+  mkdir -p /tmp/stub && echo 'def read_csv(*a, **k): raise RuntimeError("polars stub")' > /tmp/stub/polars.py
+  touch /tmp/.gpu-ready
+fi
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
+python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
+for stage in $STAGES; do
+  stamp "$stage"
+  case $stage in
+  tests)  # the capture, the device paths; pt2's CUDA compile takes minutes, so it is not here
+    per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 80")  # the GPU image has it
+    timeout 100 python3 -m pytest -q -n 4 -p no:cacheprovider $per_test -rfE tests/training/test_cuda_graph.py \
+      tests/test_device.py tests/data/test_device_augment.py tests/data/test_batch_augment.py \
+      tests/inference/test_preprocess.py tests/training/test_autobatch.py > "$OUT/tests.log" 2>&1
+    echo "tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -15 ;;
+  speed)
+    python3 -c "from pathlib import Path; from detector.data.synthetic import generate_shapes
+generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
+    stamp "training"
+    timeout 330 python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
+      --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics 2>&1 \
+      | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/speed.log"
+    echo "speed rc $?"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/speed.log" | head -12; tail -6 "$OUT/speed.log" ;;
+  inference)
+    RUNS=30 SKIP=pt2 timeout 80 bash benchmarks/gpu_inference.sh > /dev/null 2>&1; echo "inference rc $?"
+    tail -9 "$OUT/inference.log" ;;
+  *) echo "unknown stage $stage (tests, speed, inference)" ;;
+  esac
+done
+stamp done
