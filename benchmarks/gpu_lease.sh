@@ -37,7 +37,8 @@ generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
     timeout 330 python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
       --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics 2>&1 \
       | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/speed.log"
-    echo "speed rc $?"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/speed.log" | head -12; tail -6 "$OUT/speed.log" ;;
+    echo "speed rc $?"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/speed.log" | head -12
+    tail -6 "$OUT/speed.log" ;;
   inference)
     RUNS=30 SKIP=pt2 timeout 80 bash benchmarks/gpu_inference.sh > /dev/null 2>&1; echo "inference rc $?"
     tail -9 "$OUT/inference.log" ;;

@@ -2,7 +2,8 @@ import pytest
 import torch
 from torchvision.ops import complete_box_iou_loss
 
-from detector.loss import DetectionLoss, PaddedTargets, complete_iou_loss, box_slots, most_boxes_per_image, targets_to_padded
+from detector.loss import (DetectionLoss, PaddedTargets, box_slots, complete_iou_loss, most_boxes_per_image,
+                           targets_to_padded)
 from detector.model import build_model
 
 

@@ -89,9 +89,9 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> float:
 def write_yolo_split(folder: Path, split: str, count: int, size: int, seed: int, *, suffix: str = ".jpg") -> None:
     """Write ``count`` images to ``folder/images/split`` and their YOLO labels to ``folder/labels/split``.
 
-    Each image draws from its own generator, seeded by (seed, the split's name, index): images are made on every core at
-    once (NumPy's array work, its noise draws and OpenCV's drawing and encoding release the GIL), and the set is
-    the same whichever thread makes which image. 4,096 images of 640 px took ~250 s on one core of the GPU
+    Each image draws from its own generator, seeded by (seed, the split's name, index): images are made on every
+    core at once (NumPy's array work, its noise draws and OpenCV's drawing and encoding release the GIL), and the
+    set is the same whichever thread makes which image. 4,096 images of 640 px took ~250 s on one core of the GPU
     machine, a quarter of a lease, when they were drawn from one sequential generator.
     """
     (folder / "images" / split).mkdir(parents=True, exist_ok=True)
