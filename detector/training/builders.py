@@ -186,6 +186,12 @@ def freeze_layers(model: YOLO, count: int, log) -> tuple[str, ...]:
     return names
 
 
+# Options added since a checkpoint may have been written, where the new default would change what a resumed run
+# measures: a run that began before them continues as it ran. Rectangular validation batches (2026-11) move
+# mAP slightly (other padding), so a run that validated on squares keeps squares: one method for its whole curve.
+BEFORE_THEIR_TIME: dict[str, Any] = {"val_rect": False}
+
+
 def load_resume(config: TrainConfig) -> tuple[TrainConfig, Path, dict[str, Any]]:
     """``--resume``: the run's own config (only the device and worker count may change), its last.pt and that file.
 
@@ -200,7 +206,7 @@ def load_resume(config: TrainConfig) -> tuple[TrainConfig, Path, dict[str, Any]]
         raise CheckpointError(f"{path}: holds no optimizer state (stripped: a best.pt, or a finished run's "
                               f"last.pt), so it cannot be resumed; to train on from it, start a fine-tune: "
                               f"--weights {path}")
-    saved = TrainConfig.from_dict(checkpoint["config"])
+    saved = TrainConfig.from_dict({**BEFORE_THEIR_TIME, **checkpoint["config"]})
     saved.device, saved.workers, saved.resume = config.device, config.workers, str(path)
     return saved.with_defaults().validate(), path, checkpoint
 

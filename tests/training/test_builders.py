@@ -56,3 +56,19 @@ def test_frozen_parameters_leave_the_optimizer_and_keep_their_values() -> None:
 def test_freeze_beyond_the_layers_is_refused(count: int) -> None:
     with pytest.raises(ValueError, match=rf"--freeze must be in \[0, 22\] \(22 = all but the head; got {count}\)"):
         TrainConfig(freeze=count, epochs=1, imgsz=64).validate()
+
+
+@pytest.mark.parametrize("saved", [{}, {"val_rect": True}, {"val_rect": False}])
+def test_a_resumed_run_validates_as_it_did_before_rect_batches_existed(saved, tmp_path) -> None:
+    """A checkpoint without ``val_rect`` comes from a run that validated on square batches: it resumes so."""
+    from detector.checkpoint import save_checkpoint
+    from detector.training.builders import load_resume
+
+    written = TrainConfig(data="shapes", project=str(tmp_path), epochs=3).to_dict()
+    values = {key: value for key, value in written.items() if key != "val_rect"} | saved
+    path = tmp_path / "exp" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True)
+    save_checkpoint({"model": {}, "ema": None, "optimizer": {"state": {}}, "epoch": 0, "config": values}, path)
+    resumed, resumed_path, _ = load_resume(TrainConfig(data="shapes", resume=str(path), device="cpu"))
+    assert resumed_path == path and resumed.epochs == 3
+    assert resumed.val_rect is saved.get("val_rect", False)
