@@ -34,10 +34,12 @@ Never reached on the CPU: :func:`graphs_unavailable` answers first, and only a C
 from __future__ import annotations
 
 import contextlib
+import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -221,11 +223,32 @@ class StepGraphs:
 
     def _give_up(self, error: BaseException) -> None:
         """After a failed capture nothing of the step ran; only host-side bookkeeping is left to reset."""
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        self.failed = first_line
-        self.log(f"cuda graphs: capture failed ({first_line}); training on without graphs")
+        self.failed = capture_failure(error)
+        self.log(f"cuda graphs: capture failed ({self.failed}); training on without graphs")
         for name in ("found_inf", "grad_scale"):
             if hasattr(self.optimizer, name):
                 delattr(self.optimizer, name)
         # GradScaler's per-optimizer stage (unscaled / stepped) is host state the failed capture may have moved.
         self.scaler._per_optimizer_states.clear()
+
+
+def capture_failure(error: BaseException) -> str:
+    """One line for a failed capture: the first error and where our code (or torchvision's) met it.
+
+    What reaches the caller is CUDA's "operation failed due to a previous error during capture", raised when the
+    capture ends; the error that broke it (a host read, an uncapturable call) is its ``__context__``. That one
+    names the problem, and its innermost frame in detector or torchvision names the line to change.
+    """
+    import torchvision  # already imported by the postprocess; here only for its folder
+
+    first = error
+    while first.__context__ is not None and first.__context__ is not error:
+        first = first.__context__
+    text = next((line.strip() for line in str(first).splitlines() if line.strip()), type(first).__name__)
+    packages = [Path(__file__).resolve().parents[1], Path(torchvision.__file__).resolve().parent]
+    for frame in reversed(traceback.extract_tb(first.__traceback__)):
+        path = Path(frame.filename).resolve()
+        for package in packages:
+            if path.is_relative_to(package):
+                return f"{text}, at {package.name}/{path.relative_to(package).as_posix()}:{frame.lineno}"
+    return text

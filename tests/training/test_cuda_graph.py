@@ -5,6 +5,7 @@ step skipping, the switch); they never claim a graph was captured. The capture t
 """
 
 import copy
+import re
 
 import pytest
 import torch
@@ -237,3 +238,22 @@ def test_steps_in_warm_up_stay_eager_and_a_failed_capture_falls_back():
                             progress=False)
     assert graphs.failed and len(lines) == 1 and "capture failed" in lines[0]
     assert stats["optimizer_steps"] == 6 and step.ema.updates == 6
+
+
+def test_a_failed_capture_names_the_first_error_and_its_line():
+    """What a capture raises last is CUDA's "previous error during capture"; the line names the error before it
+    and the innermost line of ours that met it (here a shape error inside detector/boxes.py stands for it)."""
+    from detector.boxes import distances_to_boxes
+    from detector.training.cuda_graph import capture_failure
+
+    try:
+        try:
+            distances_to_boxes(torch.rand(3, 2), torch.rand(4, 4))
+        finally:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture\nSearch for ...")
+    except RuntimeError as error:
+        line = capture_failure(error)
+    first = line.split(", at ")[0]
+    assert "size of tensor" in first and "previous error" not in first, line
+    assert re.fullmatch(r".*, at detector/boxes\.py:\d+", line), line
+    assert capture_failure(ValueError("plain\nsecond line")) == "plain"  # no context, no frame of ours
