@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 
-CHOICES = ("auto", "fp16", "bf16", "fp32")
+from detector.choices import PRECISION as CHOICES
+
 # The fallback ladder, least safe first: FP16's 5-bit exponent overflows where BF16's (FP32's range) does not.
 LADDER = ("fp16", "bf16", "fp32")
 

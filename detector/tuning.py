@@ -27,6 +27,8 @@ from contextlib import contextmanager
 
 import torch
 
+from detector.choices import CUDNN_BENCHMARK as BENCHMARK_CHOICES
+
 ONEDNN_CACHE_ENV = "ONEDNN_PRIMITIVE_CACHE_CAPACITY"
 ONEDNN_CACHE_CAPACITY = 8192
 
@@ -78,7 +80,6 @@ MAX_AUTOTUNED_SHAPES = 8
 # BCCD at 640 (13 steps per epoch, 100 epochs, 1,300 steps in all) then runs without it; COCO (7,300 steps per
 # epoch) autotunes, and its first epoch carries at most ~5 x 10 s over ~9 minutes.
 MIN_STEPS_PER_AUTOTUNED_SHAPE = 1500
-BENCHMARK_CHOICES = ("auto", "on", "off")
 
 
 def tune_for_training(device: torch.device) -> None:

@@ -178,14 +178,14 @@ hypothesis = pytest.importorskip("hypothesis", reason="the property-based cases 
 def test_any_bytes_as_a_model_file_are_refused_in_one_line(tmp_path_factory: pytest.TempPathFactory,
                                                            content: bytes, suffix: str) -> None:
     """Random bytes under each model suffix: a user error of one line naming the file, never another exception."""
-    from detector.cli.errors import USER_ERRORS
+    from detector.cli.errors import user_errors
     from detector.inference import load_backend
 
     if suffix == ".onnx":
         pytest.importorskip("onnxruntime")
     path = tmp_path_factory.mktemp("random") / f"model{suffix}"
     path.write_bytes(content)
-    with pytest.raises(USER_ERRORS) as refused:
+    with pytest.raises(user_errors()) as refused:
         load_backend(path)
     assert str(path) in str(refused.value) and "\n" not in str(refused.value).strip()
 

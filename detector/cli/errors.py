@@ -5,43 +5,49 @@ The codes are documented in :mod:`detector.cli` (0 ok, 1 failed on its input, 2 
 
 from __future__ import annotations
 
+import functools
 import pickle
 import sys
 import warnings
 from collections.abc import Callable
 
-import torch
-
-from detector.checkpoint import CheckpointError
 from detector.cli import FAILED, INTERRUPTED, OK
-from detector.data.download import DownloadError
-from detector.data.spec import DatasetError
-from detector.distributed import DistributedSetupError
-from detector.exporting import ExportError
-from detector.extras import MissingExtra, Unavailable
 
 
 class CommandFailed(Exception):
     """A step of a command failed and has said why already (ablate-amp's training runs print their own error)."""
 
-# What a user can act on: a file, a flag value, a dataset, a download, a diverged run, a failed export check, a
-# batch too large for the GPU. Each is raised with a message that names the file or the flag, so the message is
-# all the user needs; anything else (a RuntimeError from inside torch included) is a bug and keeps its traceback.
-USER_ERRORS: tuple[type[BaseException], ...] = (
-    CheckpointError,
-    CommandFailed,
-    DatasetError,
-    DistributedSetupError,  # more CUDA processes on a node than GPUs: the line says what to run instead
-    DownloadError,
-    ExportError,  # TensorRT refused the graph, or the export failed its parity check
-    FileNotFoundError,
-    FloatingPointError,
-    MissingExtra,  # an optional package: the line names the extra that installs it
-    Unavailable,  # TensorRT with a CUDA GPU, or a C++ compiler, that this machine lacks
-    ValueError,
-    pickle.UnpicklingError,
-    torch.cuda.OutOfMemoryError,  # torch's message says how much it tried to allocate; a smaller --batch helps
-)
+
+@functools.cache
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a user can act on: a file, a flag value, a dataset, a download, a diverged run, a failed export check,
+    a batch too large for the GPU. Each is raised with a message that names the file or the flag, so the message
+    is all the user needs; anything else (a RuntimeError from inside torch included) is a bug and keeps its
+    traceback. Imported here, when a command runs, not when its module loads: ``--help`` never imports torch."""
+    import torch
+
+    from detector.checkpoint import CheckpointError
+    from detector.data.download import DownloadError
+    from detector.data.spec import DatasetError
+    from detector.distributed import DistributedSetupError
+    from detector.exporting import ExportError
+    from detector.extras import MissingExtra, Unavailable
+
+    return (
+        CheckpointError,
+        CommandFailed,
+        DatasetError,
+        DistributedSetupError,  # more CUDA processes on a node than GPUs: the line says what to run instead
+        DownloadError,
+        ExportError,  # TensorRT refused the graph, or the export failed its parity check
+        FileNotFoundError,
+        FloatingPointError,
+        MissingExtra,  # an optional package: the line names the extra that installs it
+        Unavailable,  # TensorRT with a CUDA GPU, or a C++ compiler, that this machine lacks
+        ValueError,
+        pickle.UnpicklingError,
+        torch.cuda.OutOfMemoryError,  # torch's message says how much it tried to allocate; a smaller --batch helps
+    )
 
 
 def one_line(error: BaseException) -> str:
@@ -61,9 +67,10 @@ def run_command(function: Callable[..., object], *args: object) -> int:
     ``error: interrupted`` or the interrupt's own message, such as download's how-to-resume (130). Warnings
     print as ``warning: ...`` lines (:func:`plain_warning`)."""
     warnings.formatwarning = plain_warning
+    errors = user_errors()
     try:
         function(*args)
-    except USER_ERRORS as error:
+    except errors as error:
         print(f"error: {one_line(error)}", file=sys.stderr)
         return FAILED
     except KeyboardInterrupt as interrupt:

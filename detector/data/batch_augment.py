@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-CHOICES = ("auto", "workers", "pixels", "device")  # --pixel-augment
+from detector.choices import PIXEL_AUGMENT as CHOICES
 
 
 @dataclass(frozen=True)

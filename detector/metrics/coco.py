@@ -33,6 +33,7 @@ import torch
 from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
+from detector.choices import COCO_EVAL as BACKENDS
 from detector.data.letterbox import ImageMeta
 from detector.data.workers import usable_cores
 from detector.files import write_atomically
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
 METRIC_NAMES = ("mAP50-95", "mAP50", "mAP75", "mAP_small", "mAP_medium", "mAP_large")
 
 
-BACKENDS = ("faster", "pycocotools")  # --coco-eval choices; faster = faster-coco-eval
 DETECTION_COLUMNS = ("image_id", "x", "y", "w", "h", "score", "category_id")  # to_coco_detections' [N, 7] rows
 
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from detector.data.batch_augment import CHOICES as PIXEL_AUGMENT_CHOICES
-from detector.metrics.coco import BACKENDS as COCO_EVAL_CHOICES
-from detector.model import image_size_problem
+from detector.choices import COCO_EVAL as COCO_EVAL_CHOICES
+from detector.choices import CUDA_GRAPHS as CUDA_GRAPH_CHOICES
+from detector.choices import CUDNN_BENCHMARK as BENCHMARK_CHOICES
+from detector.choices import PIXEL_AUGMENT as PIXEL_AUGMENT_CHOICES
+from detector.choices import PRECISION as PRECISION_CHOICES
 from detector.options import option
-from detector.precision import CHOICES as PRECISION_CHOICES
 from detector.training.budget import parse_duration
-from detector.training.cuda_graph import CHOICES as CUDA_GRAPH_CHOICES
-from detector.tuning import BENCHMARK_CHOICES
 
 # Defaults for the built-in shapes dataset, chosen so `python train.py` finishes in minutes on a 2-core CPU.
 BUILTIN_IMGSZ = 320
@@ -143,6 +142,8 @@ class TrainConfig:
             problems.append(f"--epochs must be at least 1 (got {self.epochs})")
         if self.batch < 1 and self.batch != -1:  # -1: detector/training/autobatch.py
             problems.append(f"--batch must be at least 1, or -1 for auto (got {self.batch})")
+        from detector.model import image_size_problem  # here, not at the top: --help never imports torch
+
         if (size_problem := image_size_problem(self.imgsz)) is not None:
             problems.append(size_problem)
         if self.workers < -1:

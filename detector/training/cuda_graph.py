@@ -43,10 +43,10 @@ from pathlib import Path
 
 import torch
 
+from detector.choices import CUDA_GRAPHS as CHOICES
 from detector.loss import PaddedTargets
 from detector.training.ema import ModelEMA
 
-CHOICES = ("auto", "on", "off")
 WARMUP_RUNS = 2  # eager runs of a key before its capture (PyTorch's examples warm up 3; one is cuDNN's autotuning)
 MAX_GRAPHS = 64  # keys beyond this run eagerly (sizes x box-slot counts x with/without the optimizer)
 

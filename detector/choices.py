@@ -1,0 +1,11 @@
+"""The values each enumerated flag accepts, in a module that imports nothing.
+
+The option dataclasses are built from these, and with them every command's ``--help``: it prints without
+importing torch. The module that acts on a flag checks it against the same tuple, imported from here.
+"""
+
+PRECISION = ("auto", "fp16", "bf16", "fp32")  # --precision
+PIXEL_AUGMENT = ("auto", "workers", "pixels", "device")  # --pixel-augment
+CUDA_GRAPHS = ("auto", "on", "off")  # --cuda-graphs
+CUDNN_BENCHMARK = ("auto", "on", "off")  # --cudnn-benchmark
+COCO_EVAL = ("faster", "pycocotools")  # --coco-eval; faster = faster-coco-eval
