@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call that fits a 15-minute GPU lease (~8 minutes of command): the CUDA tests that matter most, then
+# One device call that fits a 15-minute GPU lease (~7 minutes of command, 9 at most: each stage's limit below): the CUDA tests that matter most, then
 # end to end against Ultralytics with the GPU's busy share and the step alone, then the inference table. Each
 # stage has its own time limit and prints its result as soon as it ends, so a stage that fails or runs out of
 # time loses only itself; full logs go under $OUT.
@@ -26,10 +26,10 @@ for stage in $STAGES; do
   case $stage in
   tests)  # the capture alone first (~25 s on the H200), then the device paths; pt2's CUDA compile takes minutes
     per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 50")  # the GPU image has it
-    timeout 60 python3 -m pytest -p no:cacheprovider $per_test -rfE tests/training/test_cuda_graph.py \
+    timeout 50 python3 -m pytest -p no:cacheprovider $per_test -rfE tests/training/test_cuda_graph.py \
       > "$OUT/tests.log" 2>&1
     echo "cuda graph tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -8
-    timeout 90 python3 -m pytest -n 4 -p no:cacheprovider $per_test -rfE tests/test_device.py \
+    timeout 80 python3 -m pytest -n 4 -p no:cacheprovider $per_test -rfE tests/test_device.py \
       tests/data/test_device_augment.py tests/data/test_batch_augment.py tests/inference/test_preprocess.py \
       tests/training/test_autobatch.py tests/test_loss.py tests/test_postprocess.py > "$OUT/tests_device.log" 2>&1
     echo "device tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_device.log" | tail -8 ;;
@@ -37,13 +37,13 @@ for stage in $STAGES; do
     python3 -c "from pathlib import Path; from detector.data.synthetic import generate_shapes
 generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
     stamp "training"
-    timeout 330 python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
+    timeout 300 python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
       --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics 2>&1 \
       | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/speed.log"
     echo "speed rc $?"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/speed.log" | head -12
     tail -6 "$OUT/speed.log" ;;
   inference)
-    RUNS=30 SKIP=pt2 timeout 80 bash benchmarks/gpu_inference.sh > /dev/null 2>&1; echo "inference rc $?"
+    RUNS=30 SKIP=pt2 timeout 70 bash benchmarks/gpu_inference.sh > /dev/null 2>&1; echo "inference rc $?"
     tail -9 "$OUT/inference.log" ;;
   *) echo "unknown stage $stage (tests, speed, inference)" ;;
   esac
