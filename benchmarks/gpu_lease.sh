@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # One device call that fits a 15-minute GPU lease (~7 minutes of command, 9 at most: each stage's limit below):
 # the CUDA tests that matter most, then end to end against Ultralytics with the GPU's busy share and the step
-# alone, then the inference table. Each
-# stage has its own time limit and prints its result as soon as it ends, so a stage that fails or runs out of
-# time loses only itself; full logs go under $OUT.
+# alone, then the inference table. Each stage has its own time limit and prints its result as soon as it ends,
+# so a stage that fails or runs out of time loses only itself; full logs go under $OUT.
 #
 #   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
 #   STAGES="tests inference" bash benchmarks/gpu_lease.sh   # a subset
