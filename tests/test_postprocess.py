@@ -102,17 +102,20 @@ def test_one_call_for_the_batch_equals_one_call_per_image(multi_label, limit, ma
 
 @pytest.mark.parametrize("multi_label", [False, True])
 def test_the_cuda_path_reads_the_host_as_often_for_2_images_as_for_16(multi_label):
-    """Each host read waits for the GPU: the batched path's count must not grow with the batch (it was ~6 per
-    image). Under 1,000 candidates a batch, so torchvision takes the one-call path it takes on CUDA (below 25,000)."""
+    """Each host read waits for the GPU: the batched path's count must not grow with the batch (it was ~4 per
+    image: 66 for 16). Under 1,000 candidates a batch, so torchvision takes the one-call path it takes on CUDA
+    (there below 25,000)."""
     from detector.postprocess import batched_non_max_suppression
 
     config = NMSConfig(conf_threshold=0.6, iou_threshold=0.5, max_detections=20, multi_label=multi_label)
     reads = []
     for batch in (2, 16):
         decoded = random_decoded(batch, 100, 3, seed=batch)
+        above = decoded[..., 4:] > config.conf_threshold
+        assert 0 < int((above if multi_label else above.any(-1)).sum()) < 1000  # the candidates
         with HostReads() as seen:
             results = batched_non_max_suppression(decoded, config)
-        assert len(results) == batch and 0 < sum(len(r["scores"]) for r in results) < 1000
+        assert len(results) == batch and sum(len(r["scores"]) for r in results) > 0
         reads.append(len(seen.seen))
     assert reads[0] == reads[1] <= 4, reads
 
