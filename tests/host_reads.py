@@ -7,6 +7,8 @@ import traceback
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from detector.training.cuda_graph import innermost_ours
+
 
 class HostReads(TorchDispatchMode):
     """Records each operator that must read device memory on the host: inside a CUDA graph capture each one
@@ -54,9 +56,10 @@ class HostReads(TorchDispatchMode):
         super().__exit__(*exc_info)
 
     def _record(self, name: str) -> None:
-        # Where: the innermost caller in our code or torchvision's (the failure message then names the line).
-        callers = [f for f in traceback.extract_stack() if "/detector/" in f.filename or "torchvision" in f.filename]
-        self.seen.append(f"{name} at {callers[-1].filename}:{callers[-1].lineno}" if callers else name)
+        # Where: the innermost caller in our code or torchvision's (the failure message then names the line), as a
+        # failed capture's own line names it.
+        where = innermost_ours(traceback.extract_stack())
+        self.seen.append(f"{name} at {where}" if where else name)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func._schema.name

@@ -239,16 +239,23 @@ def capture_failure(error: BaseException) -> str:
     capture ends; the error that broke it (a host read, an uncapturable call) is its ``__context__``. That one
     names the problem, and its innermost frame in detector or torchvision names the line to change.
     """
-    import torchvision  # already imported by the postprocess; here only for its folder
-
     first = error
     while first.__context__ is not None and first.__context__ is not error:
         first = first.__context__
     text = next((line.strip() for line in str(first).splitlines() if line.strip()), type(first).__name__)
+    where = innermost_ours(traceback.extract_tb(first.__traceback__))
+    return f"{text}, at {where}" if where else text
+
+
+def innermost_ours(frames: list[traceback.FrameSummary]) -> str | None:
+    """``detector/loss.py:150`` or ``torchvision/ops/_utils.py:103``: the innermost of ``frames`` (outermost first,
+    as ``traceback`` lists them) in detector's or torchvision's own files; None when none is."""
+    import torchvision  # already imported by the postprocess; here only for its folder
+
     packages = [Path(__file__).resolve().parents[1], Path(torchvision.__file__).resolve().parent]
-    for frame in reversed(traceback.extract_tb(first.__traceback__)):
+    for frame in reversed(frames):
         path = Path(frame.filename).resolve()
         for package in packages:
             if path.is_relative_to(package):
-                return f"{text}, at {package.name}/{path.relative_to(package).as_posix()}:{frame.lineno}"
-    return text
+                return f"{package.name}/{path.relative_to(package).as_posix()}:{frame.lineno}"
+    return None
