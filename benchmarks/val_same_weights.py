@@ -62,6 +62,7 @@ from detector.metrics.loop import make_val_loader, run_validation
 from detector.model import build_model
 from detector.postprocess import NMSConfig
 from detector.precision import resolve_precision
+from detector.training.validator import validation_dtype
 from detector.tuning import enlarge_onednn_cache
 from detector.weights import load_pretrained, read_ultralytics_checkpoint
 args = json.loads(sys.argv[1])
@@ -78,7 +79,7 @@ nms = NMSConfig(conf_threshold=0.001, iou_threshold=0.7, max_detections=300, mul
 result = {"precision": precision.name}
 for name, fold, rect in (("as training", True, True), ("square", True, False), ("unfolded square", False, False)):
     loader = make_val_loader(split, batch_size=args["batch"], workers=2, cpu_compute=device.type == "cpu", rect=rect)
-    net = FusedCopy(model, channels_last=True).refresh() if fold else model
+    net = FusedCopy(model, dtype=validation_dtype(precision), channels_last=True).refresh() if fold else model
     infer = make_torch_infer(net, precision=precision, device=device, nms=nms, channels_last=True)
     seconds = []
     for _ in range(args["passes"]):

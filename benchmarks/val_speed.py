@@ -32,6 +32,7 @@ from detector.checkpoint import model_from_checkpoint
 from detector.data.build import build_split
 from detector.data.spec import load_dataset_spec
 from detector.inference.fusion import FusedCopy
+from detector.training.validator import validation_dtype
 from detector.inference.preprocess import model_input
 from detector.metrics.coco import evaluate_coco, to_coco_detections
 from detector.metrics.loop import make_val_loader
@@ -146,8 +147,7 @@ def main() -> int:
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
     if args.fold:  # the copy training's validator runs (FP16 weights under CUDA FP16)
-        dtype = torch.float16 if precision.name == "fp16" and device.type == "cuda" else torch.float32
-        model = FusedCopy(model, dtype=dtype, channels_last=args.channels_last).refresh()
+        model = FusedCopy(model, dtype=validation_dtype(precision), channels_last=args.channels_last).refresh()
     split = build_split(spec, "val", image_size=size, augment=None, cache="none")
     loader = make_val_loader(split, batch_size=args.batch, workers=args.workers, cpu_compute=device.type == "cpu")
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=0.7, max_detections=args.max_det, multi_label=True)

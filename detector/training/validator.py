@@ -38,6 +38,12 @@ def validation_batch(config: TrainConfig, device: torch.device) -> int:
     return config.batch if device.type == "cuda" else config.batch * 2
 
 
+def validation_dtype(precision: Precision) -> torch.dtype:
+    """The weights' dtype of the copy validation runs: FP16 under CUDA FP16 (see :meth:`Validator.model_for`), else
+    FP32 (under the precision's autocast)."""
+    return torch.float16 if precision.name == "fp16" and precision.device_type == "cuda" else torch.float32
+
+
 class Validator:
     """Validates a model of the run on ``split`` with the config's thresholds, batch and evaluator.
 
@@ -81,7 +87,7 @@ class Validator:
         the model's in rounding only: folding rounds each weight once more (detector/inference/fusion.py), and FP16
         weights round BatchNorm's folded scale too; the final FP32 evaluation gets an FP32 copy."""
         source = unwrap(model)
-        dtype = torch.float16 if precision.name == "fp16" and precision.device_type == "cuda" else torch.float32
+        dtype = validation_dtype(precision)
         if self._copy is None or self._copy.source is not source or self._copy.dtype != dtype:
             self._copy = FusedCopy(source, dtype=dtype, channels_last=self.config.channels_last)
         return self._copy.refresh()
