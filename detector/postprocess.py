@@ -30,17 +30,26 @@ class NMSConfig:
     multi_label: bool = False  # one candidate per (box, class) above threshold, as COCO eval expects
 
 
+def above_conf(
+    decoded: torch.Tensor, config: NMSConfig
+) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``[..., A, 4 + C]`` decoded predictions (one image, or a batch) -> the (box, class) pairs above the confidence
+    threshold, in order: (their indices over the leading dims, boxes ``[N, 4]``, scores ``[N]``, labels ``[N]``).
+    ``multi_label``: every class above it; else each box's best class, where that is above it."""
+    class_scores = decoded[..., 4:]
+    if config.multi_label:
+        *rows, labels = (class_scores > config.conf_threshold).nonzero(as_tuple=True)
+        scores = class_scores[(*rows, labels)]
+    else:
+        best, best_label = class_scores.max(-1)
+        rows = (best > config.conf_threshold).nonzero(as_tuple=True)
+        scores, labels = best[rows], best_label[rows]
+    return tuple(rows), decoded[..., :4][tuple(rows)], scores, labels
+
+
 def candidates(image_preds: torch.Tensor, config: NMSConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One image's ``[A, 4 + C]`` -> the (boxes ``[N, 4]``, scores ``[N]``, labels ``[N]``) that enter NMS."""
-    boxes, class_scores = image_preds[:, :4], image_preds[:, 4:]
-    if config.multi_label:
-        anchor_idx, labels = (class_scores > config.conf_threshold).nonzero(as_tuple=True)
-        scores = class_scores[anchor_idx, labels]
-        boxes = boxes[anchor_idx]
-    else:
-        scores, labels = class_scores.max(1)
-        keep = scores > config.conf_threshold
-        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+    _, boxes, scores, labels = above_conf(image_preds, config)
     # Top-k before NMS, as Ultralytics' max_nms=30000: bounds NMS's worst case. It changes the result only
     # for an image with more than max_candidates (box, class) pairs above conf, e.g. 8400 anchors x 80
     # classes at conf 0.001 on a barely trained model; then the lowest-scoring ones never enter NMS.
@@ -108,15 +117,7 @@ def batched_non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSCo
     ~200). Only an image with more than ``max_candidates`` candidates takes :func:`candidates`' top-k, per image.
     """
     batch, num_classes = decoded.shape[0], decoded.shape[-1] - 4
-    class_scores = decoded[..., 4:]
-    if config.multi_label:
-        image, anchor, labels = (class_scores > config.conf_threshold).nonzero(as_tuple=True)
-        scores = class_scores[image, anchor, labels]
-    else:
-        best, best_label = class_scores.max(-1)
-        image, anchor = (best > config.conf_threshold).nonzero(as_tuple=True)
-        scores, labels = best[image, anchor], best_label[image, anchor]
-    boxes = decoded[..., :4][image, anchor]
+    (image, _), boxes, scores, labels = above_conf(decoded, config)
     counts = torch.bincount(image, minlength=batch).tolist()
     if any(count > config.max_candidates for count in counts):  # rare: top-k per image, as candidates() does
         per_image = [candidates(image_preds, config) for image_preds in decoded]
