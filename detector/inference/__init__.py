@@ -2,7 +2,8 @@
 
     backend = load_backend("runs/train/exp/weights/best.onnx")
     batch, transforms = prepare_batch([image_rgb], backend.info.imgsz)
-    detections = backend(batch)  # letterboxed pixels; to_original_pixels() undoes the letterbox
+    detections = backend(batch)  # letterboxed pixels
+    detections = batch_to_original_pixels(detections, transforms)  # original pixels, on the CPU
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from detector.inference.backend import Backend, RawOutputs, unpack_detections
-from detector.inference.preprocess import Detections, prepare_batch, to_original_pixels
+from detector.inference.preprocess import Detections, batch_to_original_pixels, prepare_batch, to_original_pixels
 from detector.postprocess import NMSConfig
 from detector.runs import newest_file
 
@@ -18,7 +19,7 @@ SUFFIXES = (".pt", ".onnx", ".engine", ".pt2")
 
 __all__ = [
     "Backend", "Detections", "RawOutputs", "SUFFIXES", "find_latest_checkpoint", "load_backend", "weights_or_latest",
-    "prepare_batch", "to_original_pixels", "unpack_detections",
+    "batch_to_original_pixels", "prepare_batch", "to_original_pixels", "unpack_detections",
 ]
 
 

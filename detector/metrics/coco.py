@@ -34,7 +34,7 @@ from pycocotools.coco import COCO
 from pycocotools.cocoeval import COCOeval
 
 from detector.choices import COCO_EVAL as BACKENDS
-from detector.data.letterbox import ImageMeta
+from detector.data.letterbox import ImageMeta, unletterbox_rows
 from detector.data.workers import usable_cores
 from detector.files import write_atomically
 
@@ -69,16 +69,11 @@ def to_coco_detections(
     counts = [len(detection["scores"]) for detection in detections]
     if not sum(counts):
         return np.zeros((0, len(DETECTION_COLUMNS)))
-    boxes = torch.cat([d["boxes"].detach().reshape(-1, 4) for d in detections]).float().cpu().numpy()
+    boxes = torch.cat([d["boxes"].detach().reshape(-1, 4) for d in detections])
+    boxes = unletterbox_rows(boxes, metas, counts).numpy()  # the letterbox undone for the whole batch at once
     scores = torch.cat([d["scores"].detach() for d in detections]).float().cpu().numpy()
     labels = torch.cat([d["labels"].detach() for d in detections]).cpu().numpy()
-    # Each image's letterbox, per box; unletterbox_boxes' arithmetic (FP32: IEEE single operations, the same
-    # in NumPy as in torch) for the whole batch at once, so the boxes equal that function's to the bit.
     image_of_box = np.repeat(np.arange(len(metas)), counts)
-    ratio = np.array([meta.ratio for meta in metas], np.float32)[image_of_box, None]
-    pad = np.array([meta.pad * 2 for meta in metas], np.float32)[image_of_box]
-    size = np.array([meta.original_hw[::-1] * 2 for meta in metas], np.float32)[image_of_box]
-    boxes = np.minimum(np.maximum((boxes - pad) / ratio, 0), size)
     boxes[:, 2:] -= boxes[:, :2]  # xyxy -> COCO's xywh
     rows = np.empty((len(scores), len(DETECTION_COLUMNS)))
     rows[:, 0] = np.array([meta.image_id for meta in metas], np.float64)[image_of_box]

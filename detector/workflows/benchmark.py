@@ -27,7 +27,7 @@ from detector.data.synthetic import make_image
 from detector.device import resolve_device
 from detector.exporting.tensorrt import build_engine
 from detector.extras import MissingExtra, require
-from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
+from detector.inference import Backend, batch_to_original_pixels, load_backend, prepare_batch, weights_or_latest
 from detector.inference.tensorrt_backend import tensorrt_missing
 from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend, half_precision
 from detector.model import YOLO
@@ -116,8 +116,7 @@ def time_backend(
         raw = backend.infer(batch)
         synchronize(device)
         marks.append(time.perf_counter())
-        for result, transform in zip(backend.postprocess(raw), transforms):
-            to_original_pixels(result, transform)
+        batch_to_original_pixels(backend.postprocess(raw), transforms)
         marks.append(time.perf_counter())
         if run >= warmup:
             for stage, start, end in zip(stages, marks, marks[1:]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from detector.data.letterbox import ImageMeta, letterbox, rect_batches, unletterbox_boxes
+from detector.data.letterbox import ImageMeta, letterbox, rect_batches, unletterbox_boxes, unletterbox_rows
 
 MULTIPLE = 32
 
@@ -19,6 +19,29 @@ def test_letterbox_to_a_canvas_centres_the_image_and_the_undo_maps_back():
     back = unletterbox_boxes(torch.tensor([[10.0, 18.0, 110.0, 58.0]]), meta)
     assert torch.equal(back, torch.tensor([[20.0, 20.0, 220.0, 100.0]]))
 
+
+
+def test_a_batch_maps_back_as_each_image_would_on_its_own():
+    """unletterbox_rows over three images (one without boxes) against the per-image arithmetic written out with
+    Python floats, as the per-image undo was written before: equal to the bit, clipping included."""
+    metas = [ImageMeta(0, (480, 640), 0.5, (0.0, 40.0)), ImageMeta(1, (300, 200), 320 / 300, (53.0, 0.0)),
+             ImageMeta(2, (100, 100), 3.2, (0.0, 0.0)), ImageMeta(3, (7, 9), 1 / 3, (1.0, 2.0))]
+    counts = [5, 0, 4, 3]
+    generator = torch.Generator().manual_seed(0)
+    corners = torch.rand(sum(counts), 2, 2, generator=generator) * 360 - 20  # some outside the image: clipped
+    boxes = torch.cat((corners.min(1).values, corners.max(1).values), 1)
+    expected = []
+    for meta, rows in zip(metas, boxes.split(counts)):
+        rows = rows.clone()
+        height, width = meta.original_hw
+        rows[:, [0, 2]] = ((rows[:, [0, 2]] - meta.pad[0]) / meta.ratio).clamp(0, width)
+        rows[:, [1, 3]] = ((rows[:, [1, 3]] - meta.pad[1]) / meta.ratio).clamp(0, height)
+        expected.append(rows)
+    got = unletterbox_rows(boxes, metas, counts)
+    assert got.dtype == torch.float32 and torch.equal(got, torch.cat(expected))
+    assert (got[:, 0] < got[:, 2]).any()  # not all clipped flat: the test would pass on zeros otherwise
+    assert torch.equal(unletterbox_boxes(boxes[:5], metas[0]), expected[0])
+    assert unletterbox_rows(torch.zeros(0, 4), metas[:1], [0]).shape == (0, 4)
 
 def test_rect_batches_pad_each_batch_only_as_far_as_its_images_need():
     # (height, width): landscape 360x640 and 480x640, a square, portrait 640x480.

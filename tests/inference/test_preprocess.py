@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
 
-from detector.inference.preprocess import letterbox_on_device, prepare_batch
+from detector.data.letterbox import ImageMeta, unletterbox_boxes
+from detector.inference.preprocess import batch_to_original_pixels, letterbox_on_device, prepare_batch
 
 
 @pytest.mark.parametrize("shape", [(480, 640), (640, 360), (100, 100), (64, 64)])
@@ -21,6 +24,21 @@ def test_device_letterbox_matches_opencv(shape: tuple[int, int]) -> None:
     # OpenCV rounds its bilinear weights to 11 bits; the float resize does not: one grey level apart at most.
     assert int((got.int() - expected.int()).abs().max()) <= 1
 
+
+
+def test_images_of_one_shape_go_together_and_come_out_as_one_at_a_time() -> None:
+    """A batch of two shapes, interleaved, one of them a strided view (as a BGR->RGB flip of a frame gives): each
+    image comes out in its own place and to the bit as when it goes through alone."""
+    rng = np.random.default_rng(1)
+    frames = [rng.integers(0, 256, (48, 80, 3), dtype=np.uint8) for _ in range(3)]
+    portrait = rng.integers(0, 256, (70, 30, 3), dtype=np.uint8)
+    images = [frames[0], portrait, frames[1][..., ::-1], frames[2], portrait[::-1]]
+    batch, metas = letterbox_on_device(images, 64, torch.device("cpu"))
+    assert [meta.image_id for meta in metas] == list(range(5))
+    for index, image in enumerate(images):
+        alone, (meta,) = letterbox_on_device([image], 64, torch.device("cpu"))
+        assert torch.equal(batch[index], alone[0]) and metas[index] == replace(meta, image_id=index)
+    assert not torch.equal(batch[0], batch[3])
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the device letterbox is for CUDA")
 def test_prepare_batch_on_cuda_returns_a_gpu_batch() -> None:
@@ -43,3 +61,25 @@ def test_a_tight_batch_pads_only_to_the_stride_and_maps_back() -> None:
     mixed, _ = prepare_batch([photo, np.zeros((640, 480, 3), np.uint8)], 640, tight=32)
     assert mixed.shape == (2, 3, 640, 640)  # landscape with portrait: one square canvas holds both
     assert prepare_batch([photo], 640)[0].shape == (1, 3, 640, 640)  # not asked: the square, as every export takes
+
+
+def test_a_batch_goes_back_to_original_pixels_as_each_image_would() -> None:
+    """One copy for the batch: the same boxes as the per-image undo (to the bit), scores and labels unchanged in
+    their own dtypes, an image without detections kept, other fields carried over."""
+    metas = [ImageMeta(0, (480, 640), 0.1, (0.0, 8.0)), ImageMeta(1, (64, 64), 1.0, (0.0, 0.0)),
+             ImageMeta(2, (300, 200), 64 / 300, (11.0, 0.0))]
+    generator = torch.Generator().manual_seed(0)
+    detections = []
+    for count in (3, 0, 2):
+        corners = torch.rand(count, 2, 2, generator=generator) * 70 - 3
+        detections.append({"boxes": torch.cat((corners.min(1).values, corners.max(1).values), 1),
+                           "scores": torch.rand(count, generator=generator),
+                           "labels": torch.randint(0, 80, (count,), generator=generator), "track": torch.arange(count)})
+    back = batch_to_original_pixels(detections, metas)
+    assert len(back) == 3 and len(back[1]["boxes"]) == 0
+    for got, sent, meta in zip(back, detections, metas):
+        assert list(got) == list(sent)  # the same fields in the same order
+        assert torch.equal(got["boxes"], unletterbox_boxes(sent["boxes"], meta))
+        for key in ("scores", "labels", "track"):
+            assert got[key].dtype == sent[key].dtype and torch.equal(got[key], sent[key])
+    assert batch_to_original_pixels([], []) == []
