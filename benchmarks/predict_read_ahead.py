@@ -30,7 +30,8 @@ from detector.inference.sources import open_source, read_ahead
 from detector.inference.torch_backend import TorchBackend
 from detector.model import build_model
 from detector.model.metadata import ModelInfo
-from detector.workflows.predict import PredictOptions, predict_frames
+from detector.workflows.options import PredictOptions
+from detector.workflows.predict import predict_frames
 
 
 def write_video(path: Path, frames: int, width: int = 1280, height: int = 720) -> None:

@@ -15,7 +15,7 @@ workflow as the command (``detector/workflows``)::
     model = load(run["best"])                                             # loaded once, run many times
     results = model.predict(cv2.imread("cat.jpg"))                        # arrays are BGR, as OpenCV reads them
 
-The parameters become the command's option object (``val(...)`` -> :class:`detector.workflows.val.ValOptions`,
+The parameters become the command's option object (``val(...)`` -> :class:`detector.workflows.options.ValOptions`,
 ``train`` -> :class:`detector.training.config.TrainConfig`): no command line in between. Their names, defaults
 and types are those classes' fields (``tests/test_api.py`` fails if they drift apart); the annotations also
 admit a ``Path`` where the field is text. ``None`` leaves an argument at its default.
@@ -163,7 +163,8 @@ def val(
     written under ``project/name`` as by the command. ``weights`` and ``data`` are required (``None`` here only so
     that Ultralytics' ``model=`` can stand for ``weights``).
     """
-    from detector.workflows.val import ValOptions, run_val
+    from detector.workflows.options import ValOptions
+    from detector.workflows.val import run_val
 
     return run_val(_options(ValOptions, "val", weights_file(given(val, locals())), ultralytics))
 
@@ -201,7 +202,8 @@ def predict(
     holding its frame as ``"image"``, RGB ``uint8 [H, W, 3]``), so a long video or a webcam runs in constant
     memory.
     """
-    from detector.workflows.predict import PredictOptions, run_predict
+    from detector.workflows.options import PredictOptions
+    from detector.workflows.predict import run_predict
 
     values = given(predict, locals())
     model = values.pop("weights", None)
@@ -243,7 +245,8 @@ def export(
 
     Returns the files written, after their parity check against the FP32 PyTorch model.
     """
-    from detector.workflows.export import ExportOptions, run_export
+    from detector.workflows.export import run_export
+    from detector.workflows.options import ExportOptions
 
     return run_export(_options(ExportOptions, "export", weights_file(given(export, locals())), ultralytics))
 

@@ -9,9 +9,7 @@ import pytest
 
 from detector.aliases import TABLES, translate
 from detector.training.config import TrainConfig
-from detector.workflows.export import ExportOptions
-from detector.workflows.predict import PredictOptions
-from detector.workflows.val import ValOptions
+from detector.workflows.options import ExportOptions, PredictOptions, ValOptions
 
 OPTIONS = {"train": TrainConfig, "val": ValOptions, "predict": PredictOptions, "export": ExportOptions}
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "training.md"

@@ -24,9 +24,7 @@ import detector.api
 from detector import export, load, predict, train, val
 from detector.checkpoint import is_stripped, load_checkpoint
 from detector.training.config import TrainConfig
-from detector.workflows.export import ExportOptions
-from detector.workflows.predict import PredictOptions
-from detector.workflows.val import ValOptions
+from detector.workflows.options import ExportOptions, PredictOptions, ValOptions
 from detector.cli.predict import main as predict_main
 from tests.conftest import write_yolo_dataset
 

@@ -1,39 +1,30 @@
-"""The option objects (detector/options.py; TrainConfig and detector/workflows/*.py): the flags' names, defaults and checks, for the CLI and the API."""
+"""The option objects (detector/options.py; TrainConfig and detector/workflows/options.py): the flags' names,
+defaults and checks, for the CLI and the API."""
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import pytest
 
-from detector.training.config import TrainConfig
-from detector.workflows.benchmark import BenchmarkOptions
 from detector.options import build_options
-from detector.workflows.predict import PredictOptions
-from detector.workflows.val import ValOptions
-
-
-def export_options() -> type:
-    pytest.importorskip("onnx", reason="the export workflow writes ONNX (the 'export' extra)")
-    return importlib.import_module("detector.workflows.export").ExportOptions
-
+from detector.training.config import TrainConfig
+from detector.workflows.options import BenchmarkOptions, ExportOptions, PredictOptions, ValOptions
 
 # (options class, the required values, one bad value, the flag its one-line message must name)
 CASES = {
-    "val": (lambda: ValOptions, {"weights": "best.pt", "data": "my.yaml"}, {"split": "bogus"}, "--split"),
-    "val coco-eval": (lambda: ValOptions, {"weights": "best.pt", "data": "my.yaml"}, {"coco_eval": "x"}, "--coco-eval"),
-    "predict": (lambda: PredictOptions, {"source": "images/"}, {"conf": "high"}, "--conf"),
-    "export": (export_options, {}, {"format": "tflite"}, "--format"),
-    "benchmark": (lambda: BenchmarkOptions, {}, {"runs": 2.5}, "--runs"),
-    "train": (lambda: TrainConfig, {}, {"model": "z"}, "--model"),
+    "val": (ValOptions, {"weights": "best.pt", "data": "my.yaml"}, {"split": "bogus"}, "--split"),
+    "val coco-eval": (ValOptions, {"weights": "best.pt", "data": "my.yaml"}, {"coco_eval": "x"}, "--coco-eval"),
+    "predict": (PredictOptions, {"source": "images/"}, {"conf": "high"}, "--conf"),
+    "export": (ExportOptions, {}, {"format": "tflite"}, "--format"),
+    "benchmark": (BenchmarkOptions, {}, {"runs": 2.5}, "--runs"),
+    "train": (TrainConfig, {}, {"model": "z"}, "--model"),
 }
 
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_a_bad_value_is_one_line_naming_the_flag(case: str) -> None:
-    make_class, required, bad, flag = CASES[case]
-    options_class = make_class()
+    options_class, required, bad, flag = CASES[case]
     with pytest.raises(ValueError) as error:
         build_options(options_class, {**required, **bad}, command=case)
     assert flag in str(error.value) and "\n" not in str(error.value)
@@ -44,9 +35,9 @@ def test_a_bad_value_is_one_line_naming_the_flag(case: str) -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=str)
 def test_an_unknown_argument_is_one_line_listing_the_known_ones(case: str) -> None:
-    make_class, required, _, _ = CASES[case]
+    options_class, required, _, _ = CASES[case]
     with pytest.raises(TypeError) as error:
-        build_options(make_class(), {**required, "max_dets": 5}, command="predict")
+        build_options(options_class, {**required, "max_dets": 5}, command="predict")
     message = str(error.value)
     assert message.startswith("predict: unknown argument 'max_dets'; known: ") and "\n" not in message
     assert "device" in message.split("known: ")[1]
@@ -78,7 +69,6 @@ def test_values_of_the_wrong_kind_are_refused(bad: dict) -> None:
 
 
 def test_export_formats_are_checked_and_may_be_a_list() -> None:
-    options_class = export_options()
-    assert build_options(options_class, {"format": ["onnx", "engine"]}, command="export").format == "onnx,engine"
+    assert build_options(ExportOptions, {"format": ["onnx", "engine"]}, command="export").format == "onnx,engine"
     with pytest.raises(ValueError, match=r"^--format 'onnx,tflite': choose from onnx, engine"):
-        options_class(format="onnx,tflite")
+        ExportOptions(format="onnx,tflite")

@@ -1,8 +1,10 @@
 """Every command in one place: ``python -m detector <command>`` and the ``detector`` console script.
 
 ``train.py`` and ``export.py`` call the ``train`` and ``export`` commands' ``main`` directly. A command module
-only parses its flags (generated from the option dataclass of its workflow, detector/workflows) and calls the
-workflow through :func:`detector.cli.errors.run_command`, so every command ends the same way.
+only parses its flags (generated from its option dataclass: detector/workflows/options.py, train's
+detector/training/config.py) and calls the workflow through :func:`detector.cli.errors.run_command`, so every
+command ends the same way. The workflow is imported only when the command runs: ``--help`` never imports torch
+(tests/cli/test_commands.py).
 
 Exit codes, the same for every command:
 

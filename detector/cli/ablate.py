@@ -12,19 +12,20 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from detector.cli.errors import CommandFailed, run_command
-from detector.device import resolve_device
-from detector.precision import has_native_bf16
 from detector.files import write_text_atomically
-from detector.plots.canvas import save_figure
 from detector.runs import claim_run_dir
+
+if TYPE_CHECKING:
+    import torch
 
 
 def variants(device: torch.device) -> list[tuple[str, list[str]]]:
     """Precisions worth comparing here: BF16 vs FP32 on a BF16 CPU; FP16, BF16 vs FP32 (TF32 off) on a GPU."""
+    from detector.precision import has_native_bf16  # imports torch: when the command runs, not for --help
+
     on_gpu = device.type == "cuda"
     chosen = []
     if on_gpu:
@@ -65,6 +66,8 @@ def plot(results: dict[str, dict[str, float]], out_png: Path) -> Path:
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
+    from detector.plots.canvas import save_figure
+
     figure = Figure(figsize=(10, 3), constrained_layout=True)
     names = list(results)
     for index, (key, title) in enumerate((("images_per_s", "images/s"), ("peak_mem_mb", "peak memory (MB)"),
@@ -89,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def ablate(args: argparse.Namespace, train_args: list[str]) -> None:
     """Train each variant in its own process, then write the report; :class:`CommandFailed` when a run fails."""
+    from detector.device import resolve_device  # imports torch: when the command runs, not for --help
+
     device = resolve_device(args.device)
     out_dir = claim_run_dir(args.project, args.name)
     results = {}

@@ -10,7 +10,7 @@ import sys
 
 from detector.cli.errors import run_command
 from detector.cli.flags import add_flags, options_from_args
-from detector.workflows.benchmark import BenchmarkOptions, run_benchmark
+from detector.workflows.options import BenchmarkOptions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def benchmark(args: argparse.Namespace) -> None:
+    """Time every backend and print the table; the workflow is imported only now so that ``--help`` is instant."""
+    from detector.workflows.benchmark import run_benchmark
+
     options = options_from_args(BenchmarkOptions, args)
     print(run_benchmark(options, progress=lambda line: print(line, file=sys.stderr)))
 

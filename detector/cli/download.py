@@ -9,7 +9,6 @@ from pathlib import Path
 
 from detector.cli.errors import run_command
 from detector.data.catalog import DOWNLOADS, datasets_root
-from detector.data.download import download
 from detector.weights.catalog import PRETRAINED, pretrained_name
 from detector.paths import HOME_ENV, default_weights_dir
 
@@ -58,6 +57,8 @@ def fetch(args: argparse.Namespace) -> None:
 
             download_weights(args.name, weights_dir=where, allow_http=args.allow_http)
         else:
+            from detector.data.download import download  # imports OpenCV (~0.4 s): not for --help
+
             download(args.name, root=where, split=args.split, allow_http=args.allow_http)
     except KeyboardInterrupt:
         # run_command prints this instead of a bare 'interrupted' (exit 130): a second run resumes the download.

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from detector.cli.errors import run_command
 from detector.cli.flags import add_flags, options_from_args, parse_command
-from detector.workflows.export import ExportOptions, run_export
+from detector.workflows.options import ExportOptions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,6 +21,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def export(options: ExportOptions) -> list[Path]:
+    """:func:`detector.workflows.export.run_export`, imported only now so that ``--help`` is instant."""
+    from detector.workflows.export import run_export
+
+    return run_export(options)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
     return parse_command(build_parser(), ExportOptions, "export", argv)
@@ -27,4 +35,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return run_command(lambda: run_export(options_from_args(ExportOptions, args)))
+    return run_command(lambda: export(options_from_args(ExportOptions, args)))

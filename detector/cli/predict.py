@@ -7,7 +7,7 @@ from collections import deque
 
 from detector.cli.errors import run_command
 from detector.cli.flags import add_flags, options_from_args, parse_command
-from detector.workflows.predict import PredictOptions, run_predict
+from detector.workflows.options import PredictOptions
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,6 +19,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def predict(options: PredictOptions) -> None:
+    """:func:`detector.workflows.predict.run_predict`, imported only now so that ``--help`` is instant.
+
+    Streamed and dropped: a webcam or a long video keeps nothing but predictions.json's records.
+    """
+    from detector.workflows.predict import run_predict
+
+    deque(run_predict(options, stream=True), maxlen=0)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
     return parse_command(build_parser(), PredictOptions, "predict", argv)
@@ -26,5 +36,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # Streamed and dropped: a webcam or a long video keeps nothing but predictions.json's records.
-    return run_command(lambda: deque(run_predict(options_from_args(PredictOptions, args), stream=True), maxlen=0))
+    return run_command(lambda: predict(options_from_args(PredictOptions, args)))

@@ -7,14 +7,22 @@ import sys
 
 from detector.cli.errors import run_command
 from detector.cli.flags import add_flags, options_from_args, parse_command
-from detector.workflows import val as workflow
-from detector.workflows.val import ValOptions, run_val
+from detector.workflows.options import ValOptions
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m detector val", description=workflow.__doc__.splitlines()[0])
+    # The workflow module's first docstring line, written out: importing the module to read it imports torch.
+    parser = argparse.ArgumentParser(prog="python -m detector val",
+                                     description="``python -m detector val``: score a checkpoint on a dataset split.")
     add_flags(parser, ValOptions)
     return parser
+
+
+def validate(options: ValOptions) -> dict[str, float]:
+    """:func:`detector.workflows.val.run_val`, imported only now so that ``--help`` is instant."""
+    from detector.workflows.val import run_val
+
+    return run_val(options)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -24,7 +32,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    return run_command(lambda: run_val(options_from_args(ValOptions, args)))
+    return run_command(lambda: validate(options_from_args(ValOptions, args)))
 
 
 if __name__ == "__main__":

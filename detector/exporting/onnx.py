@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from detector.defaults import DEFAULT_OPSET
 from detector.exporting.wrapper import ExportWrapper
 from detector.extras import require
 from detector.files import write_atomically
@@ -24,8 +25,6 @@ from detector.model.metadata import INPUT_NAME, ModelInfo, decode_metadata, enco
 
 if TYPE_CHECKING:
     import onnx
-
-DEFAULT_OPSET = 17  # NonMaxSuppression needs >= 11; 17 is read by TensorRT 8.6 and later
 
 
 def _onnx() -> ModuleType:

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from detector.defaults import DEFAULT_WORKSPACE_GIB
 from detector.exporting import ExportError
 from detector.inference.tensorrt_backend import write_engine_file
 from detector.model.metadata import INPUT_NAME, ModelInfo
-
-DEFAULT_WORKSPACE_GIB = 4.0
 
 
 def build_engine(

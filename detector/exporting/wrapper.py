@@ -18,10 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from detector.defaults import EXPORT_CONF, EXPORT_IOU, EXPORT_MAX_DET
 from detector.model import YOLO
 from detector.postprocess import NMSConfig, decode_outputs
 
-EXPORT_NMS = NMSConfig(conf_threshold=0.25, iou_threshold=0.7, max_detections=300)
+EXPORT_NMS = NMSConfig(conf_threshold=EXPORT_CONF, iou_threshold=EXPORT_IOU, max_detections=EXPORT_MAX_DET)
 
 
 class OnnxNMS(torch.autograd.Function):

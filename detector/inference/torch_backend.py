@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from detector.defaults import DEFAULT_IMGSZ
 from detector.distributed import unwrap
 from detector.inference.backend import Backend, RawOutputs
 from detector.inference.cuda_graph import CudaGraphRunner
@@ -24,7 +25,6 @@ from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
 from detector.precision import Precision, has_native_bf16
 
-DEFAULT_IMGSZ = 640
 PRECISIONS = ("fp32", "fp16", "bf16")
 
 

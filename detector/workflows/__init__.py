@@ -1,10 +1,11 @@
 """What each command does, without its command line: ``run_<command>(options)`` with a typed option object.
 
-    options.py    the option dataclasses' shared parts: ``option(default, help)``, value checks, ``build_options``
-    val.py        ValOptions, run_val: score a checkpoint on a dataset split
-    predict.py    PredictOptions, run_predict: a .pt / .onnx / .engine model over images, folders or videos
-    export.py     ExportOptions, run_export: checkpoint -> ONNX / TensorRT, behind a parity check
-    benchmark.py  BenchmarkOptions, run_benchmark: pre-process / inference / post-process time per backend
+    options.py    ValOptions, PredictOptions, ExportOptions, BenchmarkOptions: every command's flags, importing no
+                  torch (so ``--help`` is instant); their shared parts live in detector/options.py
+    val.py        run_val: score a checkpoint on a dataset split
+    predict.py    run_predict: a .pt / .onnx / .engine model over images, folders or videos
+    export.py     run_export: checkpoint -> ONNX / TensorRT, behind a parity check
+    benchmark.py  run_benchmark: pre-process / inference / post-process time per backend
 
 detector/cli parses a command line into these objects; detector/api builds them from keyword arguments.
 Training's option object is :class:`detector.training.config.TrainConfig` and its workflow

@@ -29,42 +29,13 @@ from detector.exporting.tensorrt import build_engine
 from detector.extras import MissingExtra, require
 from detector.inference import Backend, batch_to_original_pixels, load_backend, prepare_batch, weights_or_latest
 from detector.inference.tensorrt_backend import tensorrt_missing
-from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend, half_precision
+from detector.inference.torch_backend import TorchBackend, half_precision
 from detector.model import YOLO
 from detector.model.metadata import ModelInfo
 from detector.tuning import enlarge_onednn_cache
-from detector.options import Options, option
+from detector.workflows.options import BenchmarkOptions, skipped
 
-BACKEND_KINDS = ("pytorch", "onnx", "pt2", "engine")
 STAGES = ("pre-process", "inference", "post-process")
-
-
-@dataclass(kw_only=True)
-class BenchmarkOptions(Options):
-    """The flags of ``python -m detector benchmark``."""
-
-    weights: Path | None = option(None, ".pt (all backends) or one .onnx/.engine/.pt2 (default: the newest "
-                                        "runs/train/*/weights/best.pt)")
-    imgsz: int | None = option(None, f"input size for .pt weights (default: the training size, else {DEFAULT_IMGSZ})")
-    batch: int = option(1, "images per call for the latency columns (default: 1)")
-    throughput_batch: int = option(32, "images per call for the throughput column; 0 = no throughput (default: 32)")
-    runs: int = option(20, "timed batches per backend for latency (default: 20)")
-    throughput_runs: int = option(5, "timed batches per backend for throughput (default: 5)")
-    warmup: int = option(3, "untimed batches first (default: 3)")
-    skip: str = option("", f"comma-separated backends not to time: {', '.join(BACKEND_KINDS)} (default: none; "
-                           "pt2 compiles for minutes on a small CPU)")
-    device: str = option("", "cpu or cuda (default: cuda if available, else cpu)")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        skipped(self.skip)  # refused here, before any work
-
-
-def skipped(text: str) -> set[str]:
-    kinds = {part.strip().lower() for part in text.split(",") if part.strip()}
-    if kinds - set(BACKEND_KINDS):
-        raise ValueError(f"--skip {text!r}: choose from {', '.join(BACKEND_KINDS)} (comma-separated)")
-    return kinds
 
 
 @dataclass

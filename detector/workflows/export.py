@@ -8,76 +8,26 @@ or check leaves nothing behind.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from pathlib import Path
 
 from detector.checkpoint import model_from_checkpoint
+from detector.defaults import DEFAULT_IMGSZ
 from detector.device import resolve_device
 from detector.exporting import ExportError
-from detector.exporting.onnx import DEFAULT_OPSET, export_onnx
+from detector.exporting.onnx import export_onnx
 from detector.exporting.pt2 import compiler_missing, export_pt2, pt2_precision
-from detector.exporting.parity import SCORE_TOLERANCE, check_parity, split_images, synthetic_images
-from detector.exporting.tensorrt import DEFAULT_WORKSPACE_GIB, build_engine
-from detector.exporting.wrapper import EXPORT_NMS
+from detector.exporting.parity import check_parity, split_images, synthetic_images
+from detector.exporting.tensorrt import build_engine
 from detector.extras import Unavailable
 from detector.files import publish, staging_folder
 from detector.inference import load_backend, weights_or_latest
 from detector.inference.tensorrt_backend import tensorrt_missing
-from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend
+from detector.inference.torch_backend import TorchBackend
 from detector.model import YOLO, image_size_problem
 from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig
 from detector.tuning import enlarge_onednn_cache
-from detector.options import Options, option
-
-FORMATS = ("onnx", "engine", "pt2")
-
-
-@dataclass(kw_only=True)
-class ExportOptions(Options):
-    """The flags of ``python export.py`` / ``python -m detector export``."""
-
-    weights: Path | None = option(None, "checkpoint .pt (default: the newest runs/train/*/weights/best.pt)")
-    format: str = option("onnx", "onnx, engine, pt2 (AOTInductor; needs a C++ compiler), or several: onnx,pt2 "
-                                 "(default: onnx)")
-    half: bool = option(False, "FP16 convolutions; inputs/outputs stay FP32 (default: off)")
-    imgsz: int | None = option(None, "square input size, a multiple of 32 (default: the training size, else "
-                                     f"{DEFAULT_IMGSZ})")
-    batch: int = option(1, "batch size; with --dynamic the largest TensorRT batch (default: 1)")
-    dynamic: bool = option(False, "free batch, height and width (default: off, fixed shape)")
-    opset: int = option(DEFAULT_OPSET, f"ONNX opset (default: {DEFAULT_OPSET})")
-    simplify: bool = option(False, "slim the ONNX graph with onnxslim (default: off)")
-    nms: bool = option(False, "NMS inside the graph, one class per box: outputs detections + num_detections "
-                              "(default: off)")
-    conf: float = option(EXPORT_NMS.conf_threshold,
-                         f"with --nms: score threshold (default: {EXPORT_NMS.conf_threshold})")
-    iou: float = option(EXPORT_NMS.iou_threshold, f"with --nms: IoU threshold (default: {EXPORT_NMS.iou_threshold})")
-    max_det: int = option(EXPORT_NMS.max_detections,
-                          f"with --nms: K, detections per image (default: {EXPORT_NMS.max_detections})")
-    data: Path | None = option(None, "dataset YAML: check parity on its val split, with mAP (default: synthetic "
-                                     "images, no mAP)")
-    datasets_dir: Path | None = option(None, "with --data: root of downloaded datasets (default: $DETECTOR_DATASETS, "
-                                             "else datasets/ in the data folder)")
-    no_check: bool = option(False, "skip the parity check (default: check)")
-    map_margin: float = option(0.5, "with --data: largest allowed mAP50-95 drop in points (default: 0.5)")
-    score_tol: float = option(SCORE_TOLERANCE,
-                              f"without --data: largest allowed score difference (default: {SCORE_TOLERANCE})")
-    workers: int = option(2, "with --data: data-loading processes for the check (default: 2)")
-    device: str = option("", "cpu, cuda or cuda:N: device for tracing and the check (default: cuda if available, "
-                             "else cpu)")
-    workspace: float = option(DEFAULT_WORKSPACE_GIB, f"TensorRT workspace in GiB (default: {DEFAULT_WORKSPACE_GIB})")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        parse_formats(self.format)  # --format is free text ("onnx,engine"): refused here, before any work
-
-
-def parse_formats(text: str) -> list[str]:
-    formats = [part.strip().lower() for part in text.split(",") if part.strip()]
-    unknown = [part for part in formats if part not in FORMATS]
-    if unknown or not formats:
-        raise ValueError(f"--format {text!r}: choose from {', '.join(FORMATS)} (comma-separated)")
-    return list(dict.fromkeys(formats))
+from detector.workflows.options import ExportOptions, parse_formats
 
 
 def resolve_weights(weights: Path | None) -> Path:

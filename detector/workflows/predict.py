@@ -23,7 +23,6 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Generator, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,36 +35,13 @@ from detector.files import write_image, write_text_atomically
 from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
 from detector.inference.sources import Frame, open_source, read_ahead
 from detector.inference.torch_backend import half_precision
-from detector.options import Options, option
 from detector.postprocess import NMSConfig
 from detector.runs import claim_run_dir
 from detector.tuning import enlarge_onednn_cache
+from detector.workflows.options import PredictOptions
 
 PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),
            (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0), (168, 153, 44), (255, 194, 0)]  # BGR
-
-
-@dataclass(kw_only=True)
-class PredictOptions(Options):
-    """The flags of ``python -m detector predict``."""
-
-    weights: Path | None = option(None, ".pt (ours or an Ultralytics yolov8*.pt), .onnx or .engine (default: the "
-                                        "newest runs/train/*/weights/best.pt)")
-    source: str = option(help="an image, a folder (searched recursively), a glob ('imgs/*.jpg'), a video, a "
-                              "webcam index (0) or a stream URL (rtsp://, http://)")
-    save: bool = option(False, "write annotated images / video (default: off; predictions.json always)")
-    save_txt: bool = option(False, "write YOLO labels labels/<image>.txt: class cx cy w h, normalised (default: off)")
-    save_conf: bool = option(False, "with --save-txt: each box's score as a sixth column (default: off)")
-    classes: tuple[int, ...] | None = option(None, "keep only these class ids, e.g. --classes 0 2 (default: all)")
-    conf: float = option(0.25, "score threshold (default: 0.25)")
-    iou: float = option(0.7, "NMS IoU threshold (default: 0.7)")
-    max_det: int = option(300, "detections kept per image (default: 300)")
-    imgsz: int | None = option(None, "input size (default: the model's own: training or export size)")
-    device: str = option("", "cpu, cuda or cuda:N (default: cuda if available, else cpu)")
-    half: bool = option(False, ".pt: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, else FP32 "
-                               "(default: off)")
-    project: Path = option(Path("runs/predict"), "parent folder of runs (default: runs/predict)")
-    name: str = option("exp", "run folder; exp, exp2, ... when taken (default: exp)")
 
 
 def annotate(image_rgb: np.ndarray, result: dict, names: list[str]) -> np.ndarray:

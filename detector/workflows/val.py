@@ -23,17 +23,16 @@ precision it was exported with. Box decoding and NMS always run in FP32.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 
 from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
+from detector.defaults import DEFAULT_IMGSZ
 from detector.device import resolve_device
 from detector.inference import Backend, load_backend
 from detector.inference.fusion import fuse_conv_bn
 from detector.inference.pt_model import model_from_pt
-from detector.inference.torch_backend import DEFAULT_IMGSZ, TorchBackend, half_precision, make_torch_infer
-from detector.metrics.coco import BACKENDS, evaluator_name, resolve_backend
+from detector.inference.torch_backend import TorchBackend, half_precision, make_torch_infer
+from detector.metrics.coco import evaluator_name, resolve_backend
 from detector.metrics.loop import make_val_loader, run_validation
 from detector.model import image_size_problem
 from detector.model.metadata import ModelInfo
@@ -43,36 +42,7 @@ from detector.precision import Precision, resolve_precision
 from detector.files import write_text_atomically
 from detector.runs import run_folder
 from detector.tuning import enlarge_onednn_cache
-from detector.options import Options, option
-
-
-@dataclass(kw_only=True)
-class ValOptions(Options):
-    """The flags of ``python -m detector val``."""
-
-    weights: Path = option(help="checkpoint (.pt) written by training, Ultralytics yolov8*.pt, or an export "
-                                "(.onnx, .engine)")
-    data: Path = option(help="dataset YAML, or a shipped one's name (coco.yaml)")
-    datasets_dir: Path | None = option(None, "root of downloaded datasets (default: $DETECTOR_DATASETS, else "
-                                             "datasets/ in the data folder)")
-    imgsz: int | None = option(None, f"input size (default: the checkpoint's training size, else {DEFAULT_IMGSZ})")
-    batch: int = option(32, "images per batch")
-    workers: int = option(2, "data-loader worker processes")
-    conf: float = option(0.001, "confidence threshold before NMS")
-    iou: float = option(0.7, "NMS IoU threshold")
-    max_det: int = option(300, "detections kept per image")
-    rect: bool = option(True, "batches of similar aspect ratio, each padded only to its own shape, as training "
-                              "validates (PyTorch weights; exports and --half on CUDA score in squares)")
-    split: str = option("val", "dataset split to score", choices=("val", "test"))
-    coco_eval: str = option("faster", "COCO mAP evaluator: faster (faster-coco-eval; pycocotools when not installed) "
-                                      "or pycocotools (the same numbers, slower)", choices=BACKENDS)
-    device: str = option("", "cpu, cuda or cuda:N (default: cuda when available)")
-    fp32: bool = option(False, "run the model in FP32 (no FP16/BF16 autocast)")
-    half: bool = option(False, "a prepared copy: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, "
-                               "else FP32 (default: off, autocast); BatchNorm is folded either way")
-    plots: bool = option(True, "write PR curve, confusion matrix and prediction images")
-    project: Path = option(Path("runs/val"), "parent folder of the run folder")
-    name: str = option("exp", "run folder name (suffixed 2, 3... when it exists)")
+from detector.workflows.options import ValOptions
 
 
 def resolve_image_size(requested: int | None, config: dict | None) -> int:

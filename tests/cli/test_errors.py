@@ -11,6 +11,7 @@ import torch
 from detector.checkpoint import CheckpointError
 from detector.cli import download as download_command
 from detector.cli.errors import CommandFailed, run_command
+from detector.data import download as dataset_download
 from detector.data.download import DownloadError
 from detector.data.spec import DatasetError
 from detector.exporting import ExportError
@@ -69,7 +70,7 @@ def test_an_interrupted_download_says_how_to_resume(tmp_path, monkeypatch: pytes
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(download_command, "download", interrupted)
+    monkeypatch.setattr(dataset_download, "download", interrupted)  # the command imports it when it runs
     assert download_command.main(["coco128", "--datasets-dir", str(tmp_path)]) == 130
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"error: interrupted; run the command again to resume (partial files in {tmp_path})"]

@@ -23,7 +23,8 @@ from detector.inference.torch_backend import TorchBackend
 from detector.model import YOLO
 from detector.postprocess import NMSConfig
 from detector.precision import has_native_bf16
-from detector.workflows.export import ExportOptions, run_export
+from detector.workflows.export import run_export
+from detector.workflows.options import ExportOptions
 from tests.conftest import NAMES, write_checkpoint
 from tests.exporting.conftest import IMGSZ
 from tests.tolerances import assert_same_detections, fp32_tolerance_on

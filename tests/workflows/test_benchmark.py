@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 import torch
 
-from detector.workflows.benchmark import BenchmarkOptions, device_name, markdown_table, sample_images, skipped
+from detector.workflows.benchmark import device_name, markdown_table, sample_images
 
 
 def test_sample_images_are_deterministic_4_3_frames() -> None:
@@ -30,12 +29,6 @@ def test_the_throughput_column_is_images_per_second_at_the_big_batch() -> None:
     assert table[0].endswith("| total ms | batch-32 images/s | batch-32 pre / inference / post ms |")
     assert "| pt2 fp32 | 1.00 | 2.00 | 0.50 | 3.50 | 512.2 | 0.500 / 1.000 / 0.452 |" in table
     assert "| onnxruntime fp32 | 1.00 | 2.00 | 0.50 | 3.50 | - | - |" in table
-
-
-def test_skip_names_backends_and_refuses_others() -> None:
-    assert skipped("PT2, onnx") == {"pt2", "onnx"} and skipped("") == set()
-    with pytest.raises(ValueError, match="--skip 'tflite': choose from pytorch, onnx, pt2, engine"):
-        BenchmarkOptions(skip="tflite")
 
 
 def test_the_device_has_a_name() -> None:

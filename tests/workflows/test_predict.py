@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from detector.inference.sources import Frame
-from detector.workflows.predict import PredictOptions, detect, input_size, output_stem, run_predict, to_record, yolo_lines
+from detector.workflows.options import PredictOptions
+from detector.workflows.predict import detect, input_size, output_stem, run_predict, to_record, yolo_lines
 
 
 def test_to_record_rounds_for_json() -> None:

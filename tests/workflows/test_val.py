@@ -16,7 +16,8 @@ def test_image_size_resolution() -> None:
 
 def test_half_runs_the_prepared_backend_and_refuses_fp32(checkpoint, yolo_yaml, tmp_path, capsys) -> None:
     from detector.inference.torch_backend import half_precision
-    from detector.workflows.val import ValOptions, run_val
+    from detector.workflows.options import ValOptions
+    from detector.workflows.val import run_val
 
     common = {"weights": checkpoint, "data": yolo_yaml, "workers": 0, "batch": 2, "device": "cpu", "plots": False,
               "project": tmp_path}
@@ -29,7 +30,8 @@ def test_half_runs_the_prepared_backend_and_refuses_fp32(checkpoint, yolo_yaml, 
 
 def test_rect_batches_where_the_model_takes_any_shape(checkpoint, onnx_fp32, yolo_yaml, tmp_path, capsys) -> None:
     """PyTorch weights validate in rectangular batches unless --no-rect; a fixed-shape export always in squares."""
-    from detector.workflows.val import ValOptions, run_val
+    from detector.workflows.options import ValOptions
+    from detector.workflows.val import run_val
 
     common = {"data": yolo_yaml, "workers": 0, "batch": 2, "device": "cpu", "plots": False, "project": tmp_path}
     headers = []

@@ -1,0 +1,152 @@
+"""The workflows' option dataclasses: one per command, its fields the command's flags (detector/options.py).
+
+Kept apart from the workflows, and importing nothing heavy, so that every command's ``--help`` prints without
+importing torch (0.2 s, where importing the workflow first took ~7 s on a 2-core EPYC). The defaults the help
+shows come from detector/defaults.py and the fixed value sets from detector/choices.py, which the code that
+acts on them imports too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from detector.choices import BENCHMARK_SKIP, COCO_EVAL, EXPORT_FORMAT
+from detector.defaults import (
+    DEFAULT_IMGSZ,
+    DEFAULT_OPSET,
+    DEFAULT_WORKSPACE_GIB,
+    EXPORT_CONF,
+    EXPORT_IOU,
+    EXPORT_MAX_DET,
+    SCORE_TOLERANCE,
+)
+from detector.options import Options, option
+
+
+@dataclass(kw_only=True)
+class ValOptions(Options):
+    """The flags of ``python -m detector val``."""
+
+    weights: Path = option(help="checkpoint (.pt) written by training, Ultralytics yolov8*.pt, or an export "
+                                "(.onnx, .engine)")
+    data: Path = option(help="dataset YAML, or a shipped one's name (coco.yaml)")
+    datasets_dir: Path | None = option(None, "root of downloaded datasets (default: $DETECTOR_DATASETS, else "
+                                             "datasets/ in the data folder)")
+    imgsz: int | None = option(None, f"input size (default: the checkpoint's training size, else {DEFAULT_IMGSZ})")
+    batch: int = option(32, "images per batch")
+    workers: int = option(2, "data-loader worker processes")
+    conf: float = option(0.001, "confidence threshold before NMS")
+    iou: float = option(0.7, "NMS IoU threshold")
+    max_det: int = option(300, "detections kept per image")
+    rect: bool = option(True, "batches of similar aspect ratio, each padded only to its own shape, as training "
+                              "validates (PyTorch weights; exports and --half on CUDA score in squares)")
+    split: str = option("val", "dataset split to score", choices=("val", "test"))
+    coco_eval: str = option("faster", "COCO mAP evaluator: faster (faster-coco-eval; pycocotools when not installed) "
+                                      "or pycocotools (the same numbers, slower)", choices=COCO_EVAL)
+    device: str = option("", "cpu, cuda or cuda:N (default: cuda when available)")
+    fp32: bool = option(False, "run the model in FP32 (no FP16/BF16 autocast)")
+    half: bool = option(False, "a prepared copy: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, "
+                               "else FP32 (default: off, autocast); BatchNorm is folded either way")
+    plots: bool = option(True, "write PR curve, confusion matrix and prediction images")
+    project: Path = option(Path("runs/val"), "parent folder of the run folder")
+    name: str = option("exp", "run folder name (suffixed 2, 3... when it exists)")
+
+
+@dataclass(kw_only=True)
+class PredictOptions(Options):
+    """The flags of ``python -m detector predict``."""
+
+    weights: Path | None = option(None, ".pt (ours or an Ultralytics yolov8*.pt), .onnx or .engine (default: the "
+                                        "newest runs/train/*/weights/best.pt)")
+    source: str = option(help="an image, a folder (searched recursively), a glob ('imgs/*.jpg'), a video, a "
+                              "webcam index (0) or a stream URL (rtsp://, http://)")
+    save: bool = option(False, "write annotated images / video (default: off; predictions.json always)")
+    save_txt: bool = option(False, "write YOLO labels labels/<image>.txt: class cx cy w h, normalised (default: off)")
+    save_conf: bool = option(False, "with --save-txt: each box's score as a sixth column (default: off)")
+    classes: tuple[int, ...] | None = option(None, "keep only these class ids, e.g. --classes 0 2 (default: all)")
+    conf: float = option(0.25, "score threshold (default: 0.25)")
+    iou: float = option(0.7, "NMS IoU threshold (default: 0.7)")
+    max_det: int = option(300, "detections kept per image (default: 300)")
+    imgsz: int | None = option(None, "input size (default: the model's own: training or export size)")
+    device: str = option("", "cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    half: bool = option(False, ".pt: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, else FP32 "
+                               "(default: off)")
+    project: Path = option(Path("runs/predict"), "parent folder of runs (default: runs/predict)")
+    name: str = option("exp", "run folder; exp, exp2, ... when taken (default: exp)")
+
+
+@dataclass(kw_only=True)
+class ExportOptions(Options):
+    """The flags of ``python export.py`` / ``python -m detector export``."""
+
+    weights: Path | None = option(None, "checkpoint .pt (default: the newest runs/train/*/weights/best.pt)")
+    format: str = option("onnx", "onnx, engine, pt2 (AOTInductor; needs a C++ compiler), or several: onnx,pt2 "
+                                 "(default: onnx)")
+    half: bool = option(False, "FP16 convolutions; inputs/outputs stay FP32 (default: off)")
+    imgsz: int | None = option(None, "square input size, a multiple of 32 (default: the training size, else "
+                                     f"{DEFAULT_IMGSZ})")
+    batch: int = option(1, "batch size; with --dynamic the largest TensorRT batch (default: 1)")
+    dynamic: bool = option(False, "free batch, height and width (default: off, fixed shape)")
+    opset: int = option(DEFAULT_OPSET, f"ONNX opset (default: {DEFAULT_OPSET})")
+    simplify: bool = option(False, "slim the ONNX graph with onnxslim (default: off)")
+    nms: bool = option(False, "NMS inside the graph, one class per box: outputs detections + num_detections "
+                              "(default: off)")
+    conf: float = option(EXPORT_CONF, f"with --nms: score threshold (default: {EXPORT_CONF})")
+    iou: float = option(EXPORT_IOU, f"with --nms: IoU threshold (default: {EXPORT_IOU})")
+    max_det: int = option(EXPORT_MAX_DET, f"with --nms: K, detections per image (default: {EXPORT_MAX_DET})")
+    data: Path | None = option(None, "dataset YAML: check parity on its val split, with mAP (default: synthetic "
+                                     "images, no mAP)")
+    datasets_dir: Path | None = option(None, "with --data: root of downloaded datasets (default: $DETECTOR_DATASETS, "
+                                             "else datasets/ in the data folder)")
+    no_check: bool = option(False, "skip the parity check (default: check)")
+    map_margin: float = option(0.5, "with --data: largest allowed mAP50-95 drop in points (default: 0.5)")
+    score_tol: float = option(SCORE_TOLERANCE,
+                              f"without --data: largest allowed score difference (default: {SCORE_TOLERANCE})")
+    workers: int = option(2, "with --data: data-loading processes for the check (default: 2)")
+    device: str = option("", "cpu, cuda or cuda:N: device for tracing and the check (default: cuda if available, "
+                             "else cpu)")
+    workspace: float = option(DEFAULT_WORKSPACE_GIB, f"TensorRT workspace in GiB (default: {DEFAULT_WORKSPACE_GIB})")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        parse_formats(self.format)  # --format is free text ("onnx,engine"): refused here, before any work
+
+
+def parse_formats(text: str) -> list[str]:
+    """``--format`` text -> the formats it names, in order, each once: ``"ENGINE, onnx,engine"`` ->
+    ``["engine", "onnx"]``; ``ValueError`` naming the flag for an unknown or empty one."""
+    formats = [part.strip().lower() for part in text.split(",") if part.strip()]
+    unknown = [part for part in formats if part not in EXPORT_FORMAT]
+    if unknown or not formats:
+        raise ValueError(f"--format {text!r}: choose from {', '.join(EXPORT_FORMAT)} (comma-separated)")
+    return list(dict.fromkeys(formats))
+
+
+@dataclass(kw_only=True)
+class BenchmarkOptions(Options):
+    """The flags of ``python -m detector benchmark``."""
+
+    weights: Path | None = option(None, ".pt (all backends) or one .onnx/.engine/.pt2 (default: the newest "
+                                        "runs/train/*/weights/best.pt)")
+    imgsz: int | None = option(None, f"input size for .pt weights (default: the training size, else {DEFAULT_IMGSZ})")
+    batch: int = option(1, "images per call for the latency columns (default: 1)")
+    throughput_batch: int = option(32, "images per call for the throughput column; 0 = no throughput (default: 32)")
+    runs: int = option(20, "timed batches per backend for latency (default: 20)")
+    throughput_runs: int = option(5, "timed batches per backend for throughput (default: 5)")
+    warmup: int = option(3, "untimed batches first (default: 3)")
+    skip: str = option("", f"comma-separated backends not to time: {', '.join(BENCHMARK_SKIP)} (default: none; "
+                           "pt2 compiles for minutes on a small CPU)")
+    device: str = option("", "cpu or cuda (default: cuda if available, else cpu)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        skipped(self.skip)  # refused here, before any work
+
+
+def skipped(text: str) -> set[str]:
+    """``--skip`` text -> the backend kinds it names; ``ValueError`` naming the flag for an unknown one."""
+    kinds = {part.strip().lower() for part in text.split(",") if part.strip()}
+    if kinds - set(BENCHMARK_SKIP):
+        raise ValueError(f"--skip {text!r}: choose from {', '.join(BENCHMARK_SKIP)} (comma-separated)")
+    return kinds
