@@ -181,6 +181,7 @@ def predict(
     iou: float = 0.7,
     max_det: int = 300,
     imgsz: int | None = None,
+    batch: int = 1,
     device: str | int = "",
     half: bool = False,
     project: str | Path = Path("runs/predict"),
@@ -194,7 +195,8 @@ def predict(
     (``0``), a stream URL (``rtsp://``, ``http://``), a NumPy array (``uint8 [H, W, 3]`` **BGR**, as
     ``cv2.imread`` gives), a PIL image, or a list of any of these. ``weights`` may be a :func:`load` ed model.
     ``classes`` keeps only those class ids; ``save`` writes annotated images or videos, ``save_txt`` YOLO labels
-    (``save_conf`` adds scores); unlike the command, nothing is written unless one of them is set.
+    (``save_conf`` adds scores); unlike the command, nothing is written unless one of them is set. ``batch``
+    images or frames go through the model per call (faster on a GPU; a stream waits for a whole batch).
 
     Returns one dict per image or video frame: ``{"file", "frame"`` (None for images), ``"boxes"`` float32
     ``[N, 4]`` xyxy pixels of the original image, ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``

@@ -69,11 +69,18 @@ class PredictOptions(Options):
     iou: float = option(0.7, "NMS IoU threshold (default: 0.7)")
     max_det: int = option(300, "detections kept per image (default: 300)")
     imgsz: int | None = option(None, "input size (default: the model's own: training or export size)")
+    batch: int = option(1, "images or frames per model call: more is faster on a GPU; a stream waits for a whole "
+                           "batch (default: 1)")
     device: str = option("", "cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     half: bool = option(False, ".pt: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, else FP32 "
                                "(default: off)")
     project: Path = option(Path("runs/predict"), "parent folder of runs (default: runs/predict)")
     name: str = option("exp", "run folder; exp, exp2, ... when taken (default: exp)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.batch < 1:
+            raise ValueError(f"--batch must be at least 1; got {self.batch}")
 
 
 @dataclass(kw_only=True)

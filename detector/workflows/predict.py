@@ -8,8 +8,8 @@ Writes ``<project>/<name>/predictions.json`` (a list, one entry per image or vid
 added for video frames): one ``class cx cy w h`` line per box, normalised to the image, ``--save-conf`` adding
 the score, as Ultralytics writes them.
 
-Results are produced one frame at a time (:func:`predict_frames`), frames are decoded ahead of the model in a
-small bounded queue, and nothing keeps a frame's pixels after its result, so a long video or a stream runs in
+Results are produced one frame at a time, or ``--batch`` frames per model call (:func:`predict_frames`), frames
+are decoded ahead of the model in a small bounded queue, and nothing keeps a frame's pixels after its batch's results, so a long video or a stream runs in
 constant memory (predictions.json's records, ~100 bytes per frame, are the only thing that grows).
 """
 
@@ -32,7 +32,7 @@ import numpy as np
 from detector.device import resolve_device
 from detector.extras import Unavailable
 from detector.files import write_image, write_text_atomically
-from detector.inference import Backend, load_backend, prepare_batch, to_original_pixels, weights_or_latest
+from detector.inference import Backend, batch_to_original_pixels, load_backend, prepare_batch, weights_or_latest
 from detector.inference.sources import Frame, open_source, read_ahead
 from detector.inference.torch_backend import half_precision
 from detector.postprocess import NMSConfig
@@ -84,19 +84,30 @@ def detect(backend: Backend, frame: Frame, *, size: int, classes: tuple[int, ...
     """One frame through the model -> ``{"file", "frame", "boxes"`` float32 ``[N, 4]`` xyxy original pixels,
     ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``, ``"names"}``; only ``classes`` kept when given
     (after NMS, which runs per class, so the kept boxes are those an unfiltered run finds)."""
-    # No padding beyond the stride where the backend takes any shape as it is (see Backend.shapes_are_free).
+    return detect_batch(backend, [frame], size=size, classes=classes)[0]
+
+
+def detect_batch(backend: Backend, frames: list[Frame], *, size: int,
+                 classes: tuple[int, ...] | None) -> list[dict[str, Any]]:
+    """:func:`detect` for several frames in one model call (``--batch``): one letterboxed batch, one NMS call,
+    one copy of the results to the host."""
+    # No padding beyond the stride where the backend takes any shape as it is (see Backend.shapes_are_free): the
+    # batch's images then share the smallest such canvas that holds them all.
     tight = backend.info.stride if getattr(backend, "shapes_are_free", False) else None
-    batch, transforms = prepare_batch([frame.image], size, device=getattr(backend, "device", None), tight=tight)
-    detections = to_original_pixels(backend(batch)[0], transforms[0])
-    boxes = detections["boxes"].float().cpu().numpy()
-    scores = detections["scores"].float().cpu().numpy()
-    labels = detections["labels"].cpu().numpy().astype(np.int64)
-    if classes is not None:
-        keep = np.isin(labels, classes)
-        boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+    batch, transforms = prepare_batch([frame.image for frame in frames], size,
+                                      device=getattr(backend, "device", None), tight=tight)
     names = backend.info.names
-    return {"file": frame.name, "frame": frame.index, "boxes": boxes, "scores": scores, "labels": labels,
-            "names": [names[i] if i < len(names) else str(i) for i in labels.tolist()]}
+    results = []
+    for frame, detections in zip(frames, batch_to_original_pixels(backend(batch), transforms)):
+        boxes = detections["boxes"].float().numpy()
+        scores = detections["scores"].float().numpy()
+        labels = detections["labels"].numpy().astype(np.int64)
+        if classes is not None:
+            keep = np.isin(labels, classes)
+            boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
+        results.append({"file": frame.name, "frame": frame.index, "boxes": boxes, "scores": scores, "labels": labels,
+                        "names": [names[i] if i < len(names) else str(i) for i in labels.tolist()]})
+    return results
 
 
 def yolo_lines(result: dict, height: int, width: int, *, with_score: bool) -> str:
@@ -165,19 +176,23 @@ class Outputs:
 
 def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, options: PredictOptions,
                    outputs: Outputs | None = None, with_image: bool = False) -> Iterator[dict[str, Any]]:
-    """:func:`detect` on each frame, a one-line summary printed per frame, written through ``outputs``;
+    """:func:`detect` on each frame (``options.batch`` frames per model call), a one-line summary printed per
+    frame, written through ``outputs``;
     ``with_image``: each result also carries its frame (``"image"``, RGB ``uint8 [H, W, 3]``)."""
+    frames = iter(frames)
     try:
-        for frame in frames:
+        while batch := list(itertools.islice(frames, options.batch)):
             start = time.perf_counter()
-            result = detect(backend, frame, size=size, classes=options.classes)
-            counts = Counter(result["names"]).most_common()
-            where = frame.name if frame.index is None else f"{frame.name} frame {frame.index}"
-            summary = ", ".join(f"{count} {name}" for name, count in counts) or "nothing"
-            print(f"{where}: {summary} ({1000 * (time.perf_counter() - start):.1f} ms)")
-            if outputs is not None:
-                outputs.add(frame, result)
-            yield {**result, "image": frame.image} if with_image else result
+            results = detect_batch(backend, batch, size=size, classes=options.classes)
+            share = 1000 * (time.perf_counter() - start) / len(batch)  # each frame's share of the call
+            for frame, result in zip(batch, results):
+                counts = Counter(result["names"]).most_common()
+                where = frame.name if frame.index is None else f"{frame.name} frame {frame.index}"
+                summary = ", ".join(f"{count} {name}" for name, count in counts) or "nothing"
+                print(f"{where}: {summary} ({share:.1f} ms)")
+                if outputs is not None:
+                    outputs.add(frame, result)
+                yield {**result, "image": frame.image} if with_image else result
     finally:
         if outputs is not None:
             outputs.close()

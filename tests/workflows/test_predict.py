@@ -95,3 +95,41 @@ def test_pytorch_on_the_cpu_predicts_on_a_tight_canvas_and_the_boxes_come_back(m
     result = detect(backend, Frame("photo.jpg", None, photo), size=128, classes=None)
     assert shapes == [(1, 3, 96, 128)]
     assert len(result["boxes"]) and (result["boxes"][:, [1, 3]] <= 96).all() and (result["boxes"] >= 0).all()
+
+
+def test_batches_find_what_one_frame_at_a_time_finds() -> None:
+    """``--batch 2`` over five frames of one shape: three model calls (2, 2, 1), results in the frames' order,
+    and the same detections as frame by frame, within FP32 summation order (another batch size may take other
+    convolution kernels), in the frames' own pixels (ratio 1 on this tight canvas, so letterbox pixels are
+    original ones and the letterbox-space tolerances apply as they are)."""
+    from detector.inference.preprocess import prepare_batch
+    from detector.inference.torch_backend import TorchBackend
+    from detector.model.metadata import ModelInfo
+    from detector.postprocess import NMSConfig
+    from detector.workflows.predict import predict_frames
+    from tests.conftest import lively_model
+    from tests.tolerances import assert_same_detections, fp32_tolerance_on
+
+    model = lively_model()  # varied box bins: the session's model draws zero-width boxes, which IoU cannot pair
+    nms = NMSConfig(conf_threshold=0.01)
+    backend = TorchBackend(model, ModelInfo(names=["a", "b", "c"], strides=tuple(model.strides), imgsz=128,
+                                            dynamic=True), nms=nms)
+    calls = []
+    real_infer = backend.infer
+    backend.infer = lambda images: calls.append(images.shape[0]) or real_infer(images)
+    rng = np.random.default_rng(1)
+    frames = [Frame("clip.mp4", index, rng.integers(0, 256, (96, 128, 3), dtype=np.uint8)) for index in range(5)]
+
+    def run(batch: int) -> list[dict]:
+        options = PredictOptions(source="clip.mp4", batch=batch, device="cpu")
+        return list(predict_frames(backend, iter(frames), size=128, options=options))
+
+    one_by_one, batched = run(1), run(2)
+    assert calls == [1, 1, 1, 1, 1, 2, 2, 1]
+    assert [result["frame"] for result in batched] == list(range(5))
+    as_tensors = [[{key: torch.from_numpy(result[key]) for key in ("boxes", "scores", "labels")} for result in run]
+                  for run in (one_by_one, batched)]
+    images = prepare_batch([frame.image for frame in frames], 128, tight=32)[0]
+    assert_same_detections(*as_tensors, nms=nms, tolerance=fp32_tolerance_on(model, images))
+    with pytest.raises(ValueError, match="--batch must be at least 1; got 0"):
+        PredictOptions(source="clip.mp4", batch=0)
