@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One device call that fits a 15-minute GPU lease (~7 minutes of command, 9 at most: each stage's limit below):
+# One device call that fits a 15-minute GPU lease (~8 minutes of command, under 10: each stage's limit below):
 # the CUDA tests that matter most, then end to end against Ultralytics with the GPU's busy share and the step
-# alone, then the inference table. Each stage has its own time limit and prints its result as soon as it ends,
-# so a stage that fails or runs out of time loses only itself; full logs go under $OUT.
+# alone, then the inference table and predict over a folder at --batch 1 and 32. Each stage has its own time
+# limit and prints its result as soon as it ends, so a stage that fails or runs out of time loses only itself;
+# full logs go under $OUT.
 #
 #   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
 #   STAGES="tests inference" bash benchmarks/gpu_lease.sh   # a subset
@@ -44,7 +45,9 @@ generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
     tail -6 "$OUT/speed.log" ;;
   inference)
     RUNS=30 SKIP=pt2 timeout 70 bash benchmarks/gpu_inference.sh > /dev/null 2>&1; echo "inference rc $?"
-    tail -9 "$OUT/inference.log" ;;
+    tail -9 "$OUT/inference.log"
+    timeout 40 python3 benchmarks/predict_speed.py --device cuda --half --images 256 --batches 1,32 \
+      > "$OUT/predict.log" 2>&1; echo "predict rc $?"; tail -5 "$OUT/predict.log" ;;
   *) echo "unknown stage $stage (tests, speed, inference)" ;;
   esac
 done

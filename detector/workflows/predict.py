@@ -33,7 +33,7 @@ from detector.device import resolve_device
 from detector.extras import Unavailable
 from detector.files import write_image, write_text_atomically
 from detector.inference import Backend, batch_to_original_pixels, load_backend, prepare_batch, weights_or_latest
-from detector.inference.sources import Frame, open_source, read_ahead
+from detector.inference.sources import READ_AHEAD, Frame, open_source, read_ahead
 from detector.inference.torch_backend import half_precision
 from detector.postprocess import NMSConfig
 from detector.runs import claim_run_dir
@@ -213,7 +213,9 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     """
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     device = resolve_device(options.device)
-    frames = first_frame_checked(read_ahead(open_source(options.source if source is None else source)))
+    # The reader holds a whole next batch, so it decodes while the model runs this one (READ_AHEAD for one frame).
+    depth = READ_AHEAD + options.batch - 1
+    frames = first_frame_checked(read_ahead(open_source(options.source if source is None else source), depth))
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
     if backend is None:
         precision = half_precision(device) if options.half else "fp32"

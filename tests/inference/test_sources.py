@@ -67,6 +67,35 @@ def test_folders_are_searched_recursively_and_globs_expand(tmp_path: Path) -> No
         next(open_source(str(tmp_path / "*.bmp")))
 
 
+
+def test_a_folders_images_decode_on_several_threads_and_come_out_in_path_order(tmp_path: Path, monkeypatch,
+                                                                               capsys) -> None:
+    """Twelve images, one undecodable and a video among them: decoded by three threads (each decode slowed by a
+    varying sleep, so they finish out of order), yielded in path order, the bad one skipped with a line, the
+    video's frames after the images sorted before it."""
+    for index in range(12):
+        cv2.imwrite(str(tmp_path / f"{index:02d}.png"), bgr(index))
+    (tmp_path / "05.png").write_bytes(b"not a png")
+    write_video(tmp_path / "06_clip.mp4", frames=2)
+    threads = set()
+    real_read = sources.read_image
+
+    def slow_read(path: Path) -> np.ndarray:
+        threads.add(threading.current_thread().name)
+        time.sleep(0.002 * (11 - int(path.stem)))  # earlier paths take longer: a pool finishes them out of order
+        return real_read(path)
+
+    monkeypatch.setattr(sources, "read_image", slow_read)
+    monkeypatch.setattr(sources, "DECODE_THREADS", 3)
+    frames = list(open_source(tmp_path))
+    names = [f"{index:02d}.png" for index in range(12) if index != 5]
+    assert [(f.name, f.index) for f in frames] == [(n, None) for n in names[:6]] + [("06_clip.mp4", 0),
+                                                   ("06_clip.mp4", 1)] + [(n, None) for n in names[6:]]
+    still = [f for f in frames if f.index is None]
+    assert all(np.array_equal(f.image, bgr(int(f.name[:2]))[..., ::-1]) for f in still)  # each its own pixels
+    assert len(threads) > 1 and all(name.startswith("predict-decode") for name in threads)
+    assert "05.png: cannot decode image" in capsys.readouterr().err
+
 def test_sources_that_hold_nothing_are_named(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="empty: no images or videos"):

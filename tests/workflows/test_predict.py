@@ -133,3 +133,20 @@ def test_batches_find_what_one_frame_at_a_time_finds() -> None:
     assert_same_detections(*as_tensors, nms=nms, tolerance=fp32_tolerance_on(model, images))
     with pytest.raises(ValueError, match="--batch must be at least 1; got 0"):
         PredictOptions(source="clip.mp4", batch=0)
+
+
+def test_the_reader_holds_a_whole_next_batch(checkpoint: Path, tmp_path: Path, monkeypatch) -> None:
+    """With --batch 8 the read-ahead queue holds 8 + 3 frames: the next batch decodes while the model runs this
+    one (a queue of 4 would leave 4 of its 8 to decode after the call); one frame at a time keeps 4."""
+    import detector.workflows.predict as predict_module
+    from detector.inference.sources import READ_AHEAD
+
+    depths = []
+    real_read_ahead = predict_module.read_ahead
+    monkeypatch.setattr(predict_module, "read_ahead",
+                        lambda frames, depth: depths.append(depth) or real_read_ahead(frames, depth))
+    images = [np.zeros((32, 32, 3), np.uint8)] * 3
+    for batch in (1, 8):
+        run_predict(PredictOptions(weights=checkpoint, source="arrays", batch=batch, device="cpu", imgsz=64),
+                    source=images, write=False)
+    assert depths == [READ_AHEAD, READ_AHEAD + 7]
