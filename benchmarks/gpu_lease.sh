@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call that fits a 15-minute GPU lease (~8 minutes of command, under 10: each stage's limit below):
+# One device call that fits a 15-minute GPU lease (~8 minutes of command; BUDGET, 570 s, at most: each stage's
+# limit below, cut to what is left):
 # the CUDA tests that matter most, then end to end against Ultralytics with the GPU's busy share and the step
 # alone, then the inference table and predict over a folder at --batch 1 and 32. Each stage has its own time
 # limit and prints its result as soon as it ends, so a stage that fails or runs out of time loses only itself;
@@ -12,9 +13,12 @@
 # the call; installed once per machine. IMAGES (default 4096): the synthetic training set, 640 px.
 set -u
 OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; STAGES=${STAGES:-tests speed inference}
+BUDGET=${BUDGET:-570}  # s for the whole script: the device call's cap is 600
 mkdir -p "$OUT"; T0=$(date +%s)
 export YOLO_OFFLINE=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="/tmp/stub:$PWD"
 stamp() { echo "=== $1 at $(( $(date +%s) - T0 )) s"; }
+# limit S: S seconds, or what is left of BUDGET if less (at least 1), so the stages' limits never add up past it.
+limit() { local left=$(( T0 + BUDGET - $(date +%s) )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
 if [ ! -f /tmp/.gpu-ready ] && [ -d "$WHEELS" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl 2>&1 | tail -2
   mkdir -p /tmp/stub && echo 'def read_csv(*a, **k): raise RuntimeError("polars stub")' > /tmp/stub/polars.py
@@ -27,26 +31,26 @@ for stage in $STAGES; do
   case $stage in
   tests)  # the capture alone first (~25 s on the H200), then the device paths; pt2's CUDA compile takes minutes
     per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 50")  # the GPU image has it
-    timeout 50 python3 -m pytest -p no:cacheprovider $per_test -rfE tests/training/test_cuda_graph.py \
+    timeout "$(limit 50)" python3 -m pytest -p no:cacheprovider $per_test -rfE tests/training/test_cuda_graph.py \
       > "$OUT/tests.log" 2>&1
     echo "cuda graph tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -8
-    timeout 80 python3 -m pytest -n 4 -p no:cacheprovider $per_test -rfE tests/test_device.py \
+    timeout "$(limit 80)" python3 -m pytest -n 4 -p no:cacheprovider $per_test -rfE tests/test_device.py \
       tests/data/test_device_augment.py tests/data/test_batch_augment.py tests/inference/test_preprocess.py \
       tests/training/test_autobatch.py tests/test_loss.py tests/test_postprocess.py > "$OUT/tests_device.log" 2>&1
     echo "device tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_device.log" | tail -8 ;;
   speed)
-    python3 -c "from pathlib import Path; from detector.data.synthetic import generate_shapes
+    timeout "$(limit 60)" python3 -c "from pathlib import Path; from detector.data.synthetic import generate_shapes
 generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
     stamp "training"
-    timeout 300 python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
+    timeout "$(limit 300)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
       --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics 2>&1 \
       | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/speed.log"
     echo "speed rc $?"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/speed.log" | head -12
     tail -6 "$OUT/speed.log" ;;
   inference)
-    RUNS=30 SKIP=pt2 timeout 70 bash benchmarks/gpu_inference.sh > /dev/null 2>&1; echo "inference rc $?"
+    RUNS=30 SKIP=pt2 timeout "$(limit 70)" bash benchmarks/gpu_inference.sh > /dev/null 2>&1; echo "inference rc $?"
     tail -9 "$OUT/inference.log"
-    timeout 40 python3 benchmarks/predict_speed.py --device cuda --half --images 256 --batches 1,32 \
+    timeout "$(limit 40)" python3 benchmarks/predict_speed.py --device cuda --half --images 256 --batches 1,32 \
       > "$OUT/predict.log" 2>&1; echo "predict rc $?"; tail -5 "$OUT/predict.log" ;;
   *) echo "unknown stage $stage (tests, speed, inference)" ;;
   esac

@@ -64,7 +64,9 @@ def main() -> None:
     info = ModelInfo(names=[str(i) for i in range(80)], strides=model.strides, imgsz=args.imgsz, dynamic=True)
     precision = half_precision(args.device) if args.half else "fp32"
     backend = TorchBackend(model, info, device=args.device, precision=precision)
-    rows = []
+    # Each row as it is measured, so a run cut short by a time limit still leaves the rows before.
+    print(f"| {args.images} 640x480 JPEGs at {args.imgsz} px on {args.device} ({DECODE_THREADS} decode threads, "
+          f"{torch.get_num_threads()} torch threads) | images/s |\n|---|---:|", flush=True)
     with tempfile.TemporaryDirectory() as folder:
         write_photos(Path(folder), args.images)
 
@@ -73,7 +75,7 @@ def main() -> None:
                 pass
 
         decode_only()  # the page cache, as for every row after it
-        rows.append(("decode only", images_per_second(decode_only, args.images, args.repeats)))
+        print(f"| decode only | {images_per_second(decode_only, args.images, args.repeats):.1f} |", flush=True)
         for batch in batches:
             options = PredictOptions(source=folder, imgsz=args.imgsz, batch=batch)
 
@@ -86,11 +88,8 @@ def main() -> None:
                     torch.cuda.synchronize()
 
             predict()  # untimed: kernels chosen, graphs captured for this batch shape
-            rows.append((f"{backend.name}, --batch {batch}", images_per_second(predict, args.images, args.repeats)))
-    print(f"| {args.images} 640x480 JPEGs at {args.imgsz} px on {args.device} ({DECODE_THREADS} decode threads, "
-          f"{torch.get_num_threads()} torch threads) | images/s |\n|---|---:|")
-    for name, rate in rows:
-        print(f"| {name} | {rate:.1f} |")
+            rate = images_per_second(predict, args.images, args.repeats)
+            print(f"| {backend.name}, --batch {batch} | {rate:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

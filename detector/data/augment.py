@@ -17,6 +17,11 @@ import numpy as np
 if TYPE_CHECKING:
     import albumentations as A
 
+# albumentations checks PyPI for a newer version on import (a warning, or a network timeout offline); a trainer
+# should be quiet and offline-safe. Set here, with this module, so every loader worker has it whatever its start
+# method; a value the user set is left alone.
+os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
+
 PAD_VALUE = 114  # grey letterbox / mosaic fill, as YOLO tools use
 
 
@@ -225,9 +230,6 @@ def build_albumentations(probability: float) -> A.Compose | None:
         return None
     # Imported here, not with this module: predict, val and export read PAD_VALUE and the letterbox from this
     # package, and albumentations (with SciPy) took ~0.6 s of their start on a 2-core EPYC.
-    # It checks PyPI for a newer version on import (a warning, or a network timeout offline); a trainer should be
-    # quiet and offline-safe. A value the user set is left alone.
-    os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
     import albumentations as A
 
     return A.Compose(

@@ -12,6 +12,9 @@ from detector.data.augment import PAD_VALUE
 from detector.data.letterbox import ImageMeta, letterbox, rect_batches, unletterbox_rows
 
 Detections = list[dict[str, torch.Tensor]]  # per image {boxes [N, 4] xyxy px, scores [N], labels [N]}
+# The device letterbox resizes images of one shape together, at most this many bytes of FP32 pixels per call
+# (10 1080p frames, 2 4K ones): the memory of one call stays bounded whatever --batch asks.
+GROUP_BYTES = 256 << 20
 
 
 def prepare_batch(
@@ -53,6 +56,8 @@ def batch_to_original_pixels(detections: Detections, transforms: Sequence[ImageM
     """
     if not detections:
         return []
+    if len(transforms) != len(detections):
+        raise ValueError(f"{len(detections)} images' detections but {len(transforms)} letterbox records")
     counts = [len(detection["boxes"].reshape(-1, 4)) for detection in detections]
     packed_fields = [name for name in ("boxes", "scores", "labels") if name in detections[0]]
     columns = [torch.cat([detection[name].detach().reshape(count, 4 if name == "boxes" else 1).float()
@@ -65,9 +70,9 @@ def batch_to_original_pixels(detections: Detections, transforms: Sequence[ImageM
         result = {}
         for key, value in detection.items():  # in the caller's order, each field back in its own dtype
             if key == "boxes":
-                result[key] = box
+                result[key] = box.clone()  # each image's own tensors, not views that keep the whole batch alive
             elif key in column_of:
-                result[key] = rows[:, column_of[key]].to(value.dtype)
+                result[key] = rows[:, column_of[key]].to(value.dtype, copy=True)
             else:
                 result[key] = value.cpu()
         results.append(result)
@@ -97,18 +102,22 @@ def letterbox_on_device(
     by_shape: dict[tuple[int, int], list[int]] = {}
     for index, image in enumerate(images_rgb):
         by_shape.setdefault(image.shape[:2], []).append(index)
-    for (height, width), members in by_shape.items():
+    for (height, width), same_shape in by_shape.items():
         ratio = size / max(height, width)
         new_w, new_h = round(width * ratio), round(height * ratio)
         left, top = (size - new_w) // 2, (size - new_h) // 2
-        host = torch.empty((len(members), height, width, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
-        for row, index in enumerate(members):
-            host[row].numpy()[...] = images_rgb[index]
-        pixels = host.to(device, non_blocking=True).permute(0, 3, 1, 2)
-        if (new_h, new_w) != (height, width):
-            resized = F.interpolate(pixels.float(), size=(new_h, new_w), mode="bilinear", align_corners=False)
-            pixels = resized.round_().clamp_(0, 255).to(torch.uint8)
-        for row, index in enumerate(members):
-            batch[index, :, top : top + new_h, left : left + new_w] = pixels[row]
-            metas[index] = ImageMeta(index, (height, width), ratio, (float(left), float(top)))
+        # The FP32 copy the resize reads is 12 bytes a pixel: 32 4K frames at once would hold 3 GB of it.
+        per_call = max(1, GROUP_BYTES // (12 * height * width))
+        for start in range(0, len(same_shape), per_call):
+            members = same_shape[start : start + per_call]
+            host = torch.empty((len(members), height, width, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
+            for row, index in enumerate(members):
+                host[row].numpy()[...] = images_rgb[index]
+            pixels = host.to(device, non_blocking=True).permute(0, 3, 1, 2)
+            if (new_h, new_w) != (height, width):
+                resized = F.interpolate(pixels.float(), size=(new_h, new_w), mode="bilinear", align_corners=False)
+                pixels = resized.round_().clamp_(0, 255).to(torch.uint8)
+            for row, index in enumerate(members):
+                batch[index, :, top : top + new_h, left : left + new_w] = pixels[row]
+                metas[index] = ImageMeta(index, (height, width), ratio, (float(left), float(top)))
     return batch, [metas[index] for index in range(len(images_rgb))]

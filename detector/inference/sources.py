@@ -136,7 +136,8 @@ def files_frames(text: str) -> Iterator[Frame]:
     else:
         raise FileNotFoundError(f"{path}: no such image, folder, video or glob")
     decoding: deque[tuple[str, Future]] = deque()  # still images in flight, in path order
-    with ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="predict-decode") as pool:
+    pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="predict-decode")
+    try:
         for file in sorted(files):
             name = file.relative_to(root).as_posix() if file.is_relative_to(root) else file.name
             if file.suffix.lower() in VIDEO_SUFFIXES:
@@ -149,6 +150,10 @@ def files_frames(text: str) -> Iterator[Frame]:
                 yield from _decoded(*decoding.popleft(), only=len(files) == 1)
         while decoding:
             yield from _decoded(*decoding.popleft(), only=len(files) == 1)
+    finally:
+        # Closed early (a break, Ctrl-C, an error): the queued decodes are dropped, not run; at most the ones
+        # already running finish, on their own threads.
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _decoded(name: str, decoding: Future, *, only: bool) -> Iterator[Frame]:

@@ -179,9 +179,8 @@ def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, opti
     """:func:`detect` on each frame (``options.batch`` frames per model call), a one-line summary printed per
     frame, written through ``outputs``;
     ``with_image``: each result also carries its frame (``"image"``, RGB ``uint8 [H, W, 3]``)."""
-    frames = iter(frames)
     try:
-        while batch := list(itertools.islice(frames, options.batch)):
+        for batch in in_batches(frames, options.batch):
             start = time.perf_counter()
             results = detect_batch(backend, batch, size=size, classes=options.classes)
             share = 1000 * (time.perf_counter() - start) / len(batch)  # each frame's share of the call
@@ -196,6 +195,25 @@ def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, opti
     finally:
         if outputs is not None:
             outputs.close()
+
+
+def in_batches(frames: Iterable[Frame], size: int) -> Iterator[list[Frame]]:
+    """``frames`` in lists of ``size``, the last one shorter if need be. A source that fails partway (a video in a
+    folder that will not open) hands over the frames read before the error, then raises it: they are predicted
+    and written, as one frame at a time would have done."""
+    batch: list[Frame] = []
+    try:
+        for frame in frames:
+            batch.append(frame)
+            if len(batch) == size:
+                yield batch
+                batch = []
+    except Exception:
+        if batch:
+            yield batch
+        raise
+    if batch:
+        yield batch
 
 
 def run_predict(options: PredictOptions, *, backend: Backend | None = None, write: bool = True,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from detector.data.letterbox import ImageMeta, unletterbox_boxes
+from detector.inference import preprocess
 from detector.inference.preprocess import batch_to_original_pixels, letterbox_on_device, prepare_batch
 
 
@@ -26,9 +27,12 @@ def test_device_letterbox_matches_opencv(shape: tuple[int, int]) -> None:
 
 
 
-def test_images_of_one_shape_go_together_and_come_out_as_one_at_a_time() -> None:
+@pytest.mark.parametrize("group_bytes", [256 << 20, 12 * 48 * 80 * 2])  # all of a shape at once; two per call
+def test_images_of_one_shape_go_together_and_come_out_as_one_at_a_time(group_bytes: int, monkeypatch) -> None:
     """A batch of two shapes, interleaved, one of them a strided view (as a BGR->RGB flip of a frame gives): each
-    image comes out in its own place and to the bit as when it goes through alone."""
+    image comes out in its own place and to the bit as when it goes through alone, also when a shape's images
+    are more than one call's memory budget holds."""
+    monkeypatch.setattr(preprocess, "GROUP_BYTES", group_bytes)
     rng = np.random.default_rng(1)
     frames = [rng.integers(0, 256, (48, 80, 3), dtype=np.uint8) for _ in range(3)]
     portrait = rng.integers(0, 256, (70, 30, 3), dtype=np.uint8)
@@ -47,6 +51,21 @@ def test_prepare_batch_on_cuda_returns_a_gpu_batch() -> None:
     cpu_batch, _ = prepare_batch([image], 64)
     assert batch.is_cuda and torch.equal(batch.cpu(), cpu_batch)
 
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the pinned upload is for CUDA")
+def test_repeated_mixed_batches_on_cuda_match_the_cpu() -> None:
+    """Batches of mixed shapes and random pixels, one after another, so a pinned buffer freed by one call is
+    reused by the next while its copy may still be in flight: each batch equals the CPU's within one grey level
+    (CUDA's and the CPU's FP32 bilinear sums may round apart)."""
+    rng = np.random.default_rng(2)
+    for _ in range(4):
+        shapes = [(48, 80), (70, 30), (48, 80), (64, 64), (33, 97)]
+        images = [rng.integers(0, 256, (*shape, 3), dtype=np.uint8) for shape in shapes]
+        got, got_meta = letterbox_on_device(images, 64, torch.device("cuda"))
+        expected, expected_meta = letterbox_on_device(images, 64, torch.device("cpu"))
+        assert got.is_cuda and got_meta == expected_meta
+        assert int((got.cpu().int() - expected.int()).abs().max()) <= 1
 
 def test_a_tight_batch_pads_only_to_the_stride_and_maps_back() -> None:
     from detector.inference.preprocess import to_original_pixels

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -150,3 +151,28 @@ def test_the_reader_holds_a_whole_next_batch(checkpoint: Path, tmp_path: Path, m
         run_predict(PredictOptions(weights=checkpoint, source="arrays", batch=batch, device="cpu", imgsz=64),
                     source=images, write=False)
     assert depths == [READ_AHEAD, READ_AHEAD + 7]
+
+
+def test_a_source_failing_inside_a_batch_still_predicts_and_writes_the_frames_before_it(checkpoint: Path,
+                                                                                       tmp_path: Path) -> None:
+    """Three frames, then the source fails (a video that will not open): at --batch 4 the three are predicted and
+    in predictions.json, as at --batch 1, and the error still ends the run."""
+    from detector.workflows.predict import Outputs, predict_frames
+    from detector.inference.torch_backend import TorchBackend
+
+    def source():
+        for index in range(3):
+            yield Frame(f"{index}.jpg", None, np.full((32, 32, 3), 40 * index, np.uint8))
+        raise FileNotFoundError("clip.mp4: cannot open video")
+
+    backend = TorchBackend.from_checkpoint(checkpoint, imgsz=64)
+    for batch in (1, 4):
+        options = PredictOptions(source="folder", batch=batch, project=tmp_path, name=f"batch{batch}")
+        outputs = Outputs(tmp_path / f"batch{batch}", options, list(backend.info.names))
+        seen = []
+        with pytest.raises(FileNotFoundError, match="cannot open video"):
+            for result in predict_frames(backend, source(), size=64, options=options, outputs=outputs):
+                seen.append(result["file"])
+        assert seen == ["0.jpg", "1.jpg", "2.jpg"]
+        written = json.loads((tmp_path / f"batch{batch}" / "predictions.json").read_text())
+        assert [record["file"] for record in written] == seen
