@@ -8,9 +8,10 @@ Writes ``<project>/<name>/predictions.json`` (a list, one entry per image or vid
 added for video frames): one ``class cx cy w h`` line per box, normalised to the image, ``--save-conf`` adding
 the score, as Ultralytics writes them.
 
-Results are produced one frame at a time, or ``--batch`` frames per model call (:func:`predict_frames`), frames
-are decoded ahead of the model in a small bounded queue, and nothing keeps a frame's pixels after its batch's results, so a long video or a stream runs in
-constant memory (predictions.json's records, ~100 bytes per frame, are the only thing that grows).
+Results are produced one frame at a time, or ``--batch`` frames per model call (:func:`predict_frames`); frames
+are decoded ahead of the model in a small bounded queue, and nothing keeps a frame's pixels after its batch's
+results, so a long video or a stream runs in constant memory (predictions.json's records, ~100 bytes per frame,
+are the only thing that grows).
 """
 
 from __future__ import annotations
@@ -177,8 +178,8 @@ class Outputs:
 def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, options: PredictOptions,
                    outputs: Outputs | None = None, with_image: bool = False) -> Iterator[dict[str, Any]]:
     """:func:`detect` on each frame (``options.batch`` frames per model call), a one-line summary printed per
-    frame, written through ``outputs``;
-    ``with_image``: each result also carries its frame (``"image"``, RGB ``uint8 [H, W, 3]``)."""
+    frame, written through ``outputs``; ``with_image``: each result also carries its frame (``"image"``, RGB
+    ``uint8 [H, W, 3]``)."""
     try:
         for batch in in_batches(frames, options.batch):
             start = time.perf_counter()
