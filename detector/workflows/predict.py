@@ -29,6 +29,7 @@ from typing import Any
 
 import cv2
 import numpy as np
+import torch
 
 from detector.device import resolve_device
 from detector.extras import Unavailable
@@ -183,7 +184,12 @@ def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, opti
     try:
         for batch in in_batches(frames, options.batch):
             start = time.perf_counter()
-            results = detect_batch(backend, batch, size=size, classes=options.classes)
+            # On CUDA a free-shape backend captures or builds per input shape (PyTorch's CUDA graphs, onnxruntime's
+            # TensorRT engines): a short last batch is filled up with copies of its last frame, one more replay
+            # instead of one more capture, and their results dropped. Fixed-batch exports pad batches themselves.
+            short = options.batch - len(batch)
+            filler = [batch[-1]] * short if short and backend.info.dynamic and on_cuda(backend) else []
+            results = detect_batch(backend, batch + filler, size=size, classes=options.classes)[: len(batch)]
             share = 1000 * (time.perf_counter() - start) / len(batch)  # each frame's share of the call
             for frame, result in zip(batch, results):
                 counts = Counter(result["names"]).most_common()
@@ -196,6 +202,11 @@ def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, opti
     finally:
         if outputs is not None:
             outputs.close()
+
+
+def on_cuda(backend: Backend) -> bool:
+    device = getattr(backend, "device", None)
+    return device is not None and torch.device(device).type == "cuda"
 
 
 def in_batches(frames: Iterable[Frame], size: int) -> Iterator[list[Frame]]:

@@ -126,7 +126,7 @@ def test_batches_find_what_one_frame_at_a_time_finds() -> None:
         return list(predict_frames(backend, iter(frames), size=128, options=options))
 
     one_by_one, batched = run(1), run(2)
-    assert calls == [1, 1, 1, 1, 1, 2, 2, 1]
+    assert calls == [1, 1, 1, 1, 1, 2, 2, 1]  # any shape runs as it is here: the last batch stays short
     assert [result["frame"] for result in batched] == list(range(5))
     as_tensors = [[{key: torch.from_numpy(result[key]) for key in ("boxes", "scores", "labels")} for result in run]
                   for run in (one_by_one, batched)]
@@ -176,3 +176,34 @@ def test_a_source_failing_inside_a_batch_still_predicts_and_writes_the_frames_be
         assert seen == ["0.jpg", "1.jpg", "2.jpg"]
         written = json.loads((tmp_path / f"batch{batch}" / "predictions.json").read_text())
         assert [record["file"] for record in written] == seen
+
+
+@pytest.mark.parametrize("device, dynamic, calls", [("cuda", True, [2, 2, 2]), ("cpu", True, [2, 2, 1]),
+                                                    ("cuda", False, [2, 2, 1])])
+def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, calls: list[int], monkeypatch) -> None:
+    """Five frames at --batch 2. A free-shape backend on CUDA (it captures or builds per input shape) gets three
+    calls of 2, the last with a copy of frame 4 whose result is dropped; on the CPU, or for a fixed-batch export
+    (which pads to its own batch), the last call stays short. Five results in order either way. Nothing runs on
+    the device: the fake backend only names it, and the letterbox runs on the CPU."""
+    import detector.workflows.predict as predict_module
+    from detector.workflows.predict import predict_frames
+
+    real_prepare = predict_module.prepare_batch
+    monkeypatch.setattr(predict_module, "prepare_batch",
+                        lambda images, size, device=None, tight=None: real_prepare(images, size, tight=tight))
+
+    class PerShapeBackend(FixedBackend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.info.stride, self.info.dynamic, self.device = 32, dynamic, torch.device(device)
+            self.batches: list[int] = []
+
+        def __call__(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+            self.batches.append(batch.shape[0])
+            return super().__call__(batch) * batch.shape[0]
+
+    backend = PerShapeBackend()
+    frames = [Frame("clip.mp4", index, np.zeros((32, 32, 3), np.uint8)) for index in range(5)]
+    options = PredictOptions(source="clip.mp4", batch=2)
+    results = list(predict_frames(backend, frames, size=32, options=options))
+    assert backend.batches == calls and [result["frame"] for result in results] == [0, 1, 2, 3, 4]
