@@ -123,11 +123,16 @@ class ExportOptions(Options):
 def parse_formats(text: str) -> list[str]:
     """``--format`` text -> the formats it names, in order, each once: ``"ENGINE, onnx,engine"`` ->
     ``["engine", "onnx"]``; ``ValueError`` naming the flag for an unknown or empty one."""
-    formats = [part.strip().lower() for part in text.split(",") if part.strip()]
-    unknown = [part for part in formats if part not in EXPORT_FORMAT]
-    if unknown or not formats:
-        raise ValueError(f"--format {text!r}: choose from {', '.join(EXPORT_FORMAT)} (comma-separated)")
-    return list(dict.fromkeys(formats))
+    return comma_separated(text, "--format", EXPORT_FORMAT, required=True)
+
+
+def comma_separated(text: str, flag: str, choices: tuple[str, ...], *, required: bool = False) -> list[str]:
+    """A comma-separated flag's text -> the values it names, lower-cased, in order, each once; ``ValueError``
+    naming the flag for a value not in ``choices`` (or for none at all, when ``required``)."""
+    values = list(dict.fromkeys(part.strip().lower() for part in text.split(",") if part.strip()))
+    if any(value not in choices for value in values) or (required and not values):
+        raise ValueError(f"{flag} {text!r}: choose from {', '.join(choices)} (comma-separated)")
+    return values
 
 
 @dataclass(kw_only=True)
@@ -153,7 +158,4 @@ class BenchmarkOptions(Options):
 
 def skipped(text: str) -> set[str]:
     """``--skip`` text -> the backend kinds it names; ``ValueError`` naming the flag for an unknown one."""
-    kinds = {part.strip().lower() for part in text.split(",") if part.strip()}
-    if kinds - set(BENCHMARK_SKIP):
-        raise ValueError(f"--skip {text!r}: choose from {', '.join(BENCHMARK_SKIP)} (comma-separated)")
-    return kinds
+    return set(comma_separated(text, "--skip", BENCHMARK_SKIP))
