@@ -25,12 +25,12 @@ import numpy as np
 import torch
 
 from detector.data.synthetic import make_image
-from detector.inference.sources import DECODE_THREADS, READ_AHEAD, open_source, read_ahead
+from detector.inference.sources import DECODE_THREADS
 from detector.inference.torch_backend import TorchBackend, half_precision
 from detector.model import build_model
 from detector.model.metadata import ModelInfo
 from detector.workflows.options import PredictOptions
-from detector.workflows.predict import predict_frames
+from detector.workflows.predict import predict_frames, read_frames
 
 
 def write_photos(folder: Path, count: int) -> None:
@@ -71,7 +71,7 @@ def main() -> None:
         write_photos(Path(folder), args.images)
 
         def decode_only() -> None:
-            for _ in read_ahead(open_source(folder)):
+            for _ in read_frames(folder, 1):
                 pass
 
         decode_only()  # the page cache, as for every row after it
@@ -80,7 +80,7 @@ def main() -> None:
             options = PredictOptions(source=folder, imgsz=args.imgsz, batch=batch)
 
             def predict(options: PredictOptions = options) -> None:
-                frames = read_ahead(open_source(folder), READ_AHEAD + options.batch - 1)
+                frames = read_frames(folder, options.batch)
                 with contextlib.redirect_stdout(io.StringIO()):  # the per-image lines
                     for _ in predict_frames(backend, frames, size=args.imgsz, options=options):
                         pass

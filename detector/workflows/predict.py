@@ -243,9 +243,7 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     """
     enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
     device = resolve_device(options.device)
-    # The reader holds a whole next batch, so it decodes while the model runs this one (READ_AHEAD for one frame).
-    depth = READ_AHEAD + options.batch - 1
-    frames = first_frame_checked(read_ahead(open_source(options.source if source is None else source), depth))
+    frames = first_frame_checked(read_frames(options.source if source is None else source, options.batch))
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
     if backend is None:
         precision = half_precision(device) if options.half else "fp32"
@@ -272,6 +270,12 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     done = list(results)
     print(f"{backend.name} on {len(done)} images/frames at {size} px{where}")
     return done
+
+
+def read_frames(source: Any, batch: int) -> Iterator[Frame]:
+    """``source``'s frames, decoded ahead of a model that takes ``batch`` at a time: the reader holds a whole next
+    batch, so it decodes while the model runs this one (:data:`READ_AHEAD` frames for one at a time)."""
+    return read_ahead(open_source(source), READ_AHEAD + batch - 1)
 
 
 def first_frame_checked(frames: Iterator[Frame]) -> Iterator[Frame]:
