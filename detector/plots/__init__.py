@@ -2,19 +2,40 @@
 
 Each ``plot_*`` function takes plain data and an output path and returns the path it wrote. The numbers
 behind the PR curves and the confusion matrix come from :mod:`detector.metrics.matching`.
+
+The names below are imported on first use: matplotlib takes 0.4-0.9 s to import on a 2-core CPU, and a process
+that draws nothing (``--no-plots``, ``val``, ``predict``, each torchrun rank but the first) imports
+:mod:`detector.plots.reporter`, which runs this file first.
 """
 
-from detector.plots.batches import plot_batch, plot_val_predictions
-from detector.plots.curves import plot_results
-from detector.plots.labels import plot_label_stats
-from detector.plots.metrics import plot_all_validation, plot_confusion_matrix, plot_pr_curves
+from __future__ import annotations
 
-__all__ = [
-    "plot_all_validation",
-    "plot_batch",
-    "plot_confusion_matrix",
-    "plot_label_stats",
-    "plot_pr_curves",
-    "plot_results",
-    "plot_val_predictions",
-]
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from detector.plots.batches import plot_batch, plot_val_predictions
+    from detector.plots.curves import plot_results
+    from detector.plots.labels import plot_label_stats
+    from detector.plots.metrics import plot_all_validation, plot_confusion_matrix, plot_pr_curves
+
+_MODULES = {
+    "plot_all_validation": "metrics",
+    "plot_batch": "batches",
+    "plot_confusion_matrix": "metrics",
+    "plot_label_stats": "labels",
+    "plot_pr_curves": "metrics",
+    "plot_results": "curves",
+    "plot_val_predictions": "batches",
+}
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _MODULES:
+        return getattr(importlib.import_module(f"detector.plots.{_MODULES[name]}"), name)
+    raise AttributeError(f"module 'detector.plots' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
