@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -154,3 +155,39 @@ def postprocess(
 ) -> list[dict[str, torch.Tensor]]:
     """Raw head maps -> detections in input-image pixels (undo any letterbox separately)."""
     return non_max_suppression(decode_outputs(outputs, strides, reg_max), config)
+
+
+def detections_to_host(
+    detections: list[dict[str, torch.Tensor]],
+    map_boxes: Callable[[torch.Tensor, list[int]], torch.Tensor] | None = None,
+) -> list[dict[str, torch.Tensor]]:
+    """Per-image detections on the CPU, with one device-to-host copy for the whole batch.
+
+    On CUDA each ``.cpu()`` waits for the device: three per image made ~100 waits at batch 32. Here the batch's
+    boxes, scores and labels are packed into one FP32 tensor on their device (labels are class indices, exact in
+    FP32 below 2**24) and copied once. ``map_boxes(boxes [N, 4], counts)`` may change every box row of the batch at
+    once on the host (the letterbox undone, for one). Each image gets its own tensors, not views that keep the whole
+    batch alive, in its fields' order; boxes come back in FP32 (FP16 pixel coordinates are 0.5 px apart past 1024),
+    the other fields in their own dtypes.
+    """
+    if not detections:
+        return []
+    counts = [len(detection["boxes"].reshape(-1, 4)) for detection in detections]
+    packed_fields = [name for name in ("boxes", "scores", "labels") if name in detections[0]]
+    columns = [torch.cat([detection[name].detach().reshape(count, 4 if name == "boxes" else 1).float()
+                          for detection, count in zip(detections, counts)]) for name in packed_fields]
+    packed = torch.cat(columns, 1).cpu()
+    boxes = map_boxes(packed[:, :4], counts) if map_boxes is not None else packed[:, :4]
+    column_of = {name: 4 + index for index, name in enumerate(packed_fields[1:])}  # scores, labels after the box
+    results = []
+    for detection, rows, box in zip(detections, packed.split(counts), boxes.split(counts)):
+        result = {}
+        for key, value in detection.items():  # in the caller's order, each field back in its own dtype
+            if key == "boxes":
+                result[key] = box.clone()
+            elif key in column_of:
+                result[key] = rows[:, column_of[key]].to(value.dtype, copy=True)
+            else:
+                result[key] = value.cpu()
+        results.append(result)
+    return results

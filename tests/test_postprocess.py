@@ -146,3 +146,28 @@ def test_images_side_by_side_on_threads_give_the_one_thread_result(multi_label, 
     for got, want in zip(threaded, one_thread):
         assert all(torch.equal(got[key], want[key]) for key in ("boxes", "scores", "labels"))
     assert sum(len(result["scores"]) for result in threaded) > 20
+
+
+def test_detections_go_to_the_host_in_one_copy_whatever_the_batch():
+    """One host read for 2 images as for 16 (on CUDA each is a wait); each image gets its own tensors, boxes in
+    FP32 with the values sent, the other fields in their own dtypes, an image without detections kept."""
+    from detector.postprocess import detections_to_host
+
+    generator = torch.Generator().manual_seed(0)
+    reads = []
+    for batch in (2, 16):
+        detections = [{"boxes": (torch.rand(count, 4, generator=generator) * 600).half(),
+                       "scores": torch.rand(count, generator=generator).half(),
+                       "labels": torch.randint(0, 80, (count,), generator=generator)}
+                      for count in [3, 0, *range(1, batch - 1)]]
+        with HostReads() as seen:
+            host = detections_to_host(detections)
+        reads.append(len(seen.seen))
+        for got, sent in zip(host, detections, strict=True):
+            assert got["boxes"].dtype == torch.float32 and torch.equal(got["boxes"], sent["boxes"].float())
+            assert got["scores"].dtype == torch.float16 and torch.equal(got["scores"], sent["scores"])
+            assert got["labels"].dtype == torch.int64 and torch.equal(got["labels"], sent["labels"])
+            assert got["boxes"].untyped_storage().nbytes() == 4 * got["boxes"].numel()  # not a view of the batch
+    assert reads == [1, 1]
+    shifted = detections_to_host(detections, lambda boxes, counts: boxes + len(counts))
+    assert torch.equal(shifted[0]["boxes"], detections[0]["boxes"].float() + 16)

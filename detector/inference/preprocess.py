@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from detector.data.augment import PAD_VALUE
 from detector.data.letterbox import ImageMeta, letterbox, rect_batches, unletterbox_rows
+from detector.postprocess import detections_to_host
 
 Detections = list[dict[str, torch.Tensor]]  # per image {boxes [N, 4] xyxy px, scores [N], labels [N]}
 # The device letterbox resizes images of one shape together, at most this many bytes of FP32 pixels per call
@@ -48,35 +49,12 @@ def to_original_pixels(detections: dict[str, torch.Tensor], transform: ImageMeta
 
 
 def batch_to_original_pixels(detections: Detections, transforms: Sequence[ImageMeta]) -> Detections:
-    """:func:`to_original_pixels` for a batch, with one device-to-host copy for all of it.
-
-    On CUDA each ``.cpu()`` waits for the device: three per image made ~100 waits at batch 32. Here the batch's
-    boxes, scores and labels are packed into one FP32 tensor on their device (labels are class indices, exact in
-    FP32 below 2**24) and copied once; the letterbox is undone for every row at once (:func:`unletterbox_rows`).
-    """
-    if not detections:
-        return []
+    """:func:`to_original_pixels` for a batch, with one device-to-host copy for all of it
+    (:func:`~detector.postprocess.detections_to_host`), the letterbox undone for every row at once
+    (:func:`unletterbox_rows`)."""
     if len(transforms) != len(detections):
         raise ValueError(f"{len(detections)} images' detections but {len(transforms)} letterbox records")
-    counts = [len(detection["boxes"].reshape(-1, 4)) for detection in detections]
-    packed_fields = [name for name in ("boxes", "scores", "labels") if name in detections[0]]
-    columns = [torch.cat([detection[name].detach().reshape(count, 4 if name == "boxes" else 1).float()
-                          for detection, count in zip(detections, counts)]) for name in packed_fields]
-    packed = torch.cat(columns, 1).cpu()
-    boxes = unletterbox_rows(packed[:, :4], transforms, counts)
-    column_of = {name: 4 + index for index, name in enumerate(packed_fields[1:])}  # scores, labels after the box
-    results = []
-    for detection, rows, box in zip(detections, packed.split(counts), boxes.split(counts)):
-        result = {}
-        for key, value in detection.items():  # in the caller's order, each field back in its own dtype
-            if key == "boxes":
-                result[key] = box.clone()  # each image's own tensors, not views that keep the whole batch alive
-            elif key in column_of:
-                result[key] = rows[:, column_of[key]].to(value.dtype, copy=True)
-            else:
-                result[key] = value.cpu()
-        results.append(result)
-    return results
+    return detections_to_host(detections, lambda boxes, counts: unletterbox_rows(boxes, transforms, counts))
 
 
 def model_input(images: torch.Tensor, device: torch.device, *, channels_last: bool) -> torch.Tensor:

@@ -22,6 +22,7 @@ from detector.data.letterbox import ImageMeta, rect_batches
 from detector.data.workers import worker_init
 from detector.metrics.coco import DETECTION_COLUMNS, EvalResult, evaluate_coco, to_coco_detections
 from detector.model.yolo import INPUT_MULTIPLE
+from detector.postprocess import detections_to_host
 
 Detections = list[dict[str, torch.Tensor]]
 
@@ -95,8 +96,8 @@ def run_validation(
     for images, _targets, metas in tqdm(loader, desc="val", leave=False, disable=not progress):
         detections = infer(images)
         coco_detections.append(to_coco_detections(detections, metas, split.category_ids))
-        if keep_predictions:
-            predictions.extend(zip(detections, metas))
+        if keep_predictions:  # on the host in one copy: the per-image matching and plots would wait on each image
+            predictions.extend(zip(detections_to_host(detections), metas))
     assert split.ground_truth is not None, "evaluation split was built without ground truth"
     detections = np.concatenate(coco_detections) if coco_detections else np.zeros((0, len(DETECTION_COLUMNS)))
     result = evaluate_coco(
