@@ -28,7 +28,15 @@ _MODULES = {
     "plot_results": "curves",
     "plot_val_predictions": "batches",
 }
-__all__ = sorted(_MODULES)
+__all__ = [
+    "plot_all_validation",
+    "plot_batch",
+    "plot_confusion_matrix",
+    "plot_label_stats",
+    "plot_pr_curves",
+    "plot_results",
+    "plot_val_predictions",
+]
 
 
 def __getattr__(name: str) -> Any:
