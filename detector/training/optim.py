@@ -62,11 +62,32 @@ def build_optimizer(
         optimizer = torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999), **fused)
     elif name == "SGD":
         optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True, **fused)
+        zero_momentum_buffers(optimizer)
     else:
         raise ValueError(f"unknown optimizer {name!r}; choose SGD, AdamW or auto")
     for group in optimizer.param_groups:
         group["initial_lr"] = lr
     return OptimizerChoice(optimizer, name, lr, momentum, warmup_bias_lr)
+
+
+def zero_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
+    """Give a fused SGD a zero momentum buffer for each parameter that has none (any other optimizer: untouched).
+
+    Under a GradScaler a fused optimizer is stepped even when the gradients overflowed, with ``found_inf`` set, and
+    its kernel then leaves everything as it was. But torch's fused SGD makes its momentum buffers on its first step
+    with ``empty_like``, just before that kernel: a run whose first step overflows (FP16 on CUDA, where the scale
+    starts at 2**16 and the first steps often do) kept uninitialised memory as momentum, and the next step moved
+    the weights by whatever it held (1e23 in a test). A zero buffer gives the very first step a created one gives
+    (momentum x 0 + gradient, dampening 0), so nothing else changes.
+    """
+    if not isinstance(optimizer, torch.optim.SGD) or not optimizer.defaults.get("fused"):
+        return
+    for group in optimizer.param_groups:
+        if group["momentum"] == 0:
+            continue
+        for param in group["params"]:
+            if optimizer.state[param].get("momentum_buffer") is None:
+                optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
 
 
 AUTO_ADAMW_MAX_STEPS = 10_000  # optimizer steps; Ultralytics' threshold

@@ -1,5 +1,7 @@
 """The optimizer recipe: what ``auto`` picks and what the schedule then applies."""
 
+import copy
+
 import torch
 
 from detector.model import build_model
@@ -37,3 +39,40 @@ def test_explicit_adamw_keeps_its_beta1_after_warmup():
     set_learning_rates(choice.optimizer, 50, _schedule(choice))  # past the 10 warm-up steps
     assert all(group["betas"][0] == 0.937 for group in choice.optimizer.param_groups)
     assert isinstance(choice.optimizer, torch.optim.AdamW)
+
+
+def test_fused_sgd_after_an_overflowed_first_step_is_a_fresh_one():
+    """A GradScaler steps a fused optimizer even on overflow (with ``found_inf`` set) and its kernel then changes
+    nothing; torch's fused SGD had made its momentum buffers with ``empty_like`` just before, so the next step
+    read uninitialised memory. After a skipped first step, one finite step must move the weights exactly as the
+    first step of a stock SGD does."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8))
+    reference_model = copy.deepcopy(model)
+    choice = build_optimizer(model, name="SGD", lr=0.01, momentum=0.937, weight_decay=5e-4, num_classes=3,
+                             total_steps=100_000)
+    assert choice.optimizer.defaults["fused"]  # float32 weights on the CPU: the fused kernel, as on a GPU
+    reference = build_optimizer(reference_model, name="SGD", lr=0.01, momentum=0.937, weight_decay=5e-4,
+                                num_classes=3, total_steps=100_000).optimizer
+    for group in reference.param_groups:
+        group["fused"] = False  # the for-loop implementation, which makes its buffers from the gradient
+    reference.state.clear()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    scaler.scale(torch.ones(()))  # the scaler's state exists from its first scale(loss); the gradients are set below
+    for param in model.parameters():  # leave NaN in freed memory, where an empty_like buffer would come from
+        garbage = torch.full_like(param, float("nan"))
+        del garbage
+        param.grad = torch.full_like(param, float("inf"))
+    before = [param.detach().clone() for param in model.parameters()]
+    scaler.step(choice.optimizer)
+    scaler.update()
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters()))  # the overflow step was skipped
+    gradients = [torch.randn_like(param) for param in model.parameters()]
+    for param, reference_param, gradient in zip(model.parameters(), reference_model.parameters(), gradients):
+        param.grad = gradient * scaler.get_scale()  # a power of two: unscaling gives the gradient back exactly
+        reference_param.grad = gradient.clone()
+    scaler.step(choice.optimizer)
+    reference.step()
+    # The same update summed in another order (fused kernel against for-loop): float32 round-off only.
+    for param, reference_param in zip(model.parameters(), reference_model.parameters()):
+        torch.testing.assert_close(param, reference_param)
