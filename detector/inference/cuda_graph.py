@@ -58,7 +58,9 @@ class CudaGraphRunner:
                 self.function(static_input)
         torch.cuda.current_stream(inputs.device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pools.get(inputs.device)):
+        # On the side stream made for this device: torch.cuda.graph's default capture stream is one for the whole
+        # process, made on whichever device was current at the first capture, so a second GPU would record nothing.
+        with torch.cuda.graph(graph, pool=self.pools.get(inputs.device), stream=side):
             static_output = self.function(static_input)
         self.pools.setdefault(inputs.device, graph.pool())
         return CapturedGraph(graph, static_input, static_output)

@@ -175,7 +175,8 @@ class StepGraphs:
             try:
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: the loader's pin-memory thread keeps calling CUDA while this thread captures.
-                with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                # The step's own side stream (its device's), not torch's process-wide default capture stream.
+                with torch.cuda.graph(graph, pool=self.pool, stream=self.side, capture_error_mode="thread_local"):
                     outputs = self.body(batch, key[2])
             except Exception as error:  # a host sync or an uncapturable kernel inside the step (any error type)
                 # torch.cuda.graph's exit ends the capture before it restores the stream: when ending raises,
