@@ -74,11 +74,13 @@ class TensorRTBackend(Backend):
 
         super().__init__(info, nms)
         self.device = torch.device(device)
-        self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
-        self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
-        if self.engine is None:
-            raise ValueError(f"{path}: TensorRT could not load the engine (built by another TensorRT version?)")
-        self.context = self.engine.create_execution_context()
+        # TensorRT works on the current CUDA device: with --device cuda:1 the engine must be made there too.
+        with torch.cuda.device(self.device):
+            self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
+            self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
+            if self.engine is None:
+                raise ValueError(f"{path}: TensorRT could not load the engine (built by another TensorRT version?)")
+            self.context = self.engine.create_execution_context()
         self.dtypes = {
             trt.float32: torch.float32, trt.float16: torch.float16, trt.int32: torch.int32, trt.bool: torch.bool,
         }
@@ -87,6 +89,10 @@ class TensorRTBackend(Backend):
         self.name = f"tensorrt {info.precision}" + (" +nms" if info.nms else "")
 
     def run(self, images: torch.Tensor) -> list[torch.Tensor]:
+        with torch.cuda.device(self.device):  # the engine's device (see __init__)
+            return self._run(images)
+
+    def _run(self, images: torch.Tensor) -> list[torch.Tensor]:
         inputs = model_input(images, self.device, channels_last=False)  # dense NCHW: TensorRT reads raw memory
         self.context.set_input_shape(INPUT_NAME, tuple(inputs.shape))
         self.context.set_tensor_address(INPUT_NAME, inputs.data_ptr())
