@@ -47,7 +47,6 @@ from detector.training.engine import TrainStep, as_trained, train_one_epoch
 from detector.training.header import run_header
 from detector.training.interrupt import CtrlC
 from detector.training.multiscale import MultiScale, images_per_step
-from detector.training.optim import zero_momentum_buffers
 from detector.training.probe import ProbeResult, plan_from_probe, size_factor, time_training_steps
 from detector.training.results import results_row
 from detector.training.time_account import TimeAccount, process_age
@@ -149,7 +148,6 @@ class Trainer:
             if restored.name != self.step.precision.name:
                 self.step.set_precision(restored)
         state = restore_run(checkpoint, self._trained())
-        zero_momentum_buffers(self.step.optimizer)  # a state saved before any step has none (optim.py says why)
         self.step.ema.updates = state.ema_updates
         self.start_epoch, self.best_fitness, self.best_epoch = state.epoch + 1, state.best_fitness, state.best_epoch
         self.clock.restore(state.time_spent, state.epoch_seconds, state.val_seconds)
