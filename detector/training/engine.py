@@ -6,6 +6,7 @@ import dataclasses
 import math
 import resource
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -272,6 +273,30 @@ def graphed_step(
     return outputs
 
 
+class StatisticsGuard:
+    """The float buffers (BatchNorm running statistics) of the model and its EMA as they stood when made, put back
+    if any became non-finite since.
+
+    BatchNorm updates them inside the forward pass, before anything can tell the step will be skipped: one FP16
+    forward whose activations overflowed leaves inf or NaN there, the EMA averages them in, and NaN stays NaN in a
+    running average. The EMA then validates at mAP 0 and no checkpoint can be written (non-finite weights are
+    refused), so the precision fallback after the epoch would come too late. Parameters need no guard: a step
+    with non-finite gradients is skipped. Made at an epoch's start and checked at its end (one host read); the
+    copy back is in place, so a captured CUDA graph still points at the same tensors.
+    """
+
+    def __init__(self, *modules: nn.Module) -> None:
+        self.buffers = [buffer for module in modules for buffer in module.buffers() if buffer.is_floating_point()]
+        self.saved = [buffer.detach().clone() for buffer in self.buffers]
+
+    def restore_if_not_finite(self) -> bool:
+        """Put every buffer back when any is non-finite; True when it did."""
+        if not self.buffers or bool(torch.stack([torch.isfinite(b).all() for b in self.buffers]).all()):
+            return False
+        torch._foreach_copy_(self.buffers, self.saved)
+        return True
+
+
 def train_one_epoch(
     step: TrainStep, loader: DataLoader, *, multi_scale: MultiScale, epoch: int, seed: int, progress: bool = True
 ) -> dict[str, float]:
@@ -294,6 +319,7 @@ def train_one_epoch(
     losses_before_step = nonfinite_losses.clone()
     parameters = [p for p in model.parameters() if p.requires_grad]
     graphs = step.step_graphs(parameters)
+    guard = StatisticsGuard(unwrap(model), *([ema.module] if ema is not None else []))
     bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}", disable=not progress, leave=True)
     start = last_shown = time.perf_counter()
     for index, (images, targets, metas) in enumerate(bar):
@@ -347,6 +373,9 @@ def train_one_epoch(
     means = (loss_sums / max(steps, 1)).tolist()  # waits for the device, so the time below includes the last step
     seconds = time.perf_counter() - start
     scales = (scale_min.item(), scale_max.item()) if optimizer_steps else (1.0, 1.0)
+    if guard.restore_if_not_finite():
+        warnings.warn(f"epoch {epoch + 1}: BatchNorm running statistics became non-finite (a forward pass overflowed "
+                      f"{precision.name.upper()}); put back as they were at the epoch's start", stacklevel=2)
     return {
         "train/box": means[0],
         "train/cls": means[1],

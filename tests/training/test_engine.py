@@ -100,3 +100,27 @@ def test_fallback_waits_for_unstable_steps_and_stops_in_fp32():
     assert safer == ("bf16" if cpu_has_native_bf16() else "fp32") and "5/8" in message
     with _pytest.raises(FloatingPointError, match="diverged"):
         fallback_after_epoch(Precision("fp32", "cpu", "t"), {"unstable_steps": 8, "optimizer_steps": 8}, "cpu")
+
+
+def test_statistics_a_forward_pass_made_non_finite_are_put_back_at_the_epochs_end():
+    """An overflowed forward leaves inf/NaN in BatchNorm's running statistics before any step can be skipped, and
+    the EMA averages them in: at the epoch's end both are put back as they were at its start, with a warning. An
+    epoch without that keeps what it learnt."""
+    torch.manual_seed(0)
+    model = build_model(num_classes=2)
+    step = make_train_step(model)
+    norm = next(module for module in model.modules() if isinstance(module, torch.nn.BatchNorm2d))
+
+    def overflowed(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        module.running_var.data.fill_(float("nan"))  # what an inf activation leaves there (.data: autograd unaware)
+
+    hook = norm.register_forward_hook(overflowed)
+    buffers = lambda: [b.clone() for m in (model, step.ema.module) for b in m.buffers() if b.is_floating_point()]
+    before = buffers()
+    with pytest.warns(UserWarning, match="epoch 1: BatchNorm running statistics became non-finite"):
+        train_one_epoch(step, _loader(), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(before, buffers(), strict=True))
+    hook.remove()
+    train_one_epoch(step, _loader(), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
+    after = buffers()
+    assert all(torch.isfinite(b).all() for b in after) and not all(torch.equal(a, b) for a, b in zip(before, after))
