@@ -9,9 +9,11 @@ at a collective the others never reach.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Callable, TypeVar
 
 import torch
@@ -19,6 +21,12 @@ import torch.distributed as dist
 from torch import nn
 
 from detector.device import resolve_device
+
+
+# How long a rank waits at a collective. Rank 0 works alone while the others wait: it prepares the node's data
+# first (a COCO-sized first scan and cache), and validates, reports and checkpoints after every epoch. NCCL's
+# default of 10 minutes would end the whole job there; 3 hours is Ultralytics' value for the same reason.
+PROCESS_GROUP_TIMEOUT = timedelta(hours=3)
 
 
 @dataclass(frozen=True)
@@ -75,7 +83,7 @@ def init_distributed(device_request: str) -> tuple[DistInfo, torch.device]:
         device = torch.device("cuda", local_rank if world_size > 1 else (device.index or 0))
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=PROCESS_GROUP_TIMEOUT)
     return DistInfo(rank, local_rank, world_size, local_world_size), device
 
 
@@ -146,3 +154,22 @@ def cleanup(info: DistInfo) -> None:
 def unwrap(model: nn.Module) -> nn.Module:
     """The bare model inside DistributedDataParallel (or the model itself)."""
     return model.module if hasattr(model, "module") and isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def without_sync_batchnorm(model: nn.Module) -> nn.Module:
+    """``model`` itself, or, where it holds SyncBatchNorm layers (``--sync-bn``), a copy with plain BatchNorm2d ones
+    of the same weights and statistics: for a training-mode forward pass that one rank runs alone (the AMP check),
+    where a SyncBatchNorm would start a collective the other ranks never join, and the job would hang."""
+    if not any(isinstance(module, nn.SyncBatchNorm) for module in model.modules()):
+        return model
+    copied = copy.deepcopy(model)
+    for parent in list(copied.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, nn.SyncBatchNorm):
+                state = child.state_dict()
+                device = next((tensor.device for tensor in state.values()), None)
+                plain = nn.BatchNorm2d(child.num_features, child.eps, child.momentum, child.affine,
+                                       child.track_running_stats, device=device)
+                plain.load_state_dict(state)
+                setattr(parent, name, plain.train(child.training))
+    return copied

@@ -212,3 +212,40 @@ def test_more_cuda_processes_than_gpus_stop_in_one_line_before_any_collective(mo
     with pytest.raises(SystemExit) as quiet:
         init_distributed("cuda")
     assert quiet.value.code == 1 and capsys.readouterr().err == ""
+
+
+def test_the_amp_checks_private_model_has_no_sync_batchnorm():
+    """--sync-bn under torchrun: rank 0 runs the AMP check alone, and a SyncBatchNorm in training mode would start
+    a collective the other ranks never join. The check's model has plain BatchNorm2d layers, the same numbers."""
+    import torch
+
+    from detector.distributed import without_sync_batchnorm
+    from detector.model import build_model
+
+    model = build_model(num_classes=3)
+    assert without_sync_batchnorm(model) is model  # nothing to replace: no copy
+    synced = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model).train()
+    plain = without_sync_batchnorm(synced)
+    kinds = {type(module) for module in plain.modules()}
+    assert torch.nn.SyncBatchNorm not in kinds and torch.nn.BatchNorm2d in kinds and plain.training
+    assert any(isinstance(module, torch.nn.SyncBatchNorm) for module in synced.modules())  # the run's own is kept
+    for (name, value), (other, expected) in zip(plain.state_dict().items(), synced.state_dict().items(), strict=True):
+        assert name == other and torch.equal(value, expected), name
+
+
+def test_ranks_wait_for_rank_zeros_long_work_for_hours(monkeypatch):
+    """NCCL's default 10 minutes at a collective would end a job while rank 0 caches a large set or validates."""
+    from datetime import timedelta
+
+    import torch.distributed
+
+    from detector.distributed import init_distributed
+
+    calls = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kwargs: calls.append(kwargs))
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    info, device = init_distributed("cpu")
+    assert info.world_size == 2 and device.type == "cpu"
+    assert len(calls) == 1 and calls[0]["backend"] == "gloo" and calls[0]["timeout"] >= timedelta(hours=1)

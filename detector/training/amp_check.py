@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from detector.assigner import AssignedTargets
-from detector.distributed import unwrap
+from detector.distributed import unwrap, without_sync_batchnorm
 from detector.files import write_text_atomically
 from detector.loss import DetectionLoss
 from detector.precision import Precision, fallback_chain
@@ -117,9 +117,10 @@ def amp_preflight(step: TrainStep, images: torch.Tensor, targets: torch.Tensor) 
     ``images`` are float ``[B, 3, H, W]`` in [0, 1] on the model's device; ``targets`` ``[N, 6]``. The step itself
     is not changed: each check trains a private copy of its bare model (not the DDP wrapper).
     """
-    model, criterion, precision = unwrap(step.model), step.criterion, step.precision
+    criterion, precision = step.criterion, step.precision
     if precision.name == "fp32":
         return precision, PreflightResult("fp32", "fp32", [])
+    model = without_sync_batchnorm(unwrap(step.model))  # one rank runs this: no layer may wait on the others
     reference = _step(model, criterion, images, targets, Precision("fp32", precision.device_type, "reference"))
     checks = []
     for candidate in fallback_chain(precision):
