@@ -154,7 +154,10 @@ def test_fallback_on_one_rank_is_taken_by_every_rank(runs, tmp_path):
     _run(_torchrun(str(script), "--data", str(runs["data"]), *COMMON, "--epochs", "3", "--batch", "2",
                    "--precision", "bf16", "--project", str(tmp_path), "--name", "fallback"), tmp_path)
     run_dir = tmp_path / "fallback"
-    assert [row["precision"] for row in _rows(run_dir)] == ["bf16", "bf16", "fp32"]
+    rows = _rows(run_dir)
+    assert [row["precision"] for row in rows] == ["bf16", "bf16", "fp32"]
+    # Rank 0's own losses stayed finite: the row (rank 0's) counts rank 1's, so the decision saw them.
+    assert [int(row["nonfinite_losses"]) > 0 for row in rows] == [False, True, False]
     ranks = [json.loads((run_dir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     assert [r["precision"] for r in ranks] == ["fp32", "fp32"] and [r["epochs_done"] for r in ranks] == [3, 3]
     # DDP keeps replicas identical only if both ranks step with the same precision and the same skips.

@@ -370,6 +370,10 @@ def train_one_epoch(
             last_shown = time.perf_counter()
     if world_size > 1:  # each rank holds its share of the global loss: the sum is the whole
         torch.distributed.all_reduce(loss_sums)
+        # A forward pass that overflowed on one rank alone is the run's instability too: rank 0 decides from these.
+        worst = torch.stack([nonfinite_losses, unstable])
+        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+        nonfinite_losses, unstable = worst[0], worst[1]
     means = (loss_sums / max(steps, 1)).tolist()  # waits for the device, so the time below includes the last step
     seconds = time.perf_counter() - start
     scales = (scale_min.item(), scale_max.item()) if optimizer_steps else (1.0, 1.0)
