@@ -116,6 +116,9 @@ def run_export(options: ExportOptions) -> list[Path]:
     if "pt2" in formats:
         if options.dynamic:
             raise ValueError("--format pt2 takes a fixed --imgsz (its batch is always free); drop --dynamic")
+        if options.nms:  # the graph's NMS loops over the batch in Python: torch.export would fix the free batch
+            raise ValueError("--format pt2 has no NMS inside (its batch is free, the in-graph NMS is not); drop --nms, "
+                             "predict/val/benchmark apply NMS after the package")
         pt2_precision(options.half, device)  # refuses --half where it would not pay, before any work
     model, checkpoint = model_from_checkpoint(weights)
     names = list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)])

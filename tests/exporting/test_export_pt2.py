@@ -116,10 +116,13 @@ def test_a_failed_compile_is_one_line_with_the_compilers_first_error() -> None:
     assert compile_problem(ValueError("not a compile")) is None
 
 
-def test_dynamic_is_refused_before_any_work(model: YOLO, tmp_path: Path) -> None:
+def test_dynamic_and_nms_are_refused_before_any_work(model: YOLO, tmp_path: Path) -> None:
     checkpoint = write_checkpoint(model, tmp_path / "best.pt")
     with pytest.raises(ValueError, match="pt2 takes a fixed --imgsz"):
         run_export(ExportOptions(weights=checkpoint, format="pt2", dynamic=True, device="cpu"))
+    with pytest.raises(ValueError, match="pt2 has no NMS inside"):  # torch.export failed on it in a traceback
+        run_export(ExportOptions(weights=checkpoint, format="pt2", nms=True, device="cpu"))
+    assert [path.name for path in tmp_path.iterdir()] == ["best.pt"]
 
 
 def test_half_is_fp16_on_cuda_and_bf16_only_on_cpus_that_have_it() -> None:
