@@ -64,9 +64,10 @@ def sample_images(count: int, seed: int = 0) -> list[np.ndarray]:
     return [make_image(rng, 640)[0][80:560] for _ in range(count)]
 
 
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+def synchronize(device: torch.device | str) -> None:
+    """Wait for ``device``'s queued work (that GPU's, not the current one's); nothing on a CPU."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def time_backend(
@@ -79,6 +80,7 @@ def time_backend(
     """
     stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
     target = getattr(backend, "device", None)
+    device = target if target is not None else device  # a .engine runs on CUDA whatever --device says
     for run in range(warmup + runs):
         marks = [time.perf_counter()]
         batch, transforms = prepare_batch(images, size, device=target)
@@ -221,7 +223,12 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
             if isinstance(candidate, str):
                 notes.append(candidate)
                 continue
-            rows.append((candidate.name, time_candidate(candidate, options, device, progress)))
+            try:
+                rows.append(time_candidate(candidate, options, device, progress))
+            except (RuntimeError, ValueError, OSError) as error:  # one backend failing keeps the others' rows
+                reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+                notes.append(f"{candidate.name}: failed ({type(error).__name__}: {reason})")
+                progress(notes[-1])
     threads = torch.get_num_threads()
     header = (f"{weights} on {device} ({device_name(device)}, {threads} torch threads): ms per image at batch "
               f"{options.batch}, median of {options.runs} runs")
@@ -232,9 +239,12 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
 
 def time_candidate(
     candidate: Candidate, options: BenchmarkOptions, device: str, progress: Callable[[str], None]
-) -> dict[str, float]:
-    """Latency stages at ``--batch``, and ``throughput`` (images/s) at ``--throughput-batch`` when asked for."""
+) -> tuple[str, dict[str, float]]:
+    """The row's name and its latency stages at ``--batch``, and ``throughput`` (images/s) at
+    ``--throughput-batch`` when asked for. The name is the backend's own (ONNX Runtime names its GPU provider),
+    with "on cpu" where it ran on the CPU though the table is for a GPU (a CPU-only onnxruntime build)."""
     times: dict[str, float] = {}
+    name = candidate.name
     plan = [(options.batch, options.runs, False)]
     if options.throughput_batch:
         plan.append((options.throughput_batch, options.throughput_runs, True))
@@ -242,6 +252,9 @@ def time_candidate(
         backend = candidate.build(batch)
         size = options.imgsz if backend.info.dynamic and options.imgsz else backend.info.imgsz
         progress(f"timing {backend.name} at {size} px, batch {batch} ...")
+        ran_on = getattr(backend, "device", None)
+        name = backend.name + (" on cpu" if device.startswith("cuda") and ran_on is not None
+                               and torch.device(ran_on).type == "cpu" else "")
         measured = time_backend(backend, sample_images(batch), size=size, runs=runs, warmup=options.warmup,
                                 device=device)
         if throughput:
@@ -249,4 +262,4 @@ def time_candidate(
             times.update({f"batch {stage}": value for stage, value in measured.items()})
         else:
             times.update(measured)
-    return times
+    return name, times

@@ -35,3 +35,28 @@ def test_the_device_has_a_name() -> None:
     assert device_name("cpu").strip()
     if torch.cuda.is_available():
         assert device_name("cuda") == torch.cuda.get_device_name(0)
+
+
+def test_a_backend_that_fails_leaves_a_note_and_the_other_rows(monkeypatch, checkpoint) -> None:
+    """A pt2 compile or an engine build that fails on the machine's tools no longer throws away the rows already
+    timed: the table keeps them and says which backend failed and why, in one line."""
+    import detector.workflows.benchmark as benchmark
+    from detector.exporting import ExportError
+    from detector.workflows.options import BenchmarkOptions
+
+    real = benchmark.backends_for_checkpoint
+
+    def with_a_broken_one(*args, **kwargs):
+        for candidate in real(*args, **kwargs):
+            yield candidate
+            if isinstance(candidate, benchmark.Candidate) and candidate.name.startswith("pytorch"):
+                def build(batch: int):
+                    raise ExportError("best.pt2: the pt2 compile failed: cuda.h: No such file or directory")
+                yield benchmark.Candidate("pt2 fp16", build)
+
+    monkeypatch.setattr(benchmark, "backends_for_checkpoint", with_a_broken_one)
+    table = benchmark.run_benchmark(BenchmarkOptions(weights=str(checkpoint), imgsz=64, runs=1, warmup=0,
+                                                     throughput_batch=0, skip="onnx,pt2,engine", device="cpu"),
+                                    progress=lambda line: None)
+    assert "| pytorch fp32 |" in table
+    assert "pt2 fp16: failed (ExportError: best.pt2: the pt2 compile failed: cuda.h: No such file or directory)" in table
