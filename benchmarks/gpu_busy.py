@@ -11,6 +11,7 @@ without it, or without an NVIDIA GPU, the benchmarks print ``GPU busy: n/a``.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -19,17 +20,35 @@ Reading = Callable[[], float]  # the GPU's busy percentage now, 0-100
 
 
 def nvml_reading(device_index: int = 0) -> Reading | None:
-    """A function that reads GPU ``device_index``'s utilisation through NVML; None without NVML or a GPU."""
+    """A function that reads the utilisation of CUDA device ``device_index`` through NVML; None without NVML, a GPU
+    or a reading (a MIG slice and some virtual GPUs answer NOT_SUPPORTED: one read is tried here)."""
     try:
         import pynvml
     except ImportError:
         return None
     try:
         pynvml.nvmlInit()
-        handle = pynvml.nvmlDeviceGetHandleByIndex(device_index)
-    except pynvml.NVMLError:
+        handle = nvml_handle(pynvml, device_index)
+
+        def read() -> float:
+            return float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+
+        read()
+    except (pynvml.NVMLError, IndexError, ValueError):
         return None
-    return lambda: float(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+    return read
+
+
+def nvml_handle(pynvml, cuda_index: int):
+    """NVML's handle of CUDA device ``cuda_index``. NVML numbers every GPU of the machine; CUDA only those that
+    ``CUDA_VISIBLE_DEVICES`` lists, in its order, by index or by UUID."""
+    visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    if not visible:
+        return pynvml.nvmlDeviceGetHandleByIndex(cuda_index)
+    entry = visible[cuda_index]
+    if entry.isdigit():
+        return pynvml.nvmlDeviceGetHandleByIndex(int(entry))
+    return pynvml.nvmlDeviceGetHandleByUUID(entry)
 
 
 class BusySampler:
@@ -45,10 +64,15 @@ class BusySampler:
         self._last = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.failed = False  # a reading raised: no share is given, rather than one of part of the time
 
     def sample(self) -> None:
         """Take one reading; it stands for the time since the previous one (or since ``start``)."""
-        value = self.read()
+        try:
+            value = self.read()
+        except Exception:  # noqa: BLE001 - NVML's errors, whatever the driver: the benchmark goes on without it
+            self.failed = True
+            return
         now = self.clock()
         self.weighted += value * (now - self._last)
         self.seconds += now - self._last
@@ -57,6 +81,7 @@ class BusySampler:
     def begin(self) -> None:
         """Start the clock without a thread (``start`` does this and then samples in the background)."""
         self.weighted = self.seconds = 0.0
+        self.failed = False
         self._last = self.clock()
 
     def start(self) -> BusySampler:
@@ -80,7 +105,7 @@ class BusySampler:
         return self.share()
 
     def share(self) -> float | None:
-        return self.weighted / self.seconds / 100 if self.seconds > 0 else None
+        return self.weighted / self.seconds / 100 if self.seconds > 0 and not self.failed else None
 
 
 def busy_text(share: float | None) -> str:
