@@ -6,7 +6,7 @@
 #   bash benchmarks/gpu_inference.sh                 # on the GPU machine, from the repository root
 #   DEVICE=cpu SKIP=pt2 bash benchmarks/gpu_inference.sh   # the same on a CPU, without the pt2 compile
 set -euo pipefail
-OUT=${OUT:-/tmp/out}; DEVICE=${DEVICE:-cuda}; SKIP=${SKIP:-}; RUNS=${RUNS:-50}
+OUT=${OUT:-/tmp/out}; DEVICE=${DEVICE:-cuda}; SKIP=${SKIP:-}; RUNS=${RUNS:-50}; LIMIT=${LIMIT:-540}  # s, the benchmark
 mkdir -p "$OUT"
 PYTHON=${PYTHON:-python3}
 "$PYTHON" - "$OUT/nano80.pt" <<'PY'
@@ -20,6 +20,6 @@ save_checkpoint({"model": model.state_dict(), "ema": None, "epoch": 0, "config":
                  "model_args": {"num_classes": 80, "scale": "n", "reg_max": model.reg_max},
                  "names": [f"class{index}" for index in range(80)]}, sys.argv[1])
 PY
-timeout 540 "$PYTHON" -m detector benchmark --weights "$OUT/nano80.pt" --imgsz 640 --device "$DEVICE" \
+timeout "$LIMIT" "$PYTHON" -m detector benchmark --weights "$OUT/nano80.pt" --imgsz 640 --device "$DEVICE" \
   --runs "$RUNS" --throughput-runs 5 ${SKIP:+--skip "$SKIP"} 2>&1 | tee "$OUT/inference.log"
 rm -f "$OUT/nano80.pt"

@@ -21,8 +21,9 @@ stamp() { echo "=== $1 at $(( $(date +%s) - T0 )) s"; }
 limit() { local left=$(( T0 + BUDGET - $(date +%s) )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
 if [ ! -f /tmp/.gpu-ready ] && [ -d "$WHEELS" ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile "$WHEELS"/*.whl 2>&1 | tail -2
+  installed=${PIPESTATUS[0]}  # pip's, not tail's: a failed install is tried again by the next call
   mkdir -p /tmp/stub && echo 'def read_csv(*a, **k): raise RuntimeError("polars stub")' > /tmp/stub/polars.py
-  touch /tmp/.gpu-ready
+  (( installed == 0 )) && touch /tmp/.gpu-ready
 fi
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
@@ -45,10 +46,13 @@ generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
     timeout "$(limit 300)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
       --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics 2>&1 \
       | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/speed.log"
-    echo "speed rc $?"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/speed.log" | head -12
+    echo "speed rc ${PIPESTATUS[0]}"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/speed.log" | head -12
     tail -6 "$OUT/speed.log" ;;
   inference)
-    RUNS=30 SKIP=pt2 timeout "$(limit 70)" bash benchmarks/gpu_inference.sh > /dev/null 2>&1; echo "inference rc $?"
+    # The limit goes to the script's own timeout: an outer one could not stop the benchmark (timeout runs its
+    # command in a process group of its own), which would run on into the next stage's timings.
+    RUNS=30 SKIP=pt2 LIMIT="$(limit 70)" bash benchmarks/gpu_inference.sh > "$OUT/inference_run.log" 2>&1
+    echo "inference rc $?"
     tail -9 "$OUT/inference.log"
     timeout "$(limit 40)" python3 benchmarks/predict_speed.py --device cuda --half --images 256 --batches 1,32 \
       > "$OUT/predict.log" 2>&1; echo "predict rc $?"; tail -5 "$OUT/predict.log" ;;
