@@ -44,7 +44,7 @@ def main() -> None:
             start = time.perf_counter()
             payload = snapshot(run_checkpoint(trained, state))
             if device.type == "cuda":
-                torch.cuda.synchronize()
+                torch.cuda.synchronize(device)
             times["snapshot (training thread)"].append(time.perf_counter() - start)
             start = time.perf_counter()
             save_checkpoint(payload, Path(folder) / "last.pt")

@@ -85,7 +85,7 @@ def main() -> None:
                     for _ in predict_frames(backend, frames, size=args.imgsz, options=options):
                         pass
                 if args.device.startswith("cuda"):
-                    torch.cuda.synchronize()
+                    torch.cuda.synchronize(args.device)
 
             predict()  # untimed: kernels chosen, graphs captured for this batch shape
             rate = images_per_second(predict, args.images, args.repeats)

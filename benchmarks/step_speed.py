@@ -94,7 +94,7 @@ if args["cuda_graphs"]:  # the trainer's captured step: a TrainStep's graphs, no
 
 def clock(phase=True):
     if cuda and (phase is False or args["phases"]):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(device)
     return time.perf_counter()
 
 def step(index, record):
