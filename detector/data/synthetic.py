@@ -100,7 +100,8 @@ def write_yolo_split(folder: Path, split: str, count: int, size: int, seed: int,
     def write(index: int) -> None:
         image, labels = make_image(np.random.default_rng((seed, zlib.crc32(split.encode()), index)), size)
         name = f"{split}_{index:05d}"
-        cv2.imwrite(str(folder / "images" / split / f"{name}{suffix}"), image[..., ::-1], [cv2.IMWRITE_JPEG_QUALITY, 95])
+        quality = [cv2.IMWRITE_JPEG_QUALITY, 95] if suffix.lower() in (".jpg", ".jpeg") else []  # PNG would warn
+        cv2.imwrite(str(folder / "images" / split / f"{name}{suffix}"), image[..., ::-1], quality)
         lines = "".join(f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}\n" for c, x, y, w, h in labels)
         (folder / "labels" / split / f"{name}.txt").write_text(lines)
 
