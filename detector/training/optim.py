@@ -77,7 +77,7 @@ def zero_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
     its kernel then leaves everything as it was. But torch's fused SGD makes its momentum buffers on its first step
     with ``empty_like``, just before that kernel: a run whose first step overflows (FP16 on CUDA, where the scale
     starts at 2**16 and the first steps often do) kept uninitialised memory as momentum, and the next step moved
-    the weights by whatever it held (1e23 in a test). A zero buffer gives the very first step a created one gives
+    the weights by whatever it held (1e23 to 1e32 in tests). A zero buffer gives the first step a created one gives
     (momentum x 0 + gradient, dampening 0), so nothing else changes. A resumed run needs nothing: its saved state
     has every buffer, made by the steps before it was saved.
     """
