@@ -275,10 +275,13 @@ def make_train_step(
                      chosen, schedule, torch.device("cpu"), channels_last=channels_last)
 
 
-# make test hands whole files to its two workers in collection order (pytest-xdist --dist loadfile); these take a
-# minute or more each, so they go first, and the many short files even out the end instead of one worker
-# finishing a long file alone.
-SLOWEST_FILES = ("exporting/test_export_pt2.py", "test_install.py", "test_distributed.py", "training/test_trainer.py")
+# make test hands whole files to its two workers in collection order (pytest-xdist --dist loadfile
+# --no-loadscope-reorder); these take 20 s to 1.5 min each, so they go first, and the many short files even out the
+# end instead of one worker finishing a long file alone. A worker takes its next file when it has two tests or fewer
+# left, so the one-test test_install.py comes with test_distributed.py: 41 + 93 s on one worker against
+# 66 + 68 s for test_export_pt2.py and test_trainer.py on the other (measured on a 2-core AMD EPYC).
+SLOWEST_FILES = ("exporting/test_export_pt2.py", "test_install.py", "test_distributed.py", "training/test_trainer.py",
+                 "test_tolerances.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
