@@ -85,8 +85,9 @@ def export_pt2(model: YOLO, path: str | Path, info: ModelInfo, *, device: str = 
         raise Unavailable(reason)
     path = Path(path)
     program = export_program(model, info, device=device)
-    # Freezing folds the weights into the graph as constants, so the CPU convolutions get their weights
-    # pre-packed into oneDNN's blocked layout once, at compile time, instead of on every call.
+    # Freezing folds the weights into the graph as constants, so BatchNorm folds into the convolutions and the CPU
+    # ones become oneDNN convolutions with the SiLU fused in. Inductor freezes only a compile that runs with
+    # gradients off (torch.no_grad below); with them on, the setting is silently ignored.
     configs = {"aot_inductor.metadata": encode_metadata(info), "freezing": True}
     # torch's C++ builder logs "No CUDA runtime is found, using CUDA_HOME=..." on a CPU machine that has a CUDA
     # toolkit folder: a warning about nothing this export uses. Its errors still show.
@@ -95,9 +96,10 @@ def export_pt2(model: YOLO, path: str | Path, info: ModelInfo, *, device: str = 
     with staging_folder(path.parent) as staging:
         builder_log.setLevel(logging.ERROR)  # restored in the finally below, whatever happens
         try:
-            staged = torch._inductor.aoti_compile_and_package(
-                program, package_path=str(staging / path.name), inductor_configs=configs
-            )
+            with torch.no_grad():
+                staged = torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(staging / path.name), inductor_configs=configs
+                )
         except Exception as error:
             if (problem := compile_problem(error)) is None:
                 raise
