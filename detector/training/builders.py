@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -192,11 +193,25 @@ def freeze_layers(model: YOLO, count: int, log) -> tuple[str, ...]:
 BEFORE_THEIR_TIME: dict[str, Any] = {"val_rect": False}
 
 
-def load_resume(config: TrainConfig) -> tuple[TrainConfig, Path, dict[str, Any]]:
+# What a resumed run takes from the command line (--project: where --resume auto looks); every other setting is
+# the run's own, since its schedule, optimizer state and curves were made with them.
+RESUME_MAY_CHANGE = frozenset({"device", "workers", "resume", "project"})
+
+
+def ignored_on_resume(asked: dict[str, Any], saved: TrainConfig) -> list[str]:
+    """The settings asked for (:meth:`TrainConfig.changed`) that a resumed run does not take, as ``name=value (the
+    run's: value)``: those that differ from the run's own. A ``--batch -1`` run saved the batch it chose."""
+    return [f"{name}={value} (the run's: {getattr(saved, name)})" for name, value in asked.items()
+            if name not in RESUME_MAY_CHANGE and value != getattr(saved, name) and (name, value) != ("batch", -1)]
+
+
+def load_resume(config: TrainConfig, asked: dict[str, Any] | None = None) -> tuple[TrainConfig, Path, dict[str, Any]]:
     """``--resume``: the run's own config (only the device and worker count may change), its last.pt and that file.
 
     ``--resume auto`` takes the newest ``<project>/*/weights/last.pt``. A stripped file holds no optimizer state
-    and is refused, naming the fine-tune that starts from it instead.
+    and is refused, naming the fine-tune that starts from it instead. Other settings in ``asked`` that differ
+    from the run's are named in one warning: ignoring them silently would let ``--resume --epochs 200`` look
+    as if it trained on.
     """
     path = newest_file(config.project, "*/weights/last.pt") if config.resume == "auto" else Path(config.resume)
     if path is None:
@@ -207,6 +222,9 @@ def load_resume(config: TrainConfig) -> tuple[TrainConfig, Path, dict[str, Any]]
                               f"last.pt), so it cannot be resumed; to train on from it, start a fine-tune: "
                               f"--weights {path}")
     saved = TrainConfig.from_dict({**BEFORE_THEIR_TIME, **checkpoint["config"]})
+    if ignored := ignored_on_resume(asked or {}, saved):
+        warnings.warn(f"{path}: a resumed run keeps its own settings; ignored: {', '.join(ignored)}. To train with "
+                      f"other settings, start a new run from its weights: --weights {path}")
     saved.device, saved.workers, saved.resume = config.device, config.workers, str(path)
     return saved.with_defaults().validate(), path, checkpoint
 

@@ -171,6 +171,11 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def changed(self) -> dict[str, Any]:
+        """The fields set away from their defaults: what a command line or caller asked for."""
+        default = TrainConfig()
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
         known = {f.name for f in fields(cls)}

@@ -66,6 +66,7 @@ class Trainer:
         # run (process_start) also counts the interpreter's start and the imports before it.
         self.account = TimeAccount(before=process_age() if process_start else 0.0)
         self.clock = RunClock()
+        asked = config.changed()  # before the defaults fill in: a resumed run names what it ignores
         self.config = config.with_defaults().validate()
         self.progress = progress
         self.dist, self.device = init_distributed(self.config.device)
@@ -74,7 +75,7 @@ class Trainer:
             self.config.workers = default_workers(self.device.type, processes_per_node=self.dist.local_world_size)
         checkpoint = None
         if self.config.resume:
-            self.config, self.resume_path, checkpoint = load_resume(self.config)
+            self.config, self.resume_path, checkpoint = load_resume(self.config, asked)
         config = self.config  # the resumed run's own, budget included
         self.clock.budget = TimeBudget.parse(config.time) if config.time else None
         seed_everything(config.seed + self.dist.rank)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -72,3 +74,28 @@ def test_a_resumed_run_validates_as_it_did_before_rect_batches_existed(saved, tm
     resumed, resumed_path, _ = load_resume(TrainConfig(data="shapes", resume=str(path), device="cpu"))
     assert resumed_path == path and resumed.epochs == 3
     assert resumed.val_rect is saved.get("val_rect", False)
+
+
+def test_a_resume_names_the_settings_it_ignores_in_one_warning(tmp_path) -> None:
+    """``--resume --epochs 200`` used to go on for the run's own 3 epochs without a word."""
+    from detector.checkpoint import save_checkpoint
+    from detector.training.builders import load_resume
+
+    path = tmp_path / "exp" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True)
+    saved = TrainConfig(data="shapes", project=str(tmp_path), epochs=3, batch=8).to_dict()
+    save_checkpoint({"model": {}, "ema": None, "optimizer": {"state": {}}, "epoch": 0, "config": saved}, path)
+
+    def resume(**flags) -> tuple[TrainConfig, list[str]]:
+        asked = TrainConfig(resume=str(path), **flags)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resumed, _, _ = load_resume(asked, asked.changed())
+        return resumed, [str(warning.message) for warning in caught]
+
+    resumed, messages = resume(epochs=200, unamp=True, device="cpu", workers=2)
+    assert (resumed.epochs, resumed.unamp, resumed.device, resumed.workers) == (3, False, "cpu", 2)
+    assert len(messages) == 1 and "ignored: epochs=200 (the run's: 3), unamp=True (the run's: False)." in messages[0]
+    assert f"--weights {path}" in messages[0] and "device" not in messages[0] and "workers" not in messages[0]
+    # The run's own command again (batch -1 saved the batch it chose), or nothing: no warning.
+    assert resume(data="shapes", epochs=3, batch=-1)[1] == [] and resume()[1] == []

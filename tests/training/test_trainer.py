@@ -79,8 +79,8 @@ def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
     full = train(_config(yolo_yaml, tmp_path / "a", epochs=3, **sizes), progress=False, stop_after_epochs=3)
     partial = train(_config(yolo_yaml, tmp_path / "b", epochs=3, **sizes), progress=False, stop_after_epochs=2)
     assert partial["epochs_done"] == 2
-    resumed = train(_config(yolo_yaml, tmp_path / "c", resume=str(partial["run_dir"] / "weights" / "last.pt")),
-                    progress=False, stop_after_epochs=3)
+    resumed = train(_config(yolo_yaml, tmp_path / "c", epochs=3, **sizes,
+                            resume=str(partial["run_dir"] / "weights" / "last.pt")), progress=False, stop_after_epochs=3)
     assert resumed["run_dir"] == partial["run_dir"] and resumed["epochs_done"] == 3
     expected = load_checkpoint(full["run_dir"] / "weights" / "last.pt")
     actual = load_checkpoint(resumed["run_dir"] / "weights" / "last.pt")
@@ -280,7 +280,8 @@ def test_resume_of_a_time_budget_run_continues_its_schedule_and_optimizer(yolo_y
     last = partial["run_dir"] / "weights" / "last.pt"
     state = load_checkpoint(last)
     assert state["optimizer_choice"]["name"] == "AdamW" and state["schedule"]["epochs"] < 20_000
-    resumed = Trainer(_config(yolo_yaml, tmp_path, resume=str(last)), progress=False)
+    resumed = Trainer(_config(yolo_yaml, tmp_path, epochs=20_000, time="1m", nominal_batch=4, resume=str(last)),
+                      progress=False)  # the same command again, plus --resume
     assert resumed.step.schedule.state() == state["schedule"] and resumed.epochs == state["plan"]["epochs"]
     assert resumed.optimizer_name == "AdamW" and resumed.step.schedule.base_lr == state["optimizer_choice"]["lr"]
 
