@@ -305,15 +305,18 @@ class Model:
         return predict(source, weights=self, stream=stream, **flags)
 
 
-def load(weights: str | Path, *, device: str = "", imgsz: int | None = None) -> Model:
+def load(weights: str | Path, *, device: str = "", imgsz: int | None = None, half: bool = False) -> Model:
     """Load ``weights`` (a training checkpoint, full or stripped, Ultralytics ``yolov8*.pt``, or an export) for
     :meth:`Model.predict`.
 
     ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (default: CUDA when there is one); ``imgsz``: the input size of a
-    ``.pt`` model (default: its training size).
+    ``.pt`` model (default: its training size); ``half``: a ``.pt`` model in FP16 on CUDA, BF16 on a CPU with
+    native BF16 (as ``predict --half``). A loaded model's ``predict`` takes neither ``device`` nor ``half``.
     """
     from detector.device import resolve_device
     from detector.inference import load_backend
+    from detector.inference.torch_backend import half_precision
 
-    path = Path(weights)
-    return Model(path, load_backend(path, device=str(resolve_device(device)), imgsz=imgsz))
+    path, resolved = Path(weights), resolve_device(device)
+    precision = half_precision(resolved) if half else "fp32"
+    return Model(path, load_backend(path, device=str(resolved), imgsz=imgsz, precision=precision))

@@ -99,6 +99,19 @@ def test_predict_and_a_loaded_model_give_the_commands_detections(run: dict, tmp_
         np.testing.assert_array_equal(loaded["scores"], result["scores"])
 
 
+def test_a_loaded_model_takes_half_at_load_and_refuses_it_at_predict(run: dict):
+    """``model.predict(..., half=True)`` used to run the loaded FP32 model without a word."""
+    from detector.inference.torch_backend import half_precision
+
+    image = next((Path(run["data"]).parent / "images" / "val").iterdir())
+    model = load(run["best"], device="cpu")
+    for flags in ({"half": True}, {"device": "cpu"}):
+        with pytest.raises(ValueError, match=r"chosen when it loads: detector.load\(weights, device=..., half=True\)"):
+            model.predict(image, **flags)
+    half = load(run["best"], device="cpu", half=True)
+    assert half.backend.name == f"pytorch {half_precision('cpu')}" and len(half.predict(image)) == 1
+
+
 def test_predict_writes_nothing_unless_asked(run: dict, tmp_path: Path):
     image = next((Path(run["data"]).parent / "images" / "val").iterdir())
     predict(image, weights=run["best"], device="cpu", project=tmp_path / "quiet")

@@ -249,7 +249,10 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         precision = half_precision(device) if options.half else "fp32"
         backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms,
                                precision=precision)
-    else:
+    else:  # a model loaded once (detector.load): its device and precision were settled there
+        if options.half or options.device:
+            raise ValueError("half= and device= of a loaded model are chosen when it loads: "
+                             "detector.load(weights, device=..., half=True); predict cannot change them")
         backend.nms = nms
     baked = backend.info.nms
     if baked is not None and options.conf < baked.conf_threshold:
