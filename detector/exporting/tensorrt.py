@@ -10,6 +10,7 @@ writing anything. The engine file format (a metadata header, then the engine) is
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from detector.defaults import DEFAULT_WORKSPACE_GIB
 from detector.exporting import ExportError
@@ -18,7 +19,8 @@ from detector.model.metadata import INPUT_NAME, ModelInfo
 
 
 def build_engine(
-    onnx_path: str | Path, engine_path: str | Path, info: ModelInfo, *, workspace_gib: float = DEFAULT_WORKSPACE_GIB
+    onnx_path: str | Path, engine_path: str | Path, info: ModelInfo, *, workspace_gib: float = DEFAULT_WORKSPACE_GIB,
+    device: str = "cuda",
 ) -> Path:
     """Parse ``onnx_path`` and build a serialized engine (FP16 kernels allowed when ``info.precision == 'fp16'``).
 
@@ -27,7 +29,17 @@ def build_engine(
     on failure.
     """
     import tensorrt as trt  # optional, GPU-only dependency
+    import torch
 
+    # TensorRT builds (and times its tactics) on the current CUDA device: --device cuda:1 builds there, for the
+    # GPU that will run the engine (the backend loads it under the same context). An engine is CUDA's whatever
+    # --device says, as the backend runs it.
+    target = torch.device(device) if torch.device(device).type == "cuda" else torch.device("cuda")
+    with torch.cuda.device(target):
+        return _build(trt, onnx_path, engine_path, info, workspace_gib)
+
+
+def _build(trt: Any, onnx_path: str | Path, engine_path: str | Path, info: ModelInfo, workspace_gib: float) -> Path:
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
     # TensorRT 10 networks are always explicit-batch and the flag is deprecated; 8.x needs it set.

@@ -139,7 +139,8 @@ def backends_for_checkpoint(
         def build(batch: int, precision: str = precision) -> Backend:
             info = dataclasses.replace(static, precision=precision, batch=batch)
             source = export_onnx(model, folder / f"trt-{batch}.onnx", dataclasses.replace(info, precision="fp32"))
-            return load_backend(build_engine(source, folder / f"{precision}-{batch}.engine", info), device=device)
+            engine = build_engine(source, folder / f"{precision}-{batch}.engine", info, device=device)
+            return load_backend(engine, device=device)
 
         yield Candidate(f"tensorrt {precision}", per_batch(build))
 

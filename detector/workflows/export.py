@@ -68,7 +68,8 @@ def stage_exports(
         else:
             fp32_info = dataclasses.replace(info, precision="fp32")
             source = export_onnx(model, staging / "engine-source.onnx", fp32_info, **onnx_options)
-        staged["engine"] = build_engine(source, staging / f"{stem}.engine", info, workspace_gib=options.workspace)
+        staged["engine"] = build_engine(source, staging / f"{stem}.engine", info, workspace_gib=options.workspace,
+                                       device=device)
     if "pt2" in formats:
         pt2_info = dataclasses.replace(info, precision=pt2_precision(options.half, device))
         staged["pt2"] = export_pt2(model, staging / f"{stem}.pt2", pt2_info, device=device)
