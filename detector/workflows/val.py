@@ -117,7 +117,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
               f"COCO eval {evaluator_name(coco_eval)}")
 
         loader = make_val_loader(split, batch_size=options.batch, workers=options.workers,
-                                 cpu_compute=device.type == "cpu", rect=rect)
+                                 cpu_compute=device.type == "cpu", pin_memory=device.type == "cuda", rect=rect)
         validation = run_validation(
             infer,
             split,
