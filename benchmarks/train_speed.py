@@ -211,7 +211,7 @@ def step_alone_rate(run: str, extra: list[str], args: argparse.Namespace) -> flo
     """Images/s of the step alone (no loader) with ``run``'s precision and input sizes (step_speed.py's row); None,
     with the reason on stderr, when that measurement fails: the training runs already done still get their table."""
     print(f"timing the step alone for {run} ...", file=sys.stderr, flush=True)
-    multi_scale = run == "amp" and "--no-multi-scale" not in extra
+    multi_scale = run != "fixed" and "--no-multi-scale" not in extra  # --unamp trains multi-scale too
     try:
         result = step_alone(amp=run != "unamp", multi_scale=multi_scale, imgsz=args.imgsz, batch=args.batch,
                             device=args.device)
