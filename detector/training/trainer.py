@@ -104,10 +104,9 @@ class Trainer:
                               channels_last=config.channels_last, world_size=self.dist.world_size,
                               cuda_graphs=config.cuda_graphs)
         self.optimizer_name = choice.name
-        self.multi_scale = MultiScale(
-            config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max, hold=config.multi_scale_hold,
-            epochs=config.epochs, fixed_last_epochs=config.close_mosaic, enabled=config.multi_scale,
-        )
+        self.multi_scale = MultiScale(config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max,
+                                      hold=config.multi_scale_hold, epochs=config.epochs,
+                                      fixed_last_epochs=config.close_mosaic, enabled=config.multi_scale)
         self.epochs, self.close_mosaic, self.warmup_epochs = config.epochs, config.close_mosaic, config.warmup_epochs
         self.start_epoch, self.best_fitness, self.best_epoch = 0, -1.0, -1
         self.mosaic_closed_at: int | None = None
@@ -309,10 +308,8 @@ class Trainer:
         with self.account.phase("validation"):
             validation = self.evaluate(keep_predictions=keep)
         metrics = validation.metrics
-        self.log(
-            f"epoch {epoch + 1}: mAP50-95 {metrics['mAP50-95']:.4f}  mAP50 {metrics['mAP50']:.4f}  "
-            f"mAP75 {metrics['mAP75']:.4f} | {stats['images_per_s']:.1f} img/s | val {validation.seconds:.1f}s"
-        )
+        self.log(f"epoch {epoch + 1}: mAP50-95 {metrics['mAP50-95']:.4f}  mAP50 {metrics['mAP50']:.4f}  "
+                 f"mAP75 {metrics['mAP75']:.4f} | {stats['images_per_s']:.1f} img/s | val {validation.seconds:.1f}s")
         return validation
 
     def _record(self, epoch: int, stats: dict[str, float], validation: Validation | None) -> None:
@@ -405,6 +402,8 @@ class Trainer:
             )
             self.step.optimizer, self.optimizer_name = choice.optimizer, choice.name
         self._plan_epochs(epochs, close_mosaic, warmup_epochs, at_step=0)
+        autotune_convolutions(self.device, input_shapes=len(self.input_shapes()), policy=config.cudnn_benchmark,
+                              steps=len(self.train_loader) * epochs)  # decided again for the fitted length
 
     def _apply(self, decision: EpochDecision, *, epochs_done: int) -> None:
         """Make this rank follow ``decision``, taken after ``epochs_done`` epochs."""

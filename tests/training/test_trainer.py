@@ -181,6 +181,7 @@ def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path
     import time
 
     import detector.training.engine
+    import detector.training.trainer
     from detector.training.trainer import Trainer
     from tests.conftest import write_yolo_dataset
 
@@ -194,6 +195,9 @@ def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path
         return values
 
     monkeypatch.setattr(detector.training.engine, "set_learning_rates", recording)
+    autotune_steps: list[int] = []  # cuDNN's autotuning is decided for the configured length, then the fitted one
+    monkeypatch.setattr(detector.training.trainer, "autotune_convolutions",
+                        lambda device, *, steps, **_: autotune_steps.append(steps) or False)
     # Configured: 20,000 epochs at one micro-batch per optimizer step (240k steps: auto would pick SGD) with a
     # 10-epoch warm-up (120 steps). The budget fits ~5-20 epochs: AdamW, and the 100-step warm-up floor.
     # Re-planning the whole curve (the code before issue 23) failed the LR check below 9x over.
@@ -205,6 +209,8 @@ def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path
     wall = time.monotonic() - start
     printed = capsys.readouterr().out
     assert printed.index("probe: ") < printed.index("detector: YOLO")  # fitted before the first step
+    assert autotune_steps[0] == 12 * 20_000 and len(autotune_steps) == 2 and 12 <= autotune_steps[1] < 12 * 1000
+    assert autotune_steps[1] % 12 == 0
     assert "| AdamW lr " in printed  # chosen from the fitted plan, not the configured 20,000 epochs
 
     rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
