@@ -27,10 +27,10 @@ OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 # when its command runs, so ``--help`` stays instant.
 COMMANDS = {
     "train": ("detector.cli.train", "train a detector (same as train.py)"),
-    "val": ("detector.cli.val", "evaluate a checkpoint: per-class table + pycocotools summary"),
-    "predict": ("detector.cli.predict", "run a .pt/.onnx/.engine model on images, folders or videos"),
+    "val": ("detector.cli.val", "evaluate a checkpoint or an export: per-class table + COCO summary"),
+    "predict": ("detector.cli.predict", "run a .pt/.onnx/.engine/.pt2 model on images, folders or videos"),
     "benchmark": ("detector.cli.benchmark", "time pre-process / inference / post-process per backend"),
-    "export": ("detector.cli.export", "export to ONNX / TensorRT (same as export.py)"),
+    "export": ("detector.cli.export", "export to ONNX / TensorRT / pt2 (same as export.py)"),
     "ablate-amp": ("detector.cli.ablate", "train with AMP and with --unamp, and report the difference"),
     "download": ("detector.cli.download", "fetch a dataset (coco, coco128, voc) or YOLOv8 weights (yolov8n...x)"),
 }

@@ -8,7 +8,7 @@ Inputs and outputs are those of :class:`~detector.exporting.wrapper.ExportWrappe
 
 * **Batch**: always free (``torch.export.Dim``, 1..:data:`MAX_BATCH`); it costs nothing at run time since
   the convolutions are library calls either way. Height and width are fixed at ``imgsz`` (``--dynamic`` is
-  refused). The metadata's ``batch`` is the batch the graph was traced with.
+  refused). The metadata's ``batch`` is ``--batch`` (the graph is traced at 2 or more: 1 would specialise).
 * **Precision**: FP32 on the CPU; ``--half`` is FP16 on CUDA, or BF16 on a CPU with native BF16 (elsewhere
   refused: emulated BF16 is slower than FP32).
 * **Device**: the package runs on the kind of device it was compiled on (``--device``).

@@ -29,7 +29,7 @@ class ValOptions(Options):
     """The flags of ``python -m detector val``."""
 
     weights: Path = option(help="checkpoint (.pt) written by training, Ultralytics yolov8*.pt, or an export "
-                                "(.onnx, .engine)")
+                                "(.onnx, .engine, .pt2)")
     data: Path = option(help="dataset YAML, or a shipped one's name (coco.yaml)")
     datasets_dir: Path | None = option(None, "root of downloaded datasets (default: $DETECTOR_DATASETS, else "
                                              "datasets/ in the data folder)")
@@ -57,7 +57,7 @@ class ValOptions(Options):
 class PredictOptions(Options):
     """The flags of ``python -m detector predict``."""
 
-    weights: Path | None = option(None, ".pt (ours or an Ultralytics yolov8*.pt), .onnx or .engine (default: the "
+    weights: Path | None = option(None, ".pt (ours or an Ultralytics yolov8*.pt), .onnx, .engine or .pt2 (default: the "
                                         "newest runs/train/*/weights/best.pt)")
     source: str = option(help="an image, a folder (searched recursively), a glob ('imgs/*.jpg'), a video, a "
                               "webcam index (0) or a stream URL (rtsp://, http://)")
@@ -90,7 +90,8 @@ class ExportOptions(Options):
     weights: Path | None = option(None, "checkpoint .pt (default: the newest runs/train/*/weights/best.pt)")
     format: str = option("onnx", "onnx, engine, pt2 (AOTInductor; needs a C++ compiler), or several: onnx,pt2 "
                                  "(default: onnx)")
-    half: bool = option(False, "FP16 convolutions; inputs/outputs stay FP32 (default: off)")
+    half: bool = option(False, "FP16 convolutions (pt2: FP16 on CUDA, BF16 on a CPU with native BF16); "
+                               "inputs/outputs stay FP32 (default: off)")
     imgsz: int | None = option(None, "square input size, a multiple of 32 (default: the training size, else "
                                      f"{DEFAULT_IMGSZ})")
     batch: int = option(1, "batch size; with --dynamic the largest TensorRT batch (default: 1)")
