@@ -136,8 +136,8 @@ def check_parity(
 ) -> ParityReport:
     """Compare ``exported`` with the FP32 PyTorch ``reference`` on ``images`` (uint8 ``[N, 3, S, S]``).
 
-    With ``split``, also score both with the COCO evaluator ``val`` uses and fail when the exported mAP50-95 is more than
-    ``map_margin`` points lower; without it, fail when a score differs by more than ``score_tolerance``.
+    With ``split``, also score both with the COCO evaluator ``val`` uses and fail when the exported mAP50-95 is
+    more than ``map_margin`` points lower; without it, fail when a score differs by more than ``score_tolerance``.
     Sets both backends' NMS to the evaluation thresholds (conf 0.001, IoU 0.7, 300, multi-label), or to
     the exported graph's own thresholds when it has NMS inside, so both sides are judged alike.
     """

@@ -174,7 +174,8 @@ class TrainConfig:
     def changed(self) -> dict[str, Any]:
         """The fields set away from their defaults: what a command line or caller asked for."""
         default = TrainConfig()
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) != getattr(default, f.name)}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":

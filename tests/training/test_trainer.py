@@ -79,8 +79,9 @@ def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
     full = train(_config(yolo_yaml, tmp_path / "a", epochs=3, **sizes), progress=False, stop_after_epochs=3)
     partial = train(_config(yolo_yaml, tmp_path / "b", epochs=3, **sizes), progress=False, stop_after_epochs=2)
     assert partial["epochs_done"] == 2
-    resumed = train(_config(yolo_yaml, tmp_path / "c", epochs=3, **sizes,
-                            resume=str(partial["run_dir"] / "weights" / "last.pt")), progress=False, stop_after_epochs=3)
+    last = str(partial["run_dir"] / "weights" / "last.pt")
+    resumed = train(_config(yolo_yaml, tmp_path / "c", epochs=3, **sizes, resume=last), progress=False,
+                    stop_after_epochs=3)
     assert resumed["run_dir"] == partial["run_dir"] and resumed["epochs_done"] == 3
     expected = load_checkpoint(full["run_dir"] / "weights" / "last.pt")
     actual = load_checkpoint(resumed["run_dir"] / "weights" / "last.pt")
