@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -79,7 +80,10 @@ def init_distributed(device_request: str) -> tuple[DistInfo, torch.device]:
                 raise DistributedSetupError(problem)
             raise SystemExit(1)  # the node's first process says why: one line, not one per process
     if device.type == "cuda":
-        # Under torchrun each process takes the GPU of its local rank, whatever index was asked for.
+        # Under torchrun each process takes the GPU of its local rank, whatever index was asked for: said once.
+        if world_size > 1 and local_rank == 0 and device.index not in (None, 0):
+            warnings.warn(f"--device {device}: under torchrun each process takes the GPU of its local rank "
+                          f"(cuda:0 to cuda:{local_world_size - 1}); choose the GPUs with CUDA_VISIBLE_DEVICES")
         device = torch.device("cuda", local_rank if world_size > 1 else (device.index or 0))
         torch.cuda.set_device(device)
     if world_size > 1 and not dist.is_initialized():

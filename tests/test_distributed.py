@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,33 @@ def test_more_cuda_processes_than_gpus_stop_in_one_line_before_any_collective(mo
     with pytest.raises(SystemExit) as quiet:
         init_distributed("cuda")
     assert quiet.value.code == 1 and capsys.readouterr().err == ""
+
+
+def test_a_gpu_index_under_torchrun_is_named_as_unused_once(monkeypatch):
+    """``--device cuda:1`` under torchrun: each process takes its local rank's GPU, and the first says so."""
+    import torch
+
+    import detector.distributed
+    from detector.distributed import init_distributed
+
+    chosen = []
+    monkeypatch.setattr(detector.distributed, "resolve_device", lambda request: torch.device(request))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    monkeypatch.setattr(detector.distributed.dist, "is_initialized", lambda: True)  # no process group here
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.warns(UserWarning, match=r"--device cuda:1: under torchrun each process takes the GPU of its local "
+                                         r"rank \(cuda:0 to cuda:1\); choose the GPUs with CUDA_VISIBLE_DEVICES"):
+        init_distributed("cuda:1")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the other ranks stay quiet, as does cuda:0 on the first
+        init_distributed("cuda:1")
+        monkeypatch.setenv("LOCAL_RANK", "0")
+        init_distributed("cuda:0")
+    assert chosen == [torch.device("cuda", 0), torch.device("cuda", 1), torch.device("cuda", 0)]
 
 
 def test_the_amp_checks_private_model_has_no_sync_batchnorm():
