@@ -7,6 +7,7 @@ themselves off, so the training step has no AMP/no-AMP branches.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,7 +132,20 @@ def resolve_precision(requested: str, device: torch.device, *, unamp: bool = Fal
 
 
 def set_strict_fp32() -> None:
-    """Disable TF32 so FP32 ablations are really FP32 on Ampere+ GPUs."""
+    """Disable TF32 so FP32 ablations are really FP32 on Ampere+ GPUs (for the run: :func:`fp32_settings_kept`)."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     torch.set_float32_matmul_precision("highest")
+
+
+@contextlib.contextmanager
+def fp32_settings_kept() -> Iterator[None]:
+    """The TF32 settings put back as they were on exit: ``--unamp`` makes its own run strict FP32, not whatever a
+    Python session trains or evaluates after it."""
+    matmul, convolutions = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    matmul_precision = torch.get_float32_matmul_precision()
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, convolutions
+        torch.set_float32_matmul_precision(matmul_precision)

@@ -30,7 +30,7 @@ from detector.metrics.coco import write_results_json
 from detector.metrics.loop import Validation
 from detector.model import build_model
 from detector.plots.reporter import RunReporter
-from detector.precision import Precision, resolve_precision, safest
+from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest
 from detector.files import write_text_atomically
 from detector.runs import append_results, claim_run_dir
 from detector.training.amp_check import amp_preflight, first_images, save_preflight
@@ -446,4 +446,5 @@ def train(config: TrainConfig, *, progress: bool = True, stop_after_epochs: int 
     """Train from a config; returns ``{"run_dir", "metrics", "seconds", "epochs_done", "precision",
     "time_account", ...}``. ``process_start``: the process runs only this (a command), so the time account
     starts at the process's start."""
-    return Trainer(config, progress=progress, process_start=process_start).fit(stop_after_epochs=stop_after_epochs)
+    with fp32_settings_kept():  # --unamp's strict FP32 (TF32 off) ends with its run
+        return Trainer(config, progress=progress, process_start=process_start).fit(stop_after_epochs=stop_after_epochs)

@@ -105,8 +105,16 @@ def test_cli_reports_missing_data_yaml(tmp_path: Path, capsys):
 
 @pytest.mark.parametrize("flag", ["--unamp", "--precision=fp32"])
 def test_training_runs_in_fp32(flag, yolo_yaml: Path, tmp_path: Path):
-    assert train_main(["--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "1", "--batch", "4", "--workers", "0",
-                       "--device", "cpu", "--project", str(tmp_path), "--no-plots", "--no-amp-check", flag]) == 0
+    """And --unamp's TF32-off ends with its run: a later train() or val() in the same session gets the settings
+    it had before (they used to stay strict for the rest of the process)."""
+    from detector.precision import fp32_settings_kept
+
+    with fp32_settings_kept():  # this session's own settings back after the test, whatever it finds
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        assert train_main(["--data", str(yolo_yaml), "--imgsz", "64", "--epochs", "1", "--batch", "4",
+                           "--workers", "0", "--device", "cpu", "--project", str(tmp_path), "--no-plots",
+                           "--no-amp-check", flag]) == 0
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     rows = list(csv.DictReader((tmp_path / "exp" / "results.csv").open()))
     assert rows[0]["precision"] == "fp32"
 
