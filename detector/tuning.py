@@ -112,12 +112,13 @@ def autotune_convolutions(device: torch.device, *, input_shapes: int, steps: int
 
 
 @contextmanager
-def heuristics_over_many_shapes(device: torch.device, shapes: int) -> Iterator[None]:
+def heuristics_over_many_shapes(device: torch.device, shapes: int, policy: str = "auto") -> Iterator[None]:
     """cuDNN's heuristics, not its autotuning, for a block that runs more than ``MAX_AUTOTUNED_SHAPES`` input shapes
-    (rectangular validation batches of varied data: each new shape would be timed once, per dtype); elsewhere, and
-    when the run does not autotune, the setting is left as it is. Restored on exit."""
+    (rectangular validation batches of varied data: each new shape would be timed once, per dtype); elsewhere, when
+    the run does not autotune, and when ``--cudnn-benchmark on`` forces it, the setting is left as it is. Restored
+    on exit."""
     before = torch.backends.cudnn.benchmark
-    if device.type == "cuda" and before and shapes > MAX_AUTOTUNED_SHAPES:
+    if device.type == "cuda" and before and shapes > MAX_AUTOTUNED_SHAPES and policy == "auto":
         torch.backends.cudnn.benchmark = False
     try:
         yield

@@ -116,6 +116,8 @@ def test_validation_over_many_shapes_uses_heuristics_and_restores_the_setting(mo
         with heuristics_over_many_shapes(device, shapes):
             assert torch.backends.cudnn.benchmark is inside
         assert torch.backends.cudnn.benchmark is True
+    with heuristics_over_many_shapes(cuda, MAX_AUTOTUNED_SHAPES + 1, "on"):  # forced on: left on
+        assert torch.backends.cudnn.benchmark is True
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # a run that does not autotune: left off
     with heuristics_over_many_shapes(cuda, 1):
         assert torch.backends.cudnn.benchmark is False

@@ -104,7 +104,7 @@ class Validator:
         # COCO size (1.5M detections) its json.dumps costs seconds, every epoch, for a file the next epoch replaces.
         batches = self.batches()
         shapes = 1 if self.canvases is None else len(np.unique(self.canvases, axis=0))
-        with heuristics_over_many_shapes(self.device, shapes):
+        with heuristics_over_many_shapes(self.device, shapes, self.config.cudnn_benchmark):
             return run_validation(self.infer(model, precision), self.split, batches, progress=self.progress,
                                   keep_predictions=keep_predictions, coco_eval=resolve_backend(self.config.coco_eval))
 
