@@ -6,9 +6,11 @@ Inputs and outputs are those of :class:`~detector.exporting.wrapper.ExportWrappe
 ``boxes`` + ``scores`` or, with ``--nms``, ``detections`` + ``num_detections`` out) and the metadata of
 :mod:`detector.model.metadata` is stored in the package (AOTInductor's own ``aot_inductor.metadata``).
 
-* **Batch**: always free (``torch.export.Dim``, 1..:data:`MAX_BATCH`); it costs nothing at run time since
-  the convolutions are library calls either way. Height and width are fixed at ``imgsz`` (``--dynamic`` is
-  refused). The metadata's ``batch`` is ``--batch`` (the graph is traced at 2 or more: 1 would specialise).
+* **Batch**: always free (``torch.export.Dim``, 1..:data:`MAX_BATCH`). On the CPU that costs the prepacked
+  weights: Inductor packs convolution weights into oneDNN's blocked layout for static shapes only, so each call
+  reorders them (2.5 ms of ~90 for the nano model at 640 px; docs/inference.md). Height and width are fixed at
+  ``imgsz`` (``--dynamic`` is refused). The metadata's ``batch`` is ``--batch`` (the graph is traced at 2 or
+  more: 1 would specialise).
 * **Precision**: FP32 on the CPU; ``--half`` is FP16 on CUDA, or BF16 on a CPU with native BF16 (elsewhere
   refused: emulated BF16 is slower than FP32).
 * **Device**: the package runs on the kind of device it was compiled on (``--device``).

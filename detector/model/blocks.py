@@ -78,10 +78,17 @@ class C2f(nn.Module):
         self.m = nn.ModuleList(Bottleneck(self.c, self.c, shortcut) for _ in range(n))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        parts = list(self.cv1(x).chunk(2, 1))
+        y = self.cv1(x)
+        parts = list(y.chunk(2, 1))
         for block in self.m:
             parts.append(block(parts[-1]))
-        return self.cv2(concat(parts, 1))
+        if torch.is_grad_enabled():
+            return self.cv2(concat(parts, 1))
+        # Without gradients (inference, export) the two halves go in as the one tensor they are: the same values,
+        # and Inductor lays a concatenation out channels-last only when one of its inputs is a whole channels-last
+        # buffer. From the two halves (slices) it built the concatenation channels-first and transposed it back
+        # for the next convolution: 6.7 ms of a 97 ms pt2 forward pass (nano, 640 px, 2-core AVX2 CPU).
+        return self.cv2(torch.cat([y, *parts[2:]], 1))
 
 
 class SPPF(nn.Module):

@@ -47,3 +47,17 @@ def test_concat_is_the_plain_op_without_autograd():
     with torch.no_grad():
         out = concat(parts, 1)
     assert out.grad_fn is None and torch.equal(out, torch.cat([p.detach() for p in parts], 1))
+
+
+def test_c2f_gives_the_same_output_with_and_without_gradients():
+    """Without gradients C2f concatenates its first convolution's output whole instead of as two halves (a layout
+    Inductor compiles better); the values are the same ones, bit for bit."""
+    from detector.model.blocks import C2f
+
+    torch.manual_seed(0)
+    block = C2f(16, 32, n=2, shortcut=True).eval()
+    x = torch.randn(2, 16, 12, 12).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        without = block(x)
+    with_grad = block(x.requires_grad_())
+    assert with_grad.requires_grad and torch.equal(without, with_grad.detach())
