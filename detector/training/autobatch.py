@@ -80,9 +80,13 @@ def padded_loss(criterion: DetectionLoss, slots: int) -> StepLoss:
 
 
 def probe_step(model: nn.Module, image_size: int, batch: int, precision: Precision, device: torch.device,
-               loss: StepLoss | None = None) -> None:
-    """One forward pass of ``batch`` random images, ``loss`` (default: the sum of the outputs) and backward."""
-    images = torch.rand(batch, 3, image_size, image_size, device=device)
+               loss: StepLoss | None = None, *, channels_last: bool = False) -> None:
+    """One forward pass of ``batch`` random images, ``loss`` (default: the sum of the outputs) and backward.
+
+    ``channels_last``: the images in the layout the training step gives the model. Given channels-first images, a
+    channels-last model converts them first, and that copy (4.7 MiB per 640 px image) would count in the peak."""
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    images = torch.rand(batch, 3, image_size, image_size, device=device).contiguous(memory_format=layout)
     with precision.autocast():
         outputs = model(images)
     if loss is None:
@@ -93,11 +97,11 @@ def probe_step(model: nn.Module, image_size: int, batch: int, precision: Precisi
 
 
 def measure_peak_memory(model: nn.Module, image_size: int, batch: int, precision: Precision,
-                        device: torch.device, loss: StepLoss | None = None) -> float:
+                        device: torch.device, loss: StepLoss | None = None, *, channels_last: bool = False) -> float:
     """Peak bytes allocated on ``device`` by :func:`probe_step` (CUDA)."""
     torch.cuda.synchronize(device)
     torch.cuda.reset_peak_memory_stats(device)
-    probe_step(model, image_size, batch, precision, device, loss)
+    probe_step(model, image_size, batch, precision, device, loss, channels_last=channels_last)
     peak = torch.cuda.max_memory_allocated(device)
     model.zero_grad(set_to_none=True)
     torch.cuda.empty_cache()
@@ -113,7 +117,8 @@ def _tensors(outputs: object) -> list[torch.Tensor]:
 
 
 def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: torch.device,
-               log: Callable[[str], None], *, fraction: float = FRACTION, loss: StepLoss | None = None) -> int:
+               log: Callable[[str], None], *, fraction: float = FRACTION, loss: StepLoss | None = None,
+               channels_last: bool = False) -> int:
     """The batch for ``--batch -1`` on ``device`` (the module docstring says how); logs one line saying why."""
     if device.type != "cuda":
         log(f"--batch -1: no CUDA device, so the default batch {DEFAULT_BATCH} (it sizes a batch to GPU memory)")
@@ -123,7 +128,8 @@ def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: 
     probe = copy.deepcopy(model).train()  # a copy: random images must not move the run's BatchNorm statistics
     for batch in PROBE_BATCHES:
         try:
-            measurements.append((batch, measure_peak_memory(probe, image_size, batch, precision, device, loss)))
+            measurements.append((batch, measure_peak_memory(probe, image_size, batch, precision, device, loss,
+                                                            channels_last=channels_last)))
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
             break
@@ -142,4 +148,5 @@ def batch_for(config: TrainConfig, model: nn.Module, criterion: DetectionLoss, m
     loss over the box slots of the dataset's fullest image (``most_boxes``)."""
     largest = MultiScale(config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max,
                          enabled=config.multi_scale).ladder()[-1]
-    return auto_batch(model, largest, precision, device, log, loss=padded_loss(criterion, box_slots(most_boxes)))
+    return auto_batch(model, largest, precision, device, log, loss=padded_loss(criterion, box_slots(most_boxes)),
+                      channels_last=config.channels_last)

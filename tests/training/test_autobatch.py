@@ -77,6 +77,28 @@ def test_the_probe_runs_the_training_loss_over_full_box_slots(monkeypatch):
     assert grads and all(torch.isfinite(g).all() for g in grads)
 
 
+def test_the_probe_feeds_images_in_the_training_layout(monkeypatch):
+    """A run's step gives the model channels-last images (``--channels-last``, the default); channels-first ones
+    would make the model copy them first, and the copy would count in the measured peak."""
+    import detector.training.autobatch as autobatch
+    from detector.training.config import TrainConfig
+
+    model = build_model(num_classes=3, scale="n").train().to(memory_format=torch.channels_last)
+    layouts = []
+    model.register_forward_pre_hook(
+        lambda module, args: layouts.append(args[0].is_contiguous(memory_format=torch.channels_last)))
+    for channels_last in (True, False):
+        autobatch.probe_step(model, 64, 2, Precision("fp32", "cpu", "test"), torch.device("cpu"),
+                             channels_last=channels_last)
+    assert layouts == [True, False]
+    passed = []
+    monkeypatch.setattr(autobatch, "auto_batch", lambda *args, **kwargs: passed.append(kwargs["channels_last"]) or 8)
+    for channels_last in (True, False):
+        autobatch.batch_for(TrainConfig(batch=-1, channels_last=channels_last), None, None, 4, None,
+                            torch.device("cpu"), print)
+    assert passed == [True, False]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: measures GPU memory")
 def test_on_cuda_the_loss_is_part_of_the_measured_peak():
     from detector.training.autobatch import measure_peak_memory, padded_loss
