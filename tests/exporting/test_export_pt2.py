@@ -112,6 +112,16 @@ def test_no_layer_output_is_transposed_and_back(package: tuple[Path, str]) -> No
     assert kernels.count("transpose_mxn<") <= 1
 
 
+def test_the_box_decode_softmax_is_vectorised(package: tuple[Path, str]) -> None:
+    """Inductor lays 4-D tensors of a convolutional graph out channels-last; the DFL softmax as a 4-D
+    ``[B, A, 4, reg_max]`` got its anchors innermost and its exponentials computed one float at a time
+    (``std::exp``). In three dimensions every exponential in the package is a vector one."""
+    with zipfile.ZipFile(package[0]) as archive:
+        kernels = "".join(archive.read(name).decode(errors="ignore") for name in archive.namelist()
+                          if name.endswith("kernel.cpp"))
+    assert ".exp()" in kernels and "std::exp(" not in kernels
+
+
 def test_a_package_refuses_another_device(package: tuple[Path, str]) -> None:
     with pytest.raises(ValueError, match="compiled for cpu, asked to run on cuda"):
         Pt2Backend(package[0], device="cuda")
