@@ -51,6 +51,13 @@ def package(model: YOLO, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path
     return checkpoint.with_suffix(".pt2"), done.stdout
 
 
+def generated_source(path: Path, suffix: str) -> str:
+    """The C++ that AOTInductor generated and kept in the package, from its files ending in ``suffix``."""
+    with zipfile.ZipFile(path) as archive:
+        return "".join(archive.read(name).decode(errors="ignore") for name in archive.namelist()
+                       if name.endswith(suffix))
+
+
 def test_the_command_checks_parity_and_writes_the_package(package: tuple[Path, str]) -> None:
     path, output = package
     assert path.is_file() and path.stat().st_size > 0
@@ -94,9 +101,7 @@ def test_the_weights_are_frozen_into_fused_convolutions(package: tuple[Path, str
     """Inductor freezes only a compile run without gradients. Frozen, BatchNorm folds into the convolutions and
     each becomes one oneDNN call with its SiLU fused in; unfrozen (the export before this was checked), the
     package called plain convolutions and ran BatchNorm and SiLU as separate kernels (5-8% slower on an AVX2 CPU)."""
-    with zipfile.ZipFile(package[0]) as archive:
-        source = "".join(archive.read(name).decode(errors="ignore") for name in archive.namelist()
-                         if name.endswith("wrapper.cpp"))
+    source = generated_source(package[0], "wrapper.cpp")
     assert source, "the package holds the generated C++ it was built from"
     assert "mkldnn__convolution_pointwise" in source and "aoti_torch_cpu_convolution(" not in source
 
@@ -105,9 +110,7 @@ def test_no_layer_output_is_transposed_and_back(package: tuple[Path, str]) -> No
     """The convolutions run channels-last. Only the input (channels-first by the package's contract) is transposed;
     a C2f block's concatenation built from its halves used to be laid out channels-first and transposed back for
     the next convolution (6.7 ms of a 97 ms forward pass at 640 px on a 2-core AVX2 CPU)."""
-    with zipfile.ZipFile(package[0]) as archive:
-        kernels = "".join(archive.read(name).decode(errors="ignore") for name in archive.namelist()
-                          if name.endswith("kernel.cpp"))
+    kernels = generated_source(package[0], "kernel.cpp")
     assert kernels, "the package holds the generated C++ kernels"
     assert kernels.count("transpose_mxn<") <= 1
 
@@ -116,9 +119,7 @@ def test_the_box_decode_softmax_is_vectorised(package: tuple[Path, str]) -> None
     """Inductor lays 4-D tensors of a convolutional graph out channels-last; the DFL softmax as a 4-D
     ``[B, A, 4, reg_max]`` got its anchors innermost and its exponentials computed one float at a time
     (``std::exp``). In three dimensions every exponential in the package is a vector one."""
-    with zipfile.ZipFile(package[0]) as archive:
-        kernels = "".join(archive.read(name).decode(errors="ignore") for name in archive.namelist()
-                          if name.endswith("kernel.cpp"))
+    kernels = generated_source(package[0], "kernel.cpp")
     assert ".exp()" in kernels and "std::exp(" not in kernels
 
 
