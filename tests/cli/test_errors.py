@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import pickle
 import warnings
 
@@ -10,7 +11,7 @@ import torch
 
 from detector.checkpoint import CheckpointError
 from detector.cli import download as download_command
-from detector.cli.errors import CommandFailed, run_command
+from detector.cli.errors import CommandFailed, run_command, uncollected_imports
 from detector.data import download as dataset_download
 from detector.data.download import DownloadError
 from detector.data.spec import DatasetError
@@ -82,3 +83,30 @@ def test_every_command_prints_a_warning_as_one_plain_line() -> None:
         text = warnings.formatwarning("bccd.yaml 'val': 3 box(es) slightly outside [0, 1], clipped", UserWarning,
                                       "/site-packages/detector/data/build.py", 39, "scan.problems.warn(...)")
     assert text == "warning: bccd.yaml 'val': 3 box(es) slightly outside [0, 1], clipped\n"
+
+
+class Cycle:
+    """An object in a reference cycle: only the cyclic collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_heavy_imports_run_without_the_collector_and_stay_frozen() -> None:
+    passes: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            passes.append(info["generation"])
+
+    enabled, frozen = gc.isenabled(), gc.get_freeze_count()
+    gc.callbacks.append(count)
+    try:
+        with uncollected_imports():
+            made = [Cycle() for _ in range(20 * gc.get_threshold()[0])]  # 20 times what starts a young pass
+            assert not gc.isenabled()
+        assert passes == []
+        assert gc.isenabled() == enabled  # restored, whatever it was
+        assert gc.get_freeze_count() >= frozen + len(made)  # what lived through the block is frozen
+    finally:
+        gc.callbacks.remove(count)
