@@ -3,9 +3,11 @@
 - oneDNN kernel cache (every command, first thing): multi-scale training cycles its input sizes through ~65
   convolutions x 3 kernels each, over oneDNN's default 1024-entry cache, so every size change rebuilt its
   kernels. With room for all of them a bare multi-scale step ran ~10% faster on a 2-core CPU.
-- Freed memory kept in the heap (training on the CPU): glibc handed large freed blocks back to the kernel, so
-  every step faulted in fresh zeroed pages for the same activations; kept, bare steps ran ~11% faster, peak
-  resident memory ~4% higher. Skipped when you tune malloc yourself, and off glibc.
+- Freed memory kept in the heap (training, validation, prediction and benchmarks on the CPU): glibc handed large
+  freed blocks back to the kernel, so every step faulted in fresh zeroed pages for the same activations; kept,
+  bare steps ran ~11% faster, peak resident memory ~4% higher. Inference pays the same from a batch of a few
+  images at 640 px up, where activations outgrow glibc's largest mmap threshold (32 MiB): eager PyTorch at batch
+  8 faulted in ~400 MB per call (docs/inference.md). Skipped when you tune malloc yourself, and off glibc.
 - cuDNN autotuning (training on CUDA, once the run's input shapes and length are known): its timing is paid
   once per input shape, and on an H100 a new shape cost an epoch of 12-13 s instead of ~1 s (BCCD, 640 px,
   batch 16, five multi-scale shapes: ~45 s of a 283 s run went to it). It is on only where it can pay that
@@ -87,6 +89,16 @@ def tune_for_training(device: torch.device) -> None:
 
     cuDNN autotuning is decided later, by :func:`autotune_convolutions`, once the input shapes are known.
     """
+    enlarge_onednn_cache()
+    if device.type == "cpu":
+        hold_freed_memory()
+
+
+def tune_for_inference(device: torch.device) -> None:
+    """The process-wide settings val, predict and benchmark want on ``device`` (the module docstring says why):
+    the larger oneDNN kernel cache, and on the CPU freed memory kept in the heap. Call it before the first
+    convolution. In a Python session (``detector.val(...)``) the heap setting stays for the rest of the process,
+    as training's does."""
     enlarge_onednn_cache()
     if device.type == "cpu":
         hold_freed_memory()

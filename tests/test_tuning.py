@@ -2,9 +2,14 @@ import os
 import resource
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+from detector import tuning
+from detector.workflows import benchmark, predict, val
+from detector.workflows.options import BenchmarkOptions, PredictOptions, ValOptions
 
 from detector.tuning import (
     MAX_AUTOTUNED_SHAPES,
@@ -14,6 +19,7 @@ from detector.tuning import (
     autotune_convolutions,
     enlarge_onednn_cache,
     on_glibc,
+    tune_for_inference,
     tune_for_training,
 )
 
@@ -81,6 +87,39 @@ def test_held_memory_is_reused_without_new_page_faults():
     assert int(held) < pages // 20
     # Without it, every 64 MiB block is mapped afresh and faulted in page by page: the check above can fail.
     assert int(default) > pages // 2
+
+
+def test_inference_holds_freed_memory_on_the_cpu_only(monkeypatch):
+    held: list[bool] = []
+    monkeypatch.setattr(tuning, "hold_freed_memory", lambda: held.append(True) or True)
+    monkeypatch.setattr(tuning, "enlarge_onednn_cache", lambda: None)  # this process's environment stays as it is
+    tune_for_inference(torch.device("cuda"))  # a device object only: nothing runs on it
+    assert held == []
+    tune_for_inference(torch.device("cpu"))
+    assert held == [True]
+
+
+class Tuned(Exception):
+    """Raised by the stand-in for tune_for_inference: the command got that far and no further."""
+
+
+@pytest.mark.parametrize("module,run,options", [
+    (val, val.run_val, ValOptions(weights=Path("missing.pt"), data=Path("missing.yaml"), device="cpu")),
+    (predict, predict.run_predict, PredictOptions(weights=Path("missing.pt"), source="missing.jpg", device="cpu")),
+    (benchmark, benchmark.run_benchmark, BenchmarkOptions(weights=Path("missing.pt"), device="cpu")),
+], ids=["val", "predict", "benchmark"])
+def test_inference_commands_tune_the_process_before_anything_else(module, run, options, monkeypatch):
+    # Before its first convolution, and here before it even reads its files: they do not exist.
+    seen: list[torch.device] = []
+
+    def tune(device: torch.device) -> None:
+        seen.append(device)
+        raise Tuned
+
+    monkeypatch.setattr(module, "tune_for_inference", tune)
+    with pytest.raises(Tuned):
+        run(options)
+    assert seen == [torch.device("cpu")]
 
 
 def test_cuda_autotunes_only_where_the_timing_can_pay_back(monkeypatch):

@@ -41,7 +41,7 @@ from detector.postprocess import NMSConfig
 from detector.precision import Precision, resolve_precision
 from detector.files import write_text_atomically
 from detector.runs import run_folder
-from detector.tuning import enlarge_onednn_cache
+from detector.tuning import tune_for_inference
 from detector.workflows.options import ValOptions
 
 
@@ -68,9 +68,9 @@ def run_val(options: ValOptions) -> dict[str, float]:
     Raises:
         CheckpointError, DatasetError, ValueError: one line naming the file or flag.
     """
-    enlarge_onednn_cache()  # before the first convolution: see detector/tuning.py
-    spec = load_dataset_spec(options.data, datasets_dir=options.datasets_dir)
     device = resolve_device(options.device)
+    tune_for_inference(device)  # before the first convolution: see detector/tuning.py
+    spec = load_dataset_spec(options.data, datasets_dir=options.datasets_dir)
 
     if options.half and options.fp32:
         raise ValueError("--half and --fp32 contradict each other; pick one")
