@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import sys
 
+import torch
+
 from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
 from detector.defaults import DEFAULT_IMGSZ
@@ -86,8 +88,9 @@ def run_val(options: ValOptions) -> dict[str, float]:
             precision = Precision(half_precision(device), device.type, "--half: weights converted, no autocast")
             info = ModelInfo(names=spec.names, strides=tuple(model.strides), imgsz=image_size, dynamic=True)
             infer = TorchBackend(model, info, device=str(device), precision=precision.name, nms=nms)
-        else:  # BatchNorm folded, as training's validation runs it (detector/inference/fusion.py)
-            infer = make_torch_infer(fuse_conv_bn(model.eval()), precision=precision, nms=nms, device=device)
+        else:  # BatchNorm folded and channels-last, as training's validation runs it (detector/inference/fusion.py)
+            folded = fuse_conv_bn(model.eval()).to(memory_format=torch.channels_last)
+            infer = make_torch_infer(folded, precision=precision, nms=nms, device=device, channels_last=True)
         runtime = f"{device.type} {precision.name.upper()} ({precision.reason})"
     else:
         backend = load_backend(options.weights, device=str(device), nms=nms)
