@@ -8,9 +8,6 @@ import pytest
 import torch
 
 from detector import tuning
-from detector.workflows import benchmark, predict, val
-from detector.workflows.options import BenchmarkOptions, PredictOptions, ValOptions
-
 from detector.tuning import (
     MAX_AUTOTUNED_SHAPES,
     MIN_STEPS_PER_AUTOTUNED_SHAPE,
@@ -22,6 +19,8 @@ from detector.tuning import (
     tune_for_inference,
     tune_for_training,
 )
+from detector.workflows import benchmark, predict, val
+from detector.workflows.options import BenchmarkOptions, PredictOptions, ValOptions
 
 SHOW = """
 import os, sys
