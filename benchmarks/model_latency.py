@@ -2,8 +2,8 @@
 
 Each scale is built with random weights (speed does not depend on them; 80 classes, as COCO) and prepared as
 :class:`~detector.inference.torch_backend.TorchBackend` prepares a checkpoint: BatchNorm folded, channels-last,
-weights converted once. The process is tuned as the inference commands tune it (``tune_for_inference``: on the
-CPU, freed memory kept in the heap). Printed: a markdown row per scale with parameters and the median latency of
+weights converted once. The process is tuned as the inference commands tune it (``tune_process``: on the CPU,
+freed memory kept in the heap). Printed: a markdown row per scale with parameters and the median latency of
 the timed calls, pre- and post-processing excluded (``python -m detector benchmark`` times those, per backend).
 
     python benchmarks/model_latency.py                             # every scale, 640 px, on the CPU
@@ -22,17 +22,16 @@ import torch
 
 from detector.device import resolve_device
 from detector.inference.torch_backend import TorchBackend, half_precision
-from detector.model import build_model
+from detector.model import YOLO, build_model
 from detector.model.metadata import ModelInfo
-from detector.tuning import tune_for_inference
+from detector.tuning import tune_process
 from detector.workflows.benchmark import device_name
 
 SCALES = ("n", "s", "m", "l", "x")
 
 
-def time_scale(scale: str, *, imgsz: int, device: torch.device, precision: str, runs: int, warmup: int) -> float:
-    """Median milliseconds of one batch-1 forward pass with the box decode, on ``device``."""
-    model = build_model(num_classes=80, scale=scale)
+def time_model(model: YOLO, *, imgsz: int, device: torch.device, precision: str, runs: int, warmup: int) -> float:
+    """Median milliseconds of one batch-1 forward pass of ``model``'s prepared copy with the box decode."""
     info = ModelInfo(names=[str(i) for i in range(80)], strides=tuple(model.strides), imgsz=imgsz, dynamic=True)
     backend = TorchBackend(model, info, device=str(device), precision=precision)
     image = torch.randint(0, 256, (1, 3, imgsz, imgsz), dtype=torch.uint8)
@@ -57,14 +56,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     args = parser.parse_args()
     device = resolve_device(args.device)
-    tune_for_inference(device)  # before the first convolution, as the commands do
+    tune_process(device)  # before the first convolution, as the commands do
     precision = half_precision(device) if args.half else "fp32"
-    print(f"{device_name(str(device))}, {torch.get_num_threads()} torch threads, {precision}, {args.imgsz} px, batch 1, "
-          f"median of {args.runs} calls after {args.warmup}")
+    print(f"{device_name(str(device))}, {torch.get_num_threads()} torch threads, {precision}, {args.imgsz} px, "
+          f"batch 1, median of {args.runs} calls after {args.warmup}")
     print("\n| `--model` | parameters | latency ms |\n|---|---:|---:|")
     for scale in args.models:
-        parameters = sum(p.numel() for p in build_model(num_classes=80, scale=scale).parameters()) / 1e6
-        milliseconds = time_scale(scale, imgsz=args.imgsz, device=device, precision=precision, runs=args.runs,
+        model = build_model(num_classes=80, scale=scale)
+        parameters = sum(p.numel() for p in model.parameters()) / 1e6  # before BatchNorm folds into the copy
+        milliseconds = time_model(model, imgsz=args.imgsz, device=device, precision=precision, runs=args.runs,
                                   warmup=args.warmup)
         print(f"| `{scale}` | {parameters:.2f} M | {milliseconds:.1f} |", flush=True)
 

@@ -39,8 +39,8 @@ def enlarge_onednn_cache(capacity: int = ONEDNN_CACHE_CAPACITY) -> None:
     """Ask oneDNN for a larger kernel cache, unless the user already chose a size.
 
     oneDNN reads the variable when it first builds a kernel, so this must run before the first convolution
-    of the process: :func:`tune_for_training` and the other commands call it first thing. Importing
-    ``detector`` changes nothing in the environment.
+    of the process: :func:`tune_process` calls it first thing for training, val, predict and benchmark, and export
+    calls it alone. Importing ``detector`` changes nothing in the environment.
     """
     os.environ.setdefault(ONEDNN_CACHE_ENV, str(capacity))
 
@@ -84,21 +84,14 @@ MAX_AUTOTUNED_SHAPES = 8
 MIN_STEPS_PER_AUTOTUNED_SHAPE = 1500
 
 
-def tune_for_training(device: torch.device) -> None:
-    """The process-wide settings a training run on ``device`` wants (the module docstring says why).
+def tune_process(device: torch.device) -> None:
+    """The process-wide settings a training run, val, predict and benchmark want on ``device`` (the module
+    docstring says why): the larger oneDNN kernel cache, and on the CPU freed memory kept in the heap. Call it
+    before the first convolution. In a Python session (``detector.train(...)``, ``detector.val(...)``) the heap
+    setting stays for the rest of the process.
 
-    cuDNN autotuning is decided later, by :func:`autotune_convolutions`, once the input shapes are known.
+    cuDNN autotuning is decided later, by :func:`autotune_convolutions`, once a run's input shapes are known.
     """
-    enlarge_onednn_cache()
-    if device.type == "cpu":
-        hold_freed_memory()
-
-
-def tune_for_inference(device: torch.device) -> None:
-    """The process-wide settings val, predict and benchmark want on ``device`` (the module docstring says why):
-    the larger oneDNN kernel cache, and on the CPU freed memory kept in the heap. Call it before the first
-    convolution. In a Python session (``detector.val(...)``) the heap setting stays for the rest of the process,
-    as training's does."""
     enlarge_onednn_cache()
     if device.type == "cpu":
         hold_freed_memory()

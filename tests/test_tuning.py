@@ -16,8 +16,7 @@ from detector.tuning import (
     autotune_convolutions,
     enlarge_onednn_cache,
     on_glibc,
-    tune_for_inference,
-    tune_for_training,
+    tune_process,
 )
 from detector.workflows import benchmark, predict, val
 from detector.workflows.options import BenchmarkOptions, PredictOptions, ValOptions
@@ -26,15 +25,15 @@ SHOW = """
 import os, sys
 import torch
 import detector, detector.cli, detector.training.trainer
-from detector.tuning import tune_for_training
+from detector.tuning import tune_process
 print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "unset"))
-tune_for_training(torch.device(sys.argv[1]))
+tune_process(torch.device(sys.argv[1]))
 print(os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "unset"))
 """
 
 
 def _cache_values(environment: dict[str, str], device: str = "cpu") -> list[str]:
-    """The variable after importing detector, then after tune_for_training (in a fresh process)."""
+    """The variable after importing detector, then after tune_process (in a fresh process)."""
     done = subprocess.run([sys.executable, "-c", SHOW, device], env=environment, capture_output=True, text=True,
                           check=True, timeout=120)
     return done.stdout.split()
@@ -47,7 +46,7 @@ def test_importing_detector_leaves_the_environment_alone_and_a_run_enlarges_the_
 
 def test_a_users_own_cache_size_is_kept(monkeypatch):
     # In this process: what is checked is the value left for oneDNN, not when oneDNN reads it (the test above).
-    # enlarge_onednn_cache is the part of tune_for_training that sets it; the rest (malloc) would stay changed.
+    # enlarge_onednn_cache is the part of tune_process that sets it; the rest (malloc) would stay changed.
     monkeypatch.setenv(ONEDNN_CACHE_ENV, "77")
     enlarge_onednn_cache()
     assert os.environ[ONEDNN_CACHE_ENV] == "77"
@@ -88,18 +87,18 @@ def test_held_memory_is_reused_without_new_page_faults():
     assert int(default) > pages // 2
 
 
-def test_inference_holds_freed_memory_on_the_cpu_only(monkeypatch):
+def test_the_process_holds_freed_memory_on_the_cpu_only(monkeypatch):
     held: list[bool] = []
     monkeypatch.setattr(tuning, "hold_freed_memory", lambda: held.append(True) or True)
     monkeypatch.setattr(tuning, "enlarge_onednn_cache", lambda: None)  # this process's environment stays as it is
-    tune_for_inference(torch.device("cuda"))  # a device object only: nothing runs on it
+    tune_process(torch.device("cuda"))  # a device object only: nothing runs on it
     assert held == []
-    tune_for_inference(torch.device("cpu"))
+    tune_process(torch.device("cpu"))
     assert held == [True]
 
 
 class Tuned(Exception):
-    """Raised by the stand-in for tune_for_inference: the command got that far and no further."""
+    """Raised by the stand-in for tune_process: the command got that far and no further."""
 
 
 @pytest.mark.parametrize("module,run,options", [
@@ -115,7 +114,7 @@ def test_inference_commands_tune_the_process_before_anything_else(module, run, o
         seen.append(device)
         raise Tuned
 
-    monkeypatch.setattr(module, "tune_for_inference", tune)
+    monkeypatch.setattr(module, "tune_process", tune)
     with pytest.raises(Tuned):
         run(options)
     assert seen == [torch.device("cpu")]
@@ -125,7 +124,7 @@ def test_cuda_autotunes_only_where_the_timing_can_pay_back(monkeypatch):
     # Setting the flag needs no GPU; monkeypatch restores it for the other tests.
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     cuda = torch.device("cuda")
-    tune_for_training(cuda)
+    tune_process(cuda)
     assert torch.backends.cudnn.benchmark is False  # decided once the shapes are known
     enough = MIN_STEPS_PER_AUTOTUNED_SHAPE * MAX_AUTOTUNED_SHAPES
     assert autotune_convolutions(cuda, input_shapes=MAX_AUTOTUNED_SHAPES, steps=enough)

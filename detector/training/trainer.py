@@ -51,7 +51,7 @@ from detector.training.probe import ProbeResult, plan_from_probe, size_factor, t
 from detector.training.results import results_row
 from detector.training.time_account import TimeAccount, process_age
 from detector.training.validator import Validator
-from detector.tuning import autotune_convolutions, tune_for_training
+from detector.tuning import autotune_convolutions, tune_process
 
 # At most this fraction of a --time budget goes to timing training steps before the first one (at least two
 # steps are timed): on a 2-core CPU a 640 px step takes seconds, and a 3-minute budget should keep most of them.
@@ -70,7 +70,7 @@ class Trainer:
         self.config = config.with_defaults().validate()
         self.progress = progress
         self.dist, self.device = init_distributed(self.config.device)
-        tune_for_training(self.device)  # before the data cache and the workers' fork: see detector/tuning.py
+        tune_process(self.device)  # before the data cache and the workers' fork: see detector/tuning.py
         if self.config.workers < 0:
             self.config.workers = default_workers(self.device.type, processes_per_node=self.dist.local_world_size)
         checkpoint = None

@@ -32,7 +32,7 @@ from detector.inference.tensorrt_backend import tensorrt_missing
 from detector.inference.torch_backend import TorchBackend, half_precision
 from detector.model import YOLO
 from detector.model.metadata import ModelInfo
-from detector.tuning import tune_for_inference
+from detector.tuning import tune_process
 from detector.workflows.options import BenchmarkOptions, skipped
 
 STAGES = ("pre-process", "inference", "post-process")
@@ -209,7 +209,7 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
         CheckpointError, FileNotFoundError, ValueError, Unavailable: one line naming the file or flag.
     """
     resolved = resolve_device(options.device)
-    tune_for_inference(resolved)  # before the first convolution: see detector/tuning.py
+    tune_process(resolved)  # before the first convolution: see detector/tuning.py
     device = str(resolved)
     weights = weights_or_latest(options.weights)
     rows, notes = [], []

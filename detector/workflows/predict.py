@@ -39,7 +39,7 @@ from detector.inference.sources import READ_AHEAD, Frame, open_source, read_ahea
 from detector.inference.torch_backend import half_precision
 from detector.postprocess import NMSConfig
 from detector.runs import claim_run_dir
-from detector.tuning import tune_for_inference
+from detector.tuning import tune_process
 from detector.workflows.options import PredictOptions
 
 PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207), (10, 249, 72),
@@ -242,7 +242,7 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         FileNotFoundError, ValueError, Unavailable, CheckpointError: one line naming the file or flag.
     """
     device = resolve_device(options.device)
-    tune_for_inference(device)  # before the first convolution: see detector/tuning.py
+    tune_process(device)  # before the first convolution: see detector/tuning.py
     frames = first_frame_checked(read_frames(options.source if source is None else source, options.batch))
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
     if backend is None:

@@ -43,7 +43,7 @@ from detector.postprocess import NMSConfig
 from detector.precision import Precision, resolve_precision
 from detector.files import write_text_atomically
 from detector.runs import run_folder
-from detector.tuning import tune_for_inference
+from detector.tuning import tune_process
 from detector.workflows.options import ValOptions
 
 
@@ -71,7 +71,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
         CheckpointError, DatasetError, ValueError: one line naming the file or flag.
     """
     device = resolve_device(options.device)
-    tune_for_inference(device)  # before the first convolution: see detector/tuning.py
+    tune_process(device)  # before the first convolution: see detector/tuning.py
     spec = load_dataset_spec(options.data, datasets_dir=options.datasets_dir)
 
     if options.half and options.fp32:
