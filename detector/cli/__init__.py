@@ -16,8 +16,10 @@ Exit codes, the same for every command:
 
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib
+import os
 import sys
 from typing import NoReturn
 
@@ -54,16 +56,55 @@ def main(argv: list[str] | None = None) -> int:
     return int(module.main(argv[1:]) or 0)
 
 
-def exit_with(code: int) -> NoReturn:
-    """End the process with ``code`` without the garbage collection Python runs over every live object at exit.
+_exit_code: int | None = None  # set by exit_with: the code _end_without_teardown ends the process with
 
-    After torch, sympy and matplotlib are imported there are ~420k of them, more after a run: that pass took
-    1.4-1.9 s after a training run's last line on a 2-core EPYC, 0.4-0.6 s once they are frozen (``gc.freeze``:
-    the operating system frees them). atexit handlers still run (loader workers are stopped), and every file we
-    write is closed before this: checkpoints and exports atomically, TensorBoard's events by the trainer.
+
+def exit_with(code: int) -> NoReturn:
+    """End the process with ``code``, after every atexit handler but without the interpreter's teardown.
+
+    The teardown (module dictionaries cleared, a last garbage collection, extension modules finalised) does
+    nothing a command needs: every file we write is closed before this (checkpoints and exports atomically,
+    TensorBoard's events by the trainer), and what the libraries registered with atexit still runs (loader
+    workers are stopped, temporary folders removed). It cost time and, on some installs, noise:
+
+    * after a training run there are ~420k live objects (torch, sympy, matplotlib); collecting them took
+      1.4-1.9 s after the last line on a 2-core EPYC. Frozen (``gc.freeze``) the teardown still took 0.4-0.9 s,
+      skipped 0.2 s (``docs/training.md``, "Where the time goes");
+    * with torch 2.15, whose triton (3.9) is built with nanobind, that frozen teardown printed ~30 lines of
+      ``nanobind: leaked 4 instances!`` on stderr at the end of every command.
+
+    :func:`_end_without_teardown` does it, as the last atexit handler; ``gc.freeze`` keeps the collector off the
+    live objects while the handlers before it run. Only for the entry points (``train.py``, ``export.py``,
+    ``python -m detector``, the ``detector`` script): a program that catches the ``SystemExit`` and goes on
+    would still end with ``code`` when it exits.
     """
+    global _exit_code
+    _exit_code = code
     gc.freeze()
     sys.exit(code)
+
+
+def _end_without_teardown() -> None:
+    """The last atexit handler: it is registered when this module is first imported, which every entry point
+    does before anything else (before torch, multiprocessing or tempfile register theirs), and atexit runs the
+    handlers in reverse order. Python's buffered output is flushed, and the C library's (a library's printf,
+    such as ``ONEDNN_VERBOSE``'s, to a pipe), which ``os._exit`` would otherwise drop."""
+    if _exit_code is None:  # not ended through exit_with (tests, a program importing the package): as usual
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
+            pass
+    if os.name == "posix":
+        import ctypes
+
+        ctypes.CDLL(None).fflush(None)
+    os._exit(_exit_code)
+
+
+atexit.register(_end_without_teardown)
 
 
 def run() -> NoReturn:
