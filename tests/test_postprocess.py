@@ -100,6 +100,36 @@ def test_one_call_for_the_batch_equals_one_call_per_image(multi_label, limit, ma
         assert max(counts) == max_candidates  # the top-k cut the images above it
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_group_far_down_the_batch_keeps_what_its_own_nms_keeps(seed):
+    """Both paths put many groups (image x class) into one torchvision call, which shifts each group's boxes by
+    group x (largest coordinate + 1): for the last image's last class at 32 images x 80 classes, by ~1.8e6 px,
+    where FP32 coordinates are 0.125 px apart. Small boxes (4-24 px) and jittered copies of them put many pairs
+    near the IoU threshold; the reference is NMS over that group's own boxes. In FP32 the batched path kept or
+    dropped 3-8 of ~710 boxes differently for each of these seeds, and the per-image one 1 for seed 1. Under 1,000
+    boxes, so torchvision shifts on the CPU too, as it does on CUDA up to 25,000."""
+    from torchvision.ops import nms
+
+    from detector.postprocess import batched_non_max_suppression
+
+    generator = torch.Generator().manual_seed(seed)
+    batch, classes, half = 32, 80, 480
+    corners = torch.rand(half, 2, generator=generator) * 600
+    originals = torch.cat((corners, corners + 4 + torch.rand(half, 2, generator=generator) * 20), 1)
+    boxes = torch.cat((originals, originals + torch.randn(half, 4, generator=generator) * 1.5))
+    boxes[:, 2:] = torch.maximum(boxes[:, 2:], boxes[:, :2] + 1)
+    boxes[0] = torch.tensor([0.0, 0.0, 700.0, 700.0])  # the largest coordinate, which sets the shift
+    scores = torch.rand(2 * half, generator=generator) * 0.7 + 0.3
+    decoded = torch.zeros(batch, 2 * half, 4 + classes)
+    decoded[-1, :, :4], decoded[-1, :, -1] = boxes, scores
+    config = NMSConfig(conf_threshold=0.3, iou_threshold=0.7, max_detections=1000)
+    expected = boxes[nms(boxes.double(), scores.double(), config.iou_threshold)]
+    assert len(expected) < len(boxes) - 200  # NMS had pairs to decide
+    for path in (non_max_suppression, batched_non_max_suppression):
+        kept = path(decoded, config)[-1]["boxes"]
+        assert torch.equal(kept, expected), path.__name__
+
+
 @pytest.mark.parametrize("multi_label", [False, True])
 def test_the_cuda_path_reads_the_host_as_often_for_2_images_as_for_16(multi_label):
     """Each host read waits for the GPU: the batched path's count must not grow with the batch (it was ~4 per
