@@ -6,6 +6,7 @@ slower than FP32). A graph launches the whole forward as one unit. GPU-only: not
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -26,6 +27,8 @@ class CudaGraphRunner:
 
     The output is a fresh tensor (a clone of the graph's static output), so results of earlier calls stay
     valid. Each distinct ``(shape, dtype, strides)`` is captured once and kept, in one memory pool per device.
+    If a capture fails, the runner says so in one warning and runs ``function`` eagerly from then on
+    (:attr:`failed` holds the error).
     """
 
     def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -34,6 +37,7 @@ class CudaGraphRunner:
         # One memory pool per device for all of its graphs: they never run at once, and every replay's output is
         # cloned before the next, so a new shape costs its own activations only once, not a pool of its own.
         self.pools: dict[torch.device, tuple] = {}
+        self.failed: str | None = None  # the capture's error, once one failed: every call runs eagerly
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
         if inputs.device.type != "cuda":
@@ -43,13 +47,17 @@ class CudaGraphRunner:
         # torch.cuda.graph captures on a stream of the current device: on cuda:1 with cuda:0 current it would
         # record nothing of this input's work, and every replay would return the first call's output.
         with torch.cuda.device(inputs.device):
+            if captured is None and self.failed is None:
+                captured = self.capture(inputs)
             if captured is None:
-                captured = self.graphs[key] = self.capture(inputs)
+                return self.function(inputs)
+            self.graphs[key] = captured
             captured.static_input.copy_(inputs)
             captured.graph.replay()
             return captured.static_output.clone()
 
-    def capture(self, inputs: torch.Tensor) -> CapturedGraph:
+    def capture(self, inputs: torch.Tensor) -> CapturedGraph | None:
+        """The graph of ``function`` for inputs like ``inputs``, or None when capturing fails (:attr:`failed`)."""
         static_input = inputs.clone()
         side = torch.cuda.Stream(inputs.device)  # warm-up on a side stream, as torch.cuda.graphs asks
         side.wait_stream(torch.cuda.current_stream(inputs.device))
@@ -57,10 +65,22 @@ class CudaGraphRunner:
             for _ in range(WARMUP_CALLS):
                 self.function(static_input)
         torch.cuda.current_stream(inputs.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        # On the side stream made for this device: torch.cuda.graph's default capture stream is one for the whole
-        # process, made on whichever device was current at the first capture, so a second GPU would record nothing.
-        with torch.cuda.graph(graph, pool=self.pools.get(inputs.device), stream=side):
-            static_output = self.function(static_input)
+        graph, main = torch.cuda.CUDAGraph(), torch.cuda.current_stream(inputs.device)
+        try:
+            # On the side stream made for this device: torch.cuda.graph's default capture stream is one for the
+            # whole process, made on whichever device was current at the first capture, so a second GPU would record
+            # nothing. thread_local: `val`'s loader pins batches on a thread of its own, whose CUDA calls (pinned
+            # allocations) would otherwise invalidate a capture running beside them (training's graphs do the same).
+            with torch.cuda.graph(graph, pool=self.pools.get(inputs.device), stream=side,
+                                  capture_error_mode="thread_local"):
+                static_output = self.function(static_input)
+        except Exception as error:  # an uncapturable operation, any error type: the eager forward still works
+            # torch.cuda.graph's exit ends the capture before restoring the stream: when ending raises, this thread
+            # would stay on the side stream.
+            torch.cuda.set_stream(main)
+            lines = str(error).strip().splitlines()
+            self.failed = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+            warnings.warn(f"cuda graphs: capture failed ({self.failed}); inference runs eagerly", stacklevel=3)
+            return None
         self.pools.setdefault(inputs.device, graph.pool())
         return CapturedGraph(graph, static_input, static_output)

@@ -92,7 +92,12 @@ class TorchBackend(Backend):
         if self.device.type == "cuda":
             self.forward = CudaGraphRunner(self.decode)  # a graph per input shape: square inputs keep them few
         self.shapes_are_free = self.device.type != "cuda"
-        self.name = f"pytorch {precision}" + (" cuda graph" if self.device.type == "cuda" else "")
+
+    @property
+    def name(self) -> str:  # type: ignore[override]  # what ran: a failed capture leaves the forward eager
+        if not isinstance(self.forward, CudaGraphRunner):
+            return f"pytorch {self.precision.name}"
+        return f"pytorch {self.precision.name} " + ("cuda graph" if self.forward.failed is None else "eager")
 
     def decode(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 ``[B, 3, S, S]`` on the device -> ``[B, A, 4 + C]`` FP32 decoded boxes and scores.

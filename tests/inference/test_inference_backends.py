@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -129,6 +130,23 @@ def test_fp16_cuda_graph_backend_matches_fp32(model: YOLO, checkpoint: Path) -> 
     assert_same_detections(expected, first, nms=NMS, tolerance=tolerance)
     for got, want in zip(again, first):
         assert all(torch.equal(got[key], want[key]) for key in ("boxes", "scores", "labels"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")
+def test_a_failed_capture_says_so_once_and_runs_eagerly() -> None:
+    """A forward that reads the device from the host cannot be captured: the runner warns once, with the error,
+    and returns the eager result from then on, for this shape and every later one."""
+    from detector.inference.cuda_graph import CudaGraphRunner
+
+    runner = CudaGraphRunner(lambda x: x * 2 if x.sum().item() > 0 else x)  # .item(): a host read
+    inputs = torch.arange(1.0, 7.0, device="cuda").reshape(2, 3)
+    with pytest.warns(UserWarning, match="cuda graphs: capture failed"):
+        assert torch.equal(runner(inputs), inputs * 2)
+    assert runner.failed is not None and not runner.graphs
+    assert torch.cuda.current_stream() == torch.cuda.default_stream()  # not left on the capture's side stream
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once: no second warning, no second capture
+        assert torch.equal(runner(inputs[:1]), inputs[:1] * 2)
 
 
 def test_letterbox_is_undone() -> None:
