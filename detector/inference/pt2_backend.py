@@ -52,5 +52,10 @@ class Pt2Backend(Backend):
     @torch.inference_mode()
     def infer(self, images: torch.Tensor) -> RawOutputs:
         self.check_input(images)
-        outputs = self.runner(model_input(images, self.device, channels_last=False))
-        return tuple(outputs)
+        inputs = model_input(images, self.device, channels_last=False)
+        if self.device.type != "cuda":
+            return tuple(self.runner(inputs))
+        # AOTInductor's CUDA runner launches on the current stream of the *current* device: on cuda:1 with cuda:0
+        # current that is another GPU's stream, unordered with this input's upload (as TensorRT's backend does).
+        with torch.cuda.device(self.device):
+            return tuple(self.runner(inputs))
