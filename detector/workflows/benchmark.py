@@ -189,15 +189,18 @@ def markdown_table(rows: list[tuple[str, dict[str, float]]], notes: list[str], *
         # Its stages too: at a big batch the model's share can be small, and a precision speeds up only that share.
         columns += f" batch-{throughput_batch} images/s | batch-{throughput_batch} pre / inference / post ms |"
         rule += "---:|---:|"
-    lines = [columns, rule]
-    for name, times in rows:
-        cells = [f"{times[stage]:.2f}" for stage in STAGES] + [f"{sum(times[stage] for stage in STAGES):.2f}"]
-        if throughput_batch:
-            cells.append(f"{times['throughput']:.1f}" if "throughput" in times else "-")
-            big = [times.get(f"batch {stage}") for stage in STAGES]
-            cells.append(" / ".join(f"{value:.3f}" for value in big) if None not in big else "-")
-        lines.append(f"| {name} | {' | '.join(cells)} |")
+    lines = [columns, rule] + [markdown_row(name, times, throughput_batch) for name, times in rows]
     return "\n".join(lines + [f"\n{note}" for note in notes])
+
+
+def markdown_row(name: str, times: dict[str, float], throughput_batch: int = 0) -> str:
+    """One backend's line of :func:`markdown_table`."""
+    cells = [f"{times[stage]:.2f}" for stage in STAGES] + [f"{sum(times[stage] for stage in STAGES):.2f}"]
+    if throughput_batch:
+        cells.append(f"{times['throughput']:.1f}" if "throughput" in times else "-")
+        big = [times.get(f"batch {stage}") for stage in STAGES]
+        cells.append(" / ".join(f"{value:.3f}" for value in big) if None not in big else "-")
+    return f"| {name} | {' | '.join(cells)} |"
 
 
 def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = print) -> str:
@@ -227,10 +230,14 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
                 continue
             try:
                 rows.append(time_candidate(candidate, options, device, progress))
-            except (RuntimeError, ValueError, OSError) as error:  # one backend failing keeps the others' rows
+            # One backend failing keeps the others' rows, whatever it raises: onnxruntime's own errors (Fail,
+            # EPFail) are plain Exceptions, and a TensorRT release without an API we call raises AttributeError.
+            except Exception as error:  # noqa: BLE001 - reported in the table's notes, with its type
                 reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
                 notes.append(f"{candidate.name}: failed ({type(error).__name__}: {reason})")
                 progress(notes[-1])
+            else:  # each row as soon as it is measured: a run stopped by a time limit keeps the rows before it
+                progress(markdown_row(*rows[-1], options.throughput_batch))
     threads = torch.get_num_threads()
     header = (f"{weights} on {device} ({device_name(device)}, {threads} torch threads): ms per image at batch "
               f"{options.batch}, median of {options.runs} runs")
@@ -254,11 +261,11 @@ def time_candidate(
         backend = candidate.build(batch)
         size = options.imgsz if backend.info.dynamic and options.imgsz else backend.info.imgsz
         progress(f"timing {backend.name} at {size} px, batch {batch} ...")
-        ran_on = getattr(backend, "device", None)
-        name = backend.name + (" on cpu" if device.startswith("cuda") and ran_on is not None
-                               and torch.device(ran_on).type == "cpu" else "")
         measured = time_backend(backend, sample_images(batch), size=size, runs=runs, warmup=options.warmup,
                                 device=device)
+        ran_on = getattr(backend, "device", None)  # after the runs: the name says what ran (a failed CUDA graph)
+        name = backend.name + (" on cpu" if device.startswith("cuda") and ran_on is not None
+                               and torch.device(ran_on).type == "cpu" else "")
         if throughput:
             times["throughput"] = 1000 / sum(measured.values())
             times.update({f"batch {stage}": value for stage, value in measured.items()})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from detector.workflows.benchmark import device_name, markdown_table, sample_images
@@ -37,26 +38,36 @@ def test_the_device_has_a_name() -> None:
         assert device_name("cuda") == torch.cuda.get_device_name(0)
 
 
-def test_a_backend_that_fails_leaves_a_note_and_the_other_rows(monkeypatch, checkpoint) -> None:
-    """A pt2 compile or an engine build that fails on the machine's tools no longer throws away the rows already
-    timed: the table keeps them and says which backend failed and why, in one line."""
+class Fail(Exception):
+    """As onnxruntime's own errors (onnxruntime.capi.onnxruntime_pybind11_state.Fail): a plain Exception."""
+
+
+@pytest.mark.parametrize("error", ["export", "onnxruntime"])
+def test_a_backend_that_fails_leaves_a_note_and_the_other_rows(monkeypatch, checkpoint, error) -> None:
+    """A pt2 compile, an engine build or an ONNX Runtime session that fails on the machine's tools no longer throws
+    away the rows already timed: the table keeps them and says which backend failed and why, in one line; each
+    row was printed as soon as it was measured (a run cut short by a time limit keeps them)."""
     import detector.workflows.benchmark as benchmark
     from detector.exporting import ExportError
     from detector.workflows.options import BenchmarkOptions
 
     real = benchmark.backends_for_checkpoint
+    raised = (ExportError("best.pt2: the pt2 compile failed: cuda.h: No such file or directory") if error == "export"
+              else Fail("[ONNXRuntimeError] : 1 : FAIL : CUDA failure 100: no CUDA-capable device is detected"))
 
     def with_a_broken_one(*args, **kwargs):
         for candidate in real(*args, **kwargs):
             yield candidate
             if isinstance(candidate, benchmark.Candidate) and candidate.name.startswith("pytorch"):
                 def build(batch: int):
-                    raise ExportError("best.pt2: the pt2 compile failed: cuda.h: No such file or directory")
+                    raise raised
                 yield benchmark.Candidate("pt2 fp16", build)
 
     monkeypatch.setattr(benchmark, "backends_for_checkpoint", with_a_broken_one)
+    printed: list[str] = []
     table = benchmark.run_benchmark(BenchmarkOptions(weights=str(checkpoint), imgsz=64, runs=1, warmup=0,
                                                      throughput_batch=0, skip="onnx,pt2,engine", device="cpu"),
-                                    progress=lambda line: None)
-    assert "| pytorch fp32 |" in table
-    assert "pt2 fp16: failed (ExportError: best.pt2: the pt2 compile failed: cuda.h: No such file or directory)" in table
+                                    progress=printed.append)
+    row = next(line for line in table.splitlines() if line.startswith("| pytorch fp32 |"))
+    assert row in printed and printed.index(row) < len(printed) - 1  # printed before the failing backend's note
+    assert f"pt2 fp16: failed ({type(raised).__name__}: {str(raised)})" in table
