@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -96,9 +97,11 @@ class OnnxBackend(Backend):
             raise ValueError(f"{path}: not a loadable ONNX model ({_reason(error)})") from None
         info = decode_metadata(self.session.get_modelmeta().custom_metadata_map, source=str(path))
         super().__init__(info, nms)
-        self.provider, self.gpu = self.session.get_providers()[0], gpu
-        self.device = torch.device(device if self.provider != CPU_PROVIDER else "cpu")
-        print(f"onnxruntime: {Path(path).name} runs on {self.provider}", file=sys.stderr)
+        self.provider = self.session.get_providers()[0]
+        self.gpu = session_gpu(self.session, self.provider, gpu)
+        self.device = torch.device("cuda", self.gpu) if self.provider != CPU_PROVIDER else torch.device("cpu")
+        where = f" (GPU {self.gpu})" if self.provider != CPU_PROVIDER else ""
+        print(f"onnxruntime: {Path(path).name} runs on {self.provider}{where}", file=sys.stderr)
         label = "" if self.provider == CPU_PROVIDER else f" {self.provider.removesuffix('ExecutionProvider')}"
         self.name = f"onnxruntime {info.precision}{label}" + (" +nms" if info.nms else "")
 
@@ -126,6 +129,14 @@ class OnnxBackend(Backend):
         if self.info.dynamic:
             return tuple(run(images))
         return run_in_fixed_batches(run, images, self.info.batch)
+
+
+def session_gpu(session: Any, provider: str, asked: int) -> int:
+    """The GPU ``session`` runs ``provider`` on. Asked for ``asked``, but a GPU session that fails to start (its
+    TensorRT provider, say) is made again by onnxruntime on CUDA and the CPU without our provider options: on GPU 0,
+    where the tensors bound to it must be too."""
+    device_id = session.get_provider_options().get(provider, {}).get("device_id")
+    return asked if device_id is None else int(device_id)
 
 
 def _reason(error: BaseException) -> str:

@@ -41,6 +41,27 @@ def test_cpu_device_or_cpu_build_runs_on_the_cpu() -> None:
     assert choose_providers(CPU_BUILD, "cuda") == ["CPUExecutionProvider"]
 
 
+class StartedSession:
+    """What ``get_provider_options`` of a started onnxruntime session returns (its values are strings)."""
+
+    def __init__(self, options: dict[str, dict[str, str]]) -> None:
+        self.options = options
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        return self.options
+
+
+def test_bound_tensors_go_to_the_gpu_the_session_really_runs_on() -> None:
+    """Asked for GPU 1, a session whose TensorRT provider failed to start is made again by onnxruntime on CUDA
+    without our options, on GPU 0: the backend binds there, not on the GPU it asked for."""
+    from detector.inference.onnx_backend import session_gpu
+
+    assert session_gpu(StartedSession({"CUDAExecutionProvider": {"device_id": "1"}}), "CUDAExecutionProvider", 1) == 1
+    fell_back = StartedSession({"CUDAExecutionProvider": {"device_id": "0"}, "CPUExecutionProvider": {}})
+    assert session_gpu(fell_back, "CUDAExecutionProvider", 1) == 0
+    assert session_gpu(StartedSession({"CPUExecutionProvider": {}}), "CPUExecutionProvider", 0) == 0
+
+
 def test_bound_output_shapes_are_the_graph_outputs(onnx_fp32: Path) -> None:
     from detector.inference import load_backend
 
