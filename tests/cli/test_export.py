@@ -34,8 +34,20 @@ def test_help_shows_every_default() -> None:
 def test_newest_checkpoint_is_exported_at_fp16(
     run_checkpoint: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import detector.workflows.export as workflow
+    from detector.precision import fp32_settings_kept
+
     monkeypatch.chdir(run_checkpoint.parents[4])  # the folder holding runs/
-    assert main(["--half", "--device", "cpu"]) == 0
+    # The parity check's reference is true FP32 on a GPU too (cuDNN's default, TF32, has 10 mantissa bits), and the
+    # session's TF32 settings are put back after it (the flags exist and are set the same way without a GPU).
+    seen, check_parity = [], workflow.check_parity
+    monkeypatch.setattr(workflow, "check_parity", lambda *args, **kwargs: seen.append(
+        (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32)) or check_parity(*args, **kwargs))
+    with fp32_settings_kept():  # this session's own settings back after the test
+        torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+        assert main(["--half", "--device", "cpu"]) == 0
+        assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    assert seen == [(False, False)]
     out = capsys.readouterr().out
     assert "using the newest checkpoint runs/train/exp/weights/best.pt" in out
     assert "parity onnxruntime fp16 vs pytorch fp32" in out and "max box diff" in out
