@@ -1,7 +1,7 @@
 """ONNX file -> TensorRT engine, with the export metadata in a JSON header.
 
 UNVERIFIED: TensorRT cannot be installed on the machines this code was written on, so nothing below
-has been run; it follows the documented TensorRT 8.6/10 Python API. Where ``tensorrt`` or a CUDA GPU
+has been run; it follows the documented TensorRT 8.6, 10 and 11 Python API. Where ``tensorrt`` or a CUDA GPU
 is missing, :func:`~detector.inference.tensorrt_backend.tensorrt_missing` says so and the CLI stops before
 writing anything. The engine file format (a metadata header, then the engine) is read and written by
 :mod:`detector.inference.tensorrt_backend`, beside the backend that loads it.
@@ -22,7 +22,7 @@ def build_engine(
     onnx_path: str | Path, engine_path: str | Path, info: ModelInfo, *, workspace_gib: float = DEFAULT_WORKSPACE_GIB,
     device: str = "cuda",
 ) -> Path:
-    """Parse ``onnx_path`` and build a serialized engine (FP16 kernels allowed when ``info.precision == 'fp16'``).
+    """Parse ``onnx_path`` (the ONNX export at ``info.precision``) and build a serialized engine in its precisions.
 
     Dynamic exports get one optimisation profile: batch 1..``info.batch`` and sides ``stride``..``imgsz``
     (optimised for ``batch x imgsz``). Raises :class:`~detector.exporting.ExportError` with the parser's messages
@@ -39,19 +39,34 @@ def build_engine(
         return _build(trt, onnx_path, engine_path, info, workspace_gib)
 
 
+def network_flags(trt: Any) -> tuple[int, bool]:
+    """``create_network``'s flags, and whether the network is strongly typed (each layer runs in the precision of
+    the ONNX graph's own tensors).
+
+    Strongly typed from TensorRT 10 on: an FP16 engine is built from the FP16 ONNX export (FP16 convolutions, the
+    box decode and any NMS in FP32, as its parity check measured), not from the FP32 graph under
+    ``BuilderFlag.FP16``, which let TensorRT pick FP16 for any layer (box areas of ~4e5 overflow FP16's 65,504) and
+    which TensorRT 11 removed along with weak typing (there the flag is accepted and ignored). TensorRT 8.x has no
+    strong typing: explicit batch, and ``BuilderFlag.FP16`` for an FP16 engine.
+    """
+    creation = trt.NetworkDefinitionCreationFlag
+    if (strong := getattr(creation, "STRONGLY_TYPED", None)) is not None:
+        return 1 << int(strong), True
+    return 1 << int(creation.EXPLICIT_BATCH), False
+
+
 def _build(trt: Any, onnx_path: str | Path, engine_path: str | Path, info: ModelInfo, workspace_gib: float) -> Path:
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
-    # TensorRT 10 networks are always explicit-batch and the flag is deprecated; 8.x needs it set.
-    explicit = getattr(trt.NetworkDefinitionCreationFlag, "EXPLICIT_BATCH", None)
-    network = builder.create_network(0 if explicit is None else 1 << int(explicit))
+    flags, strongly_typed = network_flags(trt)
+    network = builder.create_network(flags)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):
         errors = "; ".join(str(parser.get_error(index)) for index in range(parser.num_errors))
         raise ExportError(f"{onnx_path}: TensorRT could not parse the ONNX graph: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_gib * (1 << 30)))
-    if info.precision == "fp16":
+    if info.precision == "fp16" and not strongly_typed:  # 8.x: the FP16 graph's types are hints; allow its kernels
         config.set_flag(trt.BuilderFlag.FP16)
     if info.dynamic:
         profile = builder.create_optimization_profile()

@@ -63,7 +63,7 @@ def read_engine_file(path: str | Path) -> tuple[ModelInfo, bytes]:
 
 
 class TensorRTBackend(Backend):
-    """Deserialises the engine once; each call binds torch CUDA buffers and runs on the current stream."""
+    """Deserialises the engine once; each call binds torch CUDA buffers and runs on the backend's own stream."""
 
     def __init__(self, path: str | Path, *, device: str = "cuda", nms: NMSConfig | None = None) -> None:
         info, engine_bytes = read_engine_file(path)  # first: a broken file is named as such on any machine
@@ -81,6 +81,9 @@ class TensorRTBackend(Backend):
             if self.engine is None:
                 raise ValueError(f"{path}: TensorRT could not load the engine (built by another TensorRT version?)")
             self.context = self.engine.create_execution_context()
+            # A stream of its own: on torch's default (legacy) stream TensorRT adds synchronisations to enqueueV3
+            # and warns about it.
+            self.stream = torch.cuda.Stream(self.device)
         self.dtypes = {
             trt.float32: torch.float32, trt.float16: torch.float16, trt.int32: torch.int32, trt.bool: torch.bool,
         }
@@ -94,17 +97,19 @@ class TensorRTBackend(Backend):
 
     def _run(self, images: torch.Tensor) -> list[torch.Tensor]:
         inputs = model_input(images, self.device, channels_last=False)  # dense NCHW: TensorRT reads raw memory
-        self.context.set_input_shape(INPUT_NAME, tuple(inputs.shape))
+        if not self.context.set_input_shape(INPUT_NAME, tuple(inputs.shape)):  # outside the engine's profile
+            raise ValueError(f"TensorRT engine: input {list(inputs.shape)} is outside the shapes it was built for "
+                             f"(batch up to {self.info.batch}, sides up to {self.info.imgsz})")
         self.context.set_tensor_address(INPUT_NAME, inputs.data_ptr())
         outputs = []
         for name in self.info.outputs:
             dtype = self.dtypes[self.engine.get_tensor_dtype(name)]
             outputs.append(torch.empty(tuple(self.context.get_tensor_shape(name)), dtype=dtype, device=self.device))
             self.context.set_tensor_address(name, outputs[-1].data_ptr())
-        stream = torch.cuda.current_stream(self.device)
-        if not self.context.execute_async_v3(stream.cuda_stream):
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the input's upload and the outputs' memory
+        if not self.context.execute_async_v3(self.stream.cuda_stream):
             raise RuntimeError("TensorRT execution failed")
-        stream.synchronize()
+        self.stream.synchronize()  # before the caller (or the allocator) touches the outputs or the input
         return outputs
 
     def infer(self, images: torch.Tensor) -> RawOutputs:

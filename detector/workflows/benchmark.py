@@ -138,7 +138,7 @@ def backends_for_checkpoint(
     for precision in ("fp32", "fp16"):
         def build(batch: int, precision: str = precision) -> Backend:
             info = dataclasses.replace(static, precision=precision, batch=batch)
-            source = export_onnx(model, folder / f"trt-{batch}.onnx", dataclasses.replace(info, precision="fp32"))
+            source = export_onnx(model, folder / f"trt-{precision}-{batch}.onnx", info)  # its types: the engine's
             engine = build_engine(source, folder / f"{precision}-{batch}.engine", info, device=device)
             return load_backend(engine, device=device)
 

@@ -63,12 +63,8 @@ def stage_exports(
     if "onnx" in formats:
         staged["onnx"] = export_onnx(model, staging / f"{stem}.onnx", info, **onnx_options)
     if "engine" in formats:
-        # TensorRT gets the FP32 graph and picks FP16 kernels itself under BuilderFlag.FP16.
-        if "onnx" in staged and info.precision == "fp32":
-            source = staged["onnx"]
-        else:
-            fp32_info = dataclasses.replace(info, precision="fp32")
-            source = export_onnx(model, staging / "engine-source.onnx", fp32_info, **onnx_options)
+        # The ONNX export at the engine's precision: TensorRT keeps its types (detector/exporting/tensorrt.py).
+        source = staged.get("onnx") or export_onnx(model, staging / "engine-source.onnx", info, **onnx_options)
         staged["engine"] = build_engine(source, staging / f"{stem}.engine", info, workspace_gib=options.workspace,
                                        device=device)
     if "pt2" in formats:
