@@ -37,7 +37,8 @@ for stage in $STAGES; do
     echo "cuda graph tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -8
     timeout "$(limit 80)" python3 -m pytest -n 4 -p no:cacheprovider $per_test -rfE tests/test_device.py \
       tests/data/test_device_augment.py tests/data/test_batch_augment.py tests/inference/test_preprocess.py \
-      tests/training/test_autobatch.py tests/test_loss.py tests/test_postprocess.py > "$OUT/tests_device.log" 2>&1
+      tests/training/test_autobatch.py tests/test_loss.py tests/test_postprocess.py \
+      tests/inference/test_inference_backends.py tests/inference/test_onnx_providers.py > "$OUT/tests_device.log" 2>&1
     echo "device tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_device.log" | tail -8
     timeout "$(limit 20)" python3 benchmarks/pageable_copy.py --device cuda 2>&1 | tail -5 ;;  # do small copies wait?
   speed)
