@@ -22,6 +22,22 @@ class CapturedGraph:
     static_output: torch.Tensor  # overwritten by every replay: clone before the next one
 
 
+def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:
+    """Tell torch's caching allocator that a capture into ``pool`` is over, after the capture failed.
+
+    Older torch releases check ``cudaStreamEndCapture``'s error before telling the allocator that the capture
+    ended (pytorch's CUDAGraph.cpp now ends it first), so after a capture that failed there the allocator thinks one
+    is still underway for the rest of the process: it frees no cached memory (``empty_cache``, the retry before an
+    out-of-memory error) and stops recycling blocks used on other streams, which the eager fallback then pays for.
+    Where torch has ended it already, ending it again is refused, and that refusal is ignored.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    try:
+        torch._C._cuda_endAllocateToPool(index, pool)
+    except RuntimeError:  # "not currently recording to mempool_id": torch ended it itself
+        pass
+
+
 class CudaGraphRunner:
     """``runner(x) -> function(x)``, for a ``function`` of one CUDA tensor returning one tensor.
 
@@ -36,7 +52,7 @@ class CudaGraphRunner:
         self.graphs: dict[tuple, CapturedGraph] = {}
         # One memory pool per device for all of its graphs: they never run at once, and every replay's output is
         # cloned before the next, so a new shape costs its own activations only once, not a pool of its own.
-        self.pools: dict[torch.device, tuple] = {}
+        self.pools: dict[torch.device, tuple[int, int]] = {}
         self.failed: str | None = None  # the capture's error, once one failed: every call runs eagerly
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -66,21 +82,22 @@ class CudaGraphRunner:
                 self.function(static_input)
         torch.cuda.current_stream(inputs.device).wait_stream(side)
         graph, main = torch.cuda.CUDAGraph(), torch.cuda.current_stream(inputs.device)
+        pool = self.pools.setdefault(inputs.device, torch.cuda.graph_pool_handle())
         try:
             # On the side stream made for this device: torch.cuda.graph's default capture stream is one for the
             # whole process, made on whichever device was current at the first capture, so a second GPU would record
             # nothing. thread_local: `val`'s loader pins batches on a thread of its own, whose CUDA calls (pinned
             # allocations) would otherwise invalidate a capture running beside them (training's graphs do the same).
-            with torch.cuda.graph(graph, pool=self.pools.get(inputs.device), stream=side,
-                                  capture_error_mode="thread_local"):
+            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
                 static_output = self.function(static_input)
         except Exception as error:  # an uncapturable operation, any error type: the eager forward still works
             # torch.cuda.graph's exit ends the capture before restoring the stream: when ending raises, this thread
             # would stay on the side stream.
             torch.cuda.set_stream(main)
+            end_failed_capture(inputs.device, pool)
+            self.graphs.clear()  # their static buffers are freed with them
             lines = str(error).strip().splitlines()
             self.failed = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
             warnings.warn(f"cuda graphs: capture failed ({self.failed}); inference runs eagerly", stacklevel=3)
             return None
-        self.pools.setdefault(inputs.device, graph.pool())
         return CapturedGraph(graph, static_input, static_output)

@@ -44,6 +44,7 @@ from pathlib import Path
 import torch
 
 from detector.choices import CUDA_GRAPHS as CHOICES
+from detector.inference.cuda_graph import end_failed_capture
 from detector.loss import PaddedTargets
 from detector.training.ema import ModelEMA
 
@@ -223,9 +224,13 @@ class StepGraphs:
                     group["capturable"] = capturable
 
     def _give_up(self, error: BaseException) -> None:
-        """After a failed capture nothing of the step ran; only host-side bookkeeping is left to reset."""
+        """After a failed capture nothing of the step ran: the allocator is told the capture ended, and the host-side
+        bookkeeping is reset."""
         self.failed = capture_failure(error)
         self.log(f"cuda graphs: capture failed ({self.failed}); training on without graphs")
+        end_failed_capture(self.side.device, self.pool)
+        self.graphs.clear()  # never replayed again: their static buffers and their share of the pool go with them
+        self.batches.clear()
         for name in ("found_inf", "grad_scale"):
             if hasattr(self.optimizer, name):
                 delattr(self.optimizer, name)

@@ -331,7 +331,7 @@ def train_one_epoch(
         stepping = step - last_step >= accumulate or index == steps - 1
         # Captured steps start after warm-up: momentum and accumulation, which a graph bakes in, are fixed then.
         captured = None
-        if graphs is not None and step >= schedule.warmup_steps:
+        if graphs is not None and graphs.failed is None and step >= schedule.warmup_steps:
             captured = graphed_step(graphs, images, targets, with_optimizer=stepping,
                                     earlier_finite=nonfinite_losses == losses_before_step)
         if captured is None:

@@ -144,6 +144,13 @@ def test_a_failed_capture_says_so_once_and_runs_eagerly() -> None:
         assert torch.equal(runner(inputs), inputs * 2)
     assert runner.failed is not None and not runner.graphs
     assert torch.cuda.current_stream() == torch.cuda.default_stream()  # not left on the capture's side stream
+    # The allocator knows the capture is over (torch releases that ended it only after checking the error kept it
+    # "underway" and freed no cached memory): a freed block goes back to the GPU again.
+    before = torch.cuda.memory_reserved()
+    block = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
+    del block
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() <= before
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once: no second warning, no second capture
         assert torch.equal(runner(inputs[:1]), inputs[:1] * 2)
