@@ -11,8 +11,9 @@ What the graph holds, and what makes it replayable (the engine's body is in dete
   tests/test_loss.py), and whether the step ends with the optimizer (gradient accumulation). Every graph
   draws from one memory pool (``graph_pool_handle``): only one runs at a time, and what each hands back
   stays referenced, so a later capture reuses only memory that no graph still reads.
-- **Static inputs.** Each key owns its input buffers (:class:`StaticBatch`); a step copies its batch into
-  them and replays. Values that change every step live in device tensors that the host fills before the
+- **Static inputs.** A step copies its batch into its key's input buffers (:class:`StaticBatch`) and replays.
+  Keys of one input shape share its image buffer, and keys of one box count the targets' (:class:`StaticInputs`):
+  each is filled right before its own replay, on the same stream. Values that change every step live in device tensors that the host fills before the
   replay (a fill is a kernel launch, not a wait): the learning rate of each parameter group (fused SGD and
   AdamW read a tensor ``lr``) and the EMA weight (:class:`DeviceEMA`).
 - **Baked values.** Momentum (AdamW's beta1) and the accumulation count are recorded as constants; both
@@ -76,17 +77,44 @@ class StaticBatch:
     targets: PaddedTargets
     earlier_finite: torch.Tensor
 
-    @classmethod
-    def like(cls, images: torch.Tensor, targets: PaddedTargets) -> StaticBatch:
-        device = images.device  # empty_like keeps the memory format: a channels-last input stays one
-        return cls(torch.empty_like(images), PaddedTargets(*(torch.empty_like(t, device=device) for t in targets)),
-                   torch.ones((), dtype=torch.bool, device=device))
-
     def fill(self, images: torch.Tensor, targets: PaddedTargets, earlier_finite: torch.Tensor) -> None:
         self.images.copy_(images)
         for static, given in zip(self.targets, targets):
             static.copy_(given, non_blocking=True)
         self.earlier_finite.copy_(earlier_finite)
+
+
+class StaticInputs:
+    """The graphs' input buffers, shared wherever keys allow: one image buffer per input shape (and layout, dtype),
+    one set of target buffers per padded shape, one ``earlier_finite``.
+
+    Keys that differ only in box slots or in ending with the optimizer have the same images: at batch 64 and
+    704 px an FP32 image buffer is 380 MB, and a run meets a dozen such keys or more. Sharing is safe because
+    every step fills the buffers of its own key right before its replay (or eager run), on the same stream.
+    """
+
+    def __init__(self) -> None:
+        self.images: dict[tuple, torch.Tensor] = {}
+        self.targets: dict[tuple, PaddedTargets] = {}
+        self.earlier_finite: torch.Tensor | None = None
+
+    def for_batch(self, images: torch.Tensor, targets: PaddedTargets) -> StaticBatch:
+        """Buffers shaped like ``images`` and ``targets`` (empty_like keeps the memory format: channels-last stays)."""
+        image_key = (tuple(images.shape), images.stride(), images.dtype, images.device)
+        static_images = self.images.setdefault(image_key, torch.empty_like(images))
+        target_key = tuple((tuple(t.shape), t.dtype) for t in targets)
+        static_targets = self.targets.get(target_key)
+        if static_targets is None:
+            static_targets = self.targets[target_key] = PaddedTargets(
+                *(torch.empty_like(t, device=images.device) for t in targets))
+        if self.earlier_finite is None:
+            self.earlier_finite = torch.ones((), dtype=torch.bool, device=images.device)
+        return StaticBatch(static_images, static_targets, self.earlier_finite)
+
+    def clear(self) -> None:
+        self.images.clear()
+        self.targets.clear()
+        self.earlier_finite = None
 
 
 class DeviceEMA:
@@ -148,6 +176,7 @@ class StepGraphs:
         self.learning_rates = [torch.zeros(1, device=device) for _ in optimizer.param_groups]
         self.pool = torch.cuda.graph_pool_handle()
         self.side = torch.cuda.Stream(device)
+        self.inputs = StaticInputs()
         self.batches: dict[GraphKey, StaticBatch] = {}
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
         self.runs: Counter[GraphKey] = Counter()
@@ -159,7 +188,7 @@ class StepGraphs:
         if self.failed is not None:
             return None
         if key not in self.batches:
-            self.batches[key] = StaticBatch.like(images, targets)
+            self.batches[key] = self.inputs.for_batch(images, targets)
         batch = self.batches[key]
         batch.fill(images, targets, earlier_finite)
         for learning_rate, group in zip(self.learning_rates, self.optimizer.param_groups):
@@ -231,6 +260,7 @@ class StepGraphs:
         end_failed_capture(self.side.device, self.pool)
         self.graphs.clear()  # never replayed again: their static buffers and their share of the pool go with them
         self.batches.clear()
+        self.inputs.clear()
         for name in ("found_inf", "grad_scale"):
             if hasattr(self.optimizer, name):
                 delattr(self.optimizer, name)

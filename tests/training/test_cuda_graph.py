@@ -14,7 +14,8 @@ from detector.data.letterbox import ImageMeta
 from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
 from detector.model import build_model
 from detector.precision import Precision
-from detector.training.cuda_graph import DeviceEMA, StaticBatch, graphs_unavailable, skip_on_device
+from detector.training.cuda_graph import (DeviceEMA, StaticBatch, StaticInputs, graphs_unavailable,
+                                          skip_on_device)
 from detector.training.ema import ModelEMA
 from detector.training.engine import TrainStep, graphed_body, optimizer_step, train_one_epoch
 from detector.training.multiscale import MultiScale
@@ -257,3 +258,21 @@ def test_a_failed_capture_names_the_first_error_and_its_line():
     assert "size of tensor" in first and "previous error" not in first, line
     assert re.fullmatch(r".*, at detector/boxes\.py:\d+", line), line
     assert capture_failure(ValueError("plain\nsecond line")) == "plain"  # no context, no frame of ours
+
+
+def test_keys_of_one_input_shape_share_its_image_buffer_and_keys_of_one_box_count_the_targets() -> None:
+    """A graph key is (input shape, box slots, with the optimizer): at batch 64 and 704 px each image buffer is
+    380 MB of FP32, so keys that differ only in their slots or their optimizer step share it."""
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.2, 0.2], [1, 2, 0.3, 0.3, 0.1, 0.1]])
+    inputs = StaticInputs()
+    images = torch.zeros(2, 3, 64, 64).contiguous(memory_format=torch.channels_last)
+    sixteen = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=16))
+    again = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=16))
+    more_slots = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=32))
+    larger = inputs.for_batch(torch.zeros(2, 3, 96, 96), targets_to_padded(targets, 2, (96, 96), slots=16))
+    assert sixteen.images.data_ptr() == more_slots.images.data_ptr() != larger.images.data_ptr()
+    assert sixteen.images.is_contiguous(memory_format=torch.channels_last)  # the layout of the batch it is for
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(sixteen.targets, again.targets))
+    assert sixteen.targets.mask.shape[1] == 16 and more_slots.targets.mask.shape[1] == 32
+    assert sixteen.earlier_finite is larger.earlier_finite
+    assert len(inputs.images) == 2 and len(inputs.targets) == 2
