@@ -7,8 +7,10 @@ batch; the intercept is the weights, gradients and workspaces), and take the bat
 targets padded to the box slots of the dataset's fullest image: the assigner's ``[batch, slots, anchors]``
 tensors grow with the batch as the activations do (about 9 MB per image at 640 px and 16 slots, 150 MB at 256
 slots), so a dataset with many boxes per image gets a smaller batch. The rest of the fraction's complement is
-for what the probe does not hold: the optimizer's moments, the EMA copy, a mosaic fuller than any one image,
-CUDA graphs' memory pool, validation, and other processes on the card.
+for what the probe does not hold: the optimizer's moments, the EMA copy, a mosaic fuller than any one image and
+validation. The memory is what this process can have: the driver's free memory (other processes on the card
+left out) plus what torch holds already. Where the run will replay CUDA graphs, the activations count twice: the
+graphs' memory pool keeps one step's for as long as they live, and each new graph key first runs eagerly beside it.
 
 On a CPU there is nothing to fit (memory is the machine's, and speed, not memory, limits the batch): the run keeps
 the default batch and says so in one line. The CUDA path is unreachable without CUDA.
@@ -37,14 +39,16 @@ MAX_BATCH = 1024
 ALLOCATOR_ROUNDING = 512  # bytes
 
 
-def fit_batch(measurements: Sequence[tuple[int, float]], budget_bytes: float, *, default: int = DEFAULT_BATCH) -> int:
-    """The largest batch whose peak memory, on the least-squares line through ``measurements``, is within
-    ``budget_bytes``.
+def fit_batch(measurements: Sequence[tuple[int, float]], budget_bytes: float, *, default: int = DEFAULT_BATCH,
+              activation_copies: int = 1) -> int:
+    """The largest batch whose peak memory, on the least-squares line through ``measurements`` with its slope (the
+    activations) counted ``activation_copies`` times, is within ``budget_bytes``.
 
     Args:
         measurements: ``(batch, peak bytes)`` pairs, at least two distinct batches.
         budget_bytes: the memory the step may use.
         default: returned when the line cannot be trusted (fewer than two batches, no measurable growth).
+        activation_copies: 2 where CUDA graphs hold one step's activations beside an eager step's.
 
     Returns at least 1 and at most ``MAX_BATCH``; 1 when even the intercept exceeds the budget (the caller warns).
     """
@@ -56,7 +60,7 @@ def fit_batch(measurements: Sequence[tuple[int, float]], budget_bytes: float, *,
     # CUDA's caching allocator rounds every block up to 512 bytes: a slope below that is no measured growth.
     if not math.isfinite(slope) or slope < ALLOCATOR_ROUNDING:
         return default
-    return int(min(max(math.floor((budget_bytes - intercept) / slope), 1), MAX_BATCH))
+    return int(min(max(math.floor((budget_bytes - intercept) / (activation_copies * slope)), 1), MAX_BATCH))
 
 
 # The loss of a batch's head outputs: (outputs, batch size, square image size) -> a scalar to backpropagate.
@@ -118,12 +122,12 @@ def _tensors(outputs: object) -> list[torch.Tensor]:
 
 def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: torch.device,
                log: Callable[[str], None], *, fraction: float = FRACTION, loss: StepLoss | None = None,
-               channels_last: bool = False) -> int:
-    """The batch for ``--batch -1`` on ``device`` (the module docstring says how); logs one line saying why."""
+               channels_last: bool = False, cuda_graphs: bool = False) -> int:
+    """The batch for ``--batch -1`` on ``device`` (the module docstring says how); logs one line saying why.
+    ``cuda_graphs``: the run will replay CUDA graphs, so the activations count twice."""
     if device.type != "cuda":
         log(f"--batch -1: no CUDA device, so the default batch {DEFAULT_BATCH} (it sizes a batch to GPU memory)")
         return DEFAULT_BATCH
-    total = torch.cuda.get_device_properties(device).total_memory
     measurements = []
     probe = copy.deepcopy(model).train()  # a copy: random images must not move the run's BatchNorm statistics
     for batch in PROBE_BATCHES:
@@ -135,18 +139,27 @@ def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: 
             break
     del probe
     torch.cuda.empty_cache()
-    chosen = fit_batch(measurements, fraction * total)
+    free, total = torch.cuda.mem_get_info(device)
+    available = min(total, free + torch.cuda.memory_reserved(device))  # other processes' memory left out
+    copies = 2 if cuda_graphs else 1
+    chosen = fit_batch(measurements, fraction * available, activation_copies=copies)
     peaks = ", ".join(f"{batch}: {peak / 2**30:.2f}" for batch, peak in measurements)
-    log(f"--batch -1: batch {chosen} fits {fraction:.0%} of {total / 2**30:.1f} GiB on {device} "
-        f"(peak GiB per batch measured: {peaks}; a straight line fitted through them)")
+    graphs = "; activations counted twice for CUDA graphs' pool" if cuda_graphs else ""
+    log(f"--batch -1: batch {chosen} fits {fraction:.0%} of the {available / 2**30:.1f} GiB this process can have "
+        f"of {total / 2**30:.1f} on {device} (peak GiB per batch measured: {peaks}; a straight line fitted through "
+        f"them{graphs})")
     return chosen
 
 
 def batch_for(config: TrainConfig, model: nn.Module, criterion: DetectionLoss, most_boxes: int,
-              precision: Precision, device: torch.device, log: Callable[[str], None]) -> int:
+              precision: Precision, device: torch.device, log: Callable[[str], None], *, world_size: int = 1) -> int:
     """:func:`auto_batch` for a run's config, at its largest training input (multi-scale's top size), with the
-    loss over the box slots of the dataset's fullest image (``most_boxes``)."""
+    loss over the box slots of the dataset's fullest image (``most_boxes``), counting CUDA graphs' pool where the
+    run (``world_size`` processes) will replay them."""
+    from detector.training.cuda_graph import graphs_unavailable
+
     largest = MultiScale(config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max,
                          enabled=config.multi_scale).ladder()[-1]
     return auto_batch(model, largest, precision, device, log, loss=padded_loss(criterion, box_slots(most_boxes)),
-                      channels_last=config.channels_last)
+                      channels_last=config.channels_last,
+                      cuda_graphs=graphs_unavailable(config.cuda_graphs, device, world_size=world_size) is None)

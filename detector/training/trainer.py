@@ -92,7 +92,7 @@ class Trainer:
         if config.batch == AUTO_BATCH:  # rank 0 measures, every rank follows
             most_boxes = int(self.train_data.records.box_counts().max(initial=0))
             config.batch = decide_on_main(lambda: batch_for(config, model, build_criterion(config, model), most_boxes,
-                                                            precision, self.device, self.log), self.dist)
+                precision, self.device, self.log, world_size=self.dist.world_size), self.dist)
         self.sampler, self.train_loader = build_train_loader(self.train_data, config, self.dist, self.device)
         saved_choice = (checkpoint or {}).get("optimizer_choice")  # what auto chose, for its saved state
         choice, schedule = build_optimization(

@@ -120,3 +120,20 @@ def test_batch_minus_one_is_a_valid_flag_and_other_negatives_are_not():
     assert TrainConfig(batch=-1).with_defaults().validate().batch == -1
     with pytest.raises(ValueError, match=r"--batch must be at least 1, or -1 for auto \(got -2\)"):
         TrainConfig(batch=-2).with_defaults().validate()
+
+
+def test_where_cuda_graphs_will_run_the_activations_count_twice(monkeypatch):
+    """The graphs' pool keeps one step's activations while each new key's first steps run eagerly beside it."""
+    import detector.training.autobatch as autobatch
+    from detector.training.config import TrainConfig
+
+    line = [(1, 1.0e9), (2, 1.5e9), (4, 2.5e9), (8, 4.5e9), (16, 8.5e9)]  # 0.5 GB + 0.5 GB per image
+    assert fit_batch(line, 20.6e9) == 40 and fit_batch(line, 20.6e9, activation_copies=2) == 20
+    graphs = []
+    monkeypatch.setattr(autobatch, "auto_batch", lambda *args, **kwargs: graphs.append(kwargs["cuda_graphs"]) or 8)
+    cuda = torch.device("cuda")  # only named: auto_batch is replaced, nothing runs on it
+    for choice, world_size in (("auto", 1), ("off", 1), ("auto", 2)):
+        autobatch.batch_for(TrainConfig(batch=-1, cuda_graphs=choice), None, None, 4, None, cuda, print,
+                            world_size=world_size)
+    autobatch.batch_for(TrainConfig(batch=-1), None, None, 4, None, torch.device("cpu"), print)
+    assert graphs == [True, False, False, False]  # not with --cuda-graphs off, under torchrun, or on the CPU
