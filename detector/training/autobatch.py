@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -120,11 +121,19 @@ def _tensors(outputs: object) -> list[torch.Tensor]:
     return [tensor for item in outputs for tensor in _tensors(item)]  # type: ignore[union-attr]
 
 
+@dataclass(frozen=True)
+class RunStep:
+    """What the run's step is like, for the probe: its loss (default: the sum of the outputs), the layout of its
+    batches, and whether it will replay CUDA graphs (their pool holds a second copy of the activations)."""
+
+    loss: StepLoss | None = None
+    channels_last: bool = False
+    cuda_graphs: bool = False
+
+
 def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: torch.device,
-               log: Callable[[str], None], *, fraction: float = FRACTION, loss: StepLoss | None = None,
-               channels_last: bool = False, cuda_graphs: bool = False) -> int:
-    """The batch for ``--batch -1`` on ``device`` (the module docstring says how); logs one line saying why.
-    ``cuda_graphs``: the run will replay CUDA graphs, so the activations count twice."""
+               log: Callable[[str], None], *, fraction: float = FRACTION, step: RunStep = RunStep()) -> int:
+    """The batch for ``--batch -1`` on ``device`` (the module docstring says how); logs one line saying why."""
     if device.type != "cuda":
         log(f"--batch -1: no CUDA device, so the default batch {DEFAULT_BATCH} (it sizes a batch to GPU memory)")
         return DEFAULT_BATCH
@@ -132,8 +141,8 @@ def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: 
     probe = copy.deepcopy(model).train()  # a copy: random images must not move the run's BatchNorm statistics
     for batch in PROBE_BATCHES:
         try:
-            measurements.append((batch, measure_peak_memory(probe, image_size, batch, precision, device, loss,
-                                                            channels_last=channels_last)))
+            measurements.append((batch, measure_peak_memory(probe, image_size, batch, precision, device, step.loss,
+                                                            channels_last=step.channels_last)))
         except torch.cuda.OutOfMemoryError:
             torch.cuda.empty_cache()
             break
@@ -141,10 +150,10 @@ def auto_batch(model: nn.Module, image_size: int, precision: Precision, device: 
     torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(device)
     available = min(total, free + torch.cuda.memory_reserved(device))  # other processes' memory left out
-    copies = 2 if cuda_graphs else 1
+    copies = 2 if step.cuda_graphs else 1
     chosen = fit_batch(measurements, fraction * available, activation_copies=copies)
     peaks = ", ".join(f"{batch}: {peak / 2**30:.2f}" for batch, peak in measurements)
-    graphs = "; activations counted twice for CUDA graphs' pool" if cuda_graphs else ""
+    graphs = "; activations counted twice for CUDA graphs' pool" if step.cuda_graphs else ""
     log(f"--batch -1: batch {chosen} fits {fraction:.0%} of the {available / 2**30:.1f} GiB this process can have "
         f"of {total / 2**30:.1f} on {device} (peak GiB per batch measured: {peaks}; a straight line fitted through "
         f"them{graphs})")
@@ -160,6 +169,6 @@ def batch_for(config: TrainConfig, model: nn.Module, criterion: DetectionLoss, m
 
     largest = MultiScale(config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max,
                          enabled=config.multi_scale).ladder()[-1]
-    return auto_batch(model, largest, precision, device, log, loss=padded_loss(criterion, box_slots(most_boxes)),
-                      channels_last=config.channels_last,
-                      cuda_graphs=graphs_unavailable(config.cuda_graphs, device, world_size=world_size) is None)
+    step = RunStep(padded_loss(criterion, box_slots(most_boxes)), config.channels_last,
+                   cuda_graphs=graphs_unavailable(config.cuda_graphs, device, world_size=world_size) is None)
+    return auto_batch(model, largest, precision, device, log, step=step)

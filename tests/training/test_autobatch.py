@@ -92,7 +92,7 @@ def test_the_probe_feeds_images_in_the_training_layout(monkeypatch):
                              channels_last=channels_last)
     assert layouts == [True, False]
     passed = []
-    monkeypatch.setattr(autobatch, "auto_batch", lambda *args, **kwargs: passed.append(kwargs["channels_last"]) or 8)
+    monkeypatch.setattr(autobatch, "auto_batch", lambda *args, **kwargs: passed.append(kwargs["step"].channels_last) or 8)
     for channels_last in (True, False):
         autobatch.batch_for(TrainConfig(batch=-1, channels_last=channels_last), None, None, 4, None,
                             torch.device("cpu"), print)
@@ -130,7 +130,7 @@ def test_where_cuda_graphs_will_run_the_activations_count_twice(monkeypatch):
     line = [(1, 1.0e9), (2, 1.5e9), (4, 2.5e9), (8, 4.5e9), (16, 8.5e9)]  # 0.5 GB + 0.5 GB per image
     assert fit_batch(line, 20.6e9) == 40 and fit_batch(line, 20.6e9, activation_copies=2) == 20
     graphs = []
-    monkeypatch.setattr(autobatch, "auto_batch", lambda *args, **kwargs: graphs.append(kwargs["cuda_graphs"]) or 8)
+    monkeypatch.setattr(autobatch, "auto_batch", lambda *args, **kwargs: graphs.append(kwargs["step"].cuda_graphs) or 8)
     cuda = torch.device("cuda")  # only named: auto_batch is replaced, nothing runs on it
     for choice, world_size in (("auto", 1), ("off", 1), ("auto", 2)):
         autobatch.batch_for(TrainConfig(batch=-1, cuda_graphs=choice), None, None, 4, None, cuda, print,
