@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
