@@ -197,7 +197,7 @@ class StepGraphs:
             graph, outputs = self.graphs[key]
             graph.replay()
             return outputs
-        with self._tensor_learning_rates():
+        with tensor_learning_rates(self.optimizer, self.learning_rates):
             if self.runs[key] < WARMUP_RUNS or len(self.graphs) >= MAX_GRAPHS:
                 self.runs[key] += 1
                 return self._eager(batch, key)
@@ -231,27 +231,6 @@ class StepGraphs:
             tensor.record_stream(main)
         return outputs
 
-    @contextlib.contextmanager
-    def _tensor_learning_rates(self) -> Iterator[None]:
-        """The optimizer reads the device learning rates (and may be captured) while the body runs; its param
-        groups hold plain floats again afterwards, so checkpoints and the schedule see what they always did."""
-        groups = self.optimizer.param_groups
-        saved = [(group["lr"], group.get("capturable")) for group in groups]
-        for group, learning_rate in zip(groups, self.learning_rates):
-            group["lr"] = learning_rate
-            if "capturable" in group:  # AdamW refuses capture unless its groups say capturable
-                group["capturable"] = True
-        try:
-            with warnings.catch_warnings():
-                # The eager runs before a capture are meant: torch's advice to drop capturable=True is not for us.
-                warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
-                yield
-        finally:
-            for group, (learning_rate, capturable) in zip(groups, saved):
-                group["lr"] = learning_rate
-                if capturable is not None:
-                    group["capturable"] = capturable
-
     def _give_up(self, error: BaseException) -> None:
         """After a failed capture nothing of the step ran: the allocator is told the capture ended, and the host-side
         bookkeeping is reset."""
@@ -266,6 +245,29 @@ class StepGraphs:
                 delattr(self.optimizer, name)
         # GradScaler's per-optimizer stage (unscaled / stepped) is host state the failed capture may have moved.
         self.scaler._per_optimizer_states.clear()
+
+
+@contextlib.contextmanager
+def tensor_learning_rates(optimizer: torch.optim.Optimizer, learning_rates: list[torch.Tensor]) -> Iterator[None]:
+    """The optimizer reads ``learning_rates`` (device tensors, one per param group) while the block runs, and may be
+    captured; its param groups hold plain floats again afterwards, so checkpoints and the schedule see what they
+    always did."""
+    groups = optimizer.param_groups
+    saved = [(group["lr"], group.get("capturable")) for group in groups]
+    for group, learning_rate in zip(groups, learning_rates):
+        group["lr"] = learning_rate
+        if "capturable" in group:  # AdamW refuses capture unless its groups say capturable
+            group["capturable"] = True
+    try:
+        with warnings.catch_warnings():
+            # The eager runs before a capture are meant: torch's advice to drop capturable=True is not for us.
+            warnings.filterwarnings("ignore", message="This instance was constructed with capturable=True")
+            yield
+    finally:
+        for group, (learning_rate, capturable) in zip(groups, saved):
+            group["lr"] = learning_rate
+            if capturable is not None:
+                group["capturable"] = capturable
 
 
 def capture_failure(error: BaseException) -> str:

@@ -172,11 +172,17 @@ def test_host_reads_sees_a_mask_index_an_item_a_tensor_from_data_and_a_copy():
     assert not {"cpu", "tolist", "numpy"} & set(torch.Tensor.__dict__)  # the patches are undone
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
-def test_the_graph_body_reads_nothing_on_the_host(optimizer):
+def test_the_graph_body_reads_nothing_on_the_host(optimizer, precision):
     """The whole recorded step (forward, the loss's dense CUDA form, backward, optimizer, EMA) on the CPU, under
-    HostReads: any operator that a capture would reject fails here first, with its name."""
-    step = _train_step("cpu", optimizer=optimizer)
+    HostReads: any operator that a capture would reject fails here first, with its name. As the graphs run it:
+    learning rates in tensors (and AdamW capturable), and in FP16 a real GradScaler handing its inf check to the
+    fused optimizer (CPU autocast does FP16 too, and torch's CPU GradScaler is the CUDA one's code)."""
+    from detector.training.cuda_graph import tensor_learning_rates
+
+    step = _train_step("cpu", optimizer=optimizer, precision=precision)
+    assert step.scaler.is_enabled() == (precision == "fp16")
     step.criterion.dense = True  # the form CUDA runs; the CPU's own indexes the foreground
     images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     _, targets, _ = _batches(3)[2]
@@ -184,12 +190,15 @@ def test_the_graph_body_reads_nothing_on_the_host(optimizer):
     ema = DeviceEMA(step.ema, step.model)
     body = graphed_body(step, [p for p in step.model.parameters() if p.requires_grad], ema)
     batch = StaticBatch(images, padded, torch.tensor(True))
-    body(batch, True)  # as before a capture: the eager runs make the optimizer's lazy state
-    ema.advance()
-    with HostReads() as reads:
-        outputs = body(batch, True)
+    learning_rates = [torch.full((1,), group["lr"]) for group in step.optimizer.param_groups]
+    with tensor_learning_rates(step.optimizer, learning_rates):
+        body(batch, True)  # as before a capture: the eager runs make the optimizer's lazy state
+        ema.advance()
+        with HostReads() as reads:
+            outputs = body(batch, True)
     assert not reads.seen, "host reads in the captured step:\n" + "\n".join(sorted(set(reads.seen)))
     assert bool(outputs["applied"])  # read after the mode: the step ran and was applied
+    assert all(isinstance(group["lr"], float) for group in step.optimizer.param_groups)  # plain floats again
 
 
 # ----------------------------------------------------------------------------------------- on a GPU
