@@ -63,11 +63,11 @@ class CudaGraphRunner:
         # torch.cuda.graph captures on a stream of the current device: on cuda:1 with cuda:0 current it would
         # record nothing of this input's work, and every replay would return the first call's output.
         with torch.cuda.device(inputs.device):
-            if captured is None and self.failed is None:
-                captured = self.capture(inputs)
             if captured is None:
-                return self.function(inputs)
-            self.graphs[key] = captured
+                captured = self.capture(inputs) if self.failed is None else None
+                if captured is None:  # this capture failed, or an earlier one did: eagerly from now on
+                    return self.function(inputs)
+                self.graphs[key] = captured
             captured.static_input.copy_(inputs)
             captured.graph.replay()
             return captured.static_output.clone()
@@ -82,7 +82,9 @@ class CudaGraphRunner:
                 self.function(static_input)
         torch.cuda.current_stream(inputs.device).wait_stream(side)
         graph, main = torch.cuda.CUDAGraph(), torch.cuda.current_stream(inputs.device)
-        pool = self.pools.setdefault(inputs.device, torch.cuda.graph_pool_handle())
+        if inputs.device not in self.pools:
+            self.pools[inputs.device] = torch.cuda.graph_pool_handle()
+        pool = self.pools[inputs.device]
         try:
             # On the side stream made for this device: torch.cuda.graph's default capture stream is one for the
             # whole process, made on whichever device was current at the first capture, so a second GPU would record

@@ -13,9 +13,9 @@ What the graph holds, and what makes it replayable (the engine's body is in dete
   stays referenced, so a later capture reuses only memory that no graph still reads.
 - **Static inputs.** A step copies its batch into its key's input buffers (:class:`StaticBatch`) and replays.
   Keys of one input shape share its image buffer, and keys of one box count the targets' (:class:`StaticInputs`):
-  each is filled right before its own replay, on the same stream. Values that change every step live in device tensors that the host fills before the
-  replay (a fill is a kernel launch, not a wait): the learning rate of each parameter group (fused SGD and
-  AdamW read a tensor ``lr``) and the EMA weight (:class:`DeviceEMA`).
+  each is filled right before its own replay, on the same stream. Values that change every step live in device
+  tensors that the host fills before the replay (a fill is a kernel launch, not a wait): the learning rate of each
+  parameter group (fused SGD and AdamW read a tensor ``lr``) and the EMA weight (:class:`DeviceEMA`).
 - **Baked values.** Momentum (AdamW's beta1) and the accumulation count are recorded as constants; both
   change only during warm-up, so the engine hands steps to the graphs from the first step after warm-up.
 - **No host syncs inside.** Targets are padded on the host before the copy; the loss runs its dense form on
@@ -101,7 +101,9 @@ class StaticInputs:
     def for_batch(self, images: torch.Tensor, targets: PaddedTargets) -> StaticBatch:
         """Buffers shaped like ``images`` and ``targets`` (empty_like keeps the memory format: channels-last stays)."""
         image_key = (tuple(images.shape), images.stride(), images.dtype, images.device)
-        static_images = self.images.setdefault(image_key, torch.empty_like(images))
+        static_images = self.images.get(image_key)
+        if static_images is None:
+            static_images = self.images[image_key] = torch.empty_like(images)
         target_key = tuple((tuple(t.shape), t.dtype) for t in targets)
         static_targets = self.targets.get(target_key)
         if static_targets is None:

@@ -133,12 +133,10 @@ def backends_for_checkpoint(
     if (reason := tensorrt_missing()) is not None:
         yield f"tensorrt: skipped ({reason})"
         return
-    from detector.exporting.onnx import export_onnx
-
     for precision in ("fp32", "fp16"):
         def build(batch: int, precision: str = precision) -> Backend:
             info = dataclasses.replace(static, precision=precision, batch=batch)
-            source = export_onnx(model, folder / f"trt-{precision}-{batch}.onnx", info)  # its types: the engine's
+            source = onnx_file(model, info, device, folder)  # its types are the engine's
             engine = build_engine(source, folder / f"{precision}-{batch}.engine", info, device=device)
             return load_backend(engine, device=device)
 
@@ -153,15 +151,23 @@ def onnx_candidates(model: YOLO, static: ModelInfo, device: str, folder: Path) -
     except MissingExtra as missing:
         yield f"onnxruntime: skipped ({missing})"
         return
-    from detector.exporting.onnx import export_onnx
-
     for precision in ("fp32", "fp16"):
         def build(batch: int, precision: str = precision) -> Backend:
             info = dataclasses.replace(static, precision=precision, batch=batch)
-            return load_backend(export_onnx(model, folder / f"{precision}-{batch}.onnx", info, device=device),
-                                device=device)
+            return load_backend(onnx_file(model, info, device, folder), device=device)
 
         yield Candidate(f"onnxruntime {precision}", per_batch(build))
+
+
+def onnx_file(model: YOLO, info: ModelInfo, device: str, folder: Path) -> Path:
+    """The fixed-shape ONNX export for ``info`` (precision, batch) in ``folder``: made once, read by ONNX Runtime's
+    candidate and TensorRT's alike."""
+    path = folder / f"{info.precision}-{info.batch}.onnx"
+    if path.is_file():
+        return path
+    from detector.exporting.onnx import export_onnx
+
+    return export_onnx(model, path, info, device=device)
 
 
 def pt2_candidates(model: YOLO, static: ModelInfo, device: str, folder: Path) -> Iterator[Candidate | str]:
