@@ -342,6 +342,9 @@ def train_one_epoch(
             loss, parts = criterion(outputs, targets, images.shape[2:])
             nonfinite_losses += ~torch.isfinite(loss)
             scaler.scale(loss * world_size).backward()
+            # Nothing may hold this step's graph into the next one: its parameters' AccumulateGrad nodes would live
+            # on, and a CUDA graph's capture (on its own stream) fails on nodes made on the default stream.
+            del outputs, loss
             loss_sums += torch.stack([parts["box"], parts["cls"], parts["dfl"]]).nan_to_num(0.0)
         else:
             nonfinite_losses += ~captured["finite_loss"]

@@ -124,3 +124,32 @@ def test_statistics_a_forward_pass_made_non_finite_are_put_back_at_the_epochs_en
     train_one_epoch(step, _loader(), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
     after = buffers()
     assert all(torch.isfinite(b).all() for b in after) and not all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def _accumulator(parameter: torch.Tensor):
+    """The parameter's AccumulateGrad node: the one a live autograd graph still holds, else a new one."""
+    return parameter.expand_as(parameter).grad_fn.next_functions[0][0]
+
+
+def test_no_step_keeps_the_previous_steps_autograd_graph_alive():
+    """A step's graph (and its AccumulateGrad nodes) is gone before the next step's forward.
+
+    On a GPU the first captured step failed in every run ("operation would make the legacy stream depend on a
+    capturing blocking stream"): the last eager step's loss and outputs were still held by the loop, so the
+    parameters' AccumulateGrad nodes made on the default stream outlived it, and the capture's backward on its
+    own stream had to synchronise with them. A tag put on each step's nodes shows whether they survive.
+    """
+    torch.manual_seed(0)
+    model = build_model(num_classes=2)
+    parameter = next(p for p in model.parameters() if p.requires_grad)
+    survived = []
+
+    def tag_nodes(module, inputs):
+        metadata = _accumulator(parameter).metadata
+        survived.append(metadata.get("step"))  # None: the node is new, the last step's graph is gone
+        metadata["step"] = len(survived)
+
+    model.register_forward_pre_hook(tag_nodes)
+    step = make_train_step(model, steps_per_epoch=3)
+    train_one_epoch(step, _loader(3), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
+    assert survived == [None, None, None]
