@@ -419,7 +419,7 @@ class Trainer:
         self.epochs, self.close_mosaic, self.warmup_epochs = epochs, close_mosaic, warmup_epochs
         schedule = self.step.schedule
         self.step.schedule = schedule.replan(at_step=at_step, epochs=epochs,
-                                             warmup_steps=warmup_steps(warmup_epochs, schedule.steps_per_epoch))
+                                             warmup_steps=warmup_steps(warmup_epochs, schedule.steps_per_epoch, epochs))
         self.multi_scale = dataclasses.replace(self.multi_scale, epochs=epochs, fixed_last_epochs=close_mosaic)
 
     def _preflight(self, batch: tuple) -> None:

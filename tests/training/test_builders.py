@@ -1,4 +1,4 @@
-"""``--freeze N`` (detector/training/builders.py freeze_layers): which modules, and what training then does."""
+"""detector/training/builders.py: ``--freeze N`` (which modules, and what training then does) and the warm-up length."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from detector.model import build_model
-from detector.training.builders import freeze_layers
+from detector.training.builders import freeze_layers, warmup_steps
 from detector.training.config import TrainConfig
 from detector.training.optim import build_optimizer
 
@@ -99,3 +99,13 @@ def test_a_resume_names_the_settings_it_ignores_in_one_warning(tmp_path) -> None
     assert f"--weights {path}" in messages[0] and "device" not in messages[0] and "workers" not in messages[0]
     # The run's own command again (batch -1 saved the batch it chose), or nothing: no warning.
     assert resume(data="shapes", epochs=3, batch=-1)[1] == [] and resume()[1] == []
+
+
+def test_the_warm_up_is_3_epochs_at_least_100_steps_and_never_more_than_a_quarter_of_the_run() -> None:
+    assert warmup_steps(3.0, steps_per_epoch=64, epochs=100) == 192  # 3 epochs
+    assert warmup_steps(3.0, steps_per_epoch=13, epochs=100) == 100  # BCCD at batch 16: the 100-step floor
+    # 2 epochs of 64 steps: 192 asked, the run has 128; a quarter of it (the floor does not lift it back)
+    assert warmup_steps(3.0, steps_per_epoch=64, epochs=2) == 32
+    assert warmup_steps(3.0, steps_per_epoch=13, epochs=30) == 97  # 390 steps: just under the floor
+    assert warmup_steps(3.0, steps_per_epoch=1, epochs=1) == 1  # at least one step, as the floor of 100 gave before
+    assert warmup_steps(0.0, steps_per_epoch=64, epochs=2) == 0  # --warmup-epochs 0: none
