@@ -158,6 +158,10 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
     for line in lines:  # what a reader of a GPU run needs to see, printed as the run ends
         if any(word in line.lower() for word in ("cuda graphs", "cudnn", "warning", "fallback")):
             print(f"{name}: {line.strip()}", file=sys.stderr, flush=True)
+    account = next((index for index, line in enumerate(lines) if line.startswith("time account")), None)
+    if account is not None:  # where the wall clock went: start-up, training, validation, ... (a lease keeps this)
+        for line in lines[account:account + 10]:
+            print(f"{name}: {line.rstrip()}", file=sys.stderr, flush=True)
     rows = list(csv.DictReader((project / name / "results.csv").open()))
     train_seconds = sum(float(r["epoch_seconds"]) for r in rows)
     weights = project / name / "weights" / "last.pt"
