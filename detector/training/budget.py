@@ -82,7 +82,9 @@ class EpochPlan:
     ``close_mosaic`` and ``warmup_epochs`` replace the configured values for the rest of the run; the
     estimates (seconds) are the ones the plan was made from, for the log line. Keep the trainer's
     100-step warm-up floor on top of the scaled ``warmup_epochs``: on the built-in dataset a 4-epoch run
-    lost mAP50-95 with a shorter warm-up (0.215 at 100 steps, 0.126 at 32, 0.037 without; issue 14).
+    lost mAP50-95 with a shorter warm-up (0.215 at 100 steps, 0.126 at 32, 0.037 without; issue 14: single
+    runs, within the seed spread of runs that short). The trainer caps both at a quarter of the run
+    (:data:`detector.training.builders.MAX_WARMUP_SHARE`), which later measurements favoured by far more.
     ``over_budget`` is true when even the minimum (one epoch, or the epochs already done) does not fit:
     the caller should warn.
     """

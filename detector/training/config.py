@@ -70,7 +70,7 @@ class TrainConfig:
     momentum: float = option(0.937, "SGD momentum / Adam beta1")
     weight_decay: float = option(5e-4, "weight decay at the nominal batch (scaled with the real one)")
     nominal_batch: int = option(64, "gradients accumulate until this many images per optimizer step")
-    warmup_epochs: float = option(3.0, "warm-up length in epochs (at least 100 steps)")
+    warmup_epochs: float = option(3.0, "warm-up length in epochs (at least 100 steps, at most a quarter of the run)")
     warmup_bias_lr: float = option(0.1, "starting learning rate of biases during warm-up")
     warmup_momentum: float = option(0.8, "starting momentum during warm-up")
     clip_grad: float = option(10.0, "clip the gradient norm to this (after unscaling)")
