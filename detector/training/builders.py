@@ -134,7 +134,8 @@ def build_optimization(
 # whole of a short run: 2 epochs of 4,096 images at batch 64 (128 steps) never left it, and the decay towards the
 # final rate ran at the same time, so the learning rate never got above a sixth of lr0. mAP50-95 after those 2
 # epochs (synthetic shapes at 160 px, CPU): 0.024 uncapped, 0.434 with this cap, Ultralytics 0.199; BCCD, 10 epochs
-# at 320 (130 steps): 0.100 uncapped, 0.214 capped. Runs of 12 epochs or more and 400 steps or more are unchanged.
+# at 320 (130 steps), seeds 0 and 1: 0.100 / 0.156 uncapped, 0.214 / 0.160 capped. Runs of 12 epochs or more and
+# 400 steps or more are unchanged.
 MAX_WARMUP_SHARE = 0.25
 
 
