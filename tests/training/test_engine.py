@@ -137,19 +137,22 @@ def test_no_step_keeps_the_previous_steps_autograd_graph_alive():
     On a GPU the first captured step failed in every run ("operation would make the legacy stream depend on a
     capturing blocking stream"): the last eager step's loss and outputs were still held by the loop, so the
     parameters' AccumulateGrad nodes made on the default stream outlived it, and the capture's backward on its
-    own stream had to synchronise with them. A tag put on each step's nodes shows whether they survive.
+    own stream had to synchronise with them. Each forward tags the node its graph holds; the next forward reads
+    the tag back before building its own graph, and finds it only if the node lived on.
     """
     torch.manual_seed(0)
     model = build_model(num_classes=2)
     parameter = next(p for p in model.parameters() if p.requires_grad)
     survived = []
 
-    def tag_nodes(module, inputs):
-        metadata = _accumulator(parameter).metadata
-        survived.append(metadata.get("step"))  # None: the node is new, the last step's graph is gone
-        metadata["step"] = len(survived)
+    def read_tag(module, inputs):
+        survived.append(_accumulator(parameter).metadata.get("step"))  # None: a new node, the last graph is gone
 
-    model.register_forward_pre_hook(tag_nodes)
+    def tag(module, inputs, outputs):
+        _accumulator(parameter).metadata["step"] = len(survived)  # the node this step's graph holds
+
+    model.register_forward_pre_hook(read_tag)
+    model.register_forward_hook(tag)
     step = make_train_step(model, steps_per_epoch=3)
     train_one_epoch(step, _loader(3), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
     assert survived == [None, None, None]
