@@ -34,6 +34,7 @@ from __future__ import annotations
 import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import csv
+import itertools
 import statistics
 import subprocess
 import sys
@@ -160,7 +161,8 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
             print(f"{name}: {line.strip()}", file=sys.stderr, flush=True)
     account = next((index for index, line in enumerate(lines) if line.startswith("time account")), None)
     if account is not None:  # where the wall clock went: start-up, training, validation, ... (a lease keeps this)
-        for line in lines[account:account + 10]:
+        table = itertools.takewhile(lambda line: line.startswith("  "), lines[account + 1:])  # its indented rows
+        for line in [lines[account], *table]:
             print(f"{name}: {line.rstrip()}", file=sys.stderr, flush=True)
     rows = list(csv.DictReader((project / name / "results.csv").open()))
     train_seconds = sum(float(r["epoch_seconds"]) for r in rows)

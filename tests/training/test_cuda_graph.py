@@ -17,7 +17,7 @@ from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, target
 from detector.model import build_model
 from detector.precision import Precision, fp32_settings_kept, set_strict_fp32
 from detector.training.cuda_graph import (DeviceEMA, StaticBatch, StaticInputs, graphs_unavailable,
-                                          skip_on_device)
+                                          skip_on_device, tensor_learning_rates)
 from detector.training.ema import ModelEMA
 from detector.training.engine import TrainStep, graphed_body, optimizer_step, train_one_epoch
 from detector.training.multiscale import MultiScale
@@ -181,8 +181,6 @@ def test_the_graph_body_reads_nothing_on_the_host(optimizer, precision):
     HostReads: any operator that a capture would reject fails here first, with its name. As the graphs run it:
     learning rates in tensors (and AdamW capturable), and in FP16 a real GradScaler handing its inf check to the
     fused optimizer (CPU autocast does FP16 too, and torch's CPU GradScaler is the CUDA one's code)."""
-    from detector.training.cuda_graph import tensor_learning_rates
-
     step = _train_step("cpu", optimizer=optimizer, precision=precision)
     assert step.scaler.is_enabled() == (precision == "fp16")
     step.criterion.dense = True  # the form CUDA runs; the CPU's own indexes the foreground
