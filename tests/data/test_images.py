@@ -86,6 +86,60 @@ def test_each_mode_decodes_to_its_rgb_twin(tmp_path: Path, mode: str):
     assert difference <= levels, (mode, difference)
 
 
+# EXIF orientation -> how the stored pixels turn upright (the EXIF specification's eight cases), in NumPy
+# rather than Pillow: read_image_rgb skips Pillow's exif_transpose when there is nothing to turn.
+UPRIGHT = {
+    1: lambda a: a,
+    2: lambda a: a[:, ::-1],
+    3: lambda a: a[::-1, ::-1],
+    4: lambda a: a[::-1],
+    5: lambda a: a.transpose(1, 0, 2),
+    6: lambda a: np.rot90(a, -1),
+    7: lambda a: a[::-1, ::-1].transpose(1, 0, 2),
+    8: lambda a: np.rot90(a, 1),
+}
+
+
+@pytest.mark.parametrize("orientation", sorted(UPRIGHT))
+@pytest.mark.parametrize("suffix", [".png", ".jpg"])
+def test_every_exif_orientation_decodes_upright(tmp_path: Path, orientation: int, suffix: str):
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / f"o{orientation}{suffix}"
+    Image.fromarray(BASE).save(path, exif=exif, **({"quality": 100, "subsampling": 0} if suffix == ".jpg" else {}))
+    image = read_image_rgb(path)
+    expected = UPRIGHT[orientation](BASE)
+    assert image.shape == expected.shape and image.flags.c_contiguous
+    assert check_image(path) == (expected.shape[:2], "")
+    # PNG is lossless; a JPEG at quality 100 without subsampling comes back within a few levels (JPEG_LEVELS),
+    # while a wrong turn moves the stripes and the gradients by far more.
+    difference = np.abs(image.astype(np.int16) - expected).max()
+    assert difference <= (0 if suffix == ".png" else JPEG_LEVELS), (orientation, difference)
+
+
+JPEG_FLAVOURS = {  # Pillow's save options: the kinds of JPEG that datasets hold
+    "rgb 4:2:0": ("RGB", {"quality": 90}),
+    "rgb 4:4:4": ("RGB", {"quality": 90, "subsampling": 0}),
+    "progressive": ("RGB", {"quality": 75, "progressive": True}),
+    "gray": ("L", {"quality": 90}),
+}
+
+
+@pytest.mark.parametrize("flavour", sorted(JPEG_FLAVOURS))
+def test_jpegs_decode_as_pillow_decodes_them(tmp_path: Path, flavour: str):
+    """Upright JPEGs are decoded by OpenCV, the rest by Pillow: the two must agree. Both wheels bundle
+    libjpeg-turbo and agree exactly (0 levels here, and on BCCD, coco128 and the shapes set); another build of
+    either may round its inverse DCT and chroma upsampling differently, by a few levels (JPEG_LEVELS)."""
+    mode, options = JPEG_FLAVOURS[flavour]
+    path = tmp_path / "image.jpg"
+    Image.fromarray(BASE).convert(mode).save(path, **options)
+    with Image.open(path) as image:
+        expected = np.asarray(image.convert("RGB"))
+    image = read_image_rgb(path)
+    assert image.shape == expected.shape and image.dtype == np.uint8 and image.flags.c_contiguous
+    assert np.abs(image.astype(np.int16) - expected).max() <= JPEG_LEVELS, flavour
+
+
 def test_sixteen_bit_gray_keeps_its_brightness_instead_of_stretching_to_its_maximum(tmp_path: Path):
     dark = np.full((8, 8), 1000, np.uint16)  # 1000 / 257 = 3.9: a dark image stays dark
     dark[0, 0] = 2570

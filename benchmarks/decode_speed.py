@@ -1,0 +1,70 @@
+"""Milliseconds to decode one image file, the way training, validation, the RAM cache and ``predict`` do.
+
+Three readers over the same files, one thread, median of ``--repeats`` passes:
+- ``read_image_rgb``: ours (detector/data/images.py), RGB, EXIF rotation honoured;
+- ``pillow copies``: the same with Pillow's ``exif_transpose`` and ``convert("RGB")`` as they come, each
+  making a copy of the pixels when there is nothing to do (what ``read_image_rgb`` did before);
+- ``cv2.imread``: OpenCV's decoder (BGR), what Ultralytics reads with, for scale.
+
+    python benchmarks/decode_speed.py --images ../shared/data/bccd/images/train
+    python benchmarks/decode_speed.py --images datasets/shapes/images/train --count 300
+"""
+
+from __future__ import annotations
+
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image, ImageOps
+
+from detector.data.images import read_image_rgb
+
+
+def pillow_copies(path: Path) -> np.ndarray:
+    with Image.open(path) as image:
+        return np.ascontiguousarray(np.asarray(ImageOps.exif_transpose(image).convert("RGB")))
+
+
+def time_per_image(read: Callable[[Path], np.ndarray], files: list[Path], repeats: int) -> float:
+    passes = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for file in files:
+            read(file)
+        passes.append((time.perf_counter() - start) / len(files))
+    return statistics.median(passes) * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--images", type=Path, required=True, help="a folder of images")
+    parser.add_argument("--count", type=int, default=200, help="how many of its files (sorted by name)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    files = sorted(p for p in args.images.iterdir() if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".bmp"))
+    files = files[: args.count]
+    if not files:
+        print(f"error: {args.images}: no images", file=sys.stderr)
+        return 1
+    cv2.setNumThreads(0)  # one thread each, as in a loader worker
+    for read in files:  # the first pass warms the page cache for all three
+        read_image_rgb(read)
+    height, width = read_image_rgb(files[0]).shape[:2]
+    print(f"{len(files)} files from {args.images} (first {width}x{height}), one thread, median of {args.repeats}")
+    print(f"{'reader':<16} {'ms/image':>9}")
+    readers = {"read_image_rgb": read_image_rgb, "pillow copies": pillow_copies,
+               "cv2.imread": lambda path: cv2.imread(str(path), cv2.IMREAD_COLOR)}
+    for name, read in readers.items():
+        print(f"{name:<16} {time_per_image(read, files, args.repeats):>9.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
