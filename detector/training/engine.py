@@ -7,8 +7,9 @@ import math
 import resource
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +28,8 @@ from detector.training.cuda_graph import Body, DeviceEMA, StaticBatch, StepGraph
 from detector.training.ema import ModelEMA
 from detector.training.multiscale import MultiScale
 from detector.training.schedule import StepSchedule, StepValues
+
+T = TypeVar("T")
 
 
 def step_input(
@@ -297,6 +300,24 @@ class StatisticsGuard:
         return True
 
 
+def timed(batches: Iterable[T], waited: list[float]) -> Iterator[T]:
+    """``batches``, adding to ``waited[0]`` the seconds each ``next`` blocked: the loader's lag behind the step.
+
+    On a GPU the step only queues work, so a loop that waits here is fed too slowly; one that does not, yet
+    leaves the GPU idle, is held by its own host work (launches, syncs). The first batch's wait includes the
+    workers' start.
+    """
+    iterator = iter(batches)
+    while True:
+        began = time.perf_counter()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        waited[0] += time.perf_counter() - began
+        yield batch
+
+
 def train_one_epoch(
     step: TrainStep, loader: DataLoader, *, multi_scale: MultiScale, epoch: int, seed: int, progress: bool = True
 ) -> dict[str, float]:
@@ -320,7 +341,9 @@ def train_one_epoch(
     parameters = [p for p in model.parameters() if p.requires_grad]
     graphs = step.step_graphs(parameters)
     guard = StatisticsGuard(unwrap(model), *([ema.module] if ema is not None else []))
-    bar = tqdm(loader, total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}", disable=not progress, leave=True)
+    waited = [0.0]  # seconds this loop spent blocked on the loader: the step starved of data
+    bar = tqdm(timed(loader, waited), total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}", disable=not progress,
+               leave=True)
     start = last_shown = time.perf_counter()
     for index, (images, targets, metas) in enumerate(bar):
         step = epoch * steps + index
@@ -390,6 +413,7 @@ def train_one_epoch(
         "lr": optimizer.param_groups[0]["lr"],
         "images_per_s": images_seen * world_size / seconds,
         "epoch_seconds": seconds,
+        "data_wait": waited[0] / seconds,  # the share of the epoch the loop waited for the loader
         "peak_mem_mb": peak_memory_mb(device),
         "loss_scale_min": scales[0],
         "loss_scale_max": scales[1],

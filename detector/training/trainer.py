@@ -307,9 +307,9 @@ class Trainer:
         keep = self.clock.budget is not None or epoch + 1 >= self.epochs or patience_may_end
         with self.account.phase("validation"):
             validation = self.evaluate(keep_predictions=keep)
-        metrics = validation.metrics
-        self.log(f"epoch {epoch + 1}: mAP50-95 {metrics['mAP50-95']:.4f}  mAP50 {metrics['mAP50']:.4f}  "
-                 f"mAP75 {metrics['mAP75']:.4f} | {stats['images_per_s']:.1f} img/s | val {validation.seconds:.1f}s")
+        shown = "  ".join(f"{key} {validation.metrics[key]:.4f}" for key in ("mAP50-95", "mAP50", "mAP75"))
+        self.log(f"epoch {epoch + 1}: {shown} | {stats['images_per_s']:.1f} img/s, {stats['data_wait']:.0%} waiting "
+                 f"for data | val {validation.seconds:.1f}s")
         return validation
 
     def _record(self, epoch: int, stats: dict[str, float], validation: Validation | None) -> None:

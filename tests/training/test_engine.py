@@ -4,7 +4,8 @@ import torch
 from detector.data.letterbox import ImageMeta
 from detector.model import build_model
 from detector.precision import Precision, cpu_has_native_bf16, resolve_precision
-from detector.training.engine import resize_batch, step_input, train_one_epoch
+from detector.training import engine
+from detector.training.engine import resize_batch, step_input, timed, train_one_epoch
 from detector.training.multiscale import MultiScale
 from tests.conftest import make_train_step
 
@@ -156,3 +157,20 @@ def test_no_step_keeps_the_previous_steps_autograd_graph_alive():
     step = make_train_step(model, steps_per_epoch=3)
     train_one_epoch(step, _loader(3), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
     assert survived == [None, None, None]
+
+
+def test_the_data_wait_counts_the_loaders_time_and_not_the_steps(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(engine.time, "perf_counter", lambda: clock[0])
+
+    def loader():
+        for batch in range(3):
+            clock[0] += 2.0  # the loader takes 2 s to hand over each batch
+            yield batch
+
+    waited = [0.0]
+    seen = []
+    for batch in timed(loader(), waited):
+        seen.append(batch)
+        clock[0] += 5.0  # the step
+    assert seen == [0, 1, 2] and waited == [6.0]

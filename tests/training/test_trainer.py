@@ -31,6 +31,7 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
     assert [r["epoch"] for r in rows] == ["1", "2"]
     for column in ("train/box", "mAP50-95", "precision", "images_per_s", "peak_mem_mb", "loss_scale_min", "skipped_steps"):
         assert rows[-1][column] != ""
+    assert all(0 <= float(row["data_wait"]) <= 1 for row in rows)  # the share of each epoch spent waiting for data
     assert all(row["evaluator"].startswith("faster-coco-eval ") for row in rows)  # which library made each mAP
     checkpoint = load_checkpoint(run_dir / "weights" / "last.pt")  # weights_only=True inside
     assert checkpoint["epoch"] == 1 and checkpoint["names"] == ["circle", "square", "triangle"]
