@@ -120,10 +120,16 @@ print("RESULT", json.dumps({"val_seconds": time.perf_counter() - start, "map": r
 
 def absolute_yaml(data: Path, out_dir: Path) -> Path:
     """Ultralytics resolves a relative `path` against its own datasets folder, not the YAML's: make it absolute."""
+    from detector.data.catalog import datasets_root
+
     spec = yaml.safe_load(data.read_text())
     root = Path(spec.get("path") or ".")
-    spec["path"] = str(root if root.is_absolute() else (data.parent / root).resolve())
+    # The built-in set's YAML resolves against the datasets root (relative_to: datasets), where it was generated:
+    # against the YAML's folder it named a second copy, which the first run then generated there.
+    base = datasets_root() if spec.pop("relative_to", "yaml") == "datasets" else data.parent
+    spec["path"] = str(root if root.is_absolute() else (base / root).resolve())
     spec.pop("download", None)
+    spec.pop("generate", None)
     out = out_dir / "data.yaml"
     out.write_text(yaml.safe_dump(spec))
     return out
