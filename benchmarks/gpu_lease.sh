@@ -2,9 +2,9 @@
 # One device call that fits a 15-minute GPU lease (~8 minutes of command; BUDGET, 570 s, at most: each stage's
 # limit below, cut to what is left):
 # the CUDA tests that matter most, then end to end against Ultralytics with the GPU's busy share and the step
-# alone, then the inference table and predict over a folder at --batch 1 and 32. Each stage has its own time
-# limit and prints its result as soon as it ends, so a stage that fails or runs out of time loses only itself;
-# full logs go under $OUT.
+# alone, then the inference table and predict over a folder at --batch 1 and 32, then where FP16's model time
+# goes (benchmarks/inference_profile.py). Each stage has its own time limit and prints its result as soon as it
+# ends, so a stage that fails or runs out of time loses only itself; full logs go under $OUT.
 #
 #   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
 #   STAGES="tests inference" bash benchmarks/gpu_lease.sh   # a subset
@@ -12,7 +12,7 @@
 # WHEELS (default .gpu/whl): the cp312 wheels the GPU image lacks (../shared/gpu/fetch-wheels.sh), carried with
 # the call; installed once per machine. IMAGES (default 4096): the synthetic training set, 640 px.
 set -u
-OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; STAGES=${STAGES:-tests speed inference}
+OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; STAGES=${STAGES:-tests speed inference profile}
 BUDGET=${BUDGET:-570}  # s for the whole script: the device call's cap is 600
 mkdir -p "$OUT"; T0=$(date +%s)
 export YOLO_OFFLINE=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="/tmp/stub:$PWD"
@@ -57,7 +57,10 @@ generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
     tail -9 "$OUT/inference.log"
     timeout "$(limit 40)" python3 benchmarks/predict_speed.py --device cuda --half --images 256 --batches 1,32 \
       > "$OUT/predict.log" 2>&1; echo "predict rc $?"; tail -5 "$OUT/predict.log" ;;
-  *) echo "unknown stage $stage (tests, speed, inference)" ;;
+  profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
+    timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
+    echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
+  *) echo "unknown stage $stage (tests, speed, inference, profile)" ;;
   esac
 done
 stamp done
