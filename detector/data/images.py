@@ -104,7 +104,8 @@ def read_image_rgb(path: Path) -> np.ndarray:
     tests/data/test_images.py), and OpenCV hands over its buffer where Pillow's NumPy view copies it through
     ``tobytes``. Everything else goes through Pillow, turned upright and converted only when it has to be (its
     ``exif_transpose`` and ``convert`` each copy the pixels even when there is nothing to do). One thread, a
-    640x480 BCCD JPEG: 1.3 ms against 7.3 ms before (``benchmarks/decode_speed.py``).
+    640x480 BCCD JPEG: 1.3 ms against 7.3 ms before (``benchmarks/decode_speed.py``). The price: a JPEG with
+    damaged but decodable data makes libjpeg print its warning to stderr (Pillow kept it quiet), as in Ultralytics.
     """
     with Image.open(path) as image:
         if image.format == "JPEG" and image.mode in ("RGB", "L") and image.getexif().get(EXIF_ORIENTATION, 1) == 1:
