@@ -42,7 +42,9 @@ def pillow(path: Path) -> np.ndarray:
         return to_rgb8(image)
 
 
-def time_per_image(readers: dict[str, Callable[[Path], np.ndarray]], files: list[Path], repeats: int) -> dict[str, float]:
+def time_per_image(
+    readers: dict[str, Callable[[Path], np.ndarray]], files: list[Path], repeats: int
+) -> dict[str, float]:
     """Median milliseconds per image of each reader, the readers taking turns within every pass."""
     passes: dict[str, list[float]] = {name: [] for name in readers}
     for repeat in range(repeats):
@@ -69,7 +71,8 @@ def main() -> int:
     for read in files:  # the first pass warms the page cache for all three
         read_image_rgb(read)
     height, width = read_image_rgb(files[0]).shape[:2]
-    print(f"{len(files)} files from {args.images} (first {width}x{height}), one thread, readers in turn, median of {args.repeats} passes")
+    print(f"{len(files)} files from {args.images} (first {width}x{height}), one thread, readers in turn, "
+          f"median of {args.repeats} passes")
     print(f"{'reader':<16} {'ms/image':>9}")
     readers = {"read_image_rgb": read_image_rgb, "pillow copies": pillow_copies, "pillow": pillow,
                "cv2.imread": lambda path: cv2.imread(str(path), cv2.IMREAD_COLOR)}
