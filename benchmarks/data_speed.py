@@ -5,6 +5,8 @@ benchmarks/train_speed.py (the goal is at least 3x).
 
     python benchmarks/data_speed.py                       # built-in dataset, 320 px
     python benchmarks/data_speed.py --data ../shared/data/coco128/coco128.yaml --imgsz 640
+    python benchmarks/data_speed.py --pixel-augment device --imgsz 640 --batch 64 --caches ram   # what a GPU run's
+                                                      # workers do: mosaic and affine left to the step (not timed here)
 """
 
 from __future__ import annotations
@@ -49,11 +51,17 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--batches", type=int, default=30)
     parser.add_argument("--workers", default="0,1,2")
+    parser.add_argument("--caches", default="ram,none")
+    parser.add_argument("--pixel-augment", choices=("workers", "pixels", "device"), default="workers",
+                        help="what the workers leave to the step (see train --pixel-augment); that part is not timed")
     args = parser.parse_args()
     spec = load_dataset_spec(args.data or generate_shapes())
+    print(f"--pixel-augment {args.pixel_augment}, {args.imgsz} px, batch {args.batch}")
     print("| cache | workers | images/s |\n|---|---|---|")
-    for cache in ("ram", "none"):
+    for cache in args.caches.split(","):
         split = build_split(spec, "train", image_size=args.imgsz, augment=AugmentConfig(), cache=cache)
+        split.dataset.pixel_ops_on_device = args.pixel_augment in ("pixels", "device")
+        split.dataset.geometry_on_device = args.pixel_augment == "device"
         for workers in (int(w) for w in args.workers.split(",")):
             rate = measure(split, batch=args.batch, workers=workers, batches=args.batches)
             print(f"| {cache} | {workers} | {rate:.0f} |", flush=True)
