@@ -36,6 +36,7 @@ from detector.data.letterbox import ImageMeta, letterbox
 from detector.data.ram_cache import ImageCache
 from detector.data.records import Records
 from detector.data.spec import DatasetError
+from detector.data.workers import batch_tensor
 
 cv2.setNumThreads(0)  # loader workers give the parallelism; OpenCV's own threads would oversubscribe 2 cores
 
@@ -254,5 +255,6 @@ def collate(
     targets = [torch.cat((torch.full((len(l), 1), i, dtype=torch.float32), l), 1) for i, l in enumerate(labels)]
     if isinstance(images[0], WarpSource):
         return pack_warp_batch(images), torch.cat(targets), list(metas)
-    pixels = torch.stack([image.permute(1, 2, 0) for image in images]).permute(0, 3, 1, 2)
+    hwc = [image.permute(1, 2, 0) for image in images]
+    pixels = torch.stack(hwc, out=batch_tensor((len(hwc), *hwc[0].shape), hwc[0].dtype)).permute(0, 3, 1, 2)
     return pixels, torch.cat(targets), list(metas)

@@ -16,13 +16,30 @@ whatever the order in which loaders (and their workers) start relative to the pa
 from __future__ import annotations
 
 import functools
+import math
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+
+import torch
+from torch.utils.data import get_worker_info
 
 LOWEST_PRIORITY = 19  # the niceness ceiling on Linux and macOS
 CPU_TRAINING_WORKERS = 2  # measured on 2 cores: the model, not the data, is the wall there (docs/benchmarks.md)
 MAX_GPU_WORKERS = 16  # each worker holds its own decode buffers; beyond this the GPU is fed already
+
+
+def batch_tensor(shape: Sequence[int], dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """An uninitialised tensor for a collated batch: in shared memory when made in a loader worker.
+
+    A worker hands its batch to the main process through shared memory, and pickling a tensor that is not there
+    copies it there first: a second pass over every byte of every batch, each page faulted in twice. Made there to
+    begin with (as PyTorch's own ``default_collate`` does), the batch travels without that copy.
+    """
+    if get_worker_info() is None:
+        return torch.empty(tuple(shape), dtype=dtype)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape) * dtype.itemsize)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
 
 
 def usable_cores() -> int:

@@ -1,3 +1,4 @@
+import dataclasses
 import math
 
 import cv2
@@ -159,6 +160,35 @@ def test_shelf_pack_keeps_regions_apart_with_a_gap():
         taken[y - 1 : y + rows + 1, x - 1 : x + cols + 1] += 1  # each box with its gap ring
         assert (taken[y : y + rows, x : x + cols] == 1).all()  # no other box (or its ring) inside it
     assert taken.sum() < 2 * sum((r + 2) * (c + 2) for r, c in shapes)
+
+
+def test_each_region_sits_in_a_ring_of_fill_and_the_render_reads_nothing_else():
+    size = 64
+    sources = [source for _, _, source in _fixed_sources(size)]
+    batch = pack_warp_batch(sources)
+    positions, _, _ = shelf_pack([source.region.shape[:2] for source in sources])
+    atlas = batch.atlas.numpy()
+    for source, (x, y) in zip(sources, positions):
+        rows, cols = source.region.shape[:2]
+        assert np.array_equal(atlas[y : y + rows, x : x + cols], source.region)
+        ring = np.ones((rows + 2, cols + 2), bool)
+        ring[1:-1, 1:-1] = False
+        assert (atlas[y - 1 : y + rows + 1, x - 1 : x + cols + 1][ring] == PAD_VALUE).all()
+    # Whatever lies elsewhere in the atlas (left unwritten) must not reach the output: set it to black, then to
+    # white, and render the same images.
+    outside = np.ones(atlas.shape[:2], bool)
+    for source, (x, y) in zip(sources, positions):
+        rows, cols = source.region.shape[:2]
+        outside[y - 1 : y + rows + 1, x - 1 : x + cols + 1] = False
+    assert outside.any()
+    for out_size in (56, 64, 72):
+        clean = render(batch, torch.device("cpu"), size=out_size, channels_last=False)
+        for value in (0, 255):
+            poisoned = batch.atlas.clone()
+            poisoned.numpy()[outside] = value
+            dirty = render(dataclasses.replace(batch, atlas=poisoned), torch.device("cpu"), size=out_size,
+                           channels_last=False)
+            assert torch.equal(clean, dirty), (out_size, value)
 
 
 def _datasets(records, **augment):
