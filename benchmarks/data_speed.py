@@ -24,12 +24,13 @@ from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import generate_shapes
+from detector.data.workers import worker_init
 
 
 def measure(split, *, batch: int, workers: int, batches: int) -> float:
     sampler = EpochSampler(len(split.dataset), seed=0)
     loader = DataLoader(split.dataset, batch_size=batch, sampler=sampler, num_workers=workers, collate_fn=collate,
-                        persistent_workers=workers > 0)
+                        persistent_workers=workers > 0, worker_init_fn=worker_init(shares_cores_with_compute=False))
     seen, start, epoch = 0, None, 0
     while seen < batches * batch:
         sampler.set_epoch(epoch, use_mosaic=True)
