@@ -59,8 +59,20 @@ def append_results(csv_path: Path, row: dict[str, object]) -> None:
     """
     previous = csv_path.read_bytes().decode() if csv_path.is_file() else ""  # bytes: keeps csv's \r\n
     buffer = io.StringIO()
+    values = {k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()}
+    header = next(csv.reader(io.StringIO(previous)), None) if previous else None
+    if header is not None and header != list(row):
+        # A run resumed by a newer version, whose rows have columns the file lacks (or in another order): the
+        # file's columns stay where they are, new ones go at the end, empty in the older rows.
+        columns = header + [key for key in row if key not in header]
+        writer = csv.DictWriter(buffer, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(csv.DictReader(io.StringIO(previous)))
+        writer.writerow(values)
+        write_text_atomically(csv_path, buffer.getvalue())
+        return
     writer = csv.DictWriter(buffer, fieldnames=list(row))
     if not previous:
         writer.writeheader()
-    writer.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in row.items()})
+    writer.writerow(values)
     write_text_atomically(csv_path, previous + buffer.getvalue())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import multiprocessing
 import threading
 from pathlib import Path
@@ -68,3 +69,13 @@ def test_results_csv_gets_one_header_and_leaves_no_temporary_file(tmp_path: Path
     append_results(path, {"epoch": 1, "loss": 0.5})
     assert path.read_bytes() == b"epoch,loss\r\n0,1.23457\r\n1,0.5\r\n"
     assert [p.name for p in tmp_path.iterdir()] == ["results.csv"]
+
+
+def test_a_resumed_run_with_a_new_column_keeps_every_column_under_its_name(tmp_path: Path) -> None:
+    path = tmp_path / "results.csv"
+    append_results(path, {"epoch": 0, "epoch_seconds": 2.0, "peak_mem_mb": 100.0})  # written by an older version
+    append_results(path, {"epoch": 1, "epoch_seconds": 3.0, "data_wait": 0.25, "peak_mem_mb": 120.0})
+    rows = list(csv.DictReader(path.open()))
+    assert list(rows[0]) == ["epoch", "epoch_seconds", "peak_mem_mb", "data_wait"]
+    assert rows[0] == {"epoch": "0", "epoch_seconds": "2", "peak_mem_mb": "100", "data_wait": ""}
+    assert rows[1] == {"epoch": "1", "epoch_seconds": "3", "peak_mem_mb": "120", "data_wait": "0.25"}

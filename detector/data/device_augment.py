@@ -113,6 +113,7 @@ def pack_warp_batch(sources: Sequence[WarpSource]) -> WarpBatch:
     # Only each region and its one-pixel ring are ever read (the samples are clamped to the region, and a bilinear
     # sample's other neighbour is at most one pixel out): the ring is filled, the rest of the atlas left as it is.
     # Filling all of it was a pass over ~1.3x the batch's bytes (135 MB at 640 px, batch 64, mosaic).
+    assert GAP >= 1, "the ring written below is one pixel wide, in the gap shelf_pack leaves"
     atlas = batch_tensor((height, width, 3))
     pixels = atlas.numpy()
     # align_corners=False: pixel centre a <-> normalised (2a + 1) / W - 1, both for the atlas and the output.

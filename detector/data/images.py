@@ -101,18 +101,22 @@ def read_image_rgb(path: Path) -> np.ndarray:
     Pillow reads the header (format, mode, orientation; its size check against decompression bombs). An upright
     colour or gray JPEG, what nearly every detection dataset holds, is then decoded by OpenCV: the same
     libjpeg-turbo in both wheels gives the same pixels (BCCD, coco128 and the shapes set: identical, checked by
-    tests/data/test_images.py), and OpenCV hands over its buffer where Pillow's NumPy view copies it through
-    ``tobytes``. Everything else goes through Pillow, turned upright and converted only when it has to be (its
-    ``exif_transpose`` and ``convert`` each copy the pixels even when there is nothing to do). One thread, a
-    640x480 BCCD JPEG: 1.3 ms against 7.3 ms before (``benchmarks/decode_speed.py``). The price: a JPEG with
-    damaged but decodable data makes libjpeg print its warning to stderr (Pillow kept it quiet), as in Ultralytics.
+    tests/data/test_images.py), and OpenCV's buffer is the result (its channels swapped in place) where Pillow's
+    NumPy view copies the pixels through ``tobytes``. Everything else goes through Pillow, turned upright and
+    converted only when it has to be (its ``exif_transpose`` and ``convert`` each copy the pixels even when there
+    is nothing to do), and so does a JPEG OpenCV refuses (its own pixel limit). One thread, a 640x480 BCCD JPEG:
+    1.3 ms against 7.3 ms before (``benchmarks/decode_speed.py``). The price: a JPEG with damaged but decodable
+    data makes libjpeg print its warning to stderr (Pillow kept it quiet), as in Ultralytics.
     """
     with Image.open(path) as image:
         if image.format == "JPEG" and image.mode in ("RGB", "L") and image.getexif().get(EXIF_ORIENTATION, 1) == 1:
             # IGNORE_ORIENTATION: Pillow has read it (from XMP too, which OpenCV does not) and found it upright.
-            bgr = cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+            try:
+                bgr = cv2.imdecode(np.fromfile(path, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
+            except cv2.error:  # beyond OpenCV's own pixel limit (Pillow's may have been lifted): Pillow's turn
+                bgr = None
             if bgr is not None:  # else Pillow decodes it, and says what is wrong
-                return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+                return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB, dst=bgr)  # in place: no second buffer
         image.load()  # a PNG's EXIF chunk may follow its pixels: the orientation is known once they are read
         if image.getexif().get(EXIF_ORIENTATION, 1) != 1:
             return to_rgb8(ImageOps.exif_transpose(image))

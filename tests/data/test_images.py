@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 
@@ -138,6 +141,18 @@ def test_jpegs_decode_as_pillow_decodes_them(tmp_path: Path, flavour: str):
     image = read_image_rgb(path)
     assert image.shape == expected.shape and image.dtype == np.uint8 and image.flags.c_contiguous
     assert np.abs(image.astype(np.int16) - expected).max() <= JPEG_LEVELS, flavour
+
+
+def test_a_jpeg_beyond_opencvs_pixel_limit_is_decoded_by_pillow(tmp_path: Path):
+    path = tmp_path / "big.jpg"
+    Image.fromarray(BASE).save(path, quality=90)
+    code = ("import sys, numpy as np; from pathlib import Path; from PIL import Image; "
+            "from detector.data.images import read_image_rgb; "
+            "expected = np.asarray(Image.open(sys.argv[1]).convert('RGB')); "
+            "assert np.array_equal(read_image_rgb(Path(sys.argv[1])), expected)")
+    # OpenCV reads its limit from the environment when it loads: 1,000 pixels makes it refuse this 64x48 image.
+    environment = {**os.environ, "OPENCV_IO_MAX_IMAGE_PIXELS": "1000"}
+    subprocess.run([sys.executable, "-c", code, str(path)], check=True, env=environment, timeout=60)
 
 
 def test_sixteen_bit_gray_keeps_its_brightness_instead_of_stretching_to_its_maximum(tmp_path: Path):
