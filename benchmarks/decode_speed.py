@@ -26,7 +26,7 @@ import cv2
 import numpy as np
 from PIL import Image, ImageOps
 
-from detector.data.images import EXIF_ORIENTATION, read_image_rgb, to_rgb8
+from detector.data.images import decode_with_pillow, read_image_rgb
 
 
 def pillow_copies(path: Path) -> np.ndarray:
@@ -36,10 +36,7 @@ def pillow_copies(path: Path) -> np.ndarray:
 
 def pillow(path: Path) -> np.ndarray:
     with Image.open(path) as image:
-        image.load()
-        if image.getexif().get(EXIF_ORIENTATION, 1) != 1:
-            return to_rgb8(ImageOps.exif_transpose(image))
-        return to_rgb8(image)
+        return decode_with_pillow(image)
 
 
 def time_per_image(

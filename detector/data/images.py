@@ -117,10 +117,15 @@ def read_image_rgb(path: Path) -> np.ndarray:
                 bgr = None
             if bgr is not None:  # else Pillow decodes it, and says what is wrong
                 return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB, dst=bgr)  # in place: no second buffer
-        image.load()  # a PNG's EXIF chunk may follow its pixels: the orientation is known once they are read
-        if image.getexif().get(EXIF_ORIENTATION, 1) != 1:
-            return to_rgb8(ImageOps.exif_transpose(image))
-        return to_rgb8(image)
+        return decode_with_pillow(image)
+
+
+def decode_with_pillow(image: Image.Image) -> np.ndarray:
+    """An opened image decoded by Pillow, upright (:func:`to_rgb8`): turned and converted only when it has to be."""
+    image.load()  # a PNG's EXIF chunk may follow its pixels: the orientation is known once they are read
+    if image.getexif().get(EXIF_ORIENTATION, 1) != 1:
+        return to_rgb8(ImageOps.exif_transpose(image))
+    return to_rgb8(image)
 
 
 def read_image(path: Path) -> np.ndarray:
