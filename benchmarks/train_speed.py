@@ -35,6 +35,7 @@ import checkout  # noqa: F401 - first: this checkout's detector, installed or no
 import argparse
 import csv
 import itertools
+import json
 import statistics
 import subprocess
 import sys
@@ -170,6 +171,11 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
         table = itertools.takewhile(lambda line: line.startswith("  "), lines[account + 1:])  # its indented rows
         for line in [lines[account], *table]:
             print(f"{name}: {line.rstrip()}", file=sys.stderr, flush=True)
+    accounted = json.loads((project / name / "time.json").read_text())["seconds"]["wall"]
+    # The account starts with the process and ends at its last line: what is left is the process's exit. On an
+    # H100 it was 5 s per loader worker (docs/gpu.md), invisible in every figure the run printed itself.
+    print(f"{name}: process {wall:.1f} s, {wall - accounted:.1f} s of it after the time account (the exit)",
+          file=sys.stderr, flush=True)
     rows = list(csv.DictReader((project / name / "results.csv").open()))
     train_seconds = sum(float(r["epoch_seconds"]) for r in rows)
     weights = project / name / "weights" / "last.pt"

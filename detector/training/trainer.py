@@ -22,7 +22,7 @@ import torch
 import yaml
 
 from detector.checkpoint import CheckpointError, RunState, Trained, restore_run, run_checkpoint
-from detector.data.workers import default_workers
+from detector.data.workers import default_workers, stop_workers
 from detector.distributed import any_rank, broadcast_from_main, cleanup, decide_on_main, init_distributed
 from detector.distributed import local_main_first, unwrap
 from detector.inference.preprocess import model_input
@@ -85,9 +85,7 @@ class Trainer:
                  else build_model(num_classes=self.spec.num_classes, scale=config.model))
         config.model = model.scale  # the weights file may have chosen the scale; resume must rebuild it
         freeze_layers(model, config.freeze, self.log)  # before the optimizer: it takes trainable parameters only
-        model.to(self.device)
-        if config.channels_last:
-            model.to(memory_format=torch.channels_last)
+        model.to(self.device, memory_format=torch.channels_last if config.channels_last else torch.preserve_format)
         precision = resolve_precision(config.precision, self.device, unamp=config.unamp)
         if config.batch == AUTO_BATCH:  # rank 0 measures, every rank follows
             most_boxes = int(self.train_data.records.box_counts().max(initial=0))
@@ -191,6 +189,9 @@ class Trainer:
                     break
         finally:
             self.ctrl_c.restore()
+            stop_workers(self.train_loader)  # the loaders' workers end with the run, not at exit (see stop_workers)
+            if self.validator is not None:
+                self.validator.close()
             try:
                 with self.account.phase("checkpoints"):
                     self.checkpoints.close()  # every checkpoint on disk before a Ctrl-C or an error returns
@@ -266,10 +267,8 @@ class Trainer:
         if (fallback := fallback_after_epoch(self.step.precision, stats, self.device.type)) is not None:
             precision, reason = fallback
             self.log(f"warning: {reason}")
-        stop = ""
-        if interrupted:
-            stop = f"interrupted: saved {self.run_dir / 'weights' / 'last.pt'} after epoch {epoch + 1}"
-        elif patience_ran_out:
+        stop = f"interrupted: saved {self.run_dir / 'weights/last.pt'} after epoch {epoch + 1}" if interrupted else ""
+        if patience_ran_out:  # never with interrupted (above)
             stop = (f"early stop: no better fitness for {self.config.patience} epochs (best at epoch "
                     f"{self.best_epoch + 1}); --patience 0 turns this off")
         decision = EpochDecision(precision, reason, epochs, close_mosaic, warmup, stop, metrics)
@@ -285,6 +284,7 @@ class Trainer:
             with self.account.phase("final evaluation"):
                 validation = self.evaluate(force_fp32=True)
                 write_results_json(self.run_dir / "predictions.json", validation.detections)
+                self.validator.close()  # workers it started again if it kept no batches (see fit)
             self.log(f"final FP32 evaluation: mAP50-95 {validation.metrics['mAP50-95']:.4f} "
                      f"({validation.result.evaluator})")
             summary["metrics_fp32"] = validation.metrics

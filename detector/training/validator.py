@@ -12,6 +12,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from detector.data.build import SplitData
+from detector.data.workers import stop_workers
 from detector.distributed import unwrap
 from detector.inference.fusion import FusedCopy
 from detector.inference.torch_backend import make_torch_infer
@@ -79,6 +80,11 @@ class Validator:
             kept.append(batch)
             yield batch
         self._kept, self._loader = kept, None  # a whole pass: its workers can go
+
+    def close(self) -> None:
+        """Stop the loader's workers (:func:`detector.data.workers.stop_workers`); a later pass starts new ones."""
+        stop_workers(self._loader)
+        self._loader = None
 
     def model_for(self, model: nn.Module, precision: Precision) -> nn.Module:
         """``model`` as validation runs it: its folded copy (made once per model and dtype, refreshed every pass),

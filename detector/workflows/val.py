@@ -28,6 +28,7 @@ import torch
 
 from detector.data.build import build_split
 from detector.data.spec import DatasetError, load_dataset_spec
+from detector.data.workers import stop_workers
 from detector.defaults import DEFAULT_IMGSZ
 from detector.device import resolve_device
 from detector.inference import Backend, load_backend
@@ -130,6 +131,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
             keep_predictions=True,
             coco_eval=coco_eval,
         )
+        stop_workers(loader)  # now, not at the process's exit (see stop_workers)
         result = validation.result
         table = validation_report(validation, split, spec.names, plot_dir=save_dir if options.plots else None)
         speed = 1000 * validation.seconds / max(validation.images, 1)

@@ -92,3 +92,29 @@ def test_workers_keep_freed_memory_in_their_heap():
     faults = next(iter(plain)).item()
     assert faults >= 4 * 24  # at least one fault per 2 MiB huge page: the measurement sees the remapping
     assert next(iter(held)).item() <= faults // 10
+
+
+class _Numbers(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+
+def test_stop_workers_ends_a_persistent_loaders_processes_while_the_loader_lives():
+    """A persistent loader's workers live as long as the loader; a run stops them at its end (stop_workers), so
+    they never depend on how the process's exit shuts them down (docs/gpu.md: 5 s per worker on a GPU)."""
+    from detector.data.workers import stop_workers
+
+    loader = DataLoader(_Numbers(), batch_size=2, num_workers=2, persistent_workers=True)
+    assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3]]
+    processes = list(loader._iterator._workers)  # torch's own: the persistent iterator and its processes
+    assert len(processes) == 2 and all(process.is_alive() for process in processes)  # a finished epoch keeps them
+    stop_workers(loader)
+    assert not any(process.is_alive() for process in processes)
+    assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3]]  # a later pass starts new workers
+    stop_workers(loader)
+    stop_workers(loader)  # nothing left to stop: a no-op
+    stop_workers(DataLoader(_Numbers()))  # no workers at all: a no-op
+    stop_workers(None)

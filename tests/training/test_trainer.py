@@ -188,6 +188,7 @@ def test_ctrl_c_to_the_process_group_of_a_run_with_workers_prints_one_line(yolo_
 def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path: Path, monkeypatch, capsys):
     """``--time`` with loader workers: the plan is fitted from a timed probe before step 0 and re-fitted after
     every epoch without moving the next step's LR by more than the schedule's own slope (issue 23)."""
+    import multiprocessing
     import time
 
     import detector.training.engine
@@ -214,9 +215,13 @@ def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path
     config = _config(data, tmp_path, epochs=20_000, workers=2, time="15s", nominal_batch=4, warmup_epochs=10.0,
                      close_mosaic=2)
     start = time.monotonic()
+    children = set(multiprocessing.active_children())
     trainer = Trainer(config, progress=False)  # kept, for what it measured (a finished run's last.pt is stripped)
     summary = trainer.fit()
     wall = time.monotonic() - start
+    # The loaders' workers (train and validation, 2 each) end with the run, not with the trainer object: kept
+    # alive, as here, they would otherwise last until the process exits (detector.data.workers.stop_workers).
+    assert set(multiprocessing.active_children()) <= children
     printed = capsys.readouterr().out
     assert printed.index("probe: ") < printed.index("detector: YOLO")  # fitted before the first step
     assert autotune_steps[0] == 12 * 20_000 and len(autotune_steps) == 2 and 12 <= autotune_steps[1] < 12 * 1000
