@@ -43,8 +43,11 @@ class EpochSampler(Sampler[tuple[int, int, bool]]):
         return self.per_rank
 
     def __iter__(self) -> Iterator[tuple[int, int, bool]]:
+        # The keys of the epoch this pass began for: a set_epoch while it is under way (the trainer begins the
+        # next epoch's pass only after this one ends; detector/training/feed.py) never reaches its later keys.
+        epoch, use_mosaic = self.epoch, self.use_mosaic
         if self.shuffle:
-            generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
             order = torch.randperm(self.size, generator=generator).tolist()
         else:
             order = list(range(self.size))
@@ -52,4 +55,4 @@ class EpochSampler(Sampler[tuple[int, int, bool]]):
         total = self.per_rank * self.world_size
         order = (order * math.ceil(total / max(len(order), 1)))[:total]
         for index in order[self.rank :: self.world_size]:
-            yield index, self.epoch, self.use_mosaic
+            yield index, epoch, use_mosaic

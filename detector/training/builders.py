@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
@@ -23,10 +24,11 @@ from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler
 from detector.data.spec import DatasetSpec, load_dataset_spec
 from detector.data.workers import worker_init
-from detector.distributed import DistInfo
+from detector.distributed import DistInfo, broadcast_from_main
+from detector.files import write_text_atomically
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
-from detector.runs import newest_file
+from detector.runs import claim_run_dir, newest_file
 from detector.training.config import TrainConfig
 from detector.training.optim import OptimizerChoice, build_optimizer
 from detector.training.schedule import StepSchedule
@@ -255,3 +257,15 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def make_run_dir(config: TrainConfig, dist: DistInfo, *, resumed: Path | None) -> Path:
+    """The run's folder, with ``weights/`` and the run's ``config.yaml``: a resumed run's own (``resumed``: its
+    checkpoint), else a new one claimed under ``--project``/``--name``. Rank 0 alone claims it (atomically: a run
+    started beside it takes name2) and tells the others, which would see rank 0's folder and pick name2."""
+    run_dir = None
+    if dist.is_main:
+        run_dir = resumed.parent.parent if resumed is not None else claim_run_dir(config.project, config.name)
+        (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+        write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
+    return broadcast_from_main(run_dir, dist)

@@ -26,6 +26,7 @@ from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, target
 from detector.precision import Precision
 from detector.training.cuda_graph import Body, DeviceEMA, StaticBatch, StepGraphs, graphs_unavailable, skip_on_device
 from detector.training.ema import ModelEMA
+from detector.training.feed import EpochBatches
 from detector.training.multiscale import MultiScale
 from detector.training.schedule import StepSchedule, StepValues
 
@@ -319,9 +320,11 @@ def timed(batches: Iterable[T], waited: list[float]) -> Iterator[T]:
 
 
 def train_one_epoch(
-    step: TrainStep, loader: DataLoader, *, multi_scale: MultiScale, epoch: int, seed: int, progress: bool = True
+    step: TrainStep, loader: DataLoader | EpochBatches, *, multi_scale: MultiScale, epoch: int, seed: int,
+    progress: bool = True,
 ) -> dict[str, float]:
-    """One pass over ``loader``; returns mean losses and telemetry for ``results.csv``."""
+    """One pass over ``loader`` (or an epoch's batches from detector/training/feed.py); returns mean losses and
+    telemetry for ``results.csv``."""
     model, criterion, optimizer, scaler, ema = step.model, step.criterion, step.optimizer, step.scaler, step.ema
     precision, schedule, device, world_size = step.precision, step.schedule, step.device, step.world_size
     channels_last = step.channels_last

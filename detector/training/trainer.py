@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from detector.checkpoint import CheckpointError, RunState, Trained, restore_run, run_checkpoint
-from detector.data.workers import default_workers, stop_workers
-from detector.distributed import any_rank, broadcast_from_main, cleanup, decide_on_main, init_distributed
+from detector.data.workers import default_workers
+from detector.distributed import any_rank, cleanup, decide_on_main, init_distributed
 from detector.distributed import local_main_first, unwrap
 from detector.inference.preprocess import model_input
 from detector.metrics.coco import write_results_json
@@ -31,17 +30,18 @@ from detector.metrics.loop import Validation
 from detector.model import build_model
 from detector.plots.reporter import RunReporter
 from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest
-from detector.files import write_text_atomically
-from detector.runs import append_results, claim_run_dir
+from detector.runs import append_results
 from detector.training.amp_check import amp_preflight, first_images, save_preflight
 from detector.training.autobatch import AUTO_BATCH, batch_for
 from detector.training.budget import RunClock, RunSettings, TimeBudget
 from detector.training.builders import (build_criterion, build_data, build_model_from_weights, build_optimization,
                                         freeze_layers)
-from detector.training.builders import build_train_loader, load_resume, seed_everything, warmup_steps, wrap_distributed
+from detector.training.builders import build_train_loader, load_resume, make_run_dir, seed_everything, warmup_steps
+from detector.training.builders import wrap_distributed
 from detector.training.checkpoint_writer import RunCheckpoints
 from detector.training.config import TrainConfig
 from detector.training.decision import EpochDecision, fallback_after_epoch, fitness
+from detector.training.feed import EpochFeed
 from detector.training.ema import ModelEMA
 from detector.training.engine import TrainStep, as_trained, train_one_epoch
 from detector.training.header import run_header
@@ -92,6 +92,7 @@ class Trainer:
             config.batch = decide_on_main(lambda: batch_for(config, model, build_criterion(config, model), most_boxes,
                 precision, self.device, self.log, world_size=self.dist.world_size), self.dist)
         self.sampler, self.train_loader = build_train_loader(self.train_data, config, self.dist, self.device)
+        self.feed = EpochFeed(self.sampler, self.train_loader)
         saved_choice = (checkpoint or {}).get("optimizer_choice")  # what auto chose, for its saved state
         choice, schedule = build_optimization(
             config, model, steps_per_epoch=len(self.train_loader), world_size=self.dist.world_size,
@@ -113,7 +114,7 @@ class Trainer:
         autotune_convolutions(self.device, input_shapes=len(self.input_shapes()), policy=config.cudnn_benchmark,
                               steps=len(self.train_loader) * (self.epochs - self.start_epoch))
         self.step.model = wrap_distributed(model, config, self.dist, self.device)
-        self.run_dir = self._make_run_dir(resuming=checkpoint is not None)
+        self.run_dir = make_run_dir(config, self.dist, resumed=self.resume_path if checkpoint is not None else None)
         self.validator = Validator(self.val_data, config, self.device, progress=progress) if self.val_data else None
         self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots,
                                     tensorboard=config.tensorboard) if self.dist.is_main else None
@@ -158,14 +159,6 @@ class Trainer:
         if self.start_epoch >= self.epochs:
             raise CheckpointError(f"{self.resume_path}: run already finished all {self.epochs} epochs")
 
-    def _make_run_dir(self, *, resuming: bool) -> Path:
-        run_dir = None
-        if self.dist.is_main:  # rank 0 alone claims the folder (atomically: a run started beside it takes name2)
-            run_dir = self.resume_path.parent.parent if resuming else claim_run_dir(self.config.project, self.config.name)
-            (run_dir / "weights").mkdir(parents=True, exist_ok=True)
-            write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(self.config.to_dict(), sort_keys=False))
-        return broadcast_from_main(run_dir, self.dist)  # the others would see rank 0's folder and pick name2
-
     # ------------------------------------------------------------------------------------- the run
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
@@ -177,6 +170,8 @@ class Trainer:
             while epoch < self.epochs:
                 with self.account.phase("training"):
                     stats = self.train_in_epoch(epoch)
+                if self.clock.budget is None and epoch + 1 < self.epochs:  # its workers start as this one validates
+                    self.feed.begin(epoch + 1, use_mosaic=epoch + 1 < self.epochs - self.close_mosaic)
                 interrupted = any_rank(self.ctrl_c.requested, self.dist)  # a Ctrl-C seen by any rank stops all
                 if stop_after_epochs is not None and epoch + 1 >= stop_after_epochs:
                     interrupted = True
@@ -189,7 +184,7 @@ class Trainer:
                     break
         finally:
             self.ctrl_c.restore()
-            stop_workers(self.train_loader)  # the loaders' workers end with the run, not at exit (see stop_workers)
+            self.feed.stop()  # the loaders' workers end with the run, not at exit (detector.data.workers.stop_workers)
             if self.validator is not None:
                 self.validator.close()
             try:
@@ -218,8 +213,7 @@ class Trainer:
             # Asking the loader (not collating by hand) also forks its workers now, before the AMP check's freed
             # activations fill this process's heap: forked later, the first steps pay copy-on-write faults for
             # all of that memory (measured: ~2 s on the first step, 2-core CPU).
-            self.sampler.set_epoch(0, use_mosaic=self.close_mosaic < self.epochs)
-            batches = iter(self.train_loader)
+            batches = self.feed.begin(0, use_mosaic=self.close_mosaic < self.epochs)
             with self.account.detail("first batch"):
                 loaded = next(batches)
             first_batch = as_trained(loaded)
@@ -231,6 +225,9 @@ class Trainer:
             if self.clock.budget is not None:
                 with self.account.detail("--time probe"):
                     self._plan_before_first_step(loaded, batches)
+                self.feed.forget()  # the probe drew more of epoch 0's pass: it begins anew
+            else:
+                self.feed.put_back([loaded])  # epoch 0 goes on from this batch (detector/training/feed.py)
         self.log(run_header(self))
 
     def train_in_epoch(self, epoch: int) -> dict[str, float]:
@@ -238,9 +235,8 @@ class Trainer:
         use_mosaic = epoch < self.epochs - self.close_mosaic
         if not use_mosaic and self.mosaic_closed_at is None:
             self.mosaic_closed_at = epoch
-        self.sampler.set_epoch(epoch, use_mosaic=use_mosaic)
-        return train_one_epoch(self.step, self.train_loader, multi_scale=self.multi_scale, epoch=epoch,
-                               seed=self.config.seed, progress=self.progress and self.dist.is_main)
+        return train_one_epoch(self.step, self.feed.epoch(epoch, use_mosaic=use_mosaic), multi_scale=self.multi_scale,
+                               epoch=epoch, seed=self.config.seed, progress=self.progress and self.dist.is_main)
 
     def after_epoch(self, epoch: int, stats: dict[str, float], *, interrupted: bool) -> EpochDecision:
         """Rank 0: evaluate, log, decide what happens next, checkpoint. Returns the decision for all ranks."""

@@ -1,0 +1,80 @@
+"""The training loader, epoch by epoch: each epoch's pass over the loader begins as soon as its batches are known.
+
+A persistent loader's workers sit idle from the end of one epoch's pass until the next ``iter()``, and then the
+step waits for the new pass's first batches. With short epochs that wait is a large share of the run: BCCD on
+an H100 (13 steps an epoch, 15 workers) waited for data 10-62% of every epoch (docs/gpu.md). So the trainer
+begins the next epoch's pass right after an epoch's training, and the workers prepare its first batches while
+the main process validates and writes the checkpoint. That is done only where nothing decided in between can
+change the next epoch's batches: the sampler's keys (epoch, mosaic or not) are fixed by the plan, which only
+``--time`` re-fits after an epoch. A pass begun for other keys is dropped and begun again.
+
+Epoch 0's pass is begun before the run's first step, for the AMP check's first batch; it carries on as epoch
+0 (that batch first) instead of being dropped and begun again, which threw away the batches the workers had
+ready (``prefetch_factor`` per worker: two of BCCD's epochs at 15 workers).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader
+
+from detector.data.sampler import EpochSampler
+from detector.data.workers import stop_workers
+
+
+class EpochBatches:
+    """One epoch's batches, from a pass that may have begun (and yielded some batches) already: ``len`` is the
+    epoch's number of steps, as the loader's is."""
+
+    def __init__(self, batches: Iterator[Any], steps: int) -> None:
+        self._batches, self._steps = batches, steps
+
+    def __len__(self) -> int:
+        return self._steps
+
+    def __iter__(self) -> Iterator[Any]:
+        return self._batches
+
+
+class EpochFeed:
+    """The train loader's passes, one per epoch, each begun by :meth:`begin` or, at the latest, by :meth:`epoch`."""
+
+    def __init__(self, sampler: EpochSampler, loader: DataLoader) -> None:
+        self.sampler, self.loader = sampler, loader
+        self._begun: tuple[tuple[int, bool], Iterator[Any]] | None = None  # (epoch, use_mosaic), the pass
+
+    def begin(self, epoch: int, *, use_mosaic: bool) -> Iterator[Any]:
+        """Begin ``epoch``'s pass now (the workers start on its first batches); returns it, for a caller that
+        draws from it before the epoch (then :meth:`put_back` what it drew, or the epoch begins anew)."""
+        self.sampler.set_epoch(epoch, use_mosaic=use_mosaic)
+        batches = iter(self.loader)
+        self._begun = (epoch, use_mosaic), batches
+        return batches
+
+    def put_back(self, drawn: list[Any]) -> None:
+        """The batches drawn from the pass :meth:`begin` returned come first in its epoch after all."""
+        if self._begun is not None:
+            keys, batches = self._begun
+            self._begun = keys, itertools.chain(drawn, batches)
+
+    def forget(self) -> None:
+        """Batches were drawn from the begun pass and not put back: the epoch must begin anew."""
+        self._begun = None
+
+    def epoch(self, epoch: int, *, use_mosaic: bool) -> EpochBatches:
+        """``epoch``'s batches: the pass begun for these keys, else one begun now."""
+        begun, self._begun = self._begun, None
+        if begun is not None and begun[0] == (epoch, use_mosaic):
+            batches = begun[1]
+        else:
+            batches = self.begin(epoch, use_mosaic=use_mosaic)
+            self._begun = None
+        return EpochBatches(batches, len(self.loader))
+
+    def stop(self) -> None:
+        """Stop the loader's workers (a begun pass is dropped): :func:`detector.data.workers.stop_workers`."""
+        self._begun = None
+        stop_workers(self.loader)

@@ -1,0 +1,84 @@
+import csv
+from pathlib import Path
+
+import pytest
+from torch.utils.data import DataLoader, Dataset
+
+from detector.data.sampler import EpochSampler
+from detector.training.feed import EpochFeed
+
+
+class _Keys(Dataset):
+    """Returns the sampler's key itself: which epoch and mosaic setting each item was drawn for."""
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, key: tuple[int, int, bool]) -> tuple[int, int, bool]:
+        return key
+
+
+def _keys(batches) -> list[tuple[int, int, bool]]:
+    return [(int(index), int(epoch), bool(mosaic)) for batch in batches for index, epoch, mosaic in zip(*batch)]
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_each_epoch_gets_its_own_keys_whenever_its_pass_began(workers: int):
+    sampler = EpochSampler(6, seed=3, batch=2)
+    loader = DataLoader(_Keys(), batch_size=2, sampler=sampler, num_workers=workers, persistent_workers=workers > 0,
+                        timeout=60 if workers else 0)  # a worker that hangs fails the test instead
+    feed = EpochFeed(sampler, loader)
+    try:
+        expected = {}
+        for epoch, mosaic in ((0, True), (1, True), (2, False)):
+            sampler.set_epoch(epoch, use_mosaic=mosaic)
+            expected[epoch] = [(index, epoch, mosaic) for index, _, _ in sampler]  # the shuffle of that epoch
+
+        first = feed.begin(0, use_mosaic=True)
+        drawn = next(first)  # as the AMP check draws it
+        feed.put_back([drawn])
+        batches = feed.epoch(0, use_mosaic=True)
+        assert len(batches) == 3 and _keys(batches) == expected[0]  # the drawn batch first, then the rest, once
+
+        feed.begin(1, use_mosaic=True)  # begun early, as after an epoch's training
+        if workers:  # a later change of the sampler never reaches a pass whose workers began (none do without)
+            sampler.set_epoch(7, use_mosaic=False)
+        assert _keys(feed.epoch(1, use_mosaic=True)) == expected[1]
+
+        feed.begin(2, use_mosaic=True)  # begun for other keys (a re-planned close of mosaic): begun anew
+        assert _keys(feed.epoch(2, use_mosaic=False)) == expected[2]
+
+        feed.begin(0, use_mosaic=True)
+        next(feed.begin(0, use_mosaic=True))
+        feed.forget()  # drawn from and not put back: the epoch begins anew, whole
+        assert _keys(feed.epoch(0, use_mosaic=True)) == expected[0]
+    finally:
+        feed.stop()
+
+
+def test_beginning_epochs_early_changes_no_batch_of_a_run(tmp_path: Path, monkeypatch):
+    """The same run, with each epoch's pass begun early (the default) and begun only when the epoch starts: the
+    same losses and metrics to the last digit (workers seed augmentation from the sampler's keys alone)."""
+    from detector.training.config import TrainConfig
+    from detector.training.trainer import train
+    from tests.conftest import write_yolo_dataset
+
+    data = write_yolo_dataset(tmp_path / "data", train=16, val=4)
+    settings = dict(data=str(data), device="cpu", imgsz=64, epochs=3, batch=4, workers=2, cache="none",
+                    project=str(tmp_path), plots=False, amp_check=True, close_mosaic=1, seed=0, warmup_epochs=0.5)
+    early = train(TrainConfig(**settings, name="early"), progress=False)
+    began = []
+    real_epoch = EpochFeed.epoch
+
+    def at_the_epochs_start(self, epoch, *, use_mosaic):
+        began.append(self._begun is not None)
+        self.forget()  # whatever began earlier is dropped: the pass begins here, as before the feed existed
+        return real_epoch(self, epoch, use_mosaic=use_mosaic)
+
+    monkeypatch.setattr(EpochFeed, "epoch", at_the_epochs_start)
+    late = train(TrainConfig(**settings, name="late"), progress=False)
+    assert began == [True, True, True]  # epoch 0 from the AMP check's pass; 1 and 2 begun before validation
+    columns = ("train/box", "train/cls", "train/dfl", "lr", "mAP50-95", "mAP50", "precision", "optimizer_steps")
+    rows = [[{c: row[c] for c in columns} for row in csv.DictReader((run["run_dir"] / "results.csv").open())]
+            for run in (early, late)]
+    assert len(rows[0]) == 3 and rows[0] == rows[1]
