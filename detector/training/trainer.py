@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
