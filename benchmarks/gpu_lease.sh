@@ -2,17 +2,20 @@
 # One device call that fits a 15-minute GPU lease (~8 minutes of command; BUDGET, 570 s, at most: each stage's
 # limit below, cut to what is left):
 # the CUDA tests that matter most, then end to end against Ultralytics with the GPU's busy share and the step
-# alone, then the inference table and predict over a folder at --batch 1 and 32, then where FP16's model time
-# goes (benchmarks/inference_profile.py). Each stage has its own time limit and prints its result as soon as it
-# ends, so a stage that fails or runs out of time loses only itself; full logs go under $OUT.
+# alone, then where the loop's time goes beside its step (benchmarks/loop_profile.py), then BCCD for 100 epochs
+# at 640 (ours alone: accuracy, the time account and the process's exit); on request (STAGES) the inference
+# table with predict over a folder, and where FP16's model time goes (benchmarks/inference_profile.py), both
+# measured on the H100 of 2026-11-27 (docs/gpu.md). Each stage has its own time limit and prints its result as
+# soon as it ends, so a stage that fails or runs out of time loses only itself; full logs go under $OUT.
 #
 #   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
-#   STAGES="tests inference" bash benchmarks/gpu_lease.sh   # a subset
+#   STAGES="tests inference profile" bash benchmarks/gpu_lease.sh   # others
 #
 # WHEELS (default .gpu/whl): the cp312 wheels the GPU image lacks (../shared/gpu/fetch-wheels.sh), carried with
-# the call; installed once per machine. IMAGES (default 4096): the synthetic training set, 640 px.
+# the call; installed once per machine. IMAGES (default 4096): the synthetic training set, 640 px. BCCD (default
+# .gpu/bccd/bccd.yaml): ../shared/data/bccd copied there.
 set -u
-OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; STAGES=${STAGES:-tests speed inference profile}
+OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; STAGES=${STAGES:-tests speed loop bccd}; BCCD=${BCCD:-.gpu/bccd/bccd.yaml}
 BUDGET=${BUDGET:-570}  # s for the whole script: the device call's cap is 600
 mkdir -p "$OUT"; T0=$(date +%s)
 export YOLO_OFFLINE=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="/tmp/stub:$PWD"
@@ -57,10 +60,20 @@ generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
     tail -9 "$OUT/inference.log"
     timeout "$(limit 40)" python3 benchmarks/predict_speed.py --device cuda --half --images 256 --batches 1,32 \
       > "$OUT/predict.log" 2>&1; echo "predict rc $?"; tail -5 "$OUT/predict.log" ;;
+  loop)  # the loop beside its step alone: host and GPU time per part of a steady epoch (needs the speed stage's set)
+    timeout "$(limit 120)" python3 benchmarks/loop_profile.py --device cuda --imgsz 640 --batch 64 --epochs 3 \
+      --workers 8 --data "/tmp/shapes$IMAGES/shapes.yaml" > "$OUT/loop.log" 2>&1
+    echo "loop rc $?"; sed -n '/^last epoch/,/^Top/p' "$OUT/loop.log" ;;
+  bccd)  # issue 29's accuracy and issue 33's wall: the run's own account, then how long the process took in all
+    began=$(date +%s.%N)
+    timeout "$(limit 200)" python3 train.py --data "$BCCD" --epochs 100 --imgsz 640 --batch 16 --device cuda \
+      --project /tmp/bccd_runs 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/bccd.log"
+    echo "bccd rc ${PIPESTATUS[0]}, process $(python3 -c "import time; print(round(time.time() - $began, 1))") s"
+    grep -E "^done in|^time account|^  " "$OUT/bccd.log" | tail -9; cp /tmp/bccd_runs/*/results.csv "$OUT/" ;;
   profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
     timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
     echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
-  *) echo "unknown stage $stage (tests, speed, inference, profile)" ;;
+  *) echo "unknown stage $stage (tests, speed, loop, bccd, inference, profile)" ;;
   esac
 done
 stamp done
