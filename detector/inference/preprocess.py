@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -73,29 +74,65 @@ def letterbox_on_device(
     as OpenCV's INTER_LINEAR, which rounds its weights to 11 bits, so pixels may differ by one grey level.
     Images of one shape (a video's frames, a camera's batch) travel and resize together: one copy to the device,
     from pinned memory on CUDA so it does not hold the host, and one ``interpolate`` per shape, where one image at
-    a time cost a blocking upload and a resize each.
+    a time cost a blocking upload and a resize each. Two halves: :func:`stage_letterbox` on the host,
+    :func:`finish_letterbox` queued on the device, so a caller can stage the next batch while the GPU works.
     """
-    batch = torch.full((len(images_rgb), 3, size, size), PAD_VALUE, dtype=torch.uint8, device=device)
-    metas: dict[int, ImageMeta] = {}
+    return finish_letterbox(stage_letterbox(images_rgb, size, pin=device.type == "cuda"), device)
+
+
+@dataclass(frozen=True)
+class StagedGroup:
+    """Images of one shape in one host tensor ``uint8 [N, H, W, 3]``, and where each goes in the letterboxed batch."""
+
+    host: torch.Tensor
+    members: list[int]  # their places in the batch
+    resized: tuple[int, int]  # (height, width) on the canvas
+    offset: tuple[int, int]  # (left, top) padding
+    ratio: float
+
+
+@dataclass(frozen=True)
+class StagedBatch:
+    size: int
+    count: int
+    groups: list[StagedGroup]
+
+
+def stage_letterbox(images_rgb: list[np.ndarray], size: int, *, pin: bool) -> StagedBatch:
+    """The host half of :func:`letterbox_on_device`: each shape's images copied into one tensor, page-locked when
+    ``pin`` (CUDA), so its upload does not hold the host. On a GPU this copy is most of the pre-processing (a
+    640x480 frame is 0.9 MB): done for the next batch while the GPU runs this one (``predict``), it is hidden."""
     by_shape: dict[tuple[int, int], list[int]] = {}
     for index, image in enumerate(images_rgb):
         by_shape.setdefault(image.shape[:2], []).append(index)
+    groups = []
     for (height, width), same_shape in by_shape.items():
         ratio = size / max(height, width)
         new_w, new_h = round(width * ratio), round(height * ratio)
-        left, top = (size - new_w) // 2, (size - new_h) // 2
         # The FP32 copy the resize reads is 12 bytes a pixel: 32 4K frames at once would hold 3 GB of it.
         per_call = max(1, GROUP_BYTES // (12 * height * width))
         for start in range(0, len(same_shape), per_call):
             members = same_shape[start : start + per_call]
-            host = torch.empty((len(members), height, width, 3), dtype=torch.uint8, pin_memory=device.type == "cuda")
+            host = torch.empty((len(members), height, width, 3), dtype=torch.uint8, pin_memory=pin)
             for row, index in enumerate(members):
                 host[row].numpy()[...] = images_rgb[index]
-            pixels = host.to(device, non_blocking=True).permute(0, 3, 1, 2)
-            if (new_h, new_w) != (height, width):
-                resized = F.interpolate(pixels.float(), size=(new_h, new_w), mode="bilinear", align_corners=False)
-                pixels = resized.round_().clamp_(0, 255).to(torch.uint8)
-            for row, index in enumerate(members):
-                batch[index, :, top : top + new_h, left : left + new_w] = pixels[row]
-                metas[index] = ImageMeta(index, (height, width), ratio, (float(left), float(top)))
-    return batch, [metas[index] for index in range(len(images_rgb))]
+            groups.append(StagedGroup(host, members, (new_h, new_w), ((size - new_w) // 2, (size - new_h) // 2), ratio))
+    return StagedBatch(size, len(images_rgb), groups)
+
+
+def finish_letterbox(staged: StagedBatch, device: torch.device) -> tuple[torch.Tensor, list[ImageMeta]]:
+    """The device half of :func:`letterbox_on_device`: upload, resize and place each group (queued on CUDA)."""
+    size = staged.size
+    batch = torch.full((staged.count, 3, size, size), PAD_VALUE, dtype=torch.uint8, device=device)
+    metas: dict[int, ImageMeta] = {}
+    for group in staged.groups:
+        (new_h, new_w), (left, top) = group.resized, group.offset
+        height, width = group.host.shape[1:3]
+        pixels = group.host.to(device, non_blocking=True).permute(0, 3, 1, 2)
+        if (new_h, new_w) != (height, width):
+            resized = F.interpolate(pixels.float(), size=(new_h, new_w), mode="bilinear", align_corners=False)
+            pixels = resized.round_().clamp_(0, 255).to(torch.uint8)
+        for row, index in enumerate(group.members):
+            batch[index, :, top : top + new_h, left : left + new_w] = pixels[row]
+            metas[index] = ImageMeta(index, (height, width), group.ratio, (float(left), float(top)))
+    return batch, [metas[index] for index in range(staged.count)]

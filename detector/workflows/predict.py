@@ -34,7 +34,9 @@ import torch
 from detector.device import resolve_device
 from detector.extras import Unavailable
 from detector.files import write_image, write_text_atomically
+from detector.data.letterbox import ImageMeta
 from detector.inference import Backend, batch_to_original_pixels, load_backend, prepare_batch, weights_or_latest
+from detector.inference.preprocess import Detections, finish_letterbox, stage_letterbox
 from detector.inference.sources import READ_AHEAD, Frame, open_source, read_ahead
 from detector.inference.torch_backend import half_precision
 from detector.postprocess import NMSConfig
@@ -98,9 +100,15 @@ def detect_batch(backend: Backend, frames: list[Frame], *, size: int,
     tight = backend.info.stride if getattr(backend, "shapes_are_free", False) else None
     batch, transforms = prepare_batch([frame.image for frame in frames], size,
                                       device=getattr(backend, "device", None), tight=tight)
+    return frame_results(backend, frames, backend(batch), transforms, classes)
+
+
+def frame_results(backend: Backend, frames: list[Frame], detections: Detections, transforms: list[ImageMeta],
+                  classes: tuple[int, ...] | None) -> list[dict[str, Any]]:
+    """A batch's detections (letterboxed pixels, on their device) as :func:`detect`'s results, one host copy."""
     names = backend.info.names
     results = []
-    for frame, detections in zip(frames, batch_to_original_pixels(backend(batch), transforms)):
+    for frame, detections in zip(frames, batch_to_original_pixels(detections, transforms)):
         boxes = detections["boxes"].float().numpy()
         scores = detections["scores"].float().numpy()
         labels = detections["labels"].numpy().astype(np.int64)
@@ -110,6 +118,41 @@ def detect_batch(backend: Backend, frames: list[Frame], *, size: int,
         results.append({"file": frame.name, "frame": frame.index, "boxes": boxes, "scores": scores, "labels": labels,
                         "names": [names[i] if i < len(names) else str(i) for i in labels.tolist()]})
     return results
+
+
+def detect_batches(backend: Backend, batches: Iterable[list[Frame]], *, size: int, classes: tuple[int, ...] | None,
+                   pad_to: int | None = None) -> Iterator[tuple[list[Frame], list[dict[str, Any]]]]:
+    """:func:`detect_batch` over consecutive batches: ``(frames, results)`` per batch, in order. ``pad_to``: a short
+    batch is filled up to it with copies of its last frame, whose results are dropped.
+
+    On CUDA the batches overlap: one batch's model is queued on the GPU, then the next batch is taken from the
+    readers and copied into page-locked memory (the host half of the letterbox, most of the pre-processing there)
+    while the GPU runs, and only then are the first batch's detections brought back, which waits for the GPU.
+    Elsewhere (the CPU computes as it is asked) one batch after the other. A source that fails partway still gets
+    the results of every batch read before the error, then the error.
+    """
+    device = getattr(backend, "device", None)
+    padded = ((batch + [batch[-1]] * max(0, (pad_to or 0) - len(batch)), len(batch)) for batch in batches)
+    if device is None or torch.device(device).type != "cuda":
+        for frames, real in padded:
+            yield frames[:real], detect_batch(backend, frames, size=size, classes=classes)[:real]
+        return
+    device, error = torch.device(device), None
+    current = next(padded, None)
+    staged = stage_letterbox([frame.image for frame in current[0]], size, pin=True) if current else None
+    while current is not None and staged is not None:
+        (frames, real), (images, transforms) = current, finish_letterbox(staged, device)
+        raw = backend.infer(images)  # queued: the GPU runs it while the host reads and stages the next batch
+        try:
+            upcoming = next(padded, None)
+        except Exception as caught:  # the readers failed: this batch's results first, then the error
+            upcoming, error = None, caught
+        staged = stage_letterbox([frame.image for frame in upcoming[0]], size, pin=True) if upcoming else None
+        results = frame_results(backend, frames, backend.postprocess(raw), transforms, classes)
+        yield frames[:real], results[:real]
+        current = upcoming
+    if error is not None:
+        raise error
 
 
 def yolo_lines(result: dict, height: int, width: int, *, with_score: bool) -> str:
@@ -181,16 +224,16 @@ def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, opti
     """:func:`detect` on each frame (``options.batch`` frames per model call), a one-line summary printed per
     frame, written through ``outputs``; ``with_image``: each result also carries its frame (``"image"``, RGB
     ``uint8 [H, W, 3]``)."""
+    # On CUDA a free-shape backend captures or builds per input shape (PyTorch's CUDA graphs, onnxruntime's TensorRT
+    # engines): a short last batch is filled up with copies of its last frame, one more replay instead of one more
+    # capture, and their results dropped. Fixed-batch exports pad batches themselves.
+    pad_to = options.batch if backend.info.dynamic and on_cuda(backend) else None
     try:
-        for batch in in_batches(frames, options.batch):
-            start = time.perf_counter()
-            # On CUDA a free-shape backend captures or builds per input shape (PyTorch's CUDA graphs, onnxruntime's
-            # TensorRT engines): a short last batch is filled up with copies of its last frame, one more replay
-            # instead of one more capture, and their results dropped. Fixed-batch exports pad batches themselves.
-            short = options.batch - len(batch)
-            filler = [batch[-1]] * short if short and backend.info.dynamic and on_cuda(backend) else []
-            results = detect_batch(backend, batch + filler, size=size, classes=options.classes)[: len(batch)]
-            share = 1000 * (time.perf_counter() - start) / len(batch)  # each frame's share of the call
+        batches = detect_batches(backend, in_batches(frames, options.batch), size=size, classes=options.classes,
+                                 pad_to=pad_to)
+        start = time.perf_counter()
+        for batch, results in batches:
+            share = 1000 * (time.perf_counter() - start) / len(batch)  # each frame's share of the batch's wait
             for frame, result in zip(batch, results):
                 counts = Counter(result["names"]).most_common()
                 where = frame.name if frame.index is None else f"{frame.name} frame {frame.index}"
@@ -199,6 +242,7 @@ def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, opti
                 if outputs is not None:
                     outputs.add(frame, result)
                 yield {**result, "image": frame.image} if with_image else result
+            start = time.perf_counter()
     finally:
         if outputs is not None:
             outputs.close()

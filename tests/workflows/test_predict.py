@@ -178,6 +178,87 @@ def test_a_source_failing_inside_a_batch_still_predicts_and_writes_the_frames_be
         assert [record["file"] for record in written] == seen
 
 
+def letterbox_on_the_cpu(monkeypatch, events: list[str] | None = None) -> None:
+    """The CUDA path's two letterbox halves run on the CPU, unpinned (a fake CUDA backend only names its device);
+    ``events`` records each staging."""
+    import detector.workflows.predict as predict_module
+
+    real_stage, real_finish = predict_module.stage_letterbox, predict_module.finish_letterbox
+
+    def stage(images, size, *, pin):
+        if events is not None:
+            events.append(f"stage {len(images)}")
+        return real_stage(images, size, pin=False)
+
+    monkeypatch.setattr(predict_module, "stage_letterbox", stage)
+    monkeypatch.setattr(predict_module, "finish_letterbox", lambda staged, device: real_finish(staged, torch.device("cpu")))
+
+
+class RecordingCudaBackend(FixedBackend):
+    """Names a CUDA device, runs on the CPU, and records the order of its calls: what the pipeline relies on."""
+
+    def __init__(self, events: list[str]) -> None:
+        super().__init__()
+        self.info.stride, self.info.dynamic, self.device, self.events = 32, True, torch.device("cuda"), events
+        self.calls = 0
+
+    def infer(self, batch: torch.Tensor) -> tuple[torch.Tensor, int]:
+        self.calls += 1
+        self.events.append(f"infer {self.calls}")
+        return batch, self.calls
+
+    def postprocess(self, raw: tuple[torch.Tensor, int]) -> list[dict[str, torch.Tensor]]:
+        batch, call = raw
+        self.events.append(f"results {call}")
+        # each image's boxes moved by its mean pixel, so results can be told apart and matched to their frames
+        return [{**detection, "boxes": detection["boxes"] + image.float().mean()}
+                for image, detection in zip(batch, super().__call__(batch) * batch.shape[0])]
+
+    def __call__(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        return self.postprocess(self.infer(batch))
+
+
+def test_on_cuda_the_next_batch_is_staged_while_the_gpu_runs_this_one(monkeypatch) -> None:
+    """Batch k+1 is read and copied into host memory after batch k's model is queued and before its detections
+    are brought back (the wait for the GPU); results are those of one batch after the other, in order."""
+    from detector.workflows.predict import detect_batches
+
+    events: list[str] = []
+    letterbox_on_the_cpu(monkeypatch, events)
+    frames = [Frame("clip.mp4", index, np.full((32, 32, 3), 10 * index, np.uint8)) for index in range(5)]
+    batches = [frames[0:2], frames[2:4], frames[4:5]]
+    pipelined = list(detect_batches(RecordingCudaBackend(events), iter(batches), size=32, classes=None, pad_to=2))
+    assert events == ["stage 2", "infer 1", "stage 2", "results 1", "infer 2", "stage 2", "results 2", "infer 3",
+                      "results 3"]  # the last batch padded to 2 with a copy of frame 4
+    assert [[frame.index for frame in frames] for frames, _ in pipelined] == [[0, 1], [2, 3], [4]]
+    on_the_cpu = RecordingCudaBackend([])
+    on_the_cpu.device = torch.device("cpu")  # the plain path: one frame after the other, nothing overlapped
+    one_by_one = [batch[0] for _, batch in detect_batches(on_the_cpu, ([frame] for frame in frames), size=32,
+                                                          classes=None)]
+    results = [result for _, batch in pipelined for result in batch]
+    for got, expected in zip(results, one_by_one, strict=True):
+        np.testing.assert_array_equal(got["boxes"], expected["boxes"])
+        assert got["frame"] == expected["frame"] and got["names"] == expected["names"]
+
+
+def test_on_cuda_a_source_failing_partway_still_gets_the_batches_read_before(monkeypatch) -> None:
+    from detector.workflows.predict import detect_batches
+
+    letterbox_on_the_cpu(monkeypatch)
+    frames = [Frame("a.mp4", index, np.zeros((32, 32, 3), np.uint8)) for index in range(4)]
+
+    def batches():
+        yield frames[:2]
+        yield frames[2:]
+        raise FileNotFoundError("cannot open video b.mp4")
+
+    seen = []
+    with pytest.raises(FileNotFoundError, match="b.mp4"):
+        for batch, _ in detect_batches(RecordingCudaBackend([]), batches(), size=32, classes=None):
+            seen.extend(frame.index for frame in batch)
+    assert seen == [0, 1, 2, 3]
+
+
 @pytest.mark.parametrize("device, dynamic, calls", [("cuda", True, [2, 2, 2]), ("cpu", True, [2, 2, 1]),
                                                     ("cuda", False, [2, 2, 1])])
 def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, calls: list[int], monkeypatch) -> None:
@@ -191,6 +272,7 @@ def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, cal
     real_prepare = predict_module.prepare_batch
     monkeypatch.setattr(predict_module, "prepare_batch",
                         lambda images, size, device=None, tight=None: real_prepare(images, size, tight=tight))
+    letterbox_on_the_cpu(monkeypatch)
 
     class PerShapeBackend(FixedBackend):
         def __init__(self) -> None:
@@ -198,9 +280,15 @@ def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, cal
             self.info.stride, self.info.dynamic, self.device = 32, dynamic, torch.device(device)
             self.batches: list[int] = []
 
-        def __call__(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        def infer(self, batch: torch.Tensor) -> torch.Tensor:
             self.batches.append(batch.shape[0])
+            return batch
+
+        def postprocess(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
             return super().__call__(batch) * batch.shape[0]
+
+        def __call__(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+            return self.postprocess(self.infer(batch))
 
     backend = PerShapeBackend()
     frames = [Frame("clip.mp4", index, np.zeros((32, 32, 3), np.uint8)) for index in range(5)]
