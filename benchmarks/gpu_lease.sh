@@ -15,7 +15,7 @@
 # the call; installed once per machine. IMAGES (default 4096): the synthetic training set, 640 px. BCCD (default
 # .gpu/bccd/bccd.yaml): ../shared/data/bccd copied there.
 set -u
-OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; STAGES=${STAGES:-tests speed loop bccd}; BCCD=${BCCD:-.gpu/bccd/bccd.yaml}
+OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; STAGES=${STAGES:-imports tests speed loop bccd}; BCCD=${BCCD:-.gpu/bccd/bccd.yaml}
 BUDGET=${BUDGET:-570}  # s for the whole script: the device call's cap is 600
 mkdir -p "$OUT"; T0=$(date +%s)
 export YOLO_OFFLINE=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="/tmp/stub:$PWD"
@@ -60,6 +60,10 @@ generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
     tail -9 "$OUT/inference.log"
     timeout "$(limit 40)" python3 benchmarks/predict_speed.py --device cuda --half --images 256 --batches 1,32 \
       > "$OUT/predict.log" 2>&1; echo "predict rc $?"; tail -5 "$OUT/predict.log" ;;
+  imports)  # BCCD's start-up on the H100 had 8.0 s of imports: which modules (cumulative us, the top 15)
+    timeout "$(limit 40)" python3 -X importtime -c "import detector.training.trainer, detector.cli.train" \
+      2> "$OUT/imports.log"; echo "imports rc $?"
+    sort -t'|' -k2 -n -r "$OUT/imports.log" | head -15 ;;
   loop)  # the loop beside its step alone: host and GPU time per part of a steady epoch (needs the speed stage's set)
     timeout "$(limit 120)" python3 benchmarks/loop_profile.py --device cuda --imgsz 640 --batch 64 --epochs 3 \
       --workers 8 --data "/tmp/shapes$IMAGES/shapes.yaml" > "$OUT/loop.log" 2>&1
@@ -73,7 +77,7 @@ generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
   profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
     timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
     echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
-  *) echo "unknown stage $stage (tests, speed, loop, bccd, inference, profile)" ;;
+  *) echo "unknown stage $stage (imports, tests, speed, loop, bccd, inference, profile)" ;;
   esac
 done
 stamp done
