@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device call that fits a 15-minute GPU lease (~8 minutes of command; BUDGET, 570 s, at most: each stage's
 # limit below, cut to what is left):
-# the CUDA tests that matter most, then end to end against Ultralytics with the GPU's busy share and the step
-# alone, then where the loop's time goes beside its step (benchmarks/loop_profile.py), then BCCD for 100 epochs
+# which modules a run's imports spend their time in, the CUDA tests that matter most, then end to end against
+# Ultralytics with the GPU's busy share and the step alone, then where the loop's time goes beside its step
+# (benchmarks/loop_profile.py, on the speed stage's set: it needs that stage first), then BCCD for 100 epochs
 # at 640 (ours alone: accuracy, the time account and the process's exit); on request (STAGES) the inference
 # table with predict over a folder, and where FP16's model time goes (benchmarks/inference_profile.py), both
 # measured on the H100 of 2026-11-27 (docs/gpu.md). Each stage has its own time limit and prints its result as
@@ -15,7 +16,8 @@
 # the call; installed once per machine. IMAGES (default 4096): the synthetic training set, 640 px. BCCD (default
 # .gpu/bccd/bccd.yaml): ../shared/data/bccd copied there.
 set -u
-OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; STAGES=${STAGES:-imports tests speed loop bccd}; BCCD=${BCCD:-.gpu/bccd/bccd.yaml}
+OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; BCCD=${BCCD:-.gpu/bccd/bccd.yaml}
+STAGES=${STAGES:-imports tests speed loop bccd}
 BUDGET=${BUDGET:-570}  # s for the whole script: the device call's cap is 600
 mkdir -p "$OUT"; T0=$(date +%s)
 export YOLO_OFFLINE=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="/tmp/stub:$PWD"

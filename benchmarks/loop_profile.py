@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from pathlib import Path
 
 import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import torch

@@ -100,8 +100,8 @@ class StagedBatch:
 
 def stage_letterbox(images_rgb: list[np.ndarray], size: int, *, pin: bool) -> StagedBatch:
     """The host half of :func:`letterbox_on_device`: each shape's images copied into one tensor, page-locked when
-    ``pin`` (CUDA), so its upload does not hold the host. On a GPU this copy is most of the pre-processing (a
-    640x480 frame is 0.9 MB): done for the next batch while the GPU runs this one (``predict``), it is hidden."""
+    ``pin`` (CUDA), so its upload does not hold the host (a 640x480 frame is 0.9 MB to copy): done for the next
+    batch while the GPU runs this one (``predict``), it is hidden."""
     by_shape: dict[tuple[int, int], list[int]] = {}
     for index, image in enumerate(images_rgb):
         by_shape.setdefault(image.shape[:2], []).append(index)

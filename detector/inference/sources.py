@@ -84,6 +84,16 @@ def open_source(source: Any) -> Iterator[Frame]:
     return files_frames(text)
 
 
+def is_live(source: Any) -> bool:
+    """A webcam or a network stream (``open_source`` reads both with OpenCV's capture): frames that arrive in real
+    time, whose results should not wait for later frames."""
+    if isinstance(source, bool) or is_in_memory(source) or isinstance(source, (list, tuple)):
+        return False
+    text = str(source)
+    return isinstance(source, int) or (text.isdigit() and not Path(text).exists()) or text.lower().startswith(
+        STREAM_PREFIXES)
+
+
 def is_in_memory(item: Any) -> bool:
     return isinstance(item, np.ndarray) or type(item).__module__.startswith("PIL.")
 

@@ -10,7 +10,7 @@ change the next epoch's batches: the sampler's keys (epoch, mosaic or not) are f
 
 Epoch 0's pass is begun before the run's first step, for the AMP check's first batch; it carries on as epoch
 0 (that batch first) instead of being dropped and begun again, which threw away the batches the workers had
-ready (``prefetch_factor`` per worker: two of BCCD's epochs at 15 workers).
+ready (up to ``prefetch_factor`` per worker: all 13 of a BCCD epoch at 15 workers).
 """
 
 from __future__ import annotations

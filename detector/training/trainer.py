@@ -161,19 +161,20 @@ class Trainer:
     # ------------------------------------------------------------------------------------- the run
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
         """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
-        self.before_train()
-        self.account.switch("other")
-        self.ctrl_c.install()
-        decision, epoch, start = None, self.start_epoch, time.perf_counter()
-        try:
+        decision, epoch = None, self.start_epoch
+        try:  # the loaders' workers start in before_train: the finally stops them, whatever happens after
+            self.before_train()
+            self.account.switch("other")
+            self.ctrl_c.install()
+            start = time.perf_counter()
             while epoch < self.epochs:
                 with self.account.phase("training"):
                     stats = self.train_in_epoch(epoch)
-                if self.clock.budget is None and epoch + 1 < self.epochs:  # its workers start as this one validates
-                    self.feed.begin(epoch + 1, use_mosaic=epoch + 1 < self.epochs - self.close_mosaic)
                 interrupted = any_rank(self.ctrl_c.requested, self.dist)  # a Ctrl-C seen by any rank stops all
                 if stop_after_epochs is not None and epoch + 1 >= stop_after_epochs:
                     interrupted = True
+                if self.clock.budget is None and epoch + 1 < self.epochs and not interrupted:  # begun as it validates
+                    self.feed.begin(epoch + 1, use_mosaic=epoch + 1 < self.epochs - self.close_mosaic)
                 decision = decide_on_main(lambda: self.after_epoch(epoch, stats, interrupted=interrupted), self.dist)
                 if not self.dist.is_main:  # rank 0 applied it in after_epoch, before its checkpoint
                     self._apply(decision, epochs_done=epoch + 1)
@@ -183,13 +184,13 @@ class Trainer:
                     break
         finally:
             self.ctrl_c.restore()
-            self.feed.stop()  # the loaders' workers end with the run, not at exit (detector.data.workers.stop_workers)
-            if self.validator is not None:
-                self.validator.close()
             try:
                 with self.account.phase("checkpoints"):
                     self.checkpoints.close()  # every checkpoint on disk before a Ctrl-C or an error returns
             finally:
+                self.feed.stop()  # the loaders' workers end with the run, not at exit (workers.stop_workers)
+                if self.validator is not None:
+                    self.validator.close()
                 if self.reporter is not None:  # its TensorBoard events on disk, also when the run stopped early
                     self.reporter.close()
                 cleanup(self.dist)
@@ -277,9 +278,11 @@ class Trainer:
         evaluation when asked for, and the last line."""
         if self.config.final_fp32:
             with self.account.phase("final evaluation"):
-                validation = self.evaluate(force_fp32=True)
+                try:
+                    validation = self.evaluate(force_fp32=True)
+                finally:  # workers it started again if it kept no batches (see fit)
+                    self.validator.close()
                 write_results_json(self.run_dir / "predictions.json", validation.detections)
-                self.validator.close()  # workers it started again if it kept no batches (see fit)
             self.log(f"final FP32 evaluation: mAP50-95 {validation.metrics['mAP50-95']:.4f} "
                      f"({validation.result.evaluator})")
             summary["metrics_fp32"] = validation.metrics

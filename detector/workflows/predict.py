@@ -37,7 +37,7 @@ from detector.files import write_image, write_text_atomically
 from detector.data.letterbox import ImageMeta
 from detector.inference import Backend, batch_to_original_pixels, load_backend, prepare_batch, weights_or_latest
 from detector.inference.preprocess import Detections, finish_letterbox, stage_letterbox
-from detector.inference.sources import READ_AHEAD, Frame, open_source, read_ahead
+from detector.inference.sources import READ_AHEAD, Frame, is_live, open_source, read_ahead
 from detector.inference.torch_backend import half_precision
 from detector.postprocess import NMSConfig
 from detector.runs import claim_run_dir
@@ -120,20 +120,24 @@ def frame_results(backend: Backend, frames: list[Frame], detections: Detections,
     return results
 
 
-def detect_batches(backend: Backend, batches: Iterable[list[Frame]], *, size: int, classes: tuple[int, ...] | None,
-                   pad_to: int | None = None) -> Iterator[tuple[list[Frame], list[dict[str, Any]]]]:
+def detect_batches(
+    backend: Backend, batches: Iterable[list[Frame]], *, size: int, classes: tuple[int, ...] | None,
+    pad_to: int | None = None, overlap: bool = True,
+) -> Iterator[tuple[list[Frame], list[dict[str, Any]]]]:
     """:func:`detect_batch` over consecutive batches: ``(frames, results)`` per batch, in order. ``pad_to``: a short
     batch is filled up to it with copies of its last frame, whose results are dropped.
 
-    On CUDA the batches overlap: one batch's model is queued on the GPU, then the next batch is taken from the
-    readers and copied into page-locked memory (the host half of the letterbox, most of the pre-processing there)
-    while the GPU runs, and only then are the first batch's detections brought back, which waits for the GPU.
-    Elsewhere (the CPU computes as it is asked) one batch after the other. A source that fails partway still gets
-    the results of every batch read before the error, then the error.
+    On CUDA, with ``overlap``, the batches overlap: one batch's model is queued on the GPU, then the next batch is
+    taken from the readers and copied into page-locked memory (the host half of the letterbox) while the GPU runs,
+    and only then are the first batch's detections brought back, which waits for the GPU. A backend whose ``infer``
+    waits for its own result (ONNX Runtime, TensorRT) gets the same results, without the overlap. Each result then
+    comes one batch late: a live source (a webcam, a stream) passes ``overlap=False``. Elsewhere (the CPU
+    computes as it is asked) one batch after the other. A source that fails partway still gets the results of
+    every batch read before the error, then the error.
     """
     device = getattr(backend, "device", None)
     padded = ((batch + [batch[-1]] * max(0, (pad_to or 0) - len(batch)), len(batch)) for batch in batches)
-    if device is None or torch.device(device).type != "cuda":
+    if not overlap or device is None or torch.device(device).type != "cuda":
         for frames, real in padded:
             yield frames[:real], detect_batch(backend, frames, size=size, classes=classes)[:real]
         return
@@ -145,9 +149,9 @@ def detect_batches(backend: Backend, batches: Iterable[list[Frame]], *, size: in
         raw = backend.infer(images)  # queued: the GPU runs it while the host reads and stages the next batch
         try:
             upcoming = next(padded, None)
-        except Exception as caught:  # the readers failed: this batch's results first, then the error
-            upcoming, error = None, caught
-        staged = stage_letterbox([frame.image for frame in upcoming[0]], size, pin=True) if upcoming else None
+            staged = stage_letterbox([frame.image for frame in upcoming[0]], size, pin=True) if upcoming else None
+        except Exception as caught:  # the readers (or the staging) failed: this batch's results first, then the error
+            upcoming, staged, error = None, None, caught
         results = frame_results(backend, frames, backend.postprocess(raw), transforms, classes)
         yield frames[:real], results[:real]
         current = upcoming
@@ -219,18 +223,20 @@ class Outputs:
         write_text_atomically(self.out_dir / "predictions.json", text)
 
 
-def predict_frames(backend: Backend, frames: Iterable[Frame], *, size: int, options: PredictOptions,
-                   outputs: Outputs | None = None, with_image: bool = False) -> Iterator[dict[str, Any]]:
+def predict_frames(
+    backend: Backend, frames: Iterable[Frame], *, size: int, options: PredictOptions, outputs: Outputs | None = None,
+    with_image: bool = False, live: bool = False,
+) -> Iterator[dict[str, Any]]:
     """:func:`detect` on each frame (``options.batch`` frames per model call), a one-line summary printed per
     frame, written through ``outputs``; ``with_image``: each result also carries its frame (``"image"``, RGB
-    ``uint8 [H, W, 3]``)."""
+    ``uint8 [H, W, 3]``); ``live``: a webcam or stream, whose results must not wait for the next batch."""
     # On CUDA a free-shape backend captures or builds per input shape (PyTorch's CUDA graphs, onnxruntime's TensorRT
     # engines): a short last batch is filled up with copies of its last frame, one more replay instead of one more
     # capture, and their results dropped. Fixed-batch exports pad batches themselves.
     pad_to = options.batch if backend.info.dynamic and on_cuda(backend) else None
     try:
         batches = detect_batches(backend, in_batches(frames, options.batch), size=size, classes=options.classes,
-                                 pad_to=pad_to)
+                                 pad_to=pad_to, overlap=not live)
         start = time.perf_counter()
         for batch, results in batches:
             share = 1000 * (time.perf_counter() - start) / len(batch)  # each frame's share of the batch's wait
@@ -309,8 +315,8 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         # leaves no run folder behind (claim_run_dir: atomic, two runs at once get different folders).
         out_dir = claim_run_dir(options.project, options.name)
         outputs = Outputs(out_dir, options, list(backend.info.names))
-    results = predict_frames(backend, frames, size=size, options=options, outputs=outputs,
-                             with_image=stream)
+    results = predict_frames(backend, frames, size=size, options=options, outputs=outputs, with_image=stream,
+                             live=is_live(options.source if source is None else source))
     where = f"; results in {outputs.out_dir}" if outputs is not None else ""
     if stream:
         return closing_line(results, backend.name, size, where)

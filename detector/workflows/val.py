@@ -122,16 +122,11 @@ def run_val(options: ValOptions) -> dict[str, float]:
 
         loader = make_val_loader(split, batch_size=options.batch, workers=options.workers,
                                  cpu_compute=device.type == "cpu", pin_memory=device.type == "cuda", rect=rect)
-        validation = run_validation(
-            infer,
-            split,
-            loader,
-            results_json=save_dir / "predictions.json",
-            progress=sys.stderr.isatty(),
-            keep_predictions=True,
-            coco_eval=coco_eval,
-        )
-        stop_workers(loader)  # now, not at the process's exit (see stop_workers)
+        try:
+            validation = run_validation(infer, split, loader, results_json=save_dir / "predictions.json",
+                                        progress=sys.stderr.isatty(), keep_predictions=True, coco_eval=coco_eval)
+        finally:
+            stop_workers(loader)  # now, not at the process's exit (see stop_workers)
         result = validation.result
         table = validation_report(validation, split, spec.names, plot_dir=save_dir if options.plots else None)
         speed = 1000 * validation.seconds / max(validation.images, 1)

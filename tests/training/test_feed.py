@@ -58,7 +58,8 @@ def test_each_epoch_gets_its_own_keys_whenever_its_pass_began(workers: int):
 
 def test_beginning_epochs_early_changes_no_batch_of_a_run(tmp_path: Path, monkeypatch):
     """The same run, with each epoch's pass begun early (the default) and begun only when the epoch starts: the
-    same losses and metrics to the last digit (workers seed augmentation from the sampler's keys alone)."""
+    same losses and metrics in every digit results.csv keeps (workers seed augmentation from the sampler's keys
+    alone)."""
     from detector.training.config import TrainConfig
     from detector.training.trainer import train
     from tests.conftest import write_yolo_dataset

@@ -331,3 +331,25 @@ def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_and_stops_with_o
                                       "the previous one is intact")
     assert load_checkpoint(last)["epoch"] == 0  # the first epoch's, whole
     assert sorted(p.name for p in last.parent.iterdir()) == ["best.pt", "last.pt"]  # no temporary file left
+
+
+def test_a_run_failing_before_its_first_epoch_stops_its_loader_workers(tmp_path: Path, monkeypatch):
+    """The workers start with the first batch, before the AMP check: a failure there (or a Ctrl-C) still stops
+    them, not the process's exit (torch 2.11 waits 5 s per worker there: detector.data.workers.stop_workers)."""
+    import multiprocessing
+
+    from detector.training.trainer import Trainer
+    from tests.conftest import write_yolo_dataset
+
+    data = write_yolo_dataset(tmp_path / "data", train=8, val=2)
+    trainer = Trainer(_config(data, tmp_path, workers=2, amp_check=True), progress=False)
+
+    def failing(batch):
+        raise RuntimeError("AMP check failed")
+
+    monkeypatch.setattr(trainer, "_preflight", failing)
+    children = set(multiprocessing.active_children())
+    with pytest.raises(RuntimeError, match="AMP check failed"):
+        trainer.fit()
+    assert trainer.train_loader._iterator is None  # its pass was begun (the first batch), then stopped
+    assert set(multiprocessing.active_children()) <= children

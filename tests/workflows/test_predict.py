@@ -191,7 +191,8 @@ def letterbox_on_the_cpu(monkeypatch, events: list[str] | None = None) -> None:
         return real_stage(images, size, pin=False)
 
     monkeypatch.setattr(predict_module, "stage_letterbox", stage)
-    monkeypatch.setattr(predict_module, "finish_letterbox", lambda staged, device: real_finish(staged, torch.device("cpu")))
+    monkeypatch.setattr(predict_module, "finish_letterbox",
+                        lambda staged, device: real_finish(staged, torch.device("cpu")))
 
 
 class RecordingCudaBackend(FixedBackend):
@@ -239,6 +240,24 @@ def test_on_cuda_the_next_batch_is_staged_while_the_gpu_runs_this_one(monkeypatc
     for got, expected in zip(results, one_by_one, strict=True):
         np.testing.assert_array_equal(got["boxes"], expected["boxes"])
         assert got["frame"] == expected["frame"] and got["names"] == expected["names"]
+
+
+def test_a_live_source_gets_each_batchs_results_before_the_next_batch_is_read(monkeypatch) -> None:
+    from detector.inference.sources import is_live
+    from detector.workflows.predict import detect_batches
+
+    assert is_live(0) and is_live("rtsp://cam/1") and is_live("HTTPS://x/stream.m3u8")
+    assert not is_live("clip.mp4") and not is_live([0]) and not is_live(np.zeros((8, 8, 3), np.uint8))
+    events: list[str] = []
+    frames = [Frame("webcam0", index, np.zeros((32, 32, 3), np.uint8)) for index in range(2)]
+    import detector.workflows.predict as predict_module
+
+    real_prepare = predict_module.prepare_batch  # a fake CUDA backend: the one-by-one path letterboxes on the CPU
+    monkeypatch.setattr(predict_module, "prepare_batch",
+                        lambda images, size, device=None, tight=None: real_prepare(images, size, tight=tight))
+    list(detect_batches(RecordingCudaBackend(events), iter([frames[:1], frames[1:]]), size=32, classes=None,
+                        overlap=False))
+    assert events == ["infer 1", "results 1", "infer 2", "results 2"]
 
 
 def test_on_cuda_a_source_failing_partway_still_gets_the_batches_read_before(monkeypatch) -> None:
