@@ -95,8 +95,7 @@ class Trainer:
         saved_choice = (checkpoint or {}).get("optimizer_choice")  # what auto chose, for its saved state
         choice, schedule = build_optimization(
             config, model, steps_per_epoch=len(self.train_loader), world_size=self.dist.world_size,
-            resolved=(saved_choice["name"], saved_choice["lr"]) if saved_choice else None,
-        )
+            resolved=(saved_choice["name"], saved_choice["lr"]) if saved_choice else None)
         self.step = TrainStep(model, build_criterion(config, model), choice.optimizer, precision.make_scaler(),
                               ModelEMA(model, decay=config.ema_decay), precision, schedule, self.device,
                               channels_last=config.channels_last, world_size=self.dist.world_size,
@@ -174,7 +173,7 @@ class Trainer:
                 if stop_after_epochs is not None and epoch + 1 >= stop_after_epochs:
                     interrupted = True
                 if self.clock.budget is None and epoch + 1 < self.epochs and not interrupted:  # begun as it validates
-                    self.feed.begin(epoch + 1, use_mosaic=epoch + 1 < self.epochs - self.close_mosaic)
+                    self.feed.begin(epoch + 1, use_mosaic=self.uses_mosaic(epoch + 1))
                 decision = decide_on_main(lambda: self.after_epoch(epoch, stats, interrupted=interrupted), self.dist)
                 if not self.dist.is_main:  # rank 0 applied it in after_epoch, before its checkpoint
                     self._apply(decision, epochs_done=epoch + 1)
@@ -213,7 +212,7 @@ class Trainer:
             # Asking the loader (not collating by hand) also forks its workers now, before the AMP check's freed
             # activations fill this process's heap: forked later, the first steps pay copy-on-write faults for
             # all of that memory (measured: ~2 s on the first step, 2-core CPU).
-            batches = self.feed.begin(0, use_mosaic=self.close_mosaic < self.epochs)
+            batches = self.feed.begin(0, use_mosaic=self.uses_mosaic(0))
             with self.account.detail("first batch"):
                 loaded = next(batches)
             first_batch = as_trained(loaded)
@@ -230,9 +229,12 @@ class Trainer:
                 self.feed.put_back([loaded])  # epoch 0 goes on from this batch (detector/training/feed.py)
         self.log(run_header(self))
 
+    def uses_mosaic(self, epoch: int) -> bool:
+        return epoch < self.epochs - self.close_mosaic  # the last close_mosaic epochs train without
+
     def train_in_epoch(self, epoch: int) -> dict[str, float]:
         self.clock.epoch_starts()
-        use_mosaic = epoch < self.epochs - self.close_mosaic
+        use_mosaic = self.uses_mosaic(epoch)
         if not use_mosaic and self.mosaic_closed_at is None:
             self.mosaic_closed_at = epoch
         return train_one_epoch(self.step, self.feed.epoch(epoch, use_mosaic=use_mosaic), multi_scale=self.multi_scale,
@@ -350,8 +352,7 @@ class Trainer:
         """The distinct (batch, size) training inputs of the epochs still to run (for cuDNN and the header)."""
         return self.multi_scale.input_shapes(
             steps_per_epoch=len(self.train_loader), batch=images_per_step(len(self.sampler), self.config.batch),
-            seed=self.config.seed, start_epoch=self.start_epoch,
-        )
+            seed=self.config.seed, start_epoch=self.start_epoch)
 
     def _settings(self, *, warmup_epochs: float) -> RunSettings:
         config = self.config
