@@ -103,12 +103,12 @@ def detect_batch(backend: Backend, frames: list[Frame], *, size: int,
     return frame_results(backend, frames, backend(batch), transforms, classes)
 
 
-def frame_results(backend: Backend, frames: list[Frame], detections: Detections, transforms: list[ImageMeta],
+def frame_results(backend: Backend, frames: list[Frame], batch_detections: Detections, transforms: list[ImageMeta],
                   classes: tuple[int, ...] | None) -> list[dict[str, Any]]:
     """A batch's detections (letterboxed pixels, on their device) as :func:`detect`'s results, one host copy."""
     names = backend.info.names
     results = []
-    for frame, detections in zip(frames, batch_to_original_pixels(detections, transforms)):
+    for frame, detections in zip(frames, batch_to_original_pixels(batch_detections, transforms)):
         boxes = detections["boxes"].float().numpy()
         scores = detections["scores"].float().numpy()
         labels = detections["labels"].numpy().astype(np.int64)
