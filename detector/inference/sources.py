@@ -74,24 +74,28 @@ def open_source(source: Any) -> Iterator[Frame]:
         return _many(source)
     if is_in_memory(source):
         return iter([in_memory_frame(source, 0)])
-    if isinstance(source, int) and not isinstance(source, bool):
-        return capture_frames(source, f"webcam{source}")
+    if (capture := capture_source(source)) is not None:
+        return capture_frames(*capture)
+    return files_frames(str(source))
+
+
+def capture_source(source: Any) -> tuple[int | str, str] | None:
+    """``(what OpenCV's capture opens, the frames' name)`` for a webcam index (``0``, ``"0"`` where no such file
+    exists) or a stream URL; None for every other source."""
+    if isinstance(source, (bool, list, tuple)) or is_in_memory(source):
+        return None
+    if isinstance(source, int):
+        return source, f"webcam{source}"
     text = str(source)
     if text.isdigit() and not Path(text).exists():
-        return capture_frames(int(text), f"webcam{text}")
-    if text.lower().startswith(STREAM_PREFIXES):
-        return capture_frames(text, text)
-    return files_frames(text)
+        return int(text), f"webcam{text}"
+    return (text, text) if text.lower().startswith(STREAM_PREFIXES) else None
 
 
 def is_live(source: Any) -> bool:
-    """A webcam or a network stream (``open_source`` reads both with OpenCV's capture): frames that arrive in real
-    time, whose results should not wait for later frames."""
-    if isinstance(source, bool) or is_in_memory(source) or isinstance(source, (list, tuple)):
-        return False
-    text = str(source)
-    return isinstance(source, int) or (text.isdigit() and not Path(text).exists()) or text.lower().startswith(
-        STREAM_PREFIXES)
+    """A webcam or a network stream: frames that arrive in real time, whose results should not wait for later
+    frames."""
+    return capture_source(source) is not None
 
 
 def is_in_memory(item: Any) -> bool:
