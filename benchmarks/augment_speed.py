@@ -4,10 +4,14 @@ Each batch is made in this process (the loader's work: decode or RAM cache, draw
 region copy, HSV, flips, collate) and then turned into the step's float input on ``--device`` (``step_input``:
 the copy, the device-side warp and HSV/flips where they moved, the multi-scale resize). No model runs: this
 times what the paths do differently. ``images/s`` is images over loader + input time together, the rate
-one core would feed the step at; on CUDA the input phase is timed between ``torch.cuda.synchronize()`` calls.
+one core would feed the step at; on CUDA the input phase is timed between ``torch.cuda.synchronize()`` calls,
+and the loader's work includes pinning the batch, as the DataLoader's pin thread does. ``device-unfused`` is the
+device path with its warp, HSV and flips as PyTorch ops instead of the one kernel of
+``detector/data/warp_kernel.py`` (which runs on CUDA only; on the CPU both rows are the same code).
 
     python benchmarks/augment_speed.py                                   # built-in dataset, 320 px, CPU
     python benchmarks/augment_speed.py --data ../shared/data/coco128/coco128.yaml --imgsz 640 --device cuda
+    python benchmarks/augment_speed.py --imgsz 640 --batch 64 --device cuda --paths device,device-unfused
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import generate_shapes
 from detector.training.engine import carried_pixel_ops, step_input
 
-PATHS = {"workers": (False, False), "pixels": (True, False), "device": (True, True)}  # pixel ops, geometry
+# pixel ops on the device, geometry on the device, the fused kernel
+PATHS = {"workers": (False, False, True), "pixels": (True, False, True), "device": (True, True, True),
+         "device-unfused": (True, True, False)}
 
 
 def sync(device: torch.device) -> None:
@@ -36,15 +42,17 @@ def sync(device: torch.device) -> None:
 
 def measure(dataset, path: str, *, batch: int, batches: int, size: int, device: torch.device) -> tuple[float, float]:
     """Median seconds per batch: (loader work, step input work)."""
-    dataset.pixel_ops_on_device, dataset.geometry_on_device = PATHS[path]
+    dataset.pixel_ops_on_device, dataset.geometry_on_device, fused = PATHS[path]
     loader_times, input_times = [], []
     for index in range(batches + 1):  # the first batch warms caches and allocators: not timed
         keys = [((index * batch + i) % len(dataset), 0, True) for i in range(batch)]
         start = time.perf_counter()
         images, _, metas = collate([dataset[key] for key in keys])
+        if device.type == "cuda":
+            images = images.pin_memory()
         made = time.perf_counter()
         pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
-        step_input(images, size, device, channels_last=True, pixel_ops=pixel_ops)
+        step_input(images, size, device, channels_last=True, pixel_ops=pixel_ops, fused=fused)
         sync(device)
         if index:
             loader_times.append(made - start)

@@ -20,6 +20,7 @@ from tqdm import tqdm
 from detector.data.batch_augment import PixelOps, apply_pixel_ops, carried_pixel_ops
 from detector.data.device_augment import WarpBatch, render, render_uint8
 from detector.data.letterbox import ImageMeta
+from detector.data.warp_kernel import render_fused
 from detector.inference.preprocess import model_input
 from detector.distributed import unwrap
 from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
@@ -40,13 +41,20 @@ def step_input(
     *,
     channels_last: bool,
     pixel_ops: Sequence[PixelOps] | None = None,
+    fused: bool = True,
 ) -> torch.Tensor:
     """A training step's input: the loader's uint8 ``[B, 3, S, S]`` batch as float model input ``[B, 3, size, size]``.
 
     ``pixel_ops`` (the device path, one per image) are applied on ``device`` in float, before the resize.
-    A :class:`WarpBatch` (mosaic and affine left to the device) is warped there straight to ``size``.
+    A :class:`WarpBatch` (mosaic and affine left to the device) is warped there straight to ``size``; on CUDA
+    warp and pixel operations run as one kernel (detector/data/warp_kernel.py; ``fused=False``: the PyTorch ops,
+    for comparison).
     """
     if isinstance(images, WarpBatch):
+        rendered = render_fused(images, device, size=size, channels_last=channels_last, pixel_ops=pixel_ops) \
+            if fused else None
+        if rendered is not None:
+            return rendered
         rendered = render(images, device, size=size, channels_last=channels_last)
         return rendered if pixel_ops is None else apply_pixel_ops(rendered, pixel_ops)
     if pixel_ops is not None:

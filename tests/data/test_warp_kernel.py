@@ -1,0 +1,174 @@
+"""The fused warp + pixel-operations kernel against the PyTorch functions it replaces on CUDA.
+
+On the CPU the kernel runs under Triton's interpreter (``TRITON_INTERPRET=1``), the same kernel source the GPU
+compiles. Triton reads that variable when it is imported, so the interpreter cases run in a child pytest that
+starts with it set (:func:`test_the_kernel_checks_pass_under_the_interpreter`); in this process they skip. On a
+GPU the same checks run compiled (they skip without CUDA).
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from detector.data import warp_kernel
+from detector.data.augment import PAD_VALUE
+from detector.data.batch_augment import PixelOps, apply_pixel_ops
+from detector.data.device_augment import WarpBatch, pack_warp_batch, render
+from detector.data.warp_kernel import fused_unavailable, render_fused
+from detector.training.engine import step_input
+from tests.data.test_device_augment import DEVICE_WEIGHTS_LEVELS, EPS, _fixed_sources, device_position_px
+
+pytest.importorskip("triton")
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICES = [pytest.param("interpreter", marks=pytest.mark.skipif(not INTERPRETED, reason="run by the child pytest of "
+                                                                "test_the_kernel_checks_pass_under_the_interpreter")),
+           pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED,
+                                                         reason="needs CUDA"))]
+
+# Saturation and value gains, flips in every combination, one image left as it is. Hue gain 1 here: with any
+# other, hue x gain is discontinuous where the hue wraps from 1 to 0 (a red with green just under blue), so two
+# roundings of one sample may land either side (PyTorch's own CPU and CUDA can); the hue gain has its own test.
+OPS = [PixelOps(1.0, 1.5, 0.7, flip_lr=True), PixelOps(1.0, 0.4, 1.35, flip_ud=True),
+       PixelOps(1.0, 1.0, 1.0, flip_lr=True, flip_ud=True), PixelOps()]
+
+
+@pytest.fixture
+def device(request) -> torch.device:
+    return torch.device("cpu" if request.param == "interpreter" else "cuda")
+
+
+@pytest.mark.skipif(INTERPRETED, reason="this is the child")
+def test_the_kernel_checks_pass_under_the_interpreter():
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-k", "interpreter", str(Path(__file__))],
+        cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300,
+    )
+    summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr[-2000:]
+    assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
+    assert summary.startswith("8 passed"), summary  # 3 sizes x 2 layouts, the hue gain, a failing kernel
+
+
+def hsv_lipschitz(ops: list[PixelOps]) -> float:
+    """How much the HSV round trip with gains (h, s, v) can magnify a change of the input RGB (max over channels).
+
+    Output channel = v' - v's' f(k), v' = clamp(v gv), s' = clamp(s gs), k = 6 h gh + n, f 1-Lipschitz. A change d
+    of the input moves v' by gv d; v s is the chroma (max - min, moves by 2d), so v's' moves by 2 gs gv d; the hue
+    (g - b) / (6 chroma) moves by at most 4d / (6 chroma), so f(k) moves by 4 gh d / chroma, times v's' <= chroma
+    gs gv. Sum: gv + 2 gs gv + 4 gh gs gv. Continuous only where the hue does not wrap, or with gh = 1.
+    """
+    return max(v + 2 * s * v + 4 * h * s * v for h, s, v in (op.gains for op in ops))
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+@pytest.mark.parametrize("size", [56, 64, 72])  # the warp's own size and multi-scale sizes folded in
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_fused_kernel_matches_render_then_pixel_ops(device, size, channels_last):
+    batch = pack_warp_batch([source for _, _, source in _fixed_sources(64)])
+    fused = render_fused(batch, device, size=size, channels_last=channels_last, pixel_ops=OPS)
+    expected = apply_pixel_ops(render(batch, device, size=size, channels_last=channels_last), OPS)
+    assert fused.shape == expected.shape == (4, 3, size, size) and fused.dtype == torch.float32
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    assert fused.is_contiguous(memory_format=layout)
+    # Before HSV: each side places its samples within device_position_px of the exact point (the same formulas,
+    # rounded in another order), on pixels up to 255 levels apart in x and in y, plus each side's float32 weights.
+    before_hsv = (2 * device_position_px(batch) * 2 * 255 + 2 * DEVICE_WEIGHTS_LEVELS) / 255
+    # The HSV round trip magnifies that by at most hsv_lipschitz, and rounds ~30 times on values up to 6.
+    tolerance = hsv_lipschitz(OPS) * before_hsv + 30 * 6 * EPS
+    torch.testing.assert_close(fused.cpu(), expected.cpu(), rtol=0, atol=tolerance)
+    # The flips are exact mirrors, not a coincidence of symmetric content: unflipped, image 0 differs.
+    plain = render_fused(batch, device, size=size, channels_last=channels_last,
+                         pixel_ops=[PixelOps(*OPS[0].gains)] + OPS[1:])
+    assert (plain[0] - fused[0].flip(2)).abs().max() <= tolerance < (plain[0] - fused[0]).abs().max()
+
+
+def block_atlas(size: int, count: int, rng: np.random.Generator) -> tuple[WarpBatch, torch.Tensor]:
+    """``count`` images of ``size`` px made of 8x8 blocks of one colour each, far from the hue's wrap, in an atlas
+    whose matrices sample every output pixel at (up to rounding) its own pixel centre; -> the batch and the
+    images as float [count, 3, size, size] in [0, 1].
+
+    Every block is a colour whose hue is at least ~0.04 turns from 0 and whose channels differ by 20+ levels, so
+    a sample that rounding moves a hair off a pixel centre keeps its hue on the same side of the wrap.
+    """
+    blocks = size // 8
+    colours = []
+    while len(colours) < count * blocks * blocks:
+        red, green, blue = (int(v) for v in rng.integers(0, 256, 3))
+        if min(abs(red - green), abs(green - blue), abs(red - blue)) >= 20:
+            colours.append((red, green, blue))
+    images = np.array(colours, np.uint8).reshape(count, blocks, blocks, 3).repeat(8, 1).repeat(8, 2)
+    gap = 1
+    height, width = count * (size + gap) + gap, size + 2 * gap
+    atlas = np.full((height, width, 3), PAD_VALUE, np.uint8)
+    thetas, bounds = [], []
+    for index, image in enumerate(images):
+        top = gap + index * (size + gap)
+        atlas[top : top + size, gap : gap + size] = image
+        # Output pixel x -> atlas column gap + x: (2 (gap + x) + 1) / width - 1 = (n + 1) size / width + 2 gap / width
+        # - 1, with n = (2x + 1) / size - 1 the output's normalised coordinate (likewise rows, from top).
+        thetas.append([[size / width, 0, (size + 2 * gap) / width - 1],
+                       [0, size / height, (size + 2 * top) / height - 1]])
+        first_x, first_y = (2 * gap + 1) / width - 1, (2 * top + 1) / height - 1
+        last_x, last_y = (2 * (gap + size - 1) + 1) / width - 1, (2 * (top + size - 1) + 1) / height - 1
+        bounds.append([first_x, first_y, last_x, last_y])
+    batch = WarpBatch(torch.from_numpy(atlas), torch.tensor(thetas, dtype=torch.float32),
+                      torch.tensor(bounds, dtype=torch.float32), size)
+    return batch, torch.from_numpy(images).permute(0, 3, 1, 2).float() / 255
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_fused_kernel_applies_the_hue_gain_as_the_pytorch_path_does(device):
+    batch, images = block_atlas(64, 4, np.random.default_rng(3))
+    # The matrices put each sample on its own pixel: the render reproduces the images (float32 positions only).
+    rendered = render(batch, device, size=64, channels_last=True).cpu()
+    torch.testing.assert_close(rendered, images, rtol=0, atol=1e-4)
+    ops = [PixelOps(1.015, 1.3, 0.8), PixelOps(0.985, 0.6, 1.2, flip_lr=True), PixelOps(1.01, 1.0, 1.0),
+           PixelOps(0.99, 1.69, 1.39, flip_ud=True)]
+    fused = render_fused(batch, device, size=64, channels_last=True, pixel_ops=ops).cpu()
+    expected = apply_pixel_ops(images, ops)
+    # Each sample sits within device_position_px of its pixel centre (8 px blocks: a neighbour's weight is at
+    # most that, on colours up to 255 levels apart), magnified by the HSV round trip, plus its own roundings.
+    before_hsv = (device_position_px(batch) * 255 + DEVICE_WEIGHTS_LEVELS) / 255
+    tolerance = hsv_lipschitz(ops) * before_hsv + 30 * 6 * EPS
+    torch.testing.assert_close(fused, expected, rtol=0, atol=tolerance)
+    # The gain is applied, not dropped: with the hue left alone the result is measurably different.
+    unhued = apply_pixel_ops(images, [PixelOps(1.0, *op.gains[1:], flip_lr=op.flip_lr, flip_ud=op.flip_ud)
+                                      for op in ops])
+    assert (unhued - fused).abs().amax((1, 2, 3)).min() > 3 * tolerance
+
+
+@pytest.mark.skipif(INTERPRETED, reason="the interpreter makes the CPU a kernel device")
+def test_the_cpu_renders_with_pytorch_and_step_input_agrees():
+    assert fused_unavailable(torch.device("cpu")) == "not a CUDA device"
+    batch = pack_warp_batch([source for _, _, source in _fixed_sources(64)])
+    assert render_fused(batch, torch.device("cpu"), size=64, channels_last=True, pixel_ops=OPS) is None
+    stepped = step_input(batch, 64, torch.device("cpu"), channels_last=True, pixel_ops=OPS)
+    assert torch.equal(stepped, apply_pixel_ops(render(batch, torch.device("cpu"), size=64, channels_last=True), OPS))
+
+
+@pytest.mark.parametrize("device", DEVICES[:1], indirect=True)
+def test_a_failing_kernel_says_so_once_and_leaves_the_rest_to_pytorch(device, monkeypatch, capsys):
+    monkeypatch.setattr(warp_kernel, "_failed", [])
+
+    class Broken:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                raise RuntimeError("PTX assembly failed\nmore detail")
+            return launch
+
+    monkeypatch.setattr(warp_kernel, "_kernel", lambda interpret: Broken())
+    batch = pack_warp_batch([source for _, _, source in _fixed_sources(64)])
+    assert render_fused(batch, device, size=64, channels_last=True, pixel_ops=OPS) is None
+    assert capsys.readouterr().out == ("device augmentation: fused augmentation kernel failed (RuntimeError: PTX "
+                                       "assembly failed); using PyTorch ops\n")
+    assert fused_unavailable(torch.device("cpu")).startswith("fused augmentation kernel failed")
+    assert render_fused(batch, device, size=64, channels_last=True, pixel_ops=OPS) is None
+    assert capsys.readouterr().out == ""  # said once
+    stepped = step_input(batch, 64, torch.device("cpu"), channels_last=True, pixel_ops=OPS)
+    assert torch.equal(stepped, apply_pixel_ops(render(batch, torch.device("cpu"), size=64, channels_last=True), OPS))
