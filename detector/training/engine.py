@@ -27,7 +27,7 @@ from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, target
 from detector.precision import Precision
 from detector.training.cuda_graph import Body, DeviceEMA, StaticBatch, StepGraphs, graphs_unavailable, skip_on_device
 from detector.training.ema import ModelEMA
-from detector.training.feed import EpochBatches
+from detector.training.feed import EpochBatches, uploaded_ahead
 from detector.training.multiscale import MultiScale
 from detector.training.schedule import StepSchedule, StepValues
 
@@ -353,8 +353,9 @@ def train_one_epoch(
     graphs = step.step_graphs(parameters)
     guard = StatisticsGuard(unwrap(model), *([ema.module] if ema is not None else []))
     waited = [0.0]  # seconds this loop spent blocked on the loader: the step starved of data
-    bar = tqdm(timed(loader, waited), total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}", disable=not progress,
-               leave=True)
+    # On CUDA each batch's pixels are copied to the GPU while the step before runs (detector/training/feed.py).
+    bar = tqdm(uploaded_ahead(timed(loader, waited), device), total=steps, desc=f"epoch {epoch + 1}/{schedule.epochs}",
+               disable=not progress, leave=True)
     start = last_shown = time.perf_counter()
     for index, (images, targets, metas) in enumerate(bar):
         step = epoch * steps + index

@@ -11,16 +11,22 @@ change the next epoch's batches: the sampler's keys (epoch, mosaic or not) are f
 Epoch 0's pass is begun before the run's first step, for the AMP check's first batch; it carries on as epoch
 0 (that batch first) instead of being dropped and begun again, which threw away the batches the workers had
 ready (up to ``prefetch_factor`` per worker: all 13 of a BCCD epoch at 15 workers).
+
+On CUDA each batch's pixels also travel to the GPU one step ahead (:func:`uploaded_ahead`), on a stream of their
+own, while the GPU runs the step before: on the step's stream the copy would sit between two steps' kernels.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+import torch
 from torch.utils.data import DataLoader
 
+from detector.data.device_augment import WarpBatch
 from detector.data.sampler import EpochSampler
 from detector.data.workers import stop_workers
 
@@ -78,3 +84,47 @@ class EpochFeed:
         """Stop the loader's workers (a begun pass is dropped): :func:`detector.data.workers.stop_workers`."""
         self._begun = None
         stop_workers(self.loader)
+
+
+def uploaded_ahead(batches: Iterable[tuple[Any, ...]], device: torch.device) -> Iterator[tuple[Any, ...]]:
+    """``batches`` (images first: a uint8 tensor or a :class:`WarpBatch`) with their images on ``device``, each
+    copied on a side stream while the caller still steps on the batch before; other devices: ``batches`` as is.
+
+    A batch is handed out once its copy is queued and the step's stream waits for it, so what the caller queues
+    on that stream sees the pixels. The loader is asked for the next batch one step early: what the step waits
+    for the loader is unchanged, only when. The copies read the loader's pinned memory (non-blocking; a pageable
+    batch is copied synchronously, as ``.to`` would).
+    """
+    if device.type != "cuda":
+        yield from batches
+        return
+    side = torch.cuda.Stream(device)
+    pending: tuple[tuple[Any, ...], torch.cuda.Event] | None = None
+    for batch in batches:
+        with torch.cuda.stream(side):
+            moved = (on_device(batch[0], device), *batch[1:])
+        copied = side.record_event()
+        if pending is not None:
+            yield handed_over(*pending, device)
+        pending = moved, copied
+    if pending is not None:
+        yield handed_over(*pending, device)
+
+
+def on_device(images: torch.Tensor | WarpBatch, device: torch.device) -> torch.Tensor | WarpBatch:
+    """A batch's images copied to ``device`` on the current stream (non-blocking)."""
+    if isinstance(images, WarpBatch):
+        return dataclasses.replace(images, **{name: getattr(images, name).to(device, non_blocking=True)
+                                              for name in ("atlas", "theta", "bounds")})
+    return images.to(device, non_blocking=True)
+
+
+def handed_over(batch: tuple[Any, ...], copied: torch.cuda.Event, device: torch.device) -> tuple[Any, ...]:
+    """``batch`` for the current stream: it waits for the copy, and the allocator keeps the copy's memory until what
+    the current stream queues on it has run (it was allocated on the side stream)."""
+    stream = torch.cuda.current_stream(device)
+    stream.wait_event(copied)
+    images = batch[0]
+    for tensor in (images.atlas, images.theta, images.bounds) if isinstance(images, WarpBatch) else (images,):
+        tensor.record_stream(stream)
+    return batch

@@ -2,10 +2,12 @@ import csv
 from pathlib import Path
 
 import pytest
+import torch
 from torch.utils.data import DataLoader, Dataset
 
+from detector.data.device_augment import WarpBatch
 from detector.data.sampler import EpochSampler
-from detector.training.feed import EpochFeed
+from detector.training.feed import EpochFeed, uploaded_ahead
 
 
 class _Keys(Dataset):
@@ -83,3 +85,42 @@ def test_beginning_epochs_early_changes_no_batch_of_a_run(tmp_path: Path, monkey
     rows = [[{c: row[c] for c in columns} for row in csv.DictReader((run["run_dir"] / "results.csv").open())]
             for run in (early, late)]
     assert len(rows[0]) == 2 and rows[0] == rows[1]
+
+
+def _batches(count: int) -> list[tuple[object, torch.Tensor, list[int]]]:
+    """Loader-like batches: a uint8 image tensor or a WarpBatch, targets, metas; every value distinct."""
+    out = []
+    for index in range(count):
+        pixels = torch.full((2, 3, 8, 8), index, dtype=torch.uint8)
+        images = pixels if index % 2 else WarpBatch(pixels[0].permute(1, 2, 0).contiguous(),
+                                                     torch.full((2, 2, 3), float(index)), torch.zeros(2, 4), 8)
+        out.append((images, torch.tensor([[index, 0, 0.5, 0.5, 0.1, 0.1]]), [index]))
+    return out
+
+
+def test_uploading_ahead_on_the_cpu_hands_out_the_batches_themselves():
+    batches = _batches(3)
+    handed = list(uploaded_ahead(iter(batches), torch.device("cpu")))
+    assert len(handed) == 3 and all(a is b for a, b in zip(handed, batches))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_uploading_ahead_hands_each_batch_on_the_gpu_in_order_and_one_ahead():
+    device = torch.device("cuda")
+    batches = _batches(5)
+    asked = []
+
+    def loader():
+        for index, batch in enumerate(batches):
+            asked.append(index)
+            yield tuple(part.pin_memory() if isinstance(part, (torch.Tensor, WarpBatch)) else part for part in batch)
+
+    for index, (images, targets, metas) in enumerate(uploaded_ahead(loader(), device)):
+        assert asked == list(range(min(index + 2, len(batches))))  # the next batch is copied while this one steps
+        expected = batches[index][0]
+        if isinstance(expected, WarpBatch):
+            assert images.atlas.device.type == "cuda" and images.out_size == expected.out_size
+            assert torch.equal(images.atlas.cpu(), expected.atlas) and torch.equal(images.theta.cpu(), expected.theta)
+        else:
+            assert images.device.type == "cuda" and torch.equal(images.cpu(), expected)
+        assert targets.device.type == "cpu" and torch.equal(targets, batches[index][1]) and metas == [index]
