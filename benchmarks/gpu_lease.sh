@@ -2,7 +2,8 @@
 # One device call that fits a 15-minute GPU lease (~8 minutes of command; BUDGET, 570 s, at most: each stage's
 # limit below, cut to what is left):
 # which modules a run's imports spend their time in, the CUDA tests that matter most, then end to end against
-# Ultralytics with the GPU's busy share and the step alone, then where the loop's time goes beside its step
+# Ultralytics with the GPU's busy share and the step alone, then the device augmentation's input work per batch
+# with its fused kernel and without (benchmarks/augment_speed.py), then where the loop's time goes beside its step
 # (benchmarks/loop_profile.py, on the speed stage's set: it needs that stage first), then BCCD for 100 epochs
 # at 640 (ours alone: accuracy, the time account and the process's exit); on request (STAGES) the inference
 # table with predict over a folder, and where FP16's model time goes (benchmarks/inference_profile.py), both
@@ -17,7 +18,7 @@
 # .gpu/bccd/bccd.yaml): ../shared/data/bccd copied there.
 set -u
 OUT=${OUT:-/tmp/out}; WHEELS=${WHEELS:-.gpu/whl}; IMAGES=${IMAGES:-4096}; BCCD=${BCCD:-.gpu/bccd/bccd.yaml}
-STAGES=${STAGES:-imports tests speed loop bccd}
+STAGES=${STAGES:-imports tests speed augment loop bccd}
 BUDGET=${BUDGET:-570}  # s for the whole script: the device call's cap is 600
 mkdir -p "$OUT"; T0=$(date +%s)
 export YOLO_OFFLINE=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="/tmp/stub:$PWD"
@@ -43,7 +44,8 @@ for stage in $STAGES; do
     timeout "$(limit 80)" python3 -m pytest -n 4 -p no:cacheprovider $per_test -rfE tests/test_device.py \
       tests/data/test_device_augment.py tests/data/test_batch_augment.py tests/inference/test_preprocess.py \
       tests/training/test_autobatch.py tests/test_loss.py tests/test_postprocess.py \
-      tests/inference/test_inference_backends.py tests/inference/test_onnx_providers.py > "$OUT/tests_device.log" 2>&1
+      tests/inference/test_inference_backends.py tests/inference/test_onnx_providers.py tests/data/test_warp_kernel.py \
+      tests/training/test_feed.py > "$OUT/tests_device.log" 2>&1
     echo "device tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_device.log" | tail -8 ;;
   speed)
     timeout "$(limit 60)" python3 -c "from pathlib import Path; from detector.data.synthetic import generate_shapes
@@ -66,6 +68,12 @@ generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
     timeout "$(limit 40)" python3 -X importtime -c "import detector.training.trainer, detector.cli.train" \
       2> "$OUT/imports.log"; echo "imports rc $?"
     sort -t'|' -k2 -n -r "$OUT/imports.log" | head -15 ;;
+  augment)  # the device path's input work per batch: the fused kernel against the PyTorch ops, 256 images at 640
+    timeout "$(limit 20)" python3 -c "from pathlib import Path; from detector.data.synthetic import generate_shapes
+generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
+    timeout "$(limit 60)" python3 benchmarks/augment_speed.py --data /tmp/augment640/shapes.yaml --imgsz 640 \
+      --batch 64 --batches 8 --device cuda --paths device,device-unfused,device > "$OUT/augment.log" 2>&1
+    echo "augment rc $?"; tail -5 "$OUT/augment.log" ;;
   loop)  # the loop beside its step alone: host and GPU time per part of a steady epoch (needs the speed stage's set)
     timeout "$(limit 120)" python3 benchmarks/loop_profile.py --device cuda --imgsz 640 --batch 64 --epochs 3 \
       --workers 8 --data "/tmp/shapes$IMAGES/shapes.yaml" > "$OUT/loop.log" 2>&1
