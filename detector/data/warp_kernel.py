@@ -19,6 +19,7 @@ says so in one line and the PyTorch functions take over for the rest of the proc
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Sequence
@@ -43,8 +44,8 @@ def fused_unavailable(device: torch.device) -> str | None:
         return _failed[0]
     try:
         _kernel(interpreting())
-    except ImportError as error:
-        return f"triton is not importable ({error})"
+    except Exception as error:  # not installed, or a build whose import fails (any error type)
+        return f"triton is not usable ({type(error).__name__}: {error})"
     return None
 
 
@@ -78,11 +79,14 @@ def render_fused(
     out = torch.empty((count, 3, size, size), dtype=torch.float32, device=device, memory_format=layout)
     height, width = atlas.shape[:2]
     pixels = count * size * size
+    # Triton launches on the current CUDA device: make it the batch's (a run on cuda:1 need not have made it so).
+    current = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
     try:
-        _kernel(interpreting())[(-(-pixels // BLOCK),)](
-            atlas.contiguous(), theta, bounds, params, out, height, width, size, pixels, *out.stride(),
-            HSV=any(op.gains != (1.0, 1.0, 1.0) for op in ops), BLOCK=BLOCK,
-        )
+        with current:
+            _kernel(interpreting())[(-(-pixels // BLOCK),)](
+                atlas.contiguous(), theta, bounds, params, out, height, width, size, pixels, *out.stride(),
+                HSV=any(op.gains != (1.0, 1.0, 1.0) for op in ops), BLOCK=BLOCK,
+            )
     except Exception as error:  # a Triton or driver build failure of any type: PyTorch renders from now on
         _failed.append(f"fused augmentation kernel failed ({type(error).__name__}: {str(error).splitlines()[0]})")
         print(f"device augmentation: {_failed[0]}; using PyTorch ops", flush=True)

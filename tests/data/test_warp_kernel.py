@@ -88,6 +88,25 @@ def test_fused_kernel_matches_render_then_pixel_ops(device, size, channels_last)
     assert (plain[0] - fused[0].flip(2)).abs().max() <= tolerance < (plain[0] - fused[0]).abs().max()
 
 
+@pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="the CUDA cases compile and run it")
+@pytest.mark.parametrize("hsv", [True, False])
+def test_the_kernel_compiles_for_an_h100_without_one(hsv):
+    """What the interpreter cannot show: that Triton's compiler takes the kernel (types, constexpr branches, the
+    unrolled corners) down to an sm_90 binary, here on a machine without a GPU (Triton brings its own ptxas)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    pointers = {"atlas": "*u8", "theta": "*fp32", "bounds": "*fp32", "params": "*fp32", "out": "*fp32"}
+    scalars = {name: "i32" for name in ("height", "width", "size", "stride_c", "stride_y", "stride_x")}
+    signature = {**pointers, **scalars, "pixels": "i64", "stride_b": "i64", "HSV": "constexpr", "BLOCK": "constexpr"}
+    signature = {name: signature[name] for name in warp_kernel._kernel(False).arg_names}  # the kernel's order
+    compiled = triton.compile(ASTSource(fn=warp_kernel._kernel(False), signature=signature,
+                                        constexprs={"HSV": hsv, "BLOCK": warp_kernel.BLOCK}),
+                              target=GPUTarget("cuda", 90, 32))
+    assert compiled.asm["cubin"] and ".target sm_90" in compiled.asm["ptx"]
+
+
 def block_atlas(size: int, count: int, rng: np.random.Generator) -> tuple[WarpBatch, torch.Tensor]:
     """``count`` images of ``size`` px made of 8x8 blocks of one colour each, far from the hue's wrap, in an atlas
     whose matrices sample every output pixel at (up to rounding) its own pixel centre; -> the batch and the
