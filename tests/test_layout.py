@@ -33,7 +33,9 @@ MAX_PARAMETERS = 8
 # The API's verbs take every flag of their command as a named, typed, defaulted parameter, so that an editor and
 # help() show them (tests/test_api.py checks they match the option dataclasses): they mirror the command line,
 # whose width is the point, rather than group parameters that belong together. Nothing else is exempt.
-WIDE_BY_DESIGN = {"detector.api.train", "detector.api.val", "detector.api.predict", "detector.api.export"}
+WIDE_BY_DESIGN = {"detector.api.train", "detector.api.val", "detector.api.predict", "detector.api.export",
+                  # a Triton kernel takes flat pointers, scalars and strides: it cannot take an object
+                  "detector.data.warp_kernel.warp_augment"}
 
 
 def unit(module: str) -> str:
