@@ -52,7 +52,7 @@ def test_the_kernel_checks_pass_under_the_interpreter():
     )
     summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr[-2000:]
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    assert summary.startswith("8 passed"), summary  # 3 sizes x 2 layouts, the hue gain, a failing kernel
+    assert summary.startswith("5 passed"), summary  # 3 sizes and layouts, the hue gain, a failing kernel
 
 
 def hsv_lipschitz(ops: list[PixelOps]) -> float:
@@ -67,8 +67,8 @@ def hsv_lipschitz(ops: list[PixelOps]) -> float:
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
-@pytest.mark.parametrize("size", [56, 64, 72])  # the warp's own size and multi-scale sizes folded in
-@pytest.mark.parametrize("channels_last", [True, False])
+# The warp's own size and multi-scale sizes folded in; both memory layouts (the kernel writes through strides).
+@pytest.mark.parametrize("size,channels_last", [(56, True), (64, False), (72, True)])
 def test_fused_kernel_matches_render_then_pixel_ops(device, size, channels_last):
     batch = pack_warp_batch([source for _, _, source in _fixed_sources(64)])
     fused = render_fused(batch, device, size=size, channels_last=channels_last, pixel_ops=OPS)
