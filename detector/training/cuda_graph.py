@@ -16,8 +16,10 @@ What the graph holds, and what makes it replayable (the engine's body is in dete
   each is filled right before its own replay, on the same stream. Values that change every step live in device
   tensors that the host fills before the replay (a fill is a kernel launch, not a wait): the learning rate of each
   parameter group (fused SGD and AdamW read a tensor ``lr``) and the EMA weight (:class:`DeviceEMA`).
-- **Baked values.** Momentum (AdamW's beta1) and the accumulation count are recorded as constants; both
-  change only during warm-up, so the engine hands steps to the graphs from the first step after warm-up.
+- **Baked values.** Momentum (AdamW's beta1) is recorded as a constant (fused kernels take it as a number), and
+  warm-up ramps it every step: there the engine replays graphs of the forward and backward passes only (keys
+  without the optimizer, as for accumulation's micro-steps) and steps the optimizer eagerly after them, and from
+  the first step after warm-up whole steps. Accumulation bakes nothing: it only picks the key.
 - **No host syncs inside.** Targets are padded on the host before the copy; the loss runs its dense form on
   CUDA (no boolean indexing); gradients stay allocated between steps (zeroed, never set to None), so every
   graph accumulates into the same tensors.

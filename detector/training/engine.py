@@ -151,7 +151,10 @@ def optimizer_step(
         scaler.update()
     elif finite:
         optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    # Zeroed in place, not dropped: a backward pass replayed from a CUDA graph accumulates into the very tensors it
+    # was captured with, and in warm-up this eager step runs between such replays. (Every trainable weight gets a
+    # gradient every step, so zeros and None step the optimizer alike; the cost is one fill.)
+    optimizer.zero_grad(set_to_none=False)
     if ema is not None:
         ema.update(model)
     return step_outcome(finite, scale, loss_was_finite, precision)
@@ -364,10 +367,13 @@ def train_one_epoch(
         unreadable_images += sum(1 for meta in metas if meta.unreadable)  # replaced by the dataset (it warned)
         images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops)
         stepping = step - last_step >= accumulate or index == steps - 1
-        # Captured steps start after warm-up: momentum and accumulation, which a graph bakes in, are fixed then.
+        # A graph bakes in momentum (AdamW's beta1), which warm-up ramps each step: until it ends, graphs run the
+        # forward and backward passes only and the optimizer steps eagerly after them (accumulation needs nothing
+        # baked: it only chooses the steps that end with the optimizer).
+        graphed_optimizer = stepping and step >= schedule.warmup_steps
         captured = None
-        if graphs is not None and graphs.failed is None and step >= schedule.warmup_steps:
-            captured = graphed_step(graphs, images, targets, with_optimizer=stepping,
+        if graphs is not None and graphs.failed is None:
+            captured = graphed_step(graphs, images, targets, with_optimizer=graphed_optimizer,
                                     earlier_finite=nonfinite_losses == losses_before_step)
         if captured is None:
             with precision.autocast():
@@ -387,7 +393,7 @@ def train_one_epoch(
         images_seen += len(images)
 
         if stepping:
-            if captured is not None:
+            if captured is not None and graphed_optimizer:
                 result = StepResult(captured["applied"], captured["unstable"], captured["scale"])
             else:
                 result = optimizer_step(

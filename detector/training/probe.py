@@ -99,7 +99,10 @@ def time_training_steps(
     with torch.random.fork_rng(devices=devices):
         # One deepcopy of the three, so the copied optimizer and EMA refer to the copied model's parameters.
         model, optimizer, ema = copy.deepcopy((unwrap(step.model), step.optimizer, step.ema))
-        work = dataclasses.replace(step, model=model, optimizer=optimizer, ema=ema, scaler=step.precision.make_scaler())
+        # Eager steps: graphs of their own would hold a second pool of activations for a handful of timed steps,
+        # two of them eager anyway before a capture; the re-fit after each epoch corrects for what graphs save.
+        work = dataclasses.replace(step, model=model, optimizer=optimizer, ema=ema, scaler=step.precision.make_scaler(),
+                                   cuda_graphs="off")
         fixed_size = MultiScale(image_size, enabled=False)
 
         def train(batch: Batch) -> None:
