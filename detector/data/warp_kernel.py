@@ -9,8 +9,9 @@ finished float pixel once: ~0.4 GB.
 
 It computes what the two PyTorch functions compute, in the same order and with the same formulas: the output
 pixel's flipped position, its sample point (``affine_grid``, the clamp to the image's region, ``grid_sample``'s
-bilinear weights and zero padding), then ``rgb_to_hsv``, the gains, ``hsv_to_rgb``. Only the float32 rounding
-of the coordinates differs (tests/data/test_warp_kernel.py derives the bound).
+bilinear weights and zero padding), then ``rgb_to_hsv``, the gains, ``hsv_to_rgb``. Only float32 rounding
+differs: the order of the coordinate arithmetic, and compiled for a GPU, Triton's divisions (within 2 ulp, not
+correctly rounded) and fused multiply-adds (tests/data/test_warp_kernel.py derives the bound).
 
 Used on CUDA when Triton imports (it ships with PyTorch's CUDA wheels); a kernel that fails to build or launch
 says so in one line and the PyTorch functions take over for the rest of the process. Triton's interpreter
@@ -44,9 +45,16 @@ def fused_unavailable(device: torch.device) -> str | None:
         return _failed[0]
     try:
         _kernel(interpreting())
-    except Exception as error:  # not installed, or a build whose import fails (any error type)
-        return f"triton is not usable ({type(error).__name__}: {error})"
+    except Exception as error:  # not installed, or a build whose import fails (any error type): said once
+        _give_up(f"triton is not usable ({type(error).__name__}: {str(error).splitlines()[0]})")
+        return _failed[0]
     return None
+
+
+def _give_up(reason: str) -> None:
+    """The PyTorch ops from now on, said in one line."""
+    _failed.append(reason)
+    print(f"device augmentation: {reason}; using PyTorch ops", flush=True)
 
 
 def interpreting() -> bool:
@@ -88,8 +96,7 @@ def render_fused(
                 HSV=any(op.gains != (1.0, 1.0, 1.0) for op in ops), BLOCK=BLOCK,
             )
     except Exception as error:  # a Triton or driver build failure of any type: PyTorch renders from now on
-        _failed.append(f"fused augmentation kernel failed ({type(error).__name__}: {str(error).splitlines()[0]})")
-        print(f"device augmentation: {_failed[0]}; using PyTorch ops", flush=True)
+        _give_up(f"fused augmentation kernel failed ({type(error).__name__}: {str(error).splitlines()[0]})")
         return None
     return out
 

@@ -152,8 +152,9 @@ def optimizer_step(
     elif finite:
         optimizer.step()
     # Zeroed in place, not dropped: a backward pass replayed from a CUDA graph accumulates into the very tensors it
-    # was captured with, and in warm-up this eager step runs between such replays. (Every trainable weight gets a
-    # gradient every step, so zeros and None step the optimizer alike; the cost is one fill.)
+    # was captured with, and in warm-up this eager step runs between such replays. Every path (CPU, DDP, graphs off,
+    # the graphed step itself) thus hands the optimizer the same kind of gradient: a weight that got none in a step
+    # would be stepped with zeros, not skipped; every trainable weight of the model gets one every step.
     optimizer.zero_grad(set_to_none=False)
     if ema is not None:
         ema.update(model)
