@@ -74,7 +74,9 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
     timeout "$(limit 60)" python3 benchmarks/augment_speed.py --data /tmp/augment640/shapes.yaml --imgsz 640 \
       --batch 64 --batches 8 --device cuda --paths device,device-unfused,device > "$OUT/augment.log" 2>&1
     echo "augment rc $?"; tail -5 "$OUT/augment.log" ;;
-  loop)  # the loop beside its step alone: host and GPU time per part of a steady epoch (needs the speed stage's set)
+  loop)  # the loop beside its step alone: host and GPU time per part of a steady epoch, on the speed stage's set
+    [ -f "/tmp/shapes$IMAGES/shapes.yaml" ] || timeout "$(limit 60)" python3 -c "from pathlib import Path
+from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
     timeout "$(limit 120)" python3 benchmarks/loop_profile.py --device cuda --imgsz 640 --batch 64 --epochs 3 \
       --workers 8 --data "/tmp/shapes$IMAGES/shapes.yaml" > "$OUT/loop.log" 2>&1
     echo "loop rc $?"; sed -n '/^last epoch/,/^Top/p' "$OUT/loop.log" ;;
