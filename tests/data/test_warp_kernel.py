@@ -48,7 +48,9 @@ def test_the_kernel_checks_pass_under_the_interpreter():
     root = Path(__file__).resolve().parents[2]
     child = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-k", "interpreter", str(Path(__file__))],
-        cwd=root, env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True, timeout=300,
+        # One thread: the child's tensors are tiny, and the suite's two workers hold the cores already.
+        cwd=root, env={**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}, capture_output=True, text=True,
+        timeout=300,
     )
     summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr[-2000:]
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
