@@ -256,11 +256,15 @@ def same_kernels() -> Iterator[None]:
 
 
 @cuda_only
-def test_graphs_capture_after_eager_warm_up_steps():
-    """As in a run: eager steps on the default stream first, then the captures on the graphs' own stream (a graph
-    the eager steps' autograd nodes outlived failed here; tests/training/test_engine.py checks none does)."""
-    step = _train_step("cuda", precision="fp16", cuda_graphs="auto", warmup_steps=3, steps_per_epoch=8)
+def test_graphs_capture_after_eager_steps_on_the_default_stream():
+    """Eager steps on the default stream first (as warm-up ran until warm-up graphed its backward passes too; a run
+    whose graphs are turned on later), then the captures on the graphs' own stream: a graph the eager steps'
+    autograd nodes outlived failed here (tests/training/test_engine.py checks none does)."""
+    step = _train_step("cuda", precision="fp16", cuda_graphs="off", warmup_steps=3, steps_per_epoch=8)
     train_one_epoch(step, _batches(8), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
+    assert step.graphs is None
+    step.cuda_graphs, step.graphs_checked = "auto", False
+    train_one_epoch(step, _batches(8), multi_scale=MultiScale(64, enabled=False), epoch=1, seed=0, progress=False)
     assert step.graphs is not None and step.graphs.failed is None and step.graphs.graphs
 
 
