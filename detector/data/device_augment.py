@@ -101,9 +101,17 @@ class WarpBatch:
     def __len__(self) -> int:
         return len(self.theta)
 
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(atlas, theta, bounds)``."""
+        return self.atlas, self.theta, self.bounds
+
     def pin_memory(self) -> "WarpBatch":
         """Page-locked copies (the DataLoader's pin thread calls this on CUDA), so the copy to the GPU overlaps."""
-        return WarpBatch(self.atlas.pin_memory(), self.theta.pin_memory(), self.bounds.pin_memory(), self.out_size)
+        return WarpBatch(*(tensor.pin_memory() for tensor in self.tensors()), self.out_size)
+
+    def to(self, device: torch.device, *, non_blocking: bool = False) -> "WarpBatch":
+        """The batch on ``device`` (as ``Tensor.to``: the tensors themselves where they are there already)."""
+        return WarpBatch(*(tensor.to(device, non_blocking=non_blocking) for tensor in self.tensors()), self.out_size)
 
 
 def pack_warp_batch(sources: Sequence[WarpSource]) -> WarpBatch:
@@ -141,9 +149,8 @@ def render(batch: WarpBatch, device: torch.device, *, size: int, channels_last: 
     pixel centres as ``F.interpolate(align_corners=False)``). Samples are clamped to their image's region.
     """
     count = len(batch)
-    atlas = batch.atlas.to(device, non_blocking=True)
-    theta = batch.theta.to(device, non_blocking=True)
-    bounds = batch.bounds.to(device, non_blocking=True)[:, None, None]
+    atlas, theta, bounds = batch.to(device, non_blocking=True).tensors()
+    bounds = bounds[:, None, None]
     grid = F.affine_grid(theta, [count, 3, size, size], align_corners=False)
     grid = grid.clamp_(bounds[..., :2], bounds[..., 2:])  # in place: one pass
     # One sampling call over the atlas as a single image: the B output grids stacked into one tall grid.

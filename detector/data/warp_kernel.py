@@ -79,9 +79,7 @@ def render_fused(
     ops = [op or PixelOps() for op in pixel_ops] if pixel_ops is not None else [PixelOps()] * count
     # One small copy per batch: [B, 5] = 3 gains + 2 flip flags (from pageable memory: staged at once).
     params = torch.tensor([(*op.gains, op.flip_lr, op.flip_ud) for op in ops], dtype=torch.float32)
-    atlas = batch.atlas.to(device, non_blocking=True)
-    theta = batch.theta.to(device, non_blocking=True).contiguous()
-    bounds = batch.bounds.to(device, non_blocking=True).contiguous()
+    atlas, theta, bounds = (tensor.contiguous() for tensor in batch.to(device, non_blocking=True).tensors())
     params = params.to(device, non_blocking=True)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty((count, 3, size, size), dtype=torch.float32, device=device, memory_format=layout)
@@ -92,7 +90,7 @@ def render_fused(
     try:
         with current:
             _kernel(interpreting())[(-(-pixels // BLOCK),)](
-                atlas.contiguous(), theta, bounds, params, out, height, width, size, pixels, *out.stride(),
+                atlas, theta, bounds, params, out, height, width, size, pixels, *out.stride(),
                 HSV=any(op.gains != (1.0, 1.0, 1.0) for op in ops), BLOCK=BLOCK,
             )
     except Exception as error:  # a Triton or driver build failure of any type: PyTorch renders from now on

@@ -51,10 +51,10 @@ def step_input(
     for comparison).
     """
     if isinstance(images, WarpBatch):
-        rendered = render_fused(images, device, size=size, channels_last=channels_last, pixel_ops=pixel_ops) \
-            if fused else None
-        if rendered is not None:
-            return rendered
+        if fused:
+            rendered = render_fused(images, device, size=size, channels_last=channels_last, pixel_ops=pixel_ops)
+            if rendered is not None:
+                return rendered
         rendered = render(images, device, size=size, channels_last=channels_last)
         return rendered if pixel_ops is None else apply_pixel_ops(rendered, pixel_ops)
     if pixel_ops is not None:

@@ -18,7 +18,6 @@ own, while the GPU runs the step before: on the step's stream the copy would sit
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -113,9 +112,6 @@ def uploaded_ahead(batches: Iterable[tuple[Any, ...]], device: torch.device) -> 
 
 def on_device(images: torch.Tensor | WarpBatch, device: torch.device) -> torch.Tensor | WarpBatch:
     """A batch's images copied to ``device`` on the current stream (non-blocking)."""
-    if isinstance(images, WarpBatch):
-        return dataclasses.replace(images, **{name: getattr(images, name).to(device, non_blocking=True)
-                                              for name in ("atlas", "theta", "bounds")})
     return images.to(device, non_blocking=True)
 
 
@@ -125,6 +121,6 @@ def handed_over(batch: tuple[Any, ...], copied: torch.cuda.Event, device: torch.
     stream = torch.cuda.current_stream(device)
     stream.wait_event(copied)
     images = batch[0]
-    for tensor in (images.atlas, images.theta, images.bounds) if isinstance(images, WarpBatch) else (images,):
+    for tensor in images.tensors() if isinstance(images, WarpBatch) else (images,):
         tensor.record_stream(stream)
     return batch
