@@ -86,6 +86,24 @@ def hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
     return value - value * saturation * torch.minimum(k, 4 - k).clamp(0, 1)
 
 
+def pixel_ops_table(
+    ops: Sequence[PixelOps], device: torch.device, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """``[B, 5]`` on ``device``: each image's hue, saturation and value gains, then its left-right and top-bottom flip
+    flags (1 or 0): what :func:`apply_pixel_ops` and the fused kernel (detector/data/warp_kernel.py) read.
+
+    One small copy per batch. From pageable memory with non_blocking, CUDA stages it at once instead of waiting
+    for the queued work of the previous step.
+    """
+    table = torch.tensor([(*op.gains, op.flip_lr, op.flip_ud) for op in ops], dtype=dtype)
+    return table.to(device, non_blocking=True)
+
+
+def any_gains(ops: Sequence[PixelOps]) -> bool:
+    """Whether any image's HSV gains change it (otherwise the HSV round trip is skipped)."""
+    return any(op.gains != (1.0, 1.0, 1.0) for op in ops)
+
+
 def apply_pixel_ops(images: torch.Tensor, ops: Sequence[PixelOps]) -> torch.Tensor:
     """Apply each image's HSV gains, then its flips, to float ``[B, 3, H, W]`` RGB in [0, 1].
 
@@ -94,12 +112,9 @@ def apply_pixel_ops(images: torch.Tensor, ops: Sequence[PixelOps]) -> torch.Tens
     if len(ops) != len(images):
         raise ValueError(f"{len(ops)} pixel operations for a batch of {len(images)} images")
     layout = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
-    # One small copy to the device per batch: [B, 5] = 3 gains + 2 flip flags. From pageable memory with
-    # non_blocking, CUDA stages it at once instead of waiting for the queued work of the previous step.
-    params = torch.tensor([(*op.gains, op.flip_lr, op.flip_ud) for op in ops], dtype=images.dtype)
-    params = params.to(images.device, non_blocking=True)[:, :, None, None]
+    params = pixel_ops_table(ops, images.device, images.dtype)[:, :, None, None]
     out = images
-    if any(op.gains != (1.0, 1.0, 1.0) for op in ops):
+    if any_gains(ops):
         hsv = rgb_to_hsv(images) * params[:, :3]
         hsv[:, 1:].clamp_(0, 1)  # saturation and value; hsv_to_rgb takes the hue modulo a turn
         out = hsv_to_rgb(hsv)

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import torch
 
-from detector.data.batch_augment import PixelOps
+from detector.data.batch_augment import PixelOps, any_gains, pixel_ops_table
 from detector.data.device_augment import WarpBatch
 
 BLOCK = 1024  # output pixels per program
@@ -77,10 +77,8 @@ def render_fused(
     if pixel_ops is not None and len(pixel_ops) != count:
         raise ValueError(f"{len(pixel_ops)} pixel operations for a batch of {count} images")
     ops = [op or PixelOps() for op in pixel_ops] if pixel_ops is not None else [PixelOps()] * count
-    # One small copy per batch: [B, 5] = 3 gains + 2 flip flags (from pageable memory: staged at once).
-    params = torch.tensor([(*op.gains, op.flip_lr, op.flip_ud) for op in ops], dtype=torch.float32)
+    params = pixel_ops_table(ops, device)
     atlas, theta, bounds = (tensor.contiguous() for tensor in batch.to(device, non_blocking=True).tensors())
-    params = params.to(device, non_blocking=True)
     layout = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty((count, 3, size, size), dtype=torch.float32, device=device, memory_format=layout)
     height, width = atlas.shape[:2]
@@ -91,7 +89,7 @@ def render_fused(
         with current:
             _kernel(interpreting())[(-(-pixels // BLOCK),)](
                 atlas, theta, bounds, params, out, height, width, size, pixels, *out.stride(),
-                HSV=any(op.gains != (1.0, 1.0, 1.0) for op in ops), BLOCK=BLOCK,
+                HSV=any_gains(ops), BLOCK=BLOCK,
             )
     except Exception as error:  # a Triton or driver build failure of any type: PyTorch renders from now on
         _give_up(f"fused augmentation kernel failed ({type(error).__name__}: {str(error).splitlines()[0]})")
