@@ -4,8 +4,8 @@
 affine matrix, HSV gains, flips; :mod:`detector.data.augment`), moves the boxes on the host with the same
 matrices, and keeps only the part of the mosaic canvas that the warp reads: a :class:`WarpSource`, the
 uint8 pixels the ``out_size`` square samples (fill colour where no tile lies) and the matrix from output
-pixels to that region. Collate packs a batch's regions into one uint8 atlas (:class:`WarpBatch`, pinned by
-the loader on CUDA) and folds placement, affine, atlas position and the multi-scale size into one 2x3
+pixels to that region, kept as views of the tiles in it. Collate pastes each region's tiles straight into one
+uint8 atlas (:class:`WarpBatch`, pinned by the loader on CUDA) and folds placement, affine, atlas position and the multi-scale size into one 2x3
 matrix per image; the step then samples every output image of the batch in one ``affine_grid`` +
 ``grid_sample`` (bilinear, as ``cv2.warpAffine``), after which HSV and flips run as on the ``pixels`` path
 (:mod:`detector.data.batch_augment`).
@@ -29,41 +29,76 @@ from detector.data.workers import batch_tensor
 GAP = 1  # fill-coloured pixels around every region in the atlas: what a clamped sample's zero-weight neighbour reads
 
 
+Tile = tuple[np.ndarray, int, int]  # pixels uint8 [h, w, 3] and the (x, y) of their top-left pixel
+
+
 @dataclass(frozen=True)
 class WarpSource:
-    """One training image before its warp: ``region`` uint8 ``[h, w, 3]`` RGB, and ``to_region`` (float64
-    ``[3, 3]``) from ``out_size`` output pixels to region pixels.
+    """One training image before its warp: the uint8 RGB ``region`` of the canvas that the warp reads, as
+    ``tiles`` (views of the source images, placed in region pixels, not overlapping; fill colour elsewhere) of
+    ``shape`` (rows, cols), and ``to_region`` (float64 ``[3, 3]``) from ``out_size`` output pixels to region
+    pixels.
 
     Every sample the warp takes lies in the region with its bilinear neighbours, or outside the canvas, where
     the fill colour is; the region's border rows/columns that lie outside the canvas are fill, so clamping a
-    sample to the region gives the same value as OpenCV's constant border.
+    sample to the region gives the same value as OpenCV's constant border. The region is kept as tiles so that
+    collate pastes them straight into the batch's atlas (:meth:`paste_into`): one copy of the pixels, where a
+    region of its own cost a fill and a second copy of ~1.6 MB per 640-px image in every loader worker.
     """
 
-    region: np.ndarray
+    tiles: tuple[Tile, ...]
+    shape: tuple[int, int]
     to_region: np.ndarray
     out_size: int
 
+    @classmethod
+    def of_pixels(cls, region: np.ndarray, to_region: np.ndarray, out_size: int) -> "WarpSource":
+        """A source whose region is ``region`` itself (after albumentations changed its pixels)."""
+        return cls(((region, 0, 0),), region.shape[:2], to_region, out_size)
 
-def canvas_region(
-    tiles: Sequence[tuple[np.ndarray, int, int]], height: int, width: int, matrix: np.ndarray, out_size: int
-) -> WarpSource:
+    @property
+    def region(self) -> np.ndarray:
+        """The region as one array (a copy; collate never makes it)."""
+        region = np.empty((*self.shape, 3), np.uint8)
+        self.paste_into(region)
+        return region
+
+    def paste_into(self, out: np.ndarray) -> None:
+        """Write the region into ``out`` (uint8 ``[rows, cols, 3]``): the fill colour where no tile lies, then the
+        tiles (the fill is skipped where they cover all of it: most mosaics, at moderate zoom)."""
+        if not self._covered():
+            out[...] = PAD_VALUE
+        for tile, x, y in self.tiles:
+            out[y : y + tile.shape[0], x : x + tile.shape[1]] = tile
+
+    def _covered(self) -> bool:
+        """True when the tiles cover every region pixel: their areas add up to the region's and no two overlap
+        (checked, so a caller's overlapping tiles cost a fill instead of leaving pixels unwritten)."""
+        rects = [(x, y, x + tile.shape[1], y + tile.shape[0]) for tile, x, y in self.tiles]
+        if sum((r[2] - r[0]) * (r[3] - r[1]) for r in rects) != self.shape[0] * self.shape[1]:
+            return False
+        return not any(a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+                       for i, a in enumerate(rects) for b in rects[i + 1:])
+
+
+def canvas_region(tiles: Sequence[Tile], height: int, width: int, matrix: np.ndarray, out_size: int) -> WarpSource:
     """The part of a ``height x width`` canvas (``(tile, x, y)`` pasted on fill) that ``matrix`` warps into
     the ``out_size`` square, one pixel of margin beyond the bilinear neighbours, cut to the canvas plus a
-    one-pixel fill ring."""
+    one-pixel fill ring: each tile's part inside it, as views (nothing is copied here)."""
     inverse = np.linalg.inv(matrix)  # output pixels -> canvas pixels
     edge = out_size - 0.5  # output samples lie in [-0.5, out_size - 0.5] at any multi-scale size
     corners = inverse @ np.array([[-0.5, edge, -0.5, edge], [-0.5, -0.5, edge, edge], [1, 1, 1, 1]])
     low, high = np.floor(corners[:2].min(1)) - 1, np.floor(corners[:2].max(1)) + 2
     x0, x1 = (int(np.clip(v, -1, width)) for v in (low[0], high[0]))  # inclusive, in canvas pixels
     y0, y1 = (int(np.clip(v, -1, height)) for v in (low[1], high[1]))
-    region = np.full((y1 - y0 + 1, x1 - x0 + 1, 3), PAD_VALUE, np.uint8)
+    parts = []
     for tile, x, y in tiles:
         left, right = max(x, x0), min(x + tile.shape[1], x1 + 1)
         top, bottom = max(y, y0), min(y + tile.shape[0], y1 + 1)
         if left < right and top < bottom:
-            region[top - y0 : bottom - y0, left - x0 : right - x0] = tile[top - y : bottom - y, left - x : right - x]
+            parts.append((tile[top - y : bottom - y, left - x : right - x], left - x0, top - y0))
     to_region = np.array([[1, 0, -x0], [0, 1, -y0], [0, 0, 1]], np.float64) @ inverse
-    return WarpSource(region, to_region, out_size)
+    return WarpSource(tuple(parts), (y1 - y0 + 1, x1 - x0 + 1), to_region, out_size)
 
 
 def shelf_pack(shapes: Sequence[tuple[int, int]], gap: int = GAP) -> tuple[list[tuple[int, int]], int, int]:
@@ -117,7 +152,7 @@ class WarpBatch:
 def pack_warp_batch(sources: Sequence[WarpSource]) -> WarpBatch:
     """Collate: the regions into one atlas, each image's matrix folded into one ``affine_grid`` matrix."""
     out_size = sources[0].out_size
-    positions, height, width = shelf_pack([source.region.shape[:2] for source in sources])
+    positions, height, width = shelf_pack([source.shape for source in sources])
     # Only each region and its one-pixel ring are ever read (the samples are clamped to the region, and a bilinear
     # sample's other neighbour is at most one pixel out): the ring is filled, the rest of the atlas left as it is.
     # Filling all of it was a pass over ~1.3x the batch's bytes (135 MB at 640 px, batch 64, mosaic).
@@ -130,8 +165,8 @@ def pack_warp_batch(sources: Sequence[WarpSource]) -> WarpBatch:
                                 [0, 0, 1]])  # normalised output -> output pixels, whatever grid size samples it
     thetas, bounds = [], []
     for source, (x, y) in zip(sources, positions):
-        rows, cols = source.region.shape[:2]
-        pixels[y : y + rows, x : x + cols] = source.region
+        rows, cols = source.shape
+        source.paste_into(pixels[y : y + rows, x : x + cols])
         pixels[[y - 1, y + rows], x - 1 : x + cols + 1] = PAD_VALUE  # the ring: rows above and below,
         pixels[y - 1 : y + rows + 1, [x - 1, x + cols]] = PAD_VALUE  # columns left and right
         to_atlas = np.array([[1, 0, x], [0, 1, y], [0, 0, 1]], np.float64) @ source.to_region

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from detector.data.augment import AugmentConfig, mosaic, random_affine
+from detector.data.augment import AugmentConfig, PixelTransforms, mosaic, random_affine
 from detector.data.dataset import DetectionDataset, collate
 from detector.data.letterbox import letterbox
 from detector.data.synthetic import make_image
@@ -63,6 +63,38 @@ def test_collated_batch_is_channels_last_with_the_items_pixels(tmp_path):
     assert images.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(images, torch.stack([item[0].contiguous() for item in items]))
     assert targets[:, 0].tolist() == [i for i, item in enumerate(items) for _ in range(len(item[1]))]
+
+
+def test_each_pixel_transform_fires_with_its_probability_independently_and_as_albumentations_draws_it():
+    transforms = PixelTransforms(0.25)
+    draws = 4000
+    rng = np.random.default_rng(0)
+    fired = np.zeros((draws, 4), bool)
+    for row in range(draws):
+        for transform, _ in transforms.draw(rng):
+            fired[row, transforms.transforms.index(transform)] = True
+    # Binomial(4000, 0.25): mean 1000, standard deviation 27.4; 5 deviations either side fail by chance with
+    # probability ~6e-7 per transform. Independence: both of a pair fire with probability 1/16 (250, sd 15.3).
+    assert (np.abs(fired.sum(0) - 1000) < 5 * 27.4).all(), fired.sum(0)
+    assert abs((fired[:, 0] & fired[:, 3]).sum() - 250) < 5 * 15.3
+    # What fires is applied in order, each seeded as drawn: the same as calling the transforms one by one.
+    image = make_image(np.random.default_rng(1), 64)[0]
+    every = PixelTransforms(1.0)
+    drawn = every.draw(np.random.default_rng(2))
+    assert [transform for transform, _ in drawn] == every.transforms
+    expected = image
+    for transform, seed in drawn:
+        transform.set_random_seed(seed)
+        expected = transform(image=expected)["image"]
+    assert np.array_equal(every.apply(image, every.draw(np.random.default_rng(2))), expected)
+    assert not np.array_equal(expected, image)
+    # Whether or not any fires, an item draws the same count of numbers: what it draws next does not move.
+    after = []
+    for probability in (0.0001, 1.0):
+        rng = np.random.default_rng(5)
+        PixelTransforms(probability).draw(rng)
+        after.append(rng.random())
+    assert after[0] == after[1]
 
 
 @pytest.mark.parametrize("user_value", [None, "0"])

@@ -150,6 +150,29 @@ def test_the_region_holds_every_sample_with_its_neighbours_and_is_smaller_than_t
     assert zoomed.region.shape[0] * zoomed.region.shape[1] < 0.8 * (2 * size) ** 2
 
 
+def test_a_region_is_fill_wherever_its_tiles_leave_a_gap_and_tiles_elsewhere():
+    """``paste_into`` skips the fill only when the tiles cover the region: written over a buffer of another colour,
+    every pixel ends as a tile's or the fill's, also where overlapping tiles add up to the region's area."""
+    rng = np.random.default_rng(3)
+    a, b = (rng.integers(0, 256, (4, 6, 3), dtype=np.uint8) for _ in range(2))
+    cases = {
+        "covering": ((a, 0, 0), (b, 0, 4)),  # two 4x6 halves of an 8x6 region: no fill needed
+        "gap": ((a[:, :5], 0, 0), (b, 0, 4)),  # column 5 of the top half is uncovered
+        "overlap": ((a, 0, 0), (b, 0, 3)),  # 48 pixels of area over 48, but row 7 is uncovered
+    }
+    for name, tiles in cases.items():
+        expected = np.full((8, 6, 3), PAD_VALUE, np.uint8)
+        for tile, x, y in tiles:
+            expected[y : y + tile.shape[0], x : x + tile.shape[1]] = tile
+        source = WarpSource(tiles, (8, 6), np.eye(3), 8)
+        out = np.full((8, 6, 3), 7, np.uint8)  # neither a tile's value nor the fill's where it matters
+        source.paste_into(out)
+        assert np.array_equal(out, expected), name
+        assert np.array_equal(source.region, expected), name
+    assert WarpSource(cases["covering"], (8, 6), np.eye(3), 8)._covered()
+    assert not any(WarpSource(cases[name], (8, 6), np.eye(3), 8)._covered() for name in ("gap", "overlap"))
+
+
 def test_shelf_pack_keeps_regions_apart_with_a_gap():
     rng = np.random.default_rng(0)
     shapes = [tuple(int(v) for v in rng.integers(1, 40, 2)) for _ in range(17)]
