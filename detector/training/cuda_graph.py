@@ -19,7 +19,8 @@ What the graph holds, and what makes it replayable (the engine's body is in dete
 - **Baked values.** Momentum (AdamW's beta1) is recorded as a constant (fused kernels take it as a number), and
   warm-up ramps it every step: there the engine replays graphs of the forward and backward passes only (keys
   without the optimizer, as for accumulation's micro-steps) and steps the optimizer eagerly after them, and from
-  the first step after warm-up whole steps. Accumulation bakes nothing: it only picks the key.
+  the first step after warm-up whole steps (warm-up's graphs are dropped then, unless accumulation's
+  micro-steps will replay them). Accumulation bakes nothing: it only picks the key.
 - **No host syncs inside.** Targets are padded on the host before the copy; the loss runs its dense form on
   CUDA (no boolean indexing); gradients stay allocated between steps (zeroed, never set to None), so every
   graph accumulates into the same tensors.
@@ -223,6 +224,18 @@ class StepGraphs:
         self.graphs[key] = graph, outputs
         graph.replay()  # capturing records the kernels without running them: this step runs now
         return outputs
+
+    def forget_partial_steps(self) -> None:
+        """Drop the graphs of steps that end without the optimizer: warm-up's, once warm-up is over and no
+        accumulation follows. They would never replay again, and they counted against :data:`MAX_GRAPHS` (five
+        sizes x a few box-slot counts each: a run's later keys could have found the limit taken and run eagerly).
+        The device finishes what it queued first, so no graph is destroyed while a replay of it may run."""
+        partial = [key for key in self.graphs if not key[2]]
+        if partial:
+            torch.cuda.current_stream(self.side.device).synchronize()
+        for key in partial:
+            del self.graphs[key]
+            self.batches.pop(key, None)
 
     def _eager(self, batch: StaticBatch, key: GraphKey) -> dict[str, torch.Tensor]:
         """The body run eagerly on the side stream, as PyTorch asks before a capture."""

@@ -372,6 +372,8 @@ def train_one_epoch(
         # forward and backward passes only and the optimizer steps eagerly after them (accumulation needs nothing
         # baked: it only chooses the steps that end with the optimizer).
         graphed_optimizer = stepping and step >= schedule.warmup_steps
+        if graphs is not None and step == schedule.warmup_steps and accumulate == 1:
+            graphs.forget_partial_steps()  # warm-up's forward-and-backward graphs: no such step follows
         captured = None
         if graphs is not None and graphs.failed is None:
             captured = graphed_step(graphs, images, targets, with_optimizer=graphed_optimizer,

@@ -30,15 +30,17 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph
 
 
 def _train_step(device: str, *, precision: str = "fp32", cuda_graphs: str = "off", optimizer: str = "SGD",
-                warmup_steps: int = 0, steps_per_epoch: int = 6, warmup_momentum: float = 0.9) -> TrainStep:
-    """A small run's TrainStep on ``device``: the nano model, 2 images per step, no accumulation."""
+                warmup_steps: int = 0, steps_per_epoch: int = 6, warmup_momentum: float = 0.9,
+                nominal_batch: int = 2) -> TrainStep:
+    """A small run's TrainStep on ``device``: the nano model, 2 images per step, no accumulation (unless
+    ``nominal_batch`` asks for it)."""
     torch.manual_seed(0)
     model = build_model(num_classes=2).to(device)
     choice = build_optimizer(model, name=optimizer, lr=1e-3, momentum=0.9, weight_decay=5e-4, num_classes=2,
                              total_steps=steps_per_epoch)
     schedule = StepSchedule(epochs=1, steps_per_epoch=steps_per_epoch, warmup_steps=warmup_steps,
                             base_lr=choice.lr, final_lr_fraction=0.5, cosine=False, warmup_bias_lr=0.0,
-                            warmup_momentum=warmup_momentum, momentum=0.9, batch_size=2, nominal_batch=2,
+                            warmup_momentum=warmup_momentum, momentum=0.9, batch_size=2, nominal_batch=nominal_batch,
                             clip_grad=10.0)
     chosen = Precision(precision, torch.device(device).type, "test")
     criterion = DetectionLoss(num_classes=2, strides=model.strides, reg_max=model.reg_max)
@@ -222,7 +224,7 @@ def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_ste
     (graphed_stats, graphed), (eager_stats, eager) = results
     assert graphed.graphs is not None and graphed.graphs.failed is None and graphed.graphs.graphs
     if warmup_steps:  # a backward-only graph replayed in warm-up, and a whole step's after it
-        assert {key[2] for key in graphed.graphs.graphs} == {False, True}
+        assert {key[2] for key in graphed.graphs.runs} == {False, True}
     assert graphed_stats["optimizer_steps"] == eager_stats["optimizer_steps"] == 10
     assert graphed.ema.updates == eager.ema.updates == 10
     # Replay runs the kernels the eager step launched, and same_kernels() makes cuDNN choose the same (deterministic)
@@ -253,6 +255,25 @@ def same_kernels() -> Iterator[None]:
             yield
         finally:
             cudnn.deterministic, cudnn.benchmark = saved
+
+
+@cuda_only
+@pytest.mark.parametrize("nominal_batch", [2, 4])
+def test_warm_up_graphs_are_dropped_when_it_ends_unless_accumulation_replays_them(nominal_batch):
+    """Without accumulation no step after warm-up ends without the optimizer: its graphs go, and only whole steps'
+    remain; with it (2 micro-batches a step here) the micro-steps replay them after warm-up too."""
+    step = _train_step("cuda", precision="fp16", cuda_graphs="on", warmup_steps=4, steps_per_epoch=10,
+                       nominal_batch=nominal_batch)
+    stats = train_one_epoch(step, _batches(10), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
+                            progress=False)
+    graphs = step.graphs
+    assert graphs is not None and graphs.failed is None
+    assert {key[2] for key in graphs.runs} == {False, True}  # both kinds ran
+    kept = {key[2] for key in graphs.graphs}
+    assert kept == ({True} if nominal_batch == 2 else {False, True}), kept
+    assert set(graphs.batches) == set(graphs.graphs)  # a dropped graph's input buffers went with it
+    # Accumulating 2: warm-up steps at 0, 1 and 3 (its accumulation ramps 1 -> 2), then at 5, 7 and the epoch's last.
+    assert stats["optimizer_steps"] == (10 if nominal_batch == 2 else 6)
 
 
 @cuda_only
