@@ -29,8 +29,9 @@ What the graph holds, and what makes it replayable (the engine's body is in dete
   update on the device, and ``update()`` is one in-place kernel (``_amp_update_scale_``): the dynamic scale
   keeps halving and growing inside the graph. BF16/FP32 steps hand the same flag (a non-finite gradient
   norm) to the fused kernel themselves (:func:`skip_on_device`).
-- **Warm-up and fallback.** A key's first runs go eagerly on a side stream (cuDNN autotuning, lazy state);
-  the next is captured and replayed. A capture that fails prints one line and the run goes on eagerly.
+- **Warm-up and fallback.** A key's first runs go eagerly on a side stream (cuDNN autotuning, lazy state;
+  fewer for a key whose input shape other keys have run: :data:`RUNS_FOR_A_KNOWN_SHAPE`); the next is captured
+  and replayed. A capture that fails prints one line and the run goes on eagerly.
 
 Never reached on the CPU: :func:`graphs_unavailable` answers first, and only a CUDA device gets past it.
 """
@@ -53,6 +54,11 @@ from detector.loss import PaddedTargets
 from detector.training.ema import ModelEMA
 
 WARMUP_RUNS = 2  # eager runs of a key before its capture (PyTorch's examples warm up 3; one is cuDNN's autotuning)
+# Eager runs of a key whose input shape other keys already ran WARMUP_RUNS times: cuDNN has met every convolution
+# of that shape, and what differs (the box slots' assigner and loss shapes, or the optimizer, which warm-up steps
+# eagerly) has no autotuning; one run still does any lazy set-up of its own before the capture. Each eager run
+# costs a step at eager speed (the H100 ran eager at ~0.5x the graphed rate), and a 2-epoch run meets ~15 keys.
+RUNS_FOR_A_KNOWN_SHAPE = 1
 MAX_GRAPHS = 64  # keys beyond this run eagerly (sizes x box-slot counts x with/without the optimizer)
 
 GraphKey = tuple[tuple[int, ...], int, bool]  # (input shape, box slots, ends with the optimizer step)
@@ -69,6 +75,13 @@ def graphs_unavailable(choice: str, device: torch.device, *, world_size: int) ->
     if world_size > 1:
         return "not under torchrun: the DDP gradient all-reduce is not captured"
     return None
+
+
+def eager_runs(key_runs: int, shape_runs: int) -> int:
+    """How many times a key runs eagerly before its capture, given its own eager runs so far and those of every key
+    of its input shape (its own included): :data:`WARMUP_RUNS`, or :data:`RUNS_FOR_A_KNOWN_SHAPE` once the other
+    keys of its shape ran that often."""
+    return RUNS_FOR_A_KNOWN_SHAPE if shape_runs - key_runs >= WARMUP_RUNS else WARMUP_RUNS
 
 
 @dataclass
@@ -185,6 +198,7 @@ class StepGraphs:
         self.batches: dict[GraphKey, StaticBatch] = {}
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
         self.runs: Counter[GraphKey] = Counter()
+        self.shape_runs: Counter[tuple[int, ...]] = Counter()  # eager runs per input shape, over all its keys
         self.failed: str | None = None
 
     def run(self, key: GraphKey, images: torch.Tensor, targets: PaddedTargets,
@@ -203,8 +217,10 @@ class StepGraphs:
             graph.replay()
             return outputs
         with tensor_learning_rates(self.optimizer, self.learning_rates):
-            if self.runs[key] < WARMUP_RUNS or len(self.graphs) >= MAX_GRAPHS:
+            warming = self.runs[key] < eager_runs(self.runs[key], self.shape_runs[key[0]])
+            if warming or len(self.graphs) >= MAX_GRAPHS:
                 self.runs[key] += 1
+                self.shape_runs[key[0]] += 1
                 return self._eager(batch, key)
             main = torch.cuda.current_stream()
             try:

@@ -16,8 +16,8 @@ from detector.data.letterbox import ImageMeta
 from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
 from detector.model import build_model
 from detector.precision import Precision, fp32_settings_kept, set_strict_fp32
-from detector.training.cuda_graph import (DeviceEMA, StaticBatch, StaticInputs, graphs_unavailable,
-                                          skip_on_device, tensor_learning_rates)
+from detector.training.cuda_graph import (RUNS_FOR_A_KNOWN_SHAPE, WARMUP_RUNS, DeviceEMA, StaticBatch, StaticInputs,
+                                          eager_runs, graphs_unavailable, skip_on_device, tensor_learning_rates)
 from detector.training.ema import ModelEMA
 from detector.training.engine import TrainStep, graphed_body, optimizer_step, train_one_epoch
 from detector.training.multiscale import MultiScale
@@ -274,6 +274,43 @@ def test_warm_up_graphs_are_dropped_when_it_ends_unless_accumulation_replays_the
     assert set(graphs.batches) == set(graphs.graphs)  # a dropped graph's input buffers went with it
     # Accumulating 2: warm-up steps at 0, 1 and 3 (its accumulation ramps 1 -> 2), then at 5, 7 and the epoch's last.
     assert stats["optimizer_steps"] == (10 if nominal_batch == 2 else 6)
+
+
+def test_a_key_of_a_known_input_shape_runs_eagerly_once_before_its_capture():
+    assert [eager_runs(0, 0), eager_runs(1, 1)] == [WARMUP_RUNS] * 2  # the first key of a shape: the full warm-up
+    # Once other keys of its shape ran WARMUP_RUNS times (cuDNN met its convolutions): one run.
+    assert [eager_runs(0, WARMUP_RUNS), eager_runs(0, WARMUP_RUNS + 3)] == [RUNS_FOR_A_KNOWN_SHAPE] * 2
+    assert eager_runs(1, WARMUP_RUNS) == WARMUP_RUNS  # only its own runs: not yet known from others
+    assert RUNS_FOR_A_KNOWN_SHAPE >= 1  # never captured cold
+
+
+@cuda_only
+def test_a_new_box_slot_count_of_a_known_shape_warms_up_once_and_trains_as_eager():
+    """Batches 0-4 hold at most 3 boxes an image (16 slots), 5-9 hold 20 (32 slots): the second key shares the
+    first one's input shape, runs eagerly once, is captured, and the run matches an eager one."""
+    batches = _batches(10)
+    for index in range(5, 10):
+        images, rows, metas = batches[index]
+        rows = torch.tensor([[image, box % 2, 0.1 + 0.04 * box, 0.5, 0.03, 0.3]
+                             for image in range(2) for box in range(20)])
+        batches[index] = images, rows, metas
+    results = []
+    for choice in ("on", "off"):
+        step = _train_step("cuda", precision="fp16", cuda_graphs=choice, steps_per_epoch=10)
+        with same_kernels():
+            stats = train_one_epoch(step, batches, multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
+                                    progress=False)
+        results.append((stats, step))
+    (graphed_stats, graphed), (eager_stats, eager) = results
+    graphs = graphed.graphs
+    assert graphs is not None and graphs.failed is None
+    runs = sorted((key[1], runs) for key, runs in graphs.runs.items())
+    assert runs == [(16, WARMUP_RUNS), (32, RUNS_FOR_A_KNOWN_SHAPE)], runs
+    assert {key[1] for key in graphs.graphs} == {16, 32}
+    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):  # the bound of the test above
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
+    for key in ("train/box", "train/cls", "train/dfl"):
+        assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
 
 
 @cuda_only
