@@ -245,13 +245,20 @@ class StepGraphs:
         """Drop the graphs of steps that end without the optimizer: warm-up's, once warm-up is over and no
         accumulation follows. They would never replay again, and they counted against :data:`MAX_GRAPHS` (five
         sizes x a few box-slot counts each: a run's later keys could have found the limit taken and run eagerly).
-        The device finishes what it queued first, so no graph is destroyed while a replay of it may run."""
+        Their input buffers stay (:class:`StaticInputs`: shared with the whole steps' keys of the same shapes).
+        The device finishes what it queued first (once a run), so no graph goes while a replay of it may run."""
         partial = [key for key in self.graphs if not key[2]]
-        if partial:
-            torch.cuda.current_stream(self.side.device).synchronize()
+        if not partial:
+            return
+        torch.cuda.current_stream(self.side.device).synchronize()
         for key in partial:
             del self.graphs[key]
             self.batches.pop(key, None)
+        if not self.graphs:
+            # No graph holds the pool any more: the allocator may release it, and a later capture that named it
+            # again would fail its use-count check (and the run would train eagerly). The next capture takes a
+            # fresh one, as a precision fallback's new StepGraphs does.
+            self.pool = torch.cuda.graph_pool_handle()
 
     def _eager(self, batch: StaticBatch, key: GraphKey) -> dict[str, torch.Tensor]:
         """The body run eagerly on the side stream, as PyTorch asks before a capture."""

@@ -271,7 +271,7 @@ def test_warm_up_graphs_are_dropped_when_it_ends_unless_accumulation_replays_the
     assert {key[2] for key in graphs.runs} == {False, True}  # both kinds ran
     kept = {key[2] for key in graphs.graphs}
     assert kept == ({True} if nominal_batch == 2 else {False, True}), kept
-    assert set(graphs.batches) == set(graphs.graphs)  # a dropped graph's input buffers went with it
+    assert set(graphs.batches) == set(graphs.graphs)  # a dropped graph's place in the bookkeeping went with it
     # Accumulating 2: warm-up steps at 0, 1 and 3 (its accumulation ramps 1 -> 2), then at 5, 7 and the epoch's last.
     assert stats["optimizer_steps"] == (10 if nominal_batch == 2 else 6)
 
