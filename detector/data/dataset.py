@@ -162,7 +162,9 @@ class DetectionDataset(Dataset):
         matrix, zoom = affine_matrix(height, width, size, config, rng)
         boxes, classes = warp_boxes(boxes, classes, matrix, zoom, size)
         if self.geometry_on_device:
-            image = canvas_region(tiles, height, width, matrix, size)
+            image = canvas_region(tiles, height, width, matrix, size)  # views of the tiles' parts it covers
+            if self.image_cache is None:  # views would keep each decoded image whole until collate
+                image = image.compact()
         else:  # one tile at the origin is the canvas itself: no copy
             image = warp_image(tiles[0][0] if len(tiles) == 1 else paste(tiles, height, width), matrix, size)
         gains = draw_hsv_gains(config, rng)

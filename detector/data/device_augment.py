@@ -56,6 +56,13 @@ class WarpSource:
         """A source whose region is ``region`` itself (after albumentations changed its pixels)."""
         return cls(((region, 0, 0),), region.shape[:2], to_region, out_size)
 
+    def compact(self) -> "WarpSource":
+        """The same source with each tile's part copied out of its image: an item then holds only what the warp
+        reads. For decoded images (no RAM cache), which views would keep whole, four per mosaic item, until collate:
+        ~300 MB a 640-px batch of 64 in every worker, against ~100 MB."""
+        return WarpSource(tuple((tile.copy(), x, y) for tile, x, y in self.tiles), self.shape, self.to_region,
+                          self.out_size)
+
     @property
     def region(self) -> np.ndarray:
         """The region as one array (a copy; collate never makes it)."""

@@ -169,6 +169,9 @@ def test_a_region_is_fill_wherever_its_tiles_leave_a_gap_and_tiles_elsewhere():
         source.paste_into(out)
         assert np.array_equal(out, expected), name
         assert np.array_equal(source.region, expected), name
+    compact = WarpSource(cases["gap"], (8, 6), np.eye(3), 8).compact()
+    assert not any(np.shares_memory(tile, source) for tile, _, _ in compact.tiles for source in (a, b))
+    assert np.array_equal(compact.region, WarpSource(cases["gap"], (8, 6), np.eye(3), 8).region)
     assert WarpSource(cases["covering"], (8, 6), np.eye(3), 8)._covered()
     assert not any(WarpSource(cases[name], (8, 6), np.eye(3), 8)._covered() for name in ("gap", "overlap"))
 
@@ -252,6 +255,8 @@ def test_device_path_draws_albumentations_seeds_like_the_worker_path(tmp_path):
         source, device_labels, meta = device[key]
         assert torch.equal(device_labels, worker_labels), key
         assert isinstance(source, WarpSource) and meta.original_hw == (64, 64)
+        # No RAM cache here: each tile's part is its own copy, not a view keeping a decoded image whole.
+        assert all(tile.flags.owndata for tile, _, _ in source.tiles)
 
 
 def test_steps_render_the_batch_on_the_device_path(tmp_path):
