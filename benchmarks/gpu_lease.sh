@@ -36,9 +36,9 @@ python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_devic
 for stage in $STAGES; do
   stamp "$stage"
   case $stage in
-  tests)  # the capture alone first (~25 s on the H200), then the device paths; pt2's CUDA compile takes minutes
+  tests)  # the capture alone first (~25 s on the H200; more tests since), then the device paths (not pt2: minutes)
     per_test=$(python3 -c "import pytest_timeout" 2>/dev/null && echo "--timeout 50")  # the GPU image has it
-    timeout "$(limit 50)" python3 -m pytest -p no:cacheprovider $per_test -rfE tests/training/test_cuda_graph.py \
+    timeout "$(limit 70)" python3 -m pytest -p no:cacheprovider $per_test -rfE tests/training/test_cuda_graph.py \
       > "$OUT/tests.log" 2>&1
     echo "cuda graph tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -8
     timeout "$(limit 80)" python3 -m pytest -n 4 -p no:cacheprovider $per_test -rfE tests/test_device.py \
