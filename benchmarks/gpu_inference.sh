@@ -5,8 +5,10 @@
 #
 #   bash benchmarks/gpu_inference.sh                 # on the GPU machine, from the repository root
 #   DEVICE=cpu SKIP=pt2 bash benchmarks/gpu_inference.sh   # the same on a CPU, without the pt2 compile
+#   SKIP=onnx,engine THROUGHPUT=0 bash benchmarks/gpu_inference.sh   # batch 1 only: PyTorch's graphs against pt2
 set -euo pipefail
 OUT=${OUT:-/tmp/out}; DEVICE=${DEVICE:-cuda}; SKIP=${SKIP:-}; RUNS=${RUNS:-50}; LIMIT=${LIMIT:-540}  # s, the benchmark
+THROUGHPUT=${THROUGHPUT:-32}  # images per call of the throughput column; 0: none (each pt2 batch size is a compile)
 mkdir -p "$OUT"
 PYTHON=${PYTHON:-python3}
 "$PYTHON" - "$OUT/nano80.pt" <<'PY'
@@ -21,5 +23,5 @@ save_checkpoint({"model": model.state_dict(), "ema": None, "epoch": 0, "config":
                  "names": [f"class{index}" for index in range(80)]}, sys.argv[1])
 PY
 timeout "$LIMIT" "$PYTHON" -m detector benchmark --weights "$OUT/nano80.pt" --imgsz 640 --device "$DEVICE" \
-  --runs "$RUNS" --throughput-runs 5 ${SKIP:+--skip "$SKIP"} 2>&1 | tee "$OUT/inference.log"
+  --runs "$RUNS" --throughput-runs 5 --throughput-batch "$THROUGHPUT" ${SKIP:+--skip "$SKIP"} 2>&1 | tee "$OUT/inference.log"
 rm -f "$OUT/nano80.pt"
