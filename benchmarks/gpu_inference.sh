@@ -23,5 +23,6 @@ save_checkpoint({"model": model.state_dict(), "ema": None, "epoch": 0, "config":
                  "names": [f"class{index}" for index in range(80)]}, sys.argv[1])
 PY
 timeout "$LIMIT" "$PYTHON" -m detector benchmark --weights "$OUT/nano80.pt" --imgsz 640 --device "$DEVICE" \
-  --runs "$RUNS" --throughput-runs 5 --throughput-batch "$THROUGHPUT" ${SKIP:+--skip "$SKIP"} 2>&1 | tee "$OUT/inference.log"
+  --runs "$RUNS" --throughput-runs 5 --throughput-batch "$THROUGHPUT" ${SKIP:+--skip "$SKIP"} 2>&1 \
+  | tee "$OUT/inference.log"
 rm -f "$OUT/nano80.pt"

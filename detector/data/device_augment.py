@@ -5,10 +5,10 @@ affine matrix, HSV gains, flips; :mod:`detector.data.augment`), moves the boxes 
 matrices, and keeps only the part of the mosaic canvas that the warp reads: a :class:`WarpSource`, the
 uint8 pixels the ``out_size`` square samples (fill colour where no tile lies) and the matrix from output
 pixels to that region, kept as views of the tiles in it. Collate pastes each region's tiles straight into one
-uint8 atlas (:class:`WarpBatch`, pinned by the loader on CUDA) and folds placement, affine, atlas position and the multi-scale size into one 2x3
-matrix per image; the step then samples every output image of the batch in one ``affine_grid`` +
-``grid_sample`` (bilinear, as ``cv2.warpAffine``), after which HSV and flips run as on the ``pixels`` path
-(:mod:`detector.data.batch_augment`).
+uint8 atlas (:class:`WarpBatch`, pinned by the loader on CUDA) and folds placement, affine, atlas position and
+the multi-scale size into one 2x3 matrix per image; the step then samples every output image of the batch in
+one ``affine_grid`` + ``grid_sample`` (bilinear, as ``cv2.warpAffine``), after which HSV and flips run as on the
+``pixels`` path (:mod:`detector.data.batch_augment`).
 
 Reading only the sampled region keeps the bytes sent per image near the output's: the zoom is drawn from
 ``[0.5, 1.5]``, so the region averages ~1.3x the output's pixels (at most the 2x-size canvas, 4x).
