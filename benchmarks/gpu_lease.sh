@@ -7,9 +7,9 @@
 # (benchmarks/loop_profile.py, on the speed stage's set: it needs that stage first), then BCCD for 100 epochs
 # at 640 (ours alone: accuracy, the time account and the process's exit); on request (STAGES) the inference
 # table with predict over a folder, and where FP16's model time goes (benchmarks/inference_profile.py), both
-# measured on the H100 of 2026-11-27 (docs/gpu.md), and pt2 against PyTorch's CUDA graphs at batch 1 (never
-# run). Each stage has its own time limit and prints its result as soon as it ends, so a stage that fails or
-# runs out of time loses only itself; full logs go under $OUT.
+# measured on the H100 of 2026-11-27 (docs/gpu.md), pt2 against PyTorch's CUDA graphs at batch 1, and YOLOv8s
+# against Ultralytics' (both never run). Each stage has its own time limit and prints its result as soon as it
+# ends, so a stage that fails or runs out of time loses only itself; full logs go under $OUT.
 #
 #   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
 #   STAGES="tests inference profile" bash benchmarks/gpu_lease.sh   # others
@@ -87,6 +87,13 @@ from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/
       --project /tmp/bccd_runs 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/bccd.log"
     echo "bccd rc ${PIPESTATUS[0]}, process $(python3 -c "import time; print(round(time.time() - $began, 1))") s"
     grep -E "^done in|^time account|^  " "$OUT/bccd.log" | tail -9; cp /tmp/bccd_runs/*/results.csv "$OUT/" ;;
+  small)  # issue 29's YOLOv8s target (>= 1.5x Ultralytics): the speed stage's 2 epochs, both trainers at scale s
+    [ -f "/tmp/shapes$IMAGES/shapes.yaml" ] || timeout "$(limit 60)" python3 -c "from pathlib import Path
+from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
+    timeout "$(limit 300)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
+      --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics --model s 2>&1 \
+      | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/small.log"
+    echo "small rc ${PIPESTATUS[0]}"; tail -6 "$OUT/small.log" ;;
   pt2)  # issue 30: the pt2 package against PyTorch's CUDA graphs at batch 1 (two compiles, FP32 and FP16: minutes)
     RUNS=30 SKIP=onnx,engine THROUGHPUT=0 LIMIT="$(limit 300)" bash benchmarks/gpu_inference.sh \
       > "$OUT/pt2_run.log" 2>&1
@@ -94,7 +101,7 @@ from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/
   profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
     timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
     echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
-  *) echo "unknown stage $stage (imports, tests, speed, augment, loop, bccd, inference, pt2, profile)" ;;
+  *) echo "unknown stage $stage (imports, tests, speed, augment, loop, bccd, small, inference, pt2, profile)" ;;
   esac
 done
 stamp done

@@ -66,7 +66,7 @@ if cuda:  # FP32 rows are true FP32, as --unamp; cuDNN autotuning as the trainer
     torch.backends.cudnn.benchmark = True
 torch.manual_seed(0)
 spec = load_dataset_spec(generate_shapes())
-model = build_model(num_classes=spec.num_classes, scale="n").to(device).train()
+model = build_model(num_classes=spec.num_classes, scale=args.get("scale", "n")).to(device).train()
 if args["channels_last"]:
     model.to(memory_format=torch.channels_last)
 criterion = DetectionLoss(num_classes=spec.num_classes, strides=model.strides)
@@ -185,24 +185,25 @@ CUDA_GRAPH_ROWS = [
 CUDA_COMPILE_ROW = Row("FP16, channels-last, fixed size, torch.compile", True, True, False, compile=True)
 
 
-def run_row(row: Row, *, imgsz: int, batch: int, steps: int, device: str) -> dict:
+def run_row(row: Row, *, imgsz: int, batch: int, steps: int, device: str, scale: str = "n") -> dict:
     env = dict(os.environ)
     if row.default_cache:
         env[ONEDNN_CACHE_ENV] = "1024"  # oneDNN's own default; detector keeps a value set by the user
     else:
         env.pop(ONEDNN_CACHE_ENV, None)
-    payload = {**asdict(row), "imgsz": imgsz, "batch": batch, "steps": steps, "device": device}
+    payload = {**asdict(row), "imgsz": imgsz, "batch": batch, "steps": steps, "device": device, "scale": scale}
     return run_isolated(ROW, payload, env=env)
 
 
-def step_alone(*, amp: bool, multi_scale: bool, imgsz: int, batch: int, device: str, cycles: int = 2) -> dict:
+def step_alone(*, amp: bool, multi_scale: bool, imgsz: int, batch: int, device: str, cycles: int = 2,
+               scale: str = "n") -> dict:
     """The trainer's step alone (no loader) as a run with these settings trains after warm-up: channels-last,
     on CUDA without phase syncs and as CUDA graphs (FP32 steps are captured too). For train_speed.py's step-alone
     column."""
     cuda = device.startswith("cuda")
     row = Row("step alone", amp, True, multi_scale, phases=not cuda, cuda_graphs=cuda)
     steps = cycles * len(MultiScale(imgsz, enabled=multi_scale).ladder())
-    return run_row(row, imgsz=imgsz, batch=batch, steps=steps, device=device)
+    return run_row(row, imgsz=imgsz, batch=batch, steps=steps, device=device, scale=scale)
 
 
 def ms_text(milliseconds: float | None) -> str:
@@ -222,18 +223,19 @@ def main() -> int:
                         help="timed steps per row = cycles x the multi-scale sizes (after two warm-up cycles)")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile row (AMP, channels-last, fixed)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    parser.add_argument("--model", default="n", choices=("n", "s", "m", "l", "x"), help="YOLOv8 scale (default: n)")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     rows, compile_row = ([*CUDA_ROWS, *CUDA_GRAPH_ROWS], CUDA_COMPILE_ROW) if cuda else (ROWS, COMPILE_ROW)
     rows = [*rows, compile_row] if args.compile else rows
     steps = args.cycles * len(MultiScale(args.imgsz).ladder())  # whole cycles: every size equally often
     where = torch.cuda.get_device_name(args.device) if cuda else f"CPU, threads {torch.get_num_threads()}"
-    print(f"{where}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
+    print(f"{where}, YOLOv8{args.model}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
     print("| step | images/s | GPU busy | input ms | forward ms | loss ms | backward ms | optimizer + EMA ms | "
           "peak MB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
-        r = run_row(row, imgsz=args.imgsz, batch=args.batch, steps=steps, device=args.device)
+        r = run_row(row, imgsz=args.imgsz, batch=args.batch, steps=steps, device=args.device, scale=args.model)
         busy = busy_text(r["busy"]).removeprefix("GPU busy: ")
         print(f"| {row.label} | {r['images_per_s']:.1f} | {busy} | {ms_text(r['input'])} | {ms_text(r['forward'])} | "
               f"{ms_text(r['loss'])} | {ms_text(r['backward'])} | {ms_text(r['optimizer'])} | "

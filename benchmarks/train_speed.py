@@ -14,6 +14,7 @@ ratio together.
     python benchmarks/train_speed.py --repeats 3          # medians of 3 rounds: single runs move by ~5-10% here
     python benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64   # the GPU comparison (FP16 AMP)
     python benchmarks/train_speed.py --device cuda --bccd ../shared/data/bccd/bccd.yaml   # + wall clock to mAP
+    python benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --model s   # both trainers at YOLOv8s
 
 On --device cuda the runs default to detector's default, fixed size (--no-multi-scale), --unamp and Ultralytics.
 Columns: images/s of the first epoch (start-up, kernel autotuning, caches filling) and the steady state (median
@@ -57,7 +58,7 @@ args = json.loads(sys.argv[1])
 epochs = []
 def start(trainer): epochs.append([time.perf_counter(), None])
 def end(trainer): epochs[-1][1] = time.perf_counter()
-model = YOLO("yolov8n.yaml")
+model = YOLO(f"yolov8{args.get('scale', 'n')}.yaml")
 model.add_callback("on_train_epoch_start", start)
 model.add_callback("on_train_epoch_end", end)  # fires after the batches, before validation
 model.train(data=args["data"], epochs=args["epochs"], imgsz=args["imgsz"], batch=args["batch"], workers=args["workers"],
@@ -152,7 +153,8 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
     """``flags`` come last, so a caller's ``--epochs`` / ``--val-interval`` override the benchmark's."""
     command = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--epochs", str(args.epochs), "--imgsz",
                str(args.imgsz), "--batch", str(args.batch), "--workers", str(args.workers), "--project", str(project),
-               "--name", name, "--no-plots", "--val-interval", str(args.epochs), "--device", args.device, *flags]
+               "--name", name, "--no-plots", "--val-interval", str(args.epochs), "--device", args.device,
+               "--model", args.model, *flags]
     project.mkdir(parents=True, exist_ok=True)
     log = project / f"{name}.log"  # the run's own output: on a GPU, what it said about its CUDA graphs
     start = time.perf_counter()
@@ -192,7 +194,7 @@ def train_ultralytics(args: argparse.Namespace, data: Path, project: Path, *, va
     # Ultralytics names GPUs by index ("0"), not "cuda:0".
     device = args.device if args.device == "cpu" else (args.device.partition(":")[2] or "0")
     payload = {"data": str(data), "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
-               "workers": args.workers, "project": str(project), "device": device, "val": val}
+               "workers": args.workers, "project": str(project), "device": device, "val": val, "scale": args.model}
     start = time.perf_counter()
     trained, busy = busy_while(args.device, lambda: run_isolated(ULTRALYTICS_TRAIN, payload))
     wall = time.perf_counter() - start
@@ -233,7 +235,7 @@ def step_alone_rate(run: str, extra: list[str], args: argparse.Namespace) -> flo
     multi_scale = run != "fixed" and "--no-multi-scale" not in extra  # --unamp trains multi-scale too
     try:
         result = step_alone(amp=run != "unamp", multi_scale=multi_scale, imgsz=args.imgsz, batch=args.batch,
-                            device=args.device)
+                            device=args.device, scale=args.model)
     except RuntimeError as error:
         print(f"step alone for {run} failed: {str(error).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
         return None
@@ -263,7 +265,7 @@ def bccd_rows(args: argparse.Namespace, work: Path) -> list[str]:
                 f"{ours['map50']:.4f} |")
     print("BCCD: running Ultralytics ...", file=sys.stderr, flush=True)
     theirs = train_ultralytics(settings, data, work / "bccd", val=True)
-    rows.append(f"| Ultralytics YOLOv8n | {theirs['wall_seconds'] / 60:.1f} | {theirs['map']:.4f} | "
+    rows.append(f"| Ultralytics YOLOv8{args.model} | {theirs['wall_seconds'] / 60:.1f} | {theirs['map']:.4f} | "
                 f"{theirs['map50']:.4f} |")
     return rows
 
@@ -283,9 +285,12 @@ def main() -> int:
     parser.add_argument("--bccd-epochs", type=int, default=BCCD["epochs"], help="epochs of the BCCD rows (smoke tests)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all runs; the table gives medians")
     parser.add_argument("--extra", default="", help="extra flags for our runs, e.g. '--no-multi-scale'")
+    parser.add_argument("--model", default="n", choices=("n", "s", "m", "l", "x"),
+                        help="YOLOv8 scale of both trainers (default: n; issue 29 also asks for s)")
     parser.add_argument("--step-alone", action="store_true",
                         help="time each of our runs' step alone beside its loop (always on a GPU)")
     args = parser.parse_args()
+    RUNS["ultralytics"] = f"Ultralytics YOLOv8{args.model}"
     runs = (args.runs or ("amp,unamp,ultralytics" if args.device == "cpu" else ",".join(RUNS))).split(",")
     if unknown := [run for run in runs if run not in RUNS]:
         parser.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
@@ -317,7 +322,7 @@ def main() -> int:
     alone = {run: step_alone_rate(run, extra, args) for run in runs
              if run != "ultralytics" and (args.step_alone or args.device != "cpu")}
     memory = "peak GPU memory MB" if args.device != "cpu" else "peak RSS MB"
-    print(f"\n{images} train images, {args.epochs} epochs, imgsz {args.imgsz}, batch {args.batch}, "
+    print(f"\n{images} train images, YOLOv8{args.model}, {args.epochs} epochs, imgsz {args.imgsz}, batch {args.batch}, "
           f"workers {args.workers}, device {args.device}, {args.repeats} round(s), data {args.data}\n")
     print(f"| trainer | precision | train images/s | first epoch images/s | steady images/s | step alone images/s | "
           f"steady / step | GPU busy | wall s (whole run) | val s | {memory} | mAP50-95 (pycocotools) | mAP50 |")
