@@ -146,6 +146,10 @@ def test_the_region_holds_every_sample_with_its_neighbours_and_is_smaller_than_t
                 assert ((low >= 0) | (origin == 1)).all()
                 assert ((high <= extent - 1) | (extent - 1 - origin == canvas_extent)).all()
         assert rows * cols <= (canvas.shape[0] + 2) * (canvas.shape[1] + 2)
+        # Pixel for pixel the canvas (OpenCV's input, pasted whole) with its one-pixel fill ring, cut to the region.
+        ringed = np.pad(canvas, ((1, 1), (1, 1), (0, 0)), constant_values=PAD_VALUE)
+        x0, y0 = 1 - round(left), 1 - round(top)  # the region's first pixel in the ringed canvas
+        assert np.array_equal(source.region, ringed[y0 : y0 + rows, x0 : x0 + cols])
     zoomed = _fixed_sources(size)[1][2]  # zoom 1.37: the output reads about (2 / 1.37)^2 / 4 of the canvas
     assert zoomed.region.shape[0] * zoomed.region.shape[1] < 0.8 * (2 * size) ** 2
 
