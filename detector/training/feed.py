@@ -101,18 +101,13 @@ def uploaded_ahead(batches: Iterable[tuple[Any, ...]], device: torch.device) -> 
     pending: tuple[tuple[Any, ...], torch.cuda.Event] | None = None
     for batch in batches:
         with torch.cuda.stream(side):
-            moved = (on_device(batch[0], device), *batch[1:])
+            moved = (batch[0].to(device, non_blocking=True), *batch[1:])  # a tensor or a WarpBatch
         copied = side.record_event()
         if pending is not None:
             yield handed_over(*pending, device)
         pending = moved, copied
     if pending is not None:
         yield handed_over(*pending, device)
-
-
-def on_device(images: torch.Tensor | WarpBatch, device: torch.device) -> torch.Tensor | WarpBatch:
-    """A batch's images copied to ``device`` on the current stream (non-blocking)."""
-    return images.to(device, non_blocking=True)
 
 
 def handed_over(batch: tuple[Any, ...], copied: torch.cuda.Event, device: torch.device) -> tuple[Any, ...]:
