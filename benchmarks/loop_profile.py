@@ -2,8 +2,8 @@
 
 On an H100 the default loop ran at 0.71 of its step alone while waiting for data only 5-10% of each epoch
 (docs/gpu.md), so most of the difference is the loop's own work: the batch's upload and the augmentation on the
-device (``upload``: the copy queued one step ahead on its own stream; ``step_input``), the step, and the Python
-between them. This trains a short run with the trainer's
+device (the copy is queued one step ahead on its own stream, inside ``loader``; ``upload`` is the step's stream
+made to wait for it; ``step_input``), the step, and the Python between them. This trains a short run with the trainer's
 defaults and profiles its last epoch (``torch.profiler``; graphs are captured by then), with each step's parts
 marked. Per step it prints the wall time, the host's time in each part, and on CUDA the GPU's time in each part
 and its busy share of the epoch (the union of its kernels' intervals: a GPU idle while the host is busy means the
@@ -71,7 +71,7 @@ def main() -> int:
 
     # Each part the loop calls by its module-level name, marked; train_one_epoch looks them up at call time.
     engine.step_input = marked("step_input", engine.step_input)
-    feed.on_device = marked("upload", feed.on_device)  # called by uploaded_ahead on CUDA only
+    feed.handed_over = marked("upload", feed.handed_over)  # called by uploaded_ahead on CUDA only
     engine.graphed_step = marked("step", engine.graphed_step)
     engine.optimizer_step = marked("optimizer", engine.optimizer_step)
     real_timed, real_epoch = engine.timed, trainer_module.train_one_epoch

@@ -77,7 +77,7 @@ def render_fused(
     if pixel_ops is not None and len(pixel_ops) != count:
         raise ValueError(f"{len(pixel_ops)} pixel operations for a batch of {count} images")
     ops = [op or PixelOps() for op in pixel_ops] if pixel_ops is not None else [PixelOps()] * count
-    params = pixel_ops_table(ops, device)
+    table = pixel_ops_table(ops, device)
     atlas, theta, bounds = (tensor.contiguous() for tensor in batch.to(device, non_blocking=True).tensors())
     layout = torch.channels_last if channels_last else torch.contiguous_format
     out = torch.empty((count, 3, size, size), dtype=torch.float32, device=device, memory_format=layout)
@@ -88,7 +88,7 @@ def render_fused(
     try:
         with current:
             _kernel(interpreting())[(-(-pixels // BLOCK),)](
-                atlas, theta, bounds, params, out, height, width, size, pixels, *out.stride(),
+                atlas, theta, bounds, table, out, height, width, size, pixels, *out.stride(),
                 HSV=any_gains(ops), BLOCK=BLOCK,
             )
     except Exception as error:  # a Triton or driver build failure of any type: PyTorch renders from now on
@@ -104,7 +104,7 @@ def _kernel(interpret: bool):  # noqa: ARG001 - the cache key: an interpreted ke
     import triton.language as tl
 
     @triton.jit(do_not_specialize=["height", "width", "size", "pixels"])
-    def warp_augment(atlas, theta, bounds, params, out, height, width, size, pixels,
+    def warp_augment(atlas, theta, bounds, table, out, height, width, size, pixels,
                      stride_b, stride_c, stride_y, stride_x, HSV: tl.constexpr, BLOCK: tl.constexpr):
         index = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         live = index < pixels
@@ -112,11 +112,11 @@ def _kernel(interpret: bool):  # noqa: ARG001 - the cache key: an interpreted ke
         image = index // per_image
         y = (index % per_image) // size
         x = index % size
-        hue_gain = tl.load(params + image * 5, mask=live, other=1.0)
-        saturation_gain = tl.load(params + image * 5 + 1, mask=live, other=1.0)
-        value_gain = tl.load(params + image * 5 + 2, mask=live, other=1.0)
-        flip_lr = tl.load(params + image * 5 + 3, mask=live, other=0.0)
-        flip_ud = tl.load(params + image * 5 + 4, mask=live, other=0.0)
+        hue_gain = tl.load(table + image * 5, mask=live, other=1.0)
+        saturation_gain = tl.load(table + image * 5 + 1, mask=live, other=1.0)
+        value_gain = tl.load(table + image * 5 + 2, mask=live, other=1.0)
+        flip_lr = tl.load(table + image * 5 + 3, mask=live, other=0.0)
+        flip_ud = tl.load(table + image * 5 + 4, mask=live, other=0.0)
         # A flip mirrors the finished image, and everything before it is per pixel: sample the mirrored pixel.
         x = tl.where(flip_lr > 0, size - 1 - x, x)
         y = tl.where(flip_ud > 0, size - 1 - y, y)

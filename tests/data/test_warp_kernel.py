@@ -103,12 +103,41 @@ def test_the_kernel_compiles_for_an_h100_without_one(hsv, unit_stride):
     from triton.compiler import ASTSource
 
     kernel = warp_kernel._kernel(False)
-    pointers = {"atlas": "*u8", "theta": "*fp32", "bounds": "*fp32", "params": "*fp32", "out": "*fp32"}
+    pointers = {"atlas": "*u8", "theta": "*fp32", "bounds": "*fp32", "table": "*fp32", "out": "*fp32"}
     constants = {"HSV": hsv, "BLOCK": warp_kernel.BLOCK, unit_stride: 1}
     signature = {name: pointers.get(name, "constexpr" if name in constants else "i32") for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
                               target=GPUTarget("cuda", 90, 32))
     assert compiled.asm["cubin"] and ".target sm_90" in compiled.asm["ptx"]
+
+
+@pytest.mark.skipif(INTERPRETED, reason="the parent runs it")
+def test_a_launch_binds_what_render_fused_passes(monkeypatch):
+    """What neither the interpreter nor the compile test reaches: the binder Triton generates for a compiled launch.
+    Its parameters become locals of a generated function beside its own (``params``, ``specialization``,
+    ``options``): a kernel parameter named ``params`` was shadowed by a dict there, and every launch on the H100
+    failed with 'failed to specialize argument of type: dict'. Here render_fused's own arguments go through that
+    binder (the compiled kernel's, built without a GPU) on the CPU."""
+    from triton.backends.compiler import BaseBackend
+    from triton.runtime.jit import create_function_from_signature
+
+    kernel = warp_kernel._kernel(False)
+    binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
+    bound: list[list[tuple]] = []
+
+    class Launcher:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: bound.append(binder(*args, **kwargs)[1])
+
+    monkeypatch.setattr(warp_kernel, "_kernel", lambda interpret: Launcher())
+    monkeypatch.setattr(warp_kernel, "interpreting", lambda: True)  # the CPU device takes the kernel's path
+    monkeypatch.setattr(warp_kernel, "_failed", [])
+    batch = pack_warp_batch([source for _, _, source in _fixed_sources(64)])
+    render_fused(batch, torch.device("cpu"), size=64, channels_last=True, pixel_ops=OPS)
+    assert len(bound) == 1 and not warp_kernel._failed
+    kinds = dict(zip(kernel.arg_names, (kind for kind, _ in bound[0])))
+    assert [kinds[name] for name in ("atlas", "theta", "bounds", "table", "out")] == ["*u8"] + ["*fp32"] * 4
+    assert kinds["HSV"] == kinds["BLOCK"] == "constexpr"
 
 
 def block_atlas(size: int, count: int, rng: np.random.Generator) -> tuple[WarpBatch, torch.Tensor]:
