@@ -29,6 +29,10 @@ import detector.training.trainer as trainer_module
 from detector.training.config import TrainConfig
 
 PARTS = ("loader", "upload", "step_input", "step", "optimizer")  # marked ranges; the rest of each step is "other"
+# Each part the loop calls by its module-level name (looked up at call time, so replacing it marks it); the loader's
+# part is marked around the loop's next(). handed_over is called by feed.uploaded_ahead on CUDA only.
+MARKED = ((engine, "step_input", "step_input"), (feed, "handed_over", "upload"), (engine, "graphed_step", "step"),
+          (engine, "optimizer_step", "optimizer"))
 
 
 def marked(name: str, function):
@@ -69,11 +73,8 @@ def main() -> int:
     cuda = torch.device(args.device).type == "cuda"
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
 
-    # Each part the loop calls by its module-level name, marked; train_one_epoch looks them up at call time.
-    engine.step_input = marked("step_input", engine.step_input)
-    feed.handed_over = marked("upload", feed.handed_over)  # called by uploaded_ahead on CUDA only
-    engine.graphed_step = marked("step", engine.graphed_step)
-    engine.optimizer_step = marked("optimizer", engine.optimizer_step)
+    for module, name, part in MARKED:
+        setattr(module, name, marked(part, getattr(module, name)))
     real_timed, real_epoch = engine.timed, trainer_module.train_one_epoch
 
     def timed(batches, waited):
