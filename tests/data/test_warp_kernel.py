@@ -6,6 +6,7 @@ starts with it set (:func:`test_the_kernel_checks_pass_under_the_interpreter`); 
 GPU the same checks run compiled (they skip without CUDA).
 """
 
+import importlib
 import os
 import subprocess
 import sys
@@ -119,8 +120,11 @@ def test_a_launch_binds_what_render_fused_passes(monkeypatch):
     failed with 'failed to specialize argument of type: dict'. Here render_fused's own arguments go through that
     binder (the compiled kernel's, built without a GPU) on the CPU."""
     from triton.backends.compiler import BaseBackend
-    from triton.runtime.jit import create_function_from_signature
 
+    create_function_from_signature = getattr(importlib.import_module("triton.runtime.jit"),
+                                             "create_function_from_signature", None)
+    if create_function_from_signature is None:  # internal to Triton (3.6 and 3.8 have it): a later one may move it
+        pytest.skip("this Triton builds its launch binder elsewhere")
     kernel = warp_kernel._kernel(False)
     binder = create_function_from_signature(kernel.signature, kernel.params, BaseBackend)
     bound: list[list[tuple]] = []
