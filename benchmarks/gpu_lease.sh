@@ -7,9 +7,10 @@
 # (benchmarks/loop_profile.py, on the speed stage's set: it needs that stage first), then BCCD for 100 epochs
 # at 640 (ours alone: accuracy, the time account and the process's exit); on request (STAGES) the inference
 # table with predict over a folder, and where FP16's model time goes (benchmarks/inference_profile.py), both
-# measured on the H100 of 2026-11-27 (docs/gpu.md), pt2 against PyTorch's CUDA graphs at batch 1, and YOLOv8s
-# against Ultralytics' (both never run). Each stage has its own time limit and prints its result as soon as it
-# ends, so a stage that fails or runs out of time loses only itself; full logs go under $OUT.
+# measured on the H100 of 2026-11-27 (docs/gpu.md), pt2 against PyTorch's CUDA graphs at batch 1 (never run),
+# YOLOv8s against Ultralytics', and the 2-epoch run's accuracy at two seeds and without graphs. Each stage has its
+# own time limit and prints its result as soon as it ends, so a stage that fails or runs out of time loses only
+# itself; full logs go under $OUT.
 #
 #   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
 #   STAGES="tests inference profile" bash benchmarks/gpu_lease.sh   # others
@@ -87,6 +88,15 @@ from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/
       --project /tmp/bccd_runs 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/bccd.log"
     echo "bccd rc ${PIPESTATUS[0]}, process $(python3 -c "import time; print(round(time.time() - $began, 1))") s"
     grep -E "^done in|^time account|^  " "$OUT/bccd.log" | tail -9; cp /tmp/bccd_runs/*/results.csv "$OUT/" ;;
+  seeds)  # the 2-epoch nano's mAP at 640 fell from 0.61 (first H100 lease) to 0.44 (second): seed noise or the GPU
+    # path? The speed stage's run at seeds 0 and 1, and seed 0 with the graphs off (docs/gpu.md)
+    [ -f "/tmp/shapes$IMAGES/shapes.yaml" ] || timeout "$(limit 60)" python3 -c "from pathlib import Path
+from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
+    for extra in "--seed 0" "--seed 1" "--seed 0 --cuda-graphs off"; do
+      timeout "$(limit 60)" python3 train.py --data "/tmp/shapes$IMAGES/shapes.yaml" --epochs 2 --imgsz 640 --batch 64 \
+        --workers 8 --device cuda --no-plots --project /tmp/seed_runs $extra > "$OUT/seeds.log" 2>&1
+      echo "$extra: rc $? $(grep -E '^done in' "$OUT/seeds.log")"
+    done ;;
   small)  # issue 29's YOLOv8s target (>= 1.5x Ultralytics): the speed stage's 2 epochs, both trainers at scale s
     [ -f "/tmp/shapes$IMAGES/shapes.yaml" ] || timeout "$(limit 60)" python3 -c "from pathlib import Path
 from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
@@ -101,7 +111,7 @@ from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/
   profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
     timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
     echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
-  *) echo "unknown stage $stage (imports, tests, speed, augment, loop, bccd, small, inference, pt2, profile)" ;;
+  *) echo "unknown stage $stage (imports, tests, speed, augment, loop, bccd, small, seeds, inference, pt2, profile)" ;;
   esac
 done
 stamp done
