@@ -1,4 +1,4 @@
-"""The loop profile: its GPU-busy arithmetic (the union of kernel intervals, each overlap counted once) and its marks."""
+"""The loop profile: its GPU-busy arithmetic (the union of kernel intervals, overlaps counted once) and its marks."""
 
 import sys
 from pathlib import Path
