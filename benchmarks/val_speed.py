@@ -12,7 +12,9 @@ first batch is the cold start (worker processes forked), the later passes' first
 
 A fresh model scores almost no box above conf 0.001, which under-measures NMS: ``--lively`` (the default without
 ``--weights``) zeroes the class-logit biases so every (anchor, class) pair enters NMS -- the worst case the
-``max_candidates`` cap bounds. Prints a markdown table: per pass, median and range over the repeats.
+``max_candidates`` cap bounds. Its scores are all equal (0.5), so NMS's first pass over each image's best
+candidates never settles there and runs again over all of them (``--first-pass``; a barely trained checkpoint
+shows the first pass). Prints a markdown table: per pass, median and range over the repeats.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from detector.inference.preprocess import model_input
 from detector.metrics.coco import evaluate_coco, to_coco_detections
 from detector.metrics.loop import make_val_loader
 from detector.model import build_model
+from detector import postprocess
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
 from detector.precision import resolve_precision
 from detector.tuning import enlarge_onednn_cache
@@ -123,7 +126,12 @@ def main() -> int:
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
                         help="channels-last weights and inputs, as training's default (default: on)")
     parser.add_argument("--repeats", type=int, default=3, help="passes over the split (the loader is kept)")
+    parser.add_argument("--first-pass", type=int, default=None,
+                        help="NMS first over each image's best N candidates (default: detector.postprocess's "
+                             "FIRST_PASS_CANDIDATES); 0: over all of them at once, as before it")
     args = parser.parse_args()
+    if args.first_pass is not None:
+        postprocess.FIRST_PASS_CANDIDATES = args.first_pass or 10**9
     enlarge_onednn_cache()
     torch.manual_seed(0)
     if not args.data:

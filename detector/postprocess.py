@@ -98,12 +98,51 @@ def grouped_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor,
     ~1.8e6 px, where FP32 coordinates are 0.125 px apart: a small box near the IoU threshold was kept or suppressed
     depending on where its image sat in the batch (3-8 of ~710 kept boxes differed from each group's own NMS in
     tests/test_postprocess.py). FP64 resolves 2**-32 px there; the cast of a few thousand boxes costs nothing
-    beside NMS, whose kernels take FP64 on the CPU and CUDA. Returns indices, by score, descending.
+    beside NMS, whose kernels take FP64 on the CPU and CUDA. Returns indices, by score, descending, equal scores
+    by index: torchvision's own final sort leaves them in an order that depends on the whole set, so a first pass
+    over part of it (:data:`FIRST_PASS_CANDIDATES`) could list two equal-scored boxes the other way round.
     """
-    return batched_nms(boxes.double(), scores.double(), groups, iou_threshold)
+    keep = batched_nms(boxes.double(), scores.double(), groups, iou_threshold).sort().values
+    return keep[scores[keep].sort(descending=True, stable=True).indices]
+
+
+# NMS runs first over each image's best this many candidates (at least max_detections). Greedy NMS decides a box
+# by the boxes scored at least as high alone, so the boxes it keeps from a score-ordered prefix are exactly those the
+# whole run keeps from that prefix; when max_detections of them score above the prefix's lowest, they are the whole
+# run's answer (:func:`settled`), else NMS runs again over every candidate. At conf 0.001 a barely trained model
+# gives an image up to 30,000 candidates (all 8,400 anchors x 3 classes of BCCD's at 640 px; capped by
+# max_candidates): NMS compares every pair of each class, and on CUDA torchvision then walks the candidates one by
+# one in a single thread block.
+FIRST_PASS_CANDIDATES = 3000
+
+
+def first_pass_size(config: NMSConfig) -> int:
+    return max(FIRST_PASS_CANDIDATES, config.max_detections)
+
+
+def settled(kept_scores: torch.Tensor, lowest: torch.Tensor | float, max_detections: int) -> bool:
+    """Whether the first pass's kept scores (best first, at most ``max_detections``) are the whole run's: it kept
+    ``max_detections`` boxes, all scored above ``lowest``, the lowest candidate it saw. Any candidate it did not see
+    scores at most ``lowest``, so it neither outranks them nor suppresses one of them."""
+    return len(kept_scores) == max_detections and bool(kept_scores[-1] > lowest)
 
 
 def _kept(
+    boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, config: NMSConfig
+) -> dict[str, torch.Tensor]:
+    first = first_pass_size(config)
+    if len(scores) > first:  # the image's best first (FIRST_PASS_CANDIDATES)
+        top = scores.topk(first)  # best first: its last value is the lowest score the first pass sees
+        # In their own order, as the whole run has them: torchvision's NMS sorts scores stably (its CPU kernel), so
+        # of two equal-scored boxes that overlap, the same one is kept.
+        chosen = top.indices.sort().values
+        kept = _kept_all(boxes[chosen], scores[chosen], labels[chosen], config)
+        if settled(kept["scores"], top.values[-1], config.max_detections):
+            return kept
+    return _kept_all(boxes, scores, labels, config)
+
+
+def _kept_all(
     boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, config: NMSConfig
 ) -> dict[str, torch.Tensor]:
     keep = grouped_nms(boxes, scores, labels, config.iou_threshold)[: config.max_detections]
@@ -134,7 +173,8 @@ def batched_non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSCo
     Built for the GPU, where each host read waits for the device: the candidates of the whole batch come from one
     ``nonzero`` (image-major, so in each image's own order), and each chunk's kept indices are grouped by image
     with one stable sort, so a batch costs a handful of host reads instead of several per image (at batch 32,
-    ~200). Only an image with more than ``max_candidates`` candidates takes :func:`candidates`' top-k, per image.
+    ~200). Only an image with more than ``max_candidates`` candidates takes :func:`candidates`' top-k, per image;
+    with more than :func:`first_pass_size`, NMS runs over its best first (:func:`_first_pass_then_rest`).
     """
     batch, num_classes = decoded.shape[0], decoded.shape[-1] - 4
     (image, _), boxes, scores, labels = above_conf(decoded, config)
@@ -145,12 +185,51 @@ def batched_non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSCo
         boxes, scores, labels = (torch.cat([part[i] for part in per_image]) for i in range(3))
         image = torch.repeat_interleave(torch.arange(batch, device=decoded.device),
                                         torch.tensor(counts, device=decoded.device), output_size=sum(counts))
+    if any(count > first_pass_size(config) for count in counts):
+        return _first_pass_then_rest(boxes, scores, labels, image, counts, num_classes, config)
+    return _in_chunks(boxes, scores, labels, image, counts, num_classes, config)
+
+
+def _in_chunks(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor,
+               counts: list[int], num_classes: int, config: NMSConfig) -> list[dict[str, torch.Tensor]]:
+    """Each image's detections from candidates in runs of one image each (``image``: 0 to len(counts) - 1, in
+    order; ``counts``: each run's length), one ``batched_nms`` per chunk of images (:func:`image_chunks`)."""
     results = []
     offsets = [0, *itertools.accumulate(counts)]
     for chunk in image_chunks(counts, ONE_CALL_BOXES):
         first, last = offsets[chunk.start], offsets[chunk.stop]  # the chunk's candidates are one run
         results.extend(_one_call(boxes[first:last], scores[first:last], labels[first:last], image[first:last],
                                  chunk, num_classes, config))
+    return results
+
+
+def _first_pass_then_rest(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor,
+                          counts: list[int], num_classes: int, config: NMSConfig) -> list[dict[str, torch.Tensor]]:
+    """:func:`_in_chunks` over each image's best :func:`first_pass_size` candidates, then again over all of them
+    for each image the first pass did not settle (:func:`settled`). Two host reads more than one pass."""
+    first, device = first_pass_size(config), scores.device
+    starts = [0, *itertools.accumulate(counts)][:-1]
+    # Image-major, best first within an image: FP32 scores are exact in FP64, and image x 2 - score keeps images apart.
+    order = torch.argsort(image.double() * 2 - scores.double())
+    rank = torch.arange(len(order), device=device) - torch.tensor(starts, device=device)[image[order]]
+    chosen = order[rank < first].sort().values  # in their own order, as in _kept
+    results = _in_chunks(boxes[chosen], scores[chosen], labels[chosen], image[chosen],
+                         [min(count, first) for count in counts], num_classes, config)
+    crowded = [index for index, count in enumerate(counts) if count > first]
+    lowest = scores[order[torch.tensor([starts[index] + first - 1 for index in crowded], device=device)]]
+    full = [len(results[index]["scores"]) == config.max_detections for index in crowded]
+    last = torch.stack([results[index]["scores"][-1] if whole else lowest[row]  # not full: never settled
+                        for row, (index, whole) in enumerate(zip(crowded, full))])
+    again = [index for index, whole, above in zip(crowded, full, (last > lowest).tolist()) if not (whole and above)]
+    if again:  # every candidate of those images, renumbered 0 .. len(again) - 1
+        runs = torch.cat([torch.arange(starts[index], starts[index] + counts[index], device=device)
+                          for index in again])
+        again_counts = [counts[index] for index in again]
+        renumbered = torch.repeat_interleave(torch.arange(len(again), device=device),
+                                             torch.tensor(again_counts, device=device), output_size=len(runs))
+        for index, result in zip(again, _in_chunks(boxes[runs], scores[runs], labels[runs], renumbered,
+                                                   again_counts, num_classes, config)):
+            results[index] = result
     return results
 
 

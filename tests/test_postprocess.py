@@ -178,6 +178,35 @@ def test_images_side_by_side_on_threads_give_the_one_thread_result(multi_label, 
     assert sum(len(result["scores"]) for result in threaded) > 20
 
 
+@pytest.mark.parametrize("max_detections,settles", [(12, True), (250, False)])
+def test_the_first_pass_over_each_images_best_gives_the_whole_runs_detections(max_detections, settles,
+                                                                              monkeypatch):
+    """Both paths run NMS over each image's best FIRST_PASS_CANDIDATES first and keep that when it settles (12
+    detections, all above the pass's lowest score), else again over every candidate (250 asked of a pass of 250
+    that keeps fewer): the same detections as NMS over all of them, for the image under the pass's size too."""
+    import detector.postprocess
+    from detector.postprocess import batched_non_max_suppression
+
+    decoded = random_decoded(3, 400, 3, seed=5)
+    decoded[1, 40:, 4:] = 0  # 120 candidates or fewer: under the first pass's size
+    config = NMSConfig(conf_threshold=0.001, iou_threshold=0.5, max_detections=max_detections, multi_label=True)
+    monkeypatch.setattr(detector.postprocess, "FIRST_PASS_CANDIDATES", 10**9)  # one pass: the reference
+    reference = non_max_suppression(decoded, config)
+    monkeypatch.setattr(detector.postprocess, "FIRST_PASS_CANDIDATES", 200)
+    sizes = []
+    real_nms = detector.postprocess.grouped_nms
+    monkeypatch.setattr(detector.postprocess, "grouped_nms",
+                        lambda boxes, *rest: sizes.append(len(boxes)) or real_nms(boxes, *rest))
+    for path in (non_max_suppression, batched_non_max_suppression):
+        sizes.clear()
+        results = path(decoded, config)
+        for got, want in zip(results, reference, strict=True):
+            assert all(torch.equal(got[key], want[key]) for key in ("boxes", "scores", "labels")), path.__name__
+        assert len(reference[0]["scores"]) == max_detections or not settles
+        over = max(sizes)  # the per-image path: one call per image; the batched one: one for all the first passes
+        assert (over <= 2 * 200 + 120) if settles else (over > 1000), (path.__name__, sizes)
+
+
 def test_detections_go_to_the_host_in_one_copy_whatever_the_batch():
     """One host read for 2 images as for 16 (on CUDA each is a wait); each image gets its own tensors, boxes in
     FP32 with the values sent, the other fields in their own dtypes, an image without detections kept."""
