@@ -133,8 +133,8 @@ def _kept(
     first = first_pass_size(config)
     if len(scores) > first:  # the image's best first (FIRST_PASS_CANDIDATES)
         top = scores.topk(first)  # best first: its last value is the lowest score the first pass sees
-        # In their own order, as the whole run has them: torchvision's NMS sorts scores stably (its CPU kernel), so
-        # of two equal-scored boxes that overlap, the same one is kept.
+        # In their own order, as the whole run has them: torchvision's CPU NMS sorts scores stably, so of two
+        # equal-scored boxes that overlap, the same one is kept (its CUDA kernel's sort: not checked here).
         chosen = top.indices.sort().values
         kept = _kept_all(boxes[chosen], scores[chosen], labels[chosen], config)
         if settled(kept["scores"], top.values[-1], config.max_detections):
@@ -206,7 +206,8 @@ def _in_chunks(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, 
 def _first_pass_then_rest(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor,
                           counts: list[int], num_classes: int, config: NMSConfig) -> list[dict[str, torch.Tensor]]:
     """:func:`_in_chunks` over each image's best :func:`first_pass_size` candidates, then again over all of them
-    for each image the first pass did not settle (:func:`settled`). Two host reads more than one pass."""
+    for each image the first pass did not settle (:func:`settled`): one host read more than a single pass (which
+    images settled), and a second pass's reads where one did not."""
     first, device = first_pass_size(config), scores.device
     starts = [0, *itertools.accumulate(counts)][:-1]
     # Image-major, best first within an image: FP32 scores are exact in FP64, and image x 2 - score keeps images apart.
