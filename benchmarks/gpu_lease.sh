@@ -25,6 +25,11 @@ BUDGET=${BUDGET:-570}  # s for the whole script: the device call's cap is 600
 mkdir -p "$OUT"; T0=$(date +%s)
 export YOLO_OFFLINE=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg PYTHONPATH="/tmp/stub:$PWD"
 stamp() { echo "=== $1 at $(( $(date +%s) - T0 )) s"; }
+# The speed, loop, small and seeds stages' set: IMAGES synthetic 640-px images, made once per machine.
+training_set() {
+  [ -f "/tmp/shapes$IMAGES/shapes.yaml" ] || timeout "$(limit 60)" python3 -c "from pathlib import Path
+from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
+}
 # limit S: S seconds, or what is left of BUDGET if less (at least 1), so the stages' limits never add up past it.
 limit() { local left=$(( T0 + BUDGET - $(date +%s) )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
 if [ ! -f /tmp/.gpu-ready ] && [ -d "$WHEELS" ]; then
@@ -50,8 +55,7 @@ for stage in $STAGES; do
       tests/training/test_feed.py > "$OUT/tests_device.log" 2>&1
     echo "device tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_device.log" | tail -8 ;;
   speed)
-    timeout "$(limit 60)" python3 -c "from pathlib import Path; from detector.data.synthetic import generate_shapes
-generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
+    training_set
     stamp "training"
     timeout "$(limit 300)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
       --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics 2>&1 \
@@ -77,8 +81,7 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
       --batch 64 --batches 8 --device cuda --paths device,device-unfused,device > "$OUT/augment.log" 2>&1
     echo "augment rc $?"; tail -5 "$OUT/augment.log" ;;
   loop)  # the loop beside its step alone: host and GPU time per part of a steady epoch, on the speed stage's set
-    [ -f "/tmp/shapes$IMAGES/shapes.yaml" ] || timeout "$(limit 60)" python3 -c "from pathlib import Path
-from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
+    training_set
     timeout "$(limit 120)" python3 benchmarks/loop_profile.py --device cuda --imgsz 640 --batch 64 --epochs 3 \
       --workers 8 --data "/tmp/shapes$IMAGES/shapes.yaml" > "$OUT/loop.log" 2>&1
     echo "loop rc $?"; sed -n '/^last epoch/,/^Top/p' "$OUT/loop.log" ;;
@@ -90,16 +93,14 @@ from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/
     grep -E "^done in|^time account|^  " "$OUT/bccd.log" | tail -9; cp /tmp/bccd_runs/*/results.csv "$OUT/" ;;
   seeds)  # the 2-epoch nano's mAP at 640 fell from 0.61 (first H100 lease) to 0.44 (second): seed noise or the GPU
     # path? The speed stage's run at seeds 0 and 1, and seed 0 with the graphs off (docs/gpu.md)
-    [ -f "/tmp/shapes$IMAGES/shapes.yaml" ] || timeout "$(limit 60)" python3 -c "from pathlib import Path
-from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
+    training_set
     for extra in "--seed 0" "--seed 1" "--seed 0 --cuda-graphs off"; do
       timeout "$(limit 60)" python3 train.py --data "/tmp/shapes$IMAGES/shapes.yaml" --epochs 2 --imgsz 640 --batch 64 \
         --workers 8 --device cuda --no-plots --project /tmp/seed_runs $extra > "$OUT/seeds.log" 2>&1
       echo "$extra: rc $? $(grep -E '^done in' "$OUT/seeds.log")"
     done ;;
   small)  # issue 29's YOLOv8s target (>= 1.5x Ultralytics): the speed stage's 2 epochs, both trainers at scale s
-    [ -f "/tmp/shapes$IMAGES/shapes.yaml" ] || timeout "$(limit 60)" python3 -c "from pathlib import Path
-from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
+    training_set
     timeout "$(limit 300)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
       --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics --model s 2>&1 \
       | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/small.log"
