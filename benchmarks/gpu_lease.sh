@@ -8,9 +8,9 @@
 # at 640 (ours alone: accuracy, the time account and the process's exit); on request (STAGES) the inference
 # table with predict over a folder, and where FP16's model time goes (benchmarks/inference_profile.py), both
 # measured on the H100 of 2026-11-27 (docs/gpu.md), pt2 against PyTorch's CUDA graphs at batch 1 (never run),
-# YOLOv8s against Ultralytics', and the 2-epoch run's accuracy at two seeds and without graphs. Each stage has its
-# own time limit and prints its result as soon as it ends, so a stage that fails or runs out of time loses only
-# itself; full logs go under $OUT.
+# YOLOv8s against Ultralytics', the 2-epoch run's accuracy at two seeds and without graphs, and a BCCD validation
+# pass by stage (val, after bccd). Each stage has its own time limit and prints its result as soon as it ends, so a
+# stage that fails or runs out of time loses only itself; full logs go under $OUT.
 #
 #   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
 #   STAGES="tests inference profile" bash benchmarks/gpu_lease.sh   # others
@@ -91,6 +91,13 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
       --project /tmp/bccd_runs 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/bccd.log"
     echo "bccd rc ${PIPESTATUS[0]}, process $(python3 -c "import time; print(round(time.time() - $began, 1))") s"
     grep -E "^done in|^time account|^  " "$OUT/bccd.log" | tail -9; cp /tmp/bccd_runs/*/results.csv "$OUT/" ;;
+  val)  # what a BCCD validation pass spends on the GPU (0.50 s median in training): per stage, on the bccd stage's
+    # best.pt (it needs that stage first) and on a fresh model whose every pair enters NMS (early training's worst)
+    for weights in "--weights $(ls /tmp/bccd_runs/*/weights/best.pt 2>/dev/null | head -1)" "--lively"; do
+      timeout "$(limit 60)" python3 benchmarks/val_speed.py --data "$BCCD" --imgsz 640 --batch 16 --workers 4 \
+        --device cuda --repeats 5 $weights > "$OUT/val.log" 2>&1
+      echo "val $weights: rc $?"; grep -E "^\|" "$OUT/val.log" | tail -11; grep -E "^[0-9]+ val images" "$OUT/val.log"
+    done ;;
   seeds)  # the 2-epoch nano's mAP at 640 fell from 0.61 (first H100 lease) to 0.44 (second): seed noise or the GPU
     # path? The speed stage's run at seeds 0 and 1, and seed 0 with the graphs off (docs/gpu.md)
     training_set
@@ -99,6 +106,12 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
         --workers 8 --device cuda --no-plots --project /tmp/seed_runs $extra > "$OUT/seeds.log" 2>&1
       echo "$extra: rc $? $(grep -E '^done in' "$OUT/seeds.log")"
     done ;;
+  unamp)  # issue 29's AMP >= 2x --unamp (steady images/s; 1.65x when filed): the speed stage's run in true FP32
+    training_set
+    timeout "$(limit 120)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
+      --data "/tmp/shapes$IMAGES/shapes.yaml" --runs unamp 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" \
+      > "$OUT/unamp.log"
+    echo "unamp rc ${PIPESTATUS[0]}"; tail -4 "$OUT/unamp.log" ;;
   small)  # issue 29's YOLOv8s target (>= 1.5x Ultralytics): the speed stage's 2 epochs, both trainers at scale s
     training_set
     timeout "$(limit 300)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
@@ -112,7 +125,7 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
   profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
     timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
     echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
-  *) echo "unknown stage $stage (imports, tests, speed, augment, loop, bccd, small, seeds, inference, pt2, profile)" ;;
+  *) echo "unknown stage $stage (imports, tests, speed, augment, loop, bccd, val, unamp, small, seeds, inference, pt2, profile)" ;;
   esac
 done
 stamp done
