@@ -91,19 +91,27 @@ def non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) 
 
 
 def grouped_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou_threshold: float) -> torch.Tensor:
-    """torchvision's ``batched_nms`` (boxes of different groups never suppress each other), computed in FP64.
+    """torchvision's ``batched_nms`` (boxes of different groups never suppress each other), computed in FP64, over
+    the boxes ordered by score, descending, equal scores by index; returns the kept indices in that order.
 
     Below its size limit (1,000 boxes on the CPU, 25,000 on CUDA) torchvision runs one NMS over boxes shifted by
     group x (largest coordinate + 1). With groups = image x class at 32 images x 80 classes that shift reaches
     ~1.8e6 px, where FP32 coordinates are 0.125 px apart: a small box near the IoU threshold was kept or suppressed
     depending on where its image sat in the batch (3-8 of ~710 kept boxes differed from each group's own NMS in
     tests/test_postprocess.py). FP64 resolves 2**-32 px there; the cast of a few thousand boxes costs nothing
-    beside NMS, whose kernels take FP64 on the CPU and CUDA. Returns indices, by score, descending, equal scores
-    by index: torchvision's own final sort leaves them in an order that depends on the whole set, so a first pass
-    over part of it (:data:`FIRST_PASS_CANDIDATES`) could list two equal-scored boxes the other way round.
+    beside NMS, whose kernels take FP64 on the CPU and CUDA.
+
+    NMS reads the scores only to order the boxes, so it gets that order itself, as distinct ranks: of two
+    overlapping boxes with equal scores (FP16 scores have ~1,000 values between 0.5 and 1) the first in the order
+    is kept, and torchvision would order equal scores by a sort of its own, whose outcome may depend on the whole
+    set of boxes (its CUDA sort is not promised stable). With the ranks, the boxes kept are the same on either
+    device, in one batched call or per image, and in a first pass over part of the set
+    (:data:`FIRST_PASS_CANDIDATES`) as over all of it.
     """
-    keep = batched_nms(boxes.double(), scores.double(), groups, iou_threshold).sort().values
-    return keep[scores[keep].sort(descending=True, stable=True).indices]
+    order = scores.sort(descending=True, stable=True).indices
+    ranks = torch.empty(len(order), dtype=torch.float64, device=scores.device)
+    ranks[order] = torch.arange(len(order), 0, -1, dtype=torch.float64, device=scores.device)  # distinct, exact
+    return batched_nms(boxes.double(), ranks, groups, iou_threshold)  # by rank, descending: torchvision's promise
 
 
 # NMS runs first over each image's best this many candidates (at least max_detections). Greedy NMS decides a box
@@ -133,8 +141,8 @@ def _kept(
     first = first_pass_size(config)
     if len(scores) > first:  # the image's best first (FIRST_PASS_CANDIDATES)
         top = scores.topk(first)  # best first: its last value is the lowest score the first pass sees
-        # In their own order, as the whole run has them: torchvision's CPU NMS sorts scores stably, so of two
-        # equal-scored boxes that overlap, the same one is kept (its CUDA kernel's sort: not checked here).
+        # In their own order, as the whole run has them: of two equal-scored boxes, the one first in it comes first
+        # in NMS's order too (grouped_nms), so the same one is kept.
         chosen = top.indices.sort().values
         kept = _kept_all(boxes[chosen], scores[chosen], labels[chosen], config)
         if settled(kept["scores"], top.values[-1], config.max_detections):

@@ -253,3 +253,46 @@ def test_decode_level_by_level_is_the_decode_of_the_concatenation():
     # A sigmoid computed on a vector lane or in a scalar tail: 1e-6.
     torch.testing.assert_close(decoded[..., :4], expected[..., :4], rtol=0, atol=1e-3)
     torch.testing.assert_close(decoded[..., 4:], expected[..., 4:], rtol=0, atol=1e-6)
+
+
+def textbook_nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, iou_threshold: float,
+                 max_detections: int) -> list[int]:
+    """Greedy NMS one box at a time, the order spelled out: by score, descending, equal scores by index; a box is
+    kept unless a kept box of its class overlaps it by more than the threshold (FP64 IoU)."""
+    order = sorted(range(len(scores)), key=lambda i: (-float(scores[i]), i))
+    iou = box_iou(boxes.double(), boxes.double())
+    kept: list[int] = []
+    for i in order:
+        if all(labels[k] != labels[i] or iou[i, k] <= iou_threshold for k in kept):
+            kept.append(i)
+    return kept[:max_detections]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA"))])
+@pytest.mark.parametrize("first_pass", [10**9, 60])
+def test_equal_scores_are_decided_by_candidate_order_on_every_path(device, first_pass, monkeypatch):
+    """FP16 scores tie often, and of two overlapping equal-scored boxes the one NMS meets first is kept: both paths,
+    with or without the first pass over each image's best, keep what textbook NMS keeps when equal scores go in
+    the candidates' own order (anchor by anchor, class by class): the same boxes on the CPU and on CUDA."""
+    import detector.postprocess
+    from detector.postprocess import batched_non_max_suppression
+
+    decoded = random_decoded(3, 150, 2, seed=7)
+    decoded[..., 4:] = (decoded[..., 4:] * 6).ceil() / 6  # six score values: ties everywhere
+    decoded[:, 1::2, :4] = decoded[:, 0::2, :4]  # every odd anchor is the even one's box: equal boxes, often tied
+    config = NMSConfig(conf_threshold=0.1, iou_threshold=0.5, max_detections=25, multi_label=True)
+    monkeypatch.setattr(detector.postprocess, "FIRST_PASS_CANDIDATES", first_pass)
+    expected = []
+    for image in decoded:
+        boxes, scores, labels = candidates(image, config.conf_threshold)
+        keep = textbook_nms(boxes, scores, labels, config.iou_threshold, config.max_detections)
+        expected.append((boxes[keep], scores[keep], labels[keep]))
+        assert len(scores) > 3 * first_pass or first_pass > len(scores)  # a first pass over part of it, or none
+    tied = sum(len(s) - len(s.unique()) for _, s, _ in expected)
+    assert tied > 50  # kept boxes share scores: the order among equal scores decided real cases
+    for path in (non_max_suppression, batched_non_max_suppression):
+        results = path(decoded.to(device), config)
+        for got, (boxes, scores, labels) in zip(results, expected, strict=True):
+            assert torch.equal(got["boxes"].cpu(), boxes), path.__name__
+            assert torch.equal(got["scores"].cpu(), scores) and torch.equal(got["labels"].cpu(), labels)
