@@ -137,6 +137,53 @@ def test_faster_coco_eval_gives_pycocotools_numbers(lively_set) -> None:
         assert np.nanmax(np.abs(fast - slow)) <= tolerance
 
 
+def crowded_detections(ground_truth: dict, *, seed: int) -> np.ndarray:
+    """300 detections an image, most of them in two classes (one with ~180 an image, past COCOeval's 100), scores
+    of 40 values (ties everywhere, also at each group's 100th), rows in no particular order."""
+    detections = noisy_detections(ground_truth, per_image=300, seed=seed)
+    rng = np.random.default_rng(seed)
+    crowd = rng.random(len(detections)) < 0.85
+    detections[crowd, 6] = rng.choice([1, 1, 2], int(crowd.sum()))  # class 1: ~180 an image, class 2: ~95
+    detections[:, 5] = np.ceil(detections[:, 5] * 40) / 40
+    return detections[rng.permutation(len(detections))]
+
+
+def test_scored_detections_are_each_image_and_class_best_100_in_row_order() -> None:
+    from detector.metrics.coco import SCORED_PER_IMAGE_CLASS, scored_detections
+
+    assert SCORED_PER_IMAGE_CLASS == 100  # COCO's maxDets
+    scores = [0.5, 0.9, 0.5, 0.7, 0.5, 0.9]
+    others = [[2, 0, 0, 1, 1, 0.1, 3], [1, 0, 0, 1, 1, 0.2, 4]]  # image 2 of class 3; class 4 of image 1
+    rows = np.array([[1, 0, 0, 1, 1, score, 3] for score in scores] + others)
+    rows[:, 1] = np.arange(len(rows))  # a row's identity
+    kept = scored_detections(rows, per_group=4)
+    # image 1, class 3: 0.9, 0.9, 0.7 and the first 0.5 (row 0), kept in row order; the other groups whole
+    assert kept[:, 1].tolist() == [0, 1, 3, 5, 6, 7]
+    assert scored_detections(rows[:3], per_group=4) is not None and len(scored_detections(rows[:0])) == 0
+
+
+@pytest.mark.parametrize("backend", ["faster", "pycocotools"])
+def test_only_the_detections_cocoeval_reads_are_scored_and_the_numbers_do_not_move(backend) -> None:
+    """evaluate_coco hands the evaluator each (image, class)'s best 100 (scored_detections): every number is what
+    the evaluator gives for all of them, to the bit, ties at the cut included; the results JSON keeps them all."""
+    if backend == "faster":
+        pytest.importorskip("faster_coco_eval", reason="faster-coco-eval is not installed")
+    from detector.metrics.coco import scored_detections
+
+    ground_truth = synthetic_ground_truth(20, seed=3)
+    detections = crowded_detections(ground_truth, seed=4)
+    scored = scored_detections(detections)
+    assert len(scored) < 0.8 * len(detections)  # groups past 100 were cut (~80 of each image's 300)
+    image_ids = [image["id"] for image in ground_truth["images"]]
+    whole = cocoeval_stats(load_coco(ground_truth), detections, image_ids=image_ids, backend=backend)
+    assert whole.stats[0] > 0.05  # not a vacuous comparison
+    result = evaluate_coco(load_coco(ground_truth), detections, image_ids=image_ids, backend=backend)
+    assert np.array_equal(result.stats, whole.stats)
+    precision = whole.precision[:, :, :, 0, -1]
+    for k in range(CLASSES - 1):
+        assert result.per_class_ap[k] == precision[:, :, k][precision[:, :, k] > -1].mean()
+
+
 @pytest.fixture
 def watchdog():
     """A test that forks: if it hangs, the run ends after 120 s with every thread's traceback."""
