@@ -93,7 +93,9 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
     grep -E "^done in|^time account|^  " "$OUT/bccd.log" | tail -9; cp /tmp/bccd_runs/*/results.csv "$OUT/" ;;
   val)  # what a BCCD validation pass spends on the GPU (0.50 s median in training): per stage, on the bccd stage's
     # best.pt (it needs that stage first) and on a fresh model whose every pair enters NMS (early training's worst)
-    for weights in "--weights $(ls /tmp/bccd_runs/*/weights/best.pt 2>/dev/null | head -1)" "--lively"; do
+    trained=$(ls /tmp/bccd_runs/*/weights/best.pt 2>/dev/null | head -1)
+    [ -n "$trained" ] || echo "val: no best.pt of the bccd stage on this machine; the fresh model only"
+    for weights in ${trained:+"--weights $trained"} "--lively"; do
       timeout "$(limit 60)" python3 benchmarks/val_speed.py --data "$BCCD" --imgsz 640 --batch 16 --workers 4 \
         --device cuda --repeats 5 $weights > "$OUT/val.log" 2>&1
       echo "val $weights: rc $?"; grep -E "^\|" "$OUT/val.log" | tail -11; grep -E "^[0-9]+ val images" "$OUT/val.log"
