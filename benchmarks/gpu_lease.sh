@@ -62,6 +62,15 @@ for stage in $STAGES; do
       | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/speed.log"
     echo "speed rc ${PIPESTATUS[0]}"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/speed.log" | head -12
     tail -6 "$OUT/speed.log" ;;
+  mosaic)  # the speed stage in the regime of most epochs of a long run: mosaic on (both trainers) and our
+    # multi-scale (a 2-epoch run is all close-mosaic epochs: no mosaic, ours at 640): issue 29's 2x "with multi-scale
+    # on" and issue 33's first epoch "with default multi-scale"
+    training_set
+    timeout "$(limit 300)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
+      --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics --close-mosaic 0 2>&1 \
+      | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/mosaic.log"
+    echo "mosaic rc ${PIPESTATUS[0]}"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/mosaic.log" | head -12
+    tail -6 "$OUT/mosaic.log" ;;
   inference)
     # The limit goes to the script's own timeout: an outer one could not stop the benchmark (timeout runs its
     # command in a process group of its own), which would run on into the next stage's timings.
@@ -127,7 +136,7 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
   profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
     timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
     echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
-  *) echo "unknown stage $stage (imports, tests, speed, augment, loop, bccd, val, unamp, small, seeds, inference, pt2, profile)" ;;
+  *) echo "unknown stage $stage (imports, tests, speed, mosaic, augment, loop, bccd, val, unamp, small, seeds, inference, pt2, profile)" ;;
   esac
 done
 stamp done

@@ -64,6 +64,9 @@ def main() -> int:
     parser.add_argument("--imgsz", type=int, default=320)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=3, help="the last one is profiled")
+    parser.add_argument("--close-mosaic", type=int, default=None,
+                        help="close-mosaic epochs (default: the trainer's 10, so all 3 epochs train without mosaic, "
+                             "at imgsz); 0: mosaic and multi-scale, as most epochs of a long run")
     parser.add_argument("--workers", type=int, default=-1)
     parser.add_argument("--top", type=int, default=12, help="GPU kernels listed")
     args = parser.parse_args()
@@ -105,7 +108,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as project:
         config = TrainConfig(data=args.data, device=args.device, imgsz=args.imgsz, batch=args.batch,
                              epochs=args.epochs, workers=args.workers, project=project, name="profile", plots=False,
-                             val_interval=args.epochs)
+                             val_interval=args.epochs,
+                             **({} if args.close_mosaic is None else {"close_mosaic": args.close_mosaic}))
         trainer_module.train(config, progress=False)
     report(profiled, cuda=cuda, top=args.top, settings=args)
     return 0

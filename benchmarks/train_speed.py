@@ -50,6 +50,8 @@ from gpu_busy import busy_text, sampler_for
 from isolated import ROOT, run_isolated
 from step_speed import step_alone
 
+from detector.training.config import TrainConfig
+
 ULTRALYTICS_TRAIN = r"""
 import json, resource, sys, time
 import torch
@@ -61,9 +63,10 @@ def end(trainer): epochs[-1][1] = time.perf_counter()
 model = YOLO(f"yolov8{args.get('scale', 'n')}.yaml")
 model.add_callback("on_train_epoch_start", start)
 model.add_callback("on_train_epoch_end", end)  # fires after the batches, before validation
+close = {} if args.get("close_mosaic") is None else {"close_mosaic": args["close_mosaic"]}
 model.train(data=args["data"], epochs=args["epochs"], imgsz=args["imgsz"], batch=args["batch"], workers=args["workers"],
             device=args["device"], project=args["project"], name=args.get("name", "ultralytics"), exist_ok=True,
-            plots=False, seed=0, val=args.get("val", False), verbose=False)
+            plots=False, seed=0, val=args.get("val", False), verbose=False, **close)
 epoch_seconds = [b - a for a, b in epochs]
 train_seconds = sum(epoch_seconds)
 peak = (torch.cuda.max_memory_allocated() if args["device"] != "cpu" else
@@ -154,7 +157,7 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
     command = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--epochs", str(args.epochs), "--imgsz",
                str(args.imgsz), "--batch", str(args.batch), "--workers", str(args.workers), "--project", str(project),
                "--name", name, "--no-plots", "--val-interval", str(args.epochs), "--device", args.device,
-               "--model", args.model, *flags]
+               "--model", args.model, *close_mosaic_flags(args), *flags]
     project.mkdir(parents=True, exist_ok=True)
     log = project / f"{name}.log"  # the run's own output: on a GPU, what it said about its CUDA graphs
     start = time.perf_counter()
@@ -194,7 +197,8 @@ def train_ultralytics(args: argparse.Namespace, data: Path, project: Path, *, va
     # Ultralytics names GPUs by index ("0"), not "cuda:0".
     device = args.device if args.device == "cpu" else (args.device.partition(":")[2] or "0")
     payload = {"data": str(data), "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
-               "workers": args.workers, "project": str(project), "device": device, "val": val, "scale": args.model}
+               "workers": args.workers, "project": str(project), "device": device, "val": val, "scale": args.model,
+               "close_mosaic": args.close_mosaic}
     start = time.perf_counter()
     trained, busy = busy_while(args.device, lambda: run_isolated(ULTRALYTICS_TRAIN, payload))
     wall = time.perf_counter() - start
@@ -228,11 +232,24 @@ def epoch_columns(rates: list[float]) -> tuple[float, float]:
     return rates[0], statistics.median(rates[1:] or rates)
 
 
+def close_mosaic_flags(args: argparse.Namespace) -> list[str]:
+    return [] if args.close_mosaic is None else ["--close-mosaic", str(args.close_mosaic)]
+
+
+def mosaic_epochs(args: argparse.Namespace) -> int:
+    """Epochs of the run with mosaic on, and so with our multi-scale: the rest are close-mosaic epochs, at imgsz.
+    Both trainers close mosaic for the last ``close_mosaic`` epochs (default 10; Ultralytics 8.4 from epoch
+    ``epochs - close_mosaic`` on), so a run of 10 epochs or fewer has none unless ``--close-mosaic`` says less."""
+    close = TrainConfig.close_mosaic if args.close_mosaic is None else args.close_mosaic
+    return max(args.epochs - close, 0)
+
+
 def step_alone_rate(run: str, extra: list[str], args: argparse.Namespace) -> float | None:
     """Images/s of the step alone (no loader) with ``run``'s precision and input sizes (step_speed.py's row); None,
     with the reason on stderr, when that measurement fails: the training runs already done still get their table."""
     print(f"timing the step alone for {run} ...", file=sys.stderr, flush=True)
-    multi_scale = run != "fixed" and "--no-multi-scale" not in extra  # --unamp trains multi-scale too
+    # The loop's sizes: multi-scale only where some epoch trains with mosaic (--unamp trains multi-scale too).
+    multi_scale = run != "fixed" and "--no-multi-scale" not in extra and mosaic_epochs(args) > 0
     try:
         result = step_alone(amp=run != "unamp", multi_scale=multi_scale, imgsz=args.imgsz, batch=args.batch,
                             device=args.device, scale=args.model)
@@ -289,6 +306,10 @@ def main() -> int:
                         help="YOLOv8 scale of both trainers (default: n; issue 29 also asks for s)")
     parser.add_argument("--step-alone", action="store_true",
                         help="time each of our runs' step alone beside its loop (always on a GPU)")
+    parser.add_argument("--close-mosaic", type=int, default=None,
+                        help="both trainers' close-mosaic epochs (default: their own, 10, so a run of 10 epochs or "
+                             "fewer has no mosaic, and ours trains at imgsz throughout); 0: mosaic, and our "
+                             "multi-scale, all run long, as in most epochs of a long run")
     args = parser.parse_args()
     RUNS["ultralytics"] = f"Ultralytics YOLOv8{args.model}"
     runs = (args.runs or ("amp,unamp,ultralytics" if args.device == "cpu" else ",".join(RUNS))).split(",")
@@ -322,8 +343,12 @@ def main() -> int:
     alone = {run: step_alone_rate(run, extra, args) for run in runs
              if run != "ultralytics" and (args.step_alone or args.device != "cpu")}
     memory = "peak GPU memory MB" if args.device != "cpu" else "peak RSS MB"
-    print(f"\n{images} train images, YOLOv8{args.model}, {args.epochs} epochs, imgsz {args.imgsz}, batch {args.batch}, "
-          f"workers {args.workers}, device {args.device}, {args.repeats} round(s), data {args.data}\n")
+    mosaic = mosaic_epochs(args)
+    regime = (f"mosaic (and our multi-scale) in {'all' if mosaic == args.epochs else f'the first {mosaic}'} epochs"
+              if mosaic else "no mosaic (close-mosaic epochs all run long; ours at imgsz)")
+    print(f"\n{images} train images, YOLOv8{args.model}, {args.epochs} epochs, {regime}, imgsz {args.imgsz}, "
+          f"batch {args.batch}, workers {args.workers}, device {args.device}, {args.repeats} round(s), "
+          f"data {args.data}\n")
     print(f"| trainer | precision | train images/s | first epoch images/s | steady images/s | step alone images/s | "
           f"steady / step | GPU busy | wall s (whole run) | val s | {memory} | mAP50-95 (pycocotools) | mAP50 |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
