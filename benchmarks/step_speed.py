@@ -202,7 +202,8 @@ def step_alone(*, amp: bool, multi_scale: bool, imgsz: int, batch: int, device: 
     column."""
     cuda = device.startswith("cuda")
     row = Row("step alone", amp, True, multi_scale, phases=not cuda, cuda_graphs=cuda)
-    steps = cycles * len(MultiScale(imgsz, enabled=multi_scale).ladder())
+    # As many timed steps at a fixed size as multi-scale times (main's count): a cycle of one size would be one step.
+    steps = cycles * len(MultiScale(imgsz).ladder())
     return run_row(row, imgsz=imgsz, batch=batch, steps=steps, device=device, scale=scale)
 
 
