@@ -93,7 +93,9 @@ class MultiScale:
         if not self.enabled:
             return f"multi-scale off: {count}"
         ladder = self.ladder()
-        return (
-            f"multi-scale {ladder[0]}-{ladder[-1]} px ({len(ladder)} sizes, each held {self.hold} steps, "
-            f"fixed {self.image_size} px for the last {min(self.fixed_last_epochs, self.epochs)} epochs): {count}"
-        )
+        if self.fixed_last_epochs >= self.epochs:  # a short run: every epoch is a close-mosaic epoch
+            return (f"no mosaic or multi-scale: all {self.epochs} epochs are close-mosaic epochs, at {self.image_size} "
+                    f"px (--close-mosaic {self.fixed_last_epochs}; 0 keeps both on): {count}")
+        end = (f"; no mosaic and {self.image_size} px for the last {self.fixed_last_epochs} epochs"
+               if self.fixed_last_epochs > 0 else "")
+        return f"multi-scale {ladder[0]}-{ladder[-1]} px ({len(ladder)} sizes, each held {self.hold} steps{end}): {count}"

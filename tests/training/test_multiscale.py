@@ -91,3 +91,15 @@ def test_shape_count_matches_a_real_loader(tmp_path, images, batch, world_size):
         assert sorted(seen) == predicted  # every rank: exactly the shapes predicted
         assert len({batch_size for batch_size, _ in seen}) == 1  # one batch size: no partial last batch
         assert {size for _, size in seen} <= {64, 96, 128}
+
+
+def test_the_header_says_when_a_run_is_all_close_mosaic_epochs():
+    """A run of --close-mosaic epochs or fewer trains without mosaic and at imgsz throughout: the header says so,
+    and how to keep both on; a longer run names its close-mosaic tail."""
+    short = MultiScale(640, epochs=2, fixed_last_epochs=10).describe(1)
+    assert short.startswith("no mosaic or multi-scale: all 2 epochs are close-mosaic epochs, at 640 px")
+    assert "--close-mosaic 10; 0 keeps both on" in short
+    long = MultiScale(640, epochs=30, fixed_last_epochs=10).describe(5)
+    assert long == ("multi-scale 576-704 px (5 sizes, each held 10 steps; no mosaic and 640 px for the last 10 "
+                    "epochs): 5 input shapes")
+    assert MultiScale(640, epochs=3, fixed_last_epochs=0).describe(5).endswith("each held 10 steps): 5 input shapes")
