@@ -79,8 +79,9 @@ for stage in $STAGES; do
     tail -9 "$OUT/inference.log"
     timeout "$(limit 40)" python3 benchmarks/predict_speed.py --device cuda --half --images 256 --batches 1,32 \
       > "$OUT/predict.log" 2>&1; echo "predict rc $?"; tail -5 "$OUT/predict.log" ;;
-  imports)  # BCCD's start-up on the H100 had 8.0 s of imports: which modules (cumulative us, the top 15)
-    timeout "$(limit 40)" python3 -X importtime -c "import detector.training.trainer, detector.cli.train" \
+  imports)  # BCCD's start-up on the H100 had 8.0 s of imports: which modules (cumulative us, the top 15); with
+    # albumentations, which the training set imports (in the account's "data")
+    timeout "$(limit 40)" python3 -X importtime -c "import detector.training.trainer, detector.cli.train, albumentations" \
       2> "$OUT/imports.log"; echo "imports rc $?"
     sort -t'|' -k2 -n -r "$OUT/imports.log" | head -15 ;;
   augment)  # the device path's input work per batch: the fused kernel against the PyTorch ops, 256 images at 640
