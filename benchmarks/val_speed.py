@@ -171,7 +171,8 @@ def main() -> int:
           f"conf {args.conf}, max_det {args.max_det}; "
           f"{statistics.median(p['candidates'] for p in passes) / images:.0f} "
           f"(anchor, class) pairs above conf and {statistics.median(p['detections'] for p in passes) / images:.0f} "
-          f"detections per image ({statistics.median(p['scored'] for p in passes) / images:.0f} scored); mAP50-95 {passes[0]['mAP50-95']:.4f}; {args.repeats} passes, loader kept\n")
+          f"detections per image ({statistics.median(p['scored'] for p in passes) / images:.0f} scored); "
+          f"mAP50-95 {passes[0]['mAP50-95']:.4f}; {args.repeats} passes, loader kept\n")
     print("| stage | ms per pass, median (range) | ms per image | share |")
     print("|---|---|---|---|")
     stages = STAGES

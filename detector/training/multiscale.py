@@ -98,4 +98,5 @@ class MultiScale:
                     f"px (--close-mosaic {self.fixed_last_epochs}; 0 keeps both on): {count}")
         end = (f"; no mosaic and {self.image_size} px for the last {self.fixed_last_epochs} epochs"
                if self.fixed_last_epochs > 0 else "")
-        return f"multi-scale {ladder[0]}-{ladder[-1]} px ({len(ladder)} sizes, each held {self.hold} steps{end}): {count}"
+        sizes = f"{ladder[0]}-{ladder[-1]} px ({len(ladder)} sizes, each held {self.hold} steps{end})"
+        return f"multi-scale {sizes}: {count}"
