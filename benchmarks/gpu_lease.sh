@@ -30,6 +30,16 @@ training_set() {
   [ -f "/tmp/shapes$IMAGES/shapes.yaml" ] || timeout "$(limit 60)" python3 -c "from pathlib import Path
 from detector.data.synthetic import generate_shapes; generate_shapes(Path('/tmp/shapes$IMAGES'), train=$IMAGES, val=256, size=640)"
 }
+# two_epochs NAME SECONDS FLAGS...: benchmarks/train_speed.py's 2 epochs of that set at 640, batch 64, 8 workers, with
+# FLAGS, under a limit of SECONDS; its log (without progress bars) in $OUT/NAME.log and its exit status said.
+two_epochs() {
+  local name=$1 seconds=$2; shift 2
+  training_set
+  timeout "$(limit "$seconds")" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 \
+    --workers 8 --data "/tmp/shapes$IMAGES/shapes.yaml" "$@" 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" \
+    > "$OUT/$name.log"
+  echo "$name rc ${PIPESTATUS[0]}"
+}
 # limit S: S seconds, or what is left of BUDGET if less (at least 1), so the stages' limits never add up past it.
 limit() { local left=$(( T0 + BUDGET - $(date +%s) )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
 if [ ! -f /tmp/.gpu-ready ] && [ -d "$WHEELS" ]; then
@@ -57,19 +67,14 @@ for stage in $STAGES; do
   speed)
     training_set
     stamp "training"
-    timeout "$(limit 300)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
-      --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics 2>&1 \
-      | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/speed.log"
-    echo "speed rc ${PIPESTATUS[0]}"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/speed.log" | head -12
+    two_epochs speed 300 --runs amp,ultralytics
+    grep -E "cuda graphs|images/s|failed|Error" "$OUT/speed.log" | head -12
     tail -6 "$OUT/speed.log" ;;
   mosaic)  # the speed stage in the regime of most epochs of a long run: mosaic on (both trainers) and our
     # multi-scale (a 2-epoch run is all close-mosaic epochs: no mosaic, ours at 640): issue 29's 2x "with multi-scale
     # on" and issue 33's first epoch "with default multi-scale"
-    training_set
-    timeout "$(limit 300)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
-      --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics --close-mosaic 0 2>&1 \
-      | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/mosaic.log"
-    echo "mosaic rc ${PIPESTATUS[0]}"; grep -E "cuda graphs|images/s|failed|Error" "$OUT/mosaic.log" | head -12
+    two_epochs mosaic 300 --runs amp,ultralytics --close-mosaic 0
+    grep -E "cuda graphs|images/s|failed|Error" "$OUT/mosaic.log" | head -12
     tail -6 "$OUT/mosaic.log" ;;
   inference)
     # The limit goes to the script's own timeout: an outer one could not stop the benchmark (timeout runs its
@@ -119,17 +124,11 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
       echo "$extra: rc $? $(grep -E '^done in' "$OUT/seeds.log")"
     done ;;
   unamp)  # issue 29's AMP >= 2x --unamp (steady images/s; 1.65x when filed): the speed stage's run in true FP32
-    training_set
-    timeout "$(limit 120)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
-      --data "/tmp/shapes$IMAGES/shapes.yaml" --runs unamp 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" \
-      > "$OUT/unamp.log"
-    echo "unamp rc ${PIPESTATUS[0]}"; tail -4 "$OUT/unamp.log" ;;
+    two_epochs unamp 120 --runs unamp
+    tail -4 "$OUT/unamp.log" ;;
   small)  # issue 29's YOLOv8s target (>= 1.5x Ultralytics): the speed stage's 2 epochs, both trainers at scale s
-    training_set
-    timeout "$(limit 300)" python3 benchmarks/train_speed.py --device cuda --imgsz 640 --batch 64 --epochs 2 --workers 8 \
-      --data "/tmp/shapes$IMAGES/shapes.yaml" --runs amp,ultralytics --model s 2>&1 \
-      | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/small.log"
-    echo "small rc ${PIPESTATUS[0]}"; tail -6 "$OUT/small.log" ;;
+    two_epochs small 300 --runs amp,ultralytics --model s
+    tail -6 "$OUT/small.log" ;;
   pt2)  # issue 30: the pt2 package against PyTorch's CUDA graphs at batch 1 (two compiles, FP32 and FP16: minutes)
     RUNS=30 SKIP=onnx,engine THROUGHPUT=0 LIMIT="$(limit 300)" bash benchmarks/gpu_inference.sh \
       > "$OUT/pt2_run.log" 2>&1
