@@ -21,10 +21,11 @@ def validation_report(validation: Validation, split: SplitData, names: list[str]
     and prediction images there (P and R come from the same matching either way)."""
     from detector.metrics.matching import validation_stats
     from detector.metrics.table import per_class_table
-    from detector.plots.metrics import plot_all_validation
 
     predictions = validation.predictions or []
     if plot_dir is not None:
+        from detector.plots.metrics import plot_all_validation  # matplotlib: only where figures are drawn
+
         stats = plot_all_validation(predictions, split, names, plot_dir)
     else:
         stats = validation_stats(predictions, split, len(names))

@@ -75,3 +75,23 @@ def test_a_figure_that_fails_while_closing_is_one_warning(tmp_path: Path, monkey
     reporter.on_epoch_end({"epoch": 1}, 0)
     with pytest.warns(UserWarning, match=r"results\.png: not drawn \(no font\)"):
         reporter.close()
+
+
+def test_the_per_class_table_without_figures_never_imports_the_figure_code(tiny_split, monkeypatch):
+    """``--no-plots`` and ``val --no-plots`` print the table only: matplotlib's import (0.5-0.8 s on a 2-core CPU)
+    would be a fixed cost of every such run. ``None`` in ``sys.modules`` makes importing that module fail."""
+    import sys
+
+    import torch
+
+    from detector.data.dataset import collate
+    from detector.metrics.loop import run_validation
+    from detector.plots.reporter import validation_report
+
+    monkeypatch.setitem(sys.modules, "detector.plots.metrics", None)
+    batch = collate([tiny_split.dataset[i] for i in range(len(tiny_split.dataset))])
+    ones = {"boxes": torch.tensor([[8.0, 8.0, 40.0, 40.0]]), "scores": torch.ones(1), "labels": torch.zeros(1).long()}
+    validation = run_validation(lambda images: [ones] * len(images), tiny_split, [batch], progress=False,
+                                keep_predictions=True)
+    table = validation_report(validation, tiny_split, ["a", "b"], plot_dir=None)
+    assert table.splitlines()[1].split()[0] == "all"
