@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from detector.boxes import box_iou
+
 EPS = 1e-9
 
 
@@ -29,16 +31,6 @@ class AssignedTargets:
     boxes: torch.Tensor  # [B, A, 4] xyxy pixels of the matched box
     scores: torch.Tensor  # [B, A, C] soft one-hot targets scaled by normalised alignment
     foreground: torch.Tensor  # [B, A] bool
-
-
-def _pairwise_iou(gt_boxes: torch.Tensor, pred_boxes: torch.Tensor) -> torch.Tensor:
-    """[B, M, 4] x [B, A, 4] -> [B, M, A] IoU, the whole batch at once (torchvision's box_iou is per image)."""
-    gt, pred = gt_boxes[:, :, None], pred_boxes[:, None]
-    wh = (torch.minimum(gt[..., 2:], pred[..., 2:]) - torch.maximum(gt[..., :2], pred[..., :2])).clamp_(min=0)
-    inter = wh[..., 0] * wh[..., 1]
-    area_gt = (gt[..., 2] - gt[..., 0]) * (gt[..., 3] - gt[..., 1])
-    area_pred = (pred[..., 2] - pred[..., 0]) * (pred[..., 3] - pred[..., 1])
-    return inter / (area_gt + area_pred - inter + EPS)
 
 
 def empty_targets(pred_scores: torch.Tensor) -> AssignedTargets:
@@ -73,7 +65,7 @@ def alignment_metric(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (alignment ``score**alpha * iou**beta``, IoU), both ``[B, M, A]`` and zero outside ``candidates``."""
     anchors = pred_scores.shape[1]
-    iou = _pairwise_iou(gt_boxes, pred_boxes).clamp_(0) * candidates
+    iou = box_iou(gt_boxes, pred_boxes, eps=EPS).clamp_(0) * candidates  # [B, M, A], the whole batch at once
     class_score = pred_scores.gather(2, gt_labels[:, None, :].expand(-1, anchors, -1)).transpose(1, 2)
     return class_score.pow(alpha) * iou.pow(beta) * candidates, iou
 

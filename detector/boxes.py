@@ -1,4 +1,4 @@
-"""Box geometry shared by the loss, the assigner and the postprocess.
+"""Box geometry shared by the loss, the assigner, the postprocess and the metrics.
 
 Conventions: ``xyxy`` is (x1, y1, x2, y2), ``cxcywh`` is (centre x, centre y, width, height).
 Distances ``ltrb`` are from an anchor point to the left, top, right and bottom box sides.
@@ -49,6 +49,18 @@ def xyxy_to_cxcywh(boxes: torch.Tensor) -> torch.Tensor:
 def cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
     cx, cy, w, h = boxes.unbind(-1)
     return torch.stack((cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2), -1)
+
+
+def box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
+    """xyxy ``[..., N, 4]`` x ``[..., M, 4]`` -> IoU ``[..., N, M]``: torchvision's ``box_iou`` (the same operations,
+    so the same values), with ``eps`` added to each union where asked (the assigner's boxes may be empty)."""
+    first, second = boxes1[..., :, None, :], boxes2[..., None, :, :]
+    wh = (torch.minimum(first[..., 2:], second[..., 2:]) - torch.maximum(first[..., :2], second[..., :2])).clamp_(min=0)
+    inter = wh[..., 0] * wh[..., 1]
+    area1 = (boxes1[..., 2] - boxes1[..., 0]) * (boxes1[..., 3] - boxes1[..., 1])
+    area2 = (boxes2[..., 2] - boxes2[..., 0]) * (boxes2[..., 3] - boxes2[..., 1])
+    union = area1[..., :, None] + area2[..., None, :] - inter
+    return inter / (union + eps if eps else union)
 
 
 def flatten_head_outputs(outputs: list[torch.Tensor]) -> torch.Tensor:

@@ -1,7 +1,5 @@
 import torch
-from torchvision.ops import box_iou
-
-from detector.assigner import AssignerConfig, _pairwise_iou, assign_targets
+from detector.assigner import AssignerConfig, assign_targets
 
 
 def _inputs(seed: int = 0):
@@ -48,13 +46,6 @@ def test_empty_targets_give_no_foreground():
     result = assign_targets(scores, pred_boxes, anchors, torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, 4),
                             torch.zeros(2, 0, dtype=torch.bool), num_classes=3)
     assert not result.foreground.any() and result.scores.sum() == 0
-
-
-def test_batched_iou_matches_torchvision_per_image():
-    _, pred_boxes, _, _, boxes, _ = _inputs(seed=3)
-    batched = _pairwise_iou(boxes[:, :2], pred_boxes)
-    for i in range(2):
-        assert torch.allclose(batched[i], box_iou(boxes[i, :2], pred_boxes[i]), atol=1e-6)
 
 
 def test_anchor_claimed_by_two_boxes_keeps_the_one_it_overlaps_most():

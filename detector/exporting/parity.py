@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from torchvision.ops import box_iou
 
+from detector.boxes import box_iou
 from detector.data.build import SplitData
 from detector.data.synthetic import make_image
 from detector.defaults import SCORE_TOLERANCE

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torchvision.ops import box_iou
 
-from detector.boxes import cxcywh_to_xyxy
+from detector.boxes import box_iou, cxcywh_to_xyxy
 from detector.data.build import SplitData
 from detector.data.letterbox import ImageMeta, unletterbox_boxes
 from detector.data.records import ImageRecord
