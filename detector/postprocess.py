@@ -8,9 +8,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
-from torchvision.ops import batched_nms
 
 from detector.boxes import dfl_expectation, distances_to_boxes, flatten_head_outputs, make_anchors
+from detector.nms import batched_nms
 
 
 def decode_outputs(outputs: list[torch.Tensor], strides: tuple[int, ...], reg_max: int) -> torch.Tensor:

@@ -25,8 +25,8 @@ def uncollected_imports() -> Iterator[None]:
     """Run the block (a command's first, heavy imports) without Python's cyclic garbage collector, then freeze
     every object alive (``gc.freeze``) so that later collections skip them; the collector's state is restored.
 
-    Importing torch, torchvision and ``torch._dynamo`` (which torchvision imports) creates ~540k objects that
-    live as long as the process. The collector's thresholds made it run 5 full passes and ~800 young ones over
+    Importing torch, torchvision and ``torch._dynamo`` (which training imports: detector/cli/train.py) creates ~540k
+    objects that live as long as the process. The collector's thresholds made it run 5 full passes and ~800 young ones over
     them while they were being created: 0.6 s of the 4.2-4.4 s these imports took on a 2-core AMD EPYC
     (docs/training.md, "Where the time goes"). Frozen, they cost no later pass either, and the loader workers
     forked from this process do not copy the pages the collector would have written to.
@@ -47,7 +47,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
     a batch too large for the GPU. Each is raised with a message that names the file or the flag, so the message
     is all the user needs; anything else (a RuntimeError from inside torch included) is a bug and keeps its
     traceback. Imported here, when a command runs, not when its module loads: ``--help`` never imports torch.
-    These are every command's heaviest imports (torch, torchvision through the export wrapper), so they run
+    These are every command's heaviest imports (torch, and our modules through the export wrapper), so they run
     once per process without the garbage collector (:func:`uncollected_imports`)."""
     with uncollected_imports():
         import torch

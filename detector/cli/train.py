@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from detector.cli.errors import run_command
+from detector.cli.errors import run_command, uncollected_imports
 from detector.cli.flags import add_flags, options_from_args, parse_command
 from detector.training.config import TrainConfig
 
@@ -25,8 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_train(config: TrainConfig) -> dict[str, Any]:
-    """:func:`detector.training.trainer.train`, imported only now so that ``--help`` is instant."""
-    from detector.training.trainer import train
+    """:func:`detector.training.trainer.train`, imported only now so that ``--help`` is instant. With it
+    ``torch._dynamo``, which every ``torch.optim`` optimizer imports at its first parameter group (2 s on a 2-core
+    CPU; ``val`` and ``predict`` never import it, detector/nms.py): here, its objects are frozen with the other
+    imports' instead of being walked by the garbage collector while the run builds (:func:`uncollected_imports`)."""
+    with uncollected_imports():
+        import torch._dynamo  # noqa: F401
+
+        from detector.training.trainer import train
 
     return train(config, process_start=True)  # the time account counts the imports before the run
 

@@ -328,9 +328,11 @@ def capture_failure(error: BaseException) -> str:
 def innermost_ours(frames: list[traceback.FrameSummary]) -> str | None:
     """``detector/loss.py:150`` or ``torchvision/ops/_utils.py:103``: the innermost of ``frames`` (outermost first,
     as ``traceback`` lists them) in detector's or torchvision's own files; None when none is."""
-    import torchvision  # already imported by the postprocess; here only for its folder
+    import importlib.util
 
-    packages = [Path(__file__).resolve().parents[1], Path(torchvision.__file__).resolve().parent]
+    vision = importlib.util.find_spec("torchvision")  # its folder, without importing it (detector/nms.py)
+    folders = (vision.submodule_search_locations if vision is not None else None) or []
+    packages = [Path(__file__).resolve().parents[1], *(Path(folder).resolve() for folder in folders)]
     for frame in reversed(frames):
         path = Path(frame.filename).resolve()
         for package in packages:

@@ -1,0 +1,91 @@
+"""torchvision's NMS kernel without the torchvision package: the same answers, and ``val``/``predict`` without
+``torch._dynamo``."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision.ops
+
+from detector import nms as nms_module
+from detector.boxes import box_iou
+from detector.nms import batched_nms, library_files, nms
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def clustered(count: int, *, seed: int, device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Overlapping boxes (so NMS suppresses) and distinct scores (so no answer depends on a tie)."""
+    generator = torch.Generator().manual_seed(seed)
+    centres = torch.rand(count, 2, generator=generator) * 200
+    sizes = torch.rand(count, 2, generator=generator) * 40 + 5
+    scores = torch.randperm(count, generator=generator).float() / count
+    return torch.cat((centres - sizes / 2, centres + sizes / 2), 1).to(device), scores.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nms_keeps_what_torchvision_keeps(device):
+    boxes, scores = clustered(600, seed=0, device=device)
+    for threshold in (0.3, 0.5, 0.7):
+        assert torch.equal(nms(boxes, scores, threshold), torchvision.ops.nms(boxes, scores, threshold))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("count", [0, 40, 900, 30_000])  # 900 and 30,000 boxes: past each device's size limit
+def test_batched_nms_keeps_what_torchvision_keeps_on_either_side_of_its_size_limit(device, count):
+    boxes, scores = clustered(count, seed=1, device=device)
+    groups = torch.randint(0, 7, (count,), generator=torch.Generator().manual_seed(2)).to(device)
+    got = batched_nms(boxes, scores, groups, 0.5)
+    assert torch.equal(got, torchvision.ops.batched_nms(boxes, scores, groups, 0.5))
+    assert got.dtype == torch.int64 and got.device.type == device
+
+
+def test_box_iou_is_torchvisions_to_the_bit_and_batches():
+    first, _ = clustered(50, seed=3)
+    second, _ = clustered(70, seed=4)
+    assert torch.equal(box_iou(first, second), torchvision.ops.box_iou(first, second))
+    stacked = box_iou(torch.stack((first, first.flip(0))), torch.stack((second, second.flip(0))))
+    assert torch.equal(stacked[0], box_iou(first, second))
+    assert torch.equal(stacked[1], box_iou(first.flip(0), second.flip(0)))
+    empty = torch.tensor([[5.0, 5.0, 5.0, 9.0]])  # no area: 0/0 without eps, 0 with it
+    assert torch.isnan(box_iou(empty, empty)).all() and box_iou(empty, empty, eps=1e-9).item() == 0.0
+
+
+def test_the_compiled_library_is_found_in_the_installed_torchvision():
+    """The loader's knowledge of torchvision's layout (``_C_stable`` or ``_C``) holds for the torchvision here."""
+    assert library_files(Path(torchvision.__file__).parent)
+
+
+def test_without_a_library_it_falls_back_to_importing_torchvision(monkeypatch, tmp_path):
+    monkeypatch.setattr(nms_module, "registered_nms", lambda: None)  # as if nothing were loaded yet
+    monkeypatch.setattr(nms_module, "library_files", lambda folder: [])  # and no file it knows
+    nms_module.nms_kernel.cache_clear()
+    try:
+        boxes, scores = clustered(50, seed=5)
+        assert torch.equal(nms(boxes, scores, 0.5), torchvision.ops.nms(boxes, scores, 0.5))
+    finally:
+        nms_module.nms_kernel.cache_clear()
+
+
+def test_val_and_predict_never_import_torchvision_or_dynamo(checkpoint: Path, yolo_yaml: Path, tmp_path: Path):
+    """Both commands run in a fresh interpreter (at most 110 s); what they imported is read there after they
+    return."""
+    data = yolo_yaml
+    image = next(data.parent.glob("images/val/*"))
+    script = (
+        "import sys\n"
+        "from detector.cli import main\n"
+        f"assert main(['val', '--weights', {str(checkpoint)!r}, '--data', {str(data)!r}, '--imgsz', '64',"
+        f" '--workers', '0', '--device', 'cpu', '--project', {str(tmp_path / 'runs')!r}]) == 0\n"
+        f"assert main(['predict', '--weights', {str(checkpoint)!r}, '--source', {str(image)!r}, '--imgsz', '64',"
+        f" '--device', 'cpu', '--project', {str(tmp_path / 'runs')!r}]) == 0\n"
+        "print(sorted(name for name in ('torchvision', 'torch._dynamo') if name in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
