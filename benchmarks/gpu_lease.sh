@@ -60,7 +60,7 @@ for stage in $STAGES; do
     echo "cuda graph tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -8
     timeout "$(limit 80)" python3 -m pytest -n 4 -p no:cacheprovider $per_test -rfE tests/test_device.py \
       tests/data/test_device_augment.py tests/data/test_batch_augment.py tests/inference/test_preprocess.py \
-      tests/training/test_autobatch.py tests/test_loss.py tests/test_postprocess.py \
+      tests/training/test_autobatch.py tests/test_loss.py tests/test_postprocess.py tests/test_nms.py \
       tests/inference/test_inference_backends.py tests/inference/test_onnx_providers.py tests/data/test_warp_kernel.py \
       tests/training/test_feed.py > "$OUT/tests_device.log" 2>&1
     echo "device tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_device.log" | tail -8 ;;
