@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import importlib.machinery
 import importlib.util
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,10 +45,18 @@ def registered_nms() -> Callable[..., torch.Tensor] | None:
         return None
 
 
+_LOADING = threading.Lock()  # the CPU's NMS runs images on a thread pool: their first calls load the library once
+
+
 @functools.cache
 def nms_kernel() -> Callable[..., torch.Tensor]:
     """``torch.ops.torchvision.nms(boxes [N, 4] xyxy, scores [N], iou_threshold) -> kept indices``, by score
     descending: from torchvision's compiled library where it loads alone, else through ``import torchvision.ops``."""
+    with _LOADING:
+        return _load_kernel()
+
+
+def _load_kernel() -> Callable[..., torch.Tensor]:
     if (kernel := registered_nms()) is not None:
         return kernel
     spec = importlib.util.find_spec("torchvision")
