@@ -1,6 +1,8 @@
 import torch
+import torchvision.ops
 
 from detector.boxes import (
+    box_iou,
     boxes_to_distances,
     cxcywh_to_xyxy,
     dfl_expectation,
@@ -50,3 +52,19 @@ def test_flattened_head_is_contiguous_anchor_major_in_either_layout():
         flat = flatten_head_outputs([m.contiguous(memory_format=layout) for m in maps])
         assert flat.shape == (2, 20, 7) and flat.is_contiguous()
         assert torch.equal(flat, expected)
+
+
+def random_boxes(count: int, *, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    corners = torch.rand(count, 2, generator=generator) * 200
+    return torch.cat((corners, corners + torch.rand(count, 2, generator=generator) * 40 + 1), 1)
+
+
+def test_box_iou_is_torchvisions_to_the_bit_and_batches():
+    first, second = random_boxes(50, seed=3), random_boxes(70, seed=4)
+    assert torch.equal(box_iou(first, second), torchvision.ops.box_iou(first, second))
+    stacked = box_iou(torch.stack((first, first.flip(0))), torch.stack((second, second.flip(0))))
+    assert torch.equal(stacked[0], box_iou(first, second))
+    assert torch.equal(stacked[1], box_iou(first.flip(0), second.flip(0)))
+    empty = torch.tensor([[5.0, 5.0, 5.0, 9.0]])  # no area: 0/0 without eps, 0 with it
+    assert torch.isnan(box_iou(empty, empty)).all() and box_iou(empty, empty, eps=1e-9).item() == 0.0

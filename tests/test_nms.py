@@ -12,7 +12,6 @@ import torch
 import torchvision.ops
 
 from detector import nms as nms_module
-from detector.boxes import box_iou
 from detector.nms import batched_nms, library_files, nms
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))]
@@ -43,17 +42,6 @@ def test_batched_nms_keeps_what_torchvision_keeps_on_either_side_of_its_size_lim
     got = batched_nms(boxes, scores, groups, 0.5)
     assert torch.equal(got, torchvision.ops.batched_nms(boxes, scores, groups, 0.5))
     assert got.dtype == torch.int64 and got.device.type == device
-
-
-def test_box_iou_is_torchvisions_to_the_bit_and_batches():
-    first, _ = clustered(50, seed=3)
-    second, _ = clustered(70, seed=4)
-    assert torch.equal(box_iou(first, second), torchvision.ops.box_iou(first, second))
-    stacked = box_iou(torch.stack((first, first.flip(0))), torch.stack((second, second.flip(0))))
-    assert torch.equal(stacked[0], box_iou(first, second))
-    assert torch.equal(stacked[1], box_iou(first.flip(0), second.flip(0)))
-    empty = torch.tensor([[5.0, 5.0, 5.0, 9.0]])  # no area: 0/0 without eps, 0 with it
-    assert torch.isnan(box_iou(empty, empty)).all() and box_iou(empty, empty, eps=1e-9).item() == 0.0
 
 
 def test_the_compiled_library_is_found_in_the_installed_torchvision():
