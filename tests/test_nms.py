@@ -77,3 +77,21 @@ def test_val_and_predict_never_import_torchvision_or_dynamo(checkpoint: Path, yo
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_torchvision_imported_after_the_kernel_was_loaded_alone_works_as_usual():
+    """``export`` may load the kernel for its parity check's NMS and import torchvision for the ONNX graph's: the
+    library is then loaded a second time by torchvision itself, which must change nothing."""
+    script = (
+        "import sys, torch\n"
+        "from detector.nms import nms\n"
+        "boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0], [50.0, 50.0, 60.0, 60.0]])\n"
+        "scores = torch.tensor([0.9, 0.8, 0.7])\n"
+        "first = nms(boxes, scores, 0.5).tolist()\n"
+        "assert 'torchvision' not in sys.modules\n"
+        "import torchvision.ops\n"
+        "print(first, torchvision.ops.nms(boxes, scores, 0.5).tolist(), nms(boxes, scores, 0.5).tolist())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=110)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[0, 2] [0, 2] [0, 2]"
