@@ -64,7 +64,7 @@ def _load_kernel() -> Callable[..., torch.Tensor]:
         for path in library_files(Path(folder)):
             try:
                 torch.ops.load_library(str(path))
-            except OSError:  # built for another torch or CUDA: torchvision's own import says so below
+            except (OSError, RuntimeError):  # built for another torch or CUDA: torchvision's import says so below
                 continue
             if (kernel := registered_nms()) is not None:
                 return kernel
