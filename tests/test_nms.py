@@ -49,9 +49,12 @@ def test_the_compiled_library_is_found_in_the_installed_torchvision():
     assert library_files(Path(torchvision.__file__).parent)
 
 
-def test_without_a_library_it_falls_back_to_importing_torchvision(monkeypatch, tmp_path):
+@pytest.mark.parametrize("found", ["nothing", "a file that is no library"])
+def test_without_a_library_that_loads_it_falls_back_to_importing_torchvision(found, monkeypatch, tmp_path):
+    broken = tmp_path / "_C.so"
+    broken.write_text("not a shared library")
     monkeypatch.setattr(nms_module, "registered_nms", lambda: None)  # as if nothing were loaded yet
-    monkeypatch.setattr(nms_module, "library_files", lambda folder: [])  # and no file it knows
+    monkeypatch.setattr(nms_module, "library_files", lambda folder: [] if found == "nothing" else [broken])
     nms_module.nms_kernel.cache_clear()
     try:
         boxes, scores = clustered(50, seed=5)
