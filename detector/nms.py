@@ -4,7 +4,7 @@
 2 s of a 3.8-5.2 s ``predict`` of one image on a 2-core CPU, for a command that compiles nothing. The kernel is a
 C++/CUDA operator in torchvision's compiled library, so :func:`nms_kernel` loads that library the way torchvision
 itself does (``torch.ops.load_library``) and returns ``torch.ops.torchvision.nms``; where it cannot (a layout it
-does not know, a library that does not load), it imports ``torchvision.ops``, whose own loader says what is wrong.
+does not know, a library that does not load), it takes ``torchvision.ops.nms``, whose loader says what is wrong.
 Training imports ``torch._dynamo`` anyway (every ``torch.optim`` optimizer does, at its first parameter group),
 so this is what ``val`` and ``predict`` save.
 
@@ -68,9 +68,9 @@ def _load_kernel() -> Callable[..., torch.Tensor]:
                 continue
             if (kernel := registered_nms()) is not None:
                 return kernel
-    import torchvision.ops  # noqa: F401 - registers the operator, or raises torchvision's own error
+    from torchvision.ops import nms as public_nms  # its own loader; a build without its operators says so on use
 
-    return torch.ops.torchvision.nms
+    return public_nms
 
 
 def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
