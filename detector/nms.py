@@ -1,7 +1,7 @@
 """torchvision's compiled NMS kernel, reached without importing the torchvision package.
 
 ``import torchvision`` imports all of it (models, datasets, transforms), and its ``ops`` import ``torch._dynamo``:
-2 s of a 3.8-5.2 s ``predict`` of one image on a 2-core CPU, for a command that compiles nothing. The kernel is a
+about 2 s of a 4.4-4.8 s ``predict`` of one image on a 2-core CPU, for a command that compiles nothing. The kernel is a
 C++/CUDA operator in torchvision's compiled library, so :func:`nms_kernel` loads that library the way torchvision
 itself does (``torch.ops.load_library``) and returns ``torch.ops.torchvision.nms``; where it cannot (a layout it
 does not know, a library that does not load), it takes ``torchvision.ops.nms``, whose loader says what is wrong.
@@ -26,9 +26,9 @@ import torch
 # torchvision's compiled operators: "_C_stable" from torchvision 0.29 on, "_C" before.
 LIBRARY_STEMS = ("_C_stable", "_C")
 # Above this many box coordinates torchvision's batched_nms runs one NMS per group instead of one over boxes
-# shifted apart by group (which compares every pair of boxes, O(boxes^2)); its limits, per device type.
-COORDINATE_TRICK_LIMIT = {"cpu": 4000}
-COORDINATE_TRICK_LIMIT_OTHER = 20000
+# shifted apart by group (which compares every pair of boxes, O(boxes^2)): 1,000 boxes on the CPU, 25,000 elsewhere
+# (torchvision 0.26-0.29).
+CPU_COORDINATE_LIMIT, COORDINATE_LIMIT = 4_000, 100_000
 
 
 def library_files(folder: Path) -> list[Path]:
@@ -81,7 +81,7 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torc
 def batched_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou_threshold: float) -> torch.Tensor:
     """torchvision's ``batched_nms``: NMS within each group (boxes of different groups never suppress each other);
     the kept indices by score descending."""
-    if boxes.numel() > COORDINATE_TRICK_LIMIT.get(boxes.device.type, COORDINATE_TRICK_LIMIT_OTHER):
+    if boxes.numel() > (CPU_COORDINATE_LIMIT if boxes.device.type == "cpu" else COORDINATE_LIMIT):
         keep_mask = torch.zeros_like(scores, dtype=torch.bool)
         for group in torch.unique(groups):
             members = torch.where(groups == group)[0]

@@ -35,13 +35,36 @@ def test_nms_keeps_what_torchvision_keeps(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("count", [0, 40, 900, 30_000])  # 900 and 30,000 boxes: past each device's size limit
+@pytest.mark.parametrize("count", [0, 40, 1_100, 30_000])  # one NMS over shifted boxes up to 1,000 boxes on the
+# CPU and 25,000 on CUDA, one per group above
 def test_batched_nms_keeps_what_torchvision_keeps_on_either_side_of_its_size_limit(device, count):
     boxes, scores = clustered(count, seed=1, device=device)
     groups = torch.randint(0, 7, (count,), generator=torch.Generator().manual_seed(2)).to(device)
     got = batched_nms(boxes, scores, groups, 0.5)
     assert torch.equal(got, torchvision.ops.batched_nms(boxes, scores, groups, 0.5))
     assert got.dtype == torch.int64 and got.device.type == device
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batched_nms_switches_to_one_nms_per_group_where_torchvision_does(device, monkeypatch):
+    """Both strategies keep the same boxes, so the answers cannot tell which one ran; the kernel's calls can, with
+    torchvision's own batched_nms as the oracle, just below and just above each device's size limit."""
+    import torchvision.ops.boxes
+
+    ours, theirs = [], []
+    monkeypatch.setattr(nms_module, "nms", lambda boxes, scores, threshold: ours.append(len(boxes)) or
+                        torchvision.ops.nms(boxes, scores, threshold))
+    real = torchvision.ops.boxes.nms
+    monkeypatch.setattr(torchvision.ops.boxes, "nms", lambda boxes, scores, threshold: theirs.append(len(boxes)) or
+                        real(boxes, scores, threshold))
+    limit = nms_module.CPU_COORDINATE_LIMIT if device == "cpu" else nms_module.COORDINATE_LIMIT
+    for count in (limit // 4, limit // 4 + 1):
+        boxes, scores = clustered(count, seed=6, device=device)
+        groups = torch.arange(count, device=device) % 3
+        ours.clear(), theirs.clear()
+        batched_nms(boxes, scores, groups, 0.5)
+        torchvision.ops.batched_nms(boxes, scores, groups, 0.5)
+        assert ours == theirs and len(ours) == (1 if count == limit // 4 else 3)
 
 
 def test_the_compiled_library_is_found_in_the_installed_torchvision():
