@@ -88,7 +88,8 @@ def test_without_a_library_that_loads_it_falls_back_to_importing_torchvision(fou
 
 def test_val_and_predict_never_import_torchvision_or_dynamo(checkpoint: Path, yolo_yaml: Path, tmp_path: Path):
     """Both commands run in a fresh interpreter (at most 110 s); what they imported is read there after they
-    return."""
+    return. Then torchvision is imported there, as ``export`` may do after its parity check's NMS loaded the kernel
+    alone: torchvision loads the library a second time, which must change nothing."""
     data = yolo_yaml
     image = next(data.parent.glob("images/val/*"))
     script = (
@@ -99,25 +100,13 @@ def test_val_and_predict_never_import_torchvision_or_dynamo(checkpoint: Path, yo
         f"assert main(['predict', '--weights', {str(checkpoint)!r}, '--source', {str(image)!r}, '--imgsz', '64',"
         f" '--device', 'cpu', '--project', {str(tmp_path / 'runs')!r}]) == 0\n"
         "print(sorted(name for name in ('torchvision', 'torch._dynamo') if name in sys.modules))\n"
-    )
-    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=110)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
-
-
-def test_torchvision_imported_after_the_kernel_was_loaded_alone_works_as_usual():
-    """``export`` may load the kernel for its parity check's NMS and import torchvision for the ONNX graph's: the
-    library is then loaded a second time by torchvision itself, which must change nothing."""
-    script = (
-        "import sys, torch\n"
+        "import torch, torchvision.ops\n"
         "from detector.nms import nms\n"
         "boxes = torch.tensor([[0.0, 0.0, 10.0, 10.0], [1.0, 1.0, 11.0, 11.0], [50.0, 50.0, 60.0, 60.0]])\n"
         "scores = torch.tensor([0.9, 0.8, 0.7])\n"
-        "first = nms(boxes, scores, 0.5).tolist()\n"
-        "assert 'torchvision' not in sys.modules\n"
-        "import torchvision.ops\n"
-        "print(first, torchvision.ops.nms(boxes, scores, 0.5).tolist(), nms(boxes, scores, 0.5).tolist())\n"
+        "print(torchvision.ops.nms(boxes, scores, 0.5).tolist(), nms(boxes, scores, 0.5).tolist())\n"
     )
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=110)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "[0, 2] [0, 2] [0, 2]"
+    assert done.stdout.strip().splitlines()[-2:] == ["[]", "[0, 2] [0, 2]"]
+
