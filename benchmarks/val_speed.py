@@ -130,9 +130,14 @@ def main() -> int:
     parser.add_argument("--first-pass", type=int, default=None,
                         help="NMS first over each image's best N candidates (default: detector.postprocess's "
                              "FIRST_PASS_CANDIDATES); 0: over all of them at once, as before it")
+    parser.add_argument("--one-call-boxes", type=int, default=None,
+                        help="on CUDA, candidates of whole images per NMS call (default: detector.postprocess's "
+                             "ONE_CALL_BOXES); a small N gives each image a call of its own")
     args = parser.parse_args()
     if args.first_pass is not None:
         postprocess.FIRST_PASS_CANDIDATES = args.first_pass or 10**9
+    if args.one_call_boxes is not None:
+        postprocess.ONE_CALL_BOXES = args.one_call_boxes
     enlarge_onednn_cache()
     torch.manual_seed(0)
     if not args.data:
@@ -168,7 +173,8 @@ def main() -> int:
           f"{device} {precision.name}, {'folded' if args.fold else 'BatchNorm kept'}, "
           f"{'channels-last' if args.channels_last else 'contiguous'}, "
           f"weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
-          f"conf {args.conf}, max_det {args.max_det}; "
+          f"conf {args.conf}, max_det {args.max_det}, NMS first over {postprocess.FIRST_PASS_CANDIDATES} candidates"
+          f"{f', at most {postprocess.ONE_CALL_BOXES} a call' if device.type == 'cuda' else ''}; "
           f"{statistics.median(p['candidates'] for p in passes) / images:.0f} "
           f"(anchor, class) pairs above conf and {statistics.median(p['detections'] for p in passes) / images:.0f} "
           f"detections per image ({statistics.median(p['scored'] for p in passes) / images:.0f} scored); "
