@@ -32,6 +32,7 @@ import torch
 from gpu_busy import busy_text
 from isolated import run_isolated
 
+from detector.precision import has_native_bf16
 from detector.training.multiscale import MultiScale
 from detector.tuning import ONEDNN_CACHE_ENV
 
@@ -195,15 +196,30 @@ def run_row(row: Row, *, imgsz: int, batch: int, steps: int, device: str, scale:
     return run_isolated(ROW, payload, env=env)
 
 
+# A row times at least this many steps: whole cycles of the multi-scale sizes, so each size is as often in it. At 128
+# or 160 px the ladder has one size, and two cycles were two steps, too few to time on the CPU; at 640 (five sizes)
+# two cycles are ten already.
+MIN_TIMED_STEPS = 10
+
+
+def timed_steps(imgsz: int, cycles: int) -> int:
+    """Steps a row times: ``cycles`` whole cycles of the multi-scale ladder, more where that is under the minimum."""
+    sizes = len(MultiScale(imgsz).ladder())
+    return sizes * max(cycles, -(-MIN_TIMED_STEPS // sizes))
+
+
 def step_alone(*, amp: bool, multi_scale: bool, imgsz: int, batch: int, device: str, cycles: int = 2,
                scale: str = "n") -> dict:
     """The trainer's step alone (no loader) as a run with these settings trains after warm-up: channels-last,
     on CUDA without phase syncs and as CUDA graphs (FP32 steps are captured too). For train_speed.py's step-alone
     column."""
     cuda = device.startswith("cuda")
+    # AMP as the trainer resolves it: FP16 on CUDA, BF16 on a CPU with native BF16, else FP32 (a CPU without it
+    # would time emulated BF16, ~7x slower than the FP32 loop beside it on a 2-core AVX2 EPYC).
+    amp = amp and (cuda or has_native_bf16("cpu"))
     row = Row("step alone", amp, True, multi_scale, phases=not cuda, cuda_graphs=cuda)
     # As many timed steps at a fixed size as multi-scale times (main's count): a cycle of one size would be one step.
-    steps = cycles * len(MultiScale(imgsz).ladder())
+    steps = timed_steps(imgsz, cycles)
     return run_row(row, imgsz=imgsz, batch=batch, steps=steps, device=device, scale=scale)
 
 
@@ -221,7 +237,8 @@ def main() -> int:
     parser.add_argument("--imgsz", type=int, default=320)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--cycles", type=int, default=2,
-                        help="timed steps per row = cycles x the multi-scale sizes (after two warm-up cycles)")
+                        help="timed steps per row = cycles x the multi-scale sizes, at least "
+                             f"{MIN_TIMED_STEPS} (after two warm-up cycles)")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile row (AMP, channels-last, fixed)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--model", default="n", choices=("n", "s", "m", "l", "x"), help="YOLOv8 scale (default: n)")
@@ -229,7 +246,7 @@ def main() -> int:
     cuda = args.device.startswith("cuda")
     rows, compile_row = ([*CUDA_ROWS, *CUDA_GRAPH_ROWS], CUDA_COMPILE_ROW) if cuda else (ROWS, COMPILE_ROW)
     rows = [*rows, compile_row] if args.compile else rows
-    steps = args.cycles * len(MultiScale(args.imgsz).ladder())  # whole cycles: every size equally often
+    steps = timed_steps(args.imgsz, args.cycles)  # whole cycles: every size equally often
     where = torch.cuda.get_device_name(args.device) if cuda else f"CPU, threads {torch.get_num_threads()}"
     print(f"{where}, YOLOv8{args.model}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
     print("| step | images/s | GPU busy | input ms | forward ms | loss ms | backward ms | optimizer + EMA ms | "
