@@ -32,7 +32,7 @@ import torch
 from gpu_busy import busy_text
 from isolated import run_isolated
 
-from detector.precision import has_native_bf16
+from detector.precision import resolve_precision
 from detector.training.multiscale import MultiScale
 from detector.tuning import ONEDNN_CACHE_ENV
 
@@ -214,9 +214,9 @@ def step_alone(*, amp: bool, multi_scale: bool, imgsz: int, batch: int, device: 
     on CUDA without phase syncs and as CUDA graphs (FP32 steps are captured too). For train_speed.py's step-alone
     column."""
     cuda = device.startswith("cuda")
-    # AMP as the trainer resolves it: FP16 on CUDA, BF16 on a CPU with native BF16, else FP32 (a CPU without it
-    # would time emulated BF16, ~7x slower than the FP32 loop beside it on a 2-core AVX2 EPYC).
-    amp = amp and (cuda or has_native_bf16("cpu"))
+    # AMP as the trainer resolves it (--precision auto): FP16 on CUDA, BF16 on a CPU with native BF16, else FP32 (a
+    # CPU without it would time emulated BF16, ~7x slower than the FP32 loop beside it on a 2-core AVX2 EPYC).
+    amp = amp and resolve_precision("auto", torch.device(device)).name != "fp32"
     row = Row("step alone", amp, True, multi_scale, phases=not cuda, cuda_graphs=cuda)
     # As many timed steps at a fixed size as multi-scale times (main's count): a cycle of one size would be one step.
     steps = timed_steps(imgsz, cycles)

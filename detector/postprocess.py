@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from detector.boxes import dfl_expectation, distances_to_boxes, flatten_head_outputs, make_anchors
-from detector.nms import batched_nms
+from detector.nms import COORDINATE_LIMIT, batched_nms
 
 
 def decode_outputs(outputs: list[torch.Tensor], strides: tuple[int, ...], reg_max: int) -> torch.Tensor:
@@ -157,10 +157,10 @@ def _kept_all(
     return {"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]}
 
 
-# torchvision's batched_nms runs one NMS over class-offset boxes up to 100,000 coordinates (25,000 boxes) on CUDA;
-# above that it loops over every group (image x class), a host sync each: early in training, at conf 0.001, a
-# batch of 16 holds ~134,000 candidates. So the batch goes in chunks of whole images under that.
-ONE_CALL_BOXES = 25_000
+# batched_nms runs one NMS over class-offset boxes up to 100,000 coordinates (25,000 boxes) on CUDA; above that it
+# loops over every group (image x class), a host sync each: early in training, at conf 0.001, a batch of 16 holds
+# ~134,000 candidates. So the batch goes in chunks of whole images under that.
+ONE_CALL_BOXES = COORDINATE_LIMIT // 4
 
 
 def image_chunks(counts: list[int], limit: int) -> list[range]:
