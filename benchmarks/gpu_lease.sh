@@ -100,6 +100,18 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
     timeout "$(limit 120)" python3 benchmarks/loop_profile.py --device cuda --imgsz 640 --batch 64 --epochs 3 \
       --workers 8 --data "/tmp/shapes$IMAGES/shapes.yaml" > "$OUT/loop.log" 2>&1
     echo "loop rc $?"; sed -n '/^last epoch/,/^Top/p' "$OUT/loop.log" ;;
+  loader)  # what the loader alone delivers on the speed stage's set in the mosaic regime (the H200 lease: the loop
+    # waited for data 64% of a mosaic epoch at 8 workers), each batch through the pin thread, the workers' buffers
+    # fresh and pooled (detector.data.workers.BatchPool), at 8 and 15 workers
+    training_set
+    timeout "$(limit 100)" python3 benchmarks/data_speed.py --data "/tmp/shapes$IMAGES/shapes.yaml" --pixel-augment device \
+      --imgsz 640 --batch 64 --caches ram --workers 8,15 --batches 40 --copy-out > "$OUT/loader.log" 2>&1
+    echo "loader rc $?"; tail -5 "$OUT/loader.log" ;;
+  loopmosaic)  # the loop stage in the mosaic regime (mosaic and multi-scale on): where its steps wait
+    training_set
+    timeout "$(limit 120)" python3 benchmarks/loop_profile.py --device cuda --imgsz 640 --batch 64 --epochs 3 \
+      --close-mosaic 0 --workers 8 --data "/tmp/shapes$IMAGES/shapes.yaml" > "$OUT/loopmosaic.log" 2>&1
+    echo "loopmosaic rc $?"; sed -n '/^last epoch/,/^Top/p' "$OUT/loopmosaic.log" ;;
   bccd)  # issue 29's accuracy and issue 33's wall: the run's own account, then how long the process took in all
     began=$(date +%s.%N)
     timeout "$(limit 200)" python3 train.py --data "$BCCD" --epochs 100 --imgsz 640 --batch 16 --device cuda \
@@ -138,7 +150,8 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
   profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
     timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
     echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
-  *) echo "unknown stage $stage (imports, tests, speed, mosaic, augment, loop, bccd, val, unamp, small, seeds, inference, pt2, profile)" ;;
+  *) echo "unknown stage $stage (imports, tests, speed, mosaic, augment, loader, loop, loopmosaic, bccd, val, unamp, small,"\
+      "seeds, inference, pt2, profile)" ;;
   esac
 done
 stamp done

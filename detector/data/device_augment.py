@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from detector.data.augment import PAD_VALUE
-from detector.data.workers import batch_tensor
+from detector.data.workers import Release, pooled_batch_tensor, release
 
 GAP = 1  # fill-coloured pixels around every region in the atlas: what a clamped sample's zero-weight neighbour reads
 
@@ -132,13 +132,16 @@ class WarpBatch:
     ``atlas``: uint8 ``[H, W, 3]``, every image's region; ``theta``: float32 ``[B, 2, 3]``, ``affine_grid``
     matrices from normalised output coordinates to normalised atlas coordinates (independent of the output
     size); ``bounds``: float32 ``[B, 4]``, each region's first and last pixel centre in normalised atlas
-    coordinates (x, y, x, y); ``out_size``: the size the worker path would have produced.
+    coordinates (x, y, x, y); ``out_size``: the size the worker path would have produced; ``ticket``: where
+    the atlas is a loader worker's pooled buffer (:class:`detector.data.workers.BatchPool`), what frees it once
+    copied out (:meth:`pin_memory` does; nothing else may, since the worker writes the next batch into it).
     """
 
     atlas: torch.Tensor
     theta: torch.Tensor
     bounds: torch.Tensor
     out_size: int
+    ticket: Release | None = None
 
     def __len__(self) -> int:
         return len(self.theta)
@@ -148,8 +151,12 @@ class WarpBatch:
         return self.atlas, self.theta, self.bounds
 
     def pin_memory(self) -> "WarpBatch":
-        """Page-locked copies (the DataLoader's pin thread calls this on CUDA), so the copy to the GPU overlaps."""
-        return WarpBatch(*(tensor.pin_memory() for tensor in self.tensors()), self.out_size)
+        """Page-locked copies (the DataLoader's pin thread calls this on CUDA), so the copy to the GPU overlaps.
+        The copies are made (synchronously) before the worker's buffer is freed: the batch returned is the only
+        one to use after this."""
+        pinned = WarpBatch(*(tensor.pin_memory() for tensor in self.tensors()), self.out_size)
+        release(self.ticket)
+        return pinned
 
     def to(self, device: torch.device, *, non_blocking: bool = False) -> "WarpBatch":
         """The batch on ``device`` (as ``Tensor.to``: the tensors themselves where they are there already)."""
@@ -164,7 +171,7 @@ def pack_warp_batch(sources: Sequence[WarpSource]) -> WarpBatch:
     # sample's other neighbour is at most one pixel out): the ring is filled, the rest of the atlas left as it is.
     # Filling all of it was a pass over ~1.3x the batch's bytes (135 MB at 640 px, batch 64, mosaic).
     assert GAP >= 1, "the ring written below is one pixel wide, in the gap shelf_pack leaves"
-    atlas = batch_tensor((height, width, 3))
+    atlas, ticket = pooled_batch_tensor((height, width, 3))
     pixels = atlas.numpy()
     # align_corners=False: pixel centre a <-> normalised (2a + 1) / W - 1, both for the atlas and the output.
     to_normalised = np.array([[2 / width, 0, 1 / width - 1], [0, 2 / height, 1 / height - 1], [0, 0, 1]])
@@ -181,7 +188,7 @@ def pack_warp_batch(sources: Sequence[WarpSource]) -> WarpBatch:
         first, last = to_normalised @ (x, y, 1), to_normalised @ (x + cols - 1, y + rows - 1, 1)
         bounds.append((first[0], first[1], last[0], last[1]))
     return WarpBatch(atlas, torch.tensor(np.array(thetas), dtype=torch.float32),
-                     torch.tensor(bounds, dtype=torch.float32), out_size)
+                     torch.tensor(bounds, dtype=torch.float32), out_size, ticket)
 
 
 def render(batch: WarpBatch, device: torch.device, *, size: int, channels_last: bool) -> torch.Tensor:

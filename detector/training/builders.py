@@ -23,7 +23,7 @@ from detector.data.build import SplitData, build_split
 from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler
 from detector.data.spec import DatasetSpec, load_dataset_spec
-from detector.data.workers import worker_init
+from detector.data.workers import PREFETCH_FACTOR, worker_init
 from detector.distributed import DistInfo, broadcast_from_main
 from detector.files import write_text_atomically
 from detector.loss import DetectionLoss, LossGains
@@ -87,10 +87,15 @@ def build_train_loader(
 ) -> tuple[EpochSampler, DataLoader]:
     sampler = EpochSampler(len(data.dataset), seed=config.seed, rank=dist.rank, world_size=dist.world_size,
                            batch=config.batch)  # whole batches: one batch size, see detector/training/multiscale.py
+    pinned = device.type == "cuda"
+    # Pinned, every batch is copied out by the pin thread, which frees the worker's pooled buffer (BatchPool; its
+    # docstring says why PREFETCH_FACTOR + 1 buffers a worker).
     loader = DataLoader(
         data.dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
-        collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=device.type == "cuda",
-        worker_init_fn=worker_init(shares_cores_with_compute=device.type == "cpu"),
+        collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=pinned,
+        prefetch_factor=PREFETCH_FACTOR if config.workers > 0 else None,
+        worker_init_fn=worker_init(shares_cores_with_compute=device.type == "cpu",
+                                   pool_slots=PREFETCH_FACTOR + 1 if pinned else 0),
     )
     return sampler, loader
 

@@ -118,3 +118,87 @@ def test_stop_workers_ends_a_persistent_loaders_processes_while_the_loader_lives
     stop_workers(loader)  # nothing left to stop: a no-op
     stop_workers(DataLoader(_Numbers()))  # no workers at all: a no-op
     stop_workers(None)
+
+
+def test_batch_pool_reuses_only_released_buffers_and_grows_them():
+    from detector.data.workers import BatchPool, release
+
+    pool = BatchPool(2)
+    first, first_ticket = pool.tensor((10, 10, 3))
+    second, second_ticket = pool.tensor((10, 10, 3))
+    assert first_ticket is not None and second_ticket is not None and first_ticket[1] != second_ticket[1]
+    third, third_ticket = pool.tensor((10, 10, 3))  # both slots held: a buffer of its own, nothing to free
+    assert third_ticket is None
+    assert len({t.untyped_storage().data_ptr() for t in (first, second, third)}) == 3
+    release(first_ticket)
+    again, again_ticket = pool.tensor((9, 10, 3))  # smaller: the released buffer, not a new one
+    assert again_ticket == first_ticket and again.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
+    release(again_ticket)
+    grown, grown_ticket = pool.tensor((40, 10, 3))  # larger than any buffer: the free slot's buffer grows
+    assert grown_ticket is not None and grown_ticket[1] == first_ticket[1]
+    assert grown.untyped_storage().nbytes() >= 40 * 10 * 3 * BatchPool.GROWTH - 1
+    release(None)  # a batch of its own: nothing to free
+
+
+class _Regions(Dataset):
+    """Device-path items whose regions change size from item to item (so pooled buffers are reused and grown)."""
+
+    def __len__(self) -> int:
+        return 24
+
+    def __getitem__(self, index: int):
+        import numpy as np
+        import torch
+
+        from detector.data.device_augment import WarpSource
+
+        rows, cols = 12 + 5 * (index % 4), 16 + 3 * (index % 3)
+        region = np.random.default_rng(index).integers(0, 256, (rows, cols, 3), dtype=np.uint8)
+        to_region = np.diag([cols / 16, rows / 16, 1.0])  # the 16-px output square onto the region
+        return WarpSource.of_pixels(region, to_region, 16), torch.zeros((0, 5)), index
+
+
+@pytest.mark.parametrize("frees", [True, False])
+def test_pooled_batches_arrive_intact_whether_or_not_the_consumer_frees_them(frees):
+    """The workers' pooled buffers (BatchPool) are written again only once freed: a consumer that frees each batch
+    after copying it out (the pin thread's contract) gets the same pixels as one that holds every batch unfreed,
+    and both the same as the batches made in this process. Freed, every batch came from the pool; held, the pool
+    runs out and the rest get buffers of their own."""
+    from detector.data.dataset import collate
+    from detector.data.device_augment import render_uint8
+    from detector.data.workers import PREFETCH_FACTOR, release
+
+    dataset = _Regions()
+    expected = [render_uint8(collate([dataset[i] for i in range(start, start + 3)])[0]) for start in range(0, 24, 3)]
+    loader = DataLoader(dataset, batch_size=3, num_workers=1, collate_fn=collate, timeout=60,
+                        prefetch_factor=PREFETCH_FACTOR,
+                        worker_init_fn=worker_init(shares_cores_with_compute=False, pool_slots=PREFETCH_FACTOR + 1))
+    got, held, tickets = [], [], []
+    for images, _, _ in loader:
+        tickets.append(images.ticket)
+        if frees:
+            got.append(render_uint8(images))  # copied out ...
+            release(images.ticket)  # ... then freed
+        else:
+            held.append(images)
+    got += [render_uint8(images) for images in held]  # read only now: nothing may have written them since
+    assert all(a.equal(b) for a, b in zip(got, expected, strict=True))
+    if frees:
+        assert all(ticket is not None for ticket in tickets)
+    else:
+        assert [ticket is not None for ticket in tickets] == [True] * (PREFETCH_FACTOR + 1) + [False] * 5
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="pinned memory needs CUDA")
+def test_pinning_a_warp_batch_frees_its_pooled_buffer():
+    import torch
+
+    from detector.data.device_augment import WarpBatch
+    from detector.data.workers import BatchPool
+
+    pool = BatchPool(1)
+    atlas, ticket = pool.tensor((4, 4, 3))
+    atlas.fill_(7)
+    pinned = WarpBatch(atlas, torch.zeros(1, 2, 3), torch.zeros(1, 4), 4, ticket).pin_memory()
+    assert pinned.atlas.is_pinned() and bool((pinned.atlas == 7).all()) and pinned.ticket is None
+    assert pool.flags.tolist() == [0]
