@@ -122,9 +122,9 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
     # best.pt (it needs that stage first) and on a fresh model whose every pair enters NMS (early training's worst)
     trained=$(ls /tmp/bccd_runs/*/weights/best.pt 2>/dev/null | head -1)
     [ -n "$trained" ] || echo "val: no best.pt of the bccd stage on this machine; the fresh model only"
-    # and on best.pt again with each image's candidates in an NMS call of their own (--one-call-boxes 3000; by
-    # default one call takes whole images up to 25,000 candidates, and CUDA's NMS walks each call's one by one)
-    for weights in ${trained:+"--weights $trained" "--weights $trained --one-call-boxes 3000"} "--lively"; do
+    # and on best.pt again with torchvision's kernel alone (--fixed-point-candidates 0: NMS 139 ms a pass on the H200,
+    # whatever the size of its calls), against detector.nms.fixed_point_nms, the default on CUDA since
+    for weights in ${trained:+"--weights $trained" "--weights $trained --fixed-point-candidates 0"} "--lively"; do
       timeout "$(limit 60)" python3 benchmarks/val_speed.py --data "$BCCD" --imgsz 640 --batch 16 --workers 4 \
         --device cuda --repeats 5 $weights > "$OUT/val.log" 2>&1
       echo "val $weights: rc $?"; grep -E "^\|" "$OUT/val.log" | tail -11; grep -E "^[0-9]+ val images" "$OUT/val.log"

@@ -133,7 +133,12 @@ def main() -> int:
     parser.add_argument("--one-call-boxes", type=int, default=None,
                         help="on CUDA, candidates of whole images per NMS call (default: detector.postprocess's "
                              "ONE_CALL_BOXES); a small N gives each image a call of its own")
+    parser.add_argument("--fixed-point-candidates", type=int, default=None,
+                        help="on CUDA, images of at most N candidates through detector.nms.fixed_point_nms "
+                             "(default: detector.postprocess's FIXED_POINT_CANDIDATES); 0: torchvision's kernel only")
     args = parser.parse_args()
+    if args.fixed_point_candidates is not None:
+        postprocess.FIXED_POINT_CANDIDATES = args.fixed_point_candidates
     if args.first_pass is not None:
         postprocess.FIRST_PASS_CANDIDATES = args.first_pass or 10**9
     if args.one_call_boxes is not None:
@@ -174,7 +179,8 @@ def main() -> int:
           f"{'channels-last' if args.channels_last else 'contiguous'}, "
           f"weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
           f"conf {args.conf}, max_det {args.max_det}, NMS first over {postprocess.FIRST_PASS_CANDIDATES} candidates"
-          f"{f', at most {postprocess.ONE_CALL_BOXES} a call' if device.type == 'cuda' else ''}; "
+          f"{f', at most {postprocess.ONE_CALL_BOXES} a call' if device.type == 'cuda' else ''}"
+          f"{f', fixed point up to {postprocess.FIXED_POINT_CANDIDATES}' if device.type == 'cuda' else ''}; "
           f"{statistics.median(p['candidates'] for p in passes) / images:.0f} "
           f"(anchor, class) pairs above conf and {statistics.median(p['detections'] for p in passes) / images:.0f} "
           f"detections per image ({statistics.median(p['scored'] for p in passes) / images:.0f} scored); "

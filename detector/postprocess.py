@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from detector.boxes import dfl_expectation, distances_to_boxes, flatten_head_outputs, make_anchors
-from detector.nms import COORDINATE_LIMIT, batched_nms
+from detector.nms import COORDINATE_LIMIT, batched_nms, fixed_point_nms
 
 
 def decode_outputs(outputs: list[torch.Tensor], strides: tuple[int, ...], reg_max: int) -> torch.Tensor:
@@ -204,11 +204,56 @@ def _in_chunks(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, 
     order; ``counts``: each run's length), one ``batched_nms`` per chunk of images (:func:`image_chunks`)."""
     results = []
     offsets = [0, *itertools.accumulate(counts)]
+    if boxes.is_cuda and max(counts, default=0) <= FIXED_POINT_CANDIDATES and sum(counts) >= FIXED_POINT_FROM:
+        results = _fixed_point(boxes, scores, labels, image, counts, config)
+        if results is not None:
+            return results
     for chunk in image_chunks(counts, ONE_CALL_BOXES):
         first, last = offsets[chunk.start], offsets[chunk.stop]  # the chunk's candidates are one run
         results.extend(_one_call(boxes[first:last], scores[first:last], labels[first:last], image[first:last],
                                  chunk, num_classes, config))
     return results
+
+
+# On CUDA, images of at most this many candidates (the first pass's size: every first pass, and any image with
+# fewer) go through fixed_point_nms, all at once, instead of torchvision's kernel, which walks each call's
+# candidates one by one in a single thread block: 139 ms of a 446-ms BCCD validation pass on an H200 (docs/gpu.md),
+# the same whether a call held one image or eight. 0 turns it off.
+FIXED_POINT_CANDIDATES = FIRST_PASS_CANDIDATES
+# Fewer candidates in the batch than this go to torchvision's kernel: its walk takes ~0.5 us a candidate on an H200
+# (139 ms over 87 images of ~3,000), so ~0.5 ms here, about what fixed_point_nms's ~40 kernel launches and a host read
+# a step cost; predict at conf 0.25 (batch 1: 2.0 ms in all on an H100) stays on the path measured there.
+FIXED_POINT_FROM = 1000
+# Steps fixed_point_nms may take before the batch goes to torchvision's kernel instead: each is a matrix product over
+# the batch's [images, candidates, candidates] overlaps. A trained BCCD model's candidates took 18.
+FIXED_POINT_STEPS = 64
+
+
+def _fixed_point(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor,
+                 counts: list[int], config: NMSConfig) -> list[dict[str, torch.Tensor]] | None:
+    """:func:`_in_chunks`' answer from :func:`detector.nms.fixed_point_nms` over every image at once (each image's
+    candidates padded to the most any has, best first), or None if it did not settle in ``FIXED_POINT_STEPS``."""
+    batch, width, device = len(counts), max(counts), boxes.device
+    starts = torch.tensor([0, *itertools.accumulate(counts)][:-1], device=device)
+    # Image-major, best first within an image, equal scores in their own order: grouped_nms's order, image by image.
+    order = torch.sort(image.double() * 2 - scores.double(), stable=True).indices
+    slot = torch.arange(len(order), device=device) - starts[image[order]]
+    where = (image[order], slot)
+    padded = torch.full((batch, width), -1, dtype=torch.int64, device=device)  # candidate index, -1: padding
+    padded[where] = order
+    valid = padded >= 0
+    padded_boxes = torch.zeros((batch, width, 4), dtype=boxes.dtype, device=device)
+    padded_boxes[where] = boxes[order]
+    padded_labels = torch.full((batch, width), -1, dtype=labels.dtype, device=device)
+    padded_labels[where] = labels[order]
+    keep = fixed_point_nms(padded_boxes, padded_labels, valid, config.iou_threshold, max_iterations=FIXED_POINT_STEPS)
+    if keep is None:
+        return None
+    keep &= keep.cumsum(1) <= config.max_detections  # each image's best max_detections
+    selected = padded[keep]  # row by row: image-major, best first
+    sizes = keep.sum(1).tolist()
+    parts = (boxes[selected].split(sizes), scores[selected].split(sizes), labels[selected].split(sizes))
+    return [{"boxes": b, "scores": s, "labels": c} for b, s, c in zip(*parts)]
 
 
 def _first_pass_then_rest(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor,

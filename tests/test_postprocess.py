@@ -271,12 +271,18 @@ def textbook_nms(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs CUDA"))])
 @pytest.mark.parametrize("first_pass", [10**9, 60])
-def test_equal_scores_are_decided_by_candidate_order_on_every_path(device, first_pass, monkeypatch):
+@pytest.mark.parametrize("fixed_point_from", [0, 10**9])  # on CUDA: every batch through fixed_point_nms, or none
+def test_equal_scores_are_decided_by_candidate_order_on_every_path(device, first_pass, fixed_point_from, monkeypatch):
     """FP16 scores tie often, and of two overlapping equal-scored boxes the one NMS meets first is kept: both paths,
     with or without the first pass over each image's best, keep what textbook NMS keeps when equal scores go in
-    the candidates' own order (anchor by anchor, class by class): the same boxes on the CPU and on CUDA."""
+    the candidates' own order (anchor by anchor, class by class): the same boxes on the CPU and on CUDA, with
+    torchvision's kernel or fixed_point_nms there."""
     import detector.postprocess
     from detector.postprocess import batched_non_max_suppression
+
+    if device == "cpu" and fixed_point_from == 0:
+        pytest.skip("the batched path runs fixed_point_nms on CUDA only (on the CPU: test_the_fixed_point_path_...)")
+    monkeypatch.setattr(detector.postprocess, "FIXED_POINT_FROM", fixed_point_from)
 
     decoded = random_decoded(3, 150, 2, seed=7)
     decoded[..., 4:] = (decoded[..., 4:] * 6).ceil() / 6  # six score values: ties everywhere
@@ -296,3 +302,27 @@ def test_equal_scores_are_decided_by_candidate_order_on_every_path(device, first
         for got, (boxes, scores, labels) in zip(results, expected, strict=True):
             assert torch.equal(got["boxes"].cpu(), boxes), path.__name__
             assert torch.equal(got["scores"].cpu(), scores) and torch.equal(got["labels"].cpu(), labels)
+
+
+@pytest.mark.parametrize("max_detections", [300, 9])
+def test_the_fixed_point_path_gives_what_torchvisions_kernel_gives_for_the_batch(max_detections):
+    """postprocess._fixed_point (CUDA's path for images of up to FIXED_POINT_CANDIDATES candidates, run here on the
+    CPU) against _in_chunks over torchvision's kernel: the same boxes, scores and labels per image, in the same
+    order, with equal scores (FP16-like ties), an image with no candidates, and the max_detections cut."""
+    from detector.postprocess import _fixed_point, _in_chunks, above_conf
+
+    decoded = random_decoded(5, 120, 3, seed=3)
+    decoded[..., 4:] = (decoded[..., 4:] * 8).ceil() / 8  # ties
+    decoded[:, 1::2, :4] = decoded[:, 0::2, :4]  # equal boxes, often with equal scores
+    decoded[2, :, 4:] = 0  # an image with no candidates
+    config = NMSConfig(conf_threshold=0.2, iou_threshold=0.5, max_detections=max_detections, multi_label=True)
+    (image, _), boxes, scores, labels = above_conf(decoded, config)
+    counts = torch.bincount(image, minlength=len(decoded)).tolist()
+    assert counts[2] == 0 and min(c for i, c in enumerate(counts) if i != 2) > 100
+    expected = _in_chunks(boxes, scores, labels, image, counts, 3, config)
+    got = _fixed_point(boxes, scores, labels, image, counts, config)
+    assert got is not None and len(got) == len(expected)
+    for mine, theirs in zip(got, expected):
+        assert all(torch.equal(mine[key], theirs[key]) for key in ("boxes", "scores", "labels"))
+    kept = [len(result["scores"]) for result in expected]
+    assert kept[2] == 0 and (max(kept) == max_detections if max_detections < 50 else max(kept) < max_detections)
