@@ -29,7 +29,7 @@ from detector.data.device_augment import WarpBatch
 from detector.data.sampler import EpochSampler
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import generate_shapes
-from detector.data.workers import PREFETCH_FACTOR, release, worker_init
+from detector.data.workers import PREFETCH_FACTOR, release, stop_workers, worker_init
 
 
 def measure(split, *, batch: int, workers: int, batches: int, copy_out: str) -> float:
@@ -58,7 +58,9 @@ def measure(split, *, batch: int, workers: int, batches: int, copy_out: str) -> 
             if seen >= batches * batch:
                 break
         epoch += 1
-    return seen / (time.perf_counter() - start)
+    rate = seen / (time.perf_counter() - start)
+    stop_workers(loader)  # and the buffers' mappings kept for them
+    return rate
 
 
 def copied_out(images: torch.Tensor | WarpBatch, kept: dict[int, torch.Tensor]) -> None:
@@ -70,7 +72,7 @@ def copied_out(images: torch.Tensor | WarpBatch, kept: dict[int, torch.Tensor]) 
         kept[size_class] = torch.empty(size_class, dtype=pixels.dtype)
     kept[size_class][: flat.numel()].copy_(flat)
     if isinstance(images, WarpBatch):
-        release(images.ticket)
+        release(images.ticket, images.atlas)
 
 
 def main() -> int:

@@ -155,7 +155,7 @@ class WarpBatch:
         The copies are made (synchronously) before the worker's buffer is freed: the batch returned is the only
         one to use after this."""
         pinned = WarpBatch(*(tensor.pin_memory() for tensor in self.tensors()), self.out_size)
-        release(self.ticket)
+        release(self.ticket, self.atlas)
         return pinned
 
     def to(self, device: torch.device, *, non_blocking: bool = False) -> "WarpBatch":

@@ -91,11 +91,27 @@ class BatchPool:
         return tensor, (self.flags, slot)
 
 
-def release(ticket: Release | None) -> None:
-    """The consumer is done with a :class:`BatchPool` batch: its worker may write the buffer again."""
+# In the process that consumes pooled batches: each worker slot's buffer, kept mapped (with its worker's flags). A
+# worker sends a buffer as a file descriptor, and torch maps it afresh unless it still holds a mapping of that file
+# (torch.multiprocessing's shared_cache): every page of a new mapping faults again on the consumer's first read. Kept,
+# a batch copies out in 0.16 instead of 0.27 ms a MB (2-core EPYC, 640-px mosaic batches of 64). Bounded by workers x
+# slots (a grown buffer replaces its slot's), and dropped when the workers stop (forget_mapped).
+_MAPPED: dict[tuple[int, int], tuple[torch.Tensor, torch.UntypedStorage]] = {}
+
+
+def release(ticket: Release | None, pixels: torch.Tensor | None = None) -> None:
+    """The consumer is done with a :class:`BatchPool` batch: its worker may write the buffer again. ``pixels``, the
+    batch's tensor in that buffer: its mapping is kept for the slot's next batch."""
     if ticket is not None:
         flags, slot = ticket
+        if pixels is not None:
+            _MAPPED[(flags.untyped_storage().data_ptr(), slot)] = (flags, pixels.untyped_storage())
         flags[slot] = 0
+
+
+def forget_mapped() -> None:
+    """Drop the mappings :func:`release` kept (the workers whose buffers they are have stopped, or are stopping)."""
+    _MAPPED.clear()
 
 
 _POOL: BatchPool | None = None  # this worker's, made by worker_init where its loader frees batches
@@ -170,6 +186,7 @@ def stop_workers(loader: DataLoader | None) -> None:
     the last line of a run with 8 workers, 76 s with 15. Stopped here, the workers are told to end and joined at
     once, and those exit hooks find them gone.
     """
+    forget_mapped()  # only a pinned training loader's workers pool their buffers, and a run has one
     iterator = getattr(loader, "_iterator", None)  # torch's own attribute for the persistent iterator
     if loader is None or iterator is None:
         return

@@ -166,6 +166,7 @@ def test_pooled_batches_arrive_intact_whether_or_not_the_consumer_frees_them(fre
     runs out and the rest get buffers of their own."""
     from detector.data.dataset import collate
     from detector.data.device_augment import render_uint8
+    from detector.data import workers
     from detector.data.workers import PREFETCH_FACTOR, release
 
     dataset = _Regions()
@@ -178,13 +179,16 @@ def test_pooled_batches_arrive_intact_whether_or_not_the_consumer_frees_them(fre
         tickets.append(images.ticket)
         if frees:
             got.append(render_uint8(images))  # copied out ...
-            release(images.ticket)  # ... then freed
+            release(images.ticket, images.atlas)  # ... then freed, its mapping kept for the slot's next batch
         else:
             held.append(images)
     got += [render_uint8(images) for images in held]  # read only now: nothing may have written them since
     assert all(a.equal(b) for a, b in zip(got, expected, strict=True))
     if frees:
         assert all(ticket is not None for ticket in tickets)
+        assert 0 < len(workers._MAPPED) <= PREFETCH_FACTOR + 1  # a mapping a slot, the worker's buffers' own
+        workers.forget_mapped()
+        assert not workers._MAPPED
     else:
         assert [ticket is not None for ticket in tickets] == [True] * (PREFETCH_FACTOR + 1) + [False] * 5
 
