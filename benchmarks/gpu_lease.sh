@@ -8,8 +8,9 @@
 # at 640 (ours alone: accuracy, the time account and the process's exit); on request (STAGES) the inference
 # table with predict over a folder, and where FP16's model time goes (benchmarks/inference_profile.py), both
 # measured on the H100 of 2026-11-27 (docs/gpu.md), pt2 against PyTorch's CUDA graphs at batch 1 (never run),
-# YOLOv8s against Ultralytics', the 2-epoch run's accuracy at two seeds and without graphs, and a BCCD validation
-# pass by stage (val, after bccd). Each stage has its own time limit and prints its result as soon as it ends, so a
+# YOLOv8s against Ultralytics', the 2-epoch run's accuracy at two seeds and without graphs, a BCCD validation
+# pass by stage (val, after bccd), the loader alone and the loop's profile in the mosaic regime (loader, loopmosaic),
+# and Ultralytics alone on BCCD (ultrabccd). Each stage has its own time limit and prints its result as soon as it ends, so a
 # stage that fails or runs out of time loses only itself; full logs go under $OUT.
 #
 #   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
@@ -118,6 +119,11 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
       --project /tmp/bccd_runs 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/bccd.log"
     echo "bccd rc ${PIPESTATUS[0]}, process $(python3 -c "import time; print(round(time.time() - $began, 1))") s"
     grep -E "^done in|^time account|^  " "$OUT/bccd.log" | tail -9; cp /tmp/bccd_runs/*/results.csv "$OUT/" ;;
+  ultrabccd)  # issue 33's BCCD wall against Ultralytics alone (never measured: the issue's 184 s ran beside ours):
+    # Ultralytics' defaults (8 workers) for BCCD's 100 epochs at 640, batch 16
+    timeout "$(limit 280)" python3 benchmarks/train_speed.py --device cuda --runs none --bccd "$BCCD" \
+      --bccd-trainers ultralytics --workers 8 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/ultrabccd.log"
+    echo "ultrabccd rc ${PIPESTATUS[0]}"; tail -3 "$OUT/ultrabccd.log" ;;
   val)  # what a BCCD validation pass spends on the GPU (0.50 s median in training): per stage, on the bccd stage's
     # best.pt (it needs that stage first) and on a fresh model whose every pair enters NMS (early training's worst)
     trained=$(ls /tmp/bccd_runs/*/weights/best.pt 2>/dev/null | head -1)
@@ -150,8 +156,8 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
   profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
     timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
     echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
-  *) echo "unknown stage $stage (imports, tests, speed, mosaic, augment, loader, loop, loopmosaic, bccd, val, unamp, small,"\
-      "seeds, inference, pt2, profile)" ;;
+  *) echo "unknown stage $stage (imports, tests, speed, mosaic, augment, loader, loop, loopmosaic, bccd, ultrabccd, val,"\
+      "unamp, small, seeds, inference, pt2, profile)" ;;
   esac
 done
 stamp done

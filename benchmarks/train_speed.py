@@ -276,14 +276,17 @@ def bccd_rows(args: argparse.Namespace, work: Path) -> list[str]:
     data = absolute_yaml(Path(args.bccd), work / "bccd")
     settings = argparse.Namespace(**{**vars(args), **BCCD, "epochs": args.bccd_epochs})
     rows = []
-    print("BCCD: running detector ...", file=sys.stderr, flush=True)
-    ours = train_ours("bccd", ["--val-interval", "1"], settings, data, work / "bccd")
-    rows.append(f"| detector (AMP default) | {ours['wall_seconds'] / 60:.1f} | {ours['map']:.4f} | "
-                f"{ours['map50']:.4f} |")
-    print("BCCD: running Ultralytics ...", file=sys.stderr, flush=True)
-    theirs = train_ultralytics(settings, data, work / "bccd", val=True)
-    rows.append(f"| Ultralytics YOLOv8{args.model} | {theirs['wall_seconds'] / 60:.1f} | {theirs['map']:.4f} | "
-                f"{theirs['map50']:.4f} |")
+    trainers = args.bccd_trainers.split(",")
+    if "detector" in trainers:
+        print("BCCD: running detector ...", file=sys.stderr, flush=True)
+        ours = train_ours("bccd", ["--val-interval", "1"], settings, data, work / "bccd")
+        rows.append(f"| detector (AMP default) | {ours['wall_seconds'] / 60:.1f} | {ours['map']:.4f} | "
+                    f"{ours['map50']:.4f} |")
+    if "ultralytics" in trainers:
+        print("BCCD: running Ultralytics ...", file=sys.stderr, flush=True)
+        theirs = train_ultralytics(settings, data, work / "bccd", val=True)
+        rows.append(f"| Ultralytics YOLOv8{args.model} | {theirs['wall_seconds'] / 60:.1f} | {theirs['map']:.4f} | "
+                    f"{theirs['map50']:.4f} |")
     return rows
 
 
@@ -297,8 +300,10 @@ def main() -> int:
     parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the GPU comparison")
     parser.add_argument("--runs", default="",
                         help="comma list of amp, fixed, unamp, ultralytics (default: all four on cuda; amp,unamp,"
-                             "ultralytics on cpu)")
+                             "ultralytics on cpu); none: the BCCD rows alone")
     parser.add_argument("--bccd", default="", help="BCCD data YAML: add the wall-clock-to-mAP rows (100 epochs, 640)")
+    parser.add_argument("--bccd-trainers", default="detector,ultralytics",
+                        help="which trainers the BCCD rows run (one alone: the other's figures from another call)")
     parser.add_argument("--bccd-epochs", type=int, default=BCCD["epochs"], help="epochs of the BCCD rows (smoke tests)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all runs; the table gives medians")
     parser.add_argument("--extra", default="", help="extra flags for our runs, e.g. '--no-multi-scale'")
@@ -313,6 +318,10 @@ def main() -> int:
     args = parser.parse_args()
     RUNS["ultralytics"] = f"Ultralytics YOLOv8{args.model}"
     runs = (args.runs or ("amp,unamp,ultralytics" if args.device == "cpu" else ",".join(RUNS))).split(",")
+    if args.runs == "none":
+        if not args.bccd:
+            parser.error("--runs none leaves only the BCCD rows: give --bccd")
+        runs = []
     if unknown := [run for run in runs if run not in RUNS]:
         parser.error(f"--runs: unknown {', '.join(unknown)}; choose from {', '.join(RUNS)}")
     if not args.data:
@@ -340,6 +349,20 @@ def main() -> int:
             results[RUNS[run]]["rate"] = images * args.epochs / results[RUNS[run]]["train_seconds"]
             print(run_summary(RUNS[run], results[RUNS[run]]), file=sys.stderr, flush=True)
         rounds.append(results)
+    if runs:
+        main_table(args, runs, rounds, images, extra)
+    if args.bccd:
+        print(f"\nBCCD ({args.bccd}): {args.bccd_epochs} epochs, imgsz {BCCD['imgsz']}, batch {BCCD['batch']}, "
+              f"device {args.device}, each trainer validating as by default; mAP by the same pycocotools code\n")
+        print("| trainer | wall minutes to the end | final mAP50-95 | mAP50 |")
+        print("|---|---|---|---|")
+        print("\n".join(bccd_rows(args, work)))
+    return 0
+
+
+def main_table(args: argparse.Namespace, runs: list[str], rounds: list[dict[str, dict]], images: int,
+               extra: list[str]) -> None:
+    """The runs' table (medians over the rounds) with the step alone beside each of ours, and the ratios."""
     alone = {run: step_alone_rate(run, extra, args) for run in runs
              if run != "ultralytics" and (args.step_alone or args.device != "cpu")}
     memory = "peak GPU memory MB" if args.device != "cpu" else "peak RSS MB"
@@ -370,13 +393,6 @@ def main() -> int:
             ratios = [r[RUNS[a]]["rate"] / r[RUNS[b]]["rate"] for r in rounds]
             how = " (median of per-round ratios)" if len(ratios) > 1 else ""
             print(f"{RUNS[a]} vs {RUNS[b]}: {spread(ratios, 2)}x images/s{how}")
-    if args.bccd:
-        print(f"\nBCCD ({args.bccd}): {args.bccd_epochs} epochs, imgsz {BCCD['imgsz']}, batch {BCCD['batch']}, "
-              f"device {args.device}, each trainer validating as by default; mAP by the same pycocotools code\n")
-        print("| trainer | wall minutes to the end | final mAP50-95 | mAP50 |")
-        print("|---|---|---|---|")
-        print("\n".join(bccd_rows(args, work)))
-    return 0
 
 
 if __name__ == "__main__":
