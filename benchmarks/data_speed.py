@@ -43,7 +43,7 @@ def measure(split, *, batch: int, workers: int, batches: int, copy_out: str) -> 
                         persistent_workers=workers > 0, pin_memory=pin,
                         prefetch_factor=PREFETCH_FACTOR if workers else None,
                         worker_init_fn=worker_init(shares_cores_with_compute=False,
-                                                   pool_slots=PREFETCH_FACTOR + 1 if copy_out == "pooled" else 0))
+                                                   pool_slots=pool_slots(copy_out, pin)))
     kept: dict[int, torch.Tensor] = {}  # a buffer per copied tensor's size class, reused as pinned memory is
     seen, start, epoch = 0, None, 0
     while seen < batches * batch:
@@ -61,6 +61,13 @@ def measure(split, *, batch: int, workers: int, batches: int, copy_out: str) -> 
     rate = seen / (time.perf_counter() - start)
     stop_workers(loader)  # and the buffers' mappings kept for them
     return rate
+
+
+def pool_slots(copy_out: str, pin: bool) -> int:
+    """The training loader's (detector.training.builders): PREFETCH_FACTOR buffers a worker, freed by the pin thread
+    before the loop receives a batch. Copied out here instead, a batch is freed after the DataLoader has sent the
+    worker its next index: one buffer more."""
+    return (PREFETCH_FACTOR + (0 if pin else 1)) if copy_out == "pooled" else 0
 
 
 def copied_out(images: torch.Tensor | WarpBatch, kept: dict[int, torch.Tensor]) -> None:

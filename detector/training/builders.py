@@ -89,13 +89,13 @@ def build_train_loader(
                            batch=config.batch)  # whole batches: one batch size, see detector/training/multiscale.py
     pinned = device.type == "cuda"
     # Pinned, every batch is copied out by the pin thread, which frees the worker's pooled buffer (BatchPool; its
-    # docstring says why PREFETCH_FACTOR + 1 buffers a worker).
+    # docstring says why PREFETCH_FACTOR buffers a worker).
     loader = DataLoader(
         data.dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
         collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=pinned,
         prefetch_factor=PREFETCH_FACTOR if config.workers > 0 else None,
         worker_init_fn=worker_init(shares_cores_with_compute=device.type == "cpu",
-                                   pool_slots=PREFETCH_FACTOR + 1 if pinned else 0),
+                                   pool_slots=PREFETCH_FACTOR if pinned else 0),
     )
     return sampler, loader
 

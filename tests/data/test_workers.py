@@ -171,6 +171,8 @@ def test_pooled_batches_arrive_intact_whether_or_not_the_consumer_frees_them(fre
 
     dataset = _Regions()
     expected = [render_uint8(collate([dataset[i] for i in range(start, start + 3)])[0]) for start in range(0, 24, 3)]
+    # Freed by this loop, after the DataLoader has sent the worker its next index: one buffer more than the
+    # pin thread's consumer needs (benchmarks/data_speed.py's pool_slots)
     loader = DataLoader(dataset, batch_size=3, num_workers=1, collate_fn=collate, timeout=60,
                         prefetch_factor=PREFETCH_FACTOR,
                         worker_init_fn=worker_init(shares_cores_with_compute=False, pool_slots=PREFETCH_FACTOR + 1))
@@ -206,3 +208,22 @@ def test_pinning_a_warp_batch_frees_its_pooled_buffer():
     pinned = WarpBatch(atlas, torch.zeros(1, 2, 3), torch.zeros(1, 4), 4, ticket).pin_memory()
     assert pinned.atlas.is_pinned() and bool((pinned.atlas == 7).all()) and pinned.ticket is None
     assert pool.flags.tolist() == [0]
+
+
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="the pin thread needs CUDA")
+def test_pooled_batches_through_the_pin_thread_arrive_intact():
+    """The training loader's setting on CUDA: PREFETCH_FACTOR pooled buffers a worker, freed by the DataLoader's pin
+    thread (WarpBatch.pin_memory). Every batch the loop receives is what this process makes for the same items."""
+    from detector.data.dataset import collate
+    from detector.data.device_augment import render_uint8
+    from detector.data.workers import PREFETCH_FACTOR, stop_workers
+
+    dataset = _Regions()
+    expected = [render_uint8(collate([dataset[i] for i in range(start, start + 3)])[0]) for start in range(0, 24, 3)]
+    loader = DataLoader(dataset, batch_size=3, num_workers=2, collate_fn=collate, timeout=60, pin_memory=True,
+                        prefetch_factor=PREFETCH_FACTOR, persistent_workers=True,
+                        worker_init_fn=worker_init(shares_cores_with_compute=False, pool_slots=PREFETCH_FACTOR))
+    for _ in range(2):  # a second pass reuses the persistent workers' buffers
+        got = [render_uint8(images) for images, _, _ in loader]
+        assert all(a.equal(b) for a, b in zip(got, expected, strict=True))
+    stop_workers(loader)
