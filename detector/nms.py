@@ -139,8 +139,8 @@ def fixed_point_nms(
 def _fixed_point(boxes: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, threshold: float,
                  before: torch.Tensor, max_iterations: int) -> torch.Tensor | None:
     rows, count = valid.shape
-    # A matrix product counts each box's kept suppressors: FP16 on CUDA is exact for "more than zero" (it
-    # accumulates in FP32, and a sum of ones is never rounded to zero), FP32 elsewhere.
+    # A matrix product counts each box's kept suppressors. Every term is 0 or 1, so no rounding of the sum (FP16 on
+    # CUDA, whatever its accumulation; FP32 elsewhere) turns a count above zero into zero or the reverse.
     dtype = torch.float16 if boxes.is_cuda else torch.float32
     suppressors = torch.empty(rows, count, count, dtype=dtype, device=boxes.device)  # [b, j, i]: j suppresses i
     step = max(1, PAIRS_AT_ONCE // (count * count))
