@@ -133,6 +133,8 @@ def main() -> int:
     parser.add_argument("--one-call-boxes", type=int, default=None,
                         help="on CUDA, candidates of whole images per NMS call (default: detector.postprocess's "
                              "ONE_CALL_BOXES); a small N gives each image a call of its own")
+    parser.add_argument("--rect", action=argparse.BooleanOptionalAction, default=True,
+                        help="rectangular batches, as training's validation by default (--no-rect: square ones)")
     parser.add_argument("--fixed-point-candidates", type=int, default=None,
                         help="on CUDA, images of at most N candidates through detector.nms.fixed_point_nms "
                              "(default: detector.postprocess's FIXED_POINT_CANDIDATES); 0: torchvision's kernel only")
@@ -168,7 +170,9 @@ def main() -> int:
     if args.fold:  # the copy training's validator runs (FP16 weights under CUDA FP16)
         model = FusedCopy(model, dtype=validation_dtype(precision), channels_last=args.channels_last).refresh()
     split = build_split(spec, "val", image_size=size, augment=None, cache="none")
-    loader = make_val_loader(split, batch_size=args.batch, workers=args.workers, cpu_compute=device.type == "cpu")
+    # As the trainer's validator makes it: rectangular batches (--val-rect, its default) and, on CUDA, pinned.
+    loader = make_val_loader(split, batch_size=args.batch, workers=args.workers, cpu_compute=device.type == "cpu",
+                             pin_memory=device.type == "cuda", rect=args.rect)
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=0.7, max_detections=args.max_det, multi_label=True)
     passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms,
                        channels_last=args.channels_last)
@@ -176,7 +180,8 @@ def main() -> int:
     images = len(split.records)
     print(f"\n{images} val images of {args.data}, imgsz {size}, batch {args.batch}, workers {args.workers}, "
           f"{device} {precision.name}, {'folded' if args.fold else 'BatchNorm kept'}, "
-          f"{'channels-last' if args.channels_last else 'contiguous'}, "
+          f"{'channels-last' if args.channels_last else 'contiguous'}, {'rectangular' if args.rect else 'square'} "
+          f"batches{', pinned' if device.type == 'cuda' else ''}, "
           f"weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
           f"conf {args.conf}, max_det {args.max_det}, NMS first over {postprocess.FIRST_PASS_CANDIDATES} candidates"
           f"{f', at most {postprocess.ONE_CALL_BOXES} a call' if device.type == 'cuda' else ''}"
