@@ -204,10 +204,10 @@ def _in_chunks(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, 
     order; ``counts``: each run's length), one ``batched_nms`` per chunk of images (:func:`image_chunks`)."""
     results = []
     offsets = [0, *itertools.accumulate(counts)]
-    if boxes.is_cuda and max(counts, default=0) <= FIXED_POINT_CANDIDATES and sum(counts) >= FIXED_POINT_FROM:
-        results = _fixed_point(boxes, scores, labels, image, counts, config)
-        if results is not None:
-            return results
+    if use_fixed_point(boxes, counts):
+        settled = _fixed_point(boxes, scores, labels, image, counts, config)
+        if settled is not None:
+            return settled
     for chunk in image_chunks(counts, ONE_CALL_BOXES):
         first, last = offsets[chunk.start], offsets[chunk.stop]  # the chunk's candidates are one run
         results.extend(_one_call(boxes[first:last], scores[first:last], labels[first:last], image[first:last],
@@ -227,6 +227,12 @@ FIXED_POINT_FROM = 1000
 # Steps fixed_point_nms may take before the batch goes to torchvision's kernel instead: each is a matrix product over
 # the batch's [images, candidates, candidates] overlaps. A trained BCCD model's candidates took 18.
 FIXED_POINT_STEPS = 64
+
+
+def use_fixed_point(boxes: torch.Tensor, counts: list[int]) -> bool:
+    """Whether a batch's candidates (``counts`` an image) go through :func:`_fixed_point`: on CUDA, within the sizes
+    above."""
+    return boxes.is_cuda and max(counts, default=0) <= FIXED_POINT_CANDIDATES and sum(counts) >= FIXED_POINT_FROM
 
 
 def _fixed_point(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor,

@@ -326,3 +326,26 @@ def test_the_fixed_point_path_gives_what_torchvisions_kernel_gives_for_the_batch
         assert all(torch.equal(mine[key], theirs[key]) for key in ("boxes", "scores", "labels"))
     kept = [len(result["scores"]) for result in expected]
     assert kept[2] == 0 and (max(kept) == max_detections if max_detections < 50 else max(kept) < max_detections)
+
+
+def test_a_fixed_point_that_does_not_settle_leaves_the_batch_to_torchvisions_kernel(monkeypatch):
+    """With fewer steps allowed than the fixed point needs, the batched path falls back to the kernel, per chunk, and
+    answers as it would have (the CUDA-only switch forced on here, so the CPU runs that branch)."""
+    import detector.postprocess
+    from detector.postprocess import _in_chunks, above_conf
+
+    decoded = random_decoded(4, 120, 3, seed=5)
+    config = NMSConfig(conf_threshold=0.2, iou_threshold=0.5, max_detections=50, multi_label=True)
+    (image, _), boxes, scores, labels = above_conf(decoded, config)
+    counts = torch.bincount(image, minlength=len(decoded)).tolist()
+    expected = _in_chunks(boxes, scores, labels, image, counts, 3, config)
+    monkeypatch.setattr(detector.postprocess, "use_fixed_point", lambda *_: True)
+    calls = []
+    original = detector.postprocess._fixed_point
+    monkeypatch.setattr(detector.postprocess, "_fixed_point", lambda *args: calls.append(original(*args)) or calls[-1])
+    for steps, settles in ((1, False), (64, True)):
+        monkeypatch.setattr(detector.postprocess, "FIXED_POINT_STEPS", steps)
+        got = _in_chunks(boxes, scores, labels, image, counts, 3, config)
+        assert (calls[-1] is not None) == settles
+        for mine, theirs in zip(got, expected, strict=True):
+            assert all(torch.equal(mine[key], theirs[key]) for key in ("boxes", "scores", "labels"))

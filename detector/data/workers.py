@@ -55,12 +55,12 @@ class BatchPool:
     (100 MB: 91 against 11 ms on a 2-core EPYC), more than the rest of a mosaic item's work. So each worker keeps
     ``slots`` buffers and a shared byte per slot: 1 while the main process holds the slot's batch, set back to 0
     by :func:`release` when the consumer has copied it out (the DataLoader's pin thread, on CUDA, before the batch
-    reaches the loop). A worker has at most
-    ``prefetch_factor`` batches that the loop has not received, the one it is making among them (the DataLoader
-    sends it a new index only once the loop has received one, which the pin thread frees before handing it on),
-    so ``prefetch_factor`` slots do not run out in steady state; when they do (a consumer that frees later, or
-    never), the batch gets a buffer of its own, as without a pool: slower, never wrong. The memory held is what
-    the batches in flight took before (``prefetch_factor`` per worker), with ``GROWTH``.
+    reaches the loop). A worker has at most ``prefetch_factor`` batches that the loop has not received, the one it
+    is making among them (the DataLoader sends it a new index only once the loop has received one, which the pin
+    thread frees before handing it on), so ``prefetch_factor`` slots do not run out in steady state; when they do
+    (a consumer that frees later, or never), the batch gets a buffer of its own, as without a pool: slower, never
+    wrong. The memory held is what the batches in flight took before (``prefetch_factor`` per worker), with
+    ``GROWTH``.
 
     Measured on a 2-core AMD EPYC (AVX2), 640 px, batch 64, mosaic, RAM cache, each batch copied out as the pin
     thread does (``python benchmarks/data_speed.py --pixel-augment device --imgsz 640 --batch 64 --caches ram
