@@ -9,9 +9,9 @@
 # table with predict over a folder, and where FP16's model time goes (benchmarks/inference_profile.py), both
 # measured on the H100 of 2026-11-27 (docs/gpu.md), pt2 against PyTorch's CUDA graphs at batch 1 (never run),
 # YOLOv8s against Ultralytics', the 2-epoch run's accuracy at two seeds and without graphs, a BCCD validation
-# pass by stage (val, after bccd), the loader alone and the loop's profile in the mosaic regime (loader, loopmosaic),
-# and Ultralytics alone on BCCD (ultrabccd). Each stage has its own time limit and prints its result as soon as it ends, so a
-# stage that fails or runs out of time loses only itself; full logs go under $OUT.
+# pass by stage (val, after bccd), the loader alone and the loop's profile in the mosaic regime (loader,
+# loopmosaic), and Ultralytics alone on BCCD (ultrabccd). Each stage has its own time limit and prints its result as
+# soon as it ends, so a stage that fails or runs out of time loses only itself; full logs go under $OUT.
 #
 #   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
 #   STAGES="tests inference profile" bash benchmarks/gpu_lease.sh   # others
