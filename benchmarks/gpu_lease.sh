@@ -105,8 +105,9 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
     # waited for data 64% of a mosaic epoch at 8 workers), each batch through the pin thread, the workers' buffers
     # fresh and pooled (detector.data.workers.BatchPool), at 8 and 15 workers
     training_set
-    timeout "$(limit 100)" python3 benchmarks/data_speed.py --data "/tmp/shapes$IMAGES/shapes.yaml" --pixel-augment device \
-      --imgsz 640 --batch 64 --caches ram --workers 8,15 --batches 40 --copy-out > "$OUT/loader.log" 2>&1
+    timeout "$(limit 100)" python3 benchmarks/data_speed.py --data "/tmp/shapes$IMAGES/shapes.yaml" \
+      --pixel-augment device --imgsz 640 --batch 64 --caches ram --workers 8,15 --batches 40 --copy-out \
+      > "$OUT/loader.log" 2>&1
     echo "loader rc $?"; tail -5 "$OUT/loader.log" ;;
   loopmosaic)  # the loop stage in the mosaic regime (mosaic and multi-scale on): where its steps wait
     training_set
@@ -156,8 +157,8 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
   profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
     timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
     echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
-  *) echo "unknown stage $stage (imports, tests, speed, mosaic, augment, loader, loop, loopmosaic, bccd, ultrabccd, val,"\
-      "unamp, small, seeds, inference, pt2, profile)" ;;
+  *) echo "unknown stage $stage (imports, tests, speed, mosaic, augment, loader, loop, loopmosaic, bccd, ultrabccd,"\
+      "val, unamp, small, seeds, inference, pt2, profile)" ;;
   esac
 done
 stamp done
