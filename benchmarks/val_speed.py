@@ -136,7 +136,7 @@ def main() -> int:
     parser.add_argument("--rect", action=argparse.BooleanOptionalAction, default=True,
                         help="rectangular batches, as training's validation by default (--no-rect: square ones)")
     parser.add_argument("--fixed-point-candidates", type=int, default=None,
-                        help="on CUDA, images of at most N candidates through detector.nms.fixed_point_nms "
+                        help="on CUDA, images of at most N candidates through detector.postprocess.fixed_point_nms "
                              "(default: detector.postprocess's FIXED_POINT_CANDIDATES); 0: torchvision's kernel only")
     args = parser.parse_args()
     if args.fixed_point_candidates is not None:

@@ -53,10 +53,16 @@ def cxcywh_to_xyxy(boxes: torch.Tensor) -> torch.Tensor:
 
 def box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor, eps: float = 0.0) -> torch.Tensor:
     """xyxy ``[..., N, 4]`` x ``[..., M, 4]`` -> IoU ``[..., N, M]``: torchvision's ``box_iou`` (the same operations,
-    so the same values), with ``eps`` added to each union where asked (the assigner's boxes may be empty)."""
+    so the same values; also its NMS kernels' overlap, ``inter / (area_n + area_m - inter)``), with ``eps`` added to
+    each union where asked (the assigner's boxes may be empty). One axis at a time: no ``[..., N, M, 2]``
+    intermediate, whose size bounds how many pairs NMS's fixed point takes at once."""
     first, second = boxes1[..., :, None, :], boxes2[..., None, :, :]
-    wh = (torch.minimum(first[..., 2:], second[..., 2:]) - torch.maximum(first[..., :2], second[..., :2])).clamp_(min=0)
-    inter = wh[..., 0] * wh[..., 1]
+
+    def overlap(low: int, high: int) -> torch.Tensor:  # [..., N, M]: the overlap along one axis
+        return (torch.minimum(first[..., high], second[..., high])
+                - torch.maximum(first[..., low], second[..., low])).clamp_(min=0)
+
+    inter = overlap(0, 2) * overlap(1, 3)
     area1 = (boxes1[..., 2] - boxes1[..., 0]) * (boxes1[..., 3] - boxes1[..., 1])
     area2 = (boxes2[..., 2] - boxes2[..., 0]) * (boxes2[..., 3] - boxes2[..., 1])
     union = area1[..., :, None] + area2[..., None, :] - inter

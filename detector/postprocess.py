@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from detector.boxes import dfl_expectation, distances_to_boxes, flatten_head_outputs, make_anchors
-from detector.nms import COORDINATE_LIMIT, batched_nms, fixed_point_nms
+from detector.boxes import box_iou, dfl_expectation, distances_to_boxes, flatten_head_outputs, make_anchors
+from detector.nms import COORDINATE_LIMIT, batched_nms
 
 
 def decode_outputs(outputs: list[torch.Tensor], strides: tuple[int, ...], reg_max: int) -> torch.Tensor:
@@ -202,12 +202,12 @@ def _in_chunks(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, 
                counts: list[int], num_classes: int, config: NMSConfig) -> list[dict[str, torch.Tensor]]:
     """Each image's detections from candidates in runs of one image each (``image``: 0 to len(counts) - 1, in
     order; ``counts``: each run's length), one ``batched_nms`` per chunk of images (:func:`image_chunks`)."""
-    results = []
-    offsets = [0, *itertools.accumulate(counts)]
     if use_fixed_point(boxes, counts):
         settled = _fixed_point(boxes, scores, labels, image, counts, config)
         if settled is not None:
             return settled
+    results = []
+    offsets = [0, *itertools.accumulate(counts)]
     for chunk in image_chunks(counts, ONE_CALL_BOXES):
         first, last = offsets[chunk.start], offsets[chunk.stop]  # the chunk's candidates are one run
         results.extend(_one_call(boxes[first:last], scores[first:last], labels[first:last], image[first:last],
@@ -237,7 +237,7 @@ def use_fixed_point(boxes: torch.Tensor, counts: list[int]) -> bool:
 
 def _fixed_point(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor,
                  counts: list[int], config: NMSConfig) -> list[dict[str, torch.Tensor]] | None:
-    """:func:`_in_chunks`' answer from :func:`detector.nms.fixed_point_nms` over every image at once (each image's
+    """:func:`_in_chunks`' answer from :func:`fixed_point_nms` over every image at once (each image's
     candidates padded to the most any has, best first), or None if it did not settle in ``FIXED_POINT_STEPS``."""
     batch, width, device = len(counts), max(counts), boxes.device
     starts = torch.tensor([0, *itertools.accumulate(counts)][:-1], device=device)
@@ -260,6 +260,71 @@ def _fixed_point(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor
     sizes = keep.sum(1).tolist()
     parts = (boxes[selected].split(sizes), scores[selected].split(sizes), labels[selected].split(sizes))
     return [{"boxes": b, "scores": s, "labels": c} for b, s, c in zip(*parts)]
+
+
+# Pairs of boxes whose overlap fixed_point_nms computes in one go: box_iou's FP64 intermediates take 8 bytes a pair
+# (~64 MB at this size, a few alive at a time). At least one row (image) a go, whatever its size: 9M pairs for 3,000.
+PAIRS_AT_ONCE = 8 * 2**20
+# Pairs of boxes one fixed point is found over: its suppression matrix takes 2 bytes a pair on CUDA (~320 MB at this
+# size; 16 images of 3,000 candidates are 144M pairs). Rows beyond it are solved in further groups, a host read a step.
+PAIRS_PER_SOLVE = 160 * 2**20
+
+
+def fixed_point_nms(
+    boxes: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, iou_threshold: float, *, max_iterations: int
+) -> torch.Tensor | None:
+    """Greedy NMS of each row of a batch at once, in tensor operations: which boxes are kept, bool ``[B, N]``, or
+    None where that takes more than ``max_iterations`` steps (the caller then runs torchvision's kernel).
+
+    ``boxes``: xyxy ``[B, N, 4]``, each row's best first; ``labels``: ``[B, N]`` (boxes of different labels never
+    suppress each other); ``valid``: ``[B, N]``, False for a row's padding. Greedy NMS keeps a box unless a kept box
+    before it of its label overlaps it by more than ``iou_threshold``: one pass in that order, which torchvision's
+    CUDA kernel walks box by box in one thread block (139 ms of a 446-ms BCCD validation pass on an H200,
+    docs/gpu.md). Here every pair's overlap is computed at once, and ``keep = valid and not (any kept box before it
+    overlaps it)`` is iterated from ``keep = valid``: that rule determines the first box, then the second, and so on,
+    so a fixed point of it is the greedy answer, reached after at most as many steps as the longest chain of boxes
+    each suppressing the next (18 on a trained BCCD model's candidates, 4-7 on random ones) plus one that sees
+    nothing change (Cluster-NMS, Zheng et al. 2020). The overlap is torchvision's (:func:`detector.boxes.box_iou`) in
+    FP64, compared as its kernel on that device does (its CUDA kernel with the threshold rounded to FP32): the same
+    boxes kept.
+    """
+    rows, count = valid.shape
+    keep = torch.zeros_like(valid)
+    if count == 0:
+        return keep
+    threshold = float(torch.tensor(iou_threshold, dtype=torch.float32)) if boxes.is_cuda else iou_threshold
+    before = torch.ones(count, count, dtype=torch.bool, device=boxes.device).triu_(1)  # [j, i]: j ahead of i
+    group = max(1, PAIRS_PER_SOLVE // (count * count))
+    for start in range(0, rows, group):
+        part = slice(start, start + group)
+        solved = _settle(boxes[part].double(), labels[part], valid[part], threshold, before, max_iterations)
+        if solved is None:
+            return None
+        keep[part] = solved
+    return keep
+
+
+def _settle(boxes: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, threshold: float,
+            before: torch.Tensor, max_iterations: int) -> torch.Tensor | None:
+    rows, count = valid.shape
+    # A matrix product counts each box's kept suppressors. Every term is 0 or 1, so no rounding of the sum (FP16 on
+    # CUDA, whatever its accumulation; FP32 elsewhere) turns a count above zero into zero or the reverse.
+    dtype = torch.float16 if boxes.is_cuda else torch.float32
+    suppressors = torch.empty(rows, count, count, dtype=dtype, device=boxes.device)  # [b, j, i]: j suppresses i
+    step = max(1, PAIRS_AT_ONCE // (count * count))
+    for start in range(0, rows, step):
+        part = slice(start, start + step)
+        suppresses = (box_iou(boxes[part], boxes[part]) > threshold) & before
+        suppresses &= labels[part, :, None] == labels[part, None, :]
+        suppresses &= valid[part, :, None]  # padding suppresses nothing
+        suppressors[part] = suppresses
+    keep = valid.clone()
+    for _ in range(max_iterations):
+        updated = valid & ~(torch.bmm(keep[:, None, :].to(dtype), suppressors)[:, 0] > 0)
+        if torch.equal(updated, keep):
+            return keep
+        keep = updated
+    return None
 
 
 def _first_pass_then_rest(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor,

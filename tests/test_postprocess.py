@@ -8,6 +8,7 @@ from torchvision.ops import batched_nms, box_iou
 
 from detector.postprocess import NMSConfig, non_max_suppression
 from tests.host_reads import HostReads
+from tests.test_nms import clustered
 
 
 def random_decoded(batch: int, anchors: int, classes: int, *, seed: int) -> torch.Tensor:
@@ -349,3 +350,62 @@ def test_a_fixed_point_that_does_not_settle_leaves_the_batch_to_torchvisions_ker
         assert (calls[-1] is not None) == settles
         for mine, theirs in zip(got, expected, strict=True):
             assert all(torch.equal(mine[key], theirs[key]) for key in ("boxes", "scores", "labels"))
+
+
+def padded_rows(rows: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    """Rows of (boxes, scores, labels) -> fixed_point_nms's inputs (each row best first, padded) and each row's
+    order (row position -> index into its own boxes)."""
+    width = max(len(scores) for _, scores, _ in rows)
+    boxes = torch.zeros(len(rows), width, 4, dtype=torch.float64)
+    labels = torch.full((len(rows), width), -1)
+    valid = torch.zeros(len(rows), width, dtype=torch.bool)
+    orders = []
+    for row, (row_boxes, scores, row_labels) in enumerate(rows):
+        order = scores.sort(descending=True, stable=True).indices
+        boxes[row, : len(order)], labels[row, : len(order)] = row_boxes[order], row_labels[order]
+        valid[row, : len(order)] = True
+        orders.append(order)
+    return boxes, labels, valid, orders
+
+
+@pytest.mark.parametrize("threshold", [0.3, 0.5, 0.7])
+@pytest.mark.parametrize("one_row_a_go", [False, True])
+def test_fixed_point_nms_keeps_what_torchvision_keeps_row_by_row(threshold, one_row_a_go, monkeypatch):
+    """Rows of different lengths (padding), three labels, dense overlaps: each row keeps what torchvision's
+    batched_nms keeps for it, in the same order; also with the rows' overlaps computed and solved one row a go
+    (what larger batches get)."""
+    import detector.postprocess
+    from detector.postprocess import fixed_point_nms
+
+    if one_row_a_go:
+        monkeypatch.setattr(detector.postprocess, "PAIRS_AT_ONCE", 1)
+        monkeypatch.setattr(detector.postprocess, "PAIRS_PER_SOLVE", 1)
+
+    rows = []
+    for row, count in enumerate([300, 0, 57, 301]):
+        boxes, scores = clustered(count, seed=row)
+        boxes -= ((boxes[:, :2] + boxes[:, 2:]) * 0.4).repeat(1, 2)  # centres 5x closer, sizes kept: dense overlaps
+        labels = torch.randint(0, 3, (count,), generator=torch.Generator().manual_seed(row))
+        rows.append((boxes.double(), scores, labels))
+    boxes, labels, valid, orders = padded_rows(rows)
+    keep = fixed_point_nms(boxes, labels, valid, threshold, max_iterations=300)
+    assert keep is not None and not keep[~valid].any()
+    for row, ((row_boxes, scores, row_labels), order) in enumerate(zip(rows, orders)):
+        expected = batched_nms(row_boxes, scores.double(), row_labels, threshold)
+        assert torch.equal(order[keep[row, : len(order)]], expected)
+    assert int(keep.sum()) < int(valid.sum()) * 0.95  # boxes were suppressed: the comparison decides something
+
+
+def test_fixed_point_nms_needs_a_step_per_link_of_a_suppression_chain():
+    """Boxes 1 px apart: each overlaps the next by 0.82 and the one after by 0.67, so greedy NMS keeps every other
+    box, and whether box k is kept depends on box k - 1, on k - 2 ...: the fixed point takes about as many steps as
+    the chain has boxes, and with fewer allowed it answers None (the caller then runs torchvision's kernel)."""
+    from detector.postprocess import fixed_point_nms
+
+    count = 40
+    x = torch.arange(count, dtype=torch.float64)
+    boxes = torch.stack((x, torch.zeros(count), x + 10, torch.full((count,), 10.0)), 1)[None]
+    labels, valid = torch.zeros(1, count, dtype=torch.int64), torch.ones(1, count, dtype=torch.bool)
+    keep = fixed_point_nms(boxes, labels, valid, 0.7, max_iterations=count + 1)
+    assert keep is not None and keep[0].tolist() == [i % 2 == 0 for i in range(count)]
+    assert fixed_point_nms(boxes, labels, valid, 0.7, max_iterations=count // 2) is None
