@@ -240,10 +240,7 @@ def _fixed_point(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor
     """:func:`_in_chunks`' answer from :func:`fixed_point_nms` over every image at once (each image's
     candidates padded to the most any has, best first), or None if it did not settle in ``FIXED_POINT_STEPS``."""
     batch, width, device = len(counts), max(counts), boxes.device
-    starts = torch.tensor([0, *itertools.accumulate(counts)][:-1], device=device)
-    # Image-major, best first within an image, equal scores in their own order: grouped_nms's order, image by image.
-    order = torch.sort(image.double() * 2 - scores.double(), stable=True).indices
-    slot = torch.arange(len(order), device=device) - starts[image[order]]
+    order, slot = best_first_by_image(image, scores, counts)  # grouped_nms's order, image by image
     where = (image[order], slot)
     padded = torch.full((batch, width), -1, dtype=torch.int64, device=device)  # candidate index, -1: padding
     padded[where] = order
@@ -327,6 +324,16 @@ def _settle(boxes: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, thre
     return None
 
 
+def best_first_by_image(image: torch.Tensor, scores: torch.Tensor,
+                        counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Candidates in runs of one image each (``image``, ``counts``) ordered image-major, best first within an image,
+    equal scores in their own order: ``(order, rank)``, each one's position within its image beside it. FP32 and FP16
+    scores are exact in FP64, and image x 2 - score keeps the images apart."""
+    starts = torch.tensor([0, *itertools.accumulate(counts)][:-1], device=scores.device)
+    order = torch.sort(image.double() * 2 - scores.double(), stable=True).indices
+    return order, torch.arange(len(order), device=scores.device) - starts[image[order]]
+
+
 def _first_pass_then_rest(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor,
                           counts: list[int], num_classes: int, config: NMSConfig) -> list[dict[str, torch.Tensor]]:
     """:func:`_in_chunks` over each image's best :func:`first_pass_size` candidates, then again over all of them
@@ -334,9 +341,7 @@ def _first_pass_then_rest(boxes: torch.Tensor, scores: torch.Tensor, labels: tor
     images settled), and a second pass's reads where one did not."""
     first, device = first_pass_size(config), scores.device
     starts = [0, *itertools.accumulate(counts)][:-1]
-    # Image-major, best first within an image: FP32 scores are exact in FP64, and image x 2 - score keeps images apart.
-    order = torch.argsort(image.double() * 2 - scores.double())
-    rank = torch.arange(len(order), device=device) - torch.tensor(starts, device=device)[image[order]]
+    order, rank = best_first_by_image(image, scores, counts)
     chosen = order[rank < first].sort().values  # in their own order, as in _kept
     results = _in_chunks(boxes[chosen], scores[chosen], labels[chosen], image[chosen],
                          [min(count, first) for count in counts], num_classes, config)
