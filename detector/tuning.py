@@ -25,7 +25,7 @@ import ctypes
 import os
 import platform
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
@@ -117,15 +117,23 @@ def autotune_convolutions(device: torch.device, *, input_shapes: int, steps: int
 
 
 @contextmanager
-def heuristics_over_many_shapes(device: torch.device, shapes: int, policy: str = "auto") -> Iterator[None]:
-    """cuDNN's heuristics, not its autotuning, for a block that runs more than ``MAX_AUTOTUNED_SHAPES`` input shapes
-    (rectangular validation batches of varied data: each new shape would be timed once, per dtype); elsewhere, when
-    the run does not autotune, and when ``--cudnn-benchmark on`` forces it, the setting is left as it is. Restored
-    on exit."""
+def cudnn_heuristics(device: torch.device, *, when: bool = True) -> Iterator[None]:
+    """cuDNN's heuristics, not its autotuning, inside the block on CUDA (when ``when``); restored on exit.
+
+    For work whose input shapes the run's steps never repeat: autotuning would time every convolution's
+    algorithms for each of them (forward and both backward passes when it trains) and never use the answer.
+    """
     before = torch.backends.cudnn.benchmark
-    if device.type == "cuda" and before and shapes > MAX_AUTOTUNED_SHAPES and policy == "auto":
+    if device.type == "cuda" and when:
         torch.backends.cudnn.benchmark = False
     try:
         yield
     finally:
         torch.backends.cudnn.benchmark = before
+
+
+def heuristics_over_many_shapes(device: torch.device, shapes: int, policy: str = "auto") -> AbstractContextManager:
+    """:func:`cudnn_heuristics` for a block that runs more than ``MAX_AUTOTUNED_SHAPES`` input shapes (rectangular
+    validation batches of varied data: each new shape would be timed once, per dtype); elsewhere, and when
+    ``--cudnn-benchmark on`` forces autotuning, the setting is left as it is."""
+    return cudnn_heuristics(device, when=shapes > MAX_AUTOTUNED_SHAPES and policy == "auto")

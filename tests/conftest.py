@@ -261,18 +261,19 @@ def write_records(folder: Path, count: int, seed: int) -> Records:
 
 def make_train_step(
     model: YOLO, *, precision: str = "fp32", optimizer: str = "AdamW", lr: float = 1e-3, ema: bool = True,
-    channels_last: bool = False, steps_per_epoch: int = 2,
+    channels_last: bool = False, steps_per_epoch: int = 2, device: str = "cpu",
 ) -> TrainStep:
-    """A :class:`TrainStep` on the CPU without warm-up or decay: the loop, the probe and the AMP check take one."""
+    """A :class:`TrainStep` (on the CPU unless ``device``; ``model`` already there) without warm-up or decay: the
+    loop, the probe and the AMP check take one."""
     choice = build_optimizer(model, name=optimizer, lr=lr, momentum=0.9, weight_decay=0.0,
                              num_classes=model.num_classes, total_steps=steps_per_epoch)
     schedule = StepSchedule(epochs=1, steps_per_epoch=steps_per_epoch, warmup_steps=0, base_lr=choice.lr,
                             final_lr_fraction=1.0, cosine=False, warmup_bias_lr=0.0, warmup_momentum=0.9,
                             momentum=0.9, batch_size=2, nominal_batch=2, clip_grad=10.0)
-    chosen = Precision(precision, "cpu", "test")
+    chosen = Precision(precision, torch.device(device).type, "test")
     criterion = DetectionLoss(num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max)
     return TrainStep(model, criterion, choice.optimizer, chosen.make_scaler(), ModelEMA(model) if ema else None,
-                     chosen, schedule, torch.device("cpu"), channels_last=channels_last)
+                     chosen, schedule, torch.device(device), channels_last=channels_last)
 
 
 # make test hands whole files to its two workers in collection order (pytest-xdist --dist loadfile

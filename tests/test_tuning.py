@@ -158,3 +158,17 @@ def test_validation_over_many_shapes_uses_heuristics_and_restores_the_setting(mo
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)  # a run that does not autotune: left off
     with heuristics_over_many_shapes(cuda, 1):
         assert torch.backends.cudnn.benchmark is False
+
+
+def test_cudnn_heuristics_turns_autotuning_off_on_cuda_only_and_restores_it_after_an_error(monkeypatch):
+    from detector.tuning import cudnn_heuristics
+
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    with pytest.raises(RuntimeError, match="inside"):
+        with cudnn_heuristics(torch.device("cuda")):  # a device object only: nothing runs on it
+            assert torch.backends.cudnn.benchmark is False
+            raise RuntimeError("inside")
+    assert torch.backends.cudnn.benchmark is True
+    for device, when in ((torch.device("cpu"), True), (torch.device("cuda"), False)):
+        with cudnn_heuristics(device, when=when):
+            assert torch.backends.cudnn.benchmark is True

@@ -21,6 +21,7 @@ from detector.files import write_text_atomically
 from detector.loss import DetectionLoss
 from detector.precision import Precision, fallback_chain
 from detector.training.engine import TrainStep
+from detector.tuning import cudnn_heuristics
 
 # BF16 keeps 8 mantissa bits, FP16 11. The assigner's top-k choices are discrete, so a rounding change
 # re-assigns a few anchors and swings the gradient (cosine to FP32 fell to 0.50 in BF16 when each
@@ -120,6 +121,16 @@ def amp_preflight(step: TrainStep, images: torch.Tensor, targets: torch.Tensor) 
     criterion, precision = step.criterion, step.precision
     if precision.name == "fp32":
         return precision, PreflightResult("fp32", "fp32", [])
+    # The check's shapes (CHECK_IMAGES images, FP32 and the candidates' dtypes) are never trained on: cuDNN
+    # autotuning, where the run has it on, would time each convolution's algorithms for them, forward and backward,
+    # for nothing (the issue measured ~10 s per new training shape on an H100). The algorithm changes rounding only.
+    with cudnn_heuristics(images.device):
+        return _check_chain(step, images, targets)
+
+
+def _check_chain(step: TrainStep, images: torch.Tensor, targets: torch.Tensor) -> tuple[Precision, PreflightResult]:
+    """The FP32 reference step, then each precision of the fallback chain until one passes."""
+    criterion, precision = step.criterion, step.precision
     model = without_sync_batchnorm(unwrap(step.model))  # one rank runs this: no layer may wait on the others
     reference = _step(model, criterion, images, targets, Precision("fp32", precision.device_type, "reference"))
     checks = []

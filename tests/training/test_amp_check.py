@@ -1,5 +1,6 @@
 import json
 
+import pytest
 import torch
 from torch import nn
 
@@ -59,3 +60,16 @@ def test_the_check_steps_on_the_first_images_of_the_batch_with_their_targets():
                             [CHECK_IMAGES, 0, 0.5, 0.5, 0.1, 0.1]])
     kept_images, kept_targets = first_images(images, targets)
     assert len(kept_images) == CHECK_IMAGES and kept_targets[:, 0].tolist() == [0, CHECK_IMAGES - 1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuDNN autotuning exists on CUDA only")
+def test_the_check_runs_under_cudnn_heuristics_and_restores_autotuning(monkeypatch):
+    # Its shapes are never trained on, so autotuning them would be paid for nothing (detector/training/amp_check.py).
+    model = build_model(num_classes=2).cuda()
+    seen: list[bool] = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(torch.backends.cudnn.benchmark))
+    images, targets = _batch()
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)  # a run that autotunes
+    amp_preflight(make_train_step(model, precision="fp16", device="cuda"), images.cuda(), targets.cuda())
+    assert seen and not any(seen)  # the FP32 reference and each candidate's step: the hook is deep-copied with them
+    assert torch.backends.cudnn.benchmark is True
