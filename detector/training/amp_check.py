@@ -118,7 +118,7 @@ def amp_preflight(step: TrainStep, images: torch.Tensor, targets: torch.Tensor) 
     ``images`` are float ``[B, 3, H, W]`` in [0, 1] on the model's device; ``targets`` ``[N, 6]``. The step itself
     is not changed: each check trains a private copy of its bare model (not the DDP wrapper).
     """
-    criterion, precision = step.criterion, step.precision
+    precision = step.precision
     if precision.name == "fp32":
         return precision, PreflightResult("fp32", "fp32", [])
     # The check's shapes (CHECK_IMAGES images, FP32 and the candidates' dtypes) are never trained on: cuDNN
