@@ -103,7 +103,7 @@ def step(index, record):
     size = ladder[(index * 7) % len(ladder)]  # every size in turn, not in order
     if graphs is not None:
         x = step_input(images, size, device, channels_last=args["channels_last"])
-        graphed_step(graphs, x, targets, with_optimizer=True, earlier_finite=finite)
+        graphed_step(graphs, x, targets, with_optimizer=True, earlier_finite=finite, largest_side=max(ladder))
         return
     tp = clock()
     x = step_input(images, size, device, channels_last=args["channels_last"])

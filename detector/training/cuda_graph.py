@@ -12,8 +12,8 @@ What the graph holds, and what makes it replayable (the engine's body is in dete
   draws from one memory pool (``graph_pool_handle``): only one runs at a time, and what each hands back
   stays referenced, so a later capture reuses only memory that no graph still reads.
 - **Static inputs.** A step copies its batch into its key's input buffers (:class:`StaticBatch`) and replays.
-  Keys of one input shape share its image buffer, and keys of one box count the targets' (:class:`StaticInputs`):
-  each is filled right before its own replay, on the same stream. Values that change every step live in device
+  Every input shape's image buffer is a view of one memory, sized for the run's largest input, and keys of one box
+  count share the targets' (:class:`StaticInputs`): each is filled right before its own replay, on the same stream. Values that change every step live in device
   tensors that the host fills before the replay (a fill is a kernel launch, not a wait): the learning rate of each
   parameter group (fused SGD and AdamW read a tensor ``lr``) and the EMA weight (:class:`DeviceEMA`).
 - **Baked values.** Momentum (AdamW's beta1) is recorded as a constant (fused kernels take it as a number), and
@@ -101,25 +101,29 @@ class StaticBatch:
 
 
 class StaticInputs:
-    """The graphs' input buffers, shared wherever keys allow: one image buffer per input shape (and layout, dtype),
-    one set of target buffers per padded shape, one ``earlier_finite``.
+    """The graphs' input buffers, shared wherever keys allow: one image memory for every input shape, one set of
+    target buffers per padded shape, one ``earlier_finite``.
 
-    Keys that differ only in box slots or in ending with the optimizer have the same images: at batch 64 and
-    704 px an FP32 image buffer is 380 MB, and a run meets a dozen such keys or more. Sharing is safe because
-    every step fills the buffers of its own key right before its replay (or eager run), on the same stream.
+    Every key's image buffer is a view of the front of one byte buffer (:attr:`images_memory`), sized for the
+    largest input the run will take (``largest_side``). A buffer per input shape cost their sum: at batch 64 in FP32,
+    the five sizes 576-704 px of the default multi-scale list held 1.6 GB of buffers beside one 704-px step's
+    0.38 GB. Sharing is safe because every step fills the buffers of its own key right before its replay (or eager
+    run), on the same stream, and nothing a step hands back reads its images.
     """
 
     def __init__(self) -> None:
         self.images: dict[tuple, torch.Tensor] = {}
         self.targets: dict[tuple, PaddedTargets] = {}
         self.earlier_finite: torch.Tensor | None = None
+        self.images_memory: torch.Tensor | None = None  # uint8, flat
 
-    def for_batch(self, images: torch.Tensor, targets: PaddedTargets) -> StaticBatch:
-        """Buffers shaped like ``images`` and ``targets`` (empty_like keeps the memory format: channels-last stays)."""
+    def for_batch(self, images: torch.Tensor, targets: PaddedTargets, *, largest_side: int = 0) -> StaticBatch:
+        """Buffers shaped like ``images`` (the same strides: channels-last stays) and ``targets``. ``largest_side``:
+        the largest square input the run's steps take, so the image memory is made once, at that size."""
         image_key = (tuple(images.shape), images.stride(), images.dtype, images.device)
         static_images = self.images.get(image_key)
         if static_images is None:
-            static_images = self.images[image_key] = torch.empty_like(images)
+            static_images = self.images[image_key] = self._image_buffer(images, largest_side)
         target_key = tuple((tuple(t.shape), t.dtype) for t in targets)
         static_targets = self.targets.get(target_key)
         if static_targets is None:
@@ -129,10 +133,25 @@ class StaticInputs:
             self.earlier_finite = torch.ones((), dtype=torch.bool, device=images.device)
         return StaticBatch(static_images, static_targets, self.earlier_finite)
 
+    def _image_buffer(self, images: torch.Tensor, largest_side: int) -> torch.Tensor:
+        """A view of :attr:`images_memory` with the strides of ``images`` (dense in its layout), or a buffer of its
+        own for a batch that is not dense. Memory too small for ``images`` is replaced by a larger one; the views
+        made before keep the old memory alive for their keys."""
+        dense = images.is_contiguous() or images.is_contiguous(memory_format=torch.channels_last)
+        if not dense:
+            return torch.empty_like(images)
+        size = images.numel() * images.element_size()
+        wanted = max(size, size // (images.shape[-2] * images.shape[-1]) * largest_side**2)
+        memory = self.images_memory
+        if memory is None or memory.numel() < size or memory.device != images.device:
+            memory = self.images_memory = torch.empty(wanted, dtype=torch.uint8, device=images.device)
+        return memory[:size].view(images.dtype).as_strided(images.shape, images.stride())
+
     def clear(self) -> None:
         self.images.clear()
         self.targets.clear()
         self.earlier_finite = None
+        self.images_memory = None
 
 
 class DeviceEMA:
@@ -201,13 +220,14 @@ class StepGraphs:
         self.shape_runs: Counter[tuple[int, ...]] = Counter()  # eager runs per input shape, over all its keys
         self.failed: str | None = None
 
-    def run(self, key: GraphKey, images: torch.Tensor, targets: PaddedTargets,
-            earlier_finite: torch.Tensor) -> dict[str, torch.Tensor] | None:
-        """One step; its outputs (valid until the next call). None after a failed capture: step eagerly."""
+    def run(self, key: GraphKey, images: torch.Tensor, targets: PaddedTargets, earlier_finite: torch.Tensor, *,
+            largest_side: int = 0) -> dict[str, torch.Tensor] | None:
+        """One step; its outputs (valid until the next call). None after a failed capture: step eagerly.
+        ``largest_side``: the largest square input of the run (:meth:`StaticInputs.for_batch`)."""
         if self.failed is not None:
             return None
         if key not in self.batches:
-            self.batches[key] = self.inputs.for_batch(images, targets)
+            self.batches[key] = self.inputs.for_batch(images, targets, largest_side=largest_side)
         batch = self.batches[key]
         batch.fill(images, targets, earlier_finite)
         for learning_rate, group in zip(self.learning_rates, self.optimizer.param_groups):

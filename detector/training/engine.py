@@ -271,9 +271,10 @@ def graphed_body(step: TrainStep, parameters: list[torch.Tensor], ema: DeviceEMA
 
 def graphed_step(
     graphs: StepGraphs, images: torch.Tensor, targets: torch.Tensor, *, with_optimizer: bool,
-    earlier_finite: torch.Tensor,
+    earlier_finite: torch.Tensor, largest_side: int = 0,
 ) -> dict[str, torch.Tensor] | None:
     """One step through ``graphs``: targets padded on the host to a fixed box count, the EMA weight filled.
+    ``largest_side``: the run's largest input size, for the graphs' one image memory.
 
     None when the graphs gave up (a failed capture): the caller steps eagerly, as it would have.
     """
@@ -283,7 +284,7 @@ def graphed_step(
     if with_optimizer and ema is not None:
         ema.advance()
     key = (tuple(images.shape), padded.mask.shape[1], with_optimizer)
-    outputs = graphs.run(key, images, padded, earlier_finite)
+    outputs = graphs.run(key, images, padded, earlier_finite, largest_side=largest_side)
     if outputs is None and with_optimizer and ema is not None:
         ema.retreat()
     return outputs
@@ -377,7 +378,8 @@ def train_one_epoch(
         captured = None
         if graphs is not None and graphs.failed is None:
             captured = graphed_step(graphs, images, targets, with_optimizer=graphed_optimizer,
-                                    earlier_finite=nonfinite_losses == losses_before_step)
+                                    earlier_finite=nonfinite_losses == losses_before_step,
+                                    largest_side=multi_scale.largest())
         if captured is None:
             with precision.autocast():
                 outputs = model(images)

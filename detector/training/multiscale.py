@@ -57,6 +57,10 @@ class MultiScale:
         largest = max(smallest, math.floor(self.image_size * self.high / 32) * 32)
         return list(range(smallest, largest + 1, 32))
 
+    def largest(self) -> int:
+        """The largest size any step takes: the ladder's top, or ``image_size`` (the close-mosaic epochs') if larger."""
+        return max(self.ladder()[-1], self.image_size)
+
     def varies_in(self, epoch: int) -> bool:
         """Whether ``epoch`` (0-based) draws sizes; False during the final fixed-size epochs."""
         return self.enabled and epoch < self.epochs - self.fixed_last_epochs

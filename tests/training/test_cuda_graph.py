@@ -236,6 +236,31 @@ def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_ste
         assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
 
 
+@cuda_only
+def test_graphs_of_several_input_sizes_share_one_image_memory_and_train_as_the_eager_steps():
+    """Multi-scale: every size's graph reads its images from the front of one memory made for the largest size, and
+    each fill before a replay is what that replay reads (SGD, whose weights follow the gradients' size: see
+    same_kernels)."""
+    multi_scale = MultiScale(64, low=0.5, high=1.5, hold=2)  # 32-96 px, a new draw every two steps
+    assert len(set(multi_scale.sizes(12, seed=0, epoch=0))) >= 3
+    results = []
+    for choice in ("on", "off"):
+        step = _train_step("cuda", precision="fp16", cuda_graphs=choice, steps_per_epoch=12)
+        with same_kernels():
+            stats = train_one_epoch(step, _batches(12), multi_scale=multi_scale, epoch=0, seed=0, progress=False)
+        results.append((stats, step))
+    (graphed_stats, graphed), (eager_stats, eager) = results
+    graphs = graphed.graphs
+    assert graphs is not None and graphs.failed is None and len({key[0] for key in graphs.graphs}) >= 2
+    memory = graphs.inputs.images_memory
+    assert memory is not None and memory.numel() == 2 * 3 * multi_scale.largest() ** 2 * 4  # FP32 input, made once
+    assert {batch.images.data_ptr() for batch in graphs.batches.values()} == {memory.data_ptr()}
+    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)  # as in test_captured_steps_train_as_the_eager_ones
+    for key in ("train/box", "train/cls", "train/dfl"):
+        assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
+
+
 @contextlib.contextmanager
 def same_kernels() -> Iterator[None]:
     """cuDNN's deterministic algorithms (no autotuning) in true FP32, flags restored on exit.
@@ -370,19 +395,45 @@ def test_a_failed_capture_names_the_first_error_and_its_line():
     assert capture_failure(ValueError("plain\nsecond line")) == "plain"  # no context, no frame of ours
 
 
-def test_keys_of_one_input_shape_share_its_image_buffer_and_keys_of_one_box_count_the_targets() -> None:
-    """A graph key is (input shape, box slots, with the optimizer): at batch 64 and 704 px each image buffer is
-    380 MB of FP32, so keys that differ only in their slots or their optimizer step share it."""
+def test_every_input_shape_views_one_image_memory_and_keys_of_one_box_count_share_the_targets() -> None:
+    """A graph key is (input shape, box slots, with the optimizer): at batch 64 in FP32 an image buffer per input
+    shape held 1.6 GB over the five default sizes, so every shape's buffer views one memory sized for the largest."""
     targets = torch.tensor([[0, 1, 0.5, 0.5, 0.2, 0.2], [1, 2, 0.3, 0.3, 0.1, 0.1]])
     inputs = StaticInputs()
     images = torch.zeros(2, 3, 64, 64).contiguous(memory_format=torch.channels_last)
-    sixteen = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=16))
-    again = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=16))
-    more_slots = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=32))
-    larger = inputs.for_batch(torch.zeros(2, 3, 96, 96), targets_to_padded(targets, 2, (96, 96), slots=16))
-    assert sixteen.images.data_ptr() == more_slots.images.data_ptr() != larger.images.data_ptr()
+    sixteen = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=16), largest_side=96)
+    again = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=16), largest_side=96)
+    more_slots = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=32), largest_side=96)
+    larger = inputs.for_batch(torch.zeros(2, 3, 96, 96), targets_to_padded(targets, 2, (96, 96), slots=16),
+                              largest_side=96)
+    memory = inputs.images_memory
+    assert memory is not None and memory.numel() == 2 * 3 * 96 * 96 * 4  # made once, for the largest input
+    assert sixteen.images.data_ptr() == more_slots.images.data_ptr() == larger.images.data_ptr() == memory.data_ptr()
     assert sixteen.images.is_contiguous(memory_format=torch.channels_last)  # the layout of the batch it is for
+    assert larger.images.is_contiguous() and larger.images.shape == (2, 3, 96, 96)
+    assert sixteen.images.stride() == images.stride() and sixteen.images.dtype == images.dtype
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(sixteen.targets, again.targets))
     assert sixteen.targets.mask.shape[1] == 16 and more_slots.targets.mask.shape[1] == 32
     assert sixteen.earlier_finite is larger.earlier_finite
     assert len(inputs.images) == 2 and len(inputs.targets) == 2
+
+
+def test_a_fill_reaches_only_its_own_views_bytes_and_memory_grows_when_the_largest_side_was_not_given() -> None:
+    """Without ``largest_side`` the memory is made for the first input; a larger input gets a larger memory, and the
+    first key's view keeps the old one (its graph recorded that address)."""
+    targets = targets_to_padded(torch.zeros(0, 6), 2, (32, 32), slots=16)
+    inputs = StaticInputs()
+    small = inputs.for_batch(torch.zeros(2, 3, 32, 32), targets)
+    first_memory = inputs.images_memory
+    pixels = torch.rand(2, 3, 32, 32)
+    small.fill(pixels, targets, torch.ones((), dtype=torch.bool))
+    assert torch.equal(small.images, pixels)
+    large = inputs.for_batch(torch.zeros(2, 3, 64, 64, dtype=torch.float16), targets)  # another dtype too
+    assert inputs.images_memory is not first_memory and inputs.images_memory.numel() == 2 * 3 * 64 * 64 * 2
+    assert small.images.data_ptr() == first_memory.data_ptr() != large.images.data_ptr()
+    assert torch.equal(small.images, pixels)  # the old memory lives on under the first key's view
+    again = inputs.for_batch(torch.zeros(2, 3, 32, 32), targets)  # the same key: its buffer as before
+    assert again.images.data_ptr() == small.images.data_ptr()
+    strided = torch.zeros(2, 3, 64, 128)[..., ::2]  # not dense in any layout: a buffer of its own
+    own = inputs.for_batch(strided, targets)
+    assert own.images.shape == strided.shape and own.images.data_ptr() != inputs.images_memory.data_ptr()

@@ -103,3 +103,9 @@ def test_the_header_says_when_a_run_is_all_close_mosaic_epochs():
     assert long == ("multi-scale 576-704 px (5 sizes, each held 10 steps; no mosaic and 640 px for the last 10 "
                     "epochs): 5 input shapes")
     assert MultiScale(640, epochs=3, fixed_last_epochs=0).describe(5).endswith("each held 10 steps): 5 input shapes")
+
+
+def test_largest_is_the_top_of_the_ladder_or_the_close_mosaic_size():
+    assert MultiScale(640).largest() == 704
+    assert MultiScale(640, enabled=False).largest() == 640
+    assert MultiScale(640, low=0.5, high=0.75).largest() == 640  # the close-mosaic epochs train at imgsz
