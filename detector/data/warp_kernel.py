@@ -64,9 +64,11 @@ def interpreting() -> bool:
 
 def render_fused(
     batch: WarpBatch, device: torch.device, *, size: int, channels_last: bool, pixel_ops: Sequence[PixelOps] | None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Every image of ``batch`` warped to ``size``, its pixel operations applied: float ``[B, 3, size, size]`` RGB
-    in [0, 1] on ``device``, as ``apply_pixel_ops(render(batch, ...), pixel_ops)`` would give.
+    in [0, 1] on ``device``, as ``apply_pixel_ops(render(batch, ...), pixel_ops)`` would give. ``out``: written
+    there (any strides) instead of a new tensor, and returned.
 
     None when the kernel cannot run here (:func:`fused_unavailable`) or failed just now (said in one line): the
     caller renders with PyTorch.
@@ -79,8 +81,11 @@ def render_fused(
     ops = [op or PixelOps() for op in pixel_ops] if pixel_ops is not None else [PixelOps()] * count
     table = pixel_ops_table(ops, device)
     atlas, theta, bounds = (tensor.contiguous() for tensor in batch.to(device, non_blocking=True).tensors())
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    out = torch.empty((count, 3, size, size), dtype=torch.float32, device=device, memory_format=layout)
+    if out is None:
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        out = torch.empty((count, 3, size, size), dtype=torch.float32, device=device, memory_format=layout)
+    elif out.shape != (count, 3, size, size) or out.dtype != torch.float32:
+        raise ValueError(f"out is {out.dtype} {list(out.shape)}; this batch renders float32 {[count, 3, size, size]}")
     height, width = atlas.shape[:2]
     pixels = count * size * size
     # Triton launches on the current CUDA device: make it the batch's (a run on cuda:1 need not have made it so).

@@ -39,10 +39,11 @@ Never reached on the CPU: :func:`graphs_unavailable` answers first, and only a C
 from __future__ import annotations
 
 import contextlib
+import math
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,7 +95,8 @@ class StaticBatch:
     earlier_finite: torch.Tensor
 
     def fill(self, images: torch.Tensor, targets: PaddedTargets, earlier_finite: torch.Tensor) -> None:
-        self.images.copy_(images)
+        if images is not self.images:  # else made in place (StaticInputs.image_buffer)
+            self.images.copy_(images)
         for static, given in zip(self.targets, targets):
             static.copy_(given, non_blocking=True)
         self.earlier_finite.copy_(earlier_finite)
@@ -120,10 +122,13 @@ class StaticInputs:
     def for_batch(self, images: torch.Tensor, targets: PaddedTargets, *, largest_side: int = 0) -> StaticBatch:
         """Buffers shaped like ``images`` (the same strides: channels-last stays) and ``targets``. ``largest_side``:
         the largest square input the run's steps take, so the image memory is made once, at that size."""
-        image_key = (tuple(images.shape), images.stride(), images.dtype, images.device)
+        image_key = (tuple(images.shape), images.stride(), images.dtype)
         static_images = self.images.get(image_key)
         if static_images is None:
-            static_images = self.images[image_key] = self._image_buffer(images, largest_side)
+            dense = images.is_contiguous() or images.is_contiguous(memory_format=torch.channels_last)
+            static_images = self.images[image_key] = (
+                self._view(images.shape, images.stride(), images.dtype, images.device, largest_side) if dense
+                else torch.empty_like(images))
         target_key = tuple((tuple(t.shape), t.dtype) for t in targets)
         static_targets = self.targets.get(target_key)
         if static_targets is None:
@@ -133,19 +138,29 @@ class StaticInputs:
             self.earlier_finite = torch.ones((), dtype=torch.bool, device=images.device)
         return StaticBatch(static_images, static_targets, self.earlier_finite)
 
-    def _image_buffer(self, images: torch.Tensor, largest_side: int) -> torch.Tensor:
-        """A view of :attr:`images_memory` with the strides of ``images`` (dense in its layout), or a buffer of its
-        own for a batch that is not dense. Memory too small for ``images`` is replaced by a larger one; the views
-        made before keep the old memory alive for their keys."""
-        dense = images.is_contiguous() or images.is_contiguous(memory_format=torch.channels_last)
-        if not dense:
-            return torch.empty_like(images)
-        size = images.numel() * images.element_size()
-        wanted = max(size, size // (images.shape[-2] * images.shape[-1]) * largest_side**2)
+    def image_buffer(self, shape: tuple[int, int, int, int], device: torch.device, *, channels_last: bool,
+                     largest_side: int = 0) -> torch.Tensor:
+        """The float32 image buffer that :meth:`for_batch` gives a batch of ``shape`` in that layout, made now if new:
+        a step input made in it (:func:`detector.training.engine.step_input`'s ``out``) needs no copy."""
+        layout = torch.channels_last if channels_last else torch.contiguous_format
+        stride = torch.empty(shape, device="meta", memory_format=layout).stride()
+        key = (tuple(shape), stride, torch.float32)
+        buffer = self.images.get(key)
+        if buffer is None:
+            buffer = self.images[key] = self._view(shape, stride, torch.float32, device, largest_side)
+        return buffer
+
+    def _view(self, shape: Sequence[int], stride: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+              largest_side: int) -> torch.Tensor:
+        """A view of :attr:`images_memory` (dense in its layout). Memory too small for it is replaced by a larger
+        one, made for ``largest_side`` where given; the views made before keep the old memory alive for their keys."""
+        pixels = shape[-2] * shape[-1]
+        size = math.prod(shape) * dtype.itemsize
         memory = self.images_memory
-        if memory is None or memory.numel() < size or memory.device != images.device:
-            memory = self.images_memory = torch.empty(wanted, dtype=torch.uint8, device=images.device)
-        return memory[:size].view(images.dtype).as_strided(images.shape, images.stride())
+        if memory is None or memory.numel() < size:
+            wanted = max(size, size // pixels * largest_side**2)
+            memory = self.images_memory = torch.empty(wanted, dtype=torch.uint8, device=device)
+        return memory[:size].view(dtype).as_strided(tuple(shape), stride)
 
     def clear(self) -> None:
         self.images.clear()

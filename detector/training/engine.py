@@ -42,19 +42,28 @@ def step_input(
     channels_last: bool,
     pixel_ops: Sequence[PixelOps] | None = None,
     fused: bool = True,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A training step's input: the loader's uint8 ``[B, 3, S, S]`` batch as float model input ``[B, 3, size, size]``.
 
     ``pixel_ops`` (the device path, one per image) are applied on ``device`` in float, before the resize.
     A :class:`WarpBatch` (mosaic and affine left to the device) is warped there straight to ``size``; on CUDA
     warp and pixel operations run as one kernel (detector/data/warp_kernel.py; ``fused=False``: the PyTorch ops,
-    for comparison).
+    for comparison). ``out`` (a captured step's input buffer): the input is written there and ``out`` returned; the
+    kernel writes it directly, the other paths copy their result in.
     """
+    if isinstance(images, WarpBatch) and fused:
+        rendered = render_fused(images, device, size=size, channels_last=channels_last, pixel_ops=pixel_ops, out=out)
+        if rendered is not None:
+            return rendered
+    made = _unfused_input(images, size, device, channels_last=channels_last, pixel_ops=pixel_ops)
+    return made if out is None else out.copy_(made)
+
+
+def _unfused_input(images: torch.Tensor | WarpBatch, size: int, device: torch.device, *, channels_last: bool,
+                   pixel_ops: Sequence[PixelOps] | None) -> torch.Tensor:
+    """:func:`step_input` with PyTorch operations."""
     if isinstance(images, WarpBatch):
-        if fused:
-            rendered = render_fused(images, device, size=size, channels_last=channels_last, pixel_ops=pixel_ops)
-            if rendered is not None:
-                return rendered
         rendered = render(images, device, size=size, channels_last=channels_last)
         return rendered if pixel_ops is None else apply_pixel_ops(rendered, pixel_ops)
     if pixel_ops is not None:
@@ -367,7 +376,11 @@ def train_one_epoch(
         accumulate = set_learning_rates(optimizer, step, schedule).accumulate
         pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
         unreadable_images += sum(1 for meta in metas if meta.unreadable)  # replaced by the dataset (it warned)
-        images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops)
+        # A captured step reads its input from a fixed buffer: the input is made there, not made and then copied in.
+        out = None if graphs is None or graphs.failed is not None else graphs.inputs.image_buffer(
+            (len(images), 3, sizes[index], sizes[index]), device, channels_last=channels_last,
+            largest_side=multi_scale.largest())
+        images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops, out=out)
         stepping = step - last_step >= accumulate or index == steps - 1
         # A graph bakes in momentum (AdamW's beta1), which warm-up ramps each step: until it ends, graphs run the
         # forward and backward passes only and the optimizer steps eagerly after them (accumulation needs nothing

@@ -55,7 +55,7 @@ def test_the_kernel_checks_pass_under_the_interpreter():
     )
     summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr[-2000:]
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    assert summary.startswith("6 passed"), summary  # 3 sizes and layouts, the hue gain, two failures
+    assert summary.startswith("7 passed"), summary  # 3 sizes and layouts, the hue gain, a given buffer, two failures
 
 
 def hsv_lipschitz(ops: list[PixelOps]) -> float:
@@ -90,6 +90,22 @@ def test_fused_kernel_matches_render_then_pixel_ops(device, size, channels_last)
     plain = render_fused(batch, device, size=size, channels_last=channels_last,
                          pixel_ops=[PixelOps(*OPS[0].gains)] + OPS[1:])
     assert (plain[0] - fused[0].flip(2)).abs().max() <= tolerance < (plain[0] - fused[0]).abs().max()
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_the_kernel_writes_into_a_given_buffer_through_its_strides(device):
+    """A captured training step's input buffer is a view of a larger memory (detector/training/cuda_graph.py): the
+    kernel fills exactly the view, through its strides, with what it renders into a new tensor."""
+    batch = pack_warp_batch([source for _, _, source in _fixed_sources(64)])
+    fresh = render_fused(batch, device, size=56, channels_last=True, pixel_ops=OPS)
+    used = fresh.numel()
+    memory = torch.full((used + 1000,), -1.0, device=device)
+    out = memory[:used].as_strided(fresh.shape, fresh.stride())
+    written = render_fused(batch, device, size=56, channels_last=True, pixel_ops=OPS, out=out)
+    assert written is out and torch.equal(out, fresh)
+    assert bool((memory[used:] == -1).all())
+    with pytest.raises(ValueError, match="renders float32"):
+        render_fused(batch, device, size=56, channels_last=True, pixel_ops=OPS, out=fresh.half())
 
 
 @pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="the CUDA cases compile and run it")

@@ -1,7 +1,9 @@
 import pytest
 import torch
 
+from detector.data.device_augment import pack_warp_batch
 from detector.data.letterbox import ImageMeta
+from detector.loss import targets_to_padded
 from detector.model import build_model
 from detector.precision import Precision, cpu_has_native_bf16, resolve_precision
 from detector.training import engine
@@ -61,6 +63,25 @@ def test_step_input_resizes_in_uint8_on_cpu_close_to_the_float_path():
     # rounding of the interpolated value, one grey level at most (plus float error).
     reference = resize_batch(images.float() / 255, 96)
     assert (out - reference).abs().max() <= 1.01 / 255
+
+
+def test_step_input_into_a_captured_steps_buffer_is_that_buffer_with_what_it_would_have_made():
+    """``out`` (a CUDA graph's image buffer, detector/training/cuda_graph.py): filled and returned, for a uint8 batch
+    and a device-path WarpBatch (PyTorch's ops here, where the fused kernel does not run)."""
+    from detector.training.cuda_graph import StaticInputs
+    from tests.data.test_device_augment import _fixed_sources
+
+    generator = torch.Generator().manual_seed(0)
+    uint8 = (torch.rand(4, 3, 64, 64, generator=generator) * 255).to(torch.uint8)
+    warp = pack_warp_batch([source for _, _, source in _fixed_sources(64)])
+    inputs = StaticInputs()
+    for batch in (uint8, warp):
+        out = inputs.image_buffer((4, 3, 96, 96), torch.device("cpu"), channels_last=True, largest_side=128)
+        made = step_input(batch, 96, torch.device("cpu"), channels_last=True, out=out)
+        assert made is out and torch.equal(out, step_input(batch, 96, torch.device("cpu"), channels_last=True))
+        assert out.data_ptr() == inputs.images_memory.data_ptr() and inputs.images_memory.numel() == 4 * 3 * 128**2 * 4
+    targets = targets_to_padded(torch.zeros(0, 6), 4, (96, 96), slots=16)
+    assert inputs.for_batch(out, targets).images is out  # the key's buffer: its fill copies nothing
 
 
 def _step_with_gradient(value: float, precision: Precision, scale: float):
