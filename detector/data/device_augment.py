@@ -156,6 +156,7 @@ class WarpBatch:
         one to use after this."""
         pinned = WarpBatch(*(tensor.pin_memory() for tensor in self.tensors()), self.out_size)
         release(self.ticket, self.atlas)
+        object.__setattr__(self, "ticket", None)  # freed once: a second call must not free the slot's next batch
         return pinned
 
     def to(self, device: torch.device, *, non_blocking: bool = False) -> "WarpBatch":

@@ -20,6 +20,7 @@ import math
 import os
 import signal
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch.utils.data import DataLoader, get_worker_info
@@ -44,7 +45,13 @@ def batch_tensor(shape: Sequence[int], dtype: torch.dtype = torch.uint8) -> torc
     return shared_tensor(shape, dtype)
 
 
-Release = tuple[torch.Tensor, int]  # a pool's shared flags and the slot to free: what the consumer calls done with
+class Release(NamedTuple):
+    """What frees a :class:`BatchPool` batch (:func:`release`): its pool's shared flags, the worker and the slot."""
+
+    flags: torch.Tensor
+    worker: int
+    slot: int
+
 
 
 class BatchPool:
@@ -69,7 +76,8 @@ class BatchPool:
 
     GROWTH = 1.25  # a slot grows to this much more than asked, so that the next, slightly larger batch fits
 
-    def __init__(self, slots: int) -> None:
+    def __init__(self, slots: int, worker: int = 0) -> None:
+        self.worker = worker  # the loader's worker id: its successor (a new epoch without persistent workers) reuses it
         self.flags = shared_tensor((slots,), torch.uint8)
         self.flags.zero_()
         self._storages: list[torch.UntypedStorage | None] = [None] * slots
@@ -89,25 +97,26 @@ class BatchPool:
             self._storages[slot] = torch.UntypedStorage._new_shared(int(size * self.GROWTH))
         self.flags[slot] = 1
         tensor = torch.empty(0, dtype=dtype).set_(self._storages[slot], 0, tuple(shape))  # type: ignore[arg-type]
-        return tensor, (self.flags, slot)
+        return tensor, Release(self.flags, self.worker, slot)
 
 
 # In the process that consumes pooled batches: each worker slot's buffer, kept mapped (with its worker's flags). A
 # worker sends a buffer as a file descriptor, and torch maps it afresh unless it still holds a mapping of that file
 # (torch.multiprocessing's shared_cache): every page of a new mapping faults again on the consumer's first read. Kept,
-# a batch copies out in 0.16 instead of 0.27 ms a MB (2-core EPYC, 640-px mosaic batches of 64). Bounded by workers x
-# slots (a grown buffer replaces its slot's), and dropped when the workers stop (forget_mapped).
+# a batch copies out in 0.16 instead of 0.27 ms a MB (2-core EPYC, 640-px mosaic batches of 64). Keyed by worker id
+# and slot, so bounded by workers x slots: a grown buffer, or a new worker of the same id (a loader without persistent
+# workers starts new ones every epoch), replaces its slot's. Dropped when the workers stop (stop_workers).
 _MAPPED: dict[tuple[int, int], tuple[torch.Tensor, torch.UntypedStorage]] = {}
 
 
 def release(ticket: Release | None, pixels: torch.Tensor | None = None) -> None:
     """The consumer is done with a :class:`BatchPool` batch: its worker may write the buffer again. ``pixels``, the
-    batch's tensor in that buffer: its mapping is kept for the slot's next batch."""
+    batch's tensor in that buffer: its mapping is kept for the slot's next batch. Call it once per ticket: the
+    slot's next batch has the same ticket."""
     if ticket is not None:
-        flags, slot = ticket
         if pixels is not None:
-            _MAPPED[(flags.untyped_storage().data_ptr(), slot)] = (flags, pixels.untyped_storage())
-        flags[slot] = 0
+            _MAPPED[(ticket.worker, ticket.slot)] = (ticket.flags, pixels.untyped_storage())
+        ticket.flags[ticket.slot] = 0
 
 
 def forget_mapped() -> None:
@@ -151,7 +160,7 @@ def default_workers(device_type: str, *, processes_per_node: int = 1, cores: int
     return max(1, min(MAX_GPU_WORKERS, cores // max(processes_per_node, 1) - 1))
 
 
-def _init_worker(_worker_id: int, *, lower_priority: bool, pool_slots: int) -> None:
+def _init_worker(worker_id: int, *, lower_priority: bool, pool_slots: int) -> None:
     global _POOL
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what a Ctrl-C means (module docstring)
     if lower_priority:
@@ -161,7 +170,7 @@ def _init_worker(_worker_id: int, *, lower_priority: bool, pool_slots: int) -> N
     # in again (1.6 MB blocks: 384 faults per 50 allocations by default, 5 held). Held in the heap, they are
     # reused (a CPU run's workers inherit this from their parent; a GPU run's parent does not hold its own memory).
     hold_freed_memory()
-    _POOL = BatchPool(pool_slots) if pool_slots else None
+    _POOL = BatchPool(pool_slots, worker=worker_id) if pool_slots else None
 
 
 def worker_init(*, shares_cores_with_compute: bool, pool_slots: int = 0) -> Callable[[int], None]:
@@ -187,11 +196,18 @@ def stop_workers(loader: DataLoader | None) -> None:
     the last line of a run with 8 workers, 76 s with 15. Stopped here, the workers are told to end and joined at
     once, and those exit hooks find them gone.
     """
-    forget_mapped()  # only a pinned training loader's workers pool their buffers, and a run has one
     iterator = getattr(loader, "_iterator", None)  # torch's own attribute for the persistent iterator
     if loader is None or iterator is None:
         return
     loader._iterator = None  # type: ignore[attr-defined]
     shutdown = getattr(iterator, "_shutdown_workers", None)  # what the iterator's __del__ calls
     if shutdown is not None:
-        shutdown()
+        shutdown()  # joins the pin thread too: until then it may release, and so map, a batch
+    if pools_batches(loader):  # a run has one such loader (the training loader on CUDA)
+        forget_mapped()
+
+
+def pools_batches(loader: DataLoader) -> bool:
+    """Whether ``loader``'s workers keep a :class:`BatchPool` (``worker_init``'s ``pool_slots``)."""
+    keywords = getattr(loader.worker_init_fn, "keywords", None) or {}
+    return keywords.get("pool_slots", 0) > 0

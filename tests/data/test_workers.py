@@ -120,13 +120,23 @@ def test_stop_workers_ends_a_persistent_loaders_processes_while_the_loader_lives
     stop_workers(None)
 
 
+@pytest.fixture(autouse=True)
+def no_mappings_kept():
+    """Each test starts and ends without the mappings release keeps (a module-level dict of this process)."""
+    from detector.data import workers
+
+    workers.forget_mapped()
+    yield
+    workers.forget_mapped()
+
+
 def test_batch_pool_reuses_only_released_buffers_and_grows_them():
     from detector.data.workers import BatchPool, release
 
     pool = BatchPool(2)
     first, first_ticket = pool.tensor((10, 10, 3))
     second, second_ticket = pool.tensor((10, 10, 3))
-    assert first_ticket is not None and second_ticket is not None and first_ticket[1] != second_ticket[1]
+    assert first_ticket is not None and second_ticket is not None and first_ticket.slot != second_ticket.slot
     third, third_ticket = pool.tensor((10, 10, 3))  # both slots held: a buffer of its own, nothing to free
     assert third_ticket is None
     assert len({t.untyped_storage().data_ptr() for t in (first, second, third)}) == 3
@@ -135,7 +145,7 @@ def test_batch_pool_reuses_only_released_buffers_and_grows_them():
     assert again_ticket == first_ticket and again.untyped_storage().data_ptr() == first.untyped_storage().data_ptr()
     release(again_ticket)
     grown, grown_ticket = pool.tensor((40, 10, 3))  # larger than any buffer: the free slot's buffer grows
-    assert grown_ticket is not None and grown_ticket[1] == first_ticket[1]
+    assert grown_ticket is not None and grown_ticket.slot == first_ticket.slot
     assert grown.untyped_storage().nbytes() >= 40 * 10 * 3 * BatchPool.GROWTH - 1
     release(None)  # a batch of its own: nothing to free
 
@@ -205,9 +215,13 @@ def test_pinning_a_warp_batch_frees_its_pooled_buffer():
     pool = BatchPool(1)
     atlas, ticket = pool.tensor((4, 4, 3))
     atlas.fill_(7)
-    pinned = WarpBatch(atlas, torch.zeros(1, 2, 3), torch.zeros(1, 4), 4, ticket).pin_memory()
+    batch = WarpBatch(atlas, torch.zeros(1, 2, 3), torch.zeros(1, 4), 4, ticket)
+    pinned = batch.pin_memory()
     assert pinned.atlas.is_pinned() and bool((pinned.atlas == 7).all()) and pinned.ticket is None
-    assert pool.flags.tolist() == [0]
+    assert pool.flags.tolist() == [0] and batch.ticket is None  # freed once
+    _, again = pool.tensor((4, 4, 3))  # the slot's next batch ...
+    batch.pin_memory()
+    assert again is not None and pool.flags.tolist() == [1]  # ... is not freed by pinning the old one again
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="the pin thread needs CUDA")
@@ -227,3 +241,32 @@ def test_pooled_batches_through_the_pin_thread_arrive_intact():
         got = [render_uint8(images) for images, _, _ in loader]
         assert all(a.equal(b) for a, b in zip(got, expected, strict=True))
     stop_workers(loader)
+
+
+def test_mappings_stay_one_per_worker_slot_across_new_workers_and_go_when_a_pooling_loader_stops():
+    """release keeps each slot's mapping keyed by worker id and slot: a loader without persistent workers starts
+    new workers (new buffers) every pass, whose mappings replace their predecessors'. Stopping a loader that pools
+    drops them; stopping one that does not (the validator's) leaves them."""
+    from detector.data import workers
+    from detector.data.dataset import collate
+    from detector.data.workers import PREFETCH_FACTOR, release, stop_workers
+
+    def loader(pool_slots: int, persistent: bool) -> DataLoader:
+        return DataLoader(_Regions(), batch_size=3, num_workers=2, collate_fn=collate, timeout=60,
+                          persistent_workers=persistent, prefetch_factor=PREFETCH_FACTOR,
+                          worker_init_fn=worker_init(shares_cores_with_compute=False, pool_slots=pool_slots))
+
+    pooled = loader(PREFETCH_FACTOR + 1, persistent=False)
+    for _ in range(3):
+        for images, _, _ in pooled:
+            release(images.ticket, images.atlas)
+        assert 0 < len(workers._MAPPED) <= 2 * (PREFETCH_FACTOR + 1)  # workers x slots, not that per pass
+    other = loader(0, persistent=True)
+    next(iter(other))
+    stop_workers(other)
+    assert workers._MAPPED  # not this loader's
+    persistent = loader(PREFETCH_FACTOR + 1, persistent=True)
+    for images, _, _ in persistent:
+        release(images.ticket, images.atlas)
+    stop_workers(persistent)
+    assert not workers._MAPPED
