@@ -42,14 +42,17 @@ def above_conf(
 ) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor, torch.Tensor]:
     """``[..., A, 4 + C]`` decoded predictions (one image, or a batch) -> the (box, class) pairs above the confidence
     threshold, in order: (their indices over the leading dims, boxes ``[N, 4]``, scores ``[N]``, labels ``[N]``).
-    ``multi_label``: every class above it; else each box's best class, where that is above it."""
+    ``multi_label``: every class above it; else each box's best class, where that is above it. A box with a NaN or
+    infinite coordinate (a diverging model's) is never a candidate: in torchvision's batched NMS one such box turns
+    every box of its call into NaN (its class offsets scale with the largest coordinate) and suppresses nothing."""
     class_scores = decoded[..., 4:]
+    finite = decoded[..., :4].isfinite().all(-1)
     if config.multi_label:
-        *rows, labels = (class_scores > config.conf_threshold).nonzero(as_tuple=True)
+        *rows, labels = ((class_scores > config.conf_threshold) & finite.unsqueeze(-1)).nonzero(as_tuple=True)
         scores = class_scores[(*rows, labels)]
     else:
         best, best_label = class_scores.max(-1)
-        rows = (best > config.conf_threshold).nonzero(as_tuple=True)
+        rows = ((best > config.conf_threshold) & finite).nonzero(as_tuple=True)
         scores, labels = best[rows], best_label[rows]
     return tuple(rows), decoded[..., :4][tuple(rows)], scores, labels
 
@@ -283,7 +286,9 @@ def fixed_point_nms(
     each suppressing the next (18 on a trained BCCD model's candidates, 4-7 on random ones) plus one that sees
     nothing change (Cluster-NMS, Zheng et al. 2020). The overlap is torchvision's (:func:`detector.boxes.box_iou`) in
     FP64, compared as its kernel on that device does (its CUDA kernel with the threshold rounded to FP32): the same
-    boxes kept.
+    boxes kept, except where an overlap lies within a rounding of the threshold (~1e-16): torchvision's compiled CUDA
+    kernel fuses the union's multiply and add into one rounding (found in its sm_90 machine code), which no
+    unfused formula reproduces for every box.
     """
     rows, count = valid.shape
     keep = torch.zeros_like(valid)
@@ -327,10 +332,11 @@ def _settle(boxes: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, thre
 def best_first_by_image(image: torch.Tensor, scores: torch.Tensor,
                         counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """Candidates in runs of one image each (``image``, ``counts``) ordered image-major, best first within an image,
-    equal scores in their own order: ``(order, rank)``, each one's position within its image beside it. FP32 and FP16
-    scores are exact in FP64, and image x 2 - score keeps the images apart."""
+    equal scores in their own order: ``(order, rank)``, each one's position within its image beside it. Two stable
+    sorts, by score and then by image (one by a key such as image x 2 - score lost scores under ~1e-15 to rounding)."""
     starts = torch.tensor([0, *itertools.accumulate(counts)][:-1], device=scores.device)
-    order = torch.sort(image.double() * 2 - scores.double(), stable=True).indices
+    order = torch.sort(scores, descending=True, stable=True).indices
+    order = order[torch.sort(image[order], stable=True).indices]
     return order, torch.arange(len(order), device=scores.device) - starts[image[order]]
 
 

@@ -409,3 +409,31 @@ def test_fixed_point_nms_needs_a_step_per_link_of_a_suppression_chain():
     keep = fixed_point_nms(boxes, labels, valid, 0.7, max_iterations=count + 1)
     assert keep is not None and keep[0].tolist() == [i % 2 == 0 for i in range(count)]
     assert fixed_point_nms(boxes, labels, valid, 0.7, max_iterations=count // 2) is None
+
+
+def test_best_first_by_image_orders_tiny_scores_and_ties_as_a_sort_by_score_within_each_image():
+    """Image-major, best first, equal scores in their own order, for scores of any size: a composite key such as
+    image x 2 - score rounded scores under ~1e-15 away in every image after the first (conf 0 lets them in)."""
+    from detector.postprocess import best_first_by_image
+
+    image = torch.tensor([0, 0, 1, 1, 1, 1, 2])
+    scores = torch.tensor([0.5, 0.9, 1e-17, 3e-17, 3e-17, 0.25, 0.1], dtype=torch.float32)
+    order, rank = best_first_by_image(image, scores, [2, 4, 1])
+    assert order.tolist() == [1, 0, 5, 3, 4, 2, 6]
+    assert rank.tolist() == [0, 1, 0, 1, 2, 3, 0]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_a_box_with_a_non_finite_coordinate_is_no_candidate_and_the_others_are_suppressed_as_without_it(bad):
+    """A diverging model's NaN or infinite box: in torchvision's batched NMS it made every box of its call NaN (the
+    class offsets scale with the largest coordinate), so nothing was suppressed. It never enters NMS now."""
+    decoded = random_decoded(2, 200, 3, seed=5)
+    config = NMSConfig(conf_threshold=0.05, iou_threshold=0.5, max_detections=300, multi_label=True)
+    spoiled = decoded.clone()
+    spoiled[0, 7, 2] = bad
+    spoiled[0, 7, 4:] = 0.9  # scored high: it would be a candidate of every class
+    without = decoded.clone()
+    without[0, 7, 4:] = 0  # the same image without that box
+    for got, expected in zip(non_max_suppression(spoiled, config), non_max_suppression(without, config), strict=True):
+        assert torch.isfinite(got["boxes"]).all()
+        assert all(torch.equal(got[key], expected[key]) for key in ("boxes", "scores", "labels"))
