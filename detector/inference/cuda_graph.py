@@ -6,6 +6,7 @@ slower than FP32). A graph launches the whole forward as one unit. GPU-only: not
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -42,14 +43,18 @@ class CudaGraphRunner:
     """``runner(x) -> function(x)``, for a ``function`` of one CUDA tensor returning one tensor.
 
     The output is a fresh tensor (a clone of the graph's static output), so results of earlier calls stay
-    valid. Each distinct ``(shape, dtype, strides)`` is captured once and kept, in one memory pool per device.
-    If a capture fails, the runner says so in one warning and runs ``function`` eagerly from then on
-    (:attr:`failed` holds the error).
+    valid. Each distinct ``(shape, dtype, strides)`` is captured once and kept, in one memory pool per device, up to
+    ``max_graphs`` graphs and ``max_output_bytes`` of their static outputs (which stay allocated while the runner
+    lives); inputs of other shapes run ``function`` eagerly. If a capture fails, the runner says so in one warning
+    and runs ``function`` eagerly from then on (:attr:`failed` holds the error).
     """
 
-    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor], *, max_graphs: float = math.inf,
+                 max_output_bytes: float = math.inf) -> None:
         self.function = function
+        self.max_graphs, self.max_output_bytes = max_graphs, max_output_bytes
         self.graphs: dict[tuple, CapturedGraph] = {}
+        self.uncaptured: set[tuple] = set()  # shapes over the limits: always eager
         # One memory pool per device for all of its graphs: they never run at once, and every replay's output is
         # cloned before the next, so a new shape costs its own activations only once, not a pool of its own.
         self.pools: dict[torch.device, tuple[int, int]] = {}
@@ -64,8 +69,10 @@ class CudaGraphRunner:
         # record nothing of this input's work, and every replay would return the first call's output.
         with torch.cuda.device(inputs.device):
             if captured is None:
-                captured = self.capture(inputs) if self.failed is None else None
-                if captured is None:  # this capture failed, or an earlier one did: eagerly from now on
+                room = self.failed is None and key not in self.uncaptured and len(self.graphs) < self.max_graphs
+                captured = self.capture(inputs) if room else None
+                if captured is None:  # a capture failed, or this shape is over the limits: eagerly
+                    self.uncaptured.add(key)
                     return self.function(inputs)
                 self.graphs[key] = captured
             captured.static_input.copy_(inputs)
@@ -73,14 +80,19 @@ class CudaGraphRunner:
             return captured.static_output.clone()
 
     def capture(self, inputs: torch.Tensor) -> CapturedGraph | None:
-        """The graph of ``function`` for inputs like ``inputs``, or None when capturing fails (:attr:`failed`)."""
+        """The graph of ``function`` for inputs like ``inputs``; None when its output would take the graphs' outputs
+        past ``max_output_bytes``, or when capturing fails (:attr:`failed`)."""
         static_input = inputs.clone()
         side = torch.cuda.Stream(inputs.device)  # warm-up on a side stream, as torch.cuda.graphs asks
         side.wait_stream(torch.cuda.current_stream(inputs.device))
         with torch.cuda.stream(side):
-            for _ in range(WARMUP_CALLS):
+            output_bytes = self.function(static_input).nbytes
+            for _ in range(WARMUP_CALLS - 1):
                 self.function(static_input)
         torch.cuda.current_stream(inputs.device).wait_stream(side)
+        kept = sum(graph.static_output.nbytes for graph in self.graphs.values())
+        if kept + output_bytes > self.max_output_bytes:
+            return None
         graph, main = torch.cuda.CUDAGraph(), torch.cuda.current_stream(inputs.device)
         if inputs.device not in self.pools:
             self.pools[inputs.device] = torch.cuda.graph_pool_handle()

@@ -4,6 +4,7 @@ COCO evaluator it scores with."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
@@ -15,10 +16,11 @@ from detector.data.build import SplitData
 from detector.data.workers import stop_workers
 from detector.distributed import unwrap
 from detector.inference.fusion import FusedCopy
-from detector.inference.torch_backend import make_torch_infer
+from detector.inference.cuda_graph import CudaGraphRunner
+from detector.inference.torch_backend import decode_images, make_torch_infer
 from detector.metrics.coco import resolve_backend
 from detector.metrics.loop import Validation, make_val_loader, run_validation
-from detector.postprocess import NMSConfig
+from detector.postprocess import NMSConfig, non_max_suppression
 from detector.precision import Precision
 from detector.training.config import TrainConfig
 from detector.training.probe import time_validation_images
@@ -30,6 +32,14 @@ from detector.tuning import heuristics_over_many_shapes
 # loader's first batch cost ~1.7 s of every per-epoch validation of 16 images at 160 px with persistent workers
 # (benchmarks/val_speed.py, "loader first batch", warm), more than the rest of a GPU's validation.
 KEEP_BATCHES_BYTES = 512 * 2**20
+# On CUDA a pass's forward and box decode replay CUDA graphs, one per batch shape, captured in the first pass and
+# kept (the folded copy is refreshed in place, so they read each pass's weights): a nano forward launches ~250
+# kernels a batch, each paid on the host, and a BCCD pass (87 images, batches of 16: two shapes) is six forwards
+# every epoch. At most GRAPHED_SHAPES graphs, whose outputs stay allocated for the run (decoded [B, A, 4 + C] FP32
+# a shape: 2.8 MB for BCCD's batch of 16, 45 MB with 80 classes), at most GRAPHED_OUTPUT_BYTES of them; a split
+# whose rectangular batches take more shapes (COCO val's) runs the others eagerly.
+GRAPHED_SHAPES = 8
+GRAPHED_OUTPUT_BYTES = 128 * 2**20
 
 
 def validation_batch(config: TrainConfig, device: torch.device) -> int:
@@ -57,6 +67,7 @@ class Validator:
         self._loader: DataLoader | None = None
         self._kept: list[tuple] | None = None
         self._copy: FusedCopy | None = None
+        self._graphs: tuple[nn.Module, str, CudaGraphRunner] | None = None  # the copy and precision they replay
         self.canvases: np.ndarray | None = None  # each image's (height, width) in rectangular batches, once known
         self.keep = len(split.records) * 3 * split.dataset.image_size**2 <= KEEP_BATCHES_BYTES  # uint8 pixels
 
@@ -98,12 +109,36 @@ class Validator:
             self._copy = FusedCopy(source, dtype=dtype, channels_last=self.config.channels_last)
         return self._copy.refresh()
 
-    def infer(self, model: nn.Module, precision: Precision) -> Callable[[torch.Tensor], list[dict[str, torch.Tensor]]]:
+    def infer(self, model: nn.Module, precision: Precision, *,
+              graphed: bool = True) -> Callable[[torch.Tensor], list[dict[str, torch.Tensor]]]:
+        """Inference and NMS on a validation batch; the forward and decode from CUDA graphs where they fit
+        (:data:`GRAPHED_SHAPES`; ``graphed=False``: eager)."""
         config = self.config
         nms = NMSConfig(conf_threshold=config.val_conf, iou_threshold=config.val_iou, max_detections=config.max_det,
                         multi_label=True)
-        return make_torch_infer(self.model_for(model, precision), precision=precision, nms=nms, device=self.device,
-                                channels_last=config.channels_last)
+        copy = self.model_for(model, precision)
+        runner = self._graph_runner(copy, precision) if graphed else None
+        if runner is None:
+            return make_torch_infer(copy, precision=precision, nms=nms, device=self.device,
+                                    channels_last=config.channels_last)
+
+        @torch.no_grad()
+        def infer(images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+            return non_max_suppression(runner(images.to(self.device, non_blocking=True)), nms)
+
+        return infer
+
+    def _graph_runner(self, copy: nn.Module, precision: Precision) -> CudaGraphRunner | None:
+        """The graphs of ``copy``'s forward and decode under ``precision`` (made on first use, up to
+        :data:`GRAPHED_SHAPES` shapes and :data:`GRAPHED_OUTPUT_BYTES`: other shapes run eagerly); None off CUDA."""
+        if self.device.type != "cuda":
+            return None
+        if self._graphs is None or self._graphs[0] is not copy or self._graphs[1] != precision.name:
+            forward = functools.partial(decode_images, copy, precision=precision, device=self.device,
+                                        channels_last=self.config.channels_last)
+            self._graphs = copy, precision.name, CudaGraphRunner(forward, max_graphs=GRAPHED_SHAPES,
+                                                                 max_output_bytes=GRAPHED_OUTPUT_BYTES)
+        return self._graphs[2]
 
     def run(self, model: nn.Module, precision: Precision, *, keep_predictions: bool = False) -> Validation:
         # predictions.json is written by the final evaluations only (the trainer's after_epoch and after_train): at
@@ -119,7 +154,8 @@ class Validator:
         if not len(self.split.records):
             return None
         images = self._kept[0][0] if self._kept else next(iter(self.loader()))[0]
-        seconds = time_validation_images(self.infer(model, precision), images)
+        # Eager: its few images are a batch shape no pass has, which would get a graph of its own for the run.
+        seconds = time_validation_images(self.infer(model, precision, graphed=False), images)
         if self.canvases is not None:  # rectangular batches come in aspect order: scale to the mean canvas's pixels
             seconds *= float((self.canvases[:, 0] * self.canvases[:, 1]).mean()) / (images.shape[-2] * images.shape[-1])
         return seconds

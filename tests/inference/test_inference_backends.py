@@ -156,6 +156,24 @@ def test_a_failed_capture_says_so_once_and_runs_eagerly() -> None:
         assert torch.equal(runner(inputs[:1]), inputs[:1] * 2)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")
+def test_shapes_past_the_runners_limits_run_eagerly_and_quietly() -> None:
+    """max_graphs and max_output_bytes bound what a runner keeps allocated: other shapes run the function eagerly,
+    with the same result, no warning, and no capture tried again."""
+    from detector.inference.cuda_graph import CudaGraphRunner
+
+    runner = CudaGraphRunner(lambda x: x * 2 + 1, max_graphs=1)
+    small, large = torch.ones(2, 3, device="cuda"), torch.ones(4, 3, device="cuda")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(runner(small), small * 2 + 1) and torch.equal(runner(large), large * 2 + 1)
+        assert len(runner.graphs) == 1 and len(runner.uncaptured) == 1 and runner.failed is None
+        assert torch.equal(runner(large * 3), large * 7)  # eager again: no second capture
+    capped = CudaGraphRunner(lambda x: x * 2, max_output_bytes=small.nbytes)  # room for the small output only
+    assert torch.equal(capped(small), small * 2) and torch.equal(capped(large), large * 2)
+    assert list(capped.graphs) == [(tuple(small.shape), small.dtype, small.stride(), small.device)]
+
+
 def test_letterbox_is_undone() -> None:
     image = np.zeros((50, 100, 3), np.uint8)  # wide: padded top and bottom
     batch, (transform,) = prepare_batch([image], 64)

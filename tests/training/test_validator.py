@@ -76,3 +76,27 @@ def test_the_time_probe_scales_the_first_rectangular_batch_to_the_mean_canvas(tm
     assert seconds == pytest.approx(mean_pixels / (128 * 160))  # the first batch is the widest landscape
     square = Validator(split, _config(imgsz=160, batch=1, val_rect=False), torch.device("cpu"), progress=False)
     assert square.seconds_per_image(_model(), Precision("fp32", "cpu", "test")) == 1.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")
+def test_cuda_validation_replays_graphs_that_follow_the_refreshed_weights(tiny_split: SplitData):
+    """On CUDA a pass's forward and decode replay graphs captured in the first pass; the folded copy is refreshed
+    in place, so a later pass of changed weights scores what an eager pass of them scores."""
+    validator = Validator(tiny_split, _config(device="cuda"), torch.device("cuda"), progress=False)
+    model, precision = _model().cuda(), Precision("fp16", "cuda", "test")
+    first = validator.run(model, precision)
+    runner = validator._graphs[2]
+    assert runner.graphs and runner.failed is None
+    with torch.no_grad():  # the EMA moves between epochs: scale every BatchNorm, which folds into the weights
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.weight.mul_(1.5)
+    graphed = validator.run(model, precision)
+    assert validator._graphs[2] is runner and not runner.uncaptured  # replayed, nothing captured again
+    eager = Validator(tiny_split, _config(device="cuda"), torch.device("cuda"), progress=False)
+    eager._graph_runner = lambda copy, precision: None  # the eager path for the same weights
+    expected = eager.run(model, precision)
+    assert not (graphed.detections.shape == first.detections.shape and (graphed.detections == first.detections).all())
+    # Replay runs the kernels the eager forward launched on the same inputs and weights: equal results.
+    assert graphed.detections.shape == expected.detections.shape
+    assert (abs(graphed.detections - expected.detections) <= 1e-3).all()
