@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -33,8 +34,10 @@ import torch
 from detector.checkpoint import model_from_checkpoint
 from detector.data.build import build_split
 from detector.data.spec import load_dataset_spec
+from detector.inference.cuda_graph import CudaGraphRunner
 from detector.inference.fusion import FusedCopy
-from detector.training.validator import validation_dtype
+from detector.inference.torch_backend import decode_images
+from detector.training.validator import GRAPHED_OUTPUT_BYTES, GRAPHED_SHAPES, validation_dtype
 from detector.inference.preprocess import model_input
 from detector.metrics.coco import evaluate_coco, scored_detections, to_coco_detections
 from detector.metrics.loop import make_val_loader
@@ -55,8 +58,10 @@ def lap(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, channels_last: bool) -> dict[str, float]:
-    """One validation pass; seconds per stage, candidate and detection counts."""
+def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, channels_last: bool,
+             graphs: CudaGraphRunner | None = None) -> dict[str, float]:
+    """One validation pass; seconds per stage, candidate and detection counts. ``graphs``: the forward and decode
+    replayed from them, as training's validator does on CUDA (timed as "forward"; "decode" is then 0)."""
     seconds: dict[str, float] = defaultdict(float)
     detections_all = []
     start = lap(device)
@@ -65,11 +70,15 @@ def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, channel
         now = lap(device)
         seconds["loader first batch" if index == 0 else "loader other batches"] += now - start
         with torch.no_grad():
-            with precision.autocast():
-                maps = model(model_input(images, device, channels_last=channels_last))
-            t_forward = lap(device)
-            decoded = decode_outputs(maps, model.strides, model.reg_max)
-            t_decode = lap(device)
+            if graphs is not None:
+                decoded = graphs(images.to(device, non_blocking=True))
+                t_forward = t_decode = lap(device)
+            else:
+                with precision.autocast():
+                    maps = model(model_input(images, device, channels_last=channels_last))
+                t_forward = lap(device)
+                decoded = decode_outputs(maps, model.strides, model.reg_max)
+                t_decode = lap(device)
             detections = non_max_suppression(decoded, nms)
             t_nms = lap(device)
         detections_all.append(to_coco_detections(detections, metas, split.category_ids))
@@ -122,6 +131,9 @@ def main() -> int:
     parser.add_argument("--fp32", action="store_true", help="no autocast")
     parser.add_argument("--conf", type=float, default=0.001)
     parser.add_argument("--max-det", type=int, default=300)
+    parser.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                        help="on CUDA, the forward and decode replayed from CUDA graphs, as training's validator "
+                             "does (timed together as 'forward'; default: on)")
     parser.add_argument("--fold", action=argparse.BooleanOptionalAction, default=True,
                         help="BatchNorm folded into the convolutions, as training's validation runs (default: on)")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
@@ -174,14 +186,20 @@ def main() -> int:
     loader = make_val_loader(split, batch_size=args.batch, workers=args.workers, cpu_compute=device.type == "cpu",
                              pin_memory=device.type == "cuda", rect=args.rect)
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=0.7, max_detections=args.max_det, multi_label=True)
+    graphs = None
+    if args.cuda_graphs and device.type == "cuda":  # as training's validator (detector/training/validator.py)
+        graphs = CudaGraphRunner(functools.partial(decode_images, model, precision=precision, device=device,
+                                                   channels_last=args.channels_last),
+                                 max_graphs=GRAPHED_SHAPES, max_output_bytes=GRAPHED_OUTPUT_BYTES)
     passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms,
-                       channels_last=args.channels_last)
+                       channels_last=args.channels_last, graphs=graphs)
               for _ in range(args.repeats)]
     images = len(split.records)
     print(f"\n{images} val images of {args.data}, imgsz {size}, batch {args.batch}, workers {args.workers}, "
           f"{device} {precision.name}, {'folded' if args.fold else 'BatchNorm kept'}, "
           f"{'channels-last' if args.channels_last else 'contiguous'}, {'rectangular' if args.rect else 'square'} "
-          f"batches{', pinned' if device.type == 'cuda' else ''}, "
+          f"batches{', pinned' if device.type == 'cuda' else ''}"
+          f"{f', forward and decode from {len(graphs.graphs)} CUDA graphs' if graphs is not None else ''}, "
           f"weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
           f"conf {args.conf}, max_det {args.max_det}, NMS first over {postprocess.FIRST_PASS_CANDIDATES} candidates"
           f"{f', at most {postprocess.ONE_CALL_BOXES} a call' if device.type == 'cuda' else ''}"
