@@ -28,7 +28,8 @@ from detector.data.build import build_split
 from detector.data.dataset import collate
 from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import generate_shapes
-from detector.training.engine import carried_pixel_ops, step_input
+from detector.data.batch_augment import carried_pixel_ops
+from detector.training.step_input import step_input
 
 # pixel ops on the device, geometry on the device, the fused kernel
 PATHS = {"workers": (False, False, True), "pixels": (True, False, True), "device": (True, True, True),

@@ -48,7 +48,8 @@ from detector.data.spec import load_dataset_spec
 from detector.data.synthetic import generate_shapes
 from benchmarks.gpu_busy import sampler_for
 from detector.training.ema import ModelEMA
-from detector.training.engine import TrainStep, graphed_step, optimizer_step, step_input
+from detector.training.engine import TrainStep, graphed_step, optimizer_step
+from detector.training.step_input import step_input
 from detector.training.schedule import StepSchedule
 from detector.training.multiscale import MultiScale
 from detector.loss import DetectionLoss

@@ -141,7 +141,7 @@ class StaticInputs:
     def image_buffer(self, shape: tuple[int, int, int, int], device: torch.device, *, channels_last: bool,
                      largest_side: int = 0) -> torch.Tensor:
         """The float32 image buffer that :meth:`for_batch` gives a batch of ``shape`` in that layout, made now if new:
-        a step input made in it (:func:`detector.training.engine.step_input`'s ``out``) needs no copy."""
+        a step input made in it (:func:`detector.training.step_input.step_input`'s ``out``) needs no copy."""
         layout = torch.channels_last if channels_last else torch.contiguous_format
         stride = torch.empty(shape, device="meta", memory_format=layout).stride()
         key = (tuple(shape), stride, torch.float32)

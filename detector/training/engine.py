@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import resource
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
 
-from detector.data.batch_augment import PixelOps, apply_pixel_ops, carried_pixel_ops
-from detector.data.device_augment import WarpBatch, render, render_uint8
-from detector.data.letterbox import ImageMeta
-from detector.data.warp_kernel import render_fused
-from detector.inference.preprocess import model_input
+from detector.data.batch_augment import carried_pixel_ops
 from detector.distributed import unwrap
 from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
 from detector.precision import Precision
@@ -30,74 +24,9 @@ from detector.training.ema import ModelEMA
 from detector.training.feed import EpochBatches, uploaded_ahead
 from detector.training.multiscale import MultiScale
 from detector.training.schedule import StepSchedule, StepValues
+from detector.training.step_input import step_input
 
 T = TypeVar("T")
-
-
-def step_input(
-    images: torch.Tensor | WarpBatch,
-    size: int,
-    device: torch.device,
-    *,
-    channels_last: bool,
-    pixel_ops: Sequence[PixelOps] | None = None,
-    fused: bool = True,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """A training step's input: the loader's uint8 ``[B, 3, S, S]`` batch as float model input ``[B, 3, size, size]``.
-
-    ``pixel_ops`` (the device path, one per image) are applied on ``device`` in float, before the resize.
-    A :class:`WarpBatch` (mosaic and affine left to the device) is warped there straight to ``size``; on CUDA
-    warp and pixel operations run as one kernel (detector/data/warp_kernel.py; ``fused=False``: the PyTorch ops,
-    for comparison). ``out`` (a captured step's input buffer): the input is written there and ``out`` returned; the
-    kernel writes it directly, the other paths copy their result in.
-    """
-    if isinstance(images, WarpBatch) and fused:
-        rendered = render_fused(images, device, size=size, channels_last=channels_last, pixel_ops=pixel_ops, out=out)
-        if rendered is not None:
-            return rendered
-    made = _unfused_input(images, size, device, channels_last=channels_last, pixel_ops=pixel_ops)
-    return made if out is None else out.copy_(made)
-
-
-def _unfused_input(images: torch.Tensor | WarpBatch, size: int, device: torch.device, *, channels_last: bool,
-                   pixel_ops: Sequence[PixelOps] | None) -> torch.Tensor:
-    """:func:`step_input` with PyTorch operations."""
-    if isinstance(images, WarpBatch):
-        rendered = render(images, device, size=size, channels_last=channels_last)
-        return rendered if pixel_ops is None else apply_pixel_ops(rendered, pixel_ops)
-    if pixel_ops is not None:
-        return resize_batch(apply_pixel_ops(model_input(images, device, channels_last=channels_last), pixel_ops), size)
-    if device.type == "cpu":  # resize while still uint8: PyTorch's channels-last uint8 path is 2-4x faster
-        return model_input(resize_batch(images, size), device, channels_last=channels_last)
-    return resize_batch(model_input(images, device, channels_last=channels_last), size)  # on the GPU
-
-
-def as_trained(batch: tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]) -> tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]:
-    """A loader batch (uint8 ``[B, 3, S, S]``) with the pixel operations it carries applied here, on the CPU.
-
-    For the AMP check and the batch plot on the device path: their pixels then match the labels, which the
-    workers flipped already. A batch without operations comes back as it is.
-    """
-    images, targets, metas = batch
-    if isinstance(images, WarpBatch):  # mosaic and affine left to the device: warped here, on the CPU
-        images = render_uint8(images)
-        batch = images, targets, metas
-    pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
-    if pixel_ops is None:
-        return batch
-    pixels = apply_pixel_ops(images.float() / 255, pixel_ops).mul_(255).round_().to(torch.uint8)
-    return pixels, targets, [dataclasses.replace(meta, pixel_ops=None) for meta in metas]
-
-
-def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
-    """Bilinear resize of a ``[B, 3, H, W]`` batch to ``size x size`` (the input when already that size).
-
-    Keeps dtype and memory layout; labels are normalised, so they need no change.
-    """
-    if images.shape[-2:] == (size, size):
-        return images
-    return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
 
 
 def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, schedule: StepSchedule) -> StepValues:

@@ -42,7 +42,8 @@ from detector.training.config import TrainConfig
 from detector.training.decision import EpochDecision, fallback_after_epoch, fitness
 from detector.training.feed import EpochFeed
 from detector.training.ema import ModelEMA
-from detector.training.engine import TrainStep, as_trained, train_one_epoch
+from detector.training.engine import TrainStep, train_one_epoch
+from detector.training.step_input import as_trained
 from detector.training.header import run_header
 from detector.training.interrupt import CtrlC
 from detector.training.multiscale import MultiScale, images_per_step

@@ -19,7 +19,8 @@ from detector.data.synthetic import make_image
 from detector.model import build_model
 from detector.training.builders import build_data
 from detector.training.config import TrainConfig
-from detector.training.engine import as_trained, resize_batch, step_input, train_one_epoch
+from detector.training.engine import train_one_epoch
+from detector.training.step_input import as_trained, resize_batch, step_input
 from detector.training.multiscale import MultiScale
 from tests.conftest import make_train_step, write_records
 

@@ -13,7 +13,8 @@ from detector.data.dataset import DetectionDataset, collate
 from detector.data.device_augment import WarpBatch, WarpSource, canvas_region, pack_warp_batch, render, render_uint8, shelf_pack
 from detector.data.synthetic import make_image
 from detector.model import build_model
-from detector.training.engine import as_trained, step_input, train_one_epoch
+from detector.training.engine import train_one_epoch
+from detector.training.step_input import as_trained, step_input
 from detector.training.multiscale import MultiScale
 from tests.conftest import make_train_step, write_records
 

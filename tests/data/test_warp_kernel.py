@@ -21,7 +21,7 @@ from detector.data.augment import PAD_VALUE
 from detector.data.batch_augment import PixelOps, apply_pixel_ops
 from detector.data.device_augment import WarpBatch, pack_warp_batch, render
 from detector.data.warp_kernel import fused_unavailable, render_fused
-from detector.training.engine import step_input
+from detector.training.step_input import step_input
 from tests.data.test_device_augment import DEVICE_WEIGHTS_LEVELS, EPS, _fixed_sources, device_position_px
 
 pytest.importorskip("triton")

@@ -7,7 +7,8 @@ from detector.loss import targets_to_padded
 from detector.model import build_model
 from detector.precision import Precision, cpu_has_native_bf16, resolve_precision
 from detector.training import engine
-from detector.training.engine import resize_batch, step_input, timed, train_one_epoch
+from detector.training.engine import timed, train_one_epoch
+from detector.training.step_input import resize_batch, step_input
 from detector.training.multiscale import MultiScale
 from tests.conftest import make_train_step
 

@@ -7,7 +7,7 @@ from detector.data.build import build_split
 from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler, samples_per_rank
 from detector.data.spec import load_dataset_spec
-from detector.training.engine import step_input
+from detector.training.step_input import step_input
 from detector.training.multiscale import MultiScale, images_per_step
 from tests.conftest import write_yolo_dataset
 

@@ -64,7 +64,7 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
 
 def test_pixel_augment_on_the_device_trains_and_says_so(yolo_yaml: Path, tmp_path: Path, capsys):
     """Mosaic, affine, HSV and flips in the training step (what CUDA gets by default), here on the CPU; the plot and the
-    AMP check see the batch with them applied (detector/training/engine.py as_trained)."""
+    AMP check see the batch with them applied (detector/training/step_input.py as_trained)."""
     summary = train(_config(yolo_yaml, tmp_path, epochs=1, close_mosaic=0, plots=True, amp_check=True,
                             pixel_augment="device"), progress=False)
     rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
