@@ -35,8 +35,12 @@ def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:
     index = device.index if device.index is not None else torch.cuda.current_device()
     try:
         torch._C._cuda_endAllocateToPool(index, pool)
-    except RuntimeError:  # "not currently recording to mempool_id": torch ended it itself
-        pass
+    except RuntimeError:  # "not currently recording to mempool_id": torch ended it itself, and releases the pool
+        return
+    # The capture's start took a use of the pool that only an ended capture gives back (CUDAGraph::reset); without
+    # this the pool, and every block the runner's earlier graphs held, stayed reserved for the process. As torch's
+    # own use_mem_pool pairs the two calls.
+    torch._C._cuda_releasePool(index, pool)
 
 
 class CudaGraphRunner:
@@ -56,8 +60,11 @@ class CudaGraphRunner:
         self.graphs: dict[tuple, CapturedGraph] = {}
         self.uncaptured: set[tuple] = set()  # shapes over the limits: always eager
         # One memory pool per device for all of its graphs: they never run at once, and every replay's output is
-        # cloned before the next, so a new shape costs its own activations only once, not a pool of its own.
+        # cloned before the next, so a new shape costs its own activations only once, not a pool of its own. One
+        # capture stream per device too: the allocator reuses a freed block only for the stream it was freed on, so
+        # captures on streams of their own would each have kept their own activations in the "shared" pool.
         self.pools: dict[torch.device, tuple[int, int]] = {}
+        self.streams: dict[torch.device, torch.cuda.Stream] = {}
         self.failed: str | None = None  # the capture's error, once one failed: every call runs eagerly
 
     def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -83,7 +90,9 @@ class CudaGraphRunner:
         """The graph of ``function`` for inputs like ``inputs``; None when its output would take the graphs' outputs
         past ``max_output_bytes``, or when capturing fails (:attr:`failed`)."""
         static_input = inputs.clone()
-        side = torch.cuda.Stream(inputs.device)  # warm-up on a side stream, as torch.cuda.graphs asks
+        if inputs.device not in self.streams:
+            self.streams[inputs.device] = torch.cuda.Stream(inputs.device)
+        side = self.streams[inputs.device]  # warm-up on a side stream, as torch.cuda.graphs asks
         side.wait_stream(torch.cuda.current_stream(inputs.device))
         with torch.cuda.stream(side):
             output_bytes = self.function(static_input).nbytes

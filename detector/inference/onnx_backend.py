@@ -97,7 +97,8 @@ class OnnxBackend(Backend):
             raise ValueError(f"{path}: not a loadable ONNX model ({_reason(error)})") from None
         info = decode_metadata(self.session.get_modelmeta().custom_metadata_map, source=str(path))
         super().__init__(info, nms)
-        self.provider = self.session.get_providers()[0]
+        self.provider = self.session.get_providers()[0]  # the first in priority: with TensorRT, what it cannot
+        # build runs on the next provider (CUDA), so the name says which one leads, not that it ran every node
         self.gpu = session_gpu(self.session, self.provider, gpu)
         self.device = torch.device("cuda", self.gpu) if self.provider != CPU_PROVIDER else torch.device("cpu")
         where = f" (GPU {self.gpu})" if self.provider != CPU_PROVIDER else ""
@@ -120,7 +121,10 @@ class OnnxBackend(Backend):
             numpy_dtype = np.float32 if outputs[-1].dtype == torch.float32 else np.int64
             binding.bind_output(name, "cuda", self.gpu, numpy_dtype, list(shape), outputs[-1].data_ptr())
         torch.cuda.current_stream(self.device).synchronize()  # the input is ready before ORT's stream reads it
-        self.session.run_with_iobinding(binding)
+        # ORT's CUDA provider makes its GPU this thread's current device (cudaSetDevice) and leaves it so: after a
+        # run on cuda:1 torch's plain "cuda" would mean GPU 1 for the rest of the process.
+        with torch.cuda.device(self.device):
+            self.session.run_with_iobinding(binding)
         return outputs
 
     def infer(self, images: torch.Tensor) -> RawOutputs:

@@ -104,7 +104,11 @@ class TensorRTBackend(Backend):
         outputs = []
         for name in self.info.outputs:
             dtype = self.dtypes[self.engine.get_tensor_dtype(name)]
-            outputs.append(torch.empty(tuple(self.context.get_tensor_shape(name)), dtype=dtype, device=self.device))
+            shape = tuple(self.context.get_tensor_shape(name))
+            if -1 in shape:  # a size that depends on the data: our exports pad every output to a fixed size
+                raise ValueError(f"TensorRT engine output {name!r} has a data-dependent shape {list(shape)}; this "
+                                 "backend takes engines exported by detector (fixed-size outputs)")
+            outputs.append(torch.empty(shape, dtype=dtype, device=self.device))
             self.context.set_tensor_address(name, outputs[-1].data_ptr())
         self.stream.wait_stream(torch.cuda.current_stream(self.device))  # the input's upload and the outputs' memory
         if not self.context.execute_async_v3(self.stream.cuda_stream):

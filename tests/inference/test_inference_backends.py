@@ -157,6 +157,26 @@ def test_a_failed_capture_says_so_once_and_runs_eagerly() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")
+def test_a_failed_capture_gives_the_earlier_graphs_memory_back() -> None:
+    """The capture's start takes a use of the runner's pool that only an ended capture returns: after a failed one,
+    the pool, and the earlier graphs' 0.5 GB of buffers, must still go back to the GPU once the graphs are dropped."""
+    from detector.inference.cuda_graph import CudaGraphRunner
+
+    runner = CudaGraphRunner(lambda x: x * 2 if x.shape[0] > 1 or x.sum().item() > 0 else x)  # a host read at 1 row
+    large = torch.ones(2, 32 << 20, device="cuda")  # 256 MB in, 256 MB out
+    runner(large)
+    assert runner.graphs
+    del large
+    torch.cuda.empty_cache()
+    with_graph = torch.cuda.memory_reserved()
+    with pytest.warns(UserWarning, match="cuda graphs: capture failed"):
+        runner(torch.ones(1, 3, device="cuda"))
+    assert not runner.graphs
+    torch.cuda.empty_cache()
+    assert torch.cuda.memory_reserved() <= with_graph - (400 << 20)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")
 def test_shapes_past_the_runners_limits_run_eagerly_and_quietly() -> None:
     """max_graphs and max_output_bytes bound what a runner keeps allocated: other shapes run the function eagerly,
     with the same result, no warning, and no capture tried again."""
