@@ -84,8 +84,9 @@ def render_fused(
     if out is None:
         layout = torch.channels_last if channels_last else torch.contiguous_format
         out = torch.empty((count, 3, size, size), dtype=torch.float32, device=device, memory_format=layout)
-    elif out.shape != (count, 3, size, size) or out.dtype != torch.float32:
-        raise ValueError(f"out is {out.dtype} {list(out.shape)}; this batch renders float32 {[count, 3, size, size]}")
+    elif out.shape != (count, 3, size, size) or out.dtype != torch.float32 or out.device.type != device.type:
+        raise ValueError(f"out is {out.dtype} {list(out.shape)} on {out.device}; this batch renders float32 "
+                         f"{[count, 3, size, size]} on {device}")
     height, width = atlas.shape[:2]
     pixels = count * size * size
     # Triton launches on the current CUDA device: make it the batch's (a run on cuda:1 need not have made it so).

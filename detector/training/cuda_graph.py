@@ -95,7 +95,9 @@ class StaticBatch:
     earlier_finite: torch.Tensor
 
     def fill(self, images: torch.Tensor, targets: PaddedTargets, earlier_finite: torch.Tensor) -> None:
-        if images is not self.images:  # else made in place (StaticInputs.image_buffer)
+        # A step input made in this buffer (StaticInputs.image_buffer) is the buffer itself. Another tensor over the
+        # same memory with other strides would make copy_ refuse the overlap, loudly: never a silent mix.
+        if images is not self.images:
             self.images.copy_(images)
         for static, given in zip(self.targets, targets):
             static.copy_(given, non_blocking=True)
@@ -157,7 +159,9 @@ class StaticInputs:
         pixels = shape[-2] * shape[-1]
         size = math.prod(shape) * dtype.itemsize
         memory = self.images_memory
-        if memory is None or memory.numel() < size:
+        elsewhere = memory is not None and (memory.device.type != device.type  # "cuda" names the current GPU
+                                            or device.index not in (None, memory.device.index))
+        if memory is None or memory.numel() < size or elsewhere:
             wanted = max(size, size // pixels * largest_side**2)
             memory = self.images_memory = torch.empty(wanted, dtype=torch.uint8, device=device)
         return memory[:size].view(dtype).as_strided(tuple(shape), stride)

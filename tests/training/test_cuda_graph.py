@@ -31,19 +31,19 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph
 
 def _train_step(device: str, *, precision: str = "fp32", cuda_graphs: str = "off", optimizer: str = "SGD",
                 warmup_steps: int = 0, steps_per_epoch: int = 6, warmup_momentum: float = 0.9,
-                nominal_batch: int = 2) -> TrainStep:
+                nominal_batch: int = 2, num_classes: int = 2) -> TrainStep:
     """A small run's TrainStep on ``device``: the nano model, 2 images per step, no accumulation (unless
     ``nominal_batch`` asks for it)."""
     torch.manual_seed(0)
-    model = build_model(num_classes=2).to(device)
-    choice = build_optimizer(model, name=optimizer, lr=1e-3, momentum=0.9, weight_decay=5e-4, num_classes=2,
+    model = build_model(num_classes=num_classes).to(device)
+    choice = build_optimizer(model, name=optimizer, lr=1e-3, momentum=0.9, weight_decay=5e-4, num_classes=num_classes,
                              total_steps=steps_per_epoch)
     schedule = StepSchedule(epochs=1, steps_per_epoch=steps_per_epoch, warmup_steps=warmup_steps,
                             base_lr=choice.lr, final_lr_fraction=0.5, cosine=False, warmup_bias_lr=0.0,
                             warmup_momentum=warmup_momentum, momentum=0.9, batch_size=2, nominal_batch=nominal_batch,
                             clip_grad=10.0)
     chosen = Precision(precision, torch.device(device).type, "test")
-    criterion = DetectionLoss(num_classes=2, strides=model.strides, reg_max=model.reg_max)
+    criterion = DetectionLoss(num_classes=num_classes, strides=model.strides, reg_max=model.reg_max)
     return TrainStep(model, criterion, choice.optimizer, chosen.make_scaler(), ModelEMA(model), chosen, schedule,
                      torch.device(device), cuda_graphs=cuda_graphs)
 
@@ -259,6 +259,37 @@ def test_graphs_of_several_input_sizes_share_one_image_memory_and_train_as_the_e
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)  # as in test_captured_steps_train_as_the_eager_ones
     for key in ("train/box", "train/cls", "train/dfl"):
         assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
+
+
+@cuda_only
+def test_device_path_inputs_rendered_into_the_graphs_memory_train_as_eager_steps_with_accumulation(tmp_path):
+    """The fused kernel renders each step's mosaic batch straight into the graphs' one image memory (step_input's
+    out), sizes changing every step and two micro-steps an optimizer step: the weights end as the eager run's."""
+    from torch.utils.data import DataLoader
+
+    from detector.data.dataset import collate
+    from tests.conftest import write_records
+    from tests.data.test_device_augment import _datasets
+
+    _, _, device_items = _datasets(write_records(tmp_path, 4, seed=3), albumentations=0.0)
+    items = [device_items[(index % 4, index // 4, True)] for index in range(48)]
+    multi_scale = MultiScale(64, low=0.5, high=1.5, hold=1)  # 32-96 px, a new draw every step
+    results = []
+    for choice in ("on", "off"):
+        step = _train_step("cuda", precision="fp32", cuda_graphs=choice, steps_per_epoch=24, nominal_batch=4,
+                           num_classes=3)
+        step.channels_last = True
+        with same_kernels():
+            stats = train_one_epoch(step, DataLoader(items, batch_size=2, collate_fn=collate), multi_scale=multi_scale,
+                                    epoch=0, seed=0, progress=False)
+        results.append((stats, step))
+    (graphed_stats, graphed), (eager_stats, eager) = results
+    graphs = graphed.graphs
+    assert graphs is not None and graphs.failed is None and graphs.graphs
+    assert {batch.images.data_ptr() for batch in graphs.batches.values()} == {graphs.inputs.images_memory.data_ptr()}
+    assert graphed_stats["optimizer_steps"] == eager_stats["optimizer_steps"] == 12
+    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)  # as in test_captured_steps_train_as_the_eager_ones
 
 
 @contextlib.contextmanager
