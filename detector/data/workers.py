@@ -53,7 +53,6 @@ class Release(NamedTuple):
     slot: int
 
 
-
 class BatchPool:
     """A loader worker's shared-memory buffers for collated batches, each used again once its consumer is done.
 

@@ -11,11 +11,13 @@ What the graph holds, and what makes it replayable (the engine's body is in dete
   tests/test_loss.py), and whether the step ends with the optimizer (gradient accumulation). Every graph
   draws from one memory pool (``graph_pool_handle``): only one runs at a time, and what each hands back
   stays referenced, so a later capture reuses only memory that no graph still reads.
-- **Static inputs.** A step copies its batch into its key's input buffers (:class:`StaticBatch`) and replays.
-  Every input shape's image buffer is a view of one memory, sized for the run's largest input, and keys of one box
-  count share the targets' (:class:`StaticInputs`): each is filled right before its own replay, on the same stream. Values that change every step live in device
-  tensors that the host fills before the replay (a fill is a kernel launch, not a wait): the learning rate of each
-  parameter group (fused SGD and AdamW read a tensor ``lr``) and the EMA weight (:class:`DeviceEMA`).
+- **Static inputs.** A step's input is made in its key's image buffer (or copied there) and its targets copied
+  into their buffers (:class:`StaticBatch`), then the graph replays. Every input shape's image buffer is a view of
+  one memory, sized for the run's largest input, and keys of one box count share the targets'
+  (:class:`StaticInputs`): each is filled right before its own replay, on the same stream. Values that change every
+  step live in device tensors that the host fills before the replay (a fill is a kernel launch, not a wait): the
+  learning rate of each parameter group (fused SGD and AdamW read a tensor ``lr``) and the EMA weight
+  (:class:`DeviceEMA`).
 - **Baked values.** Momentum (AdamW's beta1) is recorded as a constant (fused kernels take it as a number), and
   warm-up ramps it every step: there the engine replays graphs of the forward and backward passes only (keys
   without the optimizer, as for accumulation's micro-steps) and steps the optimizer eagerly after them, and from
