@@ -21,4 +21,7 @@ def resolve_device(request: str = "") -> torch.device:
         raise ValueError(f"--device must be cpu, cuda or cuda:N (got {request!r})") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"--device {request} was requested but no CUDA GPU is available")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {request} was requested but this machine has {torch.cuda.device_count()} "
+                         f"CUDA GPU(s): cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return device

@@ -99,6 +99,19 @@ def test_predict_and_a_loaded_model_give_the_commands_detections(run: dict, tmp_
         np.testing.assert_array_equal(loaded["scores"], result["scores"])
 
 
+def test_a_loaded_cpu_models_predict_tunes_the_process_for_the_cpu_on_a_machine_with_a_gpu(run: dict, monkeypatch):
+    """predict of a model loaded on the CPU used to tune the process for the default device, CUDA where a GPU is
+    present, and so skip the CPU's heap setting (detector/tuning.py)."""
+    import detector.workflows.predict as predict_workflow
+
+    model = load(run["best"], device="cpu")
+    tuned = []
+    monkeypatch.setattr(predict_workflow, "tune_process", tuned.append)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # only the device choice reads it here
+    model.predict(Path(run["data"]).parent / "images" / "val", conf=0.5)
+    assert tuned == [torch.device("cpu")]
+
+
 def test_a_loaded_model_takes_half_at_load_and_refuses_it_at_predict(run: dict):
     """``model.predict(..., half=True)`` used to run the loaded FP32 model without a word."""
     from detector.inference.torch_backend import half_precision

@@ -291,7 +291,9 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     Raises:
         FileNotFoundError, ValueError, Unavailable, CheckpointError: one line naming the file or flag.
     """
-    device = resolve_device(options.device)
+    # A loaded model (detector.load) runs where it was loaded: tuning the process for the default device instead
+    # would skip the CPU's heap setting on a machine with a GPU.
+    device = getattr(backend, "device", None) or resolve_device(options.device)
     tune_process(device)  # before the first convolution: see detector/tuning.py
     frames = first_frame_checked(read_frames(options.source if source is None else source, options.batch))
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)

@@ -176,7 +176,18 @@ def test_fp16_package_on_cuda(model: YOLO, images: torch.Tensor, tmp_path: Path)
     from detector.exporting.pt2 import export_pt2
     from detector.model.metadata import ModelInfo
 
+    from detector.exporting import ExportError
+    from detector.precision import fp32_settings_kept, set_strict_fp32
+
     info = ModelInfo(names=NAMES, strides=tuple(model.strides), imgsz=IMGSZ, precision="fp16")
-    backend = load_backend(export_pt2(model, tmp_path / "half.pt2", info, device="cuda"), device="cuda")
-    report = check_parity(TorchBackend(model, info, device="cuda"), backend, images=images)
+    try:
+        package = export_pt2(model, tmp_path / "half.pt2", info, device="cuda")
+    except ExportError as error:  # a CUDA compile needs Triton and the CUDA headers, which a GPU image may lack
+        if "No such file" in str(error) or "triton" in str(error).lower():
+            pytest.skip(f"this machine cannot compile a CUDA pt2 package: {error}")
+        raise
+    backend = load_backend(package, device="cuda")
+    with fp32_settings_kept():  # the FP32 reference in true FP32, as the export command's parity gate runs it
+        set_strict_fp32()
+        report = check_parity(TorchBackend(model, info, device="cuda"), backend, images=images)
     assert backend.name == "pt2 fp16" and report.passed, report.summary()

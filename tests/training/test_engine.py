@@ -5,7 +5,7 @@ from detector.data.device_augment import pack_warp_batch
 from detector.data.letterbox import ImageMeta
 from detector.loss import targets_to_padded
 from detector.model import build_model
-from detector.precision import Precision, cpu_has_native_bf16, resolve_precision
+from detector.precision import Precision, cpu_has_native_bf16, fp32_settings_kept, resolve_precision
 from detector.training import engine
 from detector.training.engine import timed, train_one_epoch
 from detector.training.step_input import resize_batch, step_input
@@ -43,9 +43,10 @@ def test_one_training_step_updates_weights(name):
 
 
 def test_unamp_means_fp32_without_scaler():
-    precision = resolve_precision("auto", torch.device("cpu"), unamp=True)
-    assert precision.name == "fp32" and precision.dtype is None and not precision.make_scaler().is_enabled()
-    assert not torch.backends.cuda.matmul.allow_tf32
+    with fp32_settings_kept():  # --unamp turns TF32 off for its run: not for the tests after this one
+        precision = resolve_precision("auto", torch.device("cpu"), unamp=True)
+        assert precision.name == "fp32" and precision.dtype is None and not precision.make_scaler().is_enabled()
+        assert not torch.backends.cuda.matmul.allow_tf32
 
 
 def test_auto_precision_on_cpu_follows_hardware():

@@ -100,7 +100,7 @@ def test_cli_rejects_bad_values_with_exit_code_1(capsys):
 
 
 def test_cli_reports_missing_data_yaml(tmp_path: Path, capsys):
-    assert train_main(["--data", str(tmp_path / "none.yaml"), "--project", str(tmp_path)]) == 1
+    assert train_main(["--data", str(tmp_path / "none.yaml"), "--project", str(tmp_path), "--device", "cpu"]) == 1
     assert "none.yaml" in capsys.readouterr().err
 
 

@@ -82,6 +82,16 @@ def test_the_time_probe_scales_the_first_rectangular_batch_to_the_mean_canvas(tm
 def test_cuda_validation_replays_graphs_that_follow_the_refreshed_weights(tiny_split: SplitData):
     """On CUDA a pass's forward and decode replay graphs captured in the first pass; the folded copy is refreshed
     in place, so a later pass of changed weights scores what an eager pass of them scores."""
+    cudnn = torch.backends.cudnn
+    saved = cudnn.deterministic, cudnn.benchmark
+    cudnn.deterministic, cudnn.benchmark = True, False  # the same algorithms in both validators: equal results
+    try:
+        _graphed_against_eager(tiny_split)
+    finally:
+        cudnn.deterministic, cudnn.benchmark = saved
+
+
+def _graphed_against_eager(tiny_split: SplitData) -> None:
     validator = Validator(tiny_split, _config(device="cuda"), torch.device("cuda"), progress=False)
     model, precision = _model().cuda(), Precision("fp16", "cuda", "test")
     first = validator.run(model, precision)
