@@ -282,6 +282,7 @@ def train_one_epoch(
     model.train()
     steps = len(loader)
     sizes = multi_scale.sizes(steps, seed=seed, epoch=epoch)
+    largest_side = multi_scale.largest()  # what the captured steps' one input memory is made for
     # Running totals stay on the device: the host reads them once, after the epoch (no per-step sync).
     loss_sums = torch.zeros(3, device=device)
     nonfinite_losses = torch.zeros((), device=device, dtype=torch.long)
@@ -308,7 +309,7 @@ def train_one_epoch(
         # A captured step reads its input from a fixed buffer: the input is made there, not made and then copied in.
         out = None if graphs is None or graphs.failed is not None else graphs.inputs.image_buffer(
             (len(images), 3, sizes[index], sizes[index]), device, channels_last=channels_last,
-            largest_side=multi_scale.largest())
+            largest_side=largest_side)
         images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops, out=out)
         stepping = step - last_step >= accumulate or index == steps - 1
         # A graph bakes in momentum (AdamW's beta1), which warm-up ramps each step: until it ends, graphs run the
@@ -321,7 +322,7 @@ def train_one_epoch(
         if graphs is not None and graphs.failed is None:
             captured = graphed_step(graphs, images, targets, with_optimizer=graphed_optimizer,
                                     earlier_finite=nonfinite_losses == losses_before_step,
-                                    largest_side=multi_scale.largest())
+                                    largest_side=largest_side)
         if captured is None:
             with precision.autocast():
                 outputs = model(images)
