@@ -131,8 +131,10 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
     trained=$(ls /tmp/bccd_runs/*/weights/best.pt 2>/dev/null | head -1)
     [ -n "$trained" ] || echo "val: no best.pt of the bccd stage on this machine; the fresh model only"
     # and on best.pt again with torchvision's kernel alone (--fixed-point-candidates 0: NMS 139 ms a pass on the H200,
-    # whatever the size of its calls), against detector.postprocess.fixed_point_nms, the default on CUDA since
-    for weights in ${trained:+"--weights $trained" "--weights $trained --fixed-point-candidates 0"} "--lively"; do
+    # whatever the size of its calls), against detector.postprocess.fixed_point_nms, the default on CUDA since, and
+    # with the forward and decode eager (--no-cuda-graphs), against the CUDA graphs training's validator replays since
+    for weights in ${trained:+"--weights $trained" "--weights $trained --fixed-point-candidates 0"} \
+        ${trained:+"--weights $trained --no-cuda-graphs"} "--lively"; do
       timeout "$(limit 60)" python3 benchmarks/val_speed.py --data "$BCCD" --imgsz 640 --batch 16 --workers 4 \
         --device cuda --repeats 5 $weights > "$OUT/val.log" 2>&1
       echo "val $weights: rc $?"; grep -E "^\|" "$OUT/val.log" | tail -11; grep -E "^[0-9]+ val images" "$OUT/val.log"
