@@ -103,8 +103,10 @@ def step(index, record):
     images, targets, _ = batches[index % len(batches)]
     size = ladder[(index * 7) % len(ladder)]  # every size in turn, not in order
     if graphs is not None:
-        x = step_input(images, size, device, channels_last=args["channels_last"])
-        graphed_step(graphs, x, targets, with_optimizer=True, earlier_finite=finite, largest_side=max(ladder))
+        out = graphs.inputs.image_buffer((len(images), 3, size, size), device, channels_last=args["channels_last"],
+                                         largest_side=max(ladder))  # made in the graphs' memory, as the trainer does
+        x = step_input(images, size, device, channels_last=args["channels_last"], out=out)
+        graphed_step(graphs, x, targets, with_optimizer=True, earlier_finite=finite)
         return
     tp = clock()
     x = step_input(images, size, device, channels_last=args["channels_last"])

@@ -111,10 +111,10 @@ class StaticInputs:
     target buffers per padded shape, one ``earlier_finite``.
 
     Every key's image buffer is a view of the front of one byte buffer (:attr:`images_memory`), sized for the
-    largest input the run will take (``largest_side``). A buffer per input shape cost their sum: at batch 64 in FP32,
-    the five sizes 576-704 px of the default multi-scale list held 1.6 GB of buffers beside one 704-px step's
-    0.38 GB. Sharing is safe because every step fills the buffers of its own key right before its replay (or eager
-    run), on the same stream, and nothing a step hands back reads its images.
+    largest input the run will take (:meth:`image_buffer`'s ``largest_side``). A buffer per input shape cost their
+    sum: at batch 64 in FP32, the five sizes 576-704 px of the default multi-scale list held 1.6 GB of buffers
+    beside one 704-px step's 0.38 GB. Sharing is safe because every step fills the buffers of its own key right
+    before its replay (or eager run), on the same stream, and nothing a step hands back reads its images.
     """
 
     def __init__(self) -> None:
@@ -123,15 +123,15 @@ class StaticInputs:
         self.earlier_finite: torch.Tensor | None = None
         self.images_memory: torch.Tensor | None = None  # uint8, flat
 
-    def for_batch(self, images: torch.Tensor, targets: PaddedTargets, *, largest_side: int = 0) -> StaticBatch:
-        """Buffers shaped like ``images`` (the same strides: channels-last stays) and ``targets``. ``largest_side``:
-        the largest square input the run's steps take, so the image memory is made once, at that size."""
+    def for_batch(self, images: torch.Tensor, targets: PaddedTargets) -> StaticBatch:
+        """Buffers shaped like ``images`` (the same strides: channels-last stays) and ``targets``; ``images`` itself
+        where it is the buffer :meth:`image_buffer` gave."""
         image_key = (tuple(images.shape), images.stride(), images.dtype)
         static_images = self.images.get(image_key)
         if static_images is None:
             dense = images.is_contiguous() or images.is_contiguous(memory_format=torch.channels_last)
             static_images = self.images[image_key] = (
-                self._view(images.shape, images.stride(), images.dtype, images.device, largest_side) if dense
+                self._view(images.shape, images.stride(), images.dtype, images.device, largest_side=0) if dense
                 else torch.empty_like(images))
         target_key = tuple((tuple(t.shape), t.dtype) for t in targets)
         static_targets = self.targets.get(target_key)
@@ -145,16 +145,17 @@ class StaticInputs:
     def image_buffer(self, shape: tuple[int, int, int, int], device: torch.device, *, channels_last: bool,
                      largest_side: int = 0) -> torch.Tensor:
         """The float32 image buffer that :meth:`for_batch` gives a batch of ``shape`` in that layout, made now if new:
-        a step input made in it (:func:`detector.training.step_input.step_input`'s ``out``) needs no copy."""
+        a step input made in it (:func:`detector.training.step_input.step_input`'s ``out``) needs no copy.
+        ``largest_side``: the largest square input the run's steps take, so the memory is made once, at that size."""
         layout = torch.channels_last if channels_last else torch.contiguous_format
         stride = torch.empty(shape, device="meta", memory_format=layout).stride()
         key = (tuple(shape), stride, torch.float32)
         buffer = self.images.get(key)
         if buffer is None:
-            buffer = self.images[key] = self._view(shape, stride, torch.float32, device, largest_side)
+            buffer = self.images[key] = self._view(shape, stride, torch.float32, device, largest_side=largest_side)
         return buffer
 
-    def _view(self, shape: Sequence[int], stride: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+    def _view(self, shape: Sequence[int], stride: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,
               largest_side: int) -> torch.Tensor:
         """A view of :attr:`images_memory` (dense in its layout). Memory too small for it is replaced by a larger
         one, made for ``largest_side`` where given; the views made before keep the old memory alive for their keys."""
@@ -241,14 +242,13 @@ class StepGraphs:
         self.shape_runs: Counter[tuple[int, ...]] = Counter()  # eager runs per input shape, over all its keys
         self.failed: str | None = None
 
-    def run(self, key: GraphKey, images: torch.Tensor, targets: PaddedTargets, earlier_finite: torch.Tensor, *,
-            largest_side: int = 0) -> dict[str, torch.Tensor] | None:
-        """One step; its outputs (valid until the next call). None after a failed capture: step eagerly.
-        ``largest_side``: the largest square input of the run (:meth:`StaticInputs.for_batch`)."""
+    def run(self, key: GraphKey, images: torch.Tensor, targets: PaddedTargets,
+            earlier_finite: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """One step; its outputs (valid until the next call). None after a failed capture: step eagerly."""
         if self.failed is not None:
             return None
         if key not in self.batches:
-            self.batches[key] = self.inputs.for_batch(images, targets, largest_side=largest_side)
+            self.batches[key] = self.inputs.for_batch(images, targets)
         batch = self.batches[key]
         batch.fill(images, targets, earlier_finite)
         for learning_rate, group in zip(self.learning_rates, self.optimizer.param_groups):

@@ -209,10 +209,9 @@ def graphed_body(step: TrainStep, parameters: list[torch.Tensor], ema: DeviceEMA
 
 def graphed_step(
     graphs: StepGraphs, images: torch.Tensor, targets: torch.Tensor, *, with_optimizer: bool,
-    earlier_finite: torch.Tensor, largest_side: int = 0,
+    earlier_finite: torch.Tensor,
 ) -> dict[str, torch.Tensor] | None:
     """One step through ``graphs``: targets padded on the host to a fixed box count, the EMA weight filled.
-    ``largest_side``: the run's largest input size, for the graphs' one image memory.
 
     None when the graphs gave up (a failed capture): the caller steps eagerly, as it would have.
     """
@@ -222,7 +221,7 @@ def graphed_step(
     if with_optimizer and ema is not None:
         ema.advance()
     key = (tuple(images.shape), padded.mask.shape[1], with_optimizer)
-    outputs = graphs.run(key, images, padded, earlier_finite, largest_side=largest_side)
+    outputs = graphs.run(key, images, padded, earlier_finite)
     if outputs is None and with_optimizer and ema is not None:
         ema.retreat()
     return outputs
@@ -282,7 +281,6 @@ def train_one_epoch(
     model.train()
     steps = len(loader)
     sizes = multi_scale.sizes(steps, seed=seed, epoch=epoch)
-    largest_side = multi_scale.largest()  # what the captured steps' one input memory is made for
     # Running totals stay on the device: the host reads them once, after the epoch (no per-step sync).
     loss_sums = torch.zeros(3, device=device)
     nonfinite_losses = torch.zeros((), device=device, dtype=torch.long)
@@ -309,7 +307,7 @@ def train_one_epoch(
         # A captured step reads its input from a fixed buffer: the input is made there, not made and then copied in.
         out = None if graphs is None or graphs.failed is not None else graphs.inputs.image_buffer(
             (len(images), 3, sizes[index], sizes[index]), device, channels_last=channels_last,
-            largest_side=largest_side)
+            largest_side=multi_scale.largest())
         images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops, out=out)
         stepping = step - last_step >= accumulate or index == steps - 1
         # A graph bakes in momentum (AdamW's beta1), which warm-up ramps each step: until it ends, graphs run the
@@ -321,8 +319,7 @@ def train_one_epoch(
         captured = None
         if graphs is not None and graphs.failed is None:
             captured = graphed_step(graphs, images, targets, with_optimizer=graphed_optimizer,
-                                    earlier_finite=nonfinite_losses == losses_before_step,
-                                    largest_side=largest_side)
+                                    earlier_finite=nonfinite_losses == losses_before_step)
         if captured is None:
             with precision.autocast():
                 outputs = model(images)

@@ -432,11 +432,13 @@ def test_every_input_shape_views_one_image_memory_and_keys_of_one_box_count_shar
     targets = torch.tensor([[0, 1, 0.5, 0.5, 0.2, 0.2], [1, 2, 0.3, 0.3, 0.1, 0.1]])
     inputs = StaticInputs()
     images = torch.zeros(2, 3, 64, 64).contiguous(memory_format=torch.channels_last)
-    sixteen = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=16), largest_side=96)
-    again = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=16), largest_side=96)
-    more_slots = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=32), largest_side=96)
-    larger = inputs.for_batch(torch.zeros(2, 3, 96, 96), targets_to_padded(targets, 2, (96, 96), slots=16),
-                              largest_side=96)
+    # As the engine does: the step's buffer asked for first, for the run's largest side, and the input made in it.
+    buffer = inputs.image_buffer((2, 3, 64, 64), torch.device("cpu"), channels_last=True, largest_side=96)
+    sixteen = inputs.for_batch(buffer, targets_to_padded(targets, 2, (64, 64), slots=16))
+    again = inputs.for_batch(buffer, targets_to_padded(targets, 2, (64, 64), slots=16))
+    more_slots = inputs.for_batch(images, targets_to_padded(targets, 2, (64, 64), slots=32))  # copied into it
+    larger = inputs.for_batch(torch.zeros(2, 3, 96, 96), targets_to_padded(targets, 2, (96, 96), slots=16))
+    assert sixteen.images is buffer and more_slots.images is buffer
     memory = inputs.images_memory
     assert memory is not None and memory.numel() == 2 * 3 * 96 * 96 * 4  # made once, for the largest input
     assert sixteen.images.data_ptr() == more_slots.images.data_ptr() == larger.images.data_ptr() == memory.data_ptr()
@@ -450,8 +452,8 @@ def test_every_input_shape_views_one_image_memory_and_keys_of_one_box_count_shar
 
 
 def test_a_fill_reaches_only_its_own_views_bytes_and_memory_grows_when_the_largest_side_was_not_given() -> None:
-    """Without ``largest_side`` the memory is made for the first input; a larger input gets a larger memory, and the
-    first key's view keeps the old one (its graph recorded that address)."""
+    """Without ``largest_side`` (``for_batch`` alone) the memory is made for the first input; a larger input gets a
+    larger memory, and the first key's view keeps the old one (its graph recorded that address)."""
     targets = targets_to_padded(torch.zeros(0, 6), 2, (32, 32), slots=16)
     inputs = StaticInputs()
     small = inputs.for_batch(torch.zeros(2, 3, 32, 32), targets)
