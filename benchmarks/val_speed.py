@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
-import functools
 import statistics
 import sys
 import time
@@ -36,8 +35,7 @@ from detector.data.build import build_split
 from detector.data.spec import load_dataset_spec
 from detector.inference.cuda_graph import CudaGraphRunner
 from detector.inference.fusion import FusedCopy
-from detector.inference.torch_backend import decode_images
-from detector.training.validator import GRAPHED_OUTPUT_BYTES, GRAPHED_SHAPES, validation_dtype
+from detector.training.validator import graphed_forward, validation_dtype
 from detector.inference.preprocess import model_input
 from detector.metrics.coco import evaluate_coco, scored_detections, to_coco_detections
 from detector.metrics.loop import make_val_loader
@@ -187,10 +185,8 @@ def main() -> int:
                              pin_memory=device.type == "cuda", rect=args.rect)
     nms = NMSConfig(conf_threshold=args.conf, iou_threshold=0.7, max_detections=args.max_det, multi_label=True)
     graphs = None
-    if args.cuda_graphs and device.type == "cuda":  # as training's validator (detector/training/validator.py)
-        graphs = CudaGraphRunner(functools.partial(decode_images, model, precision=precision, device=device,
-                                                   channels_last=args.channels_last),
-                                 max_graphs=GRAPHED_SHAPES, max_output_bytes=GRAPHED_OUTPUT_BYTES)
+    if args.cuda_graphs and device.type == "cuda":  # as training's validator runs them
+        graphs = graphed_forward(model, precision, device, channels_last=args.channels_last)
     passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms,
                        channels_last=args.channels_last, graphs=graphs)
               for _ in range(args.repeats)]

@@ -49,6 +49,14 @@ def validation_batch(config: TrainConfig, device: torch.device) -> int:
     return config.batch if device.type == "cuda" else config.batch * 2
 
 
+def graphed_forward(model: nn.Module, precision: Precision, device: torch.device, *,
+                    channels_last: bool) -> CudaGraphRunner:
+    """``model``'s forward and box decode on uint8 CUDA batches, replayed from CUDA graphs (up to
+    :data:`GRAPHED_SHAPES` and :data:`GRAPHED_OUTPUT_BYTES`; other shapes eager), as validation runs them."""
+    forward = functools.partial(decode_images, model, precision=precision, device=device, channels_last=channels_last)
+    return CudaGraphRunner(forward, max_graphs=GRAPHED_SHAPES, max_output_bytes=GRAPHED_OUTPUT_BYTES)
+
+
 def validation_dtype(precision: Precision) -> torch.dtype:
     """The weights' dtype of the copy validation runs: FP16 under CUDA FP16 (see :meth:`Validator.model_for`), else
     FP32 (under the precision's autocast)."""
@@ -134,10 +142,8 @@ class Validator:
         if self.device.type != "cuda":
             return None
         if self._graphs is None or self._graphs[0] is not copy or self._graphs[1] != precision.name:
-            forward = functools.partial(decode_images, copy, precision=precision, device=self.device,
-                                        channels_last=self.config.channels_last)
-            self._graphs = copy, precision.name, CudaGraphRunner(forward, max_graphs=GRAPHED_SHAPES,
-                                                                 max_output_bytes=GRAPHED_OUTPUT_BYTES)
+            runner = graphed_forward(copy, precision, self.device, channels_last=self.config.channels_last)
+            self._graphs = copy, precision.name, runner
         return self._graphs[2]
 
     def run(self, model: nn.Module, precision: Precision, *, keep_predictions: bool = False) -> Validation:
