@@ -107,6 +107,7 @@ def train(
     max_det: int = 300,
     val_rect: bool = True,
     coco_eval: str = "faster",
+    val_background: str = "auto",
     final_fp32: bool = False,
     plots: bool = True,
     tensorboard: bool = False,

@@ -9,5 +9,6 @@ PIXEL_AUGMENT = ("auto", "workers", "pixels", "device")  # --pixel-augment
 CUDA_GRAPHS = ("auto", "on", "off")  # --cuda-graphs
 CUDNN_BENCHMARK = ("auto", "on", "off")  # --cudnn-benchmark
 COCO_EVAL = ("faster", "pycocotools")  # --coco-eval; faster = faster-coco-eval
+VAL_BACKGROUND = ("auto", "on", "off")  # --val-background
 EXPORT_FORMAT = ("onnx", "engine", "pt2")  # export --format, one or several comma-separated
 BENCHMARK_SKIP = ("pytorch", "onnx", "pt2", "engine")  # benchmark --skip, comma-separated

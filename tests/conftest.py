@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import faulthandler
 import json
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -54,6 +56,14 @@ def _one_thread_for_tiny_models() -> Iterator[None]:
     """
     with one_torch_thread():
         yield
+
+
+@pytest.fixture
+def watchdog() -> Iterator[None]:
+    """A test that forks: if it hangs, the run ends after 120 s with every thread's traceback."""
+    faulthandler.dump_traceback_later(120, exit=True, file=sys.__stderr__)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 class FakeClock:

@@ -20,7 +20,8 @@ from detector.data.build import SplitData
 from detector.data.dataset import collate
 from detector.data.letterbox import ImageMeta, rect_batches
 from detector.data.workers import worker_init
-from detector.metrics.coco import DETECTION_COLUMNS, EvalResult, evaluate_coco, to_coco_detections
+from detector.metrics.background import BackgroundScorer, PendingScore
+from detector.metrics.coco import DETECTION_COLUMNS, EvalResult, evaluate_coco, to_coco_detections, write_results_json
 from detector.model.yolo import INPUT_MULTIPLE
 from detector.postprocess import detections_to_host
 
@@ -59,18 +60,29 @@ class Validation:
     """One pass of a model over a split, scored.
 
     Attributes:
-        result: the COCO metrics, the evaluator's summary and its name (:class:`EvalResult`).
-        seconds: wall time of the pass: loading, inference, NMS and the evaluator.
+        scores: the COCO metrics, the evaluator's summary and its name (:class:`EvalResult`), or, for a pass scored
+            in the background, their :class:`PendingScore` until :attr:`result` is first read.
+        seconds: wall time of the pass on the calling thread: loading, inference, NMS, and the evaluator unless
+            it ran in the background.
         images: images scored.
         detections: the ``[N, 7]`` COCO results array (what predictions.json holds, for writing later).
         predictions: ``(detections, meta)`` per image when asked for (plots, the per-class table), else None.
+        in_background: scored by a :class:`BackgroundScorer` (reading :attr:`result` may wait for it).
     """
 
-    result: EvalResult
+    scores: EvalResult | PendingScore
     seconds: float
     images: int
     detections: np.ndarray
     predictions: list[tuple[dict[str, torch.Tensor], ImageMeta]] | None = None
+    in_background: bool = False
+
+    @property
+    def result(self) -> EvalResult:
+        """The scores; for a pass scored in the background, waits for them the first time."""
+        if isinstance(self.scores, PendingScore):
+            self.scores = self.scores.result()
+        return self.scores
 
     @property
     def metrics(self) -> dict[str, float]:
@@ -86,10 +98,12 @@ def run_validation(
     progress: bool = True,
     keep_predictions: bool = False,
     coco_eval: str = "faster",
+    scorer: BackgroundScorer | None = None,
 ) -> Validation:
     """Run ``infer`` over ``loader`` (:func:`make_val_loader` of ``split``, or the batches it yielded before) and
     score it with the ``coco_eval`` evaluator (see detector.metrics.coco); with ``results_json``, write the COCO
-    results there too."""
+    results there too. With ``scorer`` (whose split and evaluator these must be), the scoring runs in its worker
+    and this returns without waiting for it (:attr:`Validation.result` waits)."""
     coco_detections: list[np.ndarray] = []
     predictions = []
     start = time.perf_counter()
@@ -100,12 +114,13 @@ def run_validation(
             predictions.extend(zip(detections_to_host(detections), metas))
     assert split.ground_truth is not None, "evaluation split was built without ground truth"
     detections = np.concatenate(coco_detections) if coco_detections else np.zeros((0, len(DETECTION_COLUMNS)))
-    result = evaluate_coco(
-        split.ground_truth,
-        detections,
-        image_ids=split.records.image_ids.tolist(),
-        results_json=results_json,
-        backend=coco_eval,
-    )
+    image_ids = split.records.image_ids.tolist()
+    if scorer is not None:
+        if results_json is not None:
+            write_results_json(results_json, detections)
+        return Validation(scorer.submit(detections, image_ids), time.perf_counter() - start, len(split.records),
+                          detections, predictions if keep_predictions else None, in_background=True)
+    result = evaluate_coco(split.ground_truth, detections, image_ids=image_ids, results_json=results_json,
+                           backend=coco_eval)
     return Validation(result, time.perf_counter() - start, len(split.records), detections,
                       predictions if keep_predictions else None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from torch import nn
 from detector.assigner import AssignedTargets
 from detector.distributed import unwrap, without_sync_batchnorm
 from detector.files import write_text_atomically
+from detector.inference.preprocess import model_input
 from detector.loss import DetectionLoss
 from detector.precision import Precision, fallback_chain
 from detector.training.engine import TrainStep
@@ -142,6 +144,21 @@ def _check_chain(step: TrainStep, images: torch.Tensor, targets: torch.Tensor) -
         if check.passed:
             return candidate, PreflightResult(precision.name, candidate.name, checks)
     raise AssertionError("unreachable: the chain always ends in FP32")
+
+
+def check_first_batch(step: TrainStep, batch: tuple, *, channels_last: bool, save_to: Path,
+                      log: Callable[[str], None]) -> tuple[str, str]:
+    """The run's AMP check on its first loader batch (``collate`` output, on the host): ``(precision name, reason)``
+    to train with. Writes the evidence to ``save_to`` and logs its line; FP32 runs check nothing."""
+    precision = step.precision
+    if precision.name == "fp32":
+        return precision.name, precision.reason
+    images, targets = first_images(batch[0], batch[1])  # its FP32 step's memory is not the run's peak
+    images = model_input(images, step.device, channels_last=channels_last)
+    chosen, result = amp_preflight(step, images, targets.to(step.device))
+    save_preflight(result, save_to)
+    log(result.line())
+    return chosen.name, ("chosen by the AMP check" if result.fell_back else precision.reason)
 
 
 def save_preflight(result: PreflightResult, path: Path) -> None:

@@ -186,7 +186,9 @@ class RunCheckpoints:
 
     ``best.pt`` still holds the best epoch's weights whenever that epoch's last.pt was not due: its stripped
     snapshot (EMA weights in FP16, a few MB) waits in memory until the next write, the end of the run, a Ctrl-C or
-    an error (:meth:`close`), so no improvement is ever lost.
+    an error (:meth:`close`), so no improvement is ever lost. An epoch whose validation is still being scored
+    (``improved=None``) leaves its stripped snapshot as the candidate, which :meth:`judged` makes the held best.pt
+    or drops.
     """
 
     def __init__(self, folder: Path, *, background: bool, log: Callable[[str], None],
@@ -196,15 +198,19 @@ class RunCheckpoints:
         self.cadence = cadence or Cadence()
         self.log = log
         self.held_best: dict[str, Any] | None = None
+        self.candidate: dict[str, Any] | None = None  # the stripped snapshot of an epoch not judged yet
         self.said_so = False
 
-    def epoch_done(self, checkpoint: Callable[[], dict[str, Any]], *, improved: bool, finished: bool,
+    def epoch_done(self, checkpoint: Callable[[], dict[str, Any]], *, improved: bool | None, finished: bool,
                    wait: bool) -> None:
         """An epoch ended: write last.pt (stripped when the run ``finished``) and best.pt when it ``improved``,
-        or hold best.pt when last.pt is not due. ``wait``: return once both are on disk."""
+        or hold best.pt when last.pt is not due; ``improved=None`` (not known yet): keep the candidate for
+        :meth:`judged`. ``wait``: return once both are on disk."""
         must = finished or wait
         if not self.cadence.due(must=must):
-            if improved:
+            if improved is None:
+                self.candidate = snapshot(strip_checkpoint(checkpoint()))
+            elif improved:
                 self.held_best = snapshot(strip_checkpoint(checkpoint()))
             self._say_once()
             return
@@ -215,10 +221,19 @@ class RunCheckpoints:
             self.held_best = None
             self.writer.submit(self.best, payload, strip=True)
         else:
+            if improved is None:  # the writer strips its own payload; the candidate is a stripped copy of it
+                self.candidate = strip_checkpoint(payload)
             self._submit_held_best()
         if must:
             self.writer.drain()
         self.cadence.wrote(started)
+
+    def judged(self, improved: bool, fields: dict[str, Any]) -> None:
+        """The candidate's epoch was judged: when it ``improved``, it becomes the held best.pt with ``fields``
+        (its metrics and the best fitness, unknown when it was taken) set; otherwise it is dropped."""
+        candidate, self.candidate = self.candidate, None
+        if improved and candidate is not None:
+            self.held_best = {**candidate, **fields}
 
     def close(self) -> None:
         """Write a held best.pt, then every pending file; raise the writer's error, if any."""

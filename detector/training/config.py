@@ -14,6 +14,7 @@ from detector.choices import CUDA_GRAPHS as CUDA_GRAPH_CHOICES
 from detector.choices import CUDNN_BENCHMARK as BENCHMARK_CHOICES
 from detector.choices import PIXEL_AUGMENT as PIXEL_AUGMENT_CHOICES
 from detector.choices import PRECISION as PRECISION_CHOICES
+from detector.choices import VAL_BACKGROUND as VAL_BACKGROUND_CHOICES
 from detector.options import option
 from detector.training.budget import parse_duration
 
@@ -114,6 +115,11 @@ class TrainConfig:
     coco_eval: str = option("faster", "COCO mAP evaluator: faster (faster-coco-eval, pycocotools' numbers in a fraction "
                                     "of the time; pycocotools when not installed) or pycocotools",
                           choices=COCO_EVAL_CHOICES)
+    val_background: str = option("auto", "score each epoch's validation (the COCO evaluation) in a process of its own "
+                                         "while the next epoch trains; its metrics line, results.csv row, best.pt "
+                                         "and an early stop then come at the next epoch's end (the last epoch's at "
+                                         "once); auto = on CUDA after epochs under a minute",
+                                 choices=VAL_BACKGROUND_CHOICES)
     final_fp32: bool = option(False, "run the final evaluation in FP32 regardless of the training precision")
     plots: bool = option(True, "write PNG plots into the run folder")
     tensorboard: bool = option(False, "log scalars and plots to TensorBoard in the run folder")

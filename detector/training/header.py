@@ -14,6 +14,7 @@ from detector.training.budget import RunClock
 from detector.training.config import TrainConfig
 from detector.training.engine import TrainStep
 from detector.training.multiscale import MultiScale
+from detector.training.validator import background_text
 
 
 class Run(Protocol):
@@ -48,7 +49,8 @@ def run_header(trainer: Run) -> str:
         f"data {config.data or 'built-in shapes'} ({len(trainer.train_data.records)} train / {val_count} val) | "
         f"{trainer.device} x{trainer.dist.world_size}, {config.workers} loader workers | "
         f"precision {step.precision.name}: {step.precision.reason} | {augment} | "
-        f"{cache_text(trainer)} | COCO eval {evaluator_name(config.coco_eval)} | "
+        f"{cache_text(trainer)} | COCO eval {evaluator_name(config.coco_eval)}"
+        f"{background_text(config.val_background, trainer.device)} | "
         f"{trainer.optimizer_name} lr {step.schedule.base_lr:g} | {epochs_text(trainer)} | "
         f"{trainer.multi_scale.describe(len(trainer.input_shapes()))} | run {trainer.run_dir}"
     )

@@ -23,14 +23,13 @@ from detector.checkpoint import CheckpointError, RunState, Trained, restore_run,
 from detector.data.workers import default_workers
 from detector.distributed import any_rank, cleanup, decide_on_main, init_distributed
 from detector.distributed import local_main_first, unwrap
-from detector.inference.preprocess import model_input
 from detector.metrics.coco import write_results_json
 from detector.metrics.loop import Validation
 from detector.model import build_model
 from detector.plots.reporter import RunReporter
 from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest
 from detector.runs import append_results
-from detector.training.amp_check import amp_preflight, first_images, save_preflight
+from detector.training.amp_check import check_first_batch
 from detector.training.autobatch import AUTO_BATCH, batch_for
 from detector.training.budget import RunClock, RunSettings, TimeBudget
 from detector.training.builders import (build_criterion, build_data, build_model_from_weights, build_optimization,
@@ -39,7 +38,7 @@ from detector.training.builders import build_train_loader, load_resume, make_run
 from detector.training.builders import wrap_distributed
 from detector.training.checkpoint_writer import RunCheckpoints
 from detector.training.config import TrainConfig
-from detector.training.decision import EpochDecision, fallback_after_epoch, fitness
+from detector.training.decision import EpochDecision, fallback_after_epoch
 from detector.training.feed import EpochFeed
 from detector.training.ema import ModelEMA
 from detector.training.engine import TrainStep, train_one_epoch
@@ -50,7 +49,8 @@ from detector.training.multiscale import MultiScale, images_per_step
 from detector.training.probe import ProbeResult, plan_from_probe, size_factor, time_training_steps
 from detector.training.results import results_row
 from detector.training.time_account import TimeAccount, process_age
-from detector.training.validator import Validator
+from detector.training.validator import Validator, scores_in_background
+from detector.training.verdicts import Pending, Verdicts
 from detector.tuning import autotune_convolutions, tune_process
 
 # At most this fraction of a --time budget goes to timing training steps before the first one (at least two
@@ -106,8 +106,9 @@ class Trainer:
                                       hold=config.multi_scale_hold, epochs=config.epochs,
                                       fixed_last_epochs=config.close_mosaic, enabled=config.multi_scale)
         self.epochs, self.close_mosaic, self.warmup_epochs = config.epochs, config.close_mosaic, config.warmup_epochs
-        self.start_epoch, self.best_fitness, self.best_epoch = 0, -1.0, -1
+        self.start_epoch = 0
         self.mosaic_closed_at: int | None = None
+        self.verdicts = Verdicts(config.patience, log=self.log, record=self._record)  # best fitness, patience
         if checkpoint is not None:
             self._restore(checkpoint)
         autotune_convolutions(self.device, input_shapes=len(self.input_shapes()), policy=config.cudnn_benchmark,
@@ -147,7 +148,8 @@ class Trainer:
                 self.step.set_precision(restored)
         state = restore_run(checkpoint, self._trained())
         self.step.ema.updates = state.ema_updates
-        self.start_epoch, self.best_fitness, self.best_epoch = state.epoch + 1, state.best_fitness, state.best_epoch
+        self.start_epoch = state.epoch + 1
+        self.verdicts.best_fitness, self.verdicts.best_epoch = state.best_fitness, state.best_epoch
         self.clock.restore(state.time_spent, state.epoch_seconds, state.val_seconds)
         self.mosaic_closed_at = state.mosaic_closed_at
         plan = state.plan
@@ -242,26 +244,34 @@ class Trainer:
                                epoch=epoch, seed=self.config.seed, progress=self.progress and self.dist.is_main)
 
     def after_epoch(self, epoch: int, stats: dict[str, float], *, interrupted: bool) -> EpochDecision:
-        """Rank 0: evaluate, log, decide what happens next, checkpoint. Returns the decision for all ranks."""
-        validation = self._evaluate_if_due(epoch, stats, due=(epoch + 1) % self.config.val_interval == 0)
+        """Rank 0: evaluate, log, decide what happens next, checkpoint. Returns the decision for all ranks. A pass
+        scored in the background is judged at the next epoch's end (detector/training/verdicts.py), or at once where
+        the run ends or may stop here (patience ran out as of the last judged epoch)."""
+        if (judged := self.verdicts.judge_pending()) is not None:  # best.pt's candidate gets its verdict
+            self.checkpoints.judged(*judged)
+        validation = self._evaluate_if_due(epoch, stats, due=(epoch + 1) % self.config.val_interval == 0,
+                                           background=not interrupted and epoch + 1 < self.epochs)
         self.clock.epoch_ends(validation.seconds if validation else None)
         epochs, close_mosaic, warmup = self._fit_to_budget(epoch)
         self.clock.replanned()
         last = epoch + 1 >= epochs
         if last:  # the last epoch is always evaluated, and ends with the final report
             validation = validation or self._evaluate_if_due(epoch, stats, due=True)
-        if validation and fitness(validation.metrics) > self.best_fitness:
-            self.best_fitness, self.best_epoch = fitness(validation.metrics), epoch
-        patience_ran_out = bool(self.config.patience and validation and not interrupted and not last
-                                and epoch - self.best_epoch >= self.config.patience)
-        self._record(epoch, stats, validation)  # before the final report, whose results.png shows this row too
+        defer = bool(validation and validation.in_background and not (last or interrupted)
+                     and not self.verdicts.patience_ran_out(epoch - 1))
+        if defer:
+            self.verdicts.defer(Pending(epoch, stats, validation, self.step.precision.name))
+        else:  # before the final report, whose results.png shows this row too
+            self.verdicts.judge(epoch, stats, validation, self.step.precision.name)
+        patience_ran_out = bool(validation and not (defer or interrupted or last)
+                                and self.verdicts.patience_ran_out(epoch))
         if (last or patience_ran_out) and validation:  # an early stop gets the final report too
             with self.account.phase("final evaluation"):
                 write_results_json(self.run_dir / "predictions.json", validation.detections)
                 if self.reporter is not None:
                     self.log(f"{self.reporter.on_final(validation, self.val_data)}\n{validation.result.evaluator}:\n"
                              f"{validation.result.summary}")
-        metrics = validation.metrics if validation else {}
+        metrics = validation.metrics if validation and not defer else {}
         precision, reason = self.step.precision.name, self.step.precision.reason
         if (fallback := fallback_after_epoch(self.step.precision, stats, self.device.type)) is not None:
             precision, reason = fallback
@@ -269,11 +279,11 @@ class Trainer:
         stop = f"interrupted: saved {self.run_dir / 'weights/last.pt'} after epoch {epoch + 1}" if interrupted else ""
         if patience_ran_out:  # never with interrupted (above)
             stop = (f"early stop: no better fitness for {self.config.patience} epochs (best at epoch "
-                    f"{self.best_epoch + 1}); --patience 0 turns this off")
+                    f"{self.verdicts.best_epoch + 1}); --patience 0 turns this off")
         decision = EpochDecision(precision, reason, epochs, close_mosaic, warmup, stop, metrics)
         self._apply(decision, epochs_done=epoch + 1)  # before the checkpoint: a resume continues as the run would
-        self._checkpoint(epoch, metrics, finished=(last or patience_ran_out) and not interrupted,
-                         wait=bool(decision.stop))
+        self._checkpoint(epoch, metrics, improved=None if defer else self.verdicts.improved(epoch),
+                         finished=(last or patience_ran_out) and not interrupted, wait=bool(decision.stop))
         return decision
 
     def after_train(self, summary: dict[str, Any]) -> None:
@@ -294,41 +304,41 @@ class Trainer:
                  f"mAP50 {metrics.get('mAP50', float('nan')):.4f} | best {self.run_dir / 'weights' / 'best.pt'}")
 
     # ------------------------------------------------------------------------------------- evaluation
-    def evaluate(self, *, force_fp32: bool = False, keep_predictions: bool = False) -> Validation:
+    def evaluate(self, *, force_fp32: bool = False, keep_predictions: bool = False,
+                 background: bool = False) -> Validation:
         assert self.validator is not None
         precision = Precision("fp32", self.device.type, "final FP32 evaluation") if force_fp32 else self.step.precision
-        return self.validator.run(self.step.ema.module, precision, keep_predictions=keep_predictions)
+        return self.validator.run(self.step.ema.module, precision, keep_predictions=keep_predictions,
+                                  background=background)
 
-    def _evaluate_if_due(self, epoch: int, stats: dict[str, float], *, due: bool) -> Validation | None:
+    def _evaluate_if_due(self, epoch: int, stats: dict[str, float], *, due: bool,
+                         background: bool = False) -> Validation | None:
         if not due:
             return None
-        # Predictions are kept whenever this may be the last epoch, for the final report: a time budget can
-        # decide so afterwards, and so can --patience when this epoch does not improve on the best.
-        patience_may_end = bool(self.config.patience) and epoch - self.best_epoch >= self.config.patience
-        keep = self.clock.budget is not None or epoch + 1 >= self.epochs or patience_may_end
+        # Predictions are kept for the final report wherever this may be the last epoch (--time, --patience).
+        keep = self.clock.budget is not None or epoch + 1 >= self.epochs or self.verdicts.patience_ran_out(epoch)
+        background = background and scores_in_background(self.config.val_background, self.device,
+                                                         stats["epoch_seconds"])
         with self.account.phase("validation"):
-            validation = self.evaluate(keep_predictions=keep)
-        shown = "  ".join(f"{key} {validation.metrics[key]:.4f}" for key in ("mAP50-95", "mAP50", "mAP75"))
-        self.log(f"epoch {epoch + 1}: {shown} | {stats['images_per_s']:.1f} img/s, {stats['data_wait']:.0%} waiting "
-                 f"for data | val {validation.seconds:.1f}s")
-        return validation
+            return self.evaluate(keep_predictions=keep, background=background)
 
-    def _record(self, epoch: int, stats: dict[str, float], validation: Validation | None) -> None:
+    def _record(self, epoch: int, stats: dict[str, float], validation: Validation | None, precision: str) -> None:
         """One ``results.csv`` row (and TensorBoard / plots through the reporter)."""
-        row = results_row(epoch, stats, validation, self.step.precision.name)
+        row = results_row(epoch, stats, validation, precision)
         append_results(self.run_dir / "results.csv", row)
         if self.reporter is not None:
             self.reporter.on_epoch_end(row, epoch)
 
     # ------------------------------------------------------------------------------------- checkpoints
-    def _checkpoint(self, epoch: int, metrics: dict[str, float], *, finished: bool, wait: bool) -> None:
+    def _checkpoint(self, epoch: int, metrics: dict[str, float], *, improved: bool | None, finished: bool,
+                    wait: bool) -> None:
         """Hand the run to its checkpoints (training goes on while they are written): last.pt when due, best.pt
         when this epoch improved on the best. A run that ``finished`` no longer needs the optimizer for --resume,
         so its last.pt is written stripped too (detector/checkpoint.py). ``wait``: the run stops here and its
         last line says the file is saved, so wait for the disk."""
         with self.account.phase("checkpoints"):
             self.checkpoints.epoch_done(lambda: run_checkpoint(self._trained(), self._run_state(epoch, metrics)),
-                                        improved=self.best_epoch == epoch, finished=finished, wait=wait)
+                                        improved=improved, finished=finished, wait=wait)
             writer = self.checkpoints.writer
             if writer.in_background:  # inline writes are already in the "checkpoints" part
                 self.account.background["checkpoint writes"] = writer.write_seconds
@@ -345,7 +355,7 @@ class Trainer:
             optimizer_choice={"name": self.optimizer_name, "lr": self.step.schedule.base_lr},
             time_spent=self.clock.elapsed(), epoch_seconds=self.clock.epoch_seconds,
             val_seconds=self.clock.val_seconds, mosaic_closed_at=self.mosaic_closed_at,
-            best_fitness=self.best_fitness, best_epoch=self.best_epoch, metrics=metrics,
+            best_fitness=self.verdicts.best_fitness, best_epoch=self.verdicts.best_epoch, metrics=metrics,
         )
 
     # ------------------------------------------------------------------------------------- plans
@@ -424,20 +434,10 @@ class Trainer:
 
     def _preflight(self, batch: tuple) -> None:
         """AMP check on rank 0's first batch, without collectives; every rank adopts its verdict."""
-        precision = self.step.precision
-
-        def check() -> tuple[str, str]:
-            if precision.name == "fp32":
-                return precision.name, precision.reason
-            images, targets = first_images(batch[0], batch[1])  # its FP32 step's memory is not the run's peak
-            images = model_input(images, self.device, channels_last=self.config.channels_last)
-            chosen, result = amp_preflight(self.step, images, targets.to(self.device))
-            save_preflight(result, self.run_dir / "amp_check.json")
-            self.log(result.line())
-            return chosen.name, ("chosen by the AMP check" if result.fell_back else precision.reason)
-
-        name, reason = decide_on_main(check, self.dist)
-        if name != precision.name:
+        name, reason = decide_on_main(lambda: check_first_batch(
+            self.step, batch, channels_last=self.config.channels_last, save_to=self.run_dir / "amp_check.json",
+            log=self.log), self.dist)
+        if name != self.step.precision.name:
             self.step.set_precision(Precision(name, self.device.type, reason))
 
 

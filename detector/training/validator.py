@@ -18,6 +18,7 @@ from detector.distributed import unwrap
 from detector.inference.fusion import FusedCopy
 from detector.inference.cuda_graph import CudaGraphRunner
 from detector.inference.torch_backend import decode_images, make_torch_infer
+from detector.metrics.background import BackgroundScorer, background_available
 from detector.metrics.coco import resolve_backend
 from detector.metrics.loop import Validation, make_val_loader, run_validation
 from detector.postprocess import NMSConfig, non_max_suppression
@@ -40,6 +41,11 @@ KEEP_BATCHES_BYTES = 512 * 2**20
 # whose rectangular batches take more shapes (COCO val's) runs the others eagerly.
 GRAPHED_SHAPES = 8
 GRAPHED_OUTPUT_BYTES = 128 * 2**20
+# --val-background auto scores a pass in the background (detector/metrics/background.py) on CUDA after epochs whose
+# training took less than this: there the COCO evaluation is a large share of an epoch (BCCD on an H200: ~0.13 s
+# against 0.16 s of training), and the metrics, best.pt and an early stop come one epoch later, seconds later. After
+# a longer epoch (COCO: minutes) the evaluation is a small share, and the metrics are worth having at once.
+BACKGROUND_EPOCH_SECONDS = 60.0
 
 
 def validation_batch(config: TrainConfig, device: torch.device) -> int:
@@ -55,6 +61,25 @@ def graphed_forward(model: nn.Module, precision: Precision, device: torch.device
     :data:`GRAPHED_SHAPES` and :data:`GRAPHED_OUTPUT_BYTES`; other shapes eager), as validation runs them."""
     forward = functools.partial(decode_images, model, precision=precision, device=device, channels_last=channels_last)
     return CudaGraphRunner(forward, max_graphs=GRAPHED_SHAPES, max_output_bytes=GRAPHED_OUTPUT_BYTES)
+
+
+def scores_in_background(choice: str, device: torch.device, epoch_seconds: float) -> bool:
+    """Whether ``--val-background`` ``choice`` scores the pass after an epoch of ``epoch_seconds`` in the background:
+    ``on``/``off`` as said; ``auto`` on CUDA after a short epoch (:data:`BACKGROUND_EPOCH_SECONDS`). Never where
+    the platform cannot fork the worker."""
+    if choice == "auto":
+        wanted = device.type == "cuda" and epoch_seconds < BACKGROUND_EPOCH_SECONDS
+    else:
+        wanted = choice == "on"
+    return wanted and background_available()
+
+
+def background_text(choice: str, device: torch.device) -> str:
+    """What the run header says after the evaluator about ``--val-background`` ``choice`` on ``device``."""
+    if choice == "on" or (choice == "auto" and device.type == "cuda"):
+        when = "" if choice == "on" else f" after epochs under {BACKGROUND_EPOCH_SECONDS:.0f} s"
+        return f", in the background{when}" if background_available() else ""
+    return ""
 
 
 def validation_dtype(precision: Precision) -> torch.dtype:
@@ -77,6 +102,7 @@ class Validator:
         self._copy: FusedCopy | None = None
         self._graphs: tuple[nn.Module, str, CudaGraphRunner] | None = None  # the copy and precision they replay
         self.canvases: np.ndarray | None = None  # each image's (height, width) in rectangular batches, once known
+        self._scorer: BackgroundScorer | None = None
         self.keep = len(split.records) * 3 * split.dataset.image_size**2 <= KEEP_BATCHES_BYTES  # uint8 pixels
 
     def loader(self) -> DataLoader:
@@ -101,9 +127,12 @@ class Validator:
         self._kept, self._loader = kept, None  # a whole pass: its workers can go
 
     def close(self) -> None:
-        """Stop the loader's workers (:func:`detector.data.workers.stop_workers`); a later pass starts new ones."""
+        """Stop the loader's workers (:func:`detector.data.workers.stop_workers`) and the background scorer's,
+        after the pass it is scoring; a later pass starts new ones."""
         stop_workers(self._loader)
         self._loader = None
+        if self._scorer is not None:
+            self._scorer.close()
 
     def model_for(self, model: nn.Module, precision: Precision) -> nn.Module:
         """``model`` as validation runs it: its folded copy (made once per model and dtype, refreshed every pass),
@@ -146,14 +175,22 @@ class Validator:
             self._graphs = copy, precision.name, runner
         return self._graphs[2]
 
-    def run(self, model: nn.Module, precision: Precision, *, keep_predictions: bool = False) -> Validation:
+    def run(self, model: nn.Module, precision: Precision, *, keep_predictions: bool = False,
+            background: bool = False) -> Validation:
+        """One pass; ``background``: its COCO scoring in the worker process (detector/metrics/background.py), the
+        returned :class:`Validation` waiting for it where its result is read."""
         # predictions.json is written by the final evaluations only (the trainer's after_epoch and after_train): at
         # COCO size (1.5M detections) its json.dumps costs seconds, every epoch, for a file the next epoch replaces.
         batches = self.batches()
         shapes = 1 if self.canvases is None else len(np.unique(self.canvases, axis=0))
+        backend = resolve_backend(self.config.coco_eval)
+        if background and self._scorer is None:
+            assert self.split.ground_truth is not None, "evaluation split was built without ground truth"
+            self._scorer = BackgroundScorer(self.split.ground_truth, backend=backend)
         with heuristics_over_many_shapes(self.device, shapes, self.config.cudnn_benchmark):
             return run_validation(self.infer(model, precision), self.split, batches, progress=self.progress,
-                                  keep_predictions=keep_predictions, coco_eval=resolve_backend(self.config.coco_eval))
+                                  keep_predictions=keep_predictions, coco_eval=backend,
+                                  scorer=self._scorer if background else None)
 
     def seconds_per_image(self, model: nn.Module, precision: Precision) -> float | None:
         """Inference and NMS on part of the first validation batch, for the ``--time`` probe (None: no images)."""

@@ -6,11 +6,9 @@ faster-coco-eval serves validation by default only because of test_faster_coco_e
 from __future__ import annotations
 
 import contextlib
-import faulthandler
 import io
 import json
 import os
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -183,14 +181,6 @@ def test_only_the_detections_cocoeval_reads_are_scored_and_the_numbers_do_not_mo
     precision = whole.precision[:, :, :, 0, -1]
     for k in range(CLASSES - 1):
         assert result.per_class_ap[k] == precision[:, :, k][precision[:, :, k] > -1].mean()
-
-
-@pytest.fixture
-def watchdog():
-    """A test that forks: if it hangs, the run ends after 120 s with every thread's traceback."""
-    faulthandler.dump_traceback_later(120, exit=True, file=sys.__stderr__)
-    yield
-    faulthandler.cancel_dump_traceback_later()
 
 
 def test_evaluation_by_category_in_forked_processes_gives_the_one_process_numbers_to_the_bit(

@@ -132,6 +132,25 @@ def test_best_pt_keeps_an_improvement_made_between_writes(tmp_path: Path):
     assert torch.equal(best["model"]["w"], torch.ones(4, dtype=torch.float16))
 
 
+@pytest.mark.parametrize("due", [True, False])
+def test_an_epoch_still_being_scored_leaves_a_candidate_that_its_verdict_makes_best_pt(tmp_path: Path, due: bool):
+    """--val-background: an epoch's best.pt is known one epoch later; its candidate is that epoch's weights, with
+    the metrics and best fitness its verdict brings, whether or not its own last.pt was due."""
+    clock = FakeClock(tick=0.1)  # every write costs 0.1 s: due again 5 s after the last one
+    checkpoints = RunCheckpoints(tmp_path, background=False, log=print, cadence=Cadence(share=0.02, clock=clock))
+    checkpoints.epoch_done(lambda: full_checkpoint(0), improved=True, finished=False, wait=False)
+    clock.now += 100.0 if due else 1.0
+    checkpoints.epoch_done(lambda: full_checkpoint(1), improved=None, finished=False, wait=False)
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == (1 if due else 0)
+    checkpoints.judged(True, {"metrics": {"mAP50-95": 0.5}, "best_fitness": 0.5, "best_epoch": 1})
+    checkpoints.epoch_done(lambda: full_checkpoint(2), improved=None, finished=False, wait=False)
+    checkpoints.judged(False, {"metrics": {"mAP50-95": 0.1}, "best_fitness": 0.5, "best_epoch": 1})  # dropped
+    checkpoints.close()
+    best = load_checkpoint(tmp_path / "best.pt")
+    assert best["epoch"] == 1 and is_stripped(best) and torch.equal(best["model"]["w"], torch.ones(4).half())
+    assert best["metrics"] == {"mAP50-95": 0.5} and (best["best_fitness"], best["best_epoch"]) == (0.5, 1)
+
+
 def test_a_finished_run_writes_at_once_and_strips_last_pt(tmp_path: Path):
     clock = FakeClock()
     checkpoints = RunCheckpoints(tmp_path, background=True, log=print, cadence=Cadence(share=0.02, clock=clock))

@@ -277,18 +277,47 @@ def test_resume_re_resolves_the_precision_on_this_device(saved, yolo_yaml: Path,
     assert resumed["precision"] == (cpu_choice if saved == "fp16" else "fp32")
 
 
-def test_early_stop_ends_with_the_final_report(yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
-    import detector.training.trainer
+@pytest.mark.parametrize("background", ["off", "on"])
+def test_early_stop_ends_with_the_final_report(background, yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
+    import detector.training.verdicts
 
-    monkeypatch.setattr(detector.training.trainer, "fitness", lambda metrics: 0.0)  # epoch 1 is the best there will be
-    summary = train(_config(yolo_yaml, tmp_path, epochs=4, patience=1, plots=True), progress=False)
-    assert summary["epochs_done"] == 2 and not summary["interrupted"]
+    monkeypatch.setattr(detector.training.verdicts, "fitness", lambda metrics: 0.0)  # epoch 1 is the best there will be
+    summary = train(_config(yolo_yaml, tmp_path, epochs=4, patience=1, plots=True, val_background=background),
+                    progress=False)
+    # Scored in the background, epoch 2's verdict comes at epoch 3's end, which is judged at once (patience had run
+    # out as of epoch 2) and stops the run: one epoch later.
+    assert summary["epochs_done"] == (2 if background == "off" else 3) and not summary["interrupted"]
     printed = capsys.readouterr().out
     assert "early stop: no better fitness for 1 epochs (best at epoch 1)" in printed
     assert "Average Precision" in printed  # the pycocotools summary of the final report
     for name in ("PR_curve", "confusion_matrix", "val_batch0_pred"):
         assert (summary["run_dir"] / f"{name}.png").is_file(), name
     assert load_checkpoint(summary["run_dir"] / "weights" / "best.pt")["epoch"] == 0
+
+
+def test_scoring_in_the_background_makes_the_same_run(yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
+    """--val-background on (forced here: auto keeps the CPU's scoring inline) judges each epoch one epoch later,
+    from a forked worker's scores: the same rows, the same best epoch and the same best.pt as scoring inline."""
+    import detector.training.verdicts
+
+    runs = {}
+    for background in ("off", "on"):
+        scores = iter([0.1, 0.3, 0.2, 0.25])  # epoch 2 is the best, and its best.pt waits for a later write
+        monkeypatch.setattr(detector.training.verdicts, "fitness", lambda metrics: next(scores))
+        config = _config(yolo_yaml, tmp_path, epochs=4, name=background, val_background=background)
+        runs[background] = train(config, progress=False)["run_dir"]
+    printed = capsys.readouterr().out
+    assert all(f"epoch {n}: mAP50-95" in printed for n in range(1, 5))
+    assert printed.count(", in the background | ") == 1  # the "on" run's header says where it scores
+    timing = {"val_seconds", "epoch_seconds", "images_per_s", "data_wait", "peak_mem_mb"}  # measured, not computed
+    rows = {name: [{k: v for k, v in row.items() if k not in timing} for row in csv.DictReader(
+            (run / "results.csv").open())] for name, run in runs.items()}
+    assert [row["epoch"] for row in rows["on"]] == ["1", "2", "3", "4"] and rows["on"] == rows["off"]
+    best = {name: load_checkpoint(run / "weights" / "best.pt") for name, run in runs.items()}
+    assert best["on"]["epoch"] == best["off"]["epoch"] == 1
+    assert best["on"]["metrics"] == best["off"]["metrics"] and best["on"]["metrics"]["mAP50"] == float(rows["on"][1]["mAP50"])
+    assert best["on"]["best_fitness"] == best["off"]["best_fitness"] == 0.3
+    assert all(torch.equal(best["on"]["model"][key], value) for key, value in best["off"]["model"].items())
 
 
 def test_resume_of_a_time_budget_run_continues_its_schedule_and_optimizer(yolo_yaml: Path, tmp_path: Path):

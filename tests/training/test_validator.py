@@ -6,7 +6,7 @@ from detector.data.build import SplitData
 from detector.model import build_model
 from detector.precision import Precision
 from detector.training.config import TrainConfig
-from detector.training.validator import Validator, validation_batch
+from detector.training.validator import BACKGROUND_EPOCH_SECONDS, Validator, scores_in_background, validation_batch
 
 
 def _model() -> torch.nn.Module:
@@ -44,6 +44,30 @@ def test_a_large_split_goes_through_the_loader_every_time(tiny_split: SplitData,
     model, precision = _model(), Precision("fp32", "cpu", "test")
     validator.run(model, precision)
     assert validator._kept is None and validator._loader is not None
+
+
+def test_auto_scores_in_the_background_on_cuda_after_short_epochs_only(monkeypatch):
+    cuda, cpu, short, long = torch.device("cuda"), torch.device("cpu"), 0.2, BACKGROUND_EPOCH_SECONDS
+    assert scores_in_background("auto", cuda, short) and not scores_in_background("auto", cuda, long)
+    assert not scores_in_background("auto", cpu, short)  # 2 cores: the worker would take the step's
+    assert scores_in_background("on", cpu, long) and not scores_in_background("off", cuda, short)
+    monkeypatch.setattr(validator_module, "background_available", lambda: False)  # no fork (Windows)
+    assert not scores_in_background("on", cpu, short)
+
+
+def test_a_pass_scored_in_the_background_has_the_inline_scores_and_close_ends_its_worker(
+        tiny_split: SplitData, watchdog):
+    import multiprocessing
+
+    children = set(multiprocessing.active_children())
+    validator = Validator(tiny_split, _config(), torch.device("cpu"), progress=False)
+    model, precision = _model(), Precision("fp32", "cpu", "test")
+    inline = validator.run(model, precision)
+    later = validator.run(model, precision, background=True)
+    assert later.in_background and not inline.in_background
+    assert later.result.metrics == inline.metrics and later.result.summary == inline.result.summary
+    validator.close()
+    assert set(multiprocessing.active_children()) <= children
 
 
 def test_validation_runs_at_the_training_batch_on_cuda_and_twice_it_on_a_cpu():

@@ -1,0 +1,77 @@
+"""The run's verdicts on its epochs: the best fitness so far and its epoch, ``--patience``, and the one epoch whose
+validation is still being scored in the background (``--val-background``, detector/metrics/background.py).
+
+An epoch is judged once its scores are in: its line is printed, the best fitness updated, its results.csv row
+written. A pass scored in the background is judged at the next epoch's end, before that epoch's own pass, so rows
+stay in epoch order and the scores have had a whole epoch to arrive; the trainer judges at once where the run ends
+or may stop (detector/training/trainer.py, ``after_epoch``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from detector.metrics.loop import Validation
+from detector.training.decision import fitness
+
+
+@dataclass
+class Pending:
+    """An epoch whose validation is being scored in the background, with what its verdict will need."""
+
+    epoch: int
+    stats: dict[str, float]  # what the epoch's training loop returned
+    validation: Validation
+    precision: str  # the precision the epoch trained in (a fallback after it changes the step's)
+
+
+class Verdicts:
+    """Judges epochs (see the module docstring).
+
+    Args:
+        patience: ``--patience`` (0: never stop early).
+        log: prints a line (rank 0's).
+        record: writes an epoch's results.csv row: ``(epoch, stats, validation or None, precision)``.
+    """
+
+    def __init__(self, patience: int, *, log: Callable[[str], None],
+                 record: Callable[[int, dict[str, float], Validation | None, str], None]) -> None:
+        self.patience, self.log, self.record = patience, log, record
+        self.best_fitness, self.best_epoch = -1.0, -1
+        self.pending: Pending | None = None
+
+    def judge(self, epoch: int, stats: dict[str, float], validation: Validation | None, precision: str) -> None:
+        """Epoch ``epoch``'s verdict (waits for a pass scored in the background): its line, the best fitness,
+        its row."""
+        if validation is not None:
+            shown = "  ".join(f"{key} {validation.metrics[key]:.4f}" for key in ("mAP50-95", "mAP50", "mAP75"))
+            self.log(f"epoch {epoch + 1}: {shown} | {stats['images_per_s']:.1f} img/s, {stats['data_wait']:.0%} "
+                     f"waiting for data | val {validation.seconds:.1f}s")
+            if (score := fitness(validation.metrics)) > self.best_fitness:
+                self.best_fitness, self.best_epoch = score, epoch
+        self.record(epoch, stats, validation, precision)
+
+    def defer(self, pending: Pending) -> None:
+        assert self.pending is None, "an epoch is already waiting for its verdict"
+        self.pending = pending
+
+    def judge_pending(self) -> tuple[bool, dict[str, Any]] | None:
+        """Judge the deferred epoch, if any (None: nothing was waiting): whether it improved on the best, and what
+        its best.pt candidate, taken before its scores were in, lacks (metrics, best fitness and epoch: see
+        :meth:`detector.training.checkpoint_writer.RunCheckpoints.judged`)."""
+        pending, self.pending = self.pending, None
+        if pending is None:
+            return None
+        self.judge(pending.epoch, pending.stats, pending.validation, pending.precision)
+        return self.improved(pending.epoch), {"metrics": pending.validation.metrics, "best_fitness": self.best_fitness,
+                                              "best_epoch": self.best_epoch}
+
+    def patience_ran_out(self, judged: int) -> bool:
+        """Whether ``--patience`` epochs have passed since the best one, as of epoch ``judged``."""
+        return bool(self.patience) and judged - self.best_epoch >= self.patience
+
+    def improved(self, epoch: int) -> bool:
+        """Whether ``epoch`` (judged) is the best so far."""
+        return self.best_epoch == epoch
