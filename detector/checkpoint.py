@@ -263,6 +263,8 @@ class RunState:
         best_fitness, best_epoch: the best evaluation so far (best.pt's).
         metrics: the last evaluation's metrics; names: class names; config: ``TrainConfig.to_dict()``.
         precision: the precision the run trains in (it may have fallen back).
+        unjudged: ``{"stats", "precision"}`` of epoch ``epoch`` when its validation was still being scored in the
+            background as this was written (``--val-background``): a resume scores and judges it first.
     """
 
     epoch: int
@@ -280,6 +282,7 @@ class RunState:
     best_fitness: float = -1.0
     best_epoch: int = -1
     metrics: dict[str, float] = field(default_factory=dict)
+    unjudged: dict[str, Any] | None = None
 
 
 def run_checkpoint(trained: Trained, state: RunState) -> dict[str, Any]:
@@ -302,6 +305,7 @@ def run_checkpoint(trained: Trained, state: RunState) -> dict[str, Any]:
         "best_fitness": state.best_fitness,
         "best_epoch": state.best_epoch,
         "metrics": state.metrics,
+        "unjudged": state.unjudged,
         "model_args": {"num_classes": model.num_classes, "scale": model.scale, "reg_max": model.reg_max},
         "names": state.names,
         "config": state.config,
@@ -335,4 +339,5 @@ def restore_run(checkpoint: dict[str, Any], trained: Trained) -> RunState:
         best_fitness=checkpoint.get("best_fitness", -1.0),
         best_epoch=checkpoint.get("best_epoch", -1),
         metrics=dict(checkpoint.get("metrics") or {}),
+        unjudged=checkpoint.get("unjudged"),
     )

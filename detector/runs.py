@@ -76,3 +76,33 @@ def append_results(csv_path: Path, row: dict[str, object]) -> None:
         writer.writeheader()
     writer.writerow(values)
     write_text_atomically(csv_path, previous + buffer.getvalue())
+
+
+def keep_results_through(csv_path: Path, epochs: int) -> int:
+    """Drop the rows of epochs after ``epochs`` (1-based, as the file counts) from ``results.csv``, atomically;
+    return the last epoch the file then holds (0: none, or no file).
+
+    A resumed run continues from its last.pt, which is written at a cadence (detector/training/checkpoint_writer.py):
+    a run that died epochs after it had written rows for those epochs, which the resumed run trains again and
+    writes anew. Rows that cannot be read as an epoch number are kept (a hand-edited file is not ours to judge).
+    """
+    if not csv_path.is_file():
+        return 0
+    rows = list(csv.reader(io.StringIO(csv_path.read_bytes().decode(), newline="")))
+    if not rows or "epoch" not in rows[0]:
+        return 0
+    column, kept, last = rows[0].index("epoch"), rows[:1], 0
+    for row in rows[1:]:
+        try:
+            epoch = int(row[column])
+        except (ValueError, IndexError):
+            kept.append(row)
+            continue
+        if epoch <= epochs:
+            kept.append(row)
+            last = max(last, epoch)
+    if len(kept) < len(rows):
+        buffer = io.StringIO()
+        csv.writer(buffer).writerows(kept)  # the writer append_results uses: the same bytes for its rows
+        write_text_atomically(csv_path, buffer.getvalue())
+    return last

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from detector.runs import append_results, claim_run_dir, run_folder
+from detector.runs import append_results, claim_run_dir, keep_results_through, run_folder
 
 
 def test_threads_started_at_once_get_different_folders(tmp_path: Path) -> None:
@@ -79,3 +79,16 @@ def test_a_resumed_run_with_a_new_column_keeps_every_column_under_its_name(tmp_p
     assert list(rows[0]) == ["epoch", "epoch_seconds", "peak_mem_mb", "data_wait"]
     assert rows[0] == {"epoch": "0", "epoch_seconds": "2", "peak_mem_mb": "100", "data_wait": ""}
     assert rows[1] == {"epoch": "1", "epoch_seconds": "3", "peak_mem_mb": "120", "data_wait": "0.25"}
+
+
+def test_a_resume_drops_the_rows_of_epochs_it_trains_again(tmp_path: Path) -> None:
+    path = tmp_path / "results.csv"
+    assert keep_results_through(path, 3) == 0  # no file yet
+    for epoch in range(1, 6):
+        append_results(path, {"epoch": epoch, "loss": 1 / epoch, "evaluator": "faster-coco-eval 1.8.0"})
+    before = path.read_bytes()
+    assert keep_results_through(path, 7) == 5 and path.read_bytes() == before  # nothing to drop: untouched
+    assert keep_results_through(path, 3) == 3
+    assert path.read_bytes() == before[: before.index(b"\r\n4,")] + b"\r\n"  # the first rows, byte for byte
+    append_results(path, {"epoch": 4, "loss": 0.3, "evaluator": "faster-coco-eval 1.8.0"})
+    assert [row["epoch"] for row in csv.DictReader(path.open())] == ["1", "2", "3", "4"]

@@ -10,102 +10,196 @@ A process, not a thread: faster-coco-eval prepares its input in Python (~60% of 
 a 2-core AMD EPYC: a pure-Python loop beside an evaluation thread ran at 0.69 of its speed alone, and the evaluation
 took 2.4x as long. The worker is forked, once, at the first pass it scores: it inherits the ground truth (COCO
 val's is ~0.5 GB of dicts) instead of receiving it, and each pass sends only the ``[N, 7]`` detections array
-(BCCD's 87 images x 300: 1.5 MB). It runs numpy and the evaluator only, never CUDA (a forked child of a CUDA
-process must not), and ignores SIGINT, as the loader's workers do: the trainer's Ctrl-C handler decides, once.
-Where the worker dies (killed for memory), the pass is scored in this process instead, after one warning line.
-The numbers are the in-process evaluation's to the bit: the same function on the same arrays
-(tests/metrics/test_background.py).
+(BCCD's 87 images x 300: 1.5 MB). The numbers are the in-process evaluation's to the bit: the same function on the
+same arrays (tests/metrics/test_background.py).
+
+A forked child of a training process must stay out of its parent's way:
+
+* it runs numpy and the evaluator only, never CUDA (a forked child of a CUDA process must not), scores in its one
+  process (no forks of its own), and never collects the objects it inherited (``gc.freeze``: their finalizers,
+  CUDA tensors' among them, are the parent's);
+* it writes to no inherited stream (another thread of the parent may have held one's lock at the fork);
+* it ignores SIGINT, as the loader's workers do (the trainer's Ctrl-C handler decides, once), and dies with its
+  parent (Linux's parent-death signal: a trainer killed by the OOM killer or torchrun's SIGTERM leaves no worker).
+
+A worker that dies, fails or has not answered in :data:`SCORE_TIMEOUT_S` costs one warning line: that pass and the
+rest of the run are scored in the training process.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import multiprocessing
+import os
 import signal
 import sys
+import time
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 import numpy as np
 from pycocotools.coco import COCO
 
 from detector.metrics.coco import EvalResult, evaluate_coco, resolve_backend
 
-# What the forked worker scores against: set in the parent just before the fork, read in the child.
+# A pass the worker has not scored by then is scored in the training process (a worker that hangs must not hang the
+# run): COCO val's 1.5M detections take ~10-20 s in one process on a server core.
+SCORE_TIMEOUT_S = 600.0
+STOP_TIMEOUT_S = 5.0  # a worker told to stop that is still alive after this is killed
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+# What the forked worker scores against: set in the parent around the fork only, read in the child.
 _forked_ground_truth: COCO | None = None
 
 
 def background_available() -> bool:
-    """Whether this platform can fork a worker (Linux; not Windows, where only spawn exists)."""
+    """Whether this platform can fork a worker (Linux and macOS; not Windows, where only spawn exists)."""
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def _score(detections: np.ndarray, image_ids: list[int] | None, backend: str) -> EvalResult:
-    """In the worker: :func:`evaluate_coco` against the inherited ground truth."""
-    assert _forked_ground_truth is not None, "the scoring worker was forked without its ground truth"
-    return evaluate_coco(_forked_ground_truth, detections, image_ids=image_ids, backend=backend)
+def _die_with_parent(parent: int) -> None:
+    """Ask the kernel (Linux) to kill this process when its parent dies; exit if the parent died already."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the pipe's end of file still stops the worker
+        pass
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _serve(jobs: Connection, parents_end: Connection, parent: int) -> None:
+    """The worker: score each ``(detections, image ids, backend)`` job, answering ``("ok", EvalResult)`` or
+    ``("error", message)``; stop at ``None`` or when the parent's end closes."""
+    parents_end.close()  # this copy of the parent's end would keep the pipe open after the parent died
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent)
+    gc.freeze()
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
+    while True:
+        try:
+            job = jobs.recv()
+        except EOFError:
+            return
+        if job is None:
+            return
+        detections, image_ids, backend = job
+        try:
+            answer = ("ok", evaluate_coco(_forked_ground_truth, detections, image_ids=image_ids, backend=backend,
+                                          processes=False))
+        except Exception as error:  # noqa: BLE001 - said in the parent, which scores the pass itself
+            answer = ("error", f"{type(error).__name__}: {error}")
+        jobs.send(answer)
 
 
 class PendingScore:
-    """One pass's COCO scores, being computed by the worker: :meth:`result` waits for them (or computes them in
-    this process if the worker died)."""
+    """One pass's COCO scores, being computed by the worker: :meth:`result` waits for them."""
 
-    def __init__(self, future: Future, inline: Callable[[], EvalResult]) -> None:
-        self._future, self._inline = future, inline
+    def __init__(self, receive: Callable[[], EvalResult]) -> None:
+        self._receive = receive
         self._result: EvalResult | None = None
-
-    def done(self) -> bool:
-        return self._result is not None or self._future.done()
 
     def result(self) -> EvalResult:
         if self._result is None:
-            try:
-                self._result = self._future.result()
-            except BrokenProcessPool as error:
-                print(f"warning: COCO scoring in the background failed ({error}); scoring in this process",
-                      file=sys.stderr)
-                self._result = self._inline()
+            self._result = self._receive()
         return self._result
 
 
 class BackgroundScorer:
-    """Scores validation passes against ``ground_truth`` in one forked worker (see the module docstring).
+    """Scores validation passes against ``ground_truth`` in one forked worker, one pass at a time (see the module
+    docstring): read each :class:`PendingScore` before submitting the next pass.
 
     Args:
         ground_truth: the split's COCO ground truth; the worker keeps the one it was forked with.
         backend: a :data:`detector.choices.COCO_EVAL` name, resolved here (its fallback line printed in this
             process, not the worker's).
+        timeout: seconds a pass may take in the worker before it is scored here instead.
     """
 
-    def __init__(self, ground_truth: COCO, *, backend: str) -> None:
-        self.ground_truth, self.backend = ground_truth, resolve_backend(backend)
-        self._pool: ProcessPoolExecutor | None = None
+    def __init__(self, ground_truth: COCO, *, backend: str, timeout: float = SCORE_TIMEOUT_S) -> None:
+        self.ground_truth, self.backend, self.timeout = ground_truth, resolve_backend(backend), timeout
+        self._process: BaseProcess | None = None
+        self._jobs: Connection | None = None
+        self._outstanding = False  # a pass was sent and its answer not read yet
+        self.failed = False  # the worker failed once: the rest of the run is scored here
 
     def submit(self, detections: np.ndarray, image_ids: list[int] | None) -> PendingScore:
         """Start scoring ``detections`` (:func:`~detector.metrics.coco.to_coco_detections` rows) over
-        ``image_ids``; returns at once."""
+        ``image_ids``; returns at once (scores in this process, at once, once the worker has failed)."""
+        if self._outstanding:
+            raise RuntimeError("the last pass's PendingScore has not been read: one pass at a time")
 
         def inline() -> EvalResult:
             return evaluate_coco(self.ground_truth, detections, image_ids=image_ids, backend=self.backend)
 
-        try:
-            future = self._worker().submit(_score, detections, image_ids, self.backend)
-        except BrokenProcessPool:  # it died scoring an earlier pass: that pass's result() said so
-            self.close()
-            future = Future()
-            future.set_result(inline())
-        return PendingScore(future, inline)
+        if not self.failed:
+            try:
+                self._worker().send((detections, image_ids, self.backend))
+                self._outstanding = True
+                return PendingScore(lambda: self._receive(inline))
+            except OSError as error:  # it died since the last pass (a broken pipe)
+                self._fail(f"{type(error).__name__}: {error}")
+        result = inline()
+        return PendingScore(lambda: result)
 
-    def _worker(self) -> ProcessPoolExecutor:
+    def _receive(self, inline: Callable[[], EvalResult]) -> EvalResult:
+        self._outstanding = False
+        assert self._jobs is not None
+        deadline = time.monotonic() + self.timeout
+        try:
+            while not self._jobs.poll(1.0):  # a dead worker's end closes: poll says readable, recv raises
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no answer in {self.timeout:.0f} s")
+            status, value = self._jobs.recv()
+        except (OSError, EOFError, TimeoutError) as error:
+            status, value = "error", f"{type(error).__name__}: {error}" if str(error) else "the worker died"
+        if status == "ok":
+            return value
+        self._fail(value)
+        return inline()
+
+    def _fail(self, why: str) -> None:
+        print(f"warning: COCO scoring in the background failed ({why}); scoring in the training process from now on",
+              file=sys.stderr)
+        self.failed = True
+        self._stop(kill=True)
+
+    def _worker(self) -> Connection:
         global _forked_ground_truth
-        if self._pool is None:
-            _forked_ground_truth = self.ground_truth  # the fork happens at the pool's first submit
-            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"),
-                                             initializer=signal.signal, initargs=(signal.SIGINT, signal.SIG_IGN))
-        return self._pool
+        if self._jobs is None:
+            context = multiprocessing.get_context("fork")
+            ours, theirs = context.Pipe()
+            _forked_ground_truth = self.ground_truth
+            try:  # daemonic: multiprocessing also stops it at this process's exit
+                process = context.Process(target=_serve, args=(theirs, ours, os.getpid()), daemon=True,
+                                          name="detector COCO scorer")
+                process.start()
+            finally:
+                _forked_ground_truth = None  # the child has its copy; this process keeps no reference
+            theirs.close()
+            self._process, self._jobs = process, ours
+        return self._jobs
 
     def close(self) -> None:
-        """Stop the worker (after the pass it is scoring); a later :meth:`submit` forks a new one. Idempotent."""
-        if self._pool is not None:
-            pool, self._pool = self._pool, None
-            pool.shutdown(wait=True, cancel_futures=True)
+        """Stop the worker: at once if a pass is still being scored (nobody will read it: an error stopped the
+        run), else after telling it to; a later :meth:`submit` forks a new one. Idempotent."""
+        self._stop(kill=self._outstanding)
+
+    def _stop(self, *, kill: bool) -> None:
+        process, jobs = self._process, self._jobs
+        self._process, self._jobs, self._outstanding = None, None, False
+        if process is None or jobs is None:
+            return
+        try:
+            if kill:
+                process.kill()
+            else:
+                jobs.send(None)
+        except OSError:  # it is gone already
+            pass
+        process.join(STOP_TIMEOUT_S)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        jobs.close()

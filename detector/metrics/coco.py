@@ -167,20 +167,20 @@ class CocoEvalOutput:
 
 
 def cocoeval_stats(
-    ground_truth: COCO, detections: np.ndarray, *, image_ids: list[int] | None, backend: str
+    ground_truth: COCO, detections: np.ndarray, *, image_ids: list[int] | None, backend: str, processes: bool = True
 ) -> CocoEvalOutput:
     """Bbox COCOeval (evaluate, accumulate, summarize) of ``[N >= 1, 7]`` detections with one of BACKENDS.
 
     The one place that knows which library runs. ``image_ids``: the images to score (default: every
     ground-truth image). faster-coco-eval evaluates large sets by category in forked processes
-    (:func:`_evaluate_in_parts`); pycocotools always runs as it is, in this process.
+    (:func:`_evaluate_in_parts`) unless ``processes`` is False; pycocotools always runs as it is, in this process.
     """
     backend = resolve_backend(backend)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed), _no_garbage_collection():
         if backend == "faster":
             ground_truth = _as_faster_coco(ground_truth)
-        parts = _category_parts(ground_truth, detections) if backend == "faster" else []
+        parts = _category_parts(ground_truth, detections) if backend == "faster" and processes else []
         if len(parts) > 1:
             evaluator = _evaluate_in_parts(ground_truth, detections, image_ids, parts)
         else:
@@ -330,9 +330,11 @@ def evaluate_coco(
     image_ids: list[int] | None = None,
     results_json: Path | None = None,
     backend: str = "faster",
+    processes: bool = True,
 ) -> EvalResult:
     """Score ``[N, 7]`` detections (:func:`to_coco_detections` rows) over ``image_ids`` (default: every
-    ground-truth image) with ``backend``; optionally write the results JSON."""
+    ground-truth image) with ``backend``; optionally write the results JSON. ``processes=False``: never fork
+    (:func:`cocoeval_stats`)."""
     num_classes = len(ground_truth.getCatIds())
     detections = np.asarray(detections, np.float64).reshape(-1, len(DETECTION_COLUMNS))
     if results_json is not None:
@@ -342,7 +344,8 @@ def evaluate_coco(
         nan = np.full(num_classes, np.nan)
         return EvalResult({name: 0.0 for name in METRIC_NAMES}, nan, nan.copy(), "no detections", evaluator)
     # The results JSON above holds every detection; the evaluator gets only those it would read.
-    output = cocoeval_stats(ground_truth, scored_detections(detections), image_ids=image_ids, backend=backend)
+    output = cocoeval_stats(ground_truth, scored_detections(detections), image_ids=image_ids, backend=backend,
+                            processes=processes)
     metrics = {name: float(max(value, 0.0)) for name, value in zip(METRIC_NAMES, output.stats[:6])}
     precision = output.precision[:, :, :, 0, -1]  # [IoU thresholds, recall, classes], all areas, 100 dets
     per_class = np.full(num_classes, np.nan)

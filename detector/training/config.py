@@ -116,9 +116,9 @@ class TrainConfig:
                                     "of the time; pycocotools when not installed) or pycocotools",
                           choices=COCO_EVAL_CHOICES)
     val_background: str = option("auto", "score each epoch's validation (the COCO evaluation) in a process of its own "
-                                         "while the next epoch trains; its metrics line, results.csv row, best.pt "
-                                         "and an early stop then come at the next epoch's end (the last epoch's at "
-                                         "once); auto = on CUDA after epochs under a minute",
+                                         "while the next epoch trains; its metrics line, results.csv row and best.pt "
+                                         "then come at the next epoch's end (at once where the run ends or may "
+                                         "stop); auto = on CUDA after epochs under a minute, on 4+ cores",
                                  choices=VAL_BACKGROUND_CHOICES)
     final_fp32: bool = option(False, "run the final evaluation in FP32 regardless of the training precision")
     plots: bool = option(True, "write PNG plots into the run folder")

@@ -3,8 +3,10 @@
 ``Trainer.fit`` reads top to bottom: :meth:`~Trainer.before_train` (the AMP check, the first batch's plot, the
 ``--time`` probe), then per epoch :meth:`~Trainer.train_in_epoch` and :meth:`~Trainer.after_epoch` (evaluate,
 decide, checkpoint), then :meth:`~Trainer.after_train`. The step's state is one :class:`TrainStep`
-(detector/training/engine.py), the ``--time`` bookkeeping one :class:`RunClock` (detector/training/budget.py),
-and a checkpoint's payload and its restore one pair in detector/checkpoint.py.
+(detector/training/engine.py), the ``--time`` bookkeeping one :class:`RunClock` (detector/training/budget.py), the
+plan it fits its base class :class:`RunPlans` (detector/training/plans.py), the verdict on each epoch one
+:class:`Verdicts` (detector/training/verdicts.py), and a checkpoint's payload and its restore one pair in
+detector/checkpoint.py.
 
 Under torchrun every rank runs this same code. What one rank alone can know (metrics, a Ctrl-C, the clock)
 becomes an :class:`EpochDecision` on rank 0 that every rank then applies (detector/training/decision.py).
@@ -12,9 +14,7 @@ becomes an :class:`EpochDecision` on rank 0 that every rank then applies (detect
 
 from __future__ import annotations
 
-import dataclasses
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -28,13 +28,13 @@ from detector.metrics.loop import Validation
 from detector.model import build_model
 from detector.plots.reporter import RunReporter
 from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest
-from detector.runs import append_results
+from detector.runs import append_results, keep_results_through
 from detector.training.amp_check import check_first_batch
 from detector.training.autobatch import AUTO_BATCH, batch_for
-from detector.training.budget import RunClock, RunSettings, TimeBudget
+from detector.training.budget import RunClock, TimeBudget
 from detector.training.builders import (build_criterion, build_data, build_model_from_weights, build_optimization,
                                         freeze_layers)
-from detector.training.builders import build_train_loader, load_resume, make_run_dir, seed_everything, warmup_steps
+from detector.training.builders import build_train_loader, load_resume, make_run_dir, seed_everything
 from detector.training.builders import wrap_distributed
 from detector.training.checkpoint_writer import RunCheckpoints
 from detector.training.config import TrainConfig
@@ -45,20 +45,15 @@ from detector.training.engine import TrainStep, train_one_epoch
 from detector.training.step_input import as_trained
 from detector.training.header import run_header
 from detector.training.interrupt import CtrlC
-from detector.training.multiscale import MultiScale, images_per_step
-from detector.training.probe import ProbeResult, plan_from_probe, size_factor, time_training_steps
+from detector.training.multiscale import MultiScale
+from detector.training.plans import RunPlans
 from detector.training.results import results_row
 from detector.training.time_account import TimeAccount, process_age
 from detector.training.validator import Validator, scores_in_background
 from detector.training.verdicts import Pending, Verdicts
 from detector.tuning import autotune_convolutions, tune_process
 
-# At most this fraction of a --time budget goes to timing training steps before the first one (at least two
-# steps are timed): on a 2-core CPU a 640 px step takes seconds, and a 3-minute budget should keep most of them.
-PROBE_BUDGET_FRACTION = 0.02
-
-
-class Trainer:
+class Trainer(RunPlans):
     """Holds the objects of one run; ``fit()`` runs it. Built only from the config, in reading order."""
 
     def __init__(self, config: TrainConfig, *, progress: bool = True, process_start: bool = False) -> None:
@@ -115,6 +110,8 @@ class Trainer:
                               steps=len(self.train_loader) * (self.epochs - self.start_epoch))
         self.step.model = wrap_distributed(model, config, self.dist, self.device)
         self.run_dir = make_run_dir(config, self.dist, resumed=self.resume_path if checkpoint is not None else None)
+        if checkpoint is not None and self.dist.is_main:  # the rows of epochs it trains (or judges) again go
+            keep_results_through(self.run_dir / "results.csv", self.start_epoch - (self.verdicts.saved is not None))
         self.validator = Validator(self.val_data, config, self.device, progress=progress) if self.val_data else None
         self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots,
                                     tensorboard=config.tensorboard) if self.dist.is_main else None
@@ -149,7 +146,7 @@ class Trainer:
         state = restore_run(checkpoint, self._trained())
         self.step.ema.updates = state.ema_updates
         self.start_epoch = state.epoch + 1
-        self.verdicts.best_fitness, self.verdicts.best_epoch = state.best_fitness, state.best_epoch
+        self.verdicts.restore(state)
         self.clock.restore(state.time_spent, state.epoch_seconds, state.val_seconds)
         self.mosaic_closed_at = state.mosaic_closed_at
         plan = state.plan
@@ -231,6 +228,17 @@ class Trainer:
             else:
                 self.feed.put_back([loaded])  # epoch 0 goes on from this batch (detector/training/feed.py)
         self.log(run_header(self))
+        if self.verdicts.saved is not None and self.dist.is_main:
+            self._judge_saved(*self.verdicts.saved)
+
+    def _judge_saved(self, epoch: int, unjudged: dict[str, Any]) -> None:
+        """A resumed run whose last.pt was written while its last epoch was scored in the background: score and
+        judge that epoch now (last.pt holds its EMA weights), its row, best.pt and a last.pt that knows."""
+        with self.account.phase("validation"):
+            validation = self.evaluate()
+            self.verdicts.judge(epoch, unjudged["stats"], validation, unjudged["precision"])
+        self.verdicts.saved = None
+        self._checkpoint(epoch, validation.metrics, improved=self.verdicts.improved(epoch), finished=False, wait=False)
 
     def uses_mosaic(self, epoch: int) -> bool:
         return epoch < self.epochs - self.close_mosaic  # the last close_mosaic epochs train without
@@ -247,8 +255,9 @@ class Trainer:
         """Rank 0: evaluate, log, decide what happens next, checkpoint. Returns the decision for all ranks. A pass
         scored in the background is judged at the next epoch's end (detector/training/verdicts.py), or at once where
         the run ends or may stop here (patience ran out as of the last judged epoch)."""
-        if (judged := self.verdicts.judge_pending()) is not None:  # best.pt's candidate gets its verdict
-            self.checkpoints.judged(*judged)
+        with self.account.phase("validation"):  # waits for the scores if they are not in yet
+            if (judged := self.verdicts.judge_pending()) is not None:  # best.pt's candidate gets its verdict
+                self.checkpoints.judged(*judged)
         validation = self._evaluate_if_due(epoch, stats, due=(epoch + 1) % self.config.val_interval == 0,
                                            background=not interrupted and epoch + 1 < self.epochs)
         self.clock.epoch_ends(validation.seconds if validation else None)
@@ -257,12 +266,14 @@ class Trainer:
         last = epoch + 1 >= epochs
         if last:  # the last epoch is always evaluated, and ends with the final report
             validation = validation or self._evaluate_if_due(epoch, stats, due=True)
+        # Judged at once where the run stops here or may (patience: it stops at the same epoch as scored inline).
         defer = bool(validation and validation.in_background and not (last or interrupted)
-                     and not self.verdicts.patience_ran_out(epoch - 1))
+                     and not self.verdicts.patience_ran_out(epoch))
         if defer:
             self.verdicts.defer(Pending(epoch, stats, validation, self.step.precision.name))
         else:  # before the final report, whose results.png shows this row too
-            self.verdicts.judge(epoch, stats, validation, self.step.precision.name)
+            with self.account.phase("validation"):
+                self.verdicts.judge(epoch, stats, validation, self.step.precision.name)
         patience_ran_out = bool(validation and not (defer or interrupted or last)
                                 and self.verdicts.patience_ran_out(epoch))
         if (last or patience_ran_out) and validation:  # an early stop gets the final report too
@@ -356,81 +367,8 @@ class Trainer:
             time_spent=self.clock.elapsed(), epoch_seconds=self.clock.epoch_seconds,
             val_seconds=self.clock.val_seconds, mosaic_closed_at=self.mosaic_closed_at,
             best_fitness=self.verdicts.best_fitness, best_epoch=self.verdicts.best_epoch, metrics=metrics,
+            unjudged=self.verdicts.unjudged(epoch),
         )
-
-    # ------------------------------------------------------------------------------------- plans
-    def input_shapes(self) -> list[tuple[int, int]]:
-        """The distinct (batch, size) training inputs of the epochs still to run (for cuDNN and the header)."""
-        return self.multi_scale.input_shapes(
-            steps_per_epoch=len(self.train_loader), batch=images_per_step(len(self.sampler), self.config.batch),
-            seed=self.config.seed, start_epoch=self.start_epoch)
-
-    def _settings(self, *, warmup_epochs: float) -> RunSettings:
-        config = self.config
-        return RunSettings(config.epochs, config.close_mosaic, warmup_epochs, val_interval=config.val_interval,
-                           final_seconds=self.clock.final_seconds(report=config.plots, fp32_again=config.final_fp32))
-
-    def _fit_to_budget(self, epoch: int) -> tuple[int, int, float]:
-        """(epochs, close-mosaic, warm-up epochs) for the rest of the run: as they are, or fitted to ``--time``."""
-        plan = self.clock.refit(self._settings(warmup_epochs=self.warmup_epochs), epochs_done=epoch + 1,
-                                mosaic_closed_at=self.mosaic_closed_at)
-        if plan is None:
-            return self.epochs, self.close_mosaic, self.warmup_epochs
-        if plan.epochs != self.epochs or epoch == 0:
-            self.log(plan.describe())
-        return plan.epochs, plan.close_mosaic, plan.warmup_epochs
-
-    def _plan_before_first_step(self, first: tuple, batches: Iterator) -> None:
-        """Fit the plan to ``--time`` from a timed probe (detector/training/probe.py), before step 0; every rank
-        follows. ``--optimizer auto`` then chooses from the fitted length: nothing has stepped yet, so the
-        optimizer can be rebuilt and the schedule replaced outright."""
-        config, budget = self.config, self.clock.budget
-        assert budget is not None
-        step_seconds, steps_timed = time_training_steps(
-            batches, first=first, step=self.step, image_size=config.imgsz,
-            prefetched=config.workers * (self.train_loader.prefetch_factor or 0),
-            # Under torchrun the ranks must step the same number of times: no clock-dependent stop there.
-            max_seconds=PROBE_BUDGET_FRACTION * budget.seconds if not self.dist.enabled else float("inf"),
-        )
-
-        def plan() -> tuple[int, int, float, float | None]:
-            probe = ProbeResult(step_seconds, steps_timed, self.validator and self.validator.seconds_per_image(
-                self.step.ema.module, self.step.precision))
-            sizes = self.multi_scale.sizes(len(self.train_loader), seed=config.seed, epoch=0)
-            val_images = len(self.val_data.records) if self.val_data else 0
-            plan = plan_from_probe(self.clock, self._settings(warmup_epochs=config.warmup_epochs), probe,
-                                   steps_per_epoch=len(self.train_loader), size_factor=size_factor(sizes, config.imgsz),
-                                   val_images=val_images)
-            self.log(f"{probe.describe()}\n{plan.describe()}")
-            return plan.epochs, plan.close_mosaic, plan.warmup_epochs, probe.val_seconds(val_images)
-
-        epochs, close_mosaic, warmup_epochs, self.clock.prior_val_seconds = decide_on_main(plan, self.dist)
-        if config.optimizer == "auto":
-            choice, self.step.schedule = build_optimization(
-                config, unwrap(self.step.model), steps_per_epoch=len(self.train_loader),
-                world_size=self.dist.world_size, epochs=epochs, warmup_epochs=warmup_epochs,
-            )
-            self.step.optimizer, self.optimizer_name = choice.optimizer, choice.name
-        self._plan_epochs(epochs, close_mosaic, warmup_epochs, at_step=0)
-        autotune_convolutions(self.device, input_shapes=len(self.input_shapes()), policy=config.cudnn_benchmark,
-                              steps=len(self.train_loader) * epochs)  # decided again for the fitted length
-
-    def _apply(self, decision: EpochDecision, *, epochs_done: int) -> None:
-        """Make this rank follow ``decision``, taken after ``epochs_done`` epochs."""
-        if decision.precision != self.step.precision.name:
-            self.step.set_precision(Precision(decision.precision, self.device.type, decision.precision_reason))
-        if (decision.epochs, decision.close_mosaic, decision.warmup_epochs) != (self.epochs, self.close_mosaic,
-                                                                                self.warmup_epochs):
-            self._plan_epochs(decision.epochs, decision.close_mosaic, decision.warmup_epochs,
-                              at_step=epochs_done * self.step.schedule.steps_per_epoch)
-
-    def _plan_epochs(self, epochs: int, close_mosaic: int, warmup_epochs: float, *, at_step: int) -> None:
-        """Follow a new plan from step ``at_step`` on; the schedule changes only ahead (training/schedule.py)."""
-        self.epochs, self.close_mosaic, self.warmup_epochs = epochs, close_mosaic, warmup_epochs
-        schedule = self.step.schedule
-        self.step.schedule = schedule.replan(at_step=at_step, epochs=epochs,
-                                             warmup_steps=warmup_steps(warmup_epochs, schedule.steps_per_epoch, epochs))
-        self.multi_scale = dataclasses.replace(self.multi_scale, epochs=epochs, fixed_last_epochs=close_mosaic)
 
     def _preflight(self, batch: tuple) -> None:
         """AMP check on rank 0's first batch, without collectives; every rank adopts its verdict."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from detector.checkpoint import RunState
 from detector.metrics.loop import Validation
 from detector.training.decision import fitness
 
@@ -41,6 +42,21 @@ class Verdicts:
         self.patience, self.log, self.record = patience, log, record
         self.best_fitness, self.best_epoch = -1.0, -1
         self.pending: Pending | None = None
+        self.saved: tuple[int, dict[str, Any]] | None = None  # a resumed run's epoch that last.pt left unjudged
+
+    def restore(self, state: RunState) -> None:
+        """A resumed run's verdicts so far, from its last.pt; an epoch still being scored when that was written is
+        :attr:`saved` for the trainer to score and judge first."""
+        self.best_fitness, self.best_epoch = state.best_fitness, state.best_epoch
+        self.saved = (state.epoch, state.unjudged) if state.unjudged else None
+
+    def unjudged(self, epoch: int) -> dict[str, Any] | None:
+        """What a checkpoint of ``epoch`` keeps of it when its verdict is still pending (None: it was judged)."""
+        pending = self.pending
+        if pending is None or pending.epoch != epoch:
+            return None
+        stats = {key: value if isinstance(value, int) else float(value) for key, value in pending.stats.items()}
+        return {"stats": stats, "precision": pending.precision}  # plain numbers: torch.load's weights_only reads them
 
     def judge(self, epoch: int, stats: dict[str, float], validation: Validation | None, precision: str) -> None:
         """Epoch ``epoch``'s verdict (waits for a pass scored in the background): its line, the best fitness,

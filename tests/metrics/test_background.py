@@ -1,11 +1,16 @@
 """BackgroundScorer: a forked worker scores a pass to the in-process evaluation's bits, and survives what a run
-throws at it (a Ctrl-C to the process group, a worker killed for memory)."""
+throws at it (a Ctrl-C to the process group, a worker that dies or hangs, an error that stops the run, a trainer
+killed outright)."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,6 +22,7 @@ from detector.metrics.coco import evaluate_coco
 from tests.metrics.test_coco import noisy_detections, synthetic_ground_truth
 
 pytestmark = pytest.mark.skipif(not background.background_available(), reason="this platform cannot fork")
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +38,10 @@ def _same(a, b) -> bool:
             and np.array_equal(a.stats, b.stats))
 
 
+def _workers(before: set) -> set:
+    return set(multiprocessing.active_children()) - before
+
+
 @pytest.mark.parametrize("backend", ["faster", "pycocotools"])
 def test_the_worker_scores_to_the_bit_of_this_process_and_is_one_process_for_the_run(
         backend, scored_set, watchdog) -> None:
@@ -44,14 +54,16 @@ def test_the_worker_scores_to_the_bit_of_this_process_and_is_one_process_for_the
     try:
         for rows in (detections, detections[::2]):  # two passes, one worker
             pending = scorer.submit(rows, image_ids)
+            with pytest.raises(RuntimeError, match="one pass at a time"):
+                scorer.submit(rows, image_ids)
             inline = evaluate_coco(coco, rows, image_ids=image_ids, backend=backend)
-            assert _same(pending.result(), inline) and pending.done() and inline.metrics["mAP50"] > 0.2
-        workers = set(multiprocessing.active_children()) - children
-        assert len(workers) == 1 and os.getpid() not in {worker.pid for worker in workers}
+            assert _same(pending.result(), inline) and inline.metrics["mAP50"] > 0.2
+        (worker,) = _workers(children)
+        assert worker.pid != os.getpid() and worker.daemon and background._forked_ground_truth is None
     finally:
         scorer.close()
         scorer.close()  # idempotent
-    assert set(multiprocessing.active_children()) <= children
+    assert not _workers(children) and not scorer.failed
 
 
 def test_a_ctrl_c_to_the_process_group_leaves_the_worker_scoring(scored_set, watchdog) -> None:
@@ -62,27 +74,86 @@ def test_a_ctrl_c_to_the_process_group_leaves_the_worker_scoring(scored_set, wat
     scorer = BackgroundScorer(coco, backend="pycocotools")
     try:
         first = scorer.submit(detections, image_ids).result()
-        (worker,) = set(multiprocessing.active_children()) - children
+        (worker,) = _workers(children)
         os.kill(worker.pid, signal.SIGINT)
         assert _same(scorer.submit(detections, image_ids).result(), first) and worker.is_alive()
     finally:
         scorer.close()
 
 
-def _killed(detections, image_ids, backend):
-    os._exit(9)  # as a worker killed for memory ends: no exception, no result
+def _dies_mid_pass(jobs, parents_end, parent) -> None:
+    jobs.recv()
+    os._exit(9)  # as a worker killed for memory ends: no exception, no answer
 
 
-def test_a_worker_that_dies_costs_one_line_and_no_scores(scored_set, monkeypatch, capsys, watchdog) -> None:
+def _hangs(jobs, parents_end, parent) -> None:
+    jobs.recv()
+    time.sleep(60)
+
+
+@pytest.mark.parametrize("worker", [_dies_mid_pass, _hangs])
+def test_a_worker_that_dies_or_hangs_costs_one_line_and_no_scores(
+        worker, scored_set, monkeypatch, capsys, watchdog) -> None:
     ground_truth, detections, image_ids = scored_set
     coco = load_coco(ground_truth)
     inline = evaluate_coco(coco, detections, image_ids=image_ids, backend="pycocotools")
-    monkeypatch.setattr(background, "_score", _killed)  # before the fork: the worker runs it
-    scorer = BackgroundScorer(coco, backend="pycocotools")
-    try:
-        assert _same(scorer.submit(detections, image_ids).result(), inline)
-        assert _same(scorer.submit(detections, image_ids).result(), inline)  # the next pass: scored here at once
-    finally:
-        scorer.close()
+    monkeypatch.setattr(background, "_serve", worker)  # what the next fork runs
+    children = set(multiprocessing.active_children())
+    scorer = BackgroundScorer(coco, backend="pycocotools", timeout=1.0)
+    started = time.monotonic()
+    assert _same(scorer.submit(detections, image_ids).result(), inline)
+    assert time.monotonic() - started < 15  # the hung worker was given up after the timeout, and killed at once
+    assert scorer.failed and not _workers(children)
+    assert _same(scorer.submit(detections, image_ids).result(), inline)  # the rest: scored here, no new fork
+    assert not _workers(children)
     lines = [line for line in capsys.readouterr().err.splitlines() if "background" in line]
     assert len(lines) == 1 and lines[0].startswith("warning: COCO scoring in the background failed")
+
+
+def test_a_run_stopped_by_an_error_does_not_wait_for_the_pass(scored_set, monkeypatch, watchdog) -> None:
+    ground_truth, detections, image_ids = scored_set
+    monkeypatch.setattr(background, "_serve", _hangs)
+    children = set(multiprocessing.active_children())
+    scorer = BackgroundScorer(load_coco(ground_truth), backend="pycocotools")
+    scorer.submit(detections, image_ids)  # never read: the run stopped
+    started = time.monotonic()
+    scorer.close()
+    assert time.monotonic() - started < 5 and not _workers(children)
+
+
+KILLED_TRAINER = """
+import os, time, numpy as np
+from detector.data.ground_truth import load_coco
+from detector.metrics import background
+from tests.metrics.test_coco import synthetic_ground_truth
+background.evaluate_coco = lambda *args, **kwargs: time.sleep(600)  # a long pass: the worker is not reading its pipe
+scorer = background.BackgroundScorer(load_coco(synthetic_ground_truth(4, seed=0)), backend="pycocotools")
+scorer.submit(np.zeros((0, 7)), None)
+time.sleep(1)  # the worker is in its pass
+print(scorer._process.pid, flush=True)
+os.kill(os.getpid(), 9)  # as the OOM killer or a second SIGTERM ends a trainer: no finally, no atexit
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_the_worker_dies_with_a_trainer_killed_outright(watchdog) -> None:
+    done = subprocess.run([sys.executable, "-c", KILLED_TRAINER], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    worker = int(done.stdout.split()[-1])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(worker):
+        time.sleep(0.1)
+    orphaned = _alive(worker)
+    if orphaned:
+        os.kill(worker, signal.SIGKILL)  # the test fails; the machine keeps no orphan
+    assert not orphaned
+
+
+def _alive(pid: int) -> bool:
+    """A process that still runs (a zombie awaiting its reaper counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state != "Z"

@@ -6,7 +6,8 @@ from detector.data.build import SplitData
 from detector.model import build_model
 from detector.precision import Precision
 from detector.training.config import TrainConfig
-from detector.training.validator import BACKGROUND_EPOCH_SECONDS, Validator, scores_in_background, validation_batch
+from detector.training.validator import BACKGROUND_EPOCH_SECONDS, BACKGROUND_MIN_CORES, Validator, scores_in_background
+from detector.training.validator import validation_batch
 
 
 def _model() -> torch.nn.Module:
@@ -48,9 +49,12 @@ def test_a_large_split_goes_through_the_loader_every_time(tiny_split: SplitData,
 
 def test_auto_scores_in_the_background_on_cuda_after_short_epochs_only(monkeypatch):
     cuda, cpu, short, long = torch.device("cuda"), torch.device("cpu"), 0.2, BACKGROUND_EPOCH_SECONDS
+    monkeypatch.setattr(validator_module, "usable_cores", lambda: BACKGROUND_MIN_CORES)
     assert scores_in_background("auto", cuda, short) and not scores_in_background("auto", cuda, long)
-    assert not scores_in_background("auto", cpu, short)  # 2 cores: the worker would take the step's
+    assert not scores_in_background("auto", cpu, short)  # the worker would take cores from the step
     assert scores_in_background("on", cpu, long) and not scores_in_background("off", cuda, short)
+    monkeypatch.setattr(validator_module, "usable_cores", lambda: BACKGROUND_MIN_CORES - 1)  # a small GPU host
+    assert not scores_in_background("auto", cuda, short) and scores_in_background("on", cuda, short)
     monkeypatch.setattr(validator_module, "background_available", lambda: False)  # no fork (Windows)
     assert not scores_in_background("on", cpu, short)
 
@@ -62,10 +66,14 @@ def test_a_pass_scored_in_the_background_has_the_inline_scores_and_close_ends_it
     children = set(multiprocessing.active_children())
     validator = Validator(tiny_split, _config(), torch.device("cpu"), progress=False)
     model, precision = _model(), Precision("fp32", "cpu", "test")
+    with torch.no_grad():  # every (anchor, class) pair scores 0.5: hundreds of boxes for the evaluator
+        for branch in model.head.cv3:
+            branch[-1].bias.zero_()
     inline = validator.run(model, precision)
     later = validator.run(model, precision, background=True)
-    assert later.in_background and not inline.in_background
+    assert later.in_background and not inline.in_background and len(later.detections) > 100
     assert later.result.metrics == inline.metrics and later.result.summary == inline.result.summary
+    assert (later.result.per_class_ap == inline.result.per_class_ap).all()
     validator.close()
     assert set(multiprocessing.active_children()) <= children
 
@@ -134,3 +142,27 @@ def _graphed_against_eager(tiny_split: SplitData) -> None:
     # Replay runs the kernels the eager forward launched on the same inputs and weights: equal results.
     assert graphed.detections.shape == expected.detections.shape
     assert (abs(graphed.detections - expected.detections) <= 1e-3).all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a worker forked from a process with a CUDA context")
+def test_a_cuda_run_scores_in_a_worker_forked_after_its_cuda_work(tiny_split: SplitData, watchdog):
+    """The worker is forked from a training process with a live CUDA context and replayed graphs: it must score
+    without touching CUDA, as an inline pass scores the same detections."""
+    import multiprocessing
+
+    from detector.metrics.coco import evaluate_coco, resolve_backend
+
+    children = set(multiprocessing.active_children())
+    validator = Validator(tiny_split, _config(device="cuda"), torch.device("cuda"), progress=False)
+    model, precision = _model().cuda(), Precision("fp16", "cuda", "test")
+    validator.run(model, precision)  # inline: the graphs are captured, the CUDA context is busy
+    image_ids = tiny_split.records.image_ids.tolist()
+    for _ in range(2):  # two passes, one worker
+        later = validator.run(model, precision, background=True)
+        expected = evaluate_coco(tiny_split.ground_truth, later.detections, image_ids=image_ids,
+                                 backend=resolve_backend(validator.config.coco_eval))
+        assert later.in_background and later.result.metrics == expected.metrics
+        assert later.result.summary == expected.summary and later.result.evaluator == expected.evaluator
+    assert not validator._scorer.failed
+    validator.close()
+    assert set(multiprocessing.active_children()) <= children
