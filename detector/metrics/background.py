@@ -144,16 +144,16 @@ class BackgroundScorer:
         return PendingScore(lambda: result)
 
     def _receive(self, inline: Callable[[], EvalResult]) -> EvalResult:
-        self._outstanding = False
         assert self._jobs is not None
         deadline = time.monotonic() + self.timeout
-        try:
+        try:  # a KeyboardInterrupt here leaves the pass outstanding: close() then kills the worker at once
             while not self._jobs.poll(1.0):  # a dead worker's end closes: poll says readable, recv raises
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"no answer in {self.timeout:.0f} s")
             status, value = self._jobs.recv()
         except (OSError, EOFError, TimeoutError) as error:
             status, value = "error", f"{type(error).__name__}: {error}" if str(error) else "the worker died"
+        self._outstanding = False
         if status == "ok":
             return value
         self._fail(value)
