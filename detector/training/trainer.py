@@ -236,7 +236,7 @@ class Trainer(RunPlans):
         judge that epoch now (last.pt holds its EMA weights), its row, best.pt and a last.pt that knows."""
         with self.account.phase("validation"):
             validation = self.evaluate()
-            self.verdicts.judge(epoch, unjudged["stats"], validation, unjudged["precision"])
+        self.verdicts.judge(epoch, unjudged["stats"], validation, unjudged["precision"])
         self.verdicts.saved = None
         self._checkpoint(epoch, validation.metrics, improved=self.verdicts.improved(epoch), finished=False, wait=False)
 
@@ -255,9 +255,9 @@ class Trainer(RunPlans):
         """Rank 0: evaluate, log, decide what happens next, checkpoint. Returns the decision for all ranks. A pass
         scored in the background is judged at the next epoch's end (detector/training/verdicts.py), or at once where
         the run ends or may stop here (patience ran out as of the last judged epoch)."""
-        with self.account.phase("validation"):  # waits for the scores if they are not in yet
-            if (judged := self.verdicts.judge_pending()) is not None:  # best.pt's candidate gets its verdict
-                self.checkpoints.judged(*judged)
+        if self.verdicts.pending is not None:  # best.pt's candidate gets its verdict too
+            self._scored(self.verdicts.pending.validation)
+            self.checkpoints.judged(*self.verdicts.judge_pending())
         validation = self._evaluate_if_due(epoch, stats, due=(epoch + 1) % self.config.val_interval == 0,
                                            background=not interrupted and epoch + 1 < self.epochs)
         self.clock.epoch_ends(validation.seconds if validation else None)
@@ -272,8 +272,7 @@ class Trainer(RunPlans):
         if defer:
             self.verdicts.defer(Pending(epoch, stats, validation, self.step.precision.name))
         else:  # before the final report, whose results.png shows this row too
-            with self.account.phase("validation"):
-                self.verdicts.judge(epoch, stats, validation, self.step.precision.name)
+            self.verdicts.judge(epoch, stats, self._scored(validation), self.step.precision.name)
         patience_ran_out = bool(validation and not (defer or interrupted or last)
                                 and self.verdicts.patience_ran_out(epoch))
         if (last or patience_ran_out) and validation:  # an early stop gets the final report too
@@ -332,6 +331,13 @@ class Trainer(RunPlans):
                                                          stats["epoch_seconds"])
         with self.account.phase("validation"):
             return self.evaluate(keep_predictions=keep, background=background)
+
+    def _scored(self, validation: Validation | None) -> Validation | None:
+        """``validation`` with its scores in: waiting for the background worker counts as validation."""
+        if validation is not None and validation.in_background:
+            with self.account.phase("validation"):
+                validation.result  # noqa: B018 - reading it waits for the worker's answer
+        return validation
 
     def _record(self, epoch: int, stats: dict[str, float], validation: Validation | None, precision: str) -> None:
         """One ``results.csv`` row (and TensorBoard / plots through the reporter)."""
