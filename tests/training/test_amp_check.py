@@ -73,3 +73,21 @@ def test_the_check_runs_under_cudnn_heuristics_and_restores_autotuning(monkeypat
     amp_preflight(make_train_step(model, precision="fp16", device="cuda"), images.cuda(), targets.cuda())
     assert seen and not any(seen)  # the FP32 reference and each candidate's step: the hook is deep-copied with them
     assert torch.backends.cudnn.benchmark is True
+
+
+@pytest.mark.parametrize("name", ["fp32", "fp16"])
+def test_the_runs_check_reads_its_first_loader_batch_and_keeps_its_evidence(name, tmp_path):
+    """``check_first_batch``: what the trainer runs before step 0, on the loader's uint8 batch (collate output)."""
+    from detector.training.amp_check import check_first_batch
+
+    images, targets = _batch()
+    batch = ((images * 255).to(torch.uint8), targets, None)
+    step, lines = make_train_step(build_model(num_classes=2), precision=name), []
+    chosen, reason = check_first_batch(step, batch, channels_last=False, save_to=tmp_path / "amp_check.json",
+                                       log=lines.append)
+    if name == "fp32":  # nothing to check: no line, no file
+        assert (chosen, lines) == ("fp32", []) and not (tmp_path / "amp_check.json").exists()
+        return
+    evidence = json.loads((tmp_path / "amp_check.json").read_text())
+    assert evidence["requested"] == name and evidence["chosen"] == chosen and len(lines) == 1
+    assert reason == ("chosen by the AMP check" if chosen != name else step.precision.reason)
