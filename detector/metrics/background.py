@@ -55,15 +55,16 @@ _forked_ground_truth: COCO | None = None
 
 
 def background_available() -> bool:
-    """Whether this platform can fork a worker (Linux and macOS; not Windows, where only spawn exists)."""
-    return "fork" in multiprocessing.get_all_start_methods()
+    """Whether this process can fork a worker: not on Windows (spawn only), and not from a daemonic process (a
+    ``multiprocessing`` pool's worker running a training), which may have no children."""
+    return "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
 
 
 def _die_with_parent(parent: int) -> None:
     """Ask the kernel (Linux) to kill this process when its parent dies; exit if the parent died already."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the pipe's end of file still stops the worker
+    try:  # prctl(int option, unsigned long arg2, ...): the signal as an unsigned long
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL))
+    except (OSError, AttributeError):  # not Linux (or it failed): the pipe's end of file still stops an idle worker
         pass
     if os.getppid() != parent:
         os._exit(0)
@@ -72,10 +73,11 @@ def _die_with_parent(parent: int) -> None:
 def _serve(jobs: Connection, parents_end: Connection, parent: int) -> None:
     """The worker: score each ``(detections, image ids, backend)`` job, answering ``("ok", EvalResult)`` or
     ``("error", message)``; stop at ``None`` or when the parent's end closes."""
+    gc.freeze()  # first: the parent forked with the collector off (see _worker), so nothing inherited was collected
+    gc.enable()
     parents_end.close()  # this copy of the parent's end would keep the pipe open after the parent died
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent(parent)
-    gc.freeze()
     sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
     while True:
         try:
@@ -135,16 +137,18 @@ class BackgroundScorer:
 
         if not self.failed:
             try:
-                self._worker().send((detections, image_ids, self.backend))
-                self._outstanding = True
+                jobs = self._worker()
+                self._outstanding = True  # before the send: one cut short (a Ctrl-C) leaves a worker to kill
+                jobs.send((detections, image_ids, self.backend))
                 return PendingScore(lambda: self._receive(inline))
-            except OSError as error:  # it died since the last pass (a broken pipe)
+            except Exception as error:  # noqa: BLE001 - it died since the last pass (a broken pipe), or no fork
                 self._fail(f"{type(error).__name__}: {error}")
         result = inline()
         return PendingScore(lambda: result)
 
     def _receive(self, inline: Callable[[], EvalResult]) -> EvalResult:
-        assert self._jobs is not None
+        if self._jobs is None:  # closed since (an error stopped the run): nobody waits for a worker any more
+            return inline()
         deadline = time.monotonic() + self.timeout
         try:  # a KeyboardInterrupt here leaves the pass outstanding: close() then kills the worker at once
             while not self._jobs.poll(1.0):  # a dead worker's end closes: poll says readable, recv raises
@@ -171,12 +175,18 @@ class BackgroundScorer:
             context = multiprocessing.get_context("fork")
             ours, theirs = context.Pipe()
             _forked_ground_truth = self.ground_truth
+            # No collection between the fork and the child's gc.freeze: it would run this process's finalizers
+            # (unreachable cycles of the trainer's, CUDA tensors' among them) in the child (gc.freeze's advice).
+            collecting = gc.isenabled()
+            gc.disable()
             try:  # daemonic: multiprocessing also stops it at this process's exit
                 process = context.Process(target=_serve, args=(theirs, ours, os.getpid()), daemon=True,
                                           name="detector COCO scorer")
                 process.start()
             finally:
                 _forked_ground_truth = None  # the child has its copy; this process keeps no reference
+                if collecting:
+                    gc.enable()
             theirs.close()
             self._process, self._jobs = process, ours
         return self._jobs

@@ -4,6 +4,7 @@ killed outright)."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -119,6 +120,51 @@ def test_a_run_stopped_by_an_error_does_not_wait_for_the_pass(scored_set, monkey
     started = time.monotonic()
     scorer.close()
     assert time.monotonic() - started < 5 and not _workers(children)
+
+
+class _Owned:
+    """Stands for an object of the trainer whose finalizer must run in the trainer only (a CUDA tensor's)."""
+
+    log: Path
+
+    def __del__(self) -> None:
+        with self.log.open("a") as file:
+            file.write(f"{os.getpid()}\n")
+
+
+def test_the_worker_runs_none_of_its_parents_finalizers(scored_set, tmp_path: Path, watchdog) -> None:
+    ground_truth, detections, image_ids = scored_set
+    _Owned.log = tmp_path / "finalized"
+    _Owned.log.touch()
+    scorer = BackgroundScorer(load_coco(ground_truth), backend="pycocotools")
+    gc.collect()
+    for _ in range(50):  # garbage cycles the collector has not reached yet...
+        owned = _Owned()
+        owned.me = owned
+    del owned
+    near = [[] for _ in range(max(0, gc.get_threshold()[0] - gc.get_count()[0] - 100))]  # ...and it nearly will
+    try:
+        scorer.submit(detections[:100], image_ids).result()
+    finally:
+        scorer.close()
+    del near
+    gc.collect()
+    finalized = _Owned.log.read_text().split()
+    assert finalized == [str(os.getpid())] * 50  # each once, here
+
+
+def _availability(answers) -> None:
+    answers.put(background.background_available())
+
+
+def test_a_daemonic_process_scores_inline(watchdog) -> None:
+    """A training run inside a multiprocessing pool's worker (daemonic) may not fork: auto keeps it inline."""
+    context = multiprocessing.get_context("fork")
+    answers = context.Queue()
+    process = context.Process(target=_availability, args=(answers,), daemon=True)
+    process.start()
+    assert answers.get(timeout=60) is False and background.background_available()
+    process.join(60)
 
 
 KILLED_TRAINER = """
