@@ -183,6 +183,10 @@ class BackgroundScorer:
                 process = context.Process(target=_serve, args=(theirs, ours, os.getpid()), daemon=True,
                                           name="detector COCO scorer")
                 process.start()
+            except BaseException:
+                ours.close()
+                theirs.close()
+                raise
             finally:
                 _forked_ground_truth = None  # the child has its copy; this process keeps no reference
                 if collecting:

@@ -153,6 +153,22 @@ def test_the_worker_runs_none_of_its_parents_finalizers(scored_set, tmp_path: Pa
     assert finalized == [str(os.getpid())] * 50  # each once, here
 
 
+def test_a_fork_that_fails_costs_one_line_and_scores_here(scored_set, monkeypatch, capsys) -> None:
+    ground_truth, detections, image_ids = scored_set
+    coco = load_coco(ground_truth)
+
+    def refused(self) -> None:
+        raise AssertionError("daemonic processes are not allowed to have children")  # multiprocessing's words
+
+    monkeypatch.setattr(multiprocessing.get_context("fork").Process, "start", refused)
+    scorer = BackgroundScorer(coco, backend="pycocotools")
+    inline = evaluate_coco(coco, detections, image_ids=image_ids, backend="pycocotools")
+    assert _same(scorer.submit(detections, image_ids).result(), inline) and scorer.failed
+    assert _same(scorer.submit(detections, image_ids).result(), inline)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "background" in line]
+    assert len(lines) == 1 and "not allowed to have children" in lines[0]
+
+
 def _availability(answers) -> None:
     answers.put(background.background_available())
 
