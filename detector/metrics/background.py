@@ -146,6 +146,15 @@ class BackgroundScorer:
         result = inline()
         return PendingScore(lambda: result)
 
+    def start(self) -> None:
+        """Fork the worker now rather than at the first pass (a run forks it before its loaders' workers start, so
+        it maps none of their shared-memory buffers); a failure to fork costs one line, as at a pass."""
+        if not self.failed:
+            try:
+                self._worker()
+            except Exception as error:  # noqa: BLE001 - said once; the passes are scored in this process
+                self._fail(f"{type(error).__name__}: {error}")
+
     def _receive(self, inline: Callable[[], EvalResult]) -> EvalResult:
         if self._jobs is None:  # closed since (an error stopped the run): nobody waits for a worker any more
             return inline()

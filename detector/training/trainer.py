@@ -208,6 +208,8 @@ class Trainer(RunPlans):
     def before_train(self) -> None:
         """The loader's first batch of epoch 0 feeds the AMP check, the batch plot and the ``--time`` probe."""
         config = self.config
+        if self.validator is not None and scores_in_background(config.val_background, self.device, epoch_seconds=0.0):
+            self.validator.scorer().start()  # a run that may score in the background forks before its loaders do
         if self.start_epoch == 0 and (config.amp_check or self.reporter is not None or self.clock.budget is not None):
             # Asking the loader (not collating by hand) also forks its workers now, before the AMP check's freed
             # activations fill this process's heap: forked later, the first steps pay copy-on-write faults for

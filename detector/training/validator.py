@@ -139,6 +139,14 @@ class Validator:
         if self._scorer is not None:
             self._scorer.close()
 
+    def scorer(self) -> BackgroundScorer:
+        """The run's background scorer (made on first use; its worker is forked at :meth:`BackgroundScorer.start`
+        or at its first pass)."""
+        if self._scorer is None:
+            assert self.split.ground_truth is not None, "evaluation split was built without ground truth"
+            self._scorer = BackgroundScorer(self.split.ground_truth, backend=resolve_backend(self.config.coco_eval))
+        return self._scorer
+
     def model_for(self, model: nn.Module, precision: Precision) -> nn.Module:
         """``model`` as validation runs it: its folded copy (made once per model and dtype, refreshed every pass),
         in FP16 under CUDA FP16 (Ultralytics validates its EMA in half precision too: autocast would cast every
@@ -189,9 +197,8 @@ class Validator:
         batches = self.batches()
         shapes = 1 if self.canvases is None else len(np.unique(self.canvases, axis=0))
         backend = resolve_backend(self.config.coco_eval)
-        if background and self._scorer is None:
-            assert self.split.ground_truth is not None, "evaluation split was built without ground truth"
-            self._scorer = BackgroundScorer(self.split.ground_truth, backend=backend)
+        if background:
+            self.scorer()
         with heuristics_over_many_shapes(self.device, shapes, self.config.cudnn_benchmark):
             return run_validation(self.infer(model, precision), self.split, batches, progress=self.progress,
                                   keep_predictions=keep_predictions, coco_eval=backend,

@@ -70,7 +70,10 @@ def test_a_pass_scored_in_the_background_has_the_inline_scores_and_close_ends_it
         for branch in model.head.cv3:
             branch[-1].bias.zero_()
     inline = validator.run(model, precision)
+    validator.scorer().start()  # as a run does before its loaders start
+    (worker,) = set(multiprocessing.active_children()) - children
     later = validator.run(model, precision, background=True)
+    assert set(multiprocessing.active_children()) - children == {worker}  # the pass went to that worker
     assert later.in_background and not inline.in_background and len(later.detections) > 100
     assert later.result.metrics == inline.metrics and later.result.summary == inline.result.summary
     assert (later.result.per_class_ap == inline.result.per_class_ap).all()
