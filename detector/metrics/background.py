@@ -135,21 +135,21 @@ class BackgroundScorer:
         def inline() -> EvalResult:
             return evaluate_coco(self.ground_truth, detections, image_ids=image_ids, backend=self.backend)
 
-        if not self.failed:
+        self.start()  # forked already, usually
+        if self._jobs is not None:
             try:
-                jobs = self._worker()
                 self._outstanding = True  # before the send: one cut short (a Ctrl-C) leaves a worker to kill
-                jobs.send((detections, image_ids, self.backend))
+                self._jobs.send((detections, image_ids, self.backend))
                 return PendingScore(lambda: self._receive(inline))
-            except Exception as error:  # noqa: BLE001 - it died since the last pass (a broken pipe), or no fork
+            except Exception as error:  # noqa: BLE001 - it died since the last pass (a broken pipe)
                 self._fail(f"{type(error).__name__}: {error}")
         result = inline()
         return PendingScore(lambda: result)
 
     def start(self) -> None:
-        """Fork the worker now rather than at the first pass (a run forks it before its loaders' workers start, so
-        it maps none of their shared-memory buffers); a failure to fork costs one line, as at a pass."""
-        if not self.failed:
+        """Fork the worker unless it runs (or has failed): a run does so before its loaders' workers start, so it
+        maps none of their shared-memory buffers; else the first pass does. A failure to fork costs one line."""
+        if not self.failed and self._jobs is None:
             try:
                 self._worker()
             except Exception as error:  # noqa: BLE001 - said once; the passes are scored in this process

@@ -43,8 +43,8 @@ GRAPHED_SHAPES = 8
 GRAPHED_OUTPUT_BYTES = 128 * 2**20
 # --val-background auto scores a pass in the background (detector/metrics/background.py) on CUDA after epochs whose
 # training took less than this: there the COCO evaluation is a large share of an epoch (BCCD on an H200: ~0.13 s
-# against 0.16 s of training), and the metrics, best.pt and an early stop come one epoch later, seconds later. After
-# a longer epoch (COCO: minutes) the evaluation is a small share, and the metrics are worth having at once.
+# against 0.16 s of training), and an epoch's metrics line and best.pt come one epoch later, seconds later. After a
+# longer epoch (COCO: minutes) the evaluation is a small share, and the metrics are worth having at once.
 BACKGROUND_EPOCH_SECONDS = 60.0
 # ...and where the host has at least this many cores: the worker takes one while it scores, beside the training
 # loop, the pin thread and the loader's workers (2-core CPU, the 30-epoch shapes run, one run each: 67.1 s wall with
@@ -81,10 +81,9 @@ def scores_in_background(choice: str, device: torch.device, epoch_seconds: float
 
 def background_text(choice: str, device: torch.device) -> str:
     """What the run header says after the evaluator about ``--val-background`` ``choice`` on ``device``."""
-    if choice == "on" or (choice == "auto" and device.type == "cuda" and usable_cores() >= BACKGROUND_MIN_CORES):
-        when = "" if choice == "on" else f" after epochs under {BACKGROUND_EPOCH_SECONDS:.0f} s"
-        return f", in the background{when}" if background_available() else ""
-    return ""
+    if not scores_in_background(choice, device, epoch_seconds=0.0):  # not even after the shortest epoch
+        return ""
+    return ", in the background" + ("" if choice == "on" else f" after epochs under {BACKGROUND_EPOCH_SECONDS:.0f} s")
 
 
 def validation_dtype(precision: Precision) -> torch.dtype:
@@ -197,12 +196,10 @@ class Validator:
         batches = self.batches()
         shapes = 1 if self.canvases is None else len(np.unique(self.canvases, axis=0))
         backend = resolve_backend(self.config.coco_eval)
-        if background:
-            self.scorer()
         with heuristics_over_many_shapes(self.device, shapes, self.config.cudnn_benchmark):
             return run_validation(self.infer(model, precision), self.split, batches, progress=self.progress,
                                   keep_predictions=keep_predictions, coco_eval=backend,
-                                  scorer=self._scorer if background else None)
+                                  scorer=self.scorer() if background else None)
 
     def seconds_per_image(self, model: nn.Module, precision: Precision) -> float | None:
         """Inference and NMS on part of the first validation batch, for the ``--time`` probe (None: no images)."""
