@@ -14,6 +14,7 @@ import torch
 
 from detector.checkpoint import (
     CheckpointError,
+    all_finite,
     is_stripped,
     load_checkpoint,
     load_matching,
@@ -70,10 +71,15 @@ def test_a_checkpoint_gets_the_permissions_of_a_plain_open_not_mkstemps_0600(tmp
     assert stat.S_IMODE((tmp_path / "last.pt").stat().st_mode) == stat.S_IMODE(plain.stat().st_mode) == 0o644
 
 
-def test_non_finite_weights_are_never_written(tmp_path: Path):
-    with pytest.raises(CheckpointError, match="non-finite"):
-        save_checkpoint({"model": {"w": torch.tensor([1.0, float("nan")])}}, tmp_path / "bad.pt")
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_non_finite_weights_are_never_written(tmp_path: Path, bad: float, dtype: torch.dtype):
+    weights = {"ok": torch.ones(3, dtype=dtype), "empty": torch.zeros(0, dtype=dtype), "count": torch.tensor(7),
+               "w": torch.tensor([1.0, bad], dtype=dtype)}  # one bad value among good, empty and integer tensors
+    with pytest.raises(CheckpointError, match="non-finite 'ema'"):
+        save_checkpoint({"model": {"ok": torch.ones(2)}, "ema": weights}, tmp_path / "bad.pt")
     assert not any(tmp_path.iterdir())
+    assert all_finite({name: tensor for name, tensor in weights.items() if name != "w"})
 
 
 def test_checkpoints_load_weights_only_and_refuse_pickled_code(tmp_path: Path):
@@ -223,6 +229,18 @@ def test_values_beyond_fp16_range_stay_fp32():
                         "count": torch.tensor(3)})
     assert stripped["small"].dtype == torch.float16 and stripped["large"].dtype == torch.float32
     assert stripped["count"].dtype == torch.int64
+
+
+def test_to_half_copies_every_tensor_so_training_may_go_on():
+    """The stripped weights are kept while the run trains on (best.pt held until last.pt is due): none may share
+    memory with the live state dict, including those that keep their type."""
+    live = {"small": torch.tensor([1.0, -2.0]), "large": torch.tensor([1.0, 7e4]), "count": torch.tensor(3),
+            "empty": torch.zeros(0), "half": torch.tensor([0.5], dtype=torch.float16)}
+    stripped = to_half(live)
+    for tensor in live.values():
+        tensor.add_(1)
+    assert stripped["small"].tolist() == [1.0, -2.0] and stripped["large"].tolist() == [1.0, 7e4]
+    assert stripped["count"].item() == 3 and stripped["half"].item() == 0.5 and stripped["empty"].numel() == 0
 
 
 def _explicit_batch_norm(self: torch.nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, save_checkpoint
-from detector.training.checkpoint_writer import Cadence, CheckpointWriter, RunCheckpoints, snapshot
+from detector.training.checkpoint_writer import Cadence, CheckpointWriter, RunCheckpoints, snapshot, stripped_snapshot
 from tests.conftest import FakeClock
 
 
@@ -21,6 +21,15 @@ def test_a_snapshot_does_not_move_with_the_live_tensors():
     weights.add_(1)  # training goes on
     assert torch.equal(copied["model"]["w"], torch.zeros(3))
     assert torch.equal(copied["optimizer"]["state"][0][1], torch.zeros(3)) and copied["epoch"] == 2
+
+
+def test_a_stripped_snapshot_does_not_move_with_the_live_run():
+    ema, metrics = {"w": torch.zeros(3), "n": torch.tensor(2)}, {"mAP50-95": 0.5}
+    live = {"model": {"w": torch.ones(3)}, "ema": ema, "optimizer": {}, "epoch": 4, "metrics": metrics}
+    copied = stripped_snapshot(live)
+    ema["w"].add_(1), ema["n"].add_(1), metrics.update({"mAP50-95": 0.9})  # training goes on
+    assert copied["model"]["w"].dtype == torch.float16 and copied["model"]["w"].tolist() == [0.0] * 3
+    assert copied["model"]["n"].item() == 2 and copied["metrics"] == {"mAP50-95": 0.5} and is_stripped(copied)
 
 
 def test_the_writer_writes_one_file_at_a_time_and_the_newest_per_file_wins(tmp_path: Path):
