@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "detector"
 # layer or above (inside one package, modules import each other freely). docs/development.md draws this map.
 LAYERS: list[set[str]] = [
     {"choices", "defaults"},
-    {"boxes", "nms", "files", "device", "precision", "tuning", "options", "paths", "extras", "aliases"},
+    {"boxes", "nms", "files", "device", "precision", "tuning", "options", "paths", "extras", "aliases", "forked"},
     {"distributed", "postprocess", "assigner", "runs"},
     {"model", "loss"},
     {"checkpoint", "data"},

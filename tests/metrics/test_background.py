@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from detector.data.ground_truth import load_coco
+from detector import forked
 from detector.metrics import background
 from detector.metrics.background import BackgroundScorer
 from detector.metrics.coco import evaluate_coco
@@ -60,7 +61,7 @@ def test_the_worker_scores_to_the_bit_of_this_process_and_is_one_process_for_the
             inline = evaluate_coco(coco, rows, image_ids=image_ids, backend=backend)
             assert _same(pending.result(), inline) and inline.metrics["mAP50"] > 0.2
         (worker,) = _workers(children)
-        assert worker.pid != os.getpid() and worker.daemon and background._forked_ground_truth is None
+        assert worker.pid != os.getpid() and worker.daemon
     finally:
         scorer.close()
         scorer.close()  # idempotent
@@ -82,12 +83,12 @@ def test_a_ctrl_c_to_the_process_group_leaves_the_worker_scoring(scored_set, wat
         scorer.close()
 
 
-def _dies_mid_pass(jobs, parents_end, parent) -> None:
+def _dies_mid_pass(handle, jobs, parents_end, parent) -> None:
     jobs.recv()
     os._exit(9)  # as a worker killed for memory ends: no exception, no answer
 
 
-def _hangs(jobs, parents_end, parent) -> None:
+def _hangs(handle, jobs, parents_end, parent) -> None:
     jobs.recv()
     time.sleep(60)
 
@@ -98,7 +99,7 @@ def test_a_worker_that_dies_or_hangs_costs_one_line_and_no_scores(
     ground_truth, detections, image_ids = scored_set
     coco = load_coco(ground_truth)
     inline = evaluate_coco(coco, detections, image_ids=image_ids, backend="pycocotools")
-    monkeypatch.setattr(background, "_serve", worker)  # what the next fork runs
+    monkeypatch.setattr(forked, "_serve", worker)  # what the next fork runs
     children = set(multiprocessing.active_children())
     scorer = BackgroundScorer(coco, backend="pycocotools", timeout=1.0)
     started = time.monotonic()
@@ -113,7 +114,7 @@ def test_a_worker_that_dies_or_hangs_costs_one_line_and_no_scores(
 
 def test_a_run_stopped_by_an_error_does_not_wait_for_the_pass(scored_set, monkeypatch, watchdog) -> None:
     ground_truth, detections, image_ids = scored_set
-    monkeypatch.setattr(background, "_serve", _hangs)
+    monkeypatch.setattr(forked, "_serve", _hangs)
     children = set(multiprocessing.active_children())
     scorer = BackgroundScorer(load_coco(ground_truth), backend="pycocotools")
     scorer.submit(detections, image_ids)  # never read: the run stopped
@@ -186,13 +187,14 @@ def test_a_daemonic_process_scores_inline(watchdog) -> None:
 KILLED_TRAINER = """
 import os, time, numpy as np
 from detector.data.ground_truth import load_coco
+from detector import forked
 from detector.metrics import background
 from tests.metrics.test_coco import synthetic_ground_truth
 background.evaluate_coco = lambda *args, **kwargs: time.sleep(600)  # a long pass: the worker is not reading its pipe
 scorer = background.BackgroundScorer(load_coco(synthetic_ground_truth(4, seed=0)), backend="pycocotools")
 scorer.submit(np.zeros((0, 7)), None)
 time.sleep(1)  # the worker is in its pass
-print(scorer._process.pid, flush=True)
+print(scorer.helper._process.pid, flush=True)
 os.kill(os.getpid(), 9)  # as the OOM killer or a second SIGTERM ends a trainer: no finally, no atexit
 """
 
