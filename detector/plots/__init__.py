@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from detector.plots.batches import plot_batch, plot_val_predictions
     from detector.plots.curves import plot_results
-    from detector.plots.labels import plot_label_stats
-    from detector.plots.metrics import plot_all_validation, plot_confusion_matrix, plot_pr_curves
+    from detector.plots.labels import plot_label_arrays, plot_label_stats
+    from detector.plots.metrics import plot_confusion_matrix, plot_pr_curves
+    from detector.plots.validation import plot_all_validation
 
 _MODULES = {
-    "plot_all_validation": "metrics",
+    "plot_all_validation": "validation",
     "plot_batch": "batches",
     "plot_confusion_matrix": "metrics",
+    "plot_label_arrays": "labels",
     "plot_label_stats": "labels",
     "plot_pr_curves": "metrics",
     "plot_results": "curves",
@@ -32,11 +34,19 @@ __all__ = [
     "plot_all_validation",
     "plot_batch",
     "plot_confusion_matrix",
+    "plot_label_arrays",
     "plot_label_stats",
     "plot_pr_curves",
     "plot_results",
     "plot_val_predictions",
 ]
+
+
+def draw(name: str, *args: Any) -> None:
+    """Draw figure ``name`` (one of this package's ``plot_*`` functions) of ``args`` in this process: the default
+    of the callers that may hand their figures to a run's helper process instead (detector/plots/worker.py)."""
+    function = globals().get(name) or __getattr__(name)  # a function set on the package (a test's) comes first
+    function(*args)
 
 
 def __getattr__(name: str) -> Any:

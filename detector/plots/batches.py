@@ -1,10 +1,13 @@
 """Image grids with boxes drawn by OpenCV: training batches and validation predictions beside ground truth.
 
-OpenCV draws a 16-image 640-px grid in tens of milliseconds, where matplotlib would take seconds.
+OpenCV draws a 16-image 640-px grid in tens of milliseconds, where matplotlib would take seconds; and this module
+imports no matplotlib, so a training process whose figures are drawn by its helper (detector/plots/worker.py) never
+imports it.
 """
 
 from __future__ import annotations
 
+import colorsys
 import math
 from pathlib import Path
 
@@ -13,13 +16,19 @@ import numpy as np
 import torch
 
 from detector.files import write_image
-from detector.plots.canvas import class_color
 
 MAX_GRID_SIDE = 1920  # pixels; tiles shrink so the whole grid stays under this
 DRAW_CONF = 0.25  # predictions below this score are not drawn
 GT_COLOR = (40, 200, 40)  # RGB, ground-truth boxes in the prediction plots
 TILE_GAP = 6  # pixels of white between grid cells
 PAIR_GAP = 2  # pixels of white between the ground-truth and prediction halves of one cell
+
+
+def class_color(index: int) -> tuple[int, int, int]:
+    """A stable, well-separated colour for class ``index`` as 0-255 RGB (golden-ratio hue steps)."""
+    hue = (index * 0.618033988749895) % 1.0
+    red, green, blue = colorsys.hsv_to_rgb(hue, 0.85, 0.95)
+    return int(red * 255), int(green * 255), int(blue * 255)
 
 
 def normalised_to_xyxy(boxes_cxcywh: torch.Tensor | np.ndarray, width: float, height: float) -> np.ndarray:

@@ -7,7 +7,6 @@ from a background thread is safe.
 
 from __future__ import annotations
 
-import colorsys
 import io
 import sys
 from pathlib import Path
@@ -71,10 +70,3 @@ def save_figure(figure: Figure, out_png: str | Path) -> Path:
     buffer = io.BytesIO()
     figure.savefig(buffer, dpi=DPI, format="png")
     return write_atomically(out_png, buffer.getvalue())  # the figure appears whole or not at all
-
-
-def class_color(index: int) -> tuple[int, int, int]:
-    """A stable, well-separated colour for class ``index`` as 0-255 RGB (golden-ratio hue steps)."""
-    hue = (index * 0.618033988749895) % 1.0
-    red, green, blue = colorsys.hsv_to_rgb(hue, 0.85, 0.95)
-    return int(red * 255), int(green * 255), int(blue * 255)

@@ -1,17 +1,12 @@
-"""PR-curve, confusion-matrix and validation-prediction figures (the numbers come from :mod:`detector.metrics.matching`)."""
+"""PR-curve and confusion-matrix figures (the numbers come from :mod:`detector.metrics.matching`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from detector.data.build import SplitData
-from detector.data.dataset import collate
-from detector.data.letterbox import ImageMeta, unletterbox_boxes
-from detector.metrics.matching import CONF_GRID, RECALL_GRID, PRCurves, Predictions, ValidationStats, validation_stats
-from detector.plots.batches import plot_val_predictions
+from detector.metrics.matching import CONF_GRID, RECALL_GRID, PRCurves
 from detector.plots.canvas import new_figure, panel_grid, save_figure
 
 MAX_LEGEND_CLASSES = 20  # beyond this many classes, per-class lines are drawn grey and unlabelled
@@ -93,38 +88,3 @@ def plot_confusion_matrix(
             axis.text(col, row, text, ha="center", va="center", fontsize=font,
                       color="white" if values[row, col] > threshold else "black")
     return save_figure(figure, out_png)
-
-
-def plot_all_validation(
-    predictions: Predictions,
-    split: SplitData,
-    names: list[str],
-    out_dir: str | Path,
-    *,
-    max_images: int = 16,
-) -> ValidationStats:
-    """Write ``PR_curve.png``, ``confusion_matrix.png`` and ``val_batch0_pred.png`` into ``out_dir``.
-
-    ``val_batch0_pred.png`` shows the first ``max_images`` images of the split (ground truth left,
-    predictions scoring >= 0.25 right; 0 skips it). Returns the per-class precision / recall for
-    :func:`detector.metrics.table.per_class_table`.
-    """
-    out_dir = Path(out_dir)
-    stats = validation_stats(predictions, split, len(names))
-    stats.files.append(plot_pr_curves(stats.curves, names, out_dir / "PR_curve.png"))
-    stats.files.append(plot_confusion_matrix(stats.matches.confusion, names, out_dir / "confusion_matrix.png"))
-    count = min(max_images, len(split.dataset), len(predictions))
-    if count:
-        by_id = {meta.image_id: (detection, meta) for detection, meta in predictions}
-        images, targets, metas = collate([split.dataset[i] for i in range(count)])
-        empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.long)}
-        shown = [in_letterbox(*by_id[meta.image_id], meta) if meta.image_id in by_id else empty for meta in metas]
-        stats.files.append(plot_val_predictions(images, shown, targets, names, out_dir / "val_batch0_pred.png"))
-    return stats
-
-
-def in_letterbox(detection: dict[str, torch.Tensor], scored: ImageMeta, shown: ImageMeta) -> dict[str, torch.Tensor]:
-    """``detection``'s boxes, in the pixels of the letterbox they were scored in (``scored``: a rectangular
-    batch's canvas), moved into the letterbox ``shown`` (the square the figure draws)."""
-    boxes = unletterbox_boxes(detection["boxes"], scored) * shown.ratio
-    return {**detection, "boxes": boxes + torch.tensor(shown.pad * 2, dtype=boxes.dtype)}

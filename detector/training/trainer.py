@@ -20,13 +20,14 @@ from typing import Any
 import torch
 
 from detector.checkpoint import CheckpointError, RunState, Trained, restore_run, run_checkpoint
-from detector.data.workers import default_workers
+from detector.data.workers import default_workers, usable_cores
 from detector.distributed import any_rank, cleanup, decide_on_main, init_distributed
 from detector.distributed import local_main_first, unwrap
 from detector.metrics.coco import write_results_json
 from detector.metrics.loop import Validation
 from detector.model import build_model
 from detector.plots.reporter import RunReporter
+from detector.plots.worker import figures_in_background
 from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest
 from detector.runs import append_results, keep_results_through
 from detector.training.amp_check import check_first_batch
@@ -113,8 +114,8 @@ class Trainer(RunPlans):
         if checkpoint is not None and self.dist.is_main:  # the rows of epochs it trains (or judges) again go
             keep_results_through(self.run_dir / "results.csv", self.start_epoch - (self.verdicts.saved is not None))
         self.validator = Validator(self.val_data, config, self.device, progress=progress) if self.val_data else None
-        self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots,
-                                    tensorboard=config.tensorboard) if self.dist.is_main else None
+        self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots, tensorboard=config.tensorboard,
+                                    background=figures_in_background(usable_cores())) if self.dist.is_main else None
         # Rank 0's checkpoints: off the training thread on a GPU, where the host waits on the device; on the CPU
         # a writer thread takes cores from the step (2-core EPYC, 30 epochs: 87-93 s wall against 66-75 s inline).
         self.checkpoints = RunCheckpoints(self.run_dir / "weights", background=self.device.type != "cpu", log=self.log)
@@ -190,8 +191,9 @@ class Trainer(RunPlans):
                 self.feed.stop()  # the loaders' workers end with the run, not at exit (workers.stop_workers)
                 if self.validator is not None:
                     self.validator.close()
-                if self.reporter is not None:  # its TensorBoard events on disk, also when the run stopped early
-                    self.reporter.close()
+                if self.reporter is not None:  # its figures and TensorBoard events on disk, also after an early stop
+                    with self.account.phase("final evaluation"):  # the figures of the final report, at the latest
+                        self.reporter.close()
                 cleanup(self.dist)
         interrupted = bool(decision and decision.stop.startswith("interrupted"))
         summary = {"run_dir": self.run_dir, "metrics": decision.metrics if decision else {},
@@ -210,6 +212,8 @@ class Trainer(RunPlans):
         config = self.config
         if self.validator is not None and scores_in_background(config.val_background, self.device, epoch_seconds=0.0):
             self.validator.scorer().start()  # a run that may score in the background forks before its loaders do
+        if self.reporter is not None:
+            self.reporter.start()  # so does its figures' helper
         if self.start_epoch == 0 and (config.amp_check or self.reporter is not None or self.clock.budget is not None):
             # Asking the loader (not collating by hand) also forks its workers now, before the AMP check's freed
             # activations fill this process's heap: forked later, the first steps pay copy-on-write faults for

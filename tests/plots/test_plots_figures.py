@@ -108,7 +108,7 @@ def test_pr_and_confusion_figures_are_fast(tmp_path: Path, assert_png) -> None:
 
 def test_predictions_scored_in_a_rectangular_batch_are_drawn_where_the_square_shows_the_image():
     from detector.data.letterbox import ImageMeta
-    from detector.plots.metrics import in_letterbox
+    from detector.plots.validation import in_letterbox
 
     # A 120 x 160 image at 160 px: scored in a 128-row canvas (4 rows above), drawn in the square (20 rows above).
     scored, shown = ImageMeta(7, (120, 160), 1.0, (0.0, 4.0)), ImageMeta(7, (120, 160), 1.0, (0.0, 20.0))

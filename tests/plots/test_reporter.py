@@ -63,6 +63,22 @@ def test_a_run_stopped_before_its_first_redraw_still_gets_results_png_when_close
     assert drawn == [tmp_path / "results.png"]
 
 
+def test_the_first_results_png_waits_for_labels_png_cost_share(tmp_path: Path, monkeypatch):
+    """Before results.png was ever drawn, labels.png's time is what a figure costs on this host."""
+    clock = FakeClock(now=0.0)
+    drawn = []
+    monkeypatch.setattr(detector.plots, "plot_results", lambda csv, png: drawn.append(png))
+    reporter = RunReporter(tmp_path, ["a"], plots=True, tensorboard=False, clock=clock)
+    reporter.figures.seconds["plot_label_arrays"] = 0.5  # as on_start measured it: a 0.5 s figure waits 50 s
+    assert 0.5 / reporter_module.PLOT_SHARE > reporter_module.RESULTS_PLOT_SECONDS
+    clock.now = 49.0
+    reporter.on_epoch_end({"epoch": 1}, 0)
+    assert drawn == []
+    clock.now = 50.0
+    reporter.on_epoch_end({"epoch": 2}, 1)
+    assert drawn == [tmp_path / "results.png"]
+
+
 def test_a_figure_that_fails_while_closing_is_one_warning(tmp_path: Path, monkeypatch):
     import pytest
 

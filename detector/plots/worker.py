@@ -1,0 +1,120 @@
+"""A training run's matplotlib figures drawn by a helper process, so the training process neither imports
+matplotlib nor waits for a figure.
+
+matplotlib is all Python: a run's figures cost its training thread 4-5 s on a 2-core Xeon (the import 0.4-0.9 s,
+labels.png 0.8 s, each results.png 0.9-1.0 s, the PR curves and confusion matrix 0.7 s), against 30-50 s of training
+and validation in a short run (docs/training.md, "Where the time goes"). :class:`FigureWorker` forks one helper
+(detector/forked.py) at the start of the run and sends it each figure's data, small arrays and paths; the helper
+answers with the seconds the figure took. The run waits for its figures once, at its end (:meth:`FigureWorker.close`),
+so every file is on disk when ``train`` returns, as before.
+
+Where the helper cannot be forked or fails, the figures are drawn in the training process (one warning line), as
+they are where the host has too few cores to gain from a helper (:func:`figures_in_background`).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import deque
+from typing import Any
+
+from detector.forked import ForkedHelper, HelperFailed, fork_available
+from detector.plots import draw as draw_here
+
+# A figure the helper has not drawn by then is drawn here instead (a helper that hangs must not hang the run's end).
+FIGURE_TIMEOUT_S = 300.0
+# The helper's figures take cores from the training's step; below this many they are drawn in the training process.
+FIGURE_MIN_CORES = 4
+
+
+def figures_in_background(cores: int) -> bool:
+    """Whether a run on a host with ``cores`` usable cores draws its figures in a helper."""
+    return cores >= FIGURE_MIN_CORES and fork_available()
+
+
+def _draw_timed(job: tuple[str, tuple[Any, ...]]) -> float:
+    """In the helper: draw one figure; -> the seconds it took."""
+    name, args = job
+    start = time.perf_counter()
+    draw_here(name, *args)
+    return time.perf_counter() - start
+
+
+class FigureWorker:
+    """Draws figures in one forked helper, in the order asked, or in this process (``background=False``, or once
+    the helper failed). Call :meth:`start` before the run's loaders fork their workers, :meth:`close` at its end.
+
+    Attributes:
+        seconds: the last time each figure took to draw (its name -> seconds), wherever it was drawn.
+    """
+
+    def __init__(self, *, background: bool, timeout: float = FIGURE_TIMEOUT_S) -> None:
+        self.timeout = timeout
+        self.helper = ForkedHelper(_draw_timed, name="detector figures") if background else None
+        self._waiting: deque[tuple[str, tuple[Any, ...]]] = deque()  # sent, not answered yet
+        self.seconds: dict[str, float] = {}
+
+    @property
+    def in_background(self) -> bool:
+        return self.helper is not None
+
+    def start(self) -> None:
+        """Fork the helper (a failure costs one line: the figures are drawn here)."""
+        if self.helper is not None and not self.helper.running:
+            try:
+                self.helper.start()
+            except Exception as error:  # noqa: BLE001 - said once; drawn in this process instead
+                self._fail(f"{type(error).__name__}: {error}")
+
+    def draw(self, name: str, *args: Any) -> None:
+        """Draw figure ``name`` (a :mod:`detector.plots` function) of ``args`` (picklable: arrays, lists, paths)."""
+        self._collect(wait=False)
+        if self.helper is not None:
+            self.start()
+        if self.helper is not None:
+            try:
+                self.helper.send((name, args))
+                self._waiting.append((name, args))
+                return
+            except HelperFailed as error:
+                self._fail(str(error))
+        self.seconds[name] = _draw_timed((name, args))
+
+    def pending(self, name: str) -> bool:
+        """Whether figure ``name`` was asked for and is not drawn yet."""
+        self._collect(wait=False)
+        return any(waiting == name for waiting, _ in self._waiting)
+
+    def close(self) -> None:
+        """Wait until every figure asked for is drawn, then stop the helper. Safe to call again."""
+        try:
+            self._collect(wait=True)
+        finally:
+            if self.helper is not None:
+                self.helper.stop(kill=False)
+
+    def _collect(self, *, wait: bool) -> None:
+        """Read the helper's answers: those ready, or (``wait``) all of them."""
+        while self._waiting and self.helper is not None and (wait or self.helper.ready()):
+            name, _ = self._waiting[0]
+            try:
+                self.seconds[name] = self.helper.receive(self.timeout)
+            except HelperFailed as error:
+                self._fail(str(error))
+                return
+            self._waiting.popleft()
+
+    def _fail(self, why: str) -> None:
+        """Say so once, stop the helper, and draw here what it had not drawn (the figures are never lost)."""
+        print(f"warning: drawing figures in a helper process failed ({why}); drawing them in the training process "
+              "from now on", file=sys.stderr)
+        helper, self.helper = self.helper, None
+        if helper is not None:
+            helper.stop(kill=True)
+        while self._waiting:
+            name, args = self._waiting.popleft()
+            try:
+                self.seconds[name] = _draw_timed((name, args))
+            except Exception as error:  # noqa: BLE001 - the one it failed on may fail here too: one line, the rest go on
+                print(f"warning: {name}: not drawn ({type(error).__name__}: {error})", file=sys.stderr)
