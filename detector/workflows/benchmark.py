@@ -1,7 +1,8 @@
 """``python -m detector benchmark``: batch-1 latency and batch-32 throughput of every backend present.
 
 Given a ``.pt`` checkpoint it times PyTorch FP32, PyTorch ``--half`` where it pays (FP16 + CUDA graphs on
-CUDA, BF16 on CPUs with native BF16), ONNX Runtime FP32 and FP16 and the pt2 (AOTInductor) package, each
+CUDA, BF16 on CPUs with native BF16), ONNX Runtime FP32 and FP16 and the pt2 (AOTInductor) package (FP32, and ``--half``'s precision where it
+has one), each
 exported to a temporary folder, and TensorRT when it can be built here; given an ``.onnx``, ``.engine`` or
 ``.pt2`` file it times that file alone. Printed as a markdown table: median milliseconds per image of each
 stage at ``--batch`` (1) over ``--runs`` timed batches after ``--warmup`` untimed ones, and images per second
@@ -171,13 +172,15 @@ def onnx_file(model: YOLO, info: ModelInfo, device: str, folder: Path) -> Path:
 
 
 def pt2_candidates(model: YOLO, static: ModelInfo, device: str, folder: Path) -> Iterator[Candidate | str]:
-    """The pt2 package in FP32, and FP16 on CUDA: one compile each (its batch is free)."""
+    """The pt2 package in FP32, and in what ``--half`` exports here (FP16 on CUDA, BF16 on a CPU with native BF16,
+    where it is the fastest CPU backend: docs/inference.md): one compile each (its batch is free)."""
     from detector.exporting.pt2 import compiler_missing, export_pt2
 
     if (reason := compiler_missing()) is not None:
         yield f"pt2: skipped ({reason})"
         return
-    for precision in ("fp32", "fp16") if device.startswith("cuda") else ("fp32",):
+    half = half_precision(device)
+    for precision in ("fp32",) if half == "fp32" else ("fp32", half):
         def build(batch: int, precision: str = precision) -> Backend:
             info = dataclasses.replace(static, precision=precision)
             return load_backend(export_pt2(model, folder / f"{precision}.pt2", info, device=device), device=device)

@@ -71,3 +71,17 @@ def test_a_backend_that_fails_leaves_a_note_and_the_other_rows(monkeypatch, chec
     row = next(line for line in table.splitlines() if line.startswith("| pytorch fp32 |"))
     assert row in printed and printed.index(row) < len(printed) - 1  # printed before the failing backend's note
     assert f"pt2 fp16: failed ({type(raised).__name__}: {str(raised)})" in table
+
+
+@pytest.mark.parametrize(("half", "expected"), [("fp32", ["pt2 fp32"]), ("bf16", ["pt2 fp32", "pt2 bf16"]),
+                                                 ("fp16", ["pt2 fp32", "pt2 fp16"])])
+def test_pt2_is_timed_in_fp32_and_in_what_half_exports_here(monkeypatch, tmp_path, half, expected) -> None:
+    """A CPU with native BF16 times its BF16 package too (the fastest CPU backend there); nothing compiles until a
+    candidate is built."""
+    import detector.exporting.pt2 as pt2
+    import detector.workflows.benchmark as benchmark
+
+    monkeypatch.setattr(pt2, "compiler_missing", lambda: None)
+    monkeypatch.setattr(benchmark, "half_precision", lambda device: half)
+    names = [candidate.name for candidate in benchmark.pt2_candidates(None, None, "cpu", tmp_path)]
+    assert names == expected
