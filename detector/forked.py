@@ -3,13 +3,14 @@
 The training process hands host work that would otherwise hold its GIL to a helper it forks once: COCO scoring
 (detector/metrics/background.py) and matplotlib's figures (detector/plots/worker.py). A thread would not do: both are
 mostly Python, and a Python loop beside an evaluation thread ran at 0.69 of its speed alone on a 2-core AMD EPYC.
-Forked, the helper inherits what its jobs read (a split's ground truth, its label records) instead of receiving it.
+Forked, the helper inherits what its jobs read (a split's ground truth, its label records) instead of receiving it:
+a job is small (a detections array, a figure's few arrays and paths).
 
 A forked child of a training process must stay out of its parent's way:
 
-* it never touches CUDA (a forked child of a CUDA process must not), forks nothing itself, and never collects the
-  objects it inherited (``gc.freeze`` first: their finalizers, CUDA tensors' among them, are the parent's; the parent
-  forks with its collector off, so none ran in between);
+* it never touches CUDA (a forked child of a CUDA process must not), and never collects the objects it inherited
+  (``gc.freeze`` first: their finalizers, CUDA tensors' among them, are the parent's; the parent forks with its
+  collector off, so none ran in between);
 * it writes to no inherited stream (another thread of the parent may have held one's lock at the fork);
 * it ignores SIGINT, as the loader's workers do (the trainer's Ctrl-C handler decides, once), and dies with its
   parent (Linux's parent-death signal: a trainer killed by the OOM killer or torchrun's SIGTERM leaves no helper).
@@ -37,6 +38,10 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 class HelperFailed(Exception):
     """The helper died, did not answer in time, or its job raised: the message says which."""
+
+
+class JobFailed(HelperFailed):
+    """The job raised in the helper, which is still running and answers the next one."""
 
 
 def fork_available() -> bool:
@@ -132,7 +137,8 @@ class ForkedHelper:
         return self._jobs is not None and self._jobs.poll(0)
 
     def receive(self, timeout: float) -> Any:
-        """The next job's answer; :class:`HelperFailed` where the job raised, the helper died or ``timeout`` passed."""
+        """The next job's answer; :class:`JobFailed` where the job raised, :class:`HelperFailed` where the helper died
+        or ``timeout`` passed."""
         if self._jobs is None:
             raise HelperFailed("not running")
         deadline = time.monotonic() + timeout
@@ -144,7 +150,7 @@ class ForkedHelper:
         except (OSError, EOFError, TimeoutError) as error:
             raise HelperFailed(f"{type(error).__name__}: {error}" if str(error) else "the helper died") from None
         if status != "ok":
-            raise HelperFailed(value)
+            raise JobFailed(value)
         return value
 
     def stop(self, *, kill: bool) -> None:

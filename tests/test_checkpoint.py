@@ -80,6 +80,7 @@ def test_non_finite_weights_are_never_written(tmp_path: Path, bad: float, dtype:
         save_checkpoint({"model": {"ok": torch.ones(2)}, "ema": weights}, tmp_path / "bad.pt")
     assert not any(tmp_path.iterdir())
     assert all_finite({name: tensor for name, tensor in weights.items() if name != "w"})
+    assert all_finite({"w": torch.tensor([1e300], dtype=torch.float64), "h": torch.ones(2, dtype=torch.float16)})
 
 
 def test_checkpoints_load_weights_only_and_refuse_pickled_code(tmp_path: Path):

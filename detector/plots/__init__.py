@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from detector.plots.batches import plot_batch, plot_val_predictions
     from detector.plots.curves import plot_results
-    from detector.plots.labels import plot_label_arrays, plot_label_stats
+    from detector.plots.labels import plot_label_stats
     from detector.plots.metrics import plot_confusion_matrix, plot_pr_curves
     from detector.plots.validation import plot_all_validation
 
@@ -24,7 +24,6 @@ _MODULES = {
     "plot_all_validation": "validation",
     "plot_batch": "batches",
     "plot_confusion_matrix": "metrics",
-    "plot_label_arrays": "labels",
     "plot_label_stats": "labels",
     "plot_pr_curves": "metrics",
     "plot_results": "curves",
@@ -34,7 +33,6 @@ __all__ = [
     "plot_all_validation",
     "plot_batch",
     "plot_confusion_matrix",
-    "plot_label_arrays",
     "plot_label_stats",
     "plot_pr_curves",
     "plot_results",

@@ -1,4 +1,4 @@
-"""Shared plotting plumbing: headless matplotlib figures and a fixed class palette.
+"""Shared plotting plumbing: headless matplotlib figures.
 
 Figures are built with the object-oriented API on an explicit Agg canvas rather than through pyplot:
 nothing touches pyplot's global figure registry, so a long training run leaks no figures and plotting

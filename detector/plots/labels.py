@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from detector.data.records import ImageRecord, Records
+from detector.plots.canvas import panel_grid, save_figure
 
 HIST_BINS = 50  # per axis of the 2-D histograms
 MAX_TICK_LABELS = 40  # name every bar up to this many classes; beyond, label by index only
@@ -21,27 +22,16 @@ def stack_labels(records: Sequence[ImageRecord]) -> np.ndarray:
     return np.concatenate(arrays).astype(np.float64) if arrays else np.zeros((0, 5))
 
 
-def label_arrays(records: Sequence[ImageRecord]) -> tuple[np.ndarray, np.ndarray]:
-    """``records`` -> (all labels ``[N, 5]``, boxes per image ``[images]``): what :func:`plot_label_arrays` draws."""
-    per_image = records.box_counts() if isinstance(records, Records) else np.array([len(r.labels) for r in records])
-    return stack_labels(records), np.asarray(per_image)
-
-
 def plot_label_stats(records: Sequence[ImageRecord], names: list[str], out_png: str | Path) -> Path:
     """Four panels: instances per class, boxes per image, box-centre heat map, box width x height heat map.
 
     ``records`` hold normalised labels, so the heat maps are in image fractions (0-1) whatever the
     image sizes. Returns ``out_png``.
     """
-    return plot_label_arrays(*label_arrays(records), names, out_png)
-
-
-def plot_label_arrays(labels: np.ndarray, per_image: np.ndarray, names: list[str], out_png: str | Path) -> Path:
-    """:func:`plot_label_stats` from :func:`label_arrays`' output (a training run's helper process gets only these)."""
-    from detector.plots.canvas import panel_grid, save_figure  # matplotlib: here, not for label_arrays' callers
-
+    labels = stack_labels(records)
     classes = labels[:, 0].astype(int)
     counts = np.bincount(classes, minlength=len(names))[: len(names)]
+    per_image = records.box_counts() if isinstance(records, Records) else np.array([len(r.labels) for r in records])
 
     named = len(names) <= MAX_TICK_LABELS
     font = max(5, 10 - len(names) // 8)
@@ -50,7 +40,7 @@ def plot_label_arrays(labels: np.ndarray, per_image: np.ndarray, names: list[str
     figure, axes = panel_grid(2, 2, panel_in=(5.0, 3.6), gaps_in=(0.9, 0.7 + name_room))
     (bars, per_image_axis), (centres, sizes) = axes
     bars.bar(np.arange(len(names)), counts, color="#4c72b0")
-    bars.set_title(f"instances per class ({len(labels)} boxes, {len(per_image)} images)", fontsize=10)
+    bars.set_title(f"instances per class ({len(labels)} boxes, {len(records)} images)", fontsize=10)
     bars.set_ylabel("instances")
     if named:
         bars.set_xticks(np.arange(len(names)), names, rotation=90, fontsize=font)

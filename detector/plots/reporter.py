@@ -14,7 +14,7 @@ from pathlib import Path
 
 from detector.data.build import SplitData
 from detector.metrics.loop import Validation
-from detector.plots.worker import FigureWorker
+from detector.plots.worker import FigureWorker, Inherited
 
 
 def validation_report(validation: Validation, split: SplitData, names: list[str], *, plot_dir: Path | None,
@@ -63,10 +63,11 @@ class RunReporter:
 
             self.board = TensorBoardLogger(run_dir)
 
-    def start(self) -> None:
+    def start(self, train: SplitData) -> None:
         """Fork the figures' helper, if it draws them: before the run's loaders fork their workers, so that it maps
-        none of their shared-memory batch buffers."""
+        none of their shared-memory batch buffers. It inherits ``train``'s label records for labels.png."""
         if self.plots:
+            self.figures.inherit("train records", train.records)
             self.figures.start()
 
     def on_start(self, train: SplitData, first_batch: tuple) -> None:
@@ -74,9 +75,9 @@ class RunReporter:
         if not self.plots:
             return
         from detector.plots.batches import plot_batch  # OpenCV: no matplotlib
-        from detector.plots.labels import label_arrays
 
-        self.figures.draw("plot_label_arrays", *label_arrays(train.records), self.names, self.run_dir / "labels.png")
+        self.figures.inherit("train records", train.records)  # where start() was not called (tests)
+        self.figures.draw("plot_label_stats", Inherited("train records"), self.names, self.run_dir / "labels.png")
         images, targets, _ = first_batch
         plot_batch(images, targets, self.names, self.run_dir / "train_batch0.png")
 
@@ -87,7 +88,7 @@ class RunReporter:
             self._results_plot_cost = self.figures.seconds.get("plot_results", self._results_plot_cost)
         # Before the first redraw, labels.png's time says what a figure costs on this host (0.8 s on a 2-core Xeon:
         # a first redraw 30 s in would have taken 3% of the run so far).
-        cost = self._results_plot_cost or self.figures.seconds.get("plot_label_arrays", 0.0)
+        cost = self._results_plot_cost or self.figures.seconds.get("plot_label_stats", 0.0)
         wait = max(RESULTS_PLOT_SECONDS, cost / PLOT_SHARE)
         self._rows_undrawn = self.plots
         if self.plots and self.clock() - self._results_plotted_at >= wait and not self.figures.pending("plot_results"):
@@ -121,10 +122,14 @@ class RunReporter:
             except Exception as error:  # noqa: BLE001 - the run's own outcome matters more than its figure
                 warnings.warn(f"{self.run_dir / 'results.png'}: not drawn ({error})", stacklevel=2)
             self._rows_undrawn = False
-        self.figures.close()
-        if self.board is not None:
-            if self._final:
-                for png in sorted(self.run_dir.glob("*.png")):
-                    self.board.image(png.stem, png, 0)
-            self.board.close()
-            self.board = None
+        try:
+            self.figures.close()
+        finally:
+            if self.board is not None:
+                board, self.board = self.board, None
+                try:
+                    if self._final:
+                        for png in sorted(self.run_dir.glob("*.png")):
+                            board.image(png.stem, png, 0)
+                finally:
+                    board.close()

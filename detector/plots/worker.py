@@ -4,12 +4,14 @@ matplotlib nor waits for a figure.
 matplotlib is all Python: a run's figures cost its training thread 4-5 s on a 2-core Xeon (the import 0.4-0.9 s,
 labels.png 0.8 s, each results.png 0.9-1.0 s, the PR curves and confusion matrix 0.7 s), against 30-50 s of training
 and validation in a short run (docs/training.md, "Where the time goes"). :class:`FigureWorker` forks one helper
-(detector/forked.py) at the start of the run and sends it each figure's data, small arrays and paths; the helper
-answers with the seconds the figure took. The run waits for its figures once, at its end (:meth:`FigureWorker.close`),
-so every file is on disk when ``train`` returns, as before.
+(detector/forked.py) at the start of the run and sends it each figure's data, small arrays and paths (what it
+inherited at the fork, the training split's label records, it reads from its own memory: :class:`Inherited`); the
+helper answers with the seconds the figure took. The run waits for its figures once, at its end
+(:meth:`FigureWorker.close`), so every file is on disk when ``train`` returns, as before.
 
-Where the helper cannot be forked or fails, the figures are drawn in the training process (one warning line), as
-they are where the host has too few cores to gain from a helper (:func:`figures_in_background`).
+Where the helper cannot be forked, dies or hangs, the figures it had not drawn and the rest are drawn in the training
+process (one warning line), as they are where the host has too few cores to gain from a helper
+(:func:`figures_in_background`). A figure that fails is one warning line, wherever it is drawn; the others are drawn.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from typing import Any
+from typing import Any, NamedTuple
 
-from detector.forked import ForkedHelper, HelperFailed, fork_available
+from detector.forked import ForkedHelper, HelperFailed, JobFailed, fork_available
 from detector.plots import draw as draw_here
 
 # A figure the helper has not drawn by then is drawn here instead (a helper that hangs must not hang the run's end).
@@ -33,11 +35,18 @@ def figures_in_background(cores: int) -> bool:
     return cores >= FIGURE_MIN_CORES and fork_available()
 
 
-def _draw_timed(job: tuple[str, tuple[Any, ...]]) -> float:
-    """In the helper: draw one figure; -> the seconds it took."""
+class Inherited(NamedTuple):
+    """An argument of a figure that the helper reads from what it inherited at the fork (:meth:`FigureWorker.inherit`)
+    instead of receiving it: a COCO-sized split's labels are ~0.9M boxes."""
+
+    key: str
+
+
+def _draw_timed(job: tuple[str, tuple[Any, ...]], inherited: dict[str, Any]) -> float:
+    """Draw one figure; -> the seconds it took."""
     name, args = job
     start = time.perf_counter()
-    draw_here(name, *args)
+    draw_here(name, *(inherited[arg.key] if isinstance(arg, Inherited) else arg for arg in args))
     return time.perf_counter() - start
 
 
@@ -51,13 +60,20 @@ class FigureWorker:
 
     def __init__(self, *, background: bool, timeout: float = FIGURE_TIMEOUT_S) -> None:
         self.timeout = timeout
-        self.helper = ForkedHelper(_draw_timed, name="detector figures") if background else None
+        self._inherited: dict[str, Any] = {}  # the helper's copy is the one of the moment it was forked
+        inherited = self._inherited
+        self.helper = (ForkedHelper(lambda job: _draw_timed(job, inherited), name="detector figures")
+                       if background else None)
         self._waiting: deque[tuple[str, tuple[Any, ...]]] = deque()  # sent, not answered yet
         self.seconds: dict[str, float] = {}
 
     @property
     def in_background(self) -> bool:
         return self.helper is not None
+
+    def inherit(self, key: str, value: Any) -> None:
+        """Make ``value`` what an :class:`Inherited` ``key`` argument reads: call before :meth:`start`."""
+        self._inherited[key] = value
 
     def start(self) -> None:
         """Fork the helper (a failure costs one line: the figures are drawn here)."""
@@ -68,18 +84,19 @@ class FigureWorker:
                 self._fail(f"{type(error).__name__}: {error}")
 
     def draw(self, name: str, *args: Any) -> None:
-        """Draw figure ``name`` (a :mod:`detector.plots` function) of ``args`` (picklable: arrays, lists, paths)."""
+        """Draw figure ``name`` (a :mod:`detector.plots` function) of ``args`` (picklable: arrays, lists, paths, or
+        :class:`Inherited` values)."""
         self._collect(wait=False)
         if self.helper is not None:
             self.start()
-        if self.helper is not None:
-            try:
-                self.helper.send((name, args))
-                self._waiting.append((name, args))
-                return
-            except HelperFailed as error:
-                self._fail(str(error))
-        self.seconds[name] = _draw_timed((name, args))
+        if self.helper is None:
+            self._draw_here(name, args, failures="raise")
+            return
+        self._waiting.append((name, args))  # first: a send cut short (a Ctrl-C) still has its answer accounted for
+        try:
+            self.helper.send((name, args))
+        except HelperFailed as error:
+            self._fail(str(error))  # draws it here, with the others not drawn yet
 
     def pending(self, name: str) -> bool:
         """Whether figure ``name`` was asked for and is not drawn yet."""
@@ -87,12 +104,16 @@ class FigureWorker:
         return any(waiting == name for waiting, _ in self._waiting)
 
     def close(self) -> None:
-        """Wait until every figure asked for is drawn, then stop the helper. Safe to call again."""
+        """Wait until every figure asked for is drawn, then stop the helper; a wait cut short (a Ctrl-C) kills it.
+        Safe to call again."""
+        finished = False
         try:
             self._collect(wait=True)
+            finished = True
         finally:
             if self.helper is not None:
-                self.helper.stop(kill=False)
+                self.helper.stop(kill=not finished)
+                self._waiting.clear()
 
     def _collect(self, *, wait: bool) -> None:
         """Read the helper's answers: those ready, or (``wait``) all of them."""
@@ -100,10 +121,20 @@ class FigureWorker:
             name, _ = self._waiting[0]
             try:
                 self.seconds[name] = self.helper.receive(self.timeout)
+            except JobFailed as error:  # that figure only: the helper goes on with the next
+                print(f"warning: {name}: not drawn ({error})", file=sys.stderr)
             except HelperFailed as error:
                 self._fail(str(error))
                 return
             self._waiting.popleft()
+
+    def _draw_here(self, name: str, args: tuple[Any, ...], *, failures: str) -> None:
+        try:
+            self.seconds[name] = _draw_timed((name, args), self._inherited)
+        except Exception as error:
+            if failures == "raise":
+                raise
+            print(f"warning: {name}: not drawn ({type(error).__name__}: {error})", file=sys.stderr)
 
     def _fail(self, why: str) -> None:
         """Say so once, stop the helper, and draw here what it had not drawn (the figures are never lost)."""
@@ -114,7 +145,4 @@ class FigureWorker:
             helper.stop(kill=True)
         while self._waiting:
             name, args = self._waiting.popleft()
-            try:
-                self.seconds[name] = _draw_timed((name, args))
-            except Exception as error:  # noqa: BLE001 - the one it failed on may fail here too: one line, the rest go on
-                print(f"warning: {name}: not drawn ({type(error).__name__}: {error})", file=sys.stderr)
+            self._draw_here(name, args, failures="warn")  # each one line: the one it died on may fail here too

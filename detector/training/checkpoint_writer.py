@@ -44,8 +44,8 @@ def snapshot(value: Any) -> Any:
 
 def stripped_snapshot(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """:func:`snapshot` of ``checkpoint``'s stripped form, without copying its weights twice: the stripped weights
-    are FP16 copies already (:func:`~detector.checkpoint.to_half`). An epoch that improves while last.pt is not
-    due pays this on the training thread (BCCD on a GPU: most of its 100 epochs)."""
+    are copies already (FP16 where they fit, :func:`~detector.checkpoint.to_half`). An epoch that improves while
+    last.pt is not due pays this on the training thread (BCCD on a GPU: most of its 100 epochs)."""
     stripped = strip_checkpoint(checkpoint)
     return {**snapshot({key: value for key, value in stripped.items() if key != "model"}), "model": stripped["model"]}
 

@@ -191,10 +191,12 @@ class Trainer(RunPlans):
                 self.feed.stop()  # the loaders' workers end with the run, not at exit (workers.stop_workers)
                 if self.validator is not None:
                     self.validator.close()
-                if self.reporter is not None:  # its figures and TensorBoard events on disk, also after an early stop
-                    with self.account.phase("final evaluation"):  # the figures of the final report, at the latest
-                        self.reporter.close()
-                cleanup(self.dist)
+                try:
+                    if self.reporter is not None:  # its figures and TensorBoard events on disk, also after a stop
+                        with self.account.phase("final evaluation"):  # the figures of the final report, at the latest
+                            self.reporter.close()
+                finally:
+                    cleanup(self.dist)
         interrupted = bool(decision and decision.stop.startswith("interrupted"))
         summary = {"run_dir": self.run_dir, "metrics": decision.metrics if decision else {},
                    "seconds": time.perf_counter() - start, "epochs_done": epoch,
@@ -213,7 +215,7 @@ class Trainer(RunPlans):
         if self.validator is not None and scores_in_background(config.val_background, self.device, epoch_seconds=0.0):
             self.validator.scorer().start()  # a run that may score in the background forks before its loaders do
         if self.reporter is not None:
-            self.reporter.start()  # so does its figures' helper
+            self.reporter.start(self.train_data)  # so does its figures' helper
         if self.start_epoch == 0 and (config.amp_check or self.reporter is not None or self.clock.budget is not None):
             # Asking the loader (not collating by hand) also forks its workers now, before the AMP check's freed
             # activations fill this process's heap: forked later, the first steps pay copy-on-write faults for

@@ -1,12 +1,11 @@
 """``python -m detector benchmark``: batch-1 latency and batch-32 throughput of every backend present.
 
-Given a ``.pt`` checkpoint it times PyTorch FP32, PyTorch ``--half`` where it pays (FP16 + CUDA graphs on
-CUDA, BF16 on CPUs with native BF16), ONNX Runtime FP32 and FP16 and the pt2 (AOTInductor) package (FP32, and ``--half``'s precision where it
-has one), each
-exported to a temporary folder, and TensorRT when it can be built here; given an ``.onnx``, ``.engine`` or
-``.pt2`` file it times that file alone. Printed as a markdown table: median milliseconds per image of each
-stage at ``--batch`` (1) over ``--runs`` timed batches after ``--warmup`` untimed ones, and images per second
-at ``--throughput-batch`` (32), with the device's name in the header.
+Given a ``.pt`` checkpoint it times PyTorch FP32, PyTorch ``--half`` where it pays (FP16 + CUDA graphs on CUDA,
+BF16 on CPUs with native BF16), ONNX Runtime FP32 and FP16 and the pt2 (AOTInductor) package (FP32, and
+``--half``'s precision where it has one), each exported to a temporary folder, and TensorRT when it can be built
+here; given an ``.onnx``, ``.engine`` or ``.pt2`` file it times that file alone. Printed as a markdown table:
+median milliseconds per image of each stage at ``--batch`` (1) over ``--runs`` timed batches after ``--warmup``
+untimed ones, and images per second at ``--throughput-batch`` (32), with the device's name in the header.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def test_the_first_results_png_waits_for_labels_png_cost_share(tmp_path: Path, m
     drawn = []
     monkeypatch.setattr(detector.plots, "plot_results", lambda csv, png: drawn.append(png))
     reporter = RunReporter(tmp_path, ["a"], plots=True, tensorboard=False, clock=clock)
-    reporter.figures.seconds["plot_label_arrays"] = 0.5  # as on_start measured it: a 0.5 s figure waits 50 s
+    reporter.figures.seconds["plot_label_stats"] = 0.5  # as on_start measured it: a 0.5 s figure waits 50 s
     assert 0.5 / reporter_module.PLOT_SHARE > reporter_module.RESULTS_PLOT_SECONDS
     clock.now = 49.0
     reporter.on_epoch_end({"epoch": 1}, 0)

@@ -35,7 +35,7 @@ split = build_split(load_dataset_spec(write_tiny_dataset(out / "data")), "val", 
                     cache="false")
 batch = collate([split.dataset[i] for i in range(len(split.dataset))])
 reporter = RunReporter(out, ["a", "b"], plots=True, tensorboard=False, background=True)
-reporter.start()
+reporter.start(split)
 reporter.on_start(split, batch)
 (out / "results.csv").write_text("epoch,train/box,mAP50-95\\n1,2.0,0.1\\n2,1.5,0.2\\n")
 reporter.on_epoch_end({"epoch": 2}, 1)
@@ -53,7 +53,7 @@ def test_a_run_with_a_helper_gets_every_figure_and_never_imports_matplotlib(tmp_
     assert done.returncode == 0, done.stderr[-3000:]
     table_first, imported = done.stdout.splitlines()[-2:]
     assert table_first == "all"  # the per-class table, made here
-    assert imported == ("False ['plot_confusion_matrix', 'plot_label_arrays', 'plot_pr_curves', 'plot_results']")
+    assert imported == ("False ['plot_confusion_matrix', 'plot_label_stats', 'plot_pr_curves', 'plot_results']")
     for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "val_batch0_pred"):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG, name
 
@@ -73,11 +73,10 @@ def test_a_helper_that_dies_costs_one_line_and_no_figure(tmp_path: Path, monkeyp
     monkeypatch.setattr(forked, "_serve", _dies)
     figures = FigureWorker(background=True)
     figures.start()
-    helper_pid = figures.helper._process.pid
     figures.draw("plot_results", _csv(tmp_path), tmp_path / "first.png")
     figures.draw("plot_results", _csv(tmp_path), tmp_path / "second.png")  # sent before the death is noticed
     figures.close()
-    assert not figures.in_background and helper_pid != os.getpid()
+    assert not figures.in_background  # drawn here, from the one it died on
     for name in ("first.png", "second.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG, name
     figures.draw("plot_results", _csv(tmp_path), tmp_path / "third.png")  # the rest: drawn here
@@ -86,28 +85,48 @@ def test_a_helper_that_dies_costs_one_line_and_no_figure(tmp_path: Path, monkeyp
     assert len(lines) == 1 and lines[0].startswith("warning: drawing figures in a helper process failed")
 
 
-def _broken(csv, png):
+def _broken(*args):
     raise ValueError("no font")
 
 
-def test_a_figure_that_fails_costs_its_line_and_the_others_are_drawn(tmp_path: Path, monkeypatch, capsys,
-                                                                      watchdog) -> None:
-    monkeypatch.setattr(detector.plots, "plot_results", _broken)  # in the helper too: it is forked after this
+def test_a_figure_that_fails_is_one_line_and_the_helper_draws_the_next(tmp_path: Path, monkeypatch, capsys,
+                                                                       watchdog) -> None:
+    monkeypatch.setattr(detector.plots, "plot_confusion_matrix", _broken)  # in the helper too: forked after this
+    figures = FigureWorker(background=True)
+    figures.start()
+    figures.draw("plot_confusion_matrix", None, ["a"], tmp_path / "confusion_matrix.png")
+    figures.draw("plot_results", _csv(tmp_path), tmp_path / "results.png")
+    figures.close()
+    assert figures.in_background and sorted(figures.seconds) == ["plot_results"]  # the helper drew it, and lived on
+    assert (tmp_path / "results.png").read_bytes()[:8] == PNG and not (tmp_path / "confusion_matrix.png").exists()
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["warning: plot_confusion_matrix: not drawn (ValueError: no font)"]
+
+
+def _slow(*args):
+    import time
+
+    time.sleep(60)
+
+
+def test_a_ctrl_c_while_waiting_for_the_figures_kills_the_helper(tmp_path: Path, monkeypatch, watchdog) -> None:
+    import multiprocessing
+    import time
+
+    monkeypatch.setattr(detector.plots, "plot_results", _slow)
+    children = set(multiprocessing.active_children())
     figures = FigureWorker(background=True)
     figures.start()
     figures.draw("plot_results", _csv(tmp_path), tmp_path / "results.png")
-    figures.draw("plot_label_arrays", *_labels(), ["a", "b"], tmp_path / "labels.png")
-    figures.close()
-    assert not (tmp_path / "results.png").exists()
-    assert (tmp_path / "labels.png").read_bytes()[:8] == PNG
-    err = capsys.readouterr().err
-    assert "ValueError: no font" in err and "warning: plot_results: not drawn (ValueError: no font)" in err
 
+    def interrupted(timeout: float):
+        raise KeyboardInterrupt
 
-def _labels():
-    import numpy as np
-
-    return np.array([[0, 0.5, 0.5, 0.2, 0.3], [1, 0.3, 0.6, 0.1, 0.1]]), np.array([1, 1])
+    monkeypatch.setattr(figures.helper, "receive", interrupted)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        figures.close()
+    assert time.monotonic() - started < 3 and not set(multiprocessing.active_children()) - children
 
 
 def test_only_hosts_with_cores_to_spare_draw_in_a_helper(monkeypatch) -> None:
@@ -115,3 +134,27 @@ def test_only_hosts_with_cores_to_spare_draw_in_a_helper(monkeypatch) -> None:
     assert figures_in_background(worker_module.FIGURE_MIN_CORES)
     monkeypatch.setattr(worker_module, "fork_available", lambda: False)  # Windows, a daemonic process
     assert not figures_in_background(64)
+
+
+def test_a_run_whose_helper_draws_has_every_figure_and_tensorboard_them(yolo_yaml: Path, tmp_path: Path,
+                                                                        monkeypatch, watchdog) -> None:
+    """The trainer forks the helper at its start and waits for it at its end: every figure is on disk when train
+    returns, and TensorBoard logs them after that wait."""
+    pytest.importorskip("tensorboard")
+    from detector.plots.tensorboard import TensorBoardLogger
+    from detector.training.config import TrainConfig
+    from detector.training.trainer import train
+
+    monkeypatch.setattr(worker_module, "FIGURE_MIN_CORES", 1)
+    logged, closed = [], []
+    real_close = FigureWorker.close
+    monkeypatch.setattr(FigureWorker, "close", lambda self: closed.append(self.in_background) or real_close(self))
+    monkeypatch.setattr(TensorBoardLogger, "image", lambda self, tag, png, step: logged.append(png.read_bytes()[:8]))
+    config = TrainConfig(data=str(yolo_yaml), device="cpu", imgsz=64, epochs=1, batch=4, workers=0, cache="none",
+                         project=str(tmp_path), name="run", plots=True, tensorboard=True, amp_check=False,
+                         close_mosaic=0, seed=0)
+    run_dir = train(config, progress=False)["run_dir"]
+    assert closed and closed[0] is True  # drawn by the helper
+    for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "val_batch0_pred"):
+        assert (run_dir / f"{name}.png").read_bytes()[:8] == PNG, name
+    assert logged == [PNG] * 6  # every figure, each complete when TensorBoard read it
