@@ -1,7 +1,9 @@
 """What a checkpoint costs the training thread: the snapshot (every tensor copied to the CPU) against the write.
 
 The trainer snapshots on the training thread and a writer thread writes (detector/training/checkpoint_writer.py);
-this times both for a model scale, with AdamW state after one step, as ``run_checkpoint`` builds it, each repeated.
+this times both for a model scale, with AdamW state after one step, as ``run_checkpoint`` builds it, each repeated;
+and what an improved epoch pays when last.pt is not due (its stripped snapshot, held as best.pt), and the write's
+finiteness check.
 
     python benchmarks/checkpoint_speed.py                 # nano on the CPU
     python benchmarks/checkpoint_speed.py --device cuda   # the copy from GPU memory (unmeasured here: no GPU)
@@ -18,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from detector.checkpoint import RunState, Trained, run_checkpoint, save_checkpoint, strip_checkpoint
+from detector.checkpoint import RunState, Trained, all_finite, run_checkpoint, save_checkpoint, strip_checkpoint
 from detector.model import build_model
-from detector.training.checkpoint_writer import snapshot
+from detector.training.checkpoint_writer import snapshot, stripped_snapshot
 
 
 def main() -> None:
@@ -38,7 +40,9 @@ def main() -> None:
     trained = Trained(model, ema, optimizer, torch.amp.GradScaler(enabled=False))
     state = RunState(epoch=0, config={}, names=[str(i) for i in range(80)], precision="fp32")
     times: dict[str, list[float]] = {"snapshot (training thread)": [], "write last.pt (writer thread)": [],
-                                     "strip + write best.pt (writer thread)": []}
+                                     "strip + write best.pt (writer thread)": [],
+                                     "held best.pt: stripped snapshot (training thread)": [],
+                                     "all_finite of the weights (each write)": []}
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(args.repeats):
             start = time.perf_counter()
@@ -52,6 +56,12 @@ def main() -> None:
             start = time.perf_counter()
             save_checkpoint(strip_checkpoint(payload), Path(folder) / "best.pt")
             times["strip + write best.pt (writer thread)"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            stripped_snapshot(run_checkpoint(trained, state))
+            times["held best.pt: stripped snapshot (training thread)"].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            all_finite(payload["model"])
+            times["all_finite of the weights (each write)"].append(time.perf_counter() - start)
         size = (Path(folder) / "last.pt").stat().st_size
     print(f"YOLO-{args.model} on {device}, last.pt {size / 2**20:.1f} MiB, {args.repeats} repeats\n")
     print("| step | ms, median (range) |\n|---|---|")
