@@ -114,8 +114,9 @@ class Trainer(RunPlans):
         if checkpoint is not None and self.dist.is_main:  # the rows of epochs it trains (or judges) again go
             keep_results_through(self.run_dir / "results.csv", self.start_epoch - (self.verdicts.saved is not None))
         self.validator = Validator(self.val_data, config, self.device, progress=progress) if self.val_data else None
+        figures_helper = figures_in_background(self.device, usable_cores())
         self.reporter = RunReporter(self.run_dir, self.spec.names, plots=config.plots, tensorboard=config.tensorboard,
-                                    background=figures_in_background(usable_cores())) if self.dist.is_main else None
+                                    background=figures_helper) if self.dist.is_main else None
         # Rank 0's checkpoints: off the training thread on a GPU, where the host waits on the device; on the CPU
         # a writer thread takes cores from the step (2-core EPYC, 30 epochs: 87-93 s wall against 66-75 s inline).
         self.checkpoints = RunCheckpoints(self.run_dir / "weights", background=self.device.type != "cpu", log=self.log)

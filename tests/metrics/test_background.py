@@ -112,6 +112,29 @@ def test_a_worker_that_dies_or_hangs_costs_one_line_and_no_scores(
     assert len(lines) == 1 and lines[0].startswith("warning: COCO scoring in the background failed")
 
 
+def test_a_pass_that_fails_in_the_worker_costs_one_line_and_is_scored_here(scored_set, monkeypatch, capsys,
+                                                                           watchdog) -> None:
+    """The worker answers with the error (the helper is alive): the run scores that pass and the rest itself."""
+    ground_truth, detections, image_ids = scored_set
+    coco = load_coco(ground_truth)
+    inline = evaluate_coco(coco, detections, image_ids=image_ids, backend="pycocotools")
+    parent, real = os.getpid(), background.evaluate_coco
+
+    def fails_in_the_child(*args, **kwargs):
+        if os.getpid() != parent:
+            raise MemoryError("no room for the pass")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(background, "evaluate_coco", fails_in_the_child)
+    children = set(multiprocessing.active_children())
+    scorer = BackgroundScorer(coco, backend="pycocotools")
+    assert _same(scorer.submit(detections, image_ids).result(), inline)
+    assert scorer.failed and not _workers(children)
+    assert _same(scorer.submit(detections, image_ids).result(), inline)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "background" in line]
+    assert len(lines) == 1 and "MemoryError: no room for the pass" in lines[0]
+
+
 def test_a_run_stopped_by_an_error_does_not_wait_for_the_pass(scored_set, monkeypatch, watchdog) -> None:
     ground_truth, detections, image_ids = scored_set
     monkeypatch.setattr(forked, "_serve", _hangs)

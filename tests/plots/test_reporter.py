@@ -1,6 +1,9 @@
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import detector.plots
+import detector.plots.batches as plot_batches
 import detector.plots.reporter as reporter_module
 from detector.plots.reporter import RunReporter
 from tests.conftest import FakeClock
@@ -69,7 +72,11 @@ def test_the_first_results_png_waits_for_labels_png_cost_share(tmp_path: Path, m
     drawn = []
     monkeypatch.setattr(detector.plots, "plot_results", lambda csv, png: drawn.append(png))
     reporter = RunReporter(tmp_path, ["a"], plots=True, tensorboard=False, clock=clock)
-    reporter.figures.seconds["plot_label_stats"] = 0.5  # as on_start measured it: a 0.5 s figure waits 50 s
+    monkeypatch.setattr(detector.plots, "plot_label_stats", lambda records, names, png: time.sleep(0.01))
+    monkeypatch.setattr(plot_batches, "plot_batch", lambda *args: None)
+    reporter.on_start(SimpleNamespace(records=[]), (None, None, None))
+    assert reporter.figures.seconds["plot_label_stats"] >= 0.01  # on_start measured labels.png
+    reporter.figures.seconds["plot_label_stats"] = 0.5  # as if it took 0.5 s: a 0.5 s figure waits 50 s
     assert 0.5 / reporter_module.PLOT_SHARE > reporter_module.RESULTS_PLOT_SECONDS
     clock.now = 49.0
     reporter.on_epoch_end({"epoch": 1}, 0)

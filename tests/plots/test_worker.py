@@ -129,11 +129,46 @@ def test_a_ctrl_c_while_waiting_for_the_figures_kills_the_helper(tmp_path: Path,
     assert time.monotonic() - started < 3 and not set(multiprocessing.active_children()) - children
 
 
-def test_only_hosts_with_cores_to_spare_draw_in_a_helper(monkeypatch) -> None:
-    assert not figures_in_background(worker_module.FIGURE_MIN_CORES - 1)
-    assert figures_in_background(worker_module.FIGURE_MIN_CORES)
+def test_only_gpu_runs_on_hosts_with_cores_to_spare_draw_in_a_helper(monkeypatch) -> None:
+    import torch
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert not figures_in_background(cuda, worker_module.FIGURE_MIN_CORES - 1)
+    assert figures_in_background(cuda, worker_module.FIGURE_MIN_CORES)
+    assert not figures_in_background(cpu, 64)  # a CPU run's step uses every core
     monkeypatch.setattr(worker_module, "fork_available", lambda: False)  # Windows, a daemonic process
-    assert not figures_in_background(64)
+    assert not figures_in_background(cuda, 64)
+
+
+def test_a_send_cut_short_stops_the_helper_at_close_without_waiting(tmp_path: Path, monkeypatch, watchdog) -> None:
+    """A Ctrl-C in the middle of a send leaves the answers out of step with what waits: close must not wait for an
+    answer that may never come (300 s a figure)."""
+    import multiprocessing
+    import time
+
+    children = set(multiprocessing.active_children())
+    figures = FigureWorker(background=True)
+    figures.start()
+
+    def cut_short(job):
+        raise KeyboardInterrupt
+
+    real_send, figures.helper.send = figures.helper.send, cut_short
+    with pytest.raises(KeyboardInterrupt):
+        figures.draw("plot_results", _csv(tmp_path), tmp_path / "results.png")
+    figures.helper.send = real_send
+    started = time.monotonic()
+    figures.close()
+    assert time.monotonic() - started < 3 and not set(multiprocessing.active_children()) - children
+
+
+def test_a_run_without_plots_forks_nothing(tiny_split) -> None:
+    from detector.plots.reporter import RunReporter
+
+    reporter = RunReporter(Path("/nonexistent"), ["a"], plots=False, tensorboard=False, background=True)
+    reporter.start(tiny_split)
+    assert reporter.figures.helper is None
+    reporter.close()
 
 
 def test_a_run_whose_helper_draws_has_every_figure_and_tensorboard_them(yolo_yaml: Path, tmp_path: Path,
@@ -145,7 +180,9 @@ def test_a_run_whose_helper_draws_has_every_figure_and_tensorboard_them(yolo_yam
     from detector.training.config import TrainConfig
     from detector.training.trainer import train
 
-    monkeypatch.setattr(worker_module, "FIGURE_MIN_CORES", 1)
+    import detector.training.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "figures_in_background", lambda device, cores: True)  # as on a GPU host
     logged, closed = [], []
     real_close = FigureWorker.close
     monkeypatch.setattr(FigureWorker, "close", lambda self: closed.append(self.in_background) or real_close(self))
