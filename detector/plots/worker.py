@@ -96,7 +96,7 @@ class FigureWorker:
         if self.helper is not None:
             self.start()
         if self.helper is None:
-            self._draw_here(name, args, failures="raise")
+            self._draw_here(name, args, warn=False)
             return
         self._waiting.append((name, args))
         try:
@@ -141,11 +141,12 @@ class FigureWorker:
                 raise
             self._waiting.popleft()
 
-    def _draw_here(self, name: str, args: tuple[Any, ...], *, failures: str) -> None:
+    def _draw_here(self, name: str, args: tuple[Any, ...], *, warn: bool) -> None:
+        """Draw a figure in this process; ``warn``: a failure is one line instead of the caller's exception."""
         try:
             self.seconds[name] = _draw_timed((name, args), self._inherited)
         except Exception as error:
-            if failures == "raise":
+            if not warn:
                 raise
             print(f"warning: {name}: not drawn ({type(error).__name__}: {error})", file=sys.stderr)
 
@@ -158,4 +159,4 @@ class FigureWorker:
             helper.stop(kill=True)
         while self._waiting:
             name, args = self._waiting.popleft()
-            self._draw_here(name, args, failures="warn")  # each one line: the one it died on may fail here too
+            self._draw_here(name, args, warn=True)  # each one line: the one it died on may fail here too
