@@ -27,17 +27,12 @@ from collections.abc import Callable
 import numpy as np
 from pycocotools.coco import COCO
 
-from detector.forked import ForkedHelper, HelperFailed, fork_available
+from detector.forked import ForkedHelper, HelperFailed
 from detector.metrics.coco import EvalResult, evaluate_coco, resolve_backend
 
 # A pass the worker has not scored by then is scored in the training process (a worker that hangs must not hang the
 # run): COCO val's 1.5M detections take ~10-20 s in one process on a server core.
 SCORE_TIMEOUT_S = 600.0
-
-
-def background_available() -> bool:
-    """Whether this process can fork the worker (:func:`detector.forked.fork_available`)."""
-    return fork_available()
 
 
 class PendingScore:

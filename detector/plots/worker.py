@@ -24,20 +24,18 @@ from typing import Any, NamedTuple
 
 import torch
 
-from detector.forked import ForkedHelper, HelperFailed, JobFailed, fork_available
+from detector.forked import HELPER_MIN_CORES, ForkedHelper, HelperFailed, JobFailed, fork_available
 from detector.plots import draw as draw_here
 
 # A figure the helper has not drawn by then is drawn here instead (a helper that hangs must not hang the run's end).
 FIGURE_TIMEOUT_S = 300.0
-# The helper takes a core; below this many a GPU run draws its figures in the training process.
-FIGURE_MIN_CORES = 4
 
 
 def figures_in_background(device: torch.device, cores: int) -> bool:
     """Whether a run on ``device``, on a host with ``cores`` usable cores, draws its figures in a helper: on a GPU,
-    whose step leaves the host's cores free; a CPU run's step uses them all (2-core Xeon, forced on: wall 46.7 s
-    against 44.2 s inline), as the background scorer's ``auto`` says too (detector/training/validator.py)."""
-    return device.type == "cuda" and cores >= FIGURE_MIN_CORES and fork_available()
+    whose step leaves the host's cores free, with a core to spare (:data:`~detector.forked.HELPER_MIN_CORES`); a CPU
+    run's step uses them all, as the background scorer's ``auto`` says too (detector/training/validator.py)."""
+    return device.type == "cuda" and cores >= HELPER_MIN_CORES and fork_available()
 
 
 class Inherited(NamedTuple):

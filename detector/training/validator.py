@@ -18,7 +18,8 @@ from detector.distributed import unwrap
 from detector.inference.fusion import FusedCopy
 from detector.inference.cuda_graph import CudaGraphRunner
 from detector.inference.torch_backend import decode_images, make_torch_infer
-from detector.metrics.background import BackgroundScorer, background_available
+from detector.forked import HELPER_MIN_CORES, fork_available
+from detector.metrics.background import BackgroundScorer
 from detector.metrics.coco import resolve_backend
 from detector.metrics.loop import Validation, make_val_loader, run_validation
 from detector.postprocess import NMSConfig, non_max_suppression
@@ -46,10 +47,7 @@ GRAPHED_OUTPUT_BYTES = 128 * 2**20
 # against 0.16 s of training), and an epoch's metrics line and best.pt come one epoch later, seconds later. After a
 # longer epoch (COCO: minutes) the evaluation is a small share, and the metrics are worth having at once.
 BACKGROUND_EPOCH_SECONDS = 60.0
-# ...and where the host has at least this many cores: the worker takes one while it scores, beside the training
-# loop, the pin thread and the loader's workers (2-core CPU, the 30-epoch shapes run, one run each: 67.1 s wall with
-# the worker against 61.5 s inline).
-BACKGROUND_MIN_CORES = 4
+# ...and where the host has a core to spare (detector.forked.HELPER_MIN_CORES).
 
 
 def validation_batch(config: TrainConfig, device: torch.device) -> int:
@@ -70,13 +68,13 @@ def graphed_forward(model: nn.Module, precision: Precision, device: torch.device
 def scores_in_background(choice: str, device: torch.device, epoch_seconds: float) -> bool:
     """Whether ``--val-background`` ``choice`` scores the pass after an epoch of ``epoch_seconds`` in the background:
     ``on``/``off`` as said; ``auto`` on CUDA after a short epoch (:data:`BACKGROUND_EPOCH_SECONDS`) where the host
-    has a core to spare (:data:`BACKGROUND_MIN_CORES`). Never where the platform cannot fork the worker."""
+    has a core to spare (:data:`~detector.forked.HELPER_MIN_CORES`). Never where the platform cannot fork the worker."""
     if choice == "auto":
         wanted = (device.type == "cuda" and epoch_seconds < BACKGROUND_EPOCH_SECONDS
-                  and usable_cores() >= BACKGROUND_MIN_CORES)
+                  and usable_cores() >= HELPER_MIN_CORES)
     else:
         wanted = choice == "on"
-    return wanted and background_available()
+    return wanted and fork_available()
 
 
 def background_text(choice: str, device: torch.device) -> str:

@@ -23,7 +23,7 @@ from detector.metrics.background import BackgroundScorer
 from detector.metrics.coco import evaluate_coco
 from tests.metrics.test_coco import noisy_detections, synthetic_ground_truth
 
-pytestmark = pytest.mark.skipif(not background.background_available(), reason="this platform cannot fork")
+pytestmark = pytest.mark.skipif(not forked.fork_available(), reason="this platform cannot fork")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -194,7 +194,7 @@ def test_a_fork_that_fails_costs_one_line_and_scores_here(scored_set, monkeypatc
 
 
 def _availability(answers) -> None:
-    answers.put(background.background_available())
+    answers.put(forked.fork_available())
 
 
 def test_a_daemonic_process_scores_inline(watchdog) -> None:
@@ -203,7 +203,7 @@ def test_a_daemonic_process_scores_inline(watchdog) -> None:
     answers = context.Queue()
     process = context.Process(target=_availability, args=(answers,), daemon=True)
     process.start()
-    assert answers.get(timeout=60) is False and background.background_available()
+    assert answers.get(timeout=60) is False and forked.fork_available()
     process.join(60)
 
 

@@ -133,8 +133,8 @@ def test_only_gpu_runs_on_hosts_with_cores_to_spare_draw_in_a_helper(monkeypatch
     import torch
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    assert not figures_in_background(cuda, worker_module.FIGURE_MIN_CORES - 1)
-    assert figures_in_background(cuda, worker_module.FIGURE_MIN_CORES)
+    assert not figures_in_background(cuda, forked.HELPER_MIN_CORES - 1)
+    assert figures_in_background(cuda, forked.HELPER_MIN_CORES)
     assert not figures_in_background(cpu, 64)  # a CPU run's step uses every core
     monkeypatch.setattr(worker_module, "fork_available", lambda: False)  # Windows, a daemonic process
     assert not figures_in_background(cuda, 64)

@@ -6,7 +6,8 @@ from detector.data.build import SplitData
 from detector.model import build_model
 from detector.precision import Precision
 from detector.training.config import TrainConfig
-from detector.training.validator import BACKGROUND_EPOCH_SECONDS, BACKGROUND_MIN_CORES, Validator, scores_in_background
+from detector.forked import HELPER_MIN_CORES
+from detector.training.validator import BACKGROUND_EPOCH_SECONDS, Validator, scores_in_background
 from detector.training.validator import validation_batch
 
 
@@ -49,13 +50,13 @@ def test_a_large_split_goes_through_the_loader_every_time(tiny_split: SplitData,
 
 def test_auto_scores_in_the_background_on_cuda_after_short_epochs_only(monkeypatch):
     cuda, cpu, short, long = torch.device("cuda"), torch.device("cpu"), 0.2, BACKGROUND_EPOCH_SECONDS
-    monkeypatch.setattr(validator_module, "usable_cores", lambda: BACKGROUND_MIN_CORES)
+    monkeypatch.setattr(validator_module, "usable_cores", lambda: HELPER_MIN_CORES)
     assert scores_in_background("auto", cuda, short) and not scores_in_background("auto", cuda, long)
     assert not scores_in_background("auto", cpu, short)  # the worker would take cores from the step
     assert scores_in_background("on", cpu, long) and not scores_in_background("off", cuda, short)
-    monkeypatch.setattr(validator_module, "usable_cores", lambda: BACKGROUND_MIN_CORES - 1)  # a small GPU host
+    monkeypatch.setattr(validator_module, "usable_cores", lambda: HELPER_MIN_CORES - 1)  # a small GPU host
     assert not scores_in_background("auto", cuda, short) and scores_in_background("on", cuda, short)
-    monkeypatch.setattr(validator_module, "background_available", lambda: False)  # no fork (Windows)
+    monkeypatch.setattr(validator_module, "fork_available", lambda: False)  # no fork (Windows)
     assert not scores_in_background("on", cpu, short)
 
 
