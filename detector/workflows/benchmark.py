@@ -5,7 +5,8 @@ BF16 on CPUs with native BF16), ONNX Runtime FP32 and FP16 and the pt2 (AOTInduc
 ``--half``'s precision where it has one), each exported to a temporary folder, and TensorRT when it can be built
 here; given an ``.onnx``, ``.engine`` or ``.pt2`` file it times that file alone. Printed as a markdown table:
 median milliseconds per image of each stage at ``--batch`` (1) over ``--runs`` timed batches after ``--warmup``
-untimed ones, and images per second at ``--throughput-batch`` (32), with the device's name in the header.
+untimed ones, and images per second at ``--throughput-batch`` (32), with the device's name in the header. The
+backends are timed in interleaved rounds (``--rounds``), so that a machine's drift slows them all alike.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -70,18 +71,20 @@ def synchronize(device: torch.device | str) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_backend(
-    backend: Backend, images: list[np.ndarray], *, size: int, runs: int, warmup: int, device: str
-) -> dict[str, float]:
-    """Median per-image milliseconds of each stage (inference includes host<->device copies).
+def time_runs(
+    backend: Backend, images: list[np.ndarray], *, size: int, runs: int, device: str,
+    into: dict[str, list[float]] | None = None,
+) -> dict[str, list[float]]:
+    """Time ``runs`` batches of ``images``: each stage's milliseconds per image, one entry per batch, appended to
+    ``into`` (a new dict by default). Inference includes host<->device copies.
 
     On CUDA the letterbox runs on the GPU (``prepare_batch`` with the backend's device), so pre-process
     includes the upload of the uint8 originals.
     """
-    stages: dict[str, list[float]] = {stage: [] for stage in STAGES}
+    stages = into if into is not None else {stage: [] for stage in STAGES}
     target = getattr(backend, "device", None)
     device = target if target is not None else device  # a .engine runs on CUDA whatever --device says
-    for run in range(warmup + runs):
+    for _ in range(runs):
         marks = [time.perf_counter()]
         batch, transforms = prepare_batch(images, size, device=target)
         synchronize(device)
@@ -91,10 +94,57 @@ def time_backend(
         marks.append(time.perf_counter())
         batch_to_original_pixels(backend.postprocess(raw), transforms)
         marks.append(time.perf_counter())
-        if run >= warmup:
-            for stage, start, end in zip(stages, marks, marks[1:]):
-                stages[stage].append(1000 * (end - start) / len(images))
-    return {stage: statistics.median(values) for stage, values in stages.items()}
+        for stage, start, end in zip(STAGES, marks, marks[1:]):
+            stages[stage].append(1000 * (end - start) / len(images))
+    return stages
+
+
+@dataclass
+class Timed:
+    """One candidate at one batch size, timed in rounds beside the others (:func:`time_in_rounds`)."""
+
+    candidate: str
+    backend: Backend
+    images: list[np.ndarray]
+    size: int
+    runs: int
+    throughput: bool
+    stages: dict[str, list[float]] = field(default_factory=lambda: {stage: [] for stage in STAGES})
+
+    def medians(self) -> dict[str, float]:
+        return {stage: statistics.median(values) for stage, values in self.stages.items()}
+
+
+def round_shares(runs: int, rounds: int) -> list[int]:
+    """``runs`` timed batches spread over ``rounds`` as evenly as they go, the first rounds taking the remainder."""
+    return [runs // rounds + (1 if index < runs % rounds else 0) for index in range(rounds)]
+
+
+def time_in_rounds(timed: list[Timed], *, rounds: int, device: str, failed: Callable[[str, Exception], None],
+                   progress: Callable[[str], None]) -> None:
+    """Time every entry's runs in ``rounds`` rounds, each round giving every entry its share in turn.
+
+    Why: on a shared machine the speed of the same backend drifts by 10-25% over minutes (docs/inference.md), so
+    backends timed one after the other compare moments as much as backends; interleaved, a drift slows them all
+    alike. A candidate that raises is reported through ``failed`` and leaves the rounds (its other batch size too).
+    """
+    out: set[str] = set()
+    rounds = min(rounds, max((entry.runs for entry in timed), default=1))  # no round without a timed batch
+    for index in range(rounds):
+        for entry in timed:
+            if entry.candidate in out:
+                continue
+            try:
+                time_runs(entry.backend, entry.images, size=entry.size, runs=round_shares(entry.runs, rounds)[index],
+                          device=device, into=entry.stages)
+            except Exception as error:  # noqa: BLE001 - the caller notes it (onnxruntime raises plain Exceptions)
+                out.add(entry.candidate)
+                failed(entry.candidate, error)
+        latency = [entry for entry in timed if not entry.throughput and entry.candidate not in out and
+                   entry.stages[STAGES[0]]]
+        progress(f"round {index + 1}/{rounds}: " + ", ".join(
+            f"{entry.candidate} {sum(entry.medians().values()):.2f} ms" for entry in latency))
+    timed[:] = [entry for entry in timed if entry.candidate not in out]
 
 
 def per_batch(build: Callable[[int], Backend]) -> Callable[[int], Backend]:
@@ -214,7 +264,9 @@ def markdown_row(name: str, times: dict[str, float], throughput_batch: int = 0) 
 def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = print) -> str:
     """Time every backend; -> a header line (weights, device name, threads) and the markdown table.
 
-    ``progress`` gets one line per backend and batch size.
+    Every backend is built (and exported) and warmed up first, then timed in ``--rounds`` interleaved rounds
+    (:func:`time_in_rounds`). ``progress`` gets a line per backend built and one per round with the running
+    latencies (a run stopped by a time limit keeps those).
 
     Raises:
         CheckpointError, FileNotFoundError, ValueError, Unavailable: one line naming the file or flag.
@@ -223,7 +275,15 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
     tune_process(resolved)  # before the first convolution: see detector/tuning.py
     device = str(resolved)
     weights = weights_or_latest(options.weights)
-    rows, notes = [], []
+    notes: list[str] = []
+
+    def failed(name: str, error: Exception) -> None:
+        # One backend failing keeps the others' rows, whatever it raises: onnxruntime's own errors (Fail,
+        # EPFail) are plain Exceptions, and a TensorRT release without an API we call raises AttributeError.
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        notes.append(f"{name}: failed ({type(error).__name__}: {reason})")
+        progress(notes[-1])
+
     with tempfile.TemporaryDirectory(prefix="detector-benchmark-") as folder:
         if Path(weights).suffix == ".pt":
             candidates: Iterator[Candidate | str] = backends_for_checkpoint(
@@ -232,51 +292,60 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
         else:
             single = load_backend(weights, device=device)
             candidates = iter([Candidate(single.name, lambda batch: single)])
+        timed: list[Timed] = []
         for candidate in candidates:
             if isinstance(candidate, str):
                 notes.append(candidate)
                 continue
             try:
-                rows.append(time_candidate(candidate, options, device, progress))
-            # One backend failing keeps the others' rows, whatever it raises: onnxruntime's own errors (Fail,
-            # EPFail) are plain Exceptions, and a TensorRT release without an API we call raises AttributeError.
+                timed.extend(prepare_candidate(candidate, options, device, progress))
             except Exception as error:  # noqa: BLE001 - reported in the table's notes, with its type
-                reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-                notes.append(f"{candidate.name}: failed ({type(error).__name__}: {reason})")
-                progress(notes[-1])
-            else:  # each row as soon as it is measured: a run stopped by a time limit keeps the rows before it
-                progress(markdown_row(*rows[-1], options.throughput_batch))
+                failed(candidate.name, error)
+        time_in_rounds(timed, rounds=options.rounds, device=device, failed=failed, progress=progress)
+    rows = table_rows(timed, device)
     threads = torch.get_num_threads()
     header = (f"{weights} on {device} ({device_name(device)}, {threads} torch threads): ms per image at batch "
               f"{options.batch}, median of {options.runs} runs")
     if options.throughput_batch:
         header += f"; images/s at batch {options.throughput_batch}, median of {options.throughput_runs} runs"
+    header += f"; the backends interleaved in {options.rounds} rounds"
     return header + "\n\n" + markdown_table(rows, notes, throughput_batch=options.throughput_batch)
 
 
-def time_candidate(
+def prepare_candidate(
     candidate: Candidate, options: BenchmarkOptions, device: str, progress: Callable[[str], None]
-) -> tuple[str, dict[str, float]]:
-    """The row's name and its latency stages at ``--batch``, and ``throughput`` (images/s) at
-    ``--throughput-batch`` when asked for. The name is the backend's own (ONNX Runtime names its GPU provider),
-    with "on cpu" where it ran on the CPU though the table is for a GPU (a CPU-only onnxruntime build)."""
-    times: dict[str, float] = {}
-    name = candidate.name
+) -> list[Timed]:
+    """``candidate`` built at ``--batch`` (and ``--throughput-batch`` when asked for) and warmed up: one
+    :class:`Timed` each, their runs not taken yet."""
     plan = [(options.batch, options.runs, False)]
     if options.throughput_batch:
         plan.append((options.throughput_batch, options.throughput_runs, True))
+    prepared = []
     for batch, runs, throughput in plan:
         backend = candidate.build(batch)
         size = options.imgsz if backend.info.dynamic and options.imgsz else backend.info.imgsz
-        progress(f"timing {backend.name} at {size} px, batch {batch} ...")
-        measured = time_backend(backend, sample_images(batch), size=size, runs=runs, warmup=options.warmup,
-                                device=device)
-        ran_on = getattr(backend, "device", None)  # after the runs: the name says what ran (a failed CUDA graph)
-        name = backend.name + (" on cpu" if device.startswith("cuda") and ran_on is not None
-                               and torch.device(ran_on).type == "cpu" else "")
-        if throughput:
+        progress(f"built {backend.name} at {size} px, batch {batch}; warming up ...")
+        images = sample_images(batch)
+        time_runs(backend, images, size=size, runs=options.warmup, device=device)
+        prepared.append(Timed(candidate.name, backend, images, size, runs, throughput))
+    return prepared
+
+
+def table_rows(timed: list[Timed], device: str) -> list[tuple[str, dict[str, float]]]:
+    """One row per candidate, in the order built: its latency stages, and ``throughput`` (images/s) with the big
+    batch's stages when measured. The name is the backend's own (ONNX Runtime names its GPU provider), with "on
+    cpu" where it ran on the CPU though the table is for a GPU (a CPU-only onnxruntime build)."""
+    rows: dict[str, tuple[str, dict[str, float]]] = {}
+    for entry in timed:
+        ran_on = getattr(entry.backend, "device", None)  # after the runs: the name says what ran (a failed CUDA graph)
+        name = entry.backend.name + (" on cpu" if device.startswith("cuda") and ran_on is not None
+                                     and torch.device(ran_on).type == "cpu" else "")
+        _, times = rows.setdefault(entry.candidate, (name, {}))
+        measured = entry.medians()
+        if entry.throughput:
             times["throughput"] = 1000 / sum(measured.values())
             times.update({f"batch {stage}": value for stage, value in measured.items()})
         else:
+            rows[entry.candidate] = (name, times)
             times.update(measured)
-    return name, times
+    return list(rows.values())

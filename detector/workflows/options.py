@@ -148,6 +148,8 @@ class BenchmarkOptions(Options):
     runs: int = option(20, "timed batches per backend for latency (default: 20)")
     throughput_runs: int = option(5, "timed batches per backend for throughput (default: 5)")
     warmup: int = option(3, "untimed batches first (default: 3)")
+    rounds: int = option(5, "the timed batches are spread over this many rounds, each round timing every backend in "
+                            "turn, so that the machine's drift slows them all alike (default: 5)")
     skip: str = option("", f"comma-separated backends not to time: {', '.join(BENCHMARK_SKIP)} (default: none; "
                            "pt2 compiles for minutes on a small CPU)")
     device: str = option("", "cpu or cuda (default: cuda if available, else cpu)")
@@ -155,6 +157,10 @@ class BenchmarkOptions(Options):
     def __post_init__(self) -> None:
         super().__post_init__()
         skipped(self.skip)  # refused here, before any work
+        for flag, value in (("--runs", self.runs), ("--throughput-runs", self.throughput_runs),
+                            ("--rounds", self.rounds)):
+            if value < 1:
+                raise ValueError(f"{flag} must be at least 1; got {value}")
 
 
 def skipped(text: str) -> set[str]:

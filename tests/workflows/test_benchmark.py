@@ -44,9 +44,9 @@ class Fail(Exception):
 
 @pytest.mark.parametrize("error", ["export", "onnxruntime"])
 def test_a_backend_that_fails_leaves_a_note_and_the_other_rows(monkeypatch, checkpoint, error) -> None:
-    """A pt2 compile, an engine build or an ONNX Runtime session that fails on the machine's tools no longer throws
-    away the rows already timed: the table keeps them and says which backend failed and why, in one line; each
-    row was printed as soon as it was measured (a run cut short by a time limit keeps them)."""
+    """A pt2 compile, an engine build or an ONNX Runtime session that fails on the machine's tools throws away no
+    other backend's row: the table keeps them and says which backend failed and why, in one line, as the progress
+    lines do; each round's line gives the running latencies (a run cut short by a time limit keeps them)."""
     import detector.workflows.benchmark as benchmark
     from detector.exporting import ExportError
     from detector.workflows.options import BenchmarkOptions
@@ -68,9 +68,73 @@ def test_a_backend_that_fails_leaves_a_note_and_the_other_rows(monkeypatch, chec
     table = benchmark.run_benchmark(BenchmarkOptions(weights=str(checkpoint), imgsz=64, runs=1, warmup=0,
                                                      throughput_batch=0, skip="onnx,pt2,engine", device="cpu"),
                                     progress=printed.append)
-    row = next(line for line in table.splitlines() if line.startswith("| pytorch fp32 |"))
-    assert row in printed and printed.index(row) < len(printed) - 1  # printed before the failing backend's note
-    assert f"pt2 fp16: failed ({type(raised).__name__}: {str(raised)})" in table
+    assert any(line.startswith("| pytorch fp32 |") for line in table.splitlines())
+    note = f"pt2 fp16: failed ({type(raised).__name__}: {str(raised)})"
+    assert note in table and note in printed
+    assert any(line.startswith("round 1/1: pytorch fp32 ") for line in printed)  # one run: one round
+
+
+def timed_entries(names: list[str], runs: int) -> list:
+    from detector.workflows.benchmark import Timed
+
+    return [Timed(name, None, [], 64, runs, throughput=False) for name in names]
+
+
+def record_runs(monkeypatch, calls: list, fail: dict | None = None) -> list:
+    """benchmark.time_runs replaced by a recorder: which backend ran how many batches, in order (each batch's
+    stages 1 ms); ``fail``: backend -> the call at which it raises. -> the list of entries it times, for the caller
+    to fill."""
+    import detector.workflows.benchmark as benchmark
+
+    def recorded(backend, images, *, size, runs, device, into):
+        name = next(entry for entry in entries if entry.stages is into).candidate
+        calls.append((name, runs))
+        if fail and fail.get(name) == sum(1 for called, _ in calls if called == name):
+            raise Fail(f"{name} broke")
+        for stage in benchmark.STAGES:
+            into[stage].extend([1.0] * runs)
+        return into
+
+    entries: list = []
+    monkeypatch.setattr(benchmark, "time_runs", recorded)
+    return entries
+
+
+def test_backends_are_timed_in_interleaved_rounds_that_share_out_the_runs(monkeypatch) -> None:
+    """A machine's drift over minutes (10-25% on a shared CPU) must slow every backend alike: each round gives every
+    backend its share of the runs in turn, and the shares add up to --runs."""
+    from detector.workflows.benchmark import round_shares, time_in_rounds
+
+    assert round_shares(7, 3) == [3, 2, 2] and round_shares(20, 5) == [4] * 5 and sum(round_shares(2, 5)) == 2
+    calls: list = []
+    entries = record_runs(monkeypatch, calls)
+    entries += timed_entries(["a", "b"], runs=5)
+    printed: list[str] = []
+    time_in_rounds(entries, rounds=2, device="cpu", failed=lambda name, error: None, progress=printed.append)
+    assert calls == [("a", 3), ("b", 3), ("a", 2), ("b", 2)]
+    assert [len(entry.stages["inference"]) for entry in entries] == [5, 5]
+    assert printed == ["round 1/2: a 3.00 ms, b 3.00 ms", "round 2/2: a 3.00 ms, b 3.00 ms"]
+
+
+def test_a_backend_that_fails_in_a_round_leaves_the_rounds_and_the_others_go_on(monkeypatch) -> None:
+    from detector.workflows.benchmark import time_in_rounds
+
+    calls: list = []
+    entries = record_runs(monkeypatch, calls, fail={"a": 2})
+    entries += timed_entries(["a", "b"], runs=3)
+    failures: list = []
+    time_in_rounds(entries, rounds=3, device="cpu", failed=lambda name, error: failures.append((name, str(error))),
+                   progress=lambda line: None)
+    assert calls == [("a", 1), ("b", 1), ("a", 1), ("b", 1), ("b", 1)]
+    assert failures == [("a", "a broke")] and [entry.candidate for entry in entries] == ["b"]
+
+
+@pytest.mark.parametrize("flag", ["runs", "throughput_runs", "rounds"])
+def test_a_count_below_one_is_refused_naming_its_flag(flag) -> None:
+    from detector.workflows.options import BenchmarkOptions
+
+    with pytest.raises(ValueError, match=f"--{flag.replace('_', '-')} must be at least 1; got 0"):
+        BenchmarkOptions(**{flag: 0})
 
 
 @pytest.mark.parametrize(("half", "expected"), [("fp32", ["pt2 fp32"]), ("bf16", ["pt2 fp32", "pt2 bf16"]),
