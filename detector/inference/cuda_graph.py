@@ -1,7 +1,9 @@
 """A fixed-shape function replayed from a CUDA graph: one graph per input shape and dtype, captured on first use.
 
 At batch 1 a nano model is bound by kernel launches, not arithmetic (the issue's H100 figures: FP16 autocast
-slower than FP32). A graph launches the whole forward as one unit. GPU-only: nothing here runs on the CPU.
+slower than FP32). A graph launches the whole forward as one unit: PyTorch's forward (detector/inference/
+torch_backend.py), training's validation forward, and the compiled pt2 package's run (pt2_backend.py). GPU-only:
+nothing here runs on the CPU.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+Outputs = torch.Tensor | tuple[torch.Tensor, ...]  # what a graphed function returns: one tensor, or several
+
 WARMUP_CALLS = 3  # cuDNN picks its algorithms and the caching allocator settles before capture
 
 
@@ -20,7 +24,15 @@ WARMUP_CALLS = 3  # cuDNN picks its algorithms and the caching allocator settles
 class CapturedGraph:
     graph: torch.cuda.CUDAGraph
     static_input: torch.Tensor  # copy each call's input here, then replay
-    static_output: torch.Tensor  # overwritten by every replay: clone before the next one
+    static_output: Outputs  # overwritten by every replay: clone before the next one
+
+
+def clone_outputs(outputs: Outputs) -> Outputs:
+    return tuple(output.clone() for output in outputs) if isinstance(outputs, tuple) else outputs.clone()
+
+
+def output_bytes(outputs: Outputs) -> int:
+    return sum(output.nbytes for output in outputs) if isinstance(outputs, tuple) else outputs.nbytes
 
 
 def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:
@@ -44,16 +56,15 @@ def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:
 
 
 class CudaGraphRunner:
-    """``runner(x) -> function(x)``, for a ``function`` of one CUDA tensor returning one tensor.
+    """``runner(x) -> function(x)``, for a ``function`` of one CUDA tensor returning one tensor or a tuple of them.
 
-    The output is a fresh tensor (a clone of the graph's static output), so results of earlier calls stay
-    valid. Each distinct ``(shape, dtype, strides)`` is captured once and kept, in one memory pool per device, up to
+    The output is fresh (a clone of the graph's static output), so results of earlier calls stay valid. Each distinct ``(shape, dtype, strides)`` is captured once and kept, in one memory pool per device, up to
     ``max_graphs`` graphs and ``max_output_bytes`` of their static outputs (which stay allocated while the runner
     lives); inputs of other shapes run ``function`` eagerly. If a capture fails, the runner says so in one warning
     and runs ``function`` eagerly from then on (:attr:`failed` holds the error).
     """
 
-    def __init__(self, function: Callable[[torch.Tensor], torch.Tensor], *, max_graphs: float = math.inf,
+    def __init__(self, function: Callable[[torch.Tensor], Outputs], *, max_graphs: float = math.inf,
                  max_output_bytes: float = math.inf) -> None:
         self.function = function
         self.max_graphs, self.max_output_bytes = max_graphs, max_output_bytes
@@ -67,7 +78,7 @@ class CudaGraphRunner:
         self.streams: dict[torch.device, torch.cuda.Stream] = {}
         self.failed: str | None = None  # the capture's error, once one failed: every call runs eagerly
 
-    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, inputs: torch.Tensor) -> Outputs:
         if inputs.device.type != "cuda":
             raise ValueError(f"CUDA graphs replay on a GPU; got a tensor on {inputs.device}")
         key = (tuple(inputs.shape), inputs.dtype, inputs.stride(), inputs.device)
@@ -84,7 +95,7 @@ class CudaGraphRunner:
                 self.graphs[key] = captured
             captured.static_input.copy_(inputs)
             captured.graph.replay()
-            return captured.static_output.clone()
+            return clone_outputs(captured.static_output)
 
     def capture(self, inputs: torch.Tensor) -> CapturedGraph | None:
         """The graph of ``function`` for inputs like ``inputs``; None when its output would take the graphs' outputs
@@ -95,12 +106,12 @@ class CudaGraphRunner:
         side = self.streams[inputs.device]  # warm-up on a side stream, as torch.cuda.graphs asks
         side.wait_stream(torch.cuda.current_stream(inputs.device))
         with torch.cuda.stream(side):
-            output_bytes = self.function(static_input).nbytes
+            size = output_bytes(self.function(static_input))
             for _ in range(WARMUP_CALLS - 1):
                 self.function(static_input)
         torch.cuda.current_stream(inputs.device).wait_stream(side)
-        kept = sum(graph.static_output.nbytes for graph in self.graphs.values())
-        if kept + output_bytes > self.max_output_bytes:
+        kept = sum(output_bytes(graph.static_output) for graph in self.graphs.values())
+        if kept + size > self.max_output_bytes:
             return None
         graph, main = torch.cuda.CUDAGraph(), torch.cuda.current_stream(inputs.device)
         if inputs.device not in self.pools:

@@ -68,6 +68,7 @@ def test_the_command_checks_parity_and_writes_the_package(package: tuple[Path, s
 def test_metadata_is_the_onnx_exports(package: tuple[Path, str], model: YOLO) -> None:
     backend = load_backend(package[0])
     assert isinstance(backend, Pt2Backend) and backend.name == "pt2 fp32"
+    assert backend.forward == backend.run  # no CUDA graph on the CPU
     info = backend.info
     assert (info.names, info.strides, info.imgsz, info.batch) == (NAMES, tuple(model.strides), IMGSZ, 2)
     assert (info.precision, info.dynamic, info.nms) == ("fp32", False, None)
@@ -190,7 +191,12 @@ def test_fp16_package_on_cuda(model: YOLO, images: torch.Tensor, tmp_path: Path)
             pytest.skip(f"this machine cannot compile a CUDA pt2 package: {error}")
         raise
     backend = load_backend(package, device="cuda")
-    with fp32_settings_kept():  # the FP32 reference in true FP32, as the export command's parity gate runs it
-        set_strict_fp32()
-        report = check_parity(TorchBackend(model, info, device="cuda"), backend, images=images)
-    assert backend.name == "pt2 fp16" and report.passed, report.summary()
+    reference = TorchBackend(model, info, device="cuda")
+    # The same batch in another order (its graph replayed on new data: a stale replay would give the first order's
+    # detections) and one image (a graph of its own) pass the same gate.
+    for batch in (images, images.flip(0), images[:1]):
+        with fp32_settings_kept():  # the FP32 reference in true FP32, as the export command's parity gate runs it
+            set_strict_fp32()
+            report = check_parity(reference, backend, images=batch)
+        assert report.passed, report.summary()
+    assert backend.name == "pt2 fp16 cuda graph" and len(backend.forward.graphs) == 2  # one per batch size

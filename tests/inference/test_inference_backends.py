@@ -194,6 +194,21 @@ def test_shapes_past_the_runners_limits_run_eagerly_and_quietly() -> None:
     assert list(capped.graphs) == [(tuple(small.shape), small.dtype, small.stride(), small.device)]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")
+def test_a_function_of_several_outputs_replays_each_on_new_data() -> None:
+    """The pt2 package's run returns a tuple (boxes and scores): each output is replayed from the graph and cloned,
+    so an earlier call's results stay what they were."""
+    from detector.inference.cuda_graph import CudaGraphRunner
+
+    runner = CudaGraphRunner(lambda x: (x * 2, x.sum(dim=1)))
+    first_input = torch.arange(6.0, device="cuda").reshape(2, 3)
+    first = runner(first_input)
+    second = runner(first_input + 1)  # replayed: the same shape
+    assert len(runner.graphs) == 1 and runner.failed is None and isinstance(second, tuple)
+    assert torch.equal(first[0], first_input * 2) and torch.equal(first[1], first_input.sum(dim=1))
+    assert torch.equal(second[0], (first_input + 1) * 2) and torch.equal(second[1], (first_input + 1).sum(dim=1))
+
+
 def test_letterbox_is_undone() -> None:
     image = np.zeros((50, 100, 3), np.uint8)  # wide: padded top and bottom
     batch, (transform,) = prepare_batch([image], 64)
