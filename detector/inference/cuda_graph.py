@@ -58,7 +58,8 @@ def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:
 class CudaGraphRunner:
     """``runner(x) -> function(x)``, for a ``function`` of one CUDA tensor returning one tensor or a tuple of them.
 
-    The output is fresh (a clone of the graph's static output), so results of earlier calls stay valid. Each distinct ``(shape, dtype, strides)`` is captured once and kept, in one memory pool per device, up to
+    The output is fresh (a clone of the graph's static output), so results of earlier calls stay valid. Each
+    distinct ``(shape, dtype, strides)`` is captured once and kept, in one memory pool per device, up to
     ``max_graphs`` graphs and ``max_output_bytes`` of their static outputs (which stay allocated while the runner
     lives); inputs of other shapes run ``function`` eagerly. If a capture fails, the runner says so in one warning
     and runs ``function`` eagerly from then on (:attr:`failed` holds the error).

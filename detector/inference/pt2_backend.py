@@ -45,7 +45,7 @@ class Pt2Backend(Backend):
         if not zipfile.is_zipfile(path):  # before torch, which logs a misleading "outdated pt2 file" warning first
             raise ValueError(f"{path}: not a loadable pt2 package (not a zip archive)")
         # Without the runner's own thread synchronisation where it can go, which a CUDA graph's capture cannot hold
-        # (torch's advice for CUDA graphs); torch 2.10's loader may lack the switch.
+        # (torch's advice for CUDA graphs); an older torch's loader may lack the switch.
         options = ({"run_single_threaded": True} if self.device.type == "cuda" and "run_single_threaded"
                    in inspect.signature(torch._inductor.aoti_load_package).parameters else {})
         try:
