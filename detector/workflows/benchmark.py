@@ -121,8 +121,9 @@ def round_shares(runs: int, rounds: int) -> list[int]:
 
 
 def time_in_rounds(timed: list[Timed], *, rounds: int, device: str, failed: Callable[[str, Exception], None],
-                   progress: Callable[[str], None]) -> None:
-    """Time every entry's runs in ``rounds`` rounds, each round giving every entry its share in turn.
+                   progress: Callable[[str], None]) -> int:
+    """Time every entry's runs in ``rounds`` rounds (fewer where no entry has that many runs), each round giving
+    every entry its share in turn; -> the rounds run.
 
     Why: on a shared machine the speed of the same backend drifts by 10-25% over minutes (docs/inference.md), so
     backends timed one after the other compare moments as much as backends; interleaved, a drift slows them all
@@ -145,6 +146,7 @@ def time_in_rounds(timed: list[Timed], *, rounds: int, device: str, failed: Call
         progress(f"round {index + 1}/{rounds}: " + ", ".join(
             f"{entry.candidate} {sum(entry.medians().values()):.2f} ms" for entry in latency))
     timed[:] = [entry for entry in timed if entry.candidate not in out]
+    return rounds
 
 
 def per_batch(build: Callable[[int], Backend]) -> Callable[[int], Backend]:
@@ -301,14 +303,14 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
                 timed.extend(prepare_candidate(candidate, options, device, progress))
             except Exception as error:  # noqa: BLE001 - reported in the table's notes, with its type
                 failed(candidate.name, error)
-        time_in_rounds(timed, rounds=options.rounds, device=device, failed=failed, progress=progress)
+        rounds = time_in_rounds(timed, rounds=options.rounds, device=device, failed=failed, progress=progress)
     rows = table_rows(timed, device)
     threads = torch.get_num_threads()
     header = (f"{weights} on {device} ({device_name(device)}, {threads} torch threads): ms per image at batch "
               f"{options.batch}, median of {options.runs} runs")
     if options.throughput_batch:
         header += f"; images/s at batch {options.throughput_batch}, median of {options.throughput_runs} runs"
-    header += f"; the backends interleaved in {options.rounds} rounds"
+    header += f"; the backends interleaved in {rounds} round{'s' if rounds > 1 else ''}"
     return header + "\n\n" + markdown_table(rows, notes, throughput_batch=options.throughput_batch)
 
 
@@ -333,19 +335,18 @@ def prepare_candidate(
 
 def table_rows(timed: list[Timed], device: str) -> list[tuple[str, dict[str, float]]]:
     """One row per candidate, in the order built: its latency stages, and ``throughput`` (images/s) with the big
-    batch's stages when measured. The name is the backend's own (ONNX Runtime names its GPU provider), with "on
-    cpu" where it ran on the CPU though the table is for a GPU (a CPU-only onnxruntime build)."""
+    batch's stages when measured (a candidate's latency entry comes before its throughput one). The name is the
+    backend's own (ONNX Runtime names its GPU provider), with "on cpu" where it ran on the CPU though the table is for
+    a GPU (a CPU-only onnxruntime build)."""
     rows: dict[str, tuple[str, dict[str, float]]] = {}
     for entry in timed:
-        ran_on = getattr(entry.backend, "device", None)  # after the runs: the name says what ran (a failed CUDA graph)
-        name = entry.backend.name + (" on cpu" if device.startswith("cuda") and ran_on is not None
-                                     and torch.device(ran_on).type == "cpu" else "")
-        _, times = rows.setdefault(entry.candidate, (name, {}))
         measured = entry.medians()
-        if entry.throughput:
+        if not entry.throughput:
+            ran_on = getattr(entry.backend, "device", None)  # after the runs: the name says what ran (a failed graph)
+            on_cpu = device.startswith("cuda") and ran_on is not None and torch.device(ran_on).type == "cpu"
+            rows[entry.candidate] = (entry.backend.name + (" on cpu" if on_cpu else ""), measured)
+        else:
+            times = rows[entry.candidate][1]
             times["throughput"] = 1000 / sum(measured.values())
             times.update({f"batch {stage}": value for stage, value in measured.items()})
-        else:
-            rows[entry.candidate] = (name, times)
-            times.update(measured)
     return list(rows.values())

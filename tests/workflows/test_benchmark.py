@@ -72,6 +72,7 @@ def test_a_backend_that_fails_leaves_a_note_and_the_other_rows(monkeypatch, chec
     note = f"pt2 fp16: failed ({type(raised).__name__}: {str(raised)})"
     assert note in table and note in printed
     assert any(line.startswith("round 1/1: pytorch fp32 ") for line in printed)  # one run: one round
+    assert table.splitlines()[0].endswith("; the backends interleaved in 1 round")
 
 
 def timed_entries(names: list[str], runs: int) -> list:
@@ -110,7 +111,8 @@ def test_backends_are_timed_in_interleaved_rounds_that_share_out_the_runs(monkey
     entries = record_runs(monkeypatch, calls)
     entries += timed_entries(["a", "b"], runs=5)
     printed: list[str] = []
-    time_in_rounds(entries, rounds=2, device="cpu", failed=lambda name, error: None, progress=printed.append)
+    assert time_in_rounds(entries, rounds=2, device="cpu", failed=lambda name, error: None,
+                          progress=printed.append) == 2
     assert calls == [("a", 3), ("b", 3), ("a", 2), ("b", 2)]
     assert [len(entry.stages["inference"]) for entry in entries] == [5, 5]
     assert printed == ["round 1/2: a 3.00 ms, b 3.00 ms", "round 2/2: a 3.00 ms, b 3.00 ms"]
