@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import numpy as np
@@ -29,16 +30,23 @@ def test_device_letterbox_matches_opencv(shape: tuple[int, int]) -> None:
 
 @pytest.mark.parametrize("group_bytes", [256 << 20, 12 * 48 * 80 * 2])  # all of a shape at once; two per call
 def test_images_of_one_shape_go_together_and_come_out_as_one_at_a_time(group_bytes: int, monkeypatch) -> None:
-    """A batch of two shapes, interleaved, one of them a strided view (as a BGR->RGB flip of a frame gives): each
-    image comes out in its own place and to the bit as when it goes through alone, also when a shape's images
-    are more than one call's memory budget holds."""
+    """A batch of two shapes, interleaved, one of them a strided view (as a BGR->RGB flip of a frame gives), one
+    read-only, one a crop: each image comes out in its own place and to the bit as when it goes through alone,
+    also when a shape's images are more than one call's memory budget holds, and as OpenCV's letterbox places it."""
     monkeypatch.setattr(preprocess, "GROUP_BYTES", group_bytes)
     rng = np.random.default_rng(1)
-    frames = [rng.integers(0, 256, (48, 80, 3), dtype=np.uint8) for _ in range(3)]
+    frames = [rng.integers(0, 256, (48, 80, 3), dtype=np.uint8) for _ in range(4)]
     portrait = rng.integers(0, 256, (70, 30, 3), dtype=np.uint8)
-    images = [frames[0], portrait, frames[1][..., ::-1], frames[2], portrait[::-1]]
-    batch, metas = letterbox_on_device(images, 64, torch.device("cpu"))
-    assert [meta.image_id for meta in metas] == list(range(5))
+    locked = frames[3].copy()
+    locked.setflags(write=False)  # a frame in read-only memory (np.frombuffer over bytes gives one)
+    crop = rng.integers(0, 256, (48, 90, 3), dtype=np.uint8)[:, 5:85]  # a strided view, no negative stride
+    images = [frames[0], portrait, frames[1][..., ::-1], frames[2], portrait[::-1], locked, crop]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when it views a read-only array: it must not
+        batch, metas = letterbox_on_device(images, 64, torch.device("cpu"))
+    assert [meta.image_id for meta in metas] == list(range(len(images)))
+    expected, _ = prepare_batch(images, 64)  # OpenCV's: one grey level apart at most (see above)
+    assert int((batch.int() - expected.int()).abs().max()) <= 1
     for index, image in enumerate(images):
         alone, (meta,) = letterbox_on_device([image], 64, torch.device("cpu"))
         assert torch.equal(batch[index], alone[0]) and metas[index] == replace(meta, image_id=index)
