@@ -123,8 +123,9 @@ def stage_letterbox(images_rgb: list[np.ndarray], size: int, *, pin: bool) -> St
 def copy_image(target: torch.Tensor, image: np.ndarray) -> None:
     """``target[...] = image`` by torch's copy, which spreads a large copy over the intra-op threads where numpy's
     assignment takes one: 32 640x480 frames, 29 MB, took 1.7 against 3.2 ms on 2 cores (a GPU host has 16). An array
-    torch cannot view (a negative stride, as a BGR->RGB flip gives, or read-only memory) goes by numpy's."""
-    if image.flags.writeable and all(stride >= 0 for stride in image.strides):
+    torch cannot view goes by numpy's: a negative stride (as a BGR->RGB flip gives), read-only memory, and any other
+    dtype than uint8 (whose byte order or strides torch may refuse; numpy casts it as before)."""
+    if image.dtype == np.uint8 and image.flags.writeable and all(stride >= 0 for stride in image.strides):
         target.copy_(torch.from_numpy(image))
     else:
         target.numpy()[...] = image

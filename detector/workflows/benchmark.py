@@ -127,7 +127,9 @@ def time_in_rounds(timed: list[Timed], *, rounds: int, device: str, failed: Call
 
     Why: on a shared machine the speed of the same backend drifts by 10-25% over minutes (docs/inference.md), so
     backends timed one after the other compare moments as much as backends; interleaved, a drift slows them all
-    alike. A candidate that raises is reported through ``failed`` and leaves the rounds (its other batch size too).
+    alike. Each round's first batch of an entry follows another backend's: alternating ONNX Runtime and pt2 call by
+    call at batch 1 slowed neither beyond the drift (docs/inference.md), so no untimed batch is spent there. A
+    candidate that raises is reported through ``failed`` and leaves the rounds (its other batch size too).
     """
     out: set[str] = set()
     rounds = min(rounds, max((entry.runs for entry in timed), default=1))  # no round without a timed batch
@@ -268,7 +270,8 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
 
     Every backend is built (and exported) and warmed up first, then timed in ``--rounds`` interleaved rounds
     (:func:`time_in_rounds`). ``progress`` gets a line per backend built and one per round with the running
-    latencies (a run stopped by a time limit keeps those).
+    latencies (a run stopped by a time limit keeps those). So every backend is alive at once, at both batch sizes:
+    the process's peak memory (a GPU's too) is the sum of theirs, where one after the other it was the largest.
 
     Raises:
         CheckpointError, FileNotFoundError, ValueError, Unavailable: one line naming the file or flag.
