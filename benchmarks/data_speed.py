@@ -10,6 +10,7 @@ benchmarks/train_speed.py (the goal is at least 3x).
     python benchmarks/data_speed.py --pixel-augment device --imgsz 640 --batch 64 --caches ram --copy-out
                                                       # and each batch copied out as the pin thread does (on CUDA:
                                                       # the pin thread), the workers' buffers fresh or pooled
+    python benchmarks/data_speed.py ... --copy-out --pin-threads 1    # the pin thread's copy on one thread
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch.utils.data import DataLoader
 from detector.data.augment import AugmentConfig
 from detector.data.build import build_split
 from detector.data.dataset import collate
+from detector.data import pinned
 from detector.data.device_augment import WarpBatch
 from detector.data.sampler import EpochSampler
 from detector.data.spec import load_dataset_spec
@@ -95,9 +97,15 @@ def main() -> int:
                              "with the workers' buffers fresh and pooled (detector.data.workers.BatchPool): a row each")
     parser.add_argument("--pixel-augment", choices=("workers", "pixels", "device"), default="workers",
                         help="what the workers leave to the step (see train --pixel-augment); that part is not timed")
+    parser.add_argument("--pin-threads", type=int, default=None,
+                        help="on CUDA, threads for the pin thread's copy of a device-path batch (default: training's, "
+                             "detector.data.pinned.copy_threads; 1: one thread, as PyTorch's own pin_memory)")
     args = parser.parse_args()
     spec = load_dataset_spec(args.data or generate_shapes())
-    print(f"--pixel-augment {args.pixel_augment}, {args.imgsz} px, batch {args.batch}")
+    pinned.COPY_THREADS = args.pin_threads
+    pin_threads = f", pin copy on {args.pin_threads or pinned.copy_threads()} thread(s)" \
+        if args.copy_out and torch.cuda.is_available() else ""
+    print(f"--pixel-augment {args.pixel_augment}, {args.imgsz} px, batch {args.batch}{pin_threads}")
     print("| cache | workers | worker buffers | images/s |\n|---|---|---|---|")
     for cache in args.caches.split(","):
         split = build_split(spec, "train", image_size=args.imgsz, augment=AugmentConfig(), cache=cache)

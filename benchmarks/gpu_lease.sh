@@ -104,12 +104,18 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
     echo "loop rc $?"; sed -n '/^last epoch/,/^Top/p' "$OUT/loop.log" ;;
   loader)  # what the loader alone delivers on the speed stage's set in the mosaic regime (the H200 lease: the loop
     # waited for data 64% of a mosaic epoch at 8 workers), each batch through the pin thread, the workers' buffers
-    # fresh and pooled (detector.data.workers.BatchPool), at 8 and 15 workers
+    # fresh and pooled (detector.data.workers.BatchPool), at 8 and 15 workers; then the pin thread's copy of one
+    # batch on 1, 2 and 4 threads (detector.data.pinned), and the loader at 8 workers with that copy on one thread
     training_set
     timeout "$(limit 100)" python3 benchmarks/data_speed.py --data "/tmp/shapes$IMAGES/shapes.yaml" \
       --pixel-augment device --imgsz 640 --batch 64 --caches ram --workers 8,15 --batches 40 --copy-out \
       > "$OUT/loader.log" 2>&1
-    echo "loader rc $?"; tail -5 "$OUT/loader.log" ;;
+    echo "loader rc $?"; tail -5 "$OUT/loader.log"
+    timeout "$(limit 20)" python3 benchmarks/pin_copy.py 2>&1 | tee -a "$OUT/loader.log"
+    timeout "$(limit 40)" python3 benchmarks/data_speed.py --data "/tmp/shapes$IMAGES/shapes.yaml" \
+      --pixel-augment device --imgsz 640 --batch 64 --caches ram --workers 8 --batches 40 --copy-out \
+      --pin-threads 1 >> "$OUT/loader.log" 2>&1
+    echo "loader, pin copy on one thread, rc $?"; tail -3 "$OUT/loader.log" ;;
   loopmosaic)  # the loop stage in the mosaic regime (mosaic and multi-scale on): where its steps wait
     training_set
     timeout "$(limit 120)" python3 benchmarks/loop_profile.py --device cuda --imgsz 640 --batch 64 --epochs 3 \

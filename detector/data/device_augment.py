@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from detector.data.augment import PAD_VALUE
+from detector.data.pinned import pinned_copy
 from detector.data.workers import Release, pooled_batch_tensor, release
 
 GAP = 1  # fill-coloured pixels around every region in the atlas: what a clamped sample's zero-weight neighbour reads
@@ -153,8 +154,9 @@ class WarpBatch:
     def pin_memory(self) -> "WarpBatch":
         """Page-locked copies (the DataLoader's pin thread calls this on CUDA), so the copy to the GPU overlaps.
         The copies are made (synchronously) before the worker's buffer is freed: the batch returned is the only
-        one to use after this."""
-        pinned = WarpBatch(*(tensor.pin_memory() for tensor in self.tensors()), self.out_size)
+        one to use after this. The atlas, nearly all of the bytes, is copied on several threads
+        (:func:`detector.data.pinned.pinned_copy`): the pin thread alone copies at one core's rate."""
+        pinned = WarpBatch(pinned_copy(self.atlas), self.theta.pin_memory(), self.bounds.pin_memory(), self.out_size)
         release(self.ticket, self.atlas)
         object.__setattr__(self, "ticket", None)  # freed once: a second call must not free the slot's next batch
         return pinned
