@@ -144,6 +144,7 @@ def check_parity(
     reference.nms = exported.nms = exported.info.nms or EVAL_NMS
     report = ParityReport(exported.name, images=len(images), nms=reference.nms)
     compare_on_images(reference, exported, images, report, batch=batch_size)
+    report.name = exported.name  # again: a backend may say only once it has run how it ran (pt2: "cuda graph")
     if report.failures:
         return report
     if split is not None:

@@ -40,3 +40,23 @@ def test_check_parity_flags_score_drift(model: YOLO, images: torch.Tensor) -> No
     shifted = check_parity(reference, Shifted(model, info), images=images)
     assert not shifted.passed and "--score-tol" in shifted.summary()
     assert abs(shifted.max_score_diff - 0.1) < 1e-6
+
+
+class SaysHowItRan(TorchBackend):
+    """A backend whose name is known only once it has run, as the pt2 backend's ("cuda graph" or "eager")."""
+
+    ran = False
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return "late eager" if self.ran else "late untried"
+
+    def infer(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self.ran = True
+        return super().infer(images)
+
+
+def test_the_report_names_the_backend_as_it_ran(model: YOLO, images: torch.Tensor) -> None:
+    info = ModelInfo(names=["a", "b", "c"], strides=model.strides, imgsz=IMGSZ, dynamic=True)
+    report = check_parity(TorchBackend(model, info), SaysHowItRan(model, info), images=images)
+    assert report.name == "late eager" and report.summary().count("late eager") >= 1
