@@ -70,3 +70,11 @@ def test_a_forked_child_copies_with_threads_of_its_own(watchdog) -> None:
     assert answers.get(timeout=60) is True
     child.join(60)
     assert child.exitcode == 0 and pinned._copier() is parent_pool
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked memory needs CUDA")
+def test_a_sliced_copy_into_page_locked_memory_uploads_intact() -> None:
+    atlas = _random_bytes(3 * 1200 * 2400).view(1200, 2400, 3)
+    copied = pinned_copy(atlas, threads=3)
+    assert copied.is_pinned() and copied.equal(atlas)
+    assert copied.to("cuda", non_blocking=True).cpu().equal(atlas)
