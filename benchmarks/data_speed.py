@@ -97,7 +97,7 @@ def main() -> int:
                              "with the workers' buffers fresh and pooled (detector.data.workers.BatchPool): a row each")
     parser.add_argument("--pixel-augment", choices=("workers", "pixels", "device"), default="workers",
                         help="what the workers leave to the step (see train --pixel-augment); that part is not timed")
-    parser.add_argument("--pin-threads", type=int, default=None,
+    parser.add_argument("--pin-threads", type=lambda text: max(1, int(text)), default=None,
                         help="on CUDA, threads for the pin thread's copy of a device-path batch (default: training's, "
                              "detector.data.pinned.copy_threads; 1: one thread, as PyTorch's own pin_memory)")
     args = parser.parse_args()

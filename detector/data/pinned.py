@@ -2,8 +2,8 @@
 
 On CUDA the DataLoader's pin thread copies every batch out of its worker's shared memory into page-locked memory,
 from which the upload to the GPU runs asynchronously. PyTorch sets that thread to one intra-op thread, so the copy
-runs at one core's copy rate: 127 MB (a mosaic batch's atlas at 640 px, batch 64) took 24 ms on one thread of a
-2-core Xeon against 13 ms on two (``python benchmarks/pin_copy.py``). An H100's step alone ran at ~1,800-2,100
+runs at one core's copy rate: 127 MB (a mosaic batch's atlas at 640 px, batch 64) took 24-25 ms on one thread of a
+2-core Xeon against 14 ms on two (``python benchmarks/pin_copy.py``). An H100's step alone ran at ~1,800-2,100
 images/s, ~30 such batches a second: one thread near its whole time on this copy alone, and the loop waits on the
 pin thread whenever it falls behind. So a large batch is copied in slices, one per thread of a small pool, the
 pin thread copying the first; each slice is one ``copy_`` (which releases the GIL) on its own thread.
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import torch
 
@@ -43,7 +43,10 @@ def _copier() -> ThreadPoolExecutor:
     global _pool, _pool_pid
     with _pool_lock:
         if _pool is None or _pool_pid != os.getpid():
-            _pool = ThreadPoolExecutor(MAX_COPY_THREADS - 1, thread_name_prefix="detector-pin-copy")
+            # One intra-op thread each, as PyTorch sets its pin thread: a thread otherwise takes the setting in force
+            # at its first operation, and a slice copied on every core by each of 4 threads oversubscribes them.
+            _pool = ThreadPoolExecutor(MAX_COPY_THREADS - 1, thread_name_prefix="detector-pin-copy",
+                                       initializer=torch.set_num_threads, initargs=(1,))
             _pool_pid = os.getpid()
         return _pool
 
@@ -61,7 +64,10 @@ def copy_in_slices(destination: torch.Tensor, source: torch.Tensor, threads: int
     bounds = [out_of.numel() * i // threads for i in range(threads + 1)]
     slices = [(into[start:end], out_of[start:end]) for start, end in zip(bounds, bounds[1:])]
     others = [_copier().submit(torch.Tensor.copy_, to, part) for to, part in slices[1:]]
-    slices[0][0].copy_(slices[0][1])
+    try:
+        slices[0][0].copy_(slices[0][1])
+    finally:
+        wait(others)  # every slice done before the caller may free or reuse either tensor
     for copied in others:
         copied.result()  # re-raises a slice's error here
 

@@ -157,4 +157,5 @@ def check_parity(
     elif report.max_score_diff > score_tolerance:
         drift = report.max_score_diff
         report.failures.append(f"a score differs by {drift:.3g}, more than --score-tol {score_tolerance}")
+    report.name = exported.name  # and after the mAP pass, whose new batch shapes may have made it fall back
     return report

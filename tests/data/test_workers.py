@@ -225,10 +225,15 @@ def test_pinning_a_warp_batch_frees_its_pooled_buffer():
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="the pin thread needs CUDA")
-def test_pooled_batches_through_the_pin_thread_arrive_intact():
+def test_pooled_batches_through_the_pin_thread_arrive_intact(monkeypatch):
     """The training loader's setting on CUDA: PREFETCH_FACTOR pooled buffers a worker, freed by the DataLoader's pin
-    thread (WarpBatch.pin_memory). Every batch the loop receives is what this process makes for the same items."""
+    thread (WarpBatch.pin_memory) once copied, in slices on several threads (forced here for these small atlases).
+    Every batch the loop receives is what this process makes for the same items."""
+    from detector.data import pinned
     from detector.data.dataset import collate
+
+    monkeypatch.setattr(pinned, "MIN_PARALLEL_BYTES", 0)
+    monkeypatch.setattr(pinned, "COPY_THREADS", 3)
     from detector.data.device_augment import render_uint8
     from detector.data.workers import PREFETCH_FACTOR, stop_workers
 
