@@ -67,7 +67,9 @@ def alignment_metric(
     anchors = pred_scores.shape[1]
     iou = box_iou(gt_boxes, pred_boxes, eps=EPS).clamp_(0) * candidates  # [B, M, A], the whole batch at once
     class_score = pred_scores.gather(2, gt_labels[:, None, :].expand(-1, anchors, -1)).transpose(1, 2)
-    return class_score.pow(alpha) * iou.pow(beta) * candidates, iou
+    # In place on the gathered scores (a tensor of this call's own): the same products in the same order, with two
+    # [B, M, A] temporaries fewer at the loss's peak memory (69 MB each at batch 64, 640 px and 32 box slots).
+    return class_score.pow_(alpha).mul_(iou.pow(beta)).mul_(candidates), iou
 
 
 def select_positives(
@@ -105,10 +107,12 @@ def soft_class_targets(
     alignment = alignment * positive
     max_alignment = alignment.amax(-1, keepdim=True)
     max_iou = (iou * positive).amax(-1, keepdim=True)
-    norm = (alignment * max_iou / (max_alignment + EPS)).amax(1)  # [B, A]
+    # In place on this function's own product: the same operations in the same order, two [B, M, A] temporaries
+    # fewer where the loss peaks in memory.
+    norm = alignment.mul_(max_iou).div_(max_alignment + EPS).amax(1)  # [B, A]
     # one_hot checks the label range on the host for CPU tensors; a scatter gives the same 0/1 floats everywhere.
     scores = torch.zeros(*labels.shape, num_classes, device=labels.device).scatter_(-1, labels[..., None], 1.0)
-    return scores * (foreground * norm)[..., None]
+    return scores.mul_((foreground * norm)[..., None])  # in place: no second [B, A, C] tensor (172 MB for COCO)
 
 
 @torch.no_grad()

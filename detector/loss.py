@@ -68,8 +68,8 @@ def targets_to_padded(
     """Targets ``[N, 6]`` (image index, class, cx, cy, w, h normalised) -> padded per-image tensors.
 
     ``slots``: the box count ``M`` to pad to (at least the most boxes in one image); None pads to exactly
-    that most. Extra padding changes neither the assignment nor the loss (masked rows take no anchor:
-    tests/test_loss.py compares both).
+    that most. Extra padding changes neither the assignment nor the gradients, and the loss only in the order of
+    its sums (masked rows take no anchor: tests/test_loss.py compares them).
     """
     device = targets.device
     counts = torch.bincount(targets[:, 0].long(), minlength=batch_size) if len(targets) else torch.zeros(
@@ -139,53 +139,59 @@ def distribution_focal_loss(bin_logits: torch.Tensor, target: torch.Tensor) -> t
     return loss.view(target.shape).mean(-1)
 
 
-# A valid box (grid units) put in place of every background anchor's boxes on the dense path: CIoU of two
-# equal unit boxes is finite, so their zero weight cannot turn into 0 * NaN in the loss or its gradient.
+# A valid box (grid units) put in place of the boxes of every padding anchor (below): CIoU of two equal unit boxes
+# is finite, so their zero weight cannot turn into 0 * NaN in the loss or its gradient.
 _SAFE_BOX = (0.0, 0.0, 1.0, 1.0)
 
 
+def foreground_slots(anchors: int, box_slots: int, top_k: int) -> int:
+    """The anchors per image that hold every foreground anchor: the assigner gives each of ``box_slots`` boxes at
+    most ``top_k`` anchors and each anchor at most one box (detector/assigner.py), so never more than
+    ``top_k * box_slots`` (and never more than there are anchors; at least 1, so an empty batch keeps a graph)."""
+    return max(1, min(anchors, top_k * box_slots))
+
+
 def foreground_losses(
-    pred_boxes: torch.Tensor,
-    target_boxes: torch.Tensor,
     box_logits: torch.Tensor,
+    target_boxes: torch.Tensor,
     points: torch.Tensor,
     weights: torch.Tensor,
     foreground: torch.Tensor,
     *,
     reg_max: int,
-    dense: bool,
+    slots: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Weighted sums of the CIoU and DFL losses over the foreground anchors.
 
-    ``pred_boxes``/``target_boxes`` ``[B, A, 4]`` xyxy grid units, ``box_logits`` ``[B, A, 4 * reg_max]``,
-    ``points`` ``[A, 2]``, ``weights`` and ``foreground`` ``[B, A]``.
+    ``box_logits`` ``[B, A, 4 * reg_max]`` (any float dtype; computed in FP32), ``target_boxes`` ``[B, A, 4]`` xyxy
+    grid units, ``points`` ``[A, 2]``, ``weights`` and ``foreground`` ``[B, A]``; ``slots``
+    (:func:`foreground_slots`): at least the most foreground anchors of one image.
 
-    ``dense=False`` (the CPU) computes on the foreground anchors alone, picked by boolean indexing, which
-    must count them on the host first. ``dense=True`` (CUDA) computes every anchor with background weights
-    at zero: more arithmetic, but no wait for the GPU in the middle of the step. Both give the same sums up
+    Computed on ``slots`` anchors per image, every foreground one and, to fill them, background ones at zero
+    weight: a fixed shape, so the step never waits to count the foreground on the host (a captured CUDA graph
+    cannot), and far less than every anchor (8,400 at 640 px; as this once did on CUDA), whose three softmaxes over
+    ``[B, A, 4, reg_max]`` were kept for the backward pass (~0.4 GB at batch 64, 640 px; the anchors' other
+    boxes, which the assigner reads, are decoded without gradient). The sums are those over the foreground alone up
     to the order of the additions.
     """
-    if dense:
-        mask = foreground.unsqueeze(-1)
-        # Made by a kernel on the device, not copied from the host: a blocking copy waits for the stream (the
-        # very sync this path avoids), and no host copy may sit inside a captured CUDA graph.
-        safe = (torch.arange(4, device=pred_boxes.device) >= 2).to(pred_boxes.dtype)  # = _SAFE_BOX
-        pred = torch.where(mask, pred_boxes, safe).flatten(0, 1)
-        target = torch.where(mask, target_boxes, safe)
-        weight = (weights * foreground).flatten()
-        box_sum = (complete_iou_loss(pred, target.flatten(0, 1)) * weight).sum()
-        target_dist = boxes_to_distances(points, target, reg_max - 1 - 0.01).flatten(0, 1)
-        bins = box_logits.reshape(-1, 4, reg_max)
-        dfl_sum = (distribution_focal_loss(bins, target_dist) * weight).sum()
-        return box_sum, dfl_sum
-    if not foreground.any():
-        zero = box_logits.sum() * 0.0  # keeps the graph connected, so DDP and the scaler see every parameter
-        return zero, zero
-    weight = weights[foreground]
-    box_sum = (complete_iou_loss(pred_boxes[foreground], target_boxes[foreground]) * weight).sum()
-    target_dist = boxes_to_distances(points, target_boxes, reg_max - 1 - 0.01)[foreground]
-    bins = box_logits[foreground].view(-1, 4, reg_max)
-    dfl_sum = (distribution_focal_loss(bins, target_dist) * weight).sum()
+    # The top ``slots`` of a 0/1 mask: every foreground anchor, then background ones. topk, which the assigner
+    # already runs inside the captured step, rather than a sort: no kernel the capture has not taken before.
+    index = foreground.to(torch.float32).topk(slots, dim=1, sorted=False).indices
+    chosen = foreground.gather(1, index)  # [B, K]; False: padding
+    weight = (weights.gather(1, index) * chosen).flatten()
+    # Indexing, not gather: gather keeps its whole input (every anchor's logits) for the backward pass.
+    images = torch.arange(len(index), device=index.device)[:, None]
+    logits = box_logits[images, index].float()  # [B, K, 4 * reg_max]
+    anchor = points[index]  # [B, K, 2]
+    # Made by a kernel on the device, not copied from the host: a blocking copy waits for the stream, and no host
+    # copy may sit inside a captured CUDA graph.
+    safe = (torch.arange(4, device=points.device) >= 2).to(points.dtype)  # = _SAFE_BOX
+    mask = chosen[..., None]
+    pred = torch.where(mask, distances_to_boxes(anchor, dfl_expectation(logits, reg_max)), safe)
+    target = torch.where(mask, target_boxes.gather(1, index[..., None].expand(-1, -1, 4)), safe)
+    box_sum = (complete_iou_loss(pred.flatten(0, 1), target.flatten(0, 1)) * weight).sum()
+    target_dist = boxes_to_distances(anchor, target, reg_max - 1 - 0.01).flatten(0, 1)
+    dfl_sum = (distribution_focal_loss(logits.reshape(-1, 4, reg_max), target_dist) * weight).sum()
     return box_sum, dfl_sum
 
 
@@ -211,9 +217,6 @@ class DetectionLoss(torch.nn.Module):
         super().__init__()
         self.num_classes, self.strides, self.reg_max, self.gains = num_classes, strides, reg_max, gains
         self.assigner = AssignerConfig(top_k=top_k, alpha=alpha, beta=beta)
-        # The form of the box and DFL losses (see foreground_losses): None picks the dense one on CUDA. Tests set
-        # True on the CPU to run what a captured CUDA step runs.
-        self.dense: bool | None = None
 
     def forward(
         self,
@@ -231,28 +234,34 @@ class DetectionLoss(torch.nn.Module):
         ``across_ranks=False`` computes this process's loss alone, with no collective call: for work that
         one rank does by itself (the AMP check), where a collective would wait forever for the others.
         """
-        flat = flatten_head_outputs(outputs).float()  # [B, A, 4*reg_max + C]
+        flat = flatten_head_outputs(outputs)  # [B, A, 4*reg_max + C] in the head's dtype
         batch = flat.shape[0]
         box_logits, cls_logits = flat.split((4 * self.reg_max, self.num_classes), -1)
+        # A tensor of its own (in FP32): the classification loss keeps its input for the backward pass, and a view
+        # would keep all of ``flat`` (and an FP32 copy of it) alive until then.
+        cls_logits = cls_logits.float().contiguous()
         points, stride = make_anchors(
-            [o.shape[2:] for o in outputs], self.strides, device=flat.device, dtype=flat.dtype
+            [o.shape[2:] for o in outputs], self.strides, device=flat.device, dtype=torch.float32
         )
-        pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits, self.reg_max))  # grid units
         # Padded where the targets are (the loader's host memory in training): sizing the padding there needs
         # no wait for the GPU; the three small results then travel to the device.
         padded = targets if isinstance(targets, PaddedTargets) else targets_to_padded(targets, batch, image_hw)
         gt_labels, gt_boxes, gt_mask = (t.to(flat.device, non_blocking=True) for t in padded)
 
-        assigned = assigned or assign_targets(
-            cls_logits.detach().sigmoid(),
-            (pred_boxes.detach() * stride),
-            points * stride,
-            gt_labels,
-            gt_boxes,
-            gt_mask,
-            num_classes=self.num_classes,
-            config=self.assigner,
-        )
+        if assigned is None:
+            with torch.no_grad():  # every anchor's box, for the assigner alone: the loss decodes the foreground's
+                pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits.float(), self.reg_max))
+            assigned = assign_targets(
+                cls_logits.detach().sigmoid(),
+                pred_boxes * stride,
+                points * stride,
+                gt_labels,
+                gt_boxes,
+                gt_mask,
+                num_classes=self.num_classes,
+                config=self.assigner,
+            )
+            del pred_boxes
         score_sum, global_batch = assigned.scores.sum(), batch
         if across_ranks and torch.distributed.is_available() and torch.distributed.is_initialized():
             # Normalise by the target mass of the whole global batch (as DETR does with its box count):
@@ -263,8 +272,8 @@ class DetectionLoss(torch.nn.Module):
         cls_loss = F.binary_cross_entropy_with_logits(cls_logits, assigned.scores, reduction="sum") / score_sum
 
         box_sum, dfl_sum = foreground_losses(
-            pred_boxes, assigned.boxes / stride, box_logits, points, assigned.scores.sum(-1), assigned.foreground,
-            reg_max=self.reg_max, dense=flat.is_cuda if self.dense is None else self.dense,
+            box_logits, assigned.boxes / stride, points, assigned.scores.sum(-1), assigned.foreground,
+            reg_max=self.reg_max, slots=foreground_slots(flat.shape[1], gt_boxes.shape[1], self.assigner.top_k),
         )
         box_loss, dfl_loss = box_sum / score_sum, dfl_sum / score_sum
 

@@ -2,8 +2,10 @@ import pytest
 import torch
 from torchvision.ops import complete_box_iou_loss
 
-from detector.loss import (DetectionLoss, PaddedTargets, box_slots, complete_iou_loss, most_boxes_per_image,
-                           targets_to_padded)
+from detector.assigner import AssignerConfig, assign_targets
+from detector.boxes import boxes_to_distances, dfl_expectation, distances_to_boxes
+from detector.loss import (DetectionLoss, PaddedTargets, box_slots, complete_iou_loss, distribution_focal_loss,
+                           foreground_losses, foreground_slots, most_boxes_per_image, targets_to_padded)
 from detector.model import build_model
 
 
@@ -70,67 +72,110 @@ def test_targets_padded_to_a_fixed_count_give_the_same_loss_and_gradients():
         given = targets if slots is None else PaddedTargets(*targets_to_padded(targets, 3, (64, 64), slots=slots))
         total, parts = criterion(model(images), given, (64, 64))
         total.backward()
-        results.append((total, parts, [p.grad.clone() for p in model.parameters() if p.grad is not None]))
-    # Bit for bit: the padding rows are masked out of every candidate set, so every sum adds the same
-    # terms in the same order.
-    for total, parts, grads in results[1:]:
-        assert torch.equal(total, results[0][0]) and parts["box"] > 0
-        assert all(torch.equal(parts[k], results[0][1][k]) for k in parts)
-        assert len(grads) == len(results[0][2]) and all(torch.equal(a, b) for a, b in zip(grads, results[0][2]))
+        gradients = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        results.append((total.detach(), parts, gradients, criterion.last_assignment, images.shape))
+    # The assignment and the gradients bit for bit: the padding rows are masked out of every candidate set, and each
+    # foreground anchor's terms are the same operations whatever the padding. The box and DFL sums add more zero
+    # terms (one per padding anchor, foreground_slots) and so in another order: each of the two orders is within
+    # (n - 1) eps of the exact sum of n non-negative terms (CIoU and DFL losses and their weights are >= 0), then
+    # the division and the gain round once more each side.
+    eps = torch.finfo(torch.float32).eps
+    n = 3 * (8 * 8 + 4 * 4 + 2 * 2)  # at most every anchor of every image: 3 images, 84 anchors each at 64 px
+    first_total, first_parts, first_gradients, first_assignment, _ = results[0]
+    for total, parts, gradients, assignment, _ in results[1:]:
+        assert all(torch.equal(getattr(assignment, name), getattr(first_assignment, name))
+                   for name in ("labels", "boxes", "scores", "foreground"))
+        assert len(gradients) == len(first_gradients)
+        assert all(torch.equal(a, b) for a, b in zip(gradients, first_gradients))
+        assert torch.equal(parts["cls"], first_parts["cls"]) and parts["box"] > 0
+        bounds = {key: (2 * (n - 1) + 4) * eps * float(first_parts[key]) for key in ("box", "dfl")}
+        assert all(abs(float(parts[key] - first_parts[key])) <= bounds[key] for key in bounds)
+        assert abs(float(total - first_total)) <= sum(bounds.values()) + 4 * eps * float(first_total)
 
 
 def _foreground_case(seed: int, anchors: int = 200, reg_max: int = 16):
     generator = torch.Generator().manual_seed(seed)
     points = torch.rand(anchors, 2, generator=generator) * 20
     corners = torch.rand(2, anchors, 2, generator=generator) * 20
-    pred = torch.cat((corners, corners + torch.rand(2, anchors, 2, generator=generator) * 5), -1)
     target = torch.cat((corners - 1, corners + 3), -1)
     logits = torch.randn(2, anchors, 4 * reg_max, generator=generator)
     weights = torch.rand(2, anchors, generator=generator)
     foreground = torch.rand(2, anchors, generator=generator) < 0.2
-    # Zero-area predictions on background anchors: CIoU of such a box is NaN (0/0 in its aspect term), which
-    # the dense path must keep out of the sums and the gradients.
+    # Background anchors whose logits decode to a zero-area box (every distance 0): CIoU of such a box is NaN (0/0
+    # in its aspect term), which the padding anchors' safe boxes must keep out of the sums and the gradients.
     degenerate = ~foreground & (torch.arange(anchors) % 7 == 0)
-    pred[degenerate] = pred[degenerate][:, :2].repeat(1, 2)
-    return pred, target, logits, points, weights, foreground
+    logits.view(2, anchors, 4, reg_max)[degenerate] = torch.tensor([1e4] + [-1e4] * (reg_max - 1))
+    return logits, target, points, weights, foreground
 
 
-def test_dense_foreground_losses_match_the_indexed_ones_with_their_gradients():
-    from detector.loss import foreground_losses
+def _indexed_foreground_losses(logits, target, points, weights, foreground, reg_max=16):
+    """The reference: the foreground anchors picked by boolean indexing, each computed alone."""
+    anchor = points.expand(len(logits), -1, -1)[foreground]
+    chosen = logits[foreground]
+    pred = distances_to_boxes(anchor, dfl_expectation(chosen, reg_max))
+    box_sum = (complete_iou_loss(pred, target[foreground]) * weights[foreground]).sum()
+    distances = boxes_to_distances(anchor, target[foreground], reg_max - 1 - 0.01)
+    dfl_sum = (distribution_focal_loss(chosen.view(-1, 4, reg_max), distances) * weights[foreground]).sum()
+    return box_sum, dfl_sum
 
+
+def test_foreground_losses_on_fixed_slots_match_the_indexed_ones_with_their_gradients():
     for seed in range(3):
-        pred, target, logits, points, weights, foreground = _foreground_case(seed)
-        results = {}
-        for dense in (False, True):
-            pred_in, logits_in = pred.clone().requires_grad_(), logits.clone().requires_grad_()
-            box_sum, dfl_sum = foreground_losses(pred_in, target, logits_in, points, weights, foreground,
-                                                 reg_max=16, dense=dense)
+        logits, target, points, weights, foreground = _foreground_case(seed)
+        most = int(foreground.sum(1).max())
+        results = []
+        for compute in (_indexed_foreground_losses,
+                        lambda *case: foreground_losses(*case, reg_max=16, slots=most),  # just enough slots
+                        lambda *case: foreground_losses(*case, reg_max=16, slots=200)):  # every anchor
+            logits_in = logits.clone().requires_grad_()
+            box_sum, dfl_sum = compute(logits_in, target, points, weights, foreground)
             (box_sum + dfl_sum).backward()
-            results[dense] = (box_sum.detach(), dfl_sum.detach(), pred_in.grad, logits_in.grad)
+            results.append((box_sum.detach(), dfl_sum.detach(), logits_in.grad))
         count = int(foreground.sum())
-        # Each anchor's terms are the same operations on both paths; only the summation differs (count terms,
-        # plus the dense path's zeros): FP32 summation error is at most count * eps * the sum of |terms|
-        # (all terms are non-negative here, so that is the sum itself).
+        # Each anchor's terms are the same operations on every path; only the summation differs (count terms, plus
+        # zeros for the padding): FP32 summation error is at most count * eps * the sum of |terms| (all terms are
+        # non-negative here, so that is the sum itself).
         eps = torch.finfo(torch.float32).eps
-        for indexed, dense in zip(results[False][:2], results[True][:2]):
-            assert torch.isfinite(dense) and abs(dense - indexed) <= count * eps * abs(indexed)
-        # Gradients are per element: background anchors get exactly zero on both paths, foreground ones the
-        # same values up to the last bits of the 16-bin softmax inside the DFL (a few eps, relative).
-        for indexed, dense in zip(results[False][2:], results[True][2:]):
-            assert torch.isfinite(dense).all()
-            assert torch.equal(dense[~foreground], torch.zeros_like(dense[~foreground]))
-            torch.testing.assert_close(dense, indexed, rtol=4 * eps, atol=4 * eps * float(indexed.abs().max()))
+        reference = results[0]
+        for sums in results[1:]:
+            for got, expected in zip(sums[:2], reference[:2]):
+                assert torch.isfinite(got) and abs(got - expected) <= count * eps * abs(expected)
+            # Per element: background anchors get exactly zero, foreground ones the same values up to the last bits
+            # of the 16-bin softmax inside the DFL (a few eps, relative).
+            gradient = sums[2]
+            assert torch.isfinite(gradient).all()
+            assert torch.equal(gradient[~foreground], torch.zeros_like(gradient[~foreground]))
+            torch.testing.assert_close(gradient, reference[2], rtol=4 * eps,
+                                       atol=4 * eps * float(reference[2].abs().max()))
 
 
-def test_dense_foreground_losses_without_foreground_are_zero_and_connected():
-    from detector.loss import foreground_losses
-
-    pred, target, logits, points, weights, _ = _foreground_case(0)
+def test_foreground_losses_without_foreground_are_zero_and_connected():
+    logits, target, points, weights, _ = _foreground_case(0)
     logits.requires_grad_()
-    for dense in (False, True):
-        box_sum, dfl_sum = foreground_losses(pred, target, logits, points, weights, torch.zeros(2, 200, dtype=torch.bool),
-                                             reg_max=16, dense=dense)
-        assert box_sum == 0 and dfl_sum == 0 and dfl_sum.requires_grad  # reaches the logits: DDP sees them
+    box_sum, dfl_sum = foreground_losses(logits, target, points, weights, torch.zeros(2, 200, dtype=torch.bool),
+                                         reg_max=16, slots=foreground_slots(200, 16, 10))
+    assert box_sum == 0 and dfl_sum == 0 and dfl_sum.requires_grad  # reaches the logits: DDP sees them
+    (box_sum + dfl_sum).backward()
+    assert torch.equal(logits.grad, torch.zeros_like(logits))
+
+
+def test_the_assigner_never_gives_an_image_more_foreground_than_its_slots():
+    """foreground_losses computes foreground_slots anchors an image and would drop any beyond: the assigner's bound
+    (top_k anchors a box, one box an anchor) must hold, here with many crowded boxes over few anchors."""
+    generator = torch.Generator().manual_seed(0)
+    anchors, boxes = 84, 16  # a 64-px image: 64 + 16 + 4 anchors
+    points = torch.rand(anchors, 2, generator=generator) * 64
+    for top_k in (1, 3, 10):
+        corners = torch.rand(4, boxes, 2, generator=generator) * 40
+        gt_boxes = torch.cat((corners, corners + 10 + torch.rand(4, boxes, 2, generator=generator) * 20), -1)
+        half = 2 + torch.rand(4, anchors, 2, generator=generator) * 10  # boxes predicted around each anchor
+        predicted = torch.cat((points - half, points + half), -1)
+        labels = torch.randint(0, 3, (4, boxes), generator=generator)
+        assigned = assign_targets(torch.rand(4, anchors, 3, generator=generator), predicted, points, labels, gt_boxes,
+                                  torch.ones(4, boxes, dtype=torch.bool), num_classes=3,
+                                  config=AssignerConfig(top_k=top_k))
+        most = int(assigned.foreground.sum(1).max())
+        assert 0 < most <= foreground_slots(anchors, boxes, top_k) == min(anchors, top_k * boxes)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
@@ -169,3 +214,27 @@ def test_complete_iou_loss_is_torchvisions_values_and_gradients(dtype):
     for mine, reference in zip(our_grads, their_grads):
         bound = 16 * compute_eps * 40 + torch.finfo(dtype).eps * reference.abs()
         assert ((mine.double() - reference.double()).abs() <= bound).all()
+
+
+def test_the_loss_keeps_nothing_of_every_anchors_box_distributions_for_the_backward_pass():
+    """The step's memory peaks in the loss, where every activation is alive: what the loss saves for the backward
+    pass is the classification logits ([B, A, C]) and the foreground slots' box distributions ([B, K, 4 * reg_max]),
+    never a tensor over every anchor's distributions ([B, A, 4 * reg_max], what computing every anchor kept three
+    times over: ~0.4 GB at batch 64 and 640 px) nor a copy of all the head's outputs."""
+    model, criterion = _model_and_loss()
+    size, batch = 256, 2  # 1,344 anchors an image, far more than the 160 slots of 16 boxes x top_k 10
+    outputs = [output.detach().requires_grad_() for output in model(torch.rand(batch, 3, size, size))]
+    anchors = sum(output.shape[2] * output.shape[3] for output in outputs)
+    targets = torch.tensor([[image, 1, 0.5, 0.5, 0.3, 0.3] for image in range(batch)])
+    saved: list[int] = []
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(tensor.numel())
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        total, parts = criterion(outputs, targets, (size, size))
+    slots = foreground_slots(anchors, box_slots(1), criterion.assigner.top_k)
+    assert parts["box"] > 0 and slots < anchors
+    assert max(saved) <= max(batch * anchors * 3, batch * slots * 4 * 16)  # 3 classes
+    total.backward()

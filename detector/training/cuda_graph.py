@@ -23,9 +23,9 @@ What the graph holds, and what makes it replayable (the engine's body is in dete
   without the optimizer, as for accumulation's micro-steps) and steps the optimizer eagerly after them, and from
   the first step after warm-up whole steps (warm-up's graphs are dropped then, unless accumulation's
   micro-steps will replay them). Accumulation bakes nothing: it only picks the key.
-- **No host syncs inside.** Targets are padded on the host before the copy; the loss runs its dense form on
-  CUDA (no boolean indexing); gradients stay allocated between steps (zeroed, never set to None), so every
-  graph accumulates into the same tensors.
+- **No host syncs inside.** Targets are padded on the host before the copy; the loss computes a fixed number of
+  anchors an image (no boolean indexing: :func:`detector.loss.foreground_losses`); gradients stay allocated
+  between steps (zeroed, never set to None), so every graph accumulates into the same tensors.
 - **FP16 loss scaling, captured as it is.** GradScaler keeps its scale and growth tracker in device tensors.
   With a fused optimizer it hands its inf/NaN check (``found_inf``) to the optimizer kernel, which skips the
   update on the device, and ``update()`` is one in-place kernel (``_amp_update_scale_``): the dynamic scale

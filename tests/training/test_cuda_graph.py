@@ -180,13 +180,12 @@ def test_host_reads_sees_a_mask_index_an_item_a_tensor_from_data_and_a_copy():
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
 def test_the_graph_body_reads_nothing_on_the_host(optimizer, precision):
-    """The whole recorded step (forward, the loss's dense CUDA form, backward, optimizer, EMA) on the CPU, under
-    HostReads: any operator that a capture would reject fails here first, with its name. As the graphs run it:
+    """The whole recorded step (forward, the loss on its fixed foreground slots, backward, optimizer, EMA) on the
+    CPU, under HostReads: any operator that a capture would reject fails here first, with its name. As the graphs run it:
     learning rates in tensors (and AdamW capturable), and in FP16 a real GradScaler handing its inf check to the
     fused optimizer (CPU autocast does FP16 too, and torch's CPU GradScaler is the CUDA one's code)."""
     step = _train_step("cpu", optimizer=optimizer, precision=precision)
     assert step.scaler.is_enabled() == (precision == "fp16")
-    step.criterion.dense = True  # the form CUDA runs; the CPU's own indexes the foreground
     images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
     _, targets, _ = _batches(3)[2]
     padded = targets_to_padded(targets, 2, (64, 64), slots=box_slots(most_boxes_per_image(targets, 2)))
