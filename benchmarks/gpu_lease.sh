@@ -10,8 +10,9 @@
 # measured on the H100 of 2026-11-27 (docs/gpu.md), pt2 against PyTorch's CUDA graphs at batch 1 (never run),
 # YOLOv8s against Ultralytics', the 2-epoch run's accuracy at two seeds and without graphs, a BCCD validation
 # pass by stage (val, after bccd), the loader alone and the loop's profile in the mosaic regime (loader,
-# loopmosaic), and Ultralytics alone on BCCD (ultrabccd). Each stage has its own time limit and prints its result as
-# soon as it ends, so a stage that fails or runs out of time loses only itself; full logs go under $OUT.
+# loopmosaic), Ultralytics alone on BCCD (ultrabccd), and the step's memory on fake tensors (memory). Each stage
+# has its own time limit and prints its result as soon as it ends, so a stage that fails or runs out of time loses
+# only itself; full logs go under $OUT.
 #
 #   bash benchmarks/gpu_lease.sh                    # on the GPU machine, from the repository root
 #   STAGES="tests inference profile" bash benchmarks/gpu_lease.sh   # others
@@ -156,6 +157,10 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
         --workers 8 --device cuda --no-plots --project /tmp/seed_runs $extra > "$OUT/seeds.log" 2>&1
       echo "$extra: rc $? $(grep -E '^done in' "$OUT/seeds.log")"
     done ;;
+  memory)  # the step's tensor memory estimated on fake tensors (benchmarks/step_memory.py, ~20 s), to hold beside the
+    # peaks the speed and mosaic stages measure (issue 33: 1.1x Ultralytics'); the estimate leaves out the allocator
+    timeout "$(limit 60)" python3 benchmarks/step_memory.py --sizes 576,640,704 > "$OUT/memory.log" 2>&1
+    echo "memory rc $?"; tail -4 "$OUT/memory.log" ;;
   unamp)  # issue 29's AMP >= 2x --unamp (steady images/s; 1.65x when filed): the speed stage's run in true FP32
     two_epochs unamp 120 --runs unamp
     tail -4 "$OUT/unamp.log" ;;
