@@ -166,12 +166,20 @@ def test_fallback_on_one_rank_is_taken_by_every_rank(runs, tmp_path):
     assert load_checkpoint(run_dir / "weights" / "last.pt")["precision"] == "fp32"
 
 
-def test_ctrl_c_to_the_launcher_stops_every_rank_after_the_epoch_and_the_run_resumes(runs, tmp_path):
+# torchrun's own race (torch/distributed/elastic/metrics/api.py): a signal that lands between the metrics wrapper's
+# ``try:`` and its ``start = time.time()`` raises UnboundLocalError in its ``finally`` instead of the launcher's
+# SignalException, and the launcher then ends its ranks without the Ctrl-C they would handle. Seen once under a
+# loaded CI run; the launcher's code, not ours, so the test interrupts afresh when the launcher says so.
+LAUNCHER_RACE = "UnboundLocalError: cannot access local variable 'start'"
+
+
+def _interrupted_run(data: Path, project: Path) -> str:
+    """A 5-epoch torchrun run interrupted (SIGINT to the launcher) once its first epoch is saved; its output."""
     process = subprocess.Popen(
-        _torchrun(str(ROOT / "train.py"), "--data", str(runs["data"]), *COMMON, "--epochs", "5", "--batch", "2",
-                  "--project", str(tmp_path)),
-        cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    last = tmp_path / "exp" / "weights" / "last.pt"
+        _torchrun(str(ROOT / "train.py"), "--data", str(data), *COMMON, "--epochs", "5", "--batch", "2",
+                  "--project", str(project)),
+        cwd=project, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    last = project / "exp" / "weights" / "last.pt"
     deadline = time.time() + LAUNCH_TIMEOUT
     while not last.exists() and time.time() < deadline and process.poll() is None:
         time.sleep(0.1)
@@ -180,6 +188,16 @@ def test_ctrl_c_to_the_launcher_stops_every_rank_after_the_epoch_and_the_run_res
         output, _ = process.communicate(timeout=LAUNCH_TIMEOUT)
     finally:
         process.kill()
+    return output
+
+
+def test_ctrl_c_to_the_launcher_stops_every_rank_after_the_epoch_and_the_run_resumes(runs, tmp_path):
+    output = _interrupted_run(runs["data"], tmp_path)
+    if LAUNCHER_RACE in output:  # torchrun's race, above: once more, in a folder of its own
+        tmp_path = tmp_path / "again"
+        tmp_path.mkdir()
+        output = _interrupted_run(runs["data"], tmp_path)
+    last = tmp_path / "exp" / "weights" / "last.pt"
     assert "interrupted: saved" in output, output[-3000:]
     state = load_checkpoint(last)
     assert 1 <= state["epoch"] < 4 and len(_rows(tmp_path / "exp")) == state["epoch"] + 1
