@@ -12,7 +12,9 @@ FP32, as training runs it; the targets are ``--boxes`` boxes an image, padded to
 
 Counted: parameters, activations kept for the backward pass, the loss's temporaries, gradients. Not counted: the
 optimizer's state and the EMA (a few MB for the nano model), the allocator's rounding and caching, cuDNN's
-workspaces, the input batch's own buffers: a measured peak is higher. Compare rows, or two checkouts, not this
+workspaces and kernels' own scratch memory, the input batch's own buffers: a measured peak is higher. The whole
+model runs in ``--dtype``, where autocast keeps FP32 weights and gradients (and FP16 copies of the weights): those
+are undercounted by half, a few MB for the nano model, more for ``--model x``. Compare rows, or two checkouts, not this
 with a GPU's figure. Both tools are PyTorch's own but private modules: a version without them says so in one line.
 """
 

@@ -145,9 +145,11 @@ _SAFE_BOX = (0.0, 0.0, 1.0, 1.0)
 
 
 def foreground_slots(anchors: int, box_slots: int, top_k: int) -> int:
-    """The anchors per image that hold every foreground anchor: the assigner gives each of ``box_slots`` boxes at
-    most ``top_k`` anchors and each anchor at most one box (detector/assigner.py), so never more than
-    ``top_k * box_slots`` (and never more than there are anchors; at least 1, so an empty batch keeps a graph)."""
+    """The anchors per image that hold every foreground anchor. Each of the assigner's foreground anchors is among
+    the ``top_k`` candidates of at least one of the ``box_slots`` boxes (an anchor several boxes picked then goes to
+    the one it overlaps most, which may not have picked it: detector/assigner.py), so an image has at most
+    ``top_k * box_slots`` (and never more than there are anchors; at least 1, so an empty batch keeps a graph).
+    Crowded images (840 box slots and more at 640 px with top_k 10) take every anchor."""
     return max(1, min(anchors, top_k * box_slots))
 
 

@@ -161,11 +161,12 @@ def test_foreground_losses_without_foreground_are_zero_and_connected():
 
 def test_the_assigner_never_gives_an_image_more_foreground_than_its_slots():
     """foreground_losses computes foreground_slots anchors an image and would drop any beyond: the assigner's bound
-    (top_k anchors a box, one box an anchor) must hold, here with many crowded boxes over few anchors."""
+    (each foreground anchor among some box's top_k) must hold, here with crowded boxes over few anchors and slots
+    fewer than the anchors."""
     generator = torch.Generator().manual_seed(0)
-    anchors, boxes = 84, 16  # a 64-px image: 64 + 16 + 4 anchors
+    anchors = 84  # a 64-px image: 64 + 16 + 4 anchors
     points = torch.rand(anchors, 2, generator=generator) * 64
-    for top_k in (1, 3, 10):
+    for top_k, boxes in ((1, 16), (3, 16), (5, 8), (10, 4)):
         corners = torch.rand(4, boxes, 2, generator=generator) * 40
         gt_boxes = torch.cat((corners, corners + 10 + torch.rand(4, boxes, 2, generator=generator) * 20), -1)
         half = 2 + torch.rand(4, anchors, 2, generator=generator) * 10  # boxes predicted around each anchor
@@ -175,7 +176,40 @@ def test_the_assigner_never_gives_an_image_more_foreground_than_its_slots():
                                   torch.ones(4, boxes, dtype=torch.bool), num_classes=3,
                                   config=AssignerConfig(top_k=top_k))
         most = int(assigned.foreground.sum(1).max())
-        assert 0 < most <= foreground_slots(anchors, boxes, top_k) == min(anchors, top_k * boxes)
+        assert 0 < most <= foreground_slots(anchors, boxes, top_k) == top_k * boxes < anchors
+
+
+def test_the_loss_counts_every_foreground_anchor_of_crowded_images():
+    """The whole criterion against the indexed reference over its own assignment, on images crowded enough that
+    the foreground fills most of the slots: slots too few would drop anchors from the box and DFL sums."""
+    from detector.boxes import flatten_head_outputs, make_anchors
+
+    model, criterion = _model_and_loss()
+    generator = torch.Generator().manual_seed(3)
+    size, batch, boxes = 64, 2, 6  # 84 anchors an image; 16 slots x top_k 10 would be all of them: top_k 2
+    criterion.assigner = AssignerConfig(top_k=2, alpha=criterion.assigner.alpha, beta=criterion.assigner.beta)
+    centres = 0.15 + 0.7 * torch.rand(batch * boxes, 2, generator=generator)
+    targets = torch.cat([torch.arange(batch).repeat_interleave(boxes)[:, None].float(),
+                         torch.randint(0, 3, (batch * boxes, 1), generator=generator).float(), centres,
+                         torch.full((batch * boxes, 2), 0.45)], 1)
+    outputs = model(torch.rand(batch, 3, size, size, generator=generator))
+    total, parts = criterion(outputs, targets, (size, size))
+    assigned = criterion.last_assignment
+    slots = foreground_slots(84, boxes, 2)
+    assert slots < 84 and int(assigned.foreground.sum(1).max()) >= slots // 2  # crowded: a dropped anchor shows
+    points, stride = make_anchors([o.shape[2:] for o in outputs], model.strides, device=torch.device("cpu"),
+                                  dtype=torch.float32)
+    box_logits = flatten_head_outputs(outputs)[..., :64].detach()
+    box_sum, dfl_sum = _indexed_foreground_losses(box_logits, assigned.boxes / stride, points,
+                                                  assigned.scores.sum(-1), assigned.foreground)
+    score_sum = assigned.scores.sum().clamp(min=1)
+    eps = torch.finfo(torch.float32).eps
+    count = int(assigned.foreground.sum())
+    for got, reference, gain in ((parts["box"], box_sum, criterion.gains.box), (parts["dfl"], dfl_sum,
+                                                                                 criterion.gains.dfl)):
+        expected = reference / score_sum * gain
+        # the same terms summed in another order (count terms and zeros), then divided and scaled: a few more eps
+        assert abs(float(got - expected)) <= (2 * batch * slots + 4) * eps * float(expected) and count > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
@@ -229,7 +263,7 @@ def test_the_loss_keeps_nothing_of_every_anchors_box_distributions_for_the_backw
     saved: list[int] = []
 
     def keep(tensor: torch.Tensor) -> torch.Tensor:
-        saved.append(tensor.numel())
+        saved.append(tensor.untyped_storage().nbytes() // tensor.element_size())  # a view keeps all its storage
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
