@@ -181,9 +181,12 @@ def foreground_losses(
     index = foreground.to(torch.float32).topk(slots, dim=1, sorted=False).indices
     chosen = foreground.gather(1, index)  # [B, K]; False: padding
     weight = (weights.gather(1, index) * chosen).flatten()
-    # Indexing, not gather: gather keeps its whole input (every anchor's logits) for the backward pass.
-    images = torch.arange(len(index), device=index.device)[:, None]
-    logits = box_logits[images, index].float()  # [B, K, 4 * reg_max]
+    # index_select on the anchors of all images as one axis (a view, even of the head's split outputs): its backward
+    # keeps only the index and adds into zeros (index_add_, one kernel), where gather keeps its whole input (every
+    # anchor's logits) and indexing's backward sorts its indices first.
+    batch, anchors = foreground.shape
+    rows = (index + torch.arange(batch, device=index.device)[:, None] * anchors).flatten()
+    logits = box_logits.flatten(0, 1).index_select(0, rows).view(batch, -1, box_logits.shape[-1]).float()
     anchor = points[index]  # [B, K, 2]
     # Made by a kernel on the device, not copied from the host: a blocking copy waits for the stream, and no host
     # copy may sit inside a captured CUDA graph.
