@@ -14,6 +14,7 @@ Prints the median of ``--repeats`` copies per thread count and the GB/s it makes
 
 from __future__ import annotations
 
+import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
 import statistics
 import sys
