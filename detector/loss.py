@@ -257,7 +257,7 @@ class DetectionLoss(torch.nn.Module):
             with torch.no_grad():  # every anchor's box, for the assigner alone: the loss decodes the foreground's
                 pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits.float(), self.reg_max))
             assigned = assign_targets(
-                cls_logits.detach().sigmoid(),
+                cls_logits.detach(),
                 pred_boxes * stride,
                 points * stride,
                 gt_labels,

@@ -5,7 +5,7 @@ from detector.assigner import AssignerConfig, assign_targets
 def _inputs(seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     anchors = torch.stack(torch.meshgrid(torch.arange(8) * 8 + 4.0, torch.arange(8) * 8 + 4.0, indexing="xy"), -1).view(-1, 2)
-    scores = torch.rand(2, 64, 3, generator=generator)
+    logits = torch.randn(2, 64, 3, generator=generator)
     centres = anchors[None].expand(2, -1, -1)
     pred_boxes = torch.cat((centres - 6 - torch.rand(2, 64, 2, generator=generator) * 4,
                             centres + 6 + torch.rand(2, 64, 2, generator=generator) * 4), -1)
@@ -13,15 +13,15 @@ def _inputs(seed: int = 0):
                              [[10.0, 20.0, 50.0, 60.0], [0, 0, 0, 0], [0, 0, 0, 0]]])
     gt_labels = torch.tensor([[0, 2, 0], [1, 0, 0]])
     gt_mask = torch.tensor([[True, True, False], [True, False, False]])
-    return scores, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask
+    return logits, pred_boxes, anchors, gt_labels, gt_boxes, gt_mask
 
 
 def test_batched_equals_per_image():
-    scores, pred_boxes, anchors, labels, boxes, mask = _inputs()
-    batched = assign_targets(scores, pred_boxes, anchors, labels, boxes, mask, num_classes=3)
+    logits, pred_boxes, anchors, labels, boxes, mask = _inputs()
+    batched = assign_targets(logits, pred_boxes, anchors, labels, boxes, mask, num_classes=3)
     for i in range(2):
         real = int(mask[i].sum())  # per image, without the padding rows
-        single = assign_targets(scores[i:i + 1], pred_boxes[i:i + 1], anchors, labels[i:i + 1, :real],
+        single = assign_targets(logits[i:i + 1], pred_boxes[i:i + 1], anchors, labels[i:i + 1, :real],
                                 boxes[i:i + 1, :real], mask[i:i + 1, :real], num_classes=3)
         assert torch.equal(single.foreground[0], batched.foreground[i])
         assert torch.allclose(single.scores[0], batched.scores[i])
@@ -29,8 +29,8 @@ def test_batched_equals_per_image():
 
 
 def test_positives_lie_inside_their_box_and_respect_top_k():
-    scores, pred_boxes, anchors, labels, boxes, mask = _inputs()
-    result = assign_targets(scores, pred_boxes, anchors, labels, boxes, mask, num_classes=3,
+    logits, pred_boxes, anchors, labels, boxes, mask = _inputs()
+    result = assign_targets(logits, pred_boxes, anchors, labels, boxes, mask, num_classes=3,
                             config=AssignerConfig(top_k=5))
     assert result.foreground.any()
     for b in range(2):
@@ -42,8 +42,8 @@ def test_positives_lie_inside_their_box_and_respect_top_k():
 
 
 def test_empty_targets_give_no_foreground():
-    scores, pred_boxes, anchors, *_ = _inputs()
-    result = assign_targets(scores, pred_boxes, anchors, torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, 4),
+    logits, pred_boxes, anchors, *_ = _inputs()
+    result = assign_targets(logits, pred_boxes, anchors, torch.zeros(2, 0, dtype=torch.long), torch.zeros(2, 0, 4),
                             torch.zeros(2, 0, dtype=torch.bool), num_classes=3)
     assert not result.foreground.any() and result.scores.sum() == 0
 
@@ -53,7 +53,7 @@ def test_anchor_claimed_by_two_boxes_keeps_the_one_it_overlaps_most():
     pred_boxes = torch.tensor([[[4.0, 4.0, 28.0, 28.0], [40.0, 40.0, 56.0, 56.0]]])
     # Both boxes contain anchor 0; the second (index 1) matches its prediction far better.
     gt_boxes = torch.tensor([[[0.0, 0.0, 60.0, 60.0], [5.0, 5.0, 27.0, 27.0]]])
-    result = assign_targets(torch.full((1, 2, 2), 0.5), pred_boxes, anchors, torch.tensor([[0, 1]]), gt_boxes,
+    result = assign_targets(torch.zeros(1, 2, 2), pred_boxes, anchors, torch.tensor([[0, 1]]), gt_boxes,
                             torch.tensor([[True, True]]), num_classes=2, config=AssignerConfig(top_k=2))
     assert result.foreground[0].tolist() == [True, True]
     assert result.labels[0].tolist() == [1, 0]  # anchor 0 -> box 1 (higher IoU); anchor 1 only in box 0
@@ -79,12 +79,51 @@ def test_candidates_from_bool_comparisons_equal_the_min_distance_rule():
 
 
 def test_extra_padding_rows_change_no_assignment():
-    scores, pred_boxes, anchors, labels, boxes, mask = _inputs()
-    tight = assign_targets(scores, pred_boxes, anchors, labels, boxes, mask, num_classes=3)
+    logits, pred_boxes, anchors, labels, boxes, mask = _inputs()
+    tight = assign_targets(logits, pred_boxes, anchors, labels, boxes, mask, num_classes=3)
     extra = 13  # padding rows as the captured step's fixed box count adds them: zeros, masked out
-    padded = assign_targets(scores, pred_boxes, anchors,
+    padded = assign_targets(logits, pred_boxes, anchors,
                             torch.cat((labels, torch.zeros(2, extra, dtype=torch.long)), 1),
                             torch.cat((boxes, torch.zeros(2, extra, 4)), 1),
                             torch.cat((mask, torch.zeros(2, extra, dtype=torch.bool)), 1), num_classes=3)
     for name in ("labels", "boxes", "scores", "foreground"):  # bit for bit: padding only adds masked zeros
         assert torch.equal(getattr(tight, name), getattr(padded, name)), name
+
+
+def test_the_alignment_takes_the_sigmoid_of_each_box_class_logit_only():
+    """The same alignment as the sigmoid of every logit gathered after (the form before), and no ``[B, A, C]``
+    tensor made but the class targets: the probabilities of every class were one more at the loss's peak memory
+    (172 MB for COCO at batch 64, 640 px)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from detector.assigner import alignment_metric, candidate_anchors
+
+    logits, pred_boxes, anchors, labels, boxes, mask = _inputs()
+    logits = torch.cat((logits, logits * 3), -1)  # 6 classes: no other dimension of the inputs is 6
+    candidates = candidate_anchors(anchors, boxes, mask)
+    alignment, iou = alignment_metric(logits, pred_boxes, labels, boxes, candidates, alpha=0.5, beta=6.0)
+    scores = logits.sigmoid().gather(2, labels[:, None, :].expand(-1, 64, -1)).transpose(1, 2)
+    expected = scores.pow(0.5) * iou.pow(6.0) * candidates
+    assert candidates.any() and expected.amax() > 0
+    # The sigmoid of one element is the same function either way; the CPU computes it with a vectorised exp or,
+    # in a loop's tail, the C library's, which may differ in the last bit of FP32 (2**-23 relative). The square
+    # root halves that, the IoU factor is the same tensor: 1e-6 relative bounds a few last-bit differences.
+    torch.testing.assert_close(alignment, expected, rtol=1e-6, atol=0)
+
+    class Made(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.shapes: list[tuple[str, tuple[int, ...]]] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            name = func.overloadpacket.__name__
+            if isinstance(out, torch.Tensor) and not name.endswith("_"):  # out of place: a new tensor
+                self.shapes.append((name, tuple(out.shape)))
+            return out
+
+    with Made() as made:
+        result = assign_targets(logits, pred_boxes, anchors, labels, boxes, mask, num_classes=6)
+    assert result.foreground.any()
+    per_class = [name for name, shape in made.shapes if shape == (2, 64, 6)]
+    assert len(per_class) == 1, per_class  # the class targets, filled in place

@@ -172,7 +172,7 @@ def test_the_assigner_never_gives_an_image_more_foreground_than_its_slots():
         half = 2 + torch.rand(4, anchors, 2, generator=generator) * 10  # boxes predicted around each anchor
         predicted = torch.cat((points - half, points + half), -1)
         labels = torch.randint(0, 3, (4, boxes), generator=generator)
-        assigned = assign_targets(torch.rand(4, anchors, 3, generator=generator), predicted, points, labels, gt_boxes,
+        assigned = assign_targets(torch.randn(4, anchors, 3, generator=generator), predicted, points, labels, gt_boxes,
                                   torch.ones(4, boxes, dtype=torch.bool), num_classes=3,
                                   config=AssignerConfig(top_k=top_k))
         most = int(assigned.foreground.sum(1).max())

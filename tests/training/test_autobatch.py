@@ -65,9 +65,9 @@ def test_the_probe_runs_the_training_loss_over_full_box_slots(monkeypatch):
     seen = []
     real_assign = detector.loss.assign_targets
 
-    def recording(pred_scores, pred_boxes, anchor_points, gt_labels, gt_boxes, gt_mask, **kwargs):
+    def recording(class_logits, pred_boxes, anchor_points, gt_labels, gt_boxes, gt_mask, **kwargs):
         seen.append((gt_labels.shape, int(gt_mask.sum())))
-        return real_assign(pred_scores, pred_boxes, anchor_points, gt_labels, gt_boxes, gt_mask, **kwargs)
+        return real_assign(class_logits, pred_boxes, anchor_points, gt_labels, gt_boxes, gt_mask, **kwargs)
 
     monkeypatch.setattr(detector.loss, "assign_targets", recording)
     probe_step(model, 64, 2, Precision("fp32", "cpu", "test"), torch.device("cpu"),
