@@ -200,6 +200,20 @@ def foreground_losses(
     return box_sum, dfl_sum
 
 
+# The most elements one of the assigner's [images, box slots, anchors] tensors holds (32 MB in FP32): at batch 64,
+# 640 px and 32 box slots (17.2M elements) the batch goes in three chunks, on a CPU's usual batch 16 in one.
+ASSIGNER_CHUNK_ELEMENTS = 2**23
+
+
+def assignment_chunks(batch: int, box_slots: int, anchors: int) -> list[slice]:
+    """Slices of the batch, as even as can be, each under :data:`ASSIGNER_CHUNK_ELEMENTS` per ``[images, box_slots,
+    anchors]`` tensor (one image a chunk at least): what :meth:`DetectionLoss.assign` takes at a time."""
+    most = max(1, ASSIGNER_CHUNK_ELEMENTS // max(1, box_slots * anchors))  # images a chunk may hold
+    count = max(1, -(-batch // most))
+    size = max(1, -(-batch // count))  # even: at most `most`, since count >= batch / most
+    return [slice(start, min(start + size, batch)) for start in range(0, batch, size)] or [slice(0, 0)]
+
+
 class DetectionLoss(torch.nn.Module):
     """Callable criterion: ``loss(outputs, targets, image_hw) -> (total, {box, cls, dfl})``.
 
@@ -222,6 +236,38 @@ class DetectionLoss(torch.nn.Module):
         super().__init__()
         self.num_classes, self.strides, self.reg_max, self.gains = num_classes, strides, reg_max, gains
         self.assigner = AssignerConfig(top_k=top_k, alpha=alpha, beta=beta)
+
+    @torch.no_grad()
+    def assign(self, box_logits: torch.Tensor, cls_logits: torch.Tensor, points: torch.Tensor, stride: torch.Tensor,
+               padded: PaddedTargets) -> AssignedTargets:
+        """The assigner's targets for every image, over a few images at a time (:func:`assignment_chunks`).
+
+        Its ``[B, M, A]`` tensors (box slots x anchors) and every anchor's decoded box (``[B, A, 4 * reg_max]`` in
+        FP32 and their softmax) were the loss's peak memory, above the activations kept for the backward pass: 0.40
+        GB at batch 64, 640 px and 32 box slots, where a chunk holds a fraction. Each image is assigned by itself
+        (no operation mixes images), so the targets are those of the whole batch at once, bit for bit; a chunk
+        count that depends on shapes alone keeps one captured graph a shape."""
+        batch, anchors = cls_logits.shape[:2]
+        chunks = assignment_chunks(batch, padded.boxes.shape[1], anchors)
+        if len(chunks) == 1:  # the whole batch at once (a CPU's usual batch): no copies into the batch's targets
+            return self._assign_chunk(box_logits, cls_logits, points, stride, padded, chunks[0])
+        labels = torch.empty(batch, anchors, dtype=torch.long, device=cls_logits.device)
+        boxes = torch.empty(batch, anchors, 4, device=cls_logits.device)
+        scores = torch.empty(batch, anchors, self.num_classes, device=cls_logits.device)
+        foreground = torch.empty(batch, anchors, dtype=torch.bool, device=cls_logits.device)
+        for chunk in chunks:
+            part = self._assign_chunk(box_logits, cls_logits, points, stride, padded, chunk)
+            labels[chunk], boxes[chunk], scores[chunk], foreground[chunk] = (
+                part.labels, part.boxes, part.scores, part.foreground)
+        return AssignedTargets(labels=labels, boxes=boxes, scores=scores, foreground=foreground)
+
+    def _assign_chunk(self, box_logits: torch.Tensor, cls_logits: torch.Tensor, points: torch.Tensor,
+                      stride: torch.Tensor, padded: PaddedTargets, chunk: slice) -> AssignedTargets:
+        # Every anchor's box, for the assigner alone (the loss decodes the foreground's with gradient).
+        pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits[chunk].float(), self.reg_max))
+        return assign_targets(cls_logits[chunk], pred_boxes * stride, points * stride, padded.labels[chunk],
+                              padded.boxes[chunk], padded.mask[chunk], num_classes=self.num_classes,
+                              config=self.assigner)
 
     def forward(
         self,
@@ -254,19 +300,7 @@ class DetectionLoss(torch.nn.Module):
         gt_labels, gt_boxes, gt_mask = (t.to(flat.device, non_blocking=True) for t in padded)
 
         if assigned is None:
-            with torch.no_grad():  # every anchor's box, for the assigner alone: the loss decodes the foreground's
-                pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits.float(), self.reg_max))
-            assigned = assign_targets(
-                cls_logits.detach(),
-                pred_boxes * stride,
-                points * stride,
-                gt_labels,
-                gt_boxes,
-                gt_mask,
-                num_classes=self.num_classes,
-                config=self.assigner,
-            )
-            del pred_boxes
+            assigned = self.assign(box_logits, cls_logits, points, stride, PaddedTargets(gt_labels, gt_boxes, gt_mask))
         score_sum, global_batch = assigned.scores.sum(), batch
         if across_ranks and torch.distributed.is_available() and torch.distributed.is_initialized():
             # Normalise by the target mass of the whole global batch (as DETR does with its box count):

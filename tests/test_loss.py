@@ -4,8 +4,9 @@ from torchvision.ops import complete_box_iou_loss
 
 from detector.assigner import AssignerConfig, assign_targets
 from detector.boxes import boxes_to_distances, dfl_expectation, distances_to_boxes
-from detector.loss import (DetectionLoss, PaddedTargets, box_slots, complete_iou_loss, distribution_focal_loss,
-                           foreground_losses, foreground_slots, most_boxes_per_image, targets_to_padded)
+from detector.loss import (DetectionLoss, PaddedTargets, assignment_chunks, box_slots, complete_iou_loss,
+                           distribution_focal_loss, foreground_losses, foreground_slots, most_boxes_per_image,
+                           targets_to_padded)
 from detector.model import build_model
 
 
@@ -210,6 +211,53 @@ def test_the_loss_counts_every_foreground_anchor_of_crowded_images():
         expected = reference / score_sum * gain
         # the same terms summed in another order (count terms and zeros), then divided and scaled: a few more eps
         assert abs(float(got - expected)) <= (2 * batch * slots + 4) * eps * float(expected) and count > 0
+
+
+def test_assignment_chunks_cover_the_batch_in_even_slices_under_the_bound(monkeypatch):
+    import detector.loss
+
+    monkeypatch.setattr(detector.loss, "ASSIGNER_CHUNK_ELEMENTS", 1000)
+    for batch, slots, anchors in ((64, 32, 8400), (7, 16, 84), (5, 16, 10), (3, 1, 1), (1, 64, 8400), (0, 16, 84)):
+        chunks = assignment_chunks(batch, slots, anchors)
+        covered = [i for chunk in chunks for i in range(batch)[chunk]]
+        sizes = [chunk.stop - chunk.start for chunk in chunks]
+        assert covered == list(range(batch)) and chunks  # in order, each image once, one chunk for an empty batch
+        assert max(sizes) - min(sizes[:-1] or sizes) <= 1 or len(chunks) == 1  # even, the last one at most shorter
+        assert all(size * slots * anchors <= 1000 for size in sizes) or max(sizes) == 1  # one image at least
+    monkeypatch.setattr(detector.loss, "ASSIGNER_CHUNK_ELEMENTS", 2**23)
+    assert len(assignment_chunks(64, 32, 8400)) == 3 and len(assignment_chunks(16, 16, 8400)) == 1
+
+
+@pytest.mark.parametrize("size,classes,batch", [(160, 3, 7), (256, 80, 5)])
+def test_the_assignment_in_chunks_gives_the_whole_batch_s_loss_bit_for_bit(monkeypatch, size, classes, batch):
+    """Each image is assigned by itself, so chunks of the batch (one image each here) give the same targets, loss and
+    gradients as the whole batch at once, exactly: no operation mixes images, and every elementwise function is
+    computed by the same kernel whatever the tensor's length."""
+    import detector.loss
+
+    torch.manual_seed(0)
+    model = build_model(num_classes=classes).train()
+    criterion = DetectionLoss(num_classes=classes, strides=model.strides)
+    generator = torch.Generator().manual_seed(1)
+    rows = [[image, int(torch.randint(0, classes, (1,), generator=generator)),
+             *(0.1 + 0.8 * torch.rand(2, generator=generator)).tolist(),
+             *(0.02 + 0.3 * torch.rand(2, generator=generator)).tolist()]
+            for image in range(batch) for _ in range(image * 2 % 9)]  # 0-8 boxes an image, one image without
+    outputs = model(torch.rand(batch, 3, size, size, generator=generator))
+    results = []
+    for elements in (2**40, 1):
+        monkeypatch.setattr(detector.loss, "ASSIGNER_CHUNK_ELEMENTS", elements)
+        model.zero_grad(set_to_none=True)
+        total, _ = criterion(outputs, torch.tensor(rows), (size, size))
+        total.backward(retain_graph=True)
+        results.append((criterion.last_assignment, total.detach(), [p.grad.clone() for p in model.parameters()
+                                                                    if p.grad is not None]))
+    (whole, whole_total, whole_grads), (chunked, chunked_total, chunked_grads) = results
+    assert len(assignment_chunks(batch, 16, whole.foreground.shape[1])) == batch and whole.foreground.any()
+    for name in ("labels", "boxes", "scores", "foreground"):
+        assert torch.equal(getattr(whole, name), getattr(chunked, name)), name
+    assert torch.equal(whole_total, chunked_total) and len(whole_grads) == len(chunked_grads) > 0
+    assert all(torch.equal(a, b) for a, b in zip(whole_grads, chunked_grads))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])

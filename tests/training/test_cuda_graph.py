@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+import detector.loss
 from detector.data.letterbox import ImageMeta
 from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
 from detector.model import build_model
@@ -177,13 +178,16 @@ def test_host_reads_sees_a_mask_index_an_item_a_tensor_from_data_and_a_copy():
     assert not {"cpu", "tolist", "numpy"} & set(torch.Tensor.__dict__)  # the patches are undone
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
-def test_the_graph_body_reads_nothing_on_the_host(optimizer, precision):
+@pytest.mark.parametrize("precision,optimizer,chunked", [("fp32", "SGD", False), ("fp16", "SGD", True),
+                                                          ("fp32", "AdamW", True), ("fp16", "AdamW", False)])
+def test_the_graph_body_reads_nothing_on_the_host(optimizer, precision, chunked, monkeypatch):
     """The whole recorded step (forward, the loss on its fixed foreground slots, backward, optimizer, EMA) on the
     CPU, under HostReads: any operator that a capture would reject fails here first, with its name. As the graphs run it:
     learning rates in tensors (and AdamW capturable), and in FP16 a real GradScaler handing its inf check to the
-    fused optimizer (CPU autocast does FP16 too, and torch's CPU GradScaler is the CUDA one's code)."""
+    fused optimizer (CPU autocast does FP16 too, and torch's CPU GradScaler is the CUDA one's code). ``chunked``:
+    the assigner takes one image at a time, as at batch 64 on a GPU (detector.loss.assignment_chunks)."""
+    if chunked:
+        monkeypatch.setattr(detector.loss, "ASSIGNER_CHUNK_ELEMENTS", 1)
     step = _train_step("cpu", optimizer=optimizer, precision=precision)
     assert step.scaler.is_enabled() == (precision == "fp16")
     images = torch.rand(2, 3, 64, 64, generator=torch.Generator().manual_seed(1))
@@ -207,11 +211,15 @@ def test_the_graph_body_reads_nothing_on_the_host(optimizer, precision):
 
 
 @cuda_only
-@pytest.mark.parametrize("precision,optimizer,warmup_steps", [("fp16", "SGD", 0), ("fp32", "AdamW", 0),
-                                                              ("fp16", "AdamW", 5), ("fp32", "SGD", 5)])
-def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_steps):
+@pytest.mark.parametrize("precision,optimizer,warmup_steps,chunked", [
+    ("fp16", "SGD", 0, False), ("fp32", "AdamW", 0, False), ("fp16", "AdamW", 5, False), ("fp32", "SGD", 5, False),
+    ("fp16", "SGD", 0, True)])
+def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_steps, chunked, monkeypatch):
     """Graphs are captured and replayed (not failed), and train to the eager run's weights and losses; in warm-up,
-    whose momentum ramps (0.8 -> 0.9 here), graphs of the forward and backward passes with eager optimizer steps."""
+    whose momentum ramps (0.8 -> 0.9 here), graphs of the forward and backward passes with eager optimizer steps.
+    ``chunked``: the assigner one image at a time, as at batch 64 (detector.loss.assignment_chunks)."""
+    if chunked:
+        monkeypatch.setattr(detector.loss, "ASSIGNER_CHUNK_ELEMENTS", 1)
     results = []
     for choice in ("on", "off"):
         step = _train_step("cuda", precision=precision, optimizer=optimizer, cuda_graphs=choice, steps_per_epoch=10,
