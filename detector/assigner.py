@@ -67,9 +67,10 @@ def alignment_metric(
     ``score`` is the sigmoid of each box's class logit (``class_logits`` ``[B, A, C]``)."""
     anchors = class_logits.shape[1]
     iou = box_iou(gt_boxes, pred_boxes, eps=EPS).clamp_(0) * candidates  # [B, M, A], the whole batch at once
-    # The sigmoid of the gathered logits only (each box's class; an elementwise function, so the same values as
-    # gathering from the sigmoid of all of them): no [B, A, C] probabilities, 172 MB for COCO at batch 64 and
-    # 640 px, beside the logits and the class targets at the loss's peak memory.
+    # The sigmoid of the gathered logits only (each box's class; an elementwise function, so the values of gathering
+    # from the sigmoid of all of them, up to the last bit where a CPU's vectorised loop ends): no [B, A, C]
+    # probabilities, 172 MB for COCO at batch 64 and 640 px, beside the logits and the class targets at the loss's
+    # peak memory.
     class_score = class_logits.gather(2, gt_labels[:, None, :].expand(-1, anchors, -1)).transpose(1, 2).sigmoid_()
     # In place on the gathered scores (a tensor of this call's own): the same products in the same order, with two
     # [B, M, A] temporaries fewer at the loss's peak memory (69 MB each at batch 64, 640 px and 32 box slots).

@@ -206,12 +206,14 @@ ASSIGNER_CHUNK_ELEMENTS = 2**23
 
 
 def assignment_chunks(batch: int, box_slots: int, anchors: int) -> list[slice]:
-    """Slices of the batch, as even as can be, each under :data:`ASSIGNER_CHUNK_ELEMENTS` per ``[images, box_slots,
-    anchors]`` tensor (one image a chunk at least): what :meth:`DetectionLoss.assign` takes at a time."""
+    """Slices of the batch in order, their sizes at most one apart, each under :data:`ASSIGNER_CHUNK_ELEMENTS` per
+    ``[images, box_slots, anchors]`` tensor (one image a chunk at least; one empty slice for an empty batch): what
+    :meth:`DetectionLoss.assign` takes at a time."""
     most = max(1, ASSIGNER_CHUNK_ELEMENTS // max(1, box_slots * anchors))  # images a chunk may hold
     count = max(1, -(-batch // most))
-    size = max(1, -(-batch // count))  # even: at most `most`, since count >= batch / most
-    return [slice(start, min(start + size, batch)) for start in range(0, batch, size)] or [slice(0, 0)]
+    sizes = [batch // count + (index < batch % count) for index in range(count)]  # even: each at most `most`
+    starts = [sum(sizes[:index]) for index in range(count)]
+    return [slice(start, start + size) for start, size in zip(starts, sizes)]
 
 
 class DetectionLoss(torch.nn.Module):
@@ -245,7 +247,10 @@ class DetectionLoss(torch.nn.Module):
         Its ``[B, M, A]`` tensors (box slots x anchors) and every anchor's decoded box (``[B, A, 4 * reg_max]`` in
         FP32 and their softmax) were the loss's peak memory, above the activations kept for the backward pass: 0.40
         GB at batch 64, 640 px and 32 box slots, where a chunk holds a fraction. Each image is assigned by itself
-        (no operation mixes images), so the targets are those of the whole batch at once, bit for bit; a chunk
+        (no operation mixes images), so the targets are those of the whole batch at once up to the last bit: a
+        CPU computes the ends of its vectorised loops (sigmoid, pow) with the C library's scalar functions, which may
+        round differently, and where a loop ends moves with the chunk's length; on CUDA the top-k's tie-breaking
+        among candidates of zero alignment may depend on the row count (tests/test_loss.py bounds both). A chunk
         count that depends on shapes alone keeps one captured graph a shape."""
         batch, anchors = cls_logits.shape[:2]
         chunks = assignment_chunks(batch, padded.boxes.shape[1], anchors)
