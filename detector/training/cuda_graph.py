@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 import traceback
 import warnings
 from collections import Counter
@@ -85,6 +86,23 @@ def eager_runs(key_runs: int, shape_runs: int) -> int:
     of its input shape (its own included): :data:`WARMUP_RUNS`, or :data:`RUNS_FOR_A_KNOWN_SHAPE` once the other
     keys of its shape ran that often."""
     return RUNS_FOR_A_KNOWN_SHAPE if shape_runs - key_runs >= WARMUP_RUNS else WARMUP_RUNS
+
+
+@dataclass
+class GraphCosts:
+    """Counts of what the graphs cost the training loop: keys captured, the host seconds their captures took, and
+    steps run eagerly before a capture (or past :data:`MAX_GRAPHS`). Every new key (input size x box slots x
+    optimizer or not) pays them once; a short run that meets many keys pays them in its first epochs."""
+
+    captures: int = 0
+    capture_seconds: float = 0.0
+    eager_steps: int = 0
+
+    def since(self, earlier: "GraphCosts") -> dict[str, float]:
+        """The epoch's share, as ``results.csv`` columns: what was added since ``earlier`` (a copy taken then)."""
+        return {"graph_captures": self.captures - earlier.captures,
+                "graph_capture_seconds": self.capture_seconds - earlier.capture_seconds,
+                "graph_eager_steps": self.eager_steps - earlier.eager_steps}
 
 
 @dataclass
@@ -241,6 +259,9 @@ class StepGraphs:
         self.runs: Counter[GraphKey] = Counter()
         self.shape_runs: Counter[tuple[int, ...]] = Counter()  # eager runs per input shape, over all its keys
         self.failed: str | None = None
+        # What the graphs cost the loop so far (each epoch reports its share: GraphCosts): a key's eager runs go at
+        # eager speed, and a capture records the step's launches and instantiates the graph, on the host.
+        self.costs = GraphCosts()
 
     def run(self, key: GraphKey, images: torch.Tensor, targets: PaddedTargets,
             earlier_finite: torch.Tensor) -> dict[str, torch.Tensor] | None:
@@ -262,8 +283,10 @@ class StepGraphs:
             if warming or len(self.graphs) >= MAX_GRAPHS:
                 self.runs[key] += 1
                 self.shape_runs[key[0]] += 1
+                self.costs.eager_steps += 1
                 return self._eager(batch, key)
             main = torch.cuda.current_stream()
+            began = time.perf_counter()
             try:
                 graph = torch.cuda.CUDAGraph()
                 # thread_local: the loader's pin-memory thread keeps calling CUDA while this thread captures.
@@ -280,6 +303,8 @@ class StepGraphs:
             self.log(f"cuda graphs: on (first capture: input {list(key[0])}, {key[1]} box slots)")
         self.graphs[key] = graph, outputs
         graph.replay()  # capturing records the kernels without running them: this step runs now
+        self.costs.captures += 1
+        self.costs.capture_seconds += time.perf_counter() - began
         return outputs
 
     def forget_partial_steps(self) -> None:

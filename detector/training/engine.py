@@ -7,7 +7,7 @@ import resource
 import time
 import warnings
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import torch
@@ -293,6 +293,7 @@ def train_one_epoch(
     losses_before_step = nonfinite_losses.clone()
     parameters = [p for p in model.parameters() if p.requires_grad]
     graphs = step.step_graphs(parameters)
+    costs_before = replace(graphs.costs) if graphs is not None else None
     guard = StatisticsGuard(unwrap(model), *([ema.module] if ema is not None else []))
     waited = [0.0]  # seconds this loop spent blocked on the loader: the step starved of data
     # On CUDA each batch's pixels are copied to the GPU while the step before runs (detector/training/feed.py).
@@ -385,4 +386,6 @@ def train_one_epoch(
         "unstable_steps": int(unstable),
         "nonfinite_losses": int(nonfinite_losses),
         "unreadable_images": unreadable_images,  # this rank's images that failed to decode and were replaced
+        # With CUDA graphs, what this epoch's new keys cost: captures, their host seconds, eager warm-up steps.
+        **(graphs.costs.since(costs_before) if graphs is not None and costs_before is not None else {}),
     }

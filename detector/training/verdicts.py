@@ -18,6 +18,16 @@ from detector.metrics.loop import Validation
 from detector.training.decision import fitness
 
 
+def graph_costs_text(stats: dict[str, float]) -> str:
+    """``, 3 graphs captured in 1.2 s, 5 eager steps`` for an epoch whose CUDA graphs met new keys (detector/training/
+    cuda_graph.py, ``GraphCosts``); empty for any other epoch."""
+    captures, eager = int(stats.get("graph_captures", 0)), int(stats.get("graph_eager_steps", 0))
+    if not captures and not eager:
+        return ""
+    return (f", {captures} graph{'s' * (captures != 1)} captured in {stats.get('graph_capture_seconds', 0.0):.1f} s, "
+            f"{eager} eager step{'s' * (eager != 1)}")
+
+
 @dataclass
 class Pending:
     """An epoch whose validation is being scored in the background, with what its verdict will need."""
@@ -64,7 +74,7 @@ class Verdicts:
         if validation is not None:
             shown = "  ".join(f"{key} {validation.metrics[key]:.4f}" for key in ("mAP50-95", "mAP50", "mAP75"))
             self.log(f"epoch {epoch + 1}: {shown} | {stats['images_per_s']:.1f} img/s, {stats['data_wait']:.0%} "
-                     f"waiting for data | val {validation.seconds:.1f}s")
+                     f"waiting for data{graph_costs_text(stats)} | val {validation.seconds:.1f}s")
             if (score := fitness(validation.metrics)) > self.best_fitness:
                 self.best_fitness, self.best_epoch = score, epoch
         self.record(epoch, stats, validation, precision)

@@ -6,6 +6,7 @@ step skipping, the switch); they never claim a graph was captured. The capture t
 
 import contextlib
 import copy
+import dataclasses
 import re
 from collections.abc import Iterator
 
@@ -84,6 +85,21 @@ def test_the_cpu_loop_with_cuda_graphs_on_trains_as_with_them_off():
     for key in ("train/box", "train/cls", "train/dfl"):
         assert results[0][0][key] == results[1][0][key]
     assert all(torch.equal(v, results[1][1][k]) for k, v in results[0][1].items())
+    assert not any(key.startswith("graph_") for stats, _ in results for key in stats)  # no graphs: no graph columns
+
+
+def test_graph_costs_report_what_an_epoch_added():
+    from detector.training.cuda_graph import GraphCosts
+    from detector.training.verdicts import graph_costs_text
+
+    costs = GraphCosts(captures=2, capture_seconds=0.5, eager_steps=4)
+    before = dataclasses.replace(costs)
+    costs.captures, costs.capture_seconds, costs.eager_steps = 5, 1.75, 9
+    epoch = costs.since(before)
+    assert epoch == {"graph_captures": 3, "graph_capture_seconds": 1.25, "graph_eager_steps": 5}
+    assert graph_costs_text(epoch) == ", 3 graphs captured in 1.2 s, 5 eager steps"  # 1.25 rounds to even
+    assert graph_costs_text(costs.since(costs)) == "" and graph_costs_text({}) == ""
+    assert graph_costs_text({"graph_captures": 1, "graph_eager_steps": 1}) == ", 1 graph captured in 0.0 s, 1 eager step"
 
 
 def test_device_ema_matches_the_model_ema():
@@ -230,6 +246,10 @@ def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_ste
         results.append((stats, step))
     (graphed_stats, graphed), (eager_stats, eager) = results
     assert graphed.graphs is not None and graphed.graphs.failed is None and graphed.graphs.graphs
+    # The epoch's costs, as results.csv has them: every capture (warm-up's dropped ones too) and every eager run
+    assert graphed_stats["graph_captures"] >= len(graphed.graphs.graphs) > 0
+    assert graphed_stats["graph_eager_steps"] == sum(graphed.graphs.runs.values()) > 0
+    assert graphed_stats["graph_capture_seconds"] > 0 and "graph_captures" not in eager_stats
     if warmup_steps:  # a backward-only graph replayed in warm-up, and a whole step's after it
         assert {key[2] for key in graphed.graphs.runs} == {False, True}
     assert graphed_stats["optimizer_steps"] == eager_stats["optimizer_steps"] == 10
