@@ -49,7 +49,7 @@ from detector.data.synthetic import generate_shapes
 from benchmarks.gpu_busy import sampler_for
 from detector.training.ema import ModelEMA
 from detector.training.engine import TrainStep, graphed_step, optimizer_step
-from detector.training.step_input import step_input
+from detector.training.step_input import step_input, step_input_dtype
 from detector.training.schedule import StepSchedule
 from detector.training.multiscale import MultiScale
 from detector.loss import DetectionLoss
@@ -94,6 +94,9 @@ if args["cuda_graphs"]:  # the trainer's captured step: a TrainStep's graphs, no
                            channels_last=args["channels_last"], cuda_graphs="on")
     graphs = train_step.step_graphs(parameters)
 
+input_dtype = step_input_dtype(precision, device)  # FP16 under CUDA FP16 autocast, as the trainer makes it
+
+
 def clock(phase=True):
     if cuda and (phase is False or args["phases"]):
         torch.cuda.synchronize(device)
@@ -104,12 +107,12 @@ def step(index, record):
     size = ladder[(index * 7) % len(ladder)]  # every size in turn, not in order
     if graphs is not None:
         out = graphs.inputs.image_buffer((len(images), 3, size, size), device, channels_last=args["channels_last"],
-                                         largest_side=max(ladder))  # made in the graphs' memory, as the trainer does
+                                         largest_side=max(ladder), dtype=input_dtype)  # as the trainer does
         x = step_input(images, size, device, channels_last=args["channels_last"], out=out)
         graphed_step(graphs, x, targets, with_optimizer=True, earlier_finite=finite)
         return
     tp = clock()
-    x = step_input(images, size, device, channels_last=args["channels_last"])
+    x = step_input(images, size, device, channels_last=args["channels_last"]).to(input_dtype)
     t0 = clock()
     with precision.autocast():
         outputs = step_model(x)

@@ -62,13 +62,19 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+# What the kernel can write: it computes in FP32 and its stores round to the buffer's type (round to nearest even, as
+# autocast's cast of an FP32 input does), so a half-precision step input holds what the model's first convolution
+# would have read.
+OUT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def render_fused(
     batch: WarpBatch, device: torch.device, *, size: int, channels_last: bool, pixel_ops: Sequence[PixelOps] | None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """Every image of ``batch`` warped to ``size``, its pixel operations applied: float ``[B, 3, size, size]`` RGB
     in [0, 1] on ``device``, as ``apply_pixel_ops(render(batch, ...), pixel_ops)`` would give. ``out``: written
-    there (any strides) instead of a new tensor, and returned.
+    there (any strides; FP32, or FP16 / BF16 rounded from the kernel's FP32) instead of a new tensor, and returned.
 
     None when the kernel cannot run here (:func:`fused_unavailable`) or failed just now (said in one line): the
     caller renders with PyTorch.
@@ -84,8 +90,9 @@ def render_fused(
     if out is None:
         layout = torch.channels_last if channels_last else torch.contiguous_format
         out = torch.empty((count, 3, size, size), dtype=torch.float32, device=device, memory_format=layout)
-    elif out.shape != (count, 3, size, size) or out.dtype != torch.float32 or out.device.type != device.type:
-        raise ValueError(f"out is {out.dtype} {list(out.shape)} on {out.device}; this batch renders float32 "
+    elif (out.shape != (count, 3, size, size) or out.dtype not in OUT_DTYPES
+          or out.device.type != device.type):
+        raise ValueError(f"out is {out.dtype} {list(out.shape)} on {out.device}; this batch renders float "
                          f"{[count, 3, size, size]} on {device}")
     height, width = atlas.shape[:2]
     pixels = count * size * size

@@ -161,16 +161,16 @@ class StaticInputs:
         return StaticBatch(static_images, static_targets, self.earlier_finite)
 
     def image_buffer(self, shape: tuple[int, int, int, int], device: torch.device, *, channels_last: bool,
-                     largest_side: int = 0) -> torch.Tensor:
-        """The float32 image buffer that :meth:`for_batch` gives a batch of ``shape`` in that layout, made now if new:
-        a step input made in it (:func:`detector.training.step_input.step_input`'s ``out``) needs no copy.
+                     largest_side: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The ``dtype`` image buffer that :meth:`for_batch` gives a batch of ``shape`` in that layout, made now if
+        new: a step input made in it (:func:`detector.training.step_input.step_input`'s ``out``) needs no copy.
         ``largest_side``: the largest square input the run's steps take, so the memory is made once, at that size."""
         layout = torch.channels_last if channels_last else torch.contiguous_format
         stride = torch.empty(shape, device="meta", memory_format=layout).stride()
-        key = (tuple(shape), stride, torch.float32)
+        key = (tuple(shape), stride, dtype)
         buffer = self.images.get(key)
         if buffer is None:
-            buffer = self.images[key] = self._view(shape, stride, torch.float32, device, largest_side=largest_side)
+            buffer = self.images[key] = self._view(shape, stride, dtype, device, largest_side=largest_side)
         return buffer
 
     def _view(self, shape: Sequence[int], stride: tuple[int, ...], dtype: torch.dtype, device: torch.device, *,

@@ -24,7 +24,7 @@ from detector.training.ema import ModelEMA
 from detector.training.feed import EpochBatches, uploaded_ahead
 from detector.training.multiscale import MultiScale
 from detector.training.schedule import StepSchedule, StepValues
-from detector.training.step_input import step_input
+from detector.training.step_input import step_input, step_input_dtype
 
 T = TypeVar("T")
 
@@ -293,6 +293,7 @@ def train_one_epoch(
     losses_before_step = nonfinite_losses.clone()
     parameters = [p for p in model.parameters() if p.requires_grad]
     graphs = step.step_graphs(parameters)
+    input_dtype = step_input_dtype(precision, device)  # FP16 / BF16 on CUDA under autocast: no FP32 copy kept
     costs_before = replace(graphs.costs) if graphs is not None else None
     guard = StatisticsGuard(unwrap(model), *([ema.module] if ema is not None else []))
     waited = [0.0]  # seconds this loop spent blocked on the loader: the step starved of data
@@ -308,8 +309,9 @@ def train_one_epoch(
         # A captured step reads its input from a fixed buffer: the input is made there, not made and then copied in.
         out = None if graphs is None or graphs.failed is not None else graphs.inputs.image_buffer(
             (len(images), 3, sizes[index], sizes[index]), device, channels_last=channels_last,
-            largest_side=multi_scale.largest())
+            largest_side=multi_scale.largest(), dtype=input_dtype)
         images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops, out=out)
+        images = images.to(input_dtype)  # made in FP32 without a buffer: the half-precision copy only from here
         stepping = step - last_step >= accumulate or index == steps - 1
         # A graph bakes in momentum (AdamW's beta1), which warm-up ramps each step: until it ends, graphs run the
         # forward and backward passes only and the optimizer steps eagerly after them (accumulation needs nothing

@@ -55,7 +55,8 @@ def test_the_kernel_checks_pass_under_the_interpreter():
     )
     summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr[-2000:]
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    assert summary.startswith("7 passed"), summary  # 3 sizes and layouts, the hue gain, a given buffer, two failures
+    # 3 sizes and layouts, the hue gain, a given buffer, a half-precision one, two failures
+    assert summary.startswith("8 passed"), summary
 
 
 def hsv_lipschitz(ops: list[PixelOps]) -> float:
@@ -104,23 +105,35 @@ def test_the_kernel_writes_into_a_given_buffer_through_its_strides(device):
     written = render_fused(batch, device, size=56, channels_last=True, pixel_ops=OPS, out=out)
     assert written is out and torch.equal(out, fresh)
     assert bool((memory[used:] == -1).all())
-    with pytest.raises(ValueError, match="renders float32"):
-        render_fused(batch, device, size=56, channels_last=True, pixel_ops=OPS, out=fresh.half())
+    with pytest.raises(ValueError, match="renders float"):
+        render_fused(batch, device, size=56, channels_last=True, pixel_ops=OPS, out=fresh.double())
+
+
+@pytest.mark.parametrize("device", DEVICES, indirect=True)
+def test_a_half_precision_buffer_holds_the_fp32_render_rounded_as_autocast_rounds(device):
+    """A step's input under autocast is made in its dtype (detector/training/step_input.py): the kernel computes in
+    FP32 and its store rounds to FP16 to nearest even, as autocast's cast of the FP32 input did, bit for bit."""
+    batch = pack_warp_batch([source for _, _, source in _fixed_sources(64)])
+    fresh = render_fused(batch, device, size=56, channels_last=True, pixel_ops=OPS)
+    half = torch.empty_like(fresh, dtype=torch.float16)
+    assert render_fused(batch, device, size=56, channels_last=True, pixel_ops=OPS, out=half) is half
+    assert torch.equal(half, fresh.to(torch.float16)) and half.is_contiguous(memory_format=torch.channels_last)
 
 
 @pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="the CUDA cases compile and run it")
-@pytest.mark.parametrize("hsv", [True, False])
+@pytest.mark.parametrize("hsv,out", [(True, "fp32"), (False, "fp32"), (True, "fp16"), (False, "bf16")])
 @pytest.mark.parametrize("unit_stride", ["stride_c", "stride_x"])  # channels-last, contiguous
-def test_the_kernel_compiles_for_an_h100_without_one(hsv, unit_stride):
+def test_the_kernel_compiles_for_an_h100_without_one(hsv, out, unit_stride):
     """What the interpreter cannot show: that Triton's compiler takes the kernel (types, constexpr branches, the
     unrolled corners) down to an sm_90 binary, here on a machine without a GPU (Triton brings its own ptxas).
-    As a launch specialises it: int32 scalars, the output's stride of 1 a constant."""
+    As a launch specialises it: int32 scalars, the output's stride of 1 a constant; the output FP32, or FP16 / BF16
+    as a step's input under autocast (detector/training/step_input.py, ``step_input_dtype``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     kernel = warp_kernel._kernel(False)
-    pointers = {"atlas": "*u8", "theta": "*fp32", "bounds": "*fp32", "table": "*fp32", "out": "*fp32"}
+    pointers = {"atlas": "*u8", "theta": "*fp32", "bounds": "*fp32", "table": "*fp32", "out": f"*{out}"}
     constants = {"HSV": hsv, "BLOCK": warp_kernel.BLOCK, unit_stride: 1}
     signature = {name: pointers.get(name, "constexpr" if name in constants else "i32") for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),

@@ -86,6 +86,30 @@ def test_step_input_into_a_captured_steps_buffer_is_that_buffer_with_what_it_wou
     assert inputs.for_batch(out, targets).images is out  # the key's buffer: its fill copies nothing
 
 
+def test_a_step_input_under_cuda_autocast_is_made_in_its_dtype_and_holds_what_autocast_would_cast():
+    """On CUDA under autocast the step's input is made in autocast's dtype, its FP32 form never kept: the same values
+    the first convolution read from autocast's cast (both round to nearest even), in half the buffer. The CPU keeps
+    FP32, and so does a run in FP32."""
+    from detector.training.cuda_graph import StaticInputs
+    from detector.training.step_input import step_input_dtype
+    from tests.data.test_device_augment import _fixed_sources
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert step_input_dtype(Precision("fp16", "cuda", "test"), cuda) == torch.float16
+    assert step_input_dtype(Precision("bf16", "cuda", "test"), cuda) == torch.bfloat16
+    assert step_input_dtype(Precision("fp32", "cuda", "test"), cuda) == torch.float32
+    assert step_input_dtype(Precision("bf16", "cpu", "test"), cpu) == torch.float32
+    warp = pack_warp_batch([source for _, _, source in _fixed_sources(64)])
+    for dtype in (torch.float16, torch.bfloat16):
+        inputs = StaticInputs()
+        out = inputs.image_buffer((4, 3, 96, 96), cpu, channels_last=True, largest_side=128, dtype=dtype)
+        assert out.dtype == dtype and inputs.images_memory.numel() == 4 * 3 * 128**2 * 2  # half the FP32 bytes
+        made = step_input(warp, 96, cpu, channels_last=True, out=out)  # PyTorch's ops here, then copied in
+        assert made is out and torch.equal(out, step_input(warp, 96, cpu, channels_last=True).to(dtype))
+        targets = targets_to_padded(torch.zeros(0, 6), 4, (96, 96), slots=16)
+        assert inputs.for_batch(out, targets).images is out  # the key's own buffer, found by its dtype
+
+
 def _step_with_gradient(value: float, precision: Precision, scale: float):
     from detector.training.engine import optimizer_step
 
