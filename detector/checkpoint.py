@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import pickle
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,30 @@ def peak_magnitudes(tensors: list[torch.Tensor]) -> list[float]:
     if len({peak.device for peak in peaks}) != 1:  # none, or a state dict across devices: one sync each
         return [float(peak) for peak in peaks]
     return torch.stack([peak.double() for peak in peaks]).tolist()  # float64: a float64 weight's peak stays finite
+
+
+def host_copies(tensors: list[torch.Tensor], *,
+                together: Callable[[torch.device], bool] = lambda device: device.type != "cpu") -> list[torch.Tensor]:
+    """A CPU copy of each tensor, sharing no memory with it or with another copy (detached; same shape and dtype).
+
+    Tensors on an accelerator (``together``) go in one transfer per device and dtype: each copy from a GPU waits for
+    it, and a snapshot of a nano model's EMA is ~350 tensors, of a whole run's checkpoint ~1,100 (on the H100, BCCD's
+    100 epochs spent 14.4 s in checkpoints, each epoch copying its EMA out tensor by tensor). They are gathered into
+    one flat tensor on their device, copied once, and cut back into tensors of their own (dense, in their
+    shape's default layout). CPU tensors are copied one by one, as before."""
+    copies: list[torch.Tensor | None] = [None] * len(tensors)
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for index, tensor in enumerate(tensors):
+        if together(tensor.device):
+            groups.setdefault((tensor.device, tensor.dtype), []).append(index)
+        else:
+            copies[index] = tensor.detach().to("cpu", copy=True)
+    for indices in groups.values():
+        flat = torch.cat([tensors[index].detach().reshape(-1) for index in indices]).to("cpu")
+        sizes = [tensors[index].numel() for index in indices]
+        for index, piece in zip(indices, flat.split(sizes)):
+            copies[index] = piece.view(tensors[index].shape).clone()  # its own memory: saved alone, kept alone
+    return copies  # type: ignore[return-value]
 
 
 def all_finite(state_dict: dict[str, torch.Tensor]) -> bool:
@@ -143,8 +168,13 @@ def to_half(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     floats = [name for name, tensor in state_dict.items() if tensor.is_floating_point()]
     fits = {name for name, peak in zip(floats, peak_magnitudes([state_dict[name] for name in floats]))
             if not peak > FP16_MAX}  # a NaN converts too, as it would have before
-    return {name: tensor.detach().to(device="cpu", dtype=torch.float16 if name in fits else tensor.dtype, copy=True)
-            for name, tensor in state_dict.items()}
+    dtypes = {name: torch.float16 if name in fits else tensor.dtype for name, tensor in state_dict.items()}
+    copies = {name: tensor.detach().to(dtype=dtypes[name], copy=True) for name, tensor in state_dict.items()
+              if tensor.device.type == "cpu"}
+    # The others converted where they are (on a GPU: a kernel each, no wait), then copied out together.
+    elsewhere = [name for name in state_dict if name not in copies]
+    copies.update(zip(elsewhere, host_copies([state_dict[name].detach().to(dtype=dtypes[name]) for name in elsewhere])))
+    return {name: copies[name] for name in state_dict}
 
 
 def is_stripped(checkpoint: dict[str, Any]) -> bool:

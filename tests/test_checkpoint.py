@@ -244,6 +244,61 @@ def test_to_half_copies_every_tensor_so_training_may_go_on():
     assert stripped["count"].item() == 3 and stripped["half"].item() == 0.5 and stripped["empty"].numel() == 0
 
 
+def test_copies_made_together_equal_copies_made_one_by_one_and_share_nothing():
+    """What a GPU's tensors take (one transfer per dtype, cut back into tensors), run here on CPU tensors: the same
+    values, shapes and dtypes as copying each, every copy in memory of its own; the live tensors may change after."""
+    from detector.checkpoint import host_copies
+
+    generator = torch.Generator().manual_seed(0)
+    live = [torch.randn(4, 3, 3, 3, generator=generator).contiguous(memory_format=torch.channels_last),
+            torch.randn(5, generator=generator), torch.tensor(7), torch.zeros(0), torch.tensor([True, False]),
+            torch.randn(2, 3, generator=generator).half(), torch.randn(6, generator=generator)[::2],
+            torch.tensor([1.5], dtype=torch.float16)]
+    one_by_one = host_copies(live, together=lambda device: False)
+    together = host_copies(live, together=lambda device: True)
+    for tensor, single, joint in zip(live, one_by_one, together):
+        assert joint.dtype == tensor.dtype and joint.shape == tensor.shape and torch.equal(joint, single)
+    pointers = [made.untyped_storage().data_ptr() for made in together if made.numel()]
+    assert len(set(pointers)) == len(pointers)  # saved alone: torch.save writes a shared storage whole
+    assert all(made.untyped_storage().nbytes() == made.numel() * made.element_size() for made in together)
+    expected = [made.clone() for made in together]
+    for tensor in live:
+        if tensor.dtype == torch.bool:
+            tensor.logical_not_()
+        else:
+            tensor.add_(1)
+    assert all(torch.equal(made, before) for made, before in zip(together, expected))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="copies out of a GPU")
+def test_a_gpu_state_dict_strips_and_snapshots_as_its_cpu_copy_does():
+    from detector.training.checkpoint_writer import snapshot
+
+    torch.manual_seed(0)
+    model = build_model(num_classes=3, scale="n").to(memory_format=torch.channels_last)
+    on_gpu = copy.deepcopy(model).cuda().state_dict()
+    on_cpu = model.state_dict()
+    stripped, expected = to_half(on_gpu), to_half(on_cpu)
+    copied = snapshot({"model": on_gpu})["model"]
+    for name, tensor in on_cpu.items():
+        assert stripped[name].device.type == "cpu" and stripped[name].dtype == expected[name].dtype
+        assert torch.equal(stripped[name], expected[name]) and torch.equal(copied[name], tensor)
+
+
+def test_a_snapshot_copies_every_tensor_of_a_nested_checkpoint_in_place_of_each():
+    from detector.training.checkpoint_writer import snapshot
+
+    weights = {"a": torch.ones(2), "b": torch.arange(3)}
+    state = {"model": weights, "optimizer": {"state": {0: {"step": torch.tensor(4.0)}}, "param_groups": [{"lr": 0.1}]},
+             "epochs": [1, (torch.zeros(1), "x")], "name": "run"}
+    copied = snapshot(state)
+    assert copied["name"] == "run" and copied["optimizer"]["param_groups"] == [{"lr": 0.1}]
+    assert torch.equal(copied["model"]["b"], weights["b"]) and copied["model"]["b"] is not weights["b"]
+    assert copied["optimizer"]["state"][0]["step"].item() == 4.0 and isinstance(copied["epochs"][1], tuple)
+    weights["a"].add_(1)
+    assert copied["model"]["a"].tolist() == [1.0, 1.0]
+
+
 def _explicit_batch_norm(self: torch.nn.BatchNorm2d, x: torch.Tensor) -> torch.Tensor:
     """Eval-mode BatchNorm as a formula, so autograd reaches the running statistics too."""
     scale = self.weight * torch.rsqrt(self.running_var + self.eps)

@@ -25,20 +25,30 @@ from typing import Any
 
 import torch
 
-from detector.checkpoint import CheckpointError, save_checkpoint, strip_checkpoint
+from detector.checkpoint import CheckpointError, host_copies, save_checkpoint, strip_checkpoint
 
 
 def snapshot(value: Any) -> Any:
     """``value`` with every tensor copied to the CPU (dicts, lists and tuples rebuilt; other values shared).
 
-    Copies even CPU tensors: a state dict's tensors share storage with the live parameters and buffers.
+    Copies even CPU tensors: a state dict's tensors share storage with the live parameters and buffers. Those on a
+    GPU are copied out together (:func:`~detector.checkpoint.host_copies`), not one wait each.
     """
+    found: list[torch.Tensor] = []
+    _rebuild(value, found.append)
+    copies = iter(host_copies(found))
+    return _rebuild(value, lambda tensor: next(copies))
+
+
+def _rebuild(value: Any, tensor_to: Callable[[torch.Tensor], Any]) -> Any:
+    """``value`` with each tensor replaced by ``tensor_to(tensor)``, in a fixed order (dicts, lists and tuples
+    rebuilt; other values shared)."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        return tensor_to(value)
     if isinstance(value, dict):
-        return {key: snapshot(item) for key, item in value.items()}
+        return {key: _rebuild(item, tensor_to) for key, item in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(snapshot(item) for item in value)
+        return type(value)(_rebuild(item, tensor_to) for item in value)
     return value
 
 
