@@ -254,23 +254,25 @@ class DetectionLoss(torch.nn.Module):
         count that depends on shapes alone keeps one captured graph a shape."""
         batch, anchors = cls_logits.shape[:2]
         chunks = assignment_chunks(batch, padded.boxes.shape[1], anchors)
+        anchor_pixels = points * stride  # the same for every chunk
         if len(chunks) == 1:  # the whole batch at once (a CPU's usual batch): no copies into the batch's targets
-            return self._assign_chunk(box_logits, cls_logits, points, stride, padded, chunks[0])
+            return self._assign_chunk(box_logits, cls_logits, points, stride, anchor_pixels, padded, chunks[0])
         labels = torch.empty(batch, anchors, dtype=torch.long, device=cls_logits.device)
         boxes = torch.empty(batch, anchors, 4, device=cls_logits.device)
         scores = torch.empty(batch, anchors, self.num_classes, device=cls_logits.device)
         foreground = torch.empty(batch, anchors, dtype=torch.bool, device=cls_logits.device)
         for chunk in chunks:
-            part = self._assign_chunk(box_logits, cls_logits, points, stride, padded, chunk)
+            part = self._assign_chunk(box_logits, cls_logits, points, stride, anchor_pixels, padded, chunk)
             labels[chunk], boxes[chunk], scores[chunk], foreground[chunk] = (
                 part.labels, part.boxes, part.scores, part.foreground)
         return AssignedTargets(labels=labels, boxes=boxes, scores=scores, foreground=foreground)
 
     def _assign_chunk(self, box_logits: torch.Tensor, cls_logits: torch.Tensor, points: torch.Tensor,
-                      stride: torch.Tensor, padded: PaddedTargets, chunk: slice) -> AssignedTargets:
+                      stride: torch.Tensor, anchor_pixels: torch.Tensor, padded: PaddedTargets,
+                      chunk: slice) -> AssignedTargets:
         # Every anchor's box, for the assigner alone (the loss decodes the foreground's with gradient).
         pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits[chunk].float(), self.reg_max))
-        return assign_targets(cls_logits[chunk], pred_boxes * stride, points * stride, padded.labels[chunk],
+        return assign_targets(cls_logits[chunk], pred_boxes * stride, anchor_pixels, padded.labels[chunk],
                               padded.boxes[chunk], padded.mask[chunk], num_classes=self.num_classes,
                               config=self.assigner)
 
