@@ -32,8 +32,10 @@ What the graph holds, and what makes it replayable (the engine's body is in dete
   keeps halving and growing inside the graph. BF16/FP32 steps hand the same flag (a non-finite gradient
   norm) to the fused kernel themselves (:func:`skip_on_device`).
 - **Warm-up and fallback.** A key's first runs go eagerly on a side stream (cuDNN autotuning, lazy state;
-  fewer for a key whose input shape other keys have run: :data:`RUNS_FOR_A_KNOWN_SHAPE`); the next is captured
-  and replayed. A capture that fails prints one line and the run goes on eagerly.
+  fewer for a key whose input shape other keys have run); the next is captured and replayed. Which key a step
+  takes (a batch may be padded to a box count its shape has a key for) and when it is captured is the
+  :class:`~detector.training.graph_keys.KeyBook`'s. A capture that fails prints one line and the run goes on
+  eagerly.
 
 Never reached on the CPU: :func:`graphs_unavailable` answers first, and only a CUDA device gets past it.
 """
@@ -56,16 +58,7 @@ from detector.choices import CUDA_GRAPHS as CHOICES
 from detector.inference.cuda_graph import end_failed_capture
 from detector.loss import PaddedTargets
 from detector.training.ema import ModelEMA
-
-WARMUP_RUNS = 2  # eager runs of a key before its capture (PyTorch's examples warm up 3; one is cuDNN's autotuning)
-# Eager runs of a key whose input shape other keys already ran WARMUP_RUNS times: cuDNN has met every convolution
-# of that shape, and what differs (the box slots' assigner and loss shapes, or the optimizer, which warm-up steps
-# eagerly) has no autotuning; one run still does any lazy set-up of its own before the capture. Each eager run
-# costs a step at eager speed (the H100 ran eager at ~0.5x the graphed rate), and a 2-epoch run meets ~15 keys.
-RUNS_FOR_A_KNOWN_SHAPE = 1
-MAX_GRAPHS = 64  # keys beyond this run eagerly (sizes x box-slot counts x with/without the optimizer)
-
-GraphKey = tuple[tuple[int, ...], int, bool]  # (input shape, box slots, ends with the optimizer step)
+from detector.training.graph_keys import GraphKey, KeyBook
 
 
 def graphs_unavailable(choice: str, device: torch.device, *, world_size: int) -> str | None:
@@ -81,18 +74,12 @@ def graphs_unavailable(choice: str, device: torch.device, *, world_size: int) ->
     return None
 
 
-def eager_runs(key_runs: int, shape_runs: int) -> int:
-    """How many times a key runs eagerly before its capture, given its own eager runs so far and those of every key
-    of its input shape (its own included): :data:`WARMUP_RUNS`, or :data:`RUNS_FOR_A_KNOWN_SHAPE` once the other
-    keys of its shape ran that often."""
-    return RUNS_FOR_A_KNOWN_SHAPE if shape_runs - key_runs >= WARMUP_RUNS else WARMUP_RUNS
-
-
 @dataclass
 class GraphCosts:
     """Counts of what the graphs cost the training loop: keys captured, the host seconds their captures took, and
-    steps run eagerly before a capture (or past :data:`MAX_GRAPHS`). Every new key (input size x box slots x
-    optimizer or not) pays them once; a short run that meets many keys pays them in its first epochs."""
+    steps run eagerly before a capture (or past :data:`~detector.training.graph_keys.MAX_GRAPHS`). Every new key
+    (input size x box slots x optimizer or not) pays them once; a short run that meets many keys pays them in its
+    first epochs."""
 
     captures: int = 0
     capture_seconds: float = 0.0
@@ -241,9 +228,9 @@ class StepGraphs:
     """The captured training steps of one run, keyed by :data:`GraphKey`, sharing one memory pool.
 
     ``body(batch, with_optimizer)`` is the step on static buffers; it must keep gradients allocated (the first
-    eager run's backward allocates them, zeroing never frees them). It runs eagerly for a key's first
-    :data:`WARMUP_RUNS` calls, then is captured and replayed. ``ema``: the body's EMA, whose weight the caller
-    fills before each step that ends with the optimizer.
+    eager run's backward allocates them, zeroing never frees them). It runs eagerly for a key's first calls, then
+    is captured and replayed (:attr:`book` decides). ``ema``: the body's EMA, whose weight the caller fills before
+    each step that ends with the optimizer.
     """
 
     def __init__(self, body: Body, *, optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
@@ -256,12 +243,16 @@ class StepGraphs:
         self.inputs = StaticInputs()
         self.batches: dict[GraphKey, StaticBatch] = {}
         self.graphs: dict[GraphKey, tuple[torch.cuda.CUDAGraph, dict[str, torch.Tensor]]] = {}
-        self.runs: Counter[GraphKey] = Counter()
-        self.shape_runs: Counter[tuple[int, ...]] = Counter()  # eager runs per input shape, over all its keys
+        self.book = KeyBook()  # which key each step takes, and when each is captured (detector/training/graph_keys.py)
         self.failed: str | None = None
         # What the graphs cost the loop so far (each epoch reports its share: GraphCosts): a key's eager runs go at
         # eager speed, and a capture records the step's launches and instantiates the graph, on the host.
         self.costs = GraphCosts()
+
+    @property
+    def runs(self) -> Counter[GraphKey]:
+        """Eager runs per key so far."""
+        return self.book.runs
 
     def run(self, key: GraphKey, images: torch.Tensor, targets: PaddedTargets,
             earlier_finite: torch.Tensor) -> dict[str, torch.Tensor] | None:
@@ -274,15 +265,14 @@ class StepGraphs:
         batch.fill(images, targets, earlier_finite)
         for learning_rate, group in zip(self.learning_rates, self.optimizer.param_groups):
             learning_rate.fill_(group["lr"])
-        if key in self.graphs:
+        action = self.book.action(key)
+        if action == "replay":
             graph, outputs = self.graphs[key]
             graph.replay()
             return outputs
         with tensor_learning_rates(self.optimizer, self.learning_rates):
-            warming = self.runs[key] < eager_runs(self.runs[key], self.shape_runs[key[0]])
-            if warming or len(self.graphs) >= MAX_GRAPHS:
-                self.runs[key] += 1
-                self.shape_runs[key[0]] += 1
+            if action == "eager":
+                self.book.ran_eagerly(key)
                 self.costs.eager_steps += 1
                 return self._eager(batch, key)
             main = torch.cuda.current_stream()
@@ -302,6 +292,7 @@ class StepGraphs:
         if not self.graphs:
             self.log(f"cuda graphs: on (first capture: input {list(key[0])}, {key[1]} box slots)")
         self.graphs[key] = graph, outputs
+        self.book.captured(key)
         graph.replay()  # capturing records the kernels without running them: this step runs now
         self.costs.captures += 1
         self.costs.capture_seconds += time.perf_counter() - began
@@ -309,17 +300,20 @@ class StepGraphs:
 
     def forget_partial_steps(self) -> None:
         """Drop the graphs of steps that end without the optimizer: warm-up's, once warm-up is over and no
-        accumulation follows. They would never replay again, and they counted against :data:`MAX_GRAPHS` (five
-        sizes x a few box-slot counts each: a run's later keys could have found the limit taken and run eagerly).
+        accumulation follows. They would never replay again, and they counted against
+        :data:`~detector.training.graph_keys.MAX_GRAPHS` (five sizes x a few box-slot counts each: a run's later
+        keys could have found the limit taken and run eagerly).
         Their input buffers stay (:class:`StaticInputs`: shared with the whole steps' keys of the same shapes).
         The device finishes what it queued first (once a run), so no graph goes while a replay of it may run."""
-        partial = [key for key in self.graphs if not key[2]]
-        if not partial:
+        partial = self.book.retire_partial_steps()  # the book takes no step to them any more
+        for key in partial:
+            self.batches.pop(key, None)
+        captured = [key for key in partial if key in self.graphs]
+        if not captured:
             return
         torch.cuda.current_stream(self.side.device).synchronize()
-        for key in partial:
+        for key in captured:
             del self.graphs[key]
-            self.batches.pop(key, None)
         if not self.graphs:
             # No graph holds the pool any more: the allocator may release it, and a later capture that named it
             # again would fail its use-count check (and the run would train eagerly). The next capture takes a
@@ -343,6 +337,7 @@ class StepGraphs:
         self.failed = capture_failure(error)
         self.log(f"cuda graphs: capture failed ({self.failed}); training on without graphs")
         end_failed_capture(self.side.device, self.pool)
+        self.book.clear()
         self.graphs.clear()  # never replayed again: their static buffers and their share of the pool go with them
         self.batches.clear()
         self.inputs.clear()

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from detector.data.batch_augment import carried_pixel_ops
 from detector.distributed import unwrap
-from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
+from detector.loss import DetectionLoss, most_boxes_per_image, targets_to_padded
 from detector.precision import Precision
 from detector.training.cuda_graph import Body, DeviceEMA, StaticBatch, StepGraphs, graphs_unavailable, skip_on_device
 from detector.training.ema import ModelEMA
@@ -211,16 +211,17 @@ def graphed_step(
     graphs: StepGraphs, images: torch.Tensor, targets: torch.Tensor, *, with_optimizer: bool,
     earlier_finite: torch.Tensor,
 ) -> dict[str, torch.Tensor] | None:
-    """One step through ``graphs``: targets padded on the host to a fixed box count, the EMA weight filled.
+    """One step through ``graphs``: targets padded on the host to the box count of the key its book chose
+    (detector/training/graph_keys.py), the EMA weight filled.
 
     None when the graphs gave up (a failed capture): the caller steps eagerly, as it would have.
     """
     batch = len(images)
-    padded = targets_to_padded(targets, batch, images.shape[2:], slots=box_slots(most_boxes_per_image(targets, batch)))
+    key = graphs.book.key(tuple(images.shape), most_boxes_per_image(targets, batch), with_optimizer)
+    padded = targets_to_padded(targets, batch, images.shape[2:], slots=key[1])
     ema = graphs.ema
     if with_optimizer and ema is not None:
         ema.advance()
-    key = (tuple(images.shape), padded.mask.shape[1], with_optimizer)
     outputs = graphs.run(key, images, padded, earlier_finite)
     if outputs is None and with_optimizer and ema is not None:
         ema.retreat()

@@ -18,10 +18,11 @@ from detector.data.letterbox import ImageMeta
 from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
 from detector.model import build_model
 from detector.precision import Precision, fp32_settings_kept, set_strict_fp32
-from detector.training.cuda_graph import (RUNS_FOR_A_KNOWN_SHAPE, WARMUP_RUNS, DeviceEMA, StaticBatch, StaticInputs,
-                                          eager_runs, graphs_unavailable, skip_on_device, tensor_learning_rates)
+from detector.training.cuda_graph import (DeviceEMA, StaticBatch, StaticInputs, graphs_unavailable, skip_on_device,
+                                          tensor_learning_rates)
 from detector.training.ema import ModelEMA
 from detector.training.engine import TrainStep, graphed_body, optimizer_step, train_one_epoch
+from detector.training.graph_keys import RUNS_FOR_A_KNOWN_SHAPE, WARMUP_RUNS
 from detector.training.multiscale import MultiScale
 from detector.training.optim import build_optimizer
 from detector.training.schedule import StepSchedule
@@ -359,14 +360,6 @@ def test_warm_up_graphs_are_dropped_when_it_ends_unless_accumulation_replays_the
     assert set(graphs.batches) == set(graphs.graphs)  # a dropped graph's place in the bookkeeping went with it
     # Accumulating 2: warm-up steps at 0, 1 and 3 (its accumulation ramps 1 -> 2), then at 5, 7 and the epoch's last.
     assert stats["optimizer_steps"] == (10 if nominal_batch == 2 else 6)
-
-
-def test_a_key_of_a_known_input_shape_runs_eagerly_once_before_its_capture():
-    assert [eager_runs(0, 0), eager_runs(1, 1)] == [WARMUP_RUNS] * 2  # the first key of a shape: the full warm-up
-    # Once other keys of its shape ran WARMUP_RUNS times (cuDNN met its convolutions): one run.
-    assert [eager_runs(0, WARMUP_RUNS), eager_runs(0, WARMUP_RUNS + 3)] == [RUNS_FOR_A_KNOWN_SHAPE] * 2
-    assert eager_runs(1, WARMUP_RUNS) == WARMUP_RUNS  # only its own runs: not yet known from others
-    assert RUNS_FOR_A_KNOWN_SHAPE >= 1  # never captured cold
 
 
 @cuda_only
