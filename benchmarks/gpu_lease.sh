@@ -129,8 +129,9 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
     timeout "$(limit 200)" python3 train.py --data "$BCCD" --epochs 100 --imgsz 640 --batch 16 --device cuda \
       --project /tmp/bccd_runs ${BCCD_FLAGS:-} 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" > "$OUT/bccd.log"
     echo "bccd rc ${PIPESTATUS[0]}, process $(python3 -c "import time; print(round(time.time() - $began, 1))") s"
-    grep -E "^done in|^time account|^  " "$OUT/bccd.log" | tail -9
-    cp "$(ls -td /tmp/bccd_runs/*/ | head -1)results.csv" "$OUT/"  # the newest run's (a second run is exp2)
+    grep -E "^done in|^time account|^  " "$OUT/bccd.log" | tail -10
+    run="$(ls -td /tmp/bccd_runs/*/ | head -1)"  # the newest run's (a second run is exp2)
+    cp "${run}results.csv" "${run}time.json" "$OUT/"  # time.json: every part's details, garbage collection by part
     echo "header says scored in the background: $(grep -c ', in the background' "$OUT/bccd.log")" ;;
   ultrabccd)  # issue 33's BCCD wall against Ultralytics alone (never measured: the issue's 184 s ran beside ours):
     # Ultralytics' defaults (8 workers) for BCCD's 100 epochs at 640, batch 16

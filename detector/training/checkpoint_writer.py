@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -210,11 +211,13 @@ class RunCheckpoints:
     """
 
     def __init__(self, folder: Path, *, background: bool, log: Callable[[str], None],
-                 cadence: Cadence | None = None) -> None:
+                 cadence: Cadence | None = None,
+                 detail: Callable[[str], AbstractContextManager[None]] = lambda name: nullcontext()) -> None:
         self.last, self.best = folder / "last.pt", folder / "best.pt"
         self.writer = CheckpointWriter(background=background)
         self.cadence = cadence or Cadence()
         self.log = log
+        self.detail = detail  # times a part of the work ("copies", "writes"): the run's time account
         self.held_best: dict[str, Any] | None = None
         self.candidate: dict[str, Any] | None = None  # the stripped snapshot of an epoch not judged yet
         self.said_so = False
@@ -226,24 +229,31 @@ class RunCheckpoints:
         :meth:`judged`. ``wait``: return once both are on disk."""
         must = finished or wait
         if not self.cadence.due(must=must):
-            if improved is None:
-                self.candidate = stripped_snapshot(checkpoint())
-            elif improved:
-                self.held_best = stripped_snapshot(checkpoint())
+            if improved is not False:
+                state = checkpoint()
+                with self.detail("copies"):
+                    held = stripped_snapshot(state)
+                if improved is None:
+                    self.candidate = held
+                else:
+                    self.held_best = held
             self._say_once()
             return
         started = self.cadence.clock()
-        payload = snapshot(checkpoint())
-        self.writer.submit(self.last, payload, strip=finished)
-        if improved:
-            self.held_best = None
-            self.writer.submit(self.best, payload, strip=True)
-        else:
+        state = checkpoint()
+        with self.detail("copies"):
+            payload = snapshot(state)
             if improved is None:  # the writer strips its own payload; the candidate is a stripped copy of it
                 self.candidate = strip_checkpoint(payload)
-            self._submit_held_best()
-        if must:
-            self.writer.drain()
+        with self.detail("writes"):  # on the CPU the writes themselves; on a GPU handing them over, or the wait
+            self.writer.submit(self.last, payload, strip=finished)
+            if improved:
+                self.held_best = None
+                self.writer.submit(self.best, payload, strip=True)
+            else:
+                self._submit_held_best()
+            if must:
+                self.writer.drain()
         self.cadence.wrote(started)
 
     def judged(self, improved: bool, fields: dict[str, Any]) -> None:

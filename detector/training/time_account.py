@@ -3,7 +3,10 @@
 The account is always in exactly one part; the trainer switches it at phase boundaries (:meth:`TimeAccount.phase`
 for a block, :meth:`TimeAccount.switch` for good), so the parts always sum to the wall clock. Phases nest: the
 innermost one is charged (validation inside an epoch's bookkeeping counts as validation, once). Details (the
-data scan inside start-up, the AMP check, the ``--time`` probe) are measured beside the parts, not added to them.
+data scan inside start-up, the AMP check, the ``--time`` probe; what checkpoints spent building the state, copying it
+out and waiting for the GPU) are measured beside their part, not added to it. So is Python's garbage collection,
+charged to the part it interrupted (:meth:`TimeAccount.watch_collections`): a full pass over a run's live objects
+takes a second or more, wherever an allocation happens to trigger it.
 
 At the end of a run the account is printed as a table and written to ``time.json`` in the run folder::
 
@@ -11,6 +14,7 @@ At the end of a run the account is printed as a table and written to ``time.json
       start-up           4.1 s  13.4%   (imports 2.0 s, data 0.6 s, AMP check 0.9 s)
       training          19.5 s  63.5%
       ...
+      (garbage collection 0.4 s: training 0.1 s, checkpoints 0.3 s)
 
 Measured with ``time.perf_counter`` (resolution well under a microsecond on Linux); the process's own start
 (interpreter and imports, before the trainer exists) comes from ``/proc`` with the kernel's clock-tick
@@ -19,9 +23,11 @@ resolution (10 ms), and is 0 where ``/proc`` is missing or the trainer was not s
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,8 +70,12 @@ class TimeAccount:
         self.clock = clock
         self.started = clock() - before
         self.seconds = dict.fromkeys(PARTS, 0.0)
-        self.details: dict[str, float] = {"imports": before} if before else {}
+        self.details: dict[str, dict[str, float]] = {part: {} for part in PARTS}
+        if before:
+            self.details["start-up"]["imports"] = before
         self.background: dict[str, float] = {}
+        self.collections = dict.fromkeys(PARTS, 0.0)  # garbage collection's seconds, by the part it interrupted
+        self._collection_began: float | None = None
         self.current, self._since = "start-up", self.started
 
     def switch(self, part: str) -> str:
@@ -89,12 +99,34 @@ class TimeAccount:
 
     @contextmanager
     def detail(self, name: str) -> Iterator[None]:
-        """Measure a detail of the current part (shown beside start-up; it changes no part's total)."""
-        start = self.clock()
+        """Measure a detail of the current part (shown beside it; it changes no part's total)."""
+        details, start = self.details[self.current], self.clock()
         try:
             yield
         finally:
-            self.details[name] = self.details.get(name, 0.0) + self.clock() - start
+            details[name] = details.get(name, 0.0) + self.clock() - start
+
+    def watch_collections(self) -> None:
+        """Time every garbage collection from now until :meth:`close` or another account watches (a collection on any
+        thread holds the interpreter, so the part under way waits for it). One callback serves the process
+        (``gc.callbacks``), holding the account weakly: a run that never closes its account leaves nothing behind."""
+        global _watched
+        _watched = weakref.ref(self)
+        if _on_collection not in gc.callbacks:
+            gc.callbacks.append(_on_collection)
+
+    def close(self) -> None:
+        """Stop timing garbage collections (the account keeps what it measured)."""
+        global _watched
+        if _watched is not None and _watched() is self:
+            _watched = None
+
+    def _on_collection(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._collection_began = self.clock()
+        elif self._collection_began is not None:
+            self.collections[self.current] += self.clock() - self._collection_began
+            self._collection_began = None
 
     def totals(self) -> dict[str, float]:
         """``{"wall", each part}`` in seconds, as of now; the parts sum to "wall" (the current part counts up to now)."""
@@ -111,16 +143,31 @@ class TimeAccount:
         for name in PARTS:
             share = 100 * totals[name] / wall if wall > 0 else 0.0
             line = f"  {name:<17} {totals[name]:8.1f} s {share:5.1f}%"
-            if name == "start-up" and self.details:
-                line += "   (" + ", ".join(f"{key} {value:.1f} s" for key, value in self.details.items()) + ")"
+            if self.details[name]:
+                line += "   (" + ", ".join(f"{key} {value:.1f} s" for key, value in self.details[name].items()) + ")"
             lines.append(line)
+        collected = sum(self.collections.values())
+        if collected >= 0.05:
+            parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.collections.items() if seconds >= 0.05)
+            lines.append(f"  (garbage collection {collected:.1f} s: {parts})")
         for name, seconds in self.background.items():
             lines.append(f"  ({name}: {seconds:.1f} s on the writer thread, overlapped with the run)")
         return "\n".join(lines)
 
     def save(self, path: Path, totals: dict[str, float] | None = None) -> dict[str, float]:
-        """Write ``{"seconds": totals, "start-up details": ..., "background": ...}`` as JSON, atomically."""
+        """Write ``{"seconds": totals, "details": {part: ...}, "start-up details": ..., "background": ...,
+        "garbage collection": {part: seconds}}`` as JSON, atomically ("start-up details" as before "details")."""
         totals = totals or self.totals()
-        document = {"seconds": totals, "start-up details": self.details, "background": self.background}
+        document = {"seconds": totals, "details": self.details, "start-up details": self.details["start-up"],
+                    "background": self.background, "garbage collection": self.collections}
         write_text_atomically(path, json.dumps(document, indent=2) + "\n")
         return totals
+
+
+_watched: weakref.ref[TimeAccount] | None = None  # the account timing garbage collections (watch_collections)
+
+
+def _on_collection(phase: str, info: dict) -> None:
+    account = _watched() if _watched is not None else None
+    if account is not None:
+        account._on_collection(phase, info)

@@ -61,6 +61,7 @@ class Trainer(RunPlans):
         # First: the account (and a --time budget) count set-up, the AMP check and evaluation too; a command's
         # run (process_start) also counts the interpreter's start and the imports before it.
         self.account = TimeAccount(before=process_age() if process_start else 0.0)
+        self.account.watch_collections()
         self.clock = RunClock()
         asked = config.changed()  # before the defaults fill in: a resumed run names what it ignores
         self.config = config.with_defaults().validate()
@@ -119,7 +120,8 @@ class Trainer(RunPlans):
                                     background=figures_helper) if self.dist.is_main else None
         # Rank 0's checkpoints: off the training thread on a GPU, where the host waits on the device; on the CPU
         # a writer thread takes cores from the step (2-core EPYC, 30 epochs: 87-93 s wall against 66-75 s inline).
-        self.checkpoints = RunCheckpoints(self.run_dir / "weights", background=self.device.type != "cpu", log=self.log)
+        self.checkpoints = RunCheckpoints(self.run_dir / "weights", background=self.device.type != "cpu", log=self.log,
+                                          detail=self.account.detail)
         self.ctrl_c = CtrlC(single_process=not self.dist.enabled, announce=self.dist.is_main)
 
     # ----------------------------------------------------------------------------------------- set-up
@@ -204,6 +206,7 @@ class Trainer(RunPlans):
                    "precision": self.step.precision.name, "interrupted": interrupted}
         if self.dist.is_main and not interrupted:
             self.after_train(summary)
+        self.account.close()
         if self.dist.is_main:
             totals = self.account.save(self.run_dir / "time.json")
             self.log(self.account.table(totals))
@@ -363,11 +366,18 @@ class Trainer(RunPlans):
         so its last.pt is written stripped too (detector/checkpoint.py). ``wait``: the run stops here and its
         last line says the file is saved, so wait for the disk."""
         with self.account.phase("checkpoints"):
-            self.checkpoints.epoch_done(lambda: run_checkpoint(self._trained(), self._run_state(epoch, metrics)),
-                                        improved=improved, finished=finished, wait=wait)
+            if self.device.type == "cuda":  # what the GPU still had queued, apart from the copies that would wait for it
+                with self.account.detail("GPU wait"):
+                    torch.cuda.synchronize(self.device)
+            self.checkpoints.epoch_done(lambda: self._run_checkpoint(epoch, metrics), improved=improved,
+                                        finished=finished, wait=wait)
             writer = self.checkpoints.writer
             if writer.in_background:  # inline writes are already in the "checkpoints" part
                 self.account.background["checkpoint writes"] = writer.write_seconds
+
+    def _run_checkpoint(self, epoch: int, metrics: dict[str, float]) -> dict[str, Any]:
+        with self.account.detail("state"):
+            return run_checkpoint(self._trained(), self._run_state(epoch, metrics))
 
     def _trained(self) -> Trained:
         return Trained(unwrap(self.step.model), self.step.ema.module, self.step.optimizer, self.step.scaler)

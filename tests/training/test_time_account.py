@@ -1,3 +1,4 @@
+import gc
 import json
 import time
 from pathlib import Path
@@ -24,7 +25,7 @@ def test_parts_are_charged_to_the_innermost_phase_and_sum_to_the_wall_clock():
     totals = account.totals()
     assert totals == {"wall": 12.0, "start-up": 3.0, "training": 5.0, "validation": 3.0, "checkpoints": 0.5,
                       "final evaluation": 0.0, "other": 0.5}
-    assert account.details == {"imports": 2.0}
+    assert account.details["start-up"] == {"imports": 2.0}
 
 
 def test_an_open_phase_counts_up_to_now_and_an_unknown_part_is_refused():
@@ -49,7 +50,8 @@ def test_a_real_clock_account_sums_to_its_wall_clock_and_is_written(tmp_path: Pa
     assert sum(totals[part] for part in PARTS) == pytest.approx(totals["wall"], abs=1e-9)
     assert all(totals[part] >= 0.01 for part in ("training", "validation", "checkpoints", "final evaluation"))
     written = json.loads((tmp_path / "time.json").read_text())
-    assert written["seconds"] == totals and set(written["start-up details"]) >= {"training", "validation"}
+    assert written["seconds"] == totals
+    assert all(set(written["details"][part]) == {part} for part in ("training", "validation", "checkpoints"))
     table = account.table(totals)
     assert table.splitlines()[0].startswith("time account (wall ") and all(part in table for part in PARTS)
 
@@ -57,3 +59,41 @@ def test_a_real_clock_account_sums_to_its_wall_clock_and_is_written(tmp_path: Pa
 def test_process_age_is_the_time_since_this_process_started():
     age = process_age()
     assert 0 < age < time.monotonic() + 1  # older than nothing, younger than the machine's uptime (plus a tick)
+
+
+def test_details_belong_to_their_part_and_garbage_collection_to_the_part_it_interrupted(tmp_path: Path):
+    clock = FakeClock(now=100.0)
+    account = TimeAccount(clock=clock)
+    account.watch_collections()
+    try:
+        with account.phase("checkpoints"):
+            with account.detail("state"):
+                clock.now += 0.5
+            account._on_collection("start", {})  # what gc.callbacks calls around a collection
+            clock.now += 1.25
+            account._on_collection("stop", {})
+    finally:
+        account.close()
+    assert account.details["checkpoints"] == {"state": 0.5} and account.collections["checkpoints"] == 1.25
+    table = account.table()
+    assert "(state 0.5 s)" in table.splitlines()[4] and "(garbage collection 1.2 s: checkpoints 1.2 s)" in table
+    account.save(tmp_path / "time.json")
+    written = json.loads((tmp_path / "time.json").read_text())
+    assert written["garbage collection"] == {**dict.fromkeys(PARTS, 0.0), "checkpoints": 1.25}
+
+
+def test_real_collections_are_timed_until_the_account_closes_or_another_watches():
+    first, second = TimeAccount(), TimeAccount()
+    first.watch_collections()
+    try:
+        gc.collect()
+        assert first.collections["start-up"] > 0  # a full pass over this process's objects: microseconds at least
+        second.watch_collections()  # the newest run's account takes over
+        before = dict(first.collections)
+        gc.collect()
+        assert first.collections == before and second.collections["start-up"] > 0
+    finally:
+        second.close()
+    before = dict(second.collections)
+    gc.collect()
+    assert second.collections == before
