@@ -148,7 +148,8 @@ class TimeAccount:
             lines.append(line)
         collected = sum(self.collections.values())
         if collected >= 0.05:
-            parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.collections.items() if seconds >= 0.05)
+            parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.collections.items()
+                              if seconds >= 0.05)
             lines.append(f"  (garbage collection {collected:.1f} s: {parts})")
         for name, seconds in self.background.items():
             lines.append(f"  ({name}: {seconds:.1f} s on the writer thread, overlapped with the run)")

@@ -366,7 +366,7 @@ class Trainer(RunPlans):
         so its last.pt is written stripped too (detector/checkpoint.py). ``wait``: the run stops here and its
         last line says the file is saved, so wait for the disk."""
         with self.account.phase("checkpoints"):
-            if self.device.type == "cuda":  # what the GPU still had queued, apart from the copies that would wait for it
+            if self.device.type == "cuda":  # what the GPU still had queued, apart from the copies that wait for it
                 with self.account.detail("GPU wait"):
                     torch.cuda.synchronize(self.device)
             self.checkpoints.epoch_done(lambda: self._run_checkpoint(epoch, metrics), improved=improved,
