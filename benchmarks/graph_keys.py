@@ -32,6 +32,7 @@ import argparse
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -50,11 +51,26 @@ from detector.training.schedule import StepSchedule
 KEY_STEPS = 4  # step-times one key costs in the book's estimate (graph_keys.KEY_COST_PADDING's comment)
 
 
+class DrawOnly:
+    """Albumentations' draws without their pixel work (the images are empty arrays here)."""
+
+    def __init__(self, transforms: Any) -> None:
+        self.transforms = transforms
+
+    def draw(self, rng: np.random.Generator) -> Any:
+        return self.transforms.draw(rng)
+
+    def apply(self, image: np.ndarray, drawn: Any) -> np.ndarray:
+        return image
+
+
 def label_only(split: SplitData, image_size: int) -> None:
     """Make ``split``'s dataset hand out each image as an empty array of its resized shape: the boxes come out as with
     the pixels (every draw and box transform is the same), and no file is read or decoded."""
     dataset = split.dataset
-    dataset.image_cache, dataset.albumentations = None, None  # pixel-only transforms, drawn after the boxes
+    dataset.image_cache = None
+    if dataset.albumentations is not None:  # pixel-only: drawn as ever (the flips' draws come after), never applied
+        dataset.albumentations = DrawOnly(dataset.albumentations)
     dataset.geometry_on_device = dataset.pixel_ops_on_device = True  # the CUDA path: regions as views, no warp
     image_hw = split.records.image_hw
 
