@@ -39,12 +39,21 @@ def synthetic_targets(batch: int, boxes: int, classes: int) -> torch.Tensor:
     return torch.tensor(rows)
 
 
-def step_memory(*, scale: str, classes: int, batch: int, size: int, boxes: int, dtype: torch.dtype) -> dict:
-    """MB of tensors alive after the forward pass and at the step's peak."""
+def step_memory(*, scale: str, classes: int, batch: int, size: int, boxes: int, dtype: torch.dtype,
+                recompute: bool = True) -> dict:
+    """MB of tensors alive after the forward pass and at the step's peak; ``recompute``: as training on CUDA does by
+    default (``--recompute auto``), BatchNorm's outputs of the largest blocks recomputed in backward."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
     model = build_model(num_classes=classes, scale=scale).train().to(dtype).to(memory_format=torch.channels_last)
+    try:
+        from detector.model.recompute import recompute_activations
+    except ImportError:  # a checkout from before --recompute
+        if recompute:
+            print("note: this checkout has no --recompute; every activation is kept", file=sys.stderr)
+    else:
+        recompute_activations(model, recompute)
     for parameter in model.parameters():
         parameter.requires_grad_(True)  # the tracker hooks every parameter, the frozen DFL integral's too (tiny)
     criterion = DetectionLoss(num_classes=classes, strides=model.strides, reg_max=model.reg_max)
@@ -76,6 +85,9 @@ def main() -> int:
                                                            "default multi-scale's largest at 640, 704)")
     parser.add_argument("--boxes", type=int, default=20, help="boxes an image (default 20: 32 box slots)")
     parser.add_argument("--dtype", choices=tuple(DTYPES), default="fp16")
+    parser.add_argument("--recompute", choices=("on", "off"), default="on",
+                        help="BatchNorm's outputs at strides 2 and 4 recomputed in backward (on: CUDA training's "
+                             "default)")
     args = parser.parse_args()
     try:
         import torch._subclasses.fake_tensor  # noqa: F401
@@ -85,11 +97,12 @@ def main() -> int:
               file=sys.stderr)
         return 1
     print(f"YOLOv8{args.model}, {args.classes} classes, batch {args.batch}, {args.boxes} boxes an image "
-          f"({box_slots(args.boxes)} slots), model in {args.dtype}, loss in FP32; tensors only")
+          f"({box_slots(args.boxes)} slots), model in {args.dtype}, loss in FP32, --recompute {args.recompute}; "
+          f"tensors only")
     print("| size px | after forward MB | step peak MB | loss and backward above forward MB |\n|---:|---:|---:|---:|")
     for size in (int(text) for text in args.sizes.split(",")):
         result = step_memory(scale=args.model, classes=args.classes, batch=args.batch, size=size, boxes=args.boxes,
-                             dtype=DTYPES[args.dtype])
+                             dtype=DTYPES[args.dtype], recompute=args.recompute == "on")
         print(f"| {size} | {result['forward_mb']:,.0f} | {result['peak_mb']:,.0f} | "
               f"{result['peak_mb'] - result['forward_mb']:,.0f} |", flush=True)
     return 0

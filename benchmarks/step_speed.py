@@ -15,7 +15,9 @@ off, as --unamp) against FP16 autocast with loss scaling, NCHW / channels-last, 
 batches wait on the GPU, so no loader or host copy is timed, and the phases are timed between
 ``torch.cuda.synchronize()`` calls (which the training loop does not make, so images/s here is a floor).
 Four more CUDA rows time the FP16 step without those syncs, eagerly and as CUDA graphs (``--cuda-graphs``,
-detector/training/cuda_graph.py), at a fixed size and multi-scale: the pairs to compare. Prints a markdown
+detector/training/cuda_graph.py), at a fixed size and multi-scale: the pairs to compare; a fifth the default without
+the recomputed activations (``--recompute off``, detector/model/recompute.py): what recomputing costs, and the peak
+memory it saves. CUDA rows recompute as the trainer does by default, CPU rows do not. Prints a markdown
 table of images/s, milliseconds per phase (input: resize + float conversion) and, on CUDA, the share of the
 timed steps' wall time the GPU was busy (NVML, benchmarks/gpu_busy.py; the ``bench`` extra), n/a on the CPU.
 """
@@ -54,6 +56,7 @@ from detector.training.schedule import StepSchedule
 from detector.training.multiscale import MultiScale
 from detector.loss import DetectionLoss
 from detector.model import build_model
+from detector.model.recompute import recompute_activations
 from detector.training.optim import build_optimizer
 from detector.precision import Precision
 from detector.tuning import hold_freed_memory
@@ -69,6 +72,8 @@ if cuda:  # FP32 rows are true FP32, as --unamp; cuDNN autotuning as the trainer
 torch.manual_seed(0)
 spec = load_dataset_spec(generate_shapes())
 model = build_model(num_classes=spec.num_classes, scale=args.get("scale", "n")).to(device).train()
+# --recompute as the row asks; None: as the trainer's auto (on CUDA, off on the CPU)
+recompute_activations(model, cuda if args.get("recompute") is None else args["recompute"])
 if args["channels_last"]:
     model.to(memory_format=torch.channels_last)
 criterion = DetectionLoss(num_classes=spec.num_classes, strides=model.strides)
@@ -160,6 +165,7 @@ class Row:
     compile: bool = False
     phases: bool = True  # synchronize between phases to time them (CUDA); False: the step's own pace
     cuda_graphs: bool = False
+    recompute: bool | None = None  # BatchNorm's largest outputs recomputed; None: the trainer's default (on CUDA)
 
 
 ROWS = [
@@ -188,6 +194,8 @@ CUDA_GRAPH_ROWS = [
     Row("FP16, channels-last, multi-scale, no phase syncs", True, True, True, phases=False),
     Row("FP16, channels-last, multi-scale, CUDA graphs (= the default after warm-up)", True, True, True,
         phases=False, cuda_graphs=True),
+    Row("FP16, channels-last, multi-scale, CUDA graphs, --recompute off", True, True, True, phases=False,
+        cuda_graphs=True, recompute=False),
 ]
 CUDA_COMPILE_ROW = Row("FP16, channels-last, fixed size, torch.compile", True, True, False, compile=True)
 

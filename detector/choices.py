@@ -8,6 +8,7 @@ PRECISION = ("auto", "fp16", "bf16", "fp32")  # --precision
 PIXEL_AUGMENT = ("auto", "workers", "pixels", "device")  # --pixel-augment
 CUDA_GRAPHS = ("auto", "on", "off")  # --cuda-graphs
 CUDNN_BENCHMARK = ("auto", "on", "off")  # --cudnn-benchmark
+RECOMPUTE = ("auto", "on", "off")  # --recompute
 COCO_EVAL = ("faster", "pycocotools")  # --coco-eval; faster = faster-coco-eval
 VAL_BACKGROUND = ("auto", "on", "off")  # --val-background
 EXPORT_FORMAT = ("onnx", "engine", "pt2")  # export --format, one or several comma-separated

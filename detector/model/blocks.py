@@ -10,6 +10,8 @@ import torch
 from torch import nn
 from torch.autograd.function import FunctionCtx
 
+from detector.model.recompute import batch_norm_silu
+
 
 class _ConcatDenseGrad(torch.autograd.Function):
     """``torch.cat`` whose backward hands every input a dense gradient in the output gradient's layout.
@@ -48,8 +50,12 @@ class Conv(nn.Module):
         # YOLO's BN settings: a small eps and a slow running-stat momentum suit small, noisy batches.
         self.bn = nn.BatchNorm2d(c_out, eps=1e-3, momentum=0.03)
         self.act = nn.SiLU(inplace=True)
+        # True: in training, BatchNorm's output is recomputed in backward, not kept (detector/model/recompute.py)
+        self.recompute = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute and self.bn.training and torch.is_grad_enabled():
+            return batch_norm_silu(self.conv(x), self.bn)
         return self.act(self.bn(self.conv(x)))
 
 

@@ -14,6 +14,7 @@ from detector.choices import CUDA_GRAPHS as CUDA_GRAPH_CHOICES
 from detector.choices import CUDNN_BENCHMARK as BENCHMARK_CHOICES
 from detector.choices import PIXEL_AUGMENT as PIXEL_AUGMENT_CHOICES
 from detector.choices import PRECISION as PRECISION_CHOICES
+from detector.choices import RECOMPUTE as RECOMPUTE_CHOICES
 from detector.choices import VAL_BACKGROUND as VAL_BACKGROUND_CHOICES
 from detector.options import option
 from detector.training.budget import parse_duration
@@ -63,6 +64,9 @@ class TrainConfig:
                               choices=CUDA_GRAPH_CHOICES)
     cudnn_benchmark: str = option("auto", "cuDNN autotuning on CUDA: auto = only where its per-shape timing pays back "
                                           "(few input shapes, many steps each), on, off", choices=BENCHMARK_CHOICES)
+    recompute: str = option("auto", "recompute BatchNorm's outputs at strides 2 and 4 in the backward pass instead of "
+                                    "keeping them (less GPU memory, a little more work): auto = on CUDA, on, off",
+                            choices=RECOMPUTE_CHOICES)
     # Optimisation
     optimizer: str = option("auto", "SGD, AdamW, or auto (AdamW for short runs under 10k steps, else SGD)", choices=("auto", "SGD", "AdamW"))
     lr0: float = option(0.01, "initial learning rate (SGD; 'auto' picks its own for AdamW)")

@@ -31,6 +31,7 @@ class Run(Protocol):
     optimizer_name: str
     multi_scale: MultiScale
     run_dir: Path
+    recomputed: list[str]
 
     def input_shapes(self) -> list[tuple[int, int]]: ...
 
@@ -44,6 +45,8 @@ def run_header(trainer: Run) -> str:
     on_device = ("mosaic/affine/HSV/flips" if dataset.geometry_on_device else "HSV/flips"
                  ) if dataset.pixel_ops_on_device else ""
     augment = f"{on_device} on the device" if on_device else "augmentation in the workers"
+    if trainer.recomputed:
+        augment += f" | BatchNorm outputs of {', '.join(trainer.recomputed)} recomputed in backward (--recompute)"
     return (
         f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | "
         f"data {config.data or 'built-in shapes'} ({len(trainer.train_data.records)} train / {val_count} val) | "

@@ -26,6 +26,7 @@ from detector.distributed import local_main_first, unwrap
 from detector.metrics.coco import write_results_json
 from detector.metrics.loop import Validation
 from detector.model import build_model
+from detector.model.recompute import recompute_activations, recompute_wanted
 from detector.plots.reporter import RunReporter
 from detector.plots.worker import figures_in_background
 from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest
@@ -83,6 +84,8 @@ class Trainer(RunPlans):
         config.model = model.scale  # the weights file may have chosen the scale; resume must rebuild it
         freeze_layers(model, config.freeze, self.log)  # before the optimizer: it takes trainable parameters only
         model.to(self.device, memory_format=torch.channels_last if config.channels_last else torch.preserve_format)
+        # Before the batch is sized from memory: the recomputed activations are memory the step no longer holds.
+        self.recomputed = recompute_activations(model, recompute_wanted(config.recompute, self.device))
         precision = resolve_precision(config.precision, self.device, unamp=config.unamp)
         if config.batch == AUTO_BATCH:  # rank 0 measures, every rank follows
             most_boxes = int(self.train_data.records.box_counts().max(initial=0))

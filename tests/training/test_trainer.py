@@ -416,3 +416,15 @@ def test_a_run_failing_before_its_first_epoch_stops_its_loader_workers(tmp_path:
         trainer.fit()
     assert trainer.train_loader._iterator is None  # its pass was begun (the first batch), then stopped
     assert set(multiprocessing.active_children()) <= children
+
+
+def test_recompute_on_trains_the_same_weights_and_says_so(yolo_yaml: Path, tmp_path: Path, capsys):
+    """--recompute on (CUDA's default) on the CPU, whose kernels are the plain path's: the same run bit for bit."""
+    weights = []
+    for choice in ("off", "on"):
+        summary = train(_config(yolo_yaml, tmp_path, name=choice, recompute=choice, epochs=1), progress=False)
+        weights.append(load_checkpoint(summary["run_dir"] / "weights" / "last.pt")["model"])
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
+    printed = capsys.readouterr().out
+    assert printed.count("BatchNorm outputs of stem, down2, stage2 recomputed in backward (--recompute)") == 1
