@@ -65,6 +65,7 @@ def train(
     channels_last: bool = True,
     cuda_graphs: str = "auto",
     cudnn_benchmark: str = "auto",
+    recompute: str = "auto",
     optimizer: str = "auto",
     lr0: float = 0.01,
     lrf: float = 0.01,
