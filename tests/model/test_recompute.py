@@ -121,3 +121,11 @@ def test_on_cuda_under_fp16_autocast_the_gradients_match_the_plain_block():
     # such terms differs by a few of those: 1e-2 relative (with an absolute floor for near-zero sums) bounds it.
     for a, b in zip(*grads):
         assert torch.allclose(a, b, rtol=1e-2, atol=1e-4)
+
+
+def test_a_sync_batch_norm_keeps_its_own_path():
+    """--sync-bn's SyncBatchNorm computes its statistics across ranks: the recomputed path would use this rank's."""
+    _, recomputed, x = _conv_pair(channels_last=False)
+    recomputed.bn = torch.nn.SyncBatchNorm.convert_sync_batchnorm(recomputed.bn)
+    given = x.clone().requires_grad_(True)
+    assert type(recomputed(given).grad_fn).__name__ != "BatchNormSiLUBackward"  # SyncBatchNorm's forward ran
