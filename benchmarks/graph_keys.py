@@ -20,7 +20,7 @@ warm-up, or past the graph limit), and the padded slot-pixels (images x height x
 own power of two, summed over steps). What they cost on a GPU is the run's own measurement (``results.csv``'s
 ``graph_*`` columns); the last column weighs them with ``--eager-cost`` and ``--capture-cost`` (extra step-times
 each: the H100 ran eager steps at ~0.5x the graphed rate, so 1; a capture's host time is about an eager step's, so
-2) and the padding at the book's own estimate (one key, four step-times of batch 64 at 640 px, per
+2) and the padding at the book's own estimate (one key, an eager run and a capture at batch 64 and 640 px, per
 :data:`KEY_COST_PADDING` slot-pixels): a model, not a measurement, and in step-times of batch 64 at 640 px, so it
 overstates the padding of smaller steps, which a GPU runs at less than their share of the work.
 """
@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import checkout  # noqa: F401 - first: this checkout's detector, installed or not
 import argparse
+import math
 import sys
 from collections import Counter
 from collections.abc import Iterator
@@ -48,7 +49,6 @@ from detector.training.graph_keys import KEY_COST_PADDING, KeyBook, padding_cost
 from detector.training.multiscale import MultiScale
 from detector.training.schedule import StepSchedule
 
-KEY_STEPS = 4  # step-times one key costs in the book's estimate (graph_keys.KEY_COST_PADDING's comment)
 
 
 class DrawOnly:
@@ -82,17 +82,19 @@ def label_only(split: SplitData, image_size: int) -> None:
     dataset.load = load
 
 
-def batch_boxes(split: SplitData, sampler: EpochSampler, batch: int) -> Iterator[int]:
-    """The most boxes one image holds, per batch of the sampler's pass."""
+def batch_boxes(split: SplitData, sampler: EpochSampler, batch: int) -> Iterator[tuple[int, int]]:
+    """Per batch of the sampler's pass (the loader's: the last one may be short), its images and the most boxes one
+    image holds."""
     keys = list(sampler)
     for start in range(0, len(keys), batch):
-        yield max((len(split.dataset[key][1]) for key in keys[start:start + batch]), default=0)
+        part = keys[start:start + batch]
+        yield len(part), max((len(split.dataset[key][1]) for key in part), default=0)
 
 
 def simulate(config: TrainConfig, split: SplitData, budgets: list[int]) -> dict[int, list[Counter]]:
     """Per budget, per epoch: new keys, captures, eager steps, replays, padded slot-pixels, steps."""
     sampler = EpochSampler(len(split.dataset), seed=config.seed, batch=config.batch)
-    steps = len(sampler) // config.batch
+    steps = math.ceil(len(sampler) / config.batch)  # len(loader): a share under one batch is one short batch
     schedule = StepSchedule(
         epochs=config.epochs, steps_per_epoch=steps,
         warmup_steps=warmup_steps(config.warmup_epochs, steps, config.epochs), base_lr=0.01, final_lr_fraction=0.01,
@@ -109,12 +111,12 @@ def simulate(config: TrainConfig, split: SplitData, budgets: list[int]) -> dict[
         sizes = multi_scale.sizes(steps, seed=config.seed, epoch=epoch)
         for tally in tallies.values():
             tally.append(Counter())
-        for index, most_boxes in enumerate(batch_boxes(split, sampler, config.batch)):
+        for index, (images, most_boxes) in enumerate(batch_boxes(split, sampler, config.batch)):
             step = epoch * steps + index
             accumulate = schedule.values(step).accumulate
             stepping = step - last_step >= accumulate or index == steps - 1
             with_optimizer = stepping and step >= schedule.warmup_steps
-            shape = (config.batch, 3, sizes[index], sizes[index])
+            shape = (images, 3, sizes[index], sizes[index])
             for budget, book in books.items():
                 if step == schedule.warmup_steps and accumulate == 1:
                     book.retire_partial_steps()
@@ -136,9 +138,10 @@ def simulate(config: TrainConfig, split: SplitData, budgets: list[int]) -> dict[
 
 
 def extra_steps(tally: Counter, eager_cost: float, capture_cost: float) -> float:
-    """Step-times the keys cost beyond graphed steps, by the model in the module docstring."""
+    """Step-times the keys cost beyond graphed steps, by the model in the module docstring: the padding at the book's
+    own price, :data:`KEY_COST_PADDING` slot-pixels for a key (an eager run and a capture)."""
     return (tally["eager"] * eager_cost + tally["capture"] * capture_cost
-            + tally["padded"] * KEY_STEPS / KEY_COST_PADDING)
+            + tally["padded"] * (eager_cost + capture_cost) / KEY_COST_PADDING)
 
 
 def row(first: str, tally: Counter, args: argparse.Namespace) -> str:
@@ -161,13 +164,16 @@ def main() -> int:
     extra = {"budgets", "eager_cost", "capture_cost"}
     config = options_from_args(TrainConfig, argparse.Namespace(
         **{key: value for key, value in vars(args).items() if key not in extra})).with_defaults()
+    if config.batch < 1:
+        parser.error("--batch: give the run's batch (the script cannot size --batch -1 from a GPU's memory)")
     config.cache = "none"
     _, split, _ = build_data(config, with_val=False, device=torch.device("cuda"))
     label_only(split, config.imgsz)
     tallies = simulate(config, split, budgets)
     print(f"{config.data}: {len(split.dataset)} images, batch {config.batch}, {config.epochs} epochs at {config.imgsz} "
           f"(close-mosaic {config.close_mosaic}, multi-scale {'on' if config.multi_scale else 'off'}); extra "
-          f"step-times: eager {args.eager_cost}, capture {args.capture_cost}, padding {KEY_STEPS} per "
+          f"step-times: eager {args.eager_cost}, capture {args.capture_cost}, padding "
+          f"{args.eager_cost + args.capture_cost:g} per "
           f"{KEY_COST_PADDING:.3g} slot-pixels (budget 1)\n")
     print("| budget | epoch | steps | new keys | captures | eager steps | padded slot-pixels | extra step-times |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -54,8 +54,11 @@ class Conv(nn.Module):
         self.recompute = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # type(...) is: a SyncBatchNorm (--sync-bn) subclasses BatchNorm but computes its statistics across ranks.
-        if self.recompute and type(self.bn) is nn.BatchNorm2d and self.bn.training and torch.is_grad_enabled():
+        # type(...) is: a SyncBatchNorm (--sync-bn) subclasses BatchNorm but computes its statistics across ranks;
+        # momentum None (a cumulative average) would need the counter on the host.
+        bn = self.bn
+        if (self.recompute and type(bn) is nn.BatchNorm2d and bn.training and bn.momentum is not None
+                and torch.is_grad_enabled()):
             return batch_norm_silu(self.conv(x), self.bn)
         return self.act(self.bn(self.conv(x)))
 

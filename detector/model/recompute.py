@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 from detector.choices import RECOMPUTE as CHOICES
 
@@ -39,6 +40,7 @@ class BatchNormSiLU(torch.autograd.Function):
         return torch.nn.functional.silu(normalized)
 
     @staticmethod
+    @once_differentiable  # a second derivative would need silu_backward's, which PyTorch does not define
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight, bias, mean, invstd = ctx.saved_tensors
         # The forward's kernel on the same input, without the running statistics: the same output, bit for bit.
@@ -53,6 +55,8 @@ class BatchNormSiLU(torch.autograd.Function):
 
 def batch_norm_silu(x: torch.Tensor, bn: nn.BatchNorm2d) -> torch.Tensor:
     """``silu(bn(x))`` for ``bn`` in training mode, through :class:`BatchNormSiLU`; its counter moves as it would."""
+    if x.numel() <= x.shape[1]:  # as BatchNorm itself refuses: one value a channel has no variance (running_var: inf)
+        raise ValueError(f"Expected more than 1 value per channel when training, got input size {list(x.shape)}")
     if bn.num_batches_tracked is not None:
         bn.num_batches_tracked.add_(1)
     return BatchNormSiLU.apply(x, bn.weight, bn.bias, bn.running_mean, bn.running_var, bn.momentum, bn.eps)

@@ -5,16 +5,16 @@ key costs the loop once: eager runs before its capture (cuDNN's autotuning and l
 ~0.5x the graphed rate on the H100) and the capture (the host records the step's launches and instantiates the
 graph). A long run pays that once per key and forgets it; a short one meets most of its keys in its first epochs.
 
-**Box slots.** A batch's targets are padded to a fixed box count, at least the next power of two above its fullest
-image's boxes (:func:`detector.loss.box_slots`). Which power of two varies from batch to batch (with mosaic, the
-fullest of 64 images), and each was a key of its own for every input size: the 2-epoch mosaic run of the GPU
+**Box slots.** A batch's targets are padded to a fixed box count, at least the smallest power of two (16 or more)
+that holds its fullest image's boxes (:func:`detector.loss.box_slots`). Which power of two varies from batch to
+batch (with mosaic, the fullest of 64 images), and each was a key of its own for every input size: the 2-epoch mosaic run of the GPU
 leases met 15 keys, BCCD's 100 epochs 28, in 16 epochs after its fifth (``benchmarks/graph_keys.py``). So the book
 pads a batch to a larger count that its shape already has a key for, instead of opening a new key, until the
 padding spent on that smaller count would pass about one key's cost (:data:`KEY_COST_PADDING`); then the smaller
 count gets a key of its own. That is ski rental: for each count, at worst about twice the cheaper of "always pad"
 and "open at once" in hindsight, whatever the run's length. A shape's new key takes the most slots any key of the
-run has, so the counts the shape meets later fit under it. Those two runs now meet 9 and 15 keys (BCCD's new
-ones in 8 epochs after its fifth). Padding changes neither the assignment nor the gradients, and the logged losses
+run has, so the counts the shape meets later fit under it. Those two runs now meet 9 and 11 keys (BCCD's new
+ones in 4 epochs after its fifth). Padding changes neither the assignment nor the gradients, and the logged losses
 within rounding (tests/test_loss.py): only the assigner's ``[batch, slots, anchors]`` work grows with it.
 
 ``key_cost_padding=0`` keeps the power of two of each batch (every count a key at once), as before.
@@ -40,12 +40,12 @@ RUNS_FOR_A_KNOWN_SHAPE = 1
 MAX_GRAPHS = 64  # keys beyond this run eagerly (sizes x box-slot counts x with/without the optimizer)
 # Padding that buys one key, in slot-pixels (images x height x width x slots beyond a batch's own count: the
 # assigner's [batch, slots, anchors] work, anchors growing with the pixels). A new key at a known shape costs about
-# four steps (an eager run at half the graphed rate, and a capture whose host time is about an eager step's).
-# Padding 32 slots costs a step at batch 64 and 640 px about 2 ms of the H100's ~33 (the assigner's [64, 32, 8400]
-# tensors, some forty passes over 4 bytes an element at ~3 TB/s): ~6%, so ~64 such steps, 2,048 slot-steps at that
-# batch and size, cost about one key. Both are estimates, not measurements: the epochs' graph costs (results.csv)
-# and the step's rate at each count measure them on a GPU.
-KEY_COST_PADDING = 2048 * 64 * 640 * 640
+# three steps more than a graphed one (its eager run, at half the graphed rate: one; its capture, whose host time is
+# about an eager step's: two). Padding 32 slots costs a step at batch 64 and 640 px about 1 ms of the H100's ~33
+# (the assigner's [64, 32, 8400] tensors, 69 MB in FP32, some forty passes over them at ~3 TB/s: 0.9 ms): ~3%, so
+# ~100 such steps, 3,200 slot-steps at that batch and size, cost about one key. Both are estimates, not
+# measurements: the epochs' graph costs (results.csv) and the step's rate at each count measure them on a GPU.
+KEY_COST_PADDING = 3200 * 64 * 640 * 640
 
 
 def padding_cost(shape: tuple[int, ...], slots: int) -> int:

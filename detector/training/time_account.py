@@ -150,7 +150,7 @@ class TimeAccount:
         if collected >= 0.05:
             parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.collections.items()
                               if seconds >= 0.05)
-            lines.append(f"  (garbage collection {collected:.1f} s: {parts})")
+            lines.append(f"  (garbage collection {collected:.1f} s" + (f": {parts})" if parts else ", no part 0.1 s)"))
         for name, seconds in self.background.items():
             lines.append(f"  ({name}: {seconds:.1f} s on the writer thread, overlapped with the run)")
         return "\n".join(lines)

@@ -85,7 +85,9 @@ class Trainer(RunPlans):
         freeze_layers(model, config.freeze, self.log)  # before the optimizer: it takes trainable parameters only
         model.to(self.device, memory_format=torch.channels_last if config.channels_last else torch.preserve_format)
         # Before the batch is sized from memory: the recomputed activations are memory the step no longer holds.
-        self.recomputed = recompute_activations(model, recompute_wanted(config.recompute, self.device))
+        # Not where --sync-bn will make SyncBatchNorm layers (wrap_distributed): those keep their own forward.
+        sync_bn = config.sync_bn and self.dist.enabled and self.device.type == "cuda"
+        self.recomputed = recompute_activations(model, recompute_wanted(config.recompute, self.device) and not sync_bn)
         precision = resolve_precision(config.precision, self.device, unamp=config.unamp)
         if config.batch == AUTO_BATCH:  # rank 0 measures, every rank follows
             most_boxes = int(self.train_data.records.box_counts().max(initial=0))

@@ -129,3 +129,24 @@ def test_a_sync_batch_norm_keeps_its_own_path():
     recomputed.bn = torch.nn.SyncBatchNorm.convert_sync_batchnorm(recomputed.bn)
     given = x.clone().requires_grad_(True)
     assert type(recomputed(given).grad_fn).__name__ != "BatchNormSiLUBackward"  # SyncBatchNorm's forward ran
+
+
+def test_one_value_a_channel_is_refused_as_batch_norm_refuses_it():
+    plain, recomputed, _ = _conv_pair(channels_last=False)
+    x = torch.randn(1, 8, 1, 1)
+    for module in (plain, recomputed):
+        with pytest.raises(ValueError, match="Expected more than 1 value per channel when training"):
+            module(x)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_recomputed_batch_norm_output_is_the_forwards_bit_for_bit():
+    """What the exact gradients rest on: BatchNorm's kernel run again on the kept FP16 channels-last input, without
+    the running statistics, gives the forward's output."""
+    torch.manual_seed(0)
+    x = torch.randn(8, 32, 40, 40, device="cuda").half().contiguous(memory_format=torch.channels_last)
+    weight, bias = torch.rand(32, device="cuda") + 0.5, torch.randn(32, device="cuda")
+    running_mean, running_var = torch.zeros(32, device="cuda"), torch.ones(32, device="cuda")
+    forward = torch.native_batch_norm(x, weight, bias, running_mean, running_var, True, 0.03, 1e-3)[0]
+    again = torch.native_batch_norm(x, weight, bias, None, None, True, 0.0, 1e-3)[0]
+    assert forward.dtype == torch.float16 and torch.equal(forward, again)

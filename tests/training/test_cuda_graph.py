@@ -392,6 +392,35 @@ def test_a_new_box_slot_count_of_a_known_shape_warms_up_once_and_trains_as_eager
 
 
 @cuda_only
+def test_a_smaller_box_count_replays_the_larger_key_of_its_shape_and_trains_as_eager():
+    """Batches 0-4 hold 20 boxes an image (32 slots), 5-9 at most 3 (16 slots): the key book pads the later ones to
+    the 32-slot key (well within its budget at this size) instead of opening a 16-slot one, and the run matches an
+    eager one (padding changes neither the assignment nor the gradients)."""
+    batches = _batches(10)
+    for index in range(5):
+        images, rows, metas = batches[index]
+        rows = torch.tensor([[image, box % 2, 0.1 + 0.04 * box, 0.5, 0.03, 0.3]
+                             for image in range(2) for box in range(20)])
+        batches[index] = images, rows, metas
+    results = []
+    for choice in ("on", "off"):
+        step = _train_step("cuda", precision="fp16", cuda_graphs=choice, steps_per_epoch=10)
+        with same_kernels():
+            stats = train_one_epoch(step, batches, multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
+                                    progress=False)
+        results.append((stats, step))
+    (graphed_stats, graphed), (eager_stats, eager) = results
+    graphs = graphed.graphs
+    assert graphs is not None and graphs.failed is None
+    assert set(graphs.graphs) == {key for key in graphs.graphs if key[1] == 32} and graphs.graphs
+    assert graphs.book.padding and all(key[1] == 16 for key in graphs.book.padding)  # the 16-slot batches rode it
+    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):  # the bound of the test above
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
+    for key in ("train/box", "train/cls", "train/dfl"):
+        assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
+
+
+@cuda_only
 def test_graphs_capture_after_eager_steps_on_the_default_stream():
     """Eager steps on the default stream first (as warm-up ran until warm-up graphed its backward passes too; a run
     whose graphs are turned on later), then the captures on the graphs' own stream: a graph the eager steps'

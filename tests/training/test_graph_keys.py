@@ -1,5 +1,6 @@
 """The CUDA graphs' key book: which key a step takes (its box slots) and when a key is captured. Pure bookkeeping,
-so it runs here; tests/training/test_cuda_graph.py runs it with real captures on a GPU."""
+so it runs here; tests/training/test_cuda_graph.py runs it with real captures on a GPU (a new count, and a smaller
+count padded to a larger key)."""
 
 import random
 
