@@ -7,15 +7,16 @@ graph). A long run pays that once per key and forgets it; a short one meets most
 
 **Box slots.** A batch's targets are padded to a fixed box count, at least the smallest power of two (16 or more)
 that holds its fullest image's boxes (:func:`detector.loss.box_slots`). Which power of two varies from batch to
-batch (with mosaic, the fullest of 64 images), and each was a key of its own for every input size: the 2-epoch mosaic run of the GPU
-leases met 15 keys, BCCD's 100 epochs 28, in 16 epochs after its fifth (``benchmarks/graph_keys.py``). So the book
-pads a batch to a larger count that its shape already has a key for, instead of opening a new key, until the
-padding spent on that smaller count would pass about one key's cost (:data:`KEY_COST_PADDING`); then the smaller
-count gets a key of its own. That is ski rental: for each count, at worst about twice the cheaper of "always pad"
-and "open at once" in hindsight, whatever the run's length. A shape's new key takes the most slots any key of the
-run has, so the counts the shape meets later fit under it. Those two runs now meet 9 and 11 keys (BCCD's new
-ones in 4 epochs after its fifth). Padding changes neither the assignment nor the gradients, and the logged losses
-within rounding (tests/test_loss.py): only the assigner's ``[batch, slots, anchors]`` work grows with it.
+batch (with mosaic, the fullest of 64 images), and each was a key of its own for every input size: the 2-epoch
+mosaic run of the GPU leases met 15 keys, BCCD's 100 epochs 28, in 16 epochs after its fifth
+(``benchmarks/graph_keys.py``). So the book pads a batch to a larger count that its shape already has a key for,
+instead of opening a new key, until the padding spent on that smaller count would pass about one key's cost
+(:data:`KEY_COST_PADDING`); then the smaller count gets a key of its own. That is ski rental: for each count, at
+worst about twice the cheaper of "always pad" and "open at once" in hindsight, whatever the run's length. A
+shape's new key takes the most slots any key of the run has, so the counts the shape meets later fit under it.
+Those two runs now meet 9 and 11 keys (BCCD's new ones in 4 epochs after its fifth). Padding changes neither the
+assignment nor the gradients, and the logged losses within rounding (tests/test_loss.py): only the assigner's
+``[batch, slots, anchors]`` work grows with it.
 
 ``key_cost_padding=0`` keeps the power of two of each batch (every count a key at once), as before.
 ``benchmarks/graph_keys.py`` replays a run's keys through this book without a GPU.
