@@ -18,8 +18,8 @@ from detector.data.letterbox import ImageMeta
 from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
 from detector.model import build_model
 from detector.precision import Precision, fp32_settings_kept, set_strict_fp32
-from detector.training.cuda_graph import (DeviceEMA, StaticBatch, StaticInputs, graphs_unavailable, skip_on_device,
-                                          tensor_learning_rates)
+from detector.training.cuda_graph import (DeviceEMA, StaticBatch, StaticInputs, StepGraphs, graphs_unavailable,
+                                          skip_on_device, tensor_learning_rates)
 from detector.training.ema import ModelEMA
 from detector.training.engine import TrainStep, graphed_body, optimizer_step, train_one_epoch
 from detector.training.graph_keys import RUNS_FOR_A_KNOWN_SHAPE, WARMUP_RUNS
@@ -362,33 +362,43 @@ def test_warm_up_graphs_are_dropped_when_it_ends_unless_accumulation_replays_the
     assert stats["optimizer_steps"] == (10 if nominal_batch == 2 else 6)
 
 
-@cuda_only
-def test_a_new_box_slot_count_of_a_known_shape_warms_up_once_and_trains_as_eager():
-    """Batches 0-4 hold at most 3 boxes an image (16 slots), 5-9 hold 20 (32 slots): the second key shares the
-    first one's input shape, runs eagerly once, is captured, and the run matches an eager one."""
-    batches = _batches(10)
-    for index in range(5, 10):
-        images, rows, metas = batches[index]
+def _crowded_from(batches: list, indices: range) -> list:
+    """``batches`` with 20 boxes an image (32 box slots) in those at ``indices``; the others keep at most 3 (16)."""
+    for index in indices:
+        images, _, metas = batches[index]
         rows = torch.tensor([[image, box % 2, 0.1 + 0.04 * box, 0.5, 0.03, 0.3]
                              for image in range(2) for box in range(20)])
         batches[index] = images, rows, metas
+    return batches
+
+
+def _graphed_against_eager(batches: list) -> StepGraphs:
+    """One FP16 epoch of ``batches`` with CUDA graphs and one without; asserts they train alike (the bound of the
+    test above) and returns the graphed run's graphs."""
     results = []
     for choice in ("on", "off"):
-        step = _train_step("cuda", precision="fp16", cuda_graphs=choice, steps_per_epoch=10)
+        step = _train_step("cuda", precision="fp16", cuda_graphs=choice, steps_per_epoch=len(batches))
         with same_kernels():
             stats = train_one_epoch(step, batches, multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
                                     progress=False)
         results.append((stats, step))
     (graphed_stats, graphed), (eager_stats, eager) = results
-    graphs = graphed.graphs
-    assert graphs is not None and graphs.failed is None
-    runs = sorted((key[1], runs) for key, runs in graphs.runs.items())
-    assert runs == [(16, WARMUP_RUNS), (32, RUNS_FOR_A_KNOWN_SHAPE)], runs
-    assert {key[1] for key in graphs.graphs} == {16, 32}
-    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):  # the bound of the test above
+    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
     for key in ("train/box", "train/cls", "train/dfl"):
         assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
+    assert graphed.graphs is not None and graphed.graphs.failed is None
+    return graphed.graphs
+
+
+@cuda_only
+def test_a_new_box_slot_count_of_a_known_shape_warms_up_once_and_trains_as_eager():
+    """Batches 0-4 hold at most 3 boxes an image (16 slots), 5-9 hold 20 (32 slots): the second key shares the
+    first one's input shape, runs eagerly once, is captured, and the run matches an eager one."""
+    graphs = _graphed_against_eager(_crowded_from(_batches(10), range(5, 10)))
+    runs = sorted((key[1], runs) for key, runs in graphs.runs.items())
+    assert runs == [(16, WARMUP_RUNS), (32, RUNS_FOR_A_KNOWN_SHAPE)], runs
+    assert {key[1] for key in graphs.graphs} == {16, 32}
 
 
 @cuda_only
@@ -396,28 +406,9 @@ def test_a_smaller_box_count_replays_the_larger_key_of_its_shape_and_trains_as_e
     """Batches 0-4 hold 20 boxes an image (32 slots), 5-9 at most 3 (16 slots): the key book pads the later ones to
     the 32-slot key (well within its budget at this size) instead of opening a 16-slot one, and the run matches an
     eager one (padding changes neither the assignment nor the gradients)."""
-    batches = _batches(10)
-    for index in range(5):
-        images, rows, metas = batches[index]
-        rows = torch.tensor([[image, box % 2, 0.1 + 0.04 * box, 0.5, 0.03, 0.3]
-                             for image in range(2) for box in range(20)])
-        batches[index] = images, rows, metas
-    results = []
-    for choice in ("on", "off"):
-        step = _train_step("cuda", precision="fp16", cuda_graphs=choice, steps_per_epoch=10)
-        with same_kernels():
-            stats = train_one_epoch(step, batches, multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
-                                    progress=False)
-        results.append((stats, step))
-    (graphed_stats, graphed), (eager_stats, eager) = results
-    graphs = graphed.graphs
-    assert graphs is not None and graphs.failed is None
-    assert set(graphs.graphs) == {key for key in graphs.graphs if key[1] == 32} and graphs.graphs
+    graphs = _graphed_against_eager(_crowded_from(_batches(10), range(5)))
+    assert graphs.graphs and all(key[1] == 32 for key in graphs.graphs)
     assert graphs.book.padding and all(key[1] == 16 for key in graphs.book.padding)  # the 16-slot batches rode it
-    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):  # the bound of the test above
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
-    for key in ("train/box", "train/cls", "train/dfl"):
-        assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
 
 
 @cuda_only
