@@ -223,15 +223,15 @@ def timed_steps(imgsz: int, cycles: int) -> int:
 
 
 def step_alone(*, amp: bool, multi_scale: bool, imgsz: int, batch: int, device: str, cycles: int = 2,
-               scale: str = "n") -> dict:
+               scale: str = "n", recompute: bool | None = None) -> dict:
     """The trainer's step alone (no loader) as a run with these settings trains after warm-up: channels-last,
-    on CUDA without phase syncs and as CUDA graphs (FP32 steps are captured too). For train_speed.py's step-alone
-    column."""
+    on CUDA without phase syncs and as CUDA graphs (FP32 steps are captured too); ``recompute``: ``--recompute on``
+    or ``off`` (None: auto). For train_speed.py's step-alone column."""
     cuda = device.startswith("cuda")
     # AMP as the trainer resolves it (--precision auto): FP16 on CUDA, BF16 on a CPU with native BF16, else FP32 (a
     # CPU without it would time emulated BF16, ~7x slower than the FP32 loop beside it on a 2-core AVX2 EPYC).
     amp = amp and resolve_precision("auto", torch.device(device)).name != "fp32"
-    row = Row("step alone", amp, True, multi_scale, phases=not cuda, cuda_graphs=cuda)
+    row = Row("step alone", amp, True, multi_scale, phases=not cuda, cuda_graphs=cuda, recompute=recompute)
     # As many timed steps at a fixed size as multi-scale times (main's count): a cycle of one size would be one step.
     steps = timed_steps(imgsz, cycles)
     return run_row(row, imgsz=imgsz, batch=batch, steps=steps, device=device, scale=scale)

@@ -244,6 +244,17 @@ def mosaic_epochs(args: argparse.Namespace) -> int:
     return max(args.epochs - close, 0)
 
 
+def recompute_asked(extra: list[str]) -> bool | None:
+    """What ``--extra``'s ``--recompute on|off`` asks (``--recompute=off`` too); None: the default (auto)."""
+    value = None
+    for index, token in enumerate(extra):
+        if token.startswith("--recompute="):
+            value = token.split("=", 1)[1]
+        elif token == "--recompute" and index + 1 < len(extra):
+            value = extra[index + 1]
+    return {"on": True, "off": False}.get(value or "auto")
+
+
 def step_alone_rate(run: str, extra: list[str], args: argparse.Namespace) -> float | None:
     """Images/s of the step alone (no loader) with ``run``'s precision and input sizes (step_speed.py's row); None,
     with the reason on stderr, when that measurement fails: the training runs already done still get their table."""
@@ -252,7 +263,7 @@ def step_alone_rate(run: str, extra: list[str], args: argparse.Namespace) -> flo
     multi_scale = run != "fixed" and "--no-multi-scale" not in extra and mosaic_epochs(args) > 0
     try:
         result = step_alone(amp=run != "unamp", multi_scale=multi_scale, imgsz=args.imgsz, batch=args.batch,
-                            device=args.device, scale=args.model)
+                            device=args.device, scale=args.model, recompute=recompute_asked(extra))
     except RuntimeError as error:
         print(f"step alone for {run} failed: {str(error).strip().splitlines()[-1]}", file=sys.stderr, flush=True)
         return None
