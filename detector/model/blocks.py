@@ -59,8 +59,8 @@ class Conv(nn.Module):
         bn = self.bn
         if (self.recompute and type(bn) is nn.BatchNorm2d and bn.training and bn.momentum is not None
                 and torch.is_grad_enabled()):
-            return batch_norm_silu(self.conv(x), self.bn)
-        return self.act(self.bn(self.conv(x)))
+            return batch_norm_silu(self.conv(x), bn)
+        return self.act(bn(self.conv(x)))
 
 
 class Bottleneck(nn.Module):
