@@ -47,7 +47,7 @@ from detector.training.builders import build_data, warmup_steps
 from detector.training.config import TrainConfig
 from detector.training.graph_keys import KEY_COST_PADDING, KeyBook, padding_cost
 from detector.training.multiscale import MultiScale
-from detector.training.schedule import StepSchedule
+from detector.training.schedule import StepSchedule, step_role
 
 
 
@@ -113,16 +113,15 @@ def simulate(config: TrainConfig, split: SplitData, budgets: list[int]) -> dict[
             tally.append(Counter())
         for index, (images, most_boxes) in enumerate(batch_boxes(split, sampler, config.batch)):
             step = epoch * steps + index
-            accumulate = schedule.values(step).accumulate
-            stepping = step - last_step >= accumulate or index == steps - 1
-            with_optimizer = stepping and step >= schedule.warmup_steps
+            role = step_role(schedule, step, accumulate=schedule.values(step).accumulate, last_optimizer_step=last_step,
+                             last_in_epoch=index == steps - 1)  # the loop's own rules (detector/training/engine.py)
             shape = (images, 3, sizes[index], sizes[index])
             for budget, book in books.items():
-                if step == schedule.warmup_steps and accumulate == 1:
+                if role.warmup_ended:
                     book.retire_partial_steps()
                 tally = tallies[budget][-1]
                 known = book.known()
-                key = book.key(shape, most_boxes, with_optimizer)
+                key = book.key(shape, most_boxes, role.graphed_optimizer)
                 tally["new keys"] += key not in known
                 action = book.action(key)
                 if action == "eager":
@@ -132,7 +131,7 @@ def simulate(config: TrainConfig, split: SplitData, budgets: list[int]) -> dict[
                 tally[action] += 1
                 tally["padded"] += padding_cost(shape, key[1] - box_slots(most_boxes))
                 tally["steps"] += 1
-            if stepping:
+            if role.stepping:
                 last_step = step
     return tallies
 

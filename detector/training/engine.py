@@ -23,7 +23,7 @@ from detector.training.cuda_graph import Body, DeviceEMA, StaticBatch, StepGraph
 from detector.training.ema import ModelEMA
 from detector.training.feed import EpochBatches, uploaded_ahead
 from detector.training.multiscale import MultiScale
-from detector.training.schedule import StepSchedule, StepValues
+from detector.training.schedule import StepSchedule, StepValues, step_role
 from detector.training.step_input import step_input, step_input_dtype
 
 T = TypeVar("T")
@@ -304,7 +304,8 @@ def train_one_epoch(
     start = last_shown = time.perf_counter()
     for index, (images, targets, metas) in enumerate(bar):
         step = epoch * steps + index
-        accumulate = set_learning_rates(optimizer, step, schedule).accumulate
+        role = step_role(schedule, step, accumulate=set_learning_rates(optimizer, step, schedule).accumulate,
+                         last_optimizer_step=last_step, last_in_epoch=index == steps - 1)
         pixel_ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
         unreadable_images += sum(1 for meta in metas if meta.unreadable)  # replaced by the dataset (it warned)
         # A captured step reads its input from a fixed buffer: the input is made there, not made and then copied in.
@@ -313,16 +314,11 @@ def train_one_epoch(
             largest_side=multi_scale.largest(), dtype=input_dtype)
         images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops, out=out)
         images = images.to(input_dtype)  # made in FP32 without a buffer: the half-precision copy only from here
-        stepping = step - last_step >= accumulate or index == steps - 1
-        # A graph bakes in momentum (AdamW's beta1), which warm-up ramps each step: until it ends, graphs run the
-        # forward and backward passes only and the optimizer steps eagerly after them (accumulation needs nothing
-        # baked: it only chooses the steps that end with the optimizer).
-        graphed_optimizer = stepping and step >= schedule.warmup_steps
-        if graphs is not None and step == schedule.warmup_steps and accumulate == 1:
+        if graphs is not None and role.warmup_ended:
             graphs.forget_partial_steps()  # warm-up's forward-and-backward graphs: no such step follows
         captured = None
         if graphs is not None and graphs.failed is None:
-            captured = graphed_step(graphs, images, targets, with_optimizer=graphed_optimizer,
+            captured = graphed_step(graphs, images, targets, with_optimizer=role.graphed_optimizer,
                                     earlier_finite=nonfinite_losses == losses_before_step)
         if captured is None:
             with precision.autocast():
@@ -341,8 +337,8 @@ def train_one_epoch(
             loss_sums += captured["parts"]
         images_seen += len(images)
 
-        if stepping:
-            if captured is not None and graphed_optimizer:
+        if role.stepping:
+            if captured is not None and role.graphed_optimizer:
                 result = StepResult(captured["applied"], captured["unstable"], captured["scale"])
             else:
                 result = optimizer_step(

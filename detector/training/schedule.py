@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["StepSchedule", "StepValues"]
+__all__ = ["StepRole", "StepSchedule", "StepValues", "step_role"]
 
 
 @dataclass(frozen=True)
@@ -117,3 +117,27 @@ class StepSchedule:
         return dataclasses.replace(self, epochs=int(state["epochs"]), warmup_steps=int(state["warmup_steps"]),
                                    anchor_step=int(state["anchor_step"]),
                                    anchor_progress=float(state["anchor_progress"]))
+
+
+@dataclass(frozen=True)
+class StepRole:
+    """What one training step does beyond its forward and backward passes. The loop reads it from
+    :func:`step_role`, and so does ``benchmarks/graph_keys.py``, whose count of CUDA-graph keys must follow the
+    loop's own rules."""
+
+    stepping: bool  # it ends with the optimizer: accumulation is complete, or it is the epoch's last batch
+    # ... and warm-up is over: a CUDA graph bakes in momentum (AdamW's beta1), which warm-up ramps each step, so
+    # until then graphs run the forward and backward passes only and the optimizer steps eagerly after them
+    graphed_optimizer: bool
+    warmup_ended: bool  # the first step after warm-up, without accumulation: no forward-and-backward-only step follows
+
+
+def step_role(schedule: StepSchedule, step: int, *, accumulate: int, last_optimizer_step: int,
+              last_in_epoch: bool) -> StepRole:
+    """The role of ``step`` (counted over the run), whose accumulation is ``accumulate`` (``schedule.values(step)``),
+    when the optimizer last stepped at ``last_optimizer_step``; ``last_in_epoch``: the epoch's last batch, which
+    always steps (accumulation needs nothing baked into a graph: it only chooses the steps that end with the
+    optimizer)."""
+    stepping = step - last_optimizer_step >= accumulate or last_in_epoch
+    return StepRole(stepping=stepping, graphed_optimizer=stepping and step >= schedule.warmup_steps,
+                    warmup_ended=step == schedule.warmup_steps and accumulate == 1)

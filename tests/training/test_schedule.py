@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from detector.training.schedule import StepSchedule
+from detector.training.schedule import StepSchedule, step_role
 
 # Float round-off of one re-anchoring: progress is recomputed as a + (1 - a) * (s - k) / (T - k), a few ulps
 # of values ~1e-2; 1e-12 absolute is far above that and far below any LR step of interest (>= 1e-7 here).
@@ -108,3 +108,36 @@ def test_state_round_trip_continues_the_same_schedule():
 def test_replan_rejects_nonsense():
     with pytest.raises(ValueError, match="epochs >= 1"):
         schedule().replan(at_step=10, epochs=0)
+
+
+def roles(plan: StepSchedule) -> list[tuple[int, bool, bool, bool]]:
+    """Every step of ``plan``'s run as the loop walks it: (step, stepping, graphed optimizer, warm-up ended)."""
+    walked, last = [], -1
+    for epoch in range(plan.epochs):
+        for index in range(plan.steps_per_epoch):
+            step = epoch * plan.steps_per_epoch + index
+            role = step_role(plan, step, accumulate=plan.values(step).accumulate, last_optimizer_step=last,
+                             last_in_epoch=index == plan.steps_per_epoch - 1)
+            walked.append((step, role.stepping, role.graphed_optimizer, role.warmup_ended))
+            last = step if role.stepping else last
+    return walked
+
+
+def test_step_roles_follow_accumulation_warmup_and_the_epochs_end():
+    # batch 16 of a nominal 64: accumulation ramps 1 -> 4 over the 6 warm-up steps; epochs of 5 steps
+    plan = schedule(epochs=3, steps_per_epoch=5, warmup_steps=6)
+    walked = roles(plan)
+    stepping = [step for step, steps_here, _, _ in walked if steps_here]
+    # accumulation 1, 2, 2, 2, 3, 4 over warm-up (1 + 3 * step / 6, rounded half to even), then 4
+    assert [plan.values(step).accumulate for step in range(7)] == [1, 2, 2, 2, 3, 4, 4]
+    # 0 alone; 2 after two; 4 cut short by its epoch's end; 8 after four; 9 its epoch's end; 13; 14 the end
+    assert stepping == [0, 2, 4, 8, 9, 13, 14]
+    # the optimizer is graphed only on steps that step after warm-up; warm-up never "ends" under accumulation
+    assert [step for step, _, graphed, _ in walked if graphed] == [8, 9, 13, 14]
+    assert not any(ended for *_, ended in walked)
+    # without accumulation every step steps, and warm-up ends once, at its first step after
+    plain = roles(schedule(epochs=2, steps_per_epoch=4, warmup_steps=3, nominal_batch=16))
+    assert all(steps_here for _, steps_here, _, _ in plain)
+    assert [step for step, _, graphed, _ in plain if graphed] == [3, 4, 5, 6, 7]
+    assert [step for step, *_, ended in plain if ended] == [3]
+    assert step_role(plan, 3, accumulate=1, last_optimizer_step=2, last_in_epoch=False).stepping
