@@ -47,6 +47,12 @@ def peak_magnitudes(tensors: list[torch.Tensor]) -> list[float]:
     return torch.stack([peak.double() for peak in peaks]).tolist()  # float64: a float64 weight's peak stays finite
 
 
+# The most bytes gathered into one flat tensor on a GPU for one copy: a whole checkpoint of the x model (its weights,
+# EMA and AdamW's two moments, FP32) is ~1.1 GB, which a GPU filled by a hand-set --batch may not have to spare; a
+# nano model's (~48 MB) still goes in one copy per dtype.
+GATHER_BYTES = 256 << 20
+
+
 def host_copies(tensors: list[torch.Tensor], *,
                 together: Callable[[torch.device], bool] = lambda device: device.type != "cpu") -> list[torch.Tensor]:
     """A CPU copy of each tensor, sharing no memory with it or with another copy (detached; same shape and dtype).
@@ -54,20 +60,30 @@ def host_copies(tensors: list[torch.Tensor], *,
     Tensors on an accelerator (``together``) go in one transfer per device and dtype: each copy from a GPU waits for
     it, and a snapshot of a nano model's EMA is ~350 tensors, of a whole run's checkpoint ~1,100 (on the H100, BCCD's
     100 epochs spent 14.4 s in checkpoints, each epoch copying its EMA out tensor by tensor). They are gathered into
-    one flat tensor on their device, copied once, and cut back into tensors of their own (dense, in their
-    shape's default layout). CPU tensors are copied one by one, as before."""
+    one flat tensor on their device, copied once, and cut back into tensors of their own, each in its tensor's
+    layout (a channels-last weight's optimizer state stays channels-last: see :func:`matched_to_parameters`; a
+    tensor that is not dense comes back contiguous). The flat tensor is GPU memory beside the run's, so a group
+    goes in parts of at most :data:`GATHER_BYTES` (a larger tensor alone). CPU tensors are copied one by one."""
     copies: list[torch.Tensor | None] = [None] * len(tensors)
-    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    parts: list[list[int]] = []  # indices of the tensors gathered together, in order
+    open_part: dict[tuple[torch.device, torch.dtype], tuple[list[int], int]] = {}  # its device and dtype's last, bytes
     for index, tensor in enumerate(tensors):
-        if together(tensor.device):
-            groups.setdefault((tensor.device, tensor.dtype), []).append(index)
-        else:
+        if not together(tensor.device):
             copies[index] = tensor.detach().to("cpu", copy=True)
-    for indices in groups.values():
+            continue
+        size = tensor.numel() * tensor.element_size()
+        part, filled = open_part.get((tensor.device, tensor.dtype), ([], 0))
+        if not part or filled + size > GATHER_BYTES:
+            part, filled = [], 0
+            parts.append(part)
+        part.append(index)
+        open_part[tensor.device, tensor.dtype] = part, filled + size
+    for indices in parts:
         flat = torch.cat([tensors[index].detach().reshape(-1) for index in indices]).to("cpu")
         sizes = [tensors[index].numel() for index in indices]
         for index, piece in zip(indices, flat.split(sizes)):
-            copies[index] = piece.view(tensors[index].shape).clone()  # its own memory: saved alone, kept alone
+            tensor = tensors[index]  # flattened in its logical order; copy_ puts it back in the tensor's layout
+            copies[index] = torch.empty_like(tensor, device="cpu").copy_(piece.view(tensor.shape))  # memory of its own
     return copies  # type: ignore[return-value]
 
 
@@ -354,6 +370,25 @@ def run_checkpoint(trained: Trained, state: RunState) -> dict[str, Any]:
     }
 
 
+def matched_to_parameters(optimizer: torch.optim.Optimizer) -> int:
+    """Give each of ``optimizer``'s state tensors of its parameter's shape that parameter's memory layout (in place of
+    the loaded one); -> how many it changed.
+
+    ``load_state_dict`` moves the saved state to the parameter's device and dtype but keeps the layout it was saved
+    in, and the fused optimizers assume the parameter's: a channels-last weight with channels-first moments (a
+    checkpoint whose copies lost their layout, or a resume that switched ``--channels-last``) stopped the fused CUDA
+    kernels with an error, and the fused CPU kernels, which walk the memory flat, stepped with another element's
+    moment without a word."""
+    changed = 0
+    for parameter, state in optimizer.state.items():
+        for name, value in state.items():
+            if (isinstance(value, torch.Tensor) and value.shape == parameter.shape and value.dim() > 1
+                    and value.stride() != parameter.stride()):
+                state[name] = torch.empty_like(parameter, dtype=value.dtype).copy_(value)
+                changed += 1
+    return changed
+
+
 def restore_run(checkpoint: dict[str, Any], trained: Trained) -> RunState:
     """Load a :func:`run_checkpoint` into ``trained`` (the scaler only where it is enabled) and return its state.
 
@@ -362,6 +397,7 @@ def restore_run(checkpoint: dict[str, Any], trained: Trained) -> RunState:
     trained.model.load_state_dict(checkpoint["model"])
     trained.ema.load_state_dict(checkpoint["ema"])
     trained.optimizer.load_state_dict(checkpoint["optimizer"])
+    matched_to_parameters(trained.optimizer)
     if checkpoint.get("scaler") and trained.scaler.is_enabled():
         trained.scaler.load_state_dict(checkpoint["scaler"])
     return RunState(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from detector.checkpoint import (
     CheckpointError,
@@ -244,10 +245,17 @@ def test_to_half_copies_every_tensor_so_training_may_go_on():
     assert stripped["count"].item() == 3 and stripped["half"].item() == 0.5 and stripped["empty"].numel() == 0
 
 
-def test_copies_made_together_equal_copies_made_one_by_one_and_share_nothing():
+@pytest.mark.parametrize("gather_bytes", [None, 16])
+def test_copies_made_together_equal_copies_made_one_by_one_and_share_nothing(gather_bytes, monkeypatch):
     """What a GPU's tensors take (one transfer per dtype, cut back into tensors), run here on CPU tensors: the same
-    values, shapes and dtypes as copying each, every copy in memory of its own; the live tensors may change after."""
+    values, shapes and dtypes as copying each, every copy in memory of its own; the live tensors may change after.
+    ``gather_bytes`` 16: each transfer holds at most 16 bytes (tensors larger than that alone), as a large model's
+    checkpoint goes in parts of detector.checkpoint.GATHER_BYTES."""
+    import detector.checkpoint
     from detector.checkpoint import host_copies
+
+    if gather_bytes is not None:
+        monkeypatch.setattr(detector.checkpoint, "GATHER_BYTES", gather_bytes)
 
     generator = torch.Generator().manual_seed(0)
     live = [torch.randn(4, 3, 3, 3, generator=generator).contiguous(memory_format=torch.channels_last),
@@ -258,6 +266,10 @@ def test_copies_made_together_equal_copies_made_one_by_one_and_share_nothing():
     together = host_copies(live, together=lambda device: True)
     for tensor, single, joint in zip(live, one_by_one, together):
         assert joint.dtype == tensor.dtype and joint.shape == tensor.shape and torch.equal(joint, single)
+        # in its tensor's layout (the channels-last weight's too: a fused optimizer's state must match its
+        # parameter's), a tensor that is not dense (the slice) contiguous, as a copy one by one makes them
+        assert joint.stride() == single.stride()
+    assert together[0].is_contiguous(memory_format=torch.channels_last) and together[6].is_contiguous()
     pointers = [made.untyped_storage().data_ptr() for made in together if made.numel()]
     assert len(set(pointers)) == len(pointers)  # saved alone: torch.save writes a shared storage whole
     assert all(made.untyped_storage().nbytes() == made.numel() * made.element_size() for made in together)
@@ -356,3 +368,70 @@ def test_stripped_weights_give_the_same_outputs_within_the_fp16_storage_bound(tm
     torch.testing.assert_close(detections[1]["boxes"], detections[0]["boxes"], rtol=0, atol=float(box_bound))
     torch.testing.assert_close(detections[1]["scores"], detections[0]["scores"], rtol=0,
                                atol=float(2 * bounds[0, :, 4:].max()))
+
+
+@pytest.mark.parametrize("name", ["AdamW", "SGD"])
+def test_a_resumed_fused_optimizer_steps_as_the_saved_one_whatever_layout_its_state_came_in(name: str):
+    """A channels-last weight's moments loaded channels-first (a copy that lost the layout, or a resume that
+    switched --channels-last) are put in the weight's layout: the fused CPU kernels walk memory flat and, on the
+    loaded layout, stepped with other elements' moments (0.16 apart after one AdamW step at lr 0.1)."""
+    from detector.checkpoint import matched_to_parameters
+
+    def make(parameters) -> torch.optim.Optimizer:
+        if name == "AdamW":
+            return torch.optim.AdamW(parameters, lr=0.1, fused=True)
+        return torch.optim.SGD(parameters, lr=0.1, momentum=0.9, nesterov=True, fused=True)
+
+    torch.manual_seed(0)
+    live = nn.Conv2d(8, 16, 3).to(memory_format=torch.channels_last)
+    images = torch.randn(2, 8, 10, 10).contiguous(memory_format=torch.channels_last)
+    optimizer = make(live.parameters())
+
+    def step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        model(images).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    step(live, optimizer)
+    saved = copy.deepcopy(optimizer.state_dict())
+    for state in saved["state"].values():
+        for key, value in state.items():
+            state[key] = value.contiguous()  # channels-first, where the weight is channels-last
+    resumed = copy.deepcopy(live)
+    loaded = make(resumed.parameters())
+    loaded.load_state_dict(saved)
+    assert matched_to_parameters(loaded) == (2 if name == "AdamW" else 1)  # the weight's moments, not the bias's
+    assert all(value.stride() == parameter.stride() for parameter, state in loaded.state.items()
+               for value in state.values() if value.shape == parameter.shape)
+    step(live, optimizer)
+    step(resumed, loaded)
+    assert torch.equal(resumed.weight, live.weight) and torch.equal(resumed.bias, live.bias)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="copies out of a GPU")
+def test_a_gpu_optimizers_snapshot_keeps_its_layout_and_resumes_the_fused_step():
+    """A CUDA run's last.pt (its tensors copied out together, detector.checkpoint.host_copies) holds a channels-last
+    weight's moments channels-last: resumed, the fused CUDA AdamW steps (on channels-first moments it refused: the
+    same layout for params, grads and moments) to the weights of the optimizer it was saved from."""
+    from detector.training.checkpoint_writer import snapshot
+
+    torch.manual_seed(0)
+    live = nn.Conv2d(8, 16, 3).cuda().to(memory_format=torch.channels_last)
+    images = torch.randn(2, 8, 10, 10, device="cuda").contiguous(memory_format=torch.channels_last)
+    optimizer = torch.optim.AdamW(live.parameters(), lr=0.1, fused=True)
+
+    def step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        model(images).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    step(live, optimizer)
+    saved = snapshot(optimizer.state_dict())
+    assert saved["state"][0]["exp_avg"].device.type == "cpu"
+    assert saved["state"][0]["exp_avg"].stride() == live.weight.stride()
+    resumed = copy.deepcopy(live)
+    loaded = torch.optim.AdamW(resumed.parameters(), lr=0.1, fused=True)
+    loaded.load_state_dict(saved)
+    step(live, optimizer)
+    step(resumed, loaded)
+    assert torch.equal(resumed.weight, live.weight)

@@ -17,6 +17,7 @@ import detector.loss
 from detector.data.letterbox import ImageMeta
 from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
 from detector.model import build_model
+from detector.model.recompute import recompute_activations
 from detector.precision import Precision, fp32_settings_kept, set_strict_fp32
 from detector.training.cuda_graph import (DeviceEMA, StaticBatch, StaticInputs, StepGraphs, graphs_unavailable,
                                           skip_on_device, tensor_learning_rates)
@@ -34,11 +35,15 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph
 
 def _train_step(device: str, *, precision: str = "fp32", cuda_graphs: str = "off", optimizer: str = "SGD",
                 warmup_steps: int = 0, steps_per_epoch: int = 6, warmup_momentum: float = 0.9,
-                nominal_batch: int = 2, num_classes: int = 2) -> TrainStep:
+                nominal_batch: int = 2, num_classes: int = 2, channels_last: bool = False,
+                recompute: bool = False) -> TrainStep:
     """A small run's TrainStep on ``device``: the nano model, 2 images per step, no accumulation (unless
-    ``nominal_batch`` asks for it)."""
+    ``nominal_batch`` asks for it); ``channels_last`` and ``recompute`` as the trainer's CUDA defaults have them."""
     torch.manual_seed(0)
     model = build_model(num_classes=num_classes).to(device)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+    recompute_activations(model, recompute)
     choice = build_optimizer(model, name=optimizer, lr=1e-3, momentum=0.9, weight_decay=5e-4, num_classes=num_classes,
                              total_steps=steps_per_epoch)
     schedule = StepSchedule(epochs=1, steps_per_epoch=steps_per_epoch, warmup_steps=warmup_steps,
@@ -48,7 +53,7 @@ def _train_step(device: str, *, precision: str = "fp32", cuda_graphs: str = "off
     chosen = Precision(precision, torch.device(device).type, "test")
     criterion = DetectionLoss(num_classes=num_classes, strides=model.strides, reg_max=model.reg_max)
     return TrainStep(model, criterion, choice.optimizer, chosen.make_scaler(), ModelEMA(model), chosen, schedule,
-                     torch.device(device), cuda_graphs=cuda_graphs)
+                     torch.device(device), channels_last=channels_last, cuda_graphs=cuda_graphs)
 
 
 def _batches(count: int, size: int = 64) -> list:
@@ -261,6 +266,29 @@ def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_ste
     # allow a thousandth of that.
     for a, b in zip(graphed.model.parameters(), eager.model.parameters()):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
+    for key in ("train/box", "train/cls", "train/dfl"):
+        assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
+
+
+@cuda_only
+def test_the_cuda_defaults_recompute_and_channels_last_capture_and_train_as_the_eager_steps():
+    """What a CUDA run trains with by default: FP16, AdamW (short runs), a channels-last model and input, and
+    BatchNorm's largest outputs recomputed in the backward pass (detector/model/recompute.py) inside the captured
+    step, warm-up's graphs included."""
+    results = []
+    for choice in ("on", "off"):
+        step = _train_step("cuda", precision="fp16", optimizer="AdamW", cuda_graphs=choice, steps_per_epoch=10,
+                           warmup_steps=3, warmup_momentum=0.8, channels_last=True, recompute=True)
+        with same_kernels():
+            stats = train_one_epoch(step, _batches(10), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
+                                    progress=False)
+        results.append((stats, step))
+    (graphed_stats, graphed), (eager_stats, eager) = results
+    assert graphed.graphs is not None and graphed.graphs.failed is None and graphed.graphs.graphs
+    assert any(getattr(module, "recompute", False) for module in graphed.model.modules())
+    assert graphed_stats["optimizer_steps"] == eager_stats["optimizer_steps"] == 10
+    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)  # as in test_captured_steps_train_as_the_eager_ones
     for key in ("train/box", "train/cls", "train/dfl"):
         assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
 
