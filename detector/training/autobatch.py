@@ -31,6 +31,7 @@ from detector.loss import DetectionLoss, PaddedTargets, box_slots
 from detector.precision import Precision
 from detector.training.config import TrainConfig
 from detector.training.multiscale import MultiScale
+from detector.training.step_input import step_input_dtype
 
 AUTO_BATCH = -1
 DEFAULT_BATCH = 16
@@ -89,9 +90,12 @@ def probe_step(model: nn.Module, image_size: int, batch: int, precision: Precisi
     """One forward pass of ``batch`` random images, ``loss`` (default: the sum of the outputs) and backward.
 
     ``channels_last``: the images in the layout the training step gives the model. Given channels-first images, a
-    channels-last model converts them first, and that copy (4.7 MiB per 640 px image) would count in the peak."""
+    channels-last model converts them first, and that copy (4.7 MiB per 640 px image) would count in the peak. The
+    images are in the dtype the step makes its input in (:func:`~detector.training.step_input.step_input_dtype`:
+    FP16 under CUDA's FP16 autocast), so neither an FP32 input nor autocast's copy of it counts either."""
     layout = torch.channels_last if channels_last else torch.contiguous_format
-    images = torch.rand(batch, 3, image_size, image_size, device=device).contiguous(memory_format=layout)
+    images = torch.rand(batch, 3, image_size, image_size, device=device,
+                        dtype=step_input_dtype(precision, device)).contiguous(memory_format=layout)
     with precision.autocast():
         outputs = model(images)
     if loss is None:

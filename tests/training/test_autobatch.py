@@ -77,6 +77,23 @@ def test_the_probe_runs_the_training_loss_over_full_box_slots(monkeypatch):
     assert grads and all(torch.isfinite(g).all() for g in grads)
 
 
+def test_the_probe_feeds_images_in_the_dtype_the_step_makes_its_input_in(monkeypatch):
+    """Under CUDA's FP16 autocast the step's input is FP16 (detector.training.step_input.step_input_dtype); an FP32
+    probe input and autocast's copy of it would count 1.5x the input's bytes in a peak the run never reaches. The
+    function is asked for the probe's precision and device, and its answer is what the model gets."""
+    import detector.training.autobatch as autobatch
+
+    model = build_model(num_classes=3, scale="n").train()
+    dtypes, asked = [], []
+    model.register_forward_pre_hook(lambda module, args: dtypes.append(args[0].dtype))
+    precision = Precision("fp32", "cpu", "test")
+    autobatch.probe_step(model, 64, 2, precision, torch.device("cpu"))
+    monkeypatch.setattr(autobatch, "step_input_dtype",
+                        lambda precision, device: asked.append((precision.name, device.type)) or torch.bfloat16)
+    autobatch.probe_step(model.bfloat16(), 64, 2, precision, torch.device("cpu"))
+    assert dtypes == [torch.float32, torch.bfloat16] and asked == [("fp32", "cpu")]
+
+
 def test_the_probe_feeds_images_in_the_training_layout(monkeypatch):
     """A run's step gives the model channels-last images (``--channels-last``, the default); channels-first ones
     would make the model copy them first, and the copy would count in the measured peak."""
