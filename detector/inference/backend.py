@@ -38,6 +38,12 @@ class Backend(ABC):
         self.info = info
         self.nms = nms or NMSConfig()
 
+    @property
+    def free_batch(self) -> bool:
+        """Whether a batch of any size runs as it is: on CUDA each new size is then a CUDA graph or an engine of its
+        own (predict fills a short last batch up instead). A fixed-batch export pads to its batch itself."""
+        return self.info.dynamic
+
     @abstractmethod
     def infer(self, images: torch.Tensor) -> RawOutputs:
         """uint8 ``[B, 3, S, S]`` -> the graph outputs named in ``info.outputs``."""

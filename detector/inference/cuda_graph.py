@@ -89,32 +89,39 @@ class CudaGraphRunner:
         with torch.cuda.device(inputs.device):
             if captured is None:
                 room = self.failed is None and key not in self.uncaptured and len(self.graphs) < self.max_graphs
-                captured = self.capture(inputs) if room else None
+                captured, output = self.capture(inputs) if room else (None, None)
                 if captured is None:  # a capture failed, or this shape is over the limits: eagerly
                     self.uncaptured.add(key)
-                    return self.function(inputs)
+                    return output if output is not None else self.function(inputs)
                 self.graphs[key] = captured
             captured.static_input.copy_(inputs)
             captured.graph.replay()
             return clone_outputs(captured.static_output)
 
-    def capture(self, inputs: torch.Tensor) -> CapturedGraph | None:
-        """The graph of ``function`` for inputs like ``inputs``; None when its output would take the graphs' outputs
-        past ``max_output_bytes``, or when capturing fails (:attr:`failed`)."""
+    def capture(self, inputs: torch.Tensor) -> tuple[CapturedGraph | None, Outputs | None]:
+        """``(the graph of function for inputs like inputs, None)``; ``(None, function(inputs))`` when its output
+        would take the graphs' outputs past ``max_output_bytes`` (known from the first warm-up run, whose output is
+        then this call's: no further run), ``(None, None)`` when capturing fails (:attr:`failed`)."""
         static_input = inputs.clone()
         if inputs.device not in self.streams:
             self.streams[inputs.device] = torch.cuda.Stream(inputs.device)
         side = self.streams[inputs.device]  # warm-up on a side stream, as torch.cuda.graphs asks
-        side.wait_stream(torch.cuda.current_stream(inputs.device))
+        main = torch.cuda.current_stream(inputs.device)
+        side.wait_stream(main)
         with torch.cuda.stream(side):
-            size = output_bytes(self.function(static_input))
+            first = self.function(static_input)
+        kept = sum(output_bytes(graph.static_output) for graph in self.graphs.values())
+        if kept + output_bytes(first) > self.max_output_bytes:
+            main.wait_stream(side)
+            for output in first if isinstance(first, tuple) else (first,):
+                output.record_stream(main)  # made on the side stream, read on this one: not reused before
+            return None, first
+        with torch.cuda.stream(side):
             for _ in range(WARMUP_CALLS - 1):
                 self.function(static_input)
-        torch.cuda.current_stream(inputs.device).wait_stream(side)
-        kept = sum(output_bytes(graph.static_output) for graph in self.graphs.values())
-        if kept + size > self.max_output_bytes:
-            return None
-        graph, main = torch.cuda.CUDAGraph(), torch.cuda.current_stream(inputs.device)
+        main.wait_stream(side)
+        del first
+        graph = torch.cuda.CUDAGraph()
         if inputs.device not in self.pools:
             self.pools[inputs.device] = torch.cuda.graph_pool_handle()
         pool = self.pools[inputs.device]
@@ -134,5 +141,5 @@ class CudaGraphRunner:
             lines = str(error).strip().splitlines()
             self.failed = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
             warnings.warn(f"cuda graphs: capture failed ({self.failed}); inference runs eagerly", stacklevel=3)
-            return None
-        return CapturedGraph(graph, static_input, static_output)
+            return None, None
+        return CapturedGraph(graph, static_input, static_output), None

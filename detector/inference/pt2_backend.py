@@ -66,6 +66,10 @@ class Pt2Backend(Backend):
             self.forward = CudaGraphRunner(self.run)  # a graph per batch size: the height and width are fixed
 
     @property
+    def free_batch(self) -> bool:  # a fixed size (info.dynamic is false), but every package takes any batch
+        return True
+
+    @property
     def name(self) -> str:  # type: ignore[override]  # what ran: a failed capture leaves the package's own run
         base = f"pt2 {self.info.precision}" + (" +nms" if self.info.nms else "")
         if not isinstance(self.forward, CudaGraphRunner):

@@ -230,10 +230,10 @@ def predict_frames(
     """:func:`detect` on each frame (``options.batch`` frames per model call), a one-line summary printed per
     frame, written through ``outputs``; ``with_image``: each result also carries its frame (``"image"``, RGB
     ``uint8 [H, W, 3]``); ``live``: a webcam or stream, whose results must not wait for the next batch."""
-    # On CUDA a free-shape backend captures or builds per input shape (PyTorch's CUDA graphs, onnxruntime's TensorRT
-    # engines): a short last batch is filled up with copies of its last frame, one more replay instead of one more
-    # capture, and their results dropped. Fixed-batch exports pad batches themselves.
-    pad_to = options.batch if backend.info.dynamic and on_cuda(backend) else None
+    # On CUDA a backend of free batch captures or builds per input shape (PyTorch's and the pt2 package's CUDA graphs,
+    # onnxruntime's TensorRT engines): a short last batch is filled up with copies of its last frame, one more replay
+    # instead of one more capture, and their results dropped. Fixed-batch exports pad batches themselves.
+    pad_to = options.batch if backend.free_batch and on_cuda(backend) else None
     try:
         batches = detect_batches(backend, in_batches(frames, options.batch), size=size, classes=options.classes,
                                  pad_to=pad_to, overlap=not live)

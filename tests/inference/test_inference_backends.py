@@ -189,9 +189,13 @@ def test_shapes_past_the_runners_limits_run_eagerly_and_quietly() -> None:
         assert torch.equal(runner(small), small * 2 + 1) and torch.equal(runner(large), large * 2 + 1)
         assert len(runner.graphs) == 1 and len(runner.uncaptured) == 1 and runner.failed is None
         assert torch.equal(runner(large * 3), large * 7)  # eager again: no second capture
-    capped = CudaGraphRunner(lambda x: x * 2, max_output_bytes=small.nbytes)  # room for the small output only
+    calls = []
+    capped = CudaGraphRunner(lambda x: calls.append(len(x)) or x * 2,  # room for the small output only
+                             max_output_bytes=small.nbytes)
     assert torch.equal(capped(small), small * 2) and torch.equal(capped(large), large * 2)
     assert list(capped.graphs) == [(tuple(small.shape), small.dtype, small.stride(), small.device)]
+    # the small shape's warm-up runs and capture; the large one's first run told its size and was its answer
+    assert calls.count(4) == 1 and torch.equal(capped(large), large * 2) and calls.count(4) == 2
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")

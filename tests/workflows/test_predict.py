@@ -278,13 +278,16 @@ def test_on_cuda_a_source_failing_partway_still_gets_the_batches_read_before(mon
     assert seen == [0, 1, 2, 3]
 
 
-@pytest.mark.parametrize("device, dynamic, calls", [("cuda", True, [2, 2, 2]), ("cpu", True, [2, 2, 1]),
-                                                    ("cuda", False, [2, 2, 1])])
-def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, calls: list[int], monkeypatch) -> None:
+@pytest.mark.parametrize("device, dynamic, free_batch, calls", [
+    ("cuda", True, None, [2, 2, 2]), ("cpu", True, None, [2, 2, 1]), ("cuda", False, None, [2, 2, 1]),
+    ("cuda", False, True, [2, 2, 2])])
+def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, free_batch: bool | None,
+                                                 calls: list[int], monkeypatch) -> None:
     """Five frames at --batch 2. A free-shape backend on CUDA (it captures or builds per input shape) gets three
     calls of 2, the last with a copy of frame 4 whose result is dropped; on the CPU, or for a fixed-batch export
-    (which pads to its own batch), the last call stays short. Five results in order either way. Nothing runs on
-    the device: the fake backend only names it, and the letterbox runs on the CPU."""
+    (which pads to its own batch), the last call stays short. A pt2 package has a fixed size but a free batch
+    (``free_batch``, a graph per batch size on CUDA): filled up too. Five results in order either way. Nothing runs
+    on the device: the fake backend only names it, and the letterbox runs on the CPU."""
     import detector.workflows.predict as predict_module
     from detector.workflows.predict import predict_frames
 
@@ -298,6 +301,10 @@ def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, cal
             super().__init__()
             self.info.stride, self.info.dynamic, self.device = 32, dynamic, torch.device(device)
             self.batches: list[int] = []
+
+        @property
+        def free_batch(self) -> bool:
+            return self.info.dynamic if free_batch is None else free_batch
 
         def infer(self, batch: torch.Tensor) -> torch.Tensor:
             self.batches.append(batch.shape[0])
