@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import pickle
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -110,19 +111,33 @@ def decide_on_main(decide: Callable[[], T], info: DistInfo) -> T:
     next collective until the timeout.
     """
     outcome: tuple[bool, object] | None = None
+    raised: Exception | None = None
     if info.is_main:
         try:
             outcome = (True, decide())
         except Exception as error:  # re-raised below, on every rank
             if not info.enabled:
                 raise
-            outcome = (False, error)
+            outcome, raised = (False, portable(error)), error
     outcome = broadcast_from_main(outcome, info)
     assert outcome is not None
     succeeded, value = outcome
+    if raised is not None:
+        raise raised  # rank 0: its own error, with its traceback
     if not succeeded:
         raise value  # type: ignore[misc]
     return value  # type: ignore[return-value]
+
+
+def portable(error: Exception) -> Exception:
+    """``error`` where it survives pickling, as the broadcast pickles it; else a RuntimeError of its type's name and
+    message. An attribute that does not pickle, or an ``__init__`` of more arguments than the error's ``args``,
+    failed the broadcast on rank 0 (its own error lost behind a pickling error) or the unpickling on the others."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:  # noqa: BLE001 - whatever pickling raises: the line still reaches every rank
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
 
 
 def any_rank(flag: bool, info: DistInfo) -> bool:

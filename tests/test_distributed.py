@@ -298,3 +298,50 @@ def test_ranks_wait_for_rank_zeros_long_work_for_hours(monkeypatch):
     info, device = init_distributed("cpu")
     assert info.world_size == 2 and device.type == "cpu"
     assert len(calls) == 1 and calls[0]["backend"] == "gloo" and calls[0]["timeout"] >= timedelta(hours=1)
+
+
+class _Unpicklable(Exception):
+    """An error holding what does not pickle (a lock), as a library's error may hold a handle."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        import threading
+
+        self.lock = threading.Lock()
+
+
+class _TwoArguments(Exception):
+    """An error whose ``__init__`` takes more than its ``args`` hold: unpickling calls it with ``args`` alone."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+
+
+def test_rank_0s_error_reaches_the_others_even_when_it_does_not_pickle(monkeypatch):
+    """decide_on_main broadcasts rank 0's error (pickled): one that does not survive pickling goes as a RuntimeError
+    of its type and message, and rank 0 raises its own, with its traceback."""
+    import pickle
+
+    import detector.distributed as distributed
+    from detector.distributed import DistInfo, decide_on_main, portable
+
+    plain = ValueError("epoch 3: loss is NaN")
+    assert portable(plain) is plain
+    for error, line in ((_Unpicklable("disk gone"), "_Unpicklable: disk gone"),
+                        (_TwoArguments("a.jpg", "truncated"), "_TwoArguments: a.jpg: truncated")):
+        with pytest.raises(Exception):
+            pickle.loads(pickle.dumps(error))  # what the broadcast did to it before
+        sent = portable(error)
+        assert type(sent) is RuntimeError and str(sent) == line and pickle.loads(pickle.dumps(sent)).args == (line,)
+
+    broadcast = []  # rank 0 of two: what the broadcast pickles and the others would get
+    monkeypatch.setattr(distributed, "broadcast_from_main",
+                        lambda value, info: broadcast.append(pickle.loads(pickle.dumps(value))) or value)
+
+    def fail():
+        raise _Unpicklable("disk gone")
+
+    with pytest.raises(_Unpicklable, match="disk gone"):
+        decide_on_main(fail, DistInfo(rank=0, world_size=2))
+    assert broadcast[0][0] is False and str(broadcast[0][1]) == "_Unpicklable: disk gone"
+    assert decide_on_main(lambda: 7, DistInfo(rank=0, world_size=2)) == 7
