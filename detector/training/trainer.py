@@ -29,7 +29,7 @@ from detector.model import build_model
 from detector.model.recompute import recompute_activations, recompute_wanted
 from detector.plots.reporter import RunReporter
 from detector.plots.worker import figures_in_background
-from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest
+from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest, set_strict_fp32
 from detector.runs import append_results, keep_results_through
 from detector.training.amp_check import check_first_batch
 from detector.training.autobatch import AUTO_BATCH, batch_for
@@ -317,7 +317,10 @@ class Trainer(RunPlans):
         """Rank 0, a run that finished (its last.pt was written stripped: see _checkpoint): the final FP32
         evaluation when asked for, and the last line."""
         if self.config.final_fp32:
-            with self.account.phase("final evaluation"):
+            # True FP32, as --unamp trains: on Ampere and newer GPUs cuDNN's FP32 convolutions otherwise run in TF32
+            # (a 10-bit mantissa, FP16's), and this pass would not be the FP32 it says it is.
+            with self.account.phase("final evaluation"), fp32_settings_kept():
+                set_strict_fp32()
                 try:
                     validation = self.evaluate(force_fp32=True)
                 finally:  # workers it started again if it kept no batches (see fit)
