@@ -126,7 +126,8 @@ def test_the_final_fp32_evaluation_is_true_fp32_and_its_settings_end_with_it(yol
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     assert seen[-1] == (True, False, False, "highest") and not any(forced for forced, *_ in seen[:-1])
     assert all(cudnn for _, cudnn, _, _ in seen[:-1])  # the training run's own evaluations keep the session's
-    assert 0 <= summary["metrics_fp32"]["mAP50-95"] <= 1 and "final FP32 evaluation: mAP50-95" in capsys.readouterr().out
+    assert 0 <= summary["metrics_fp32"]["mAP50-95"] <= 1
+    assert "final FP32 evaluation: mAP50-95" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("flag", ["--unamp", "--precision=fp32"])
