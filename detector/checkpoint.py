@@ -319,7 +319,8 @@ class RunState:
         mosaic_closed_at: the epoch mosaic was turned off at, if it was.
         best_fitness, best_epoch: the best evaluation so far (best.pt's).
         metrics: the last evaluation's metrics; names: class names; config: ``TrainConfig.to_dict()``.
-        precision: the precision the run trains in (it may have fallen back).
+        precision: the precision the run trains in; ``precision_fell_back``: it is not what the run's device
+            resolved (the AMP check or a fallback during training chose it), so a resume keeps it where it is safer.
         unjudged: ``{"stats", "precision"}`` of epoch ``epoch`` when its validation was still being scored in the
             background as this was written (``--val-background``): a resume scores and judges it first.
     """
@@ -328,6 +329,7 @@ class RunState:
     config: dict[str, Any]
     names: list[str]
     precision: str
+    precision_fell_back: bool = True  # older checkpoints did not say: kept where safer, as they always were
     ema_updates: int = 0
     plan: dict[str, float] = field(default_factory=dict)
     schedule: dict[str, float] | None = None
@@ -367,6 +369,7 @@ def run_checkpoint(trained: Trained, state: RunState) -> dict[str, Any]:
         "names": state.names,
         "config": state.config,
         "precision": state.precision,
+        "precision_fell_back": state.precision_fell_back,
     }
 
 
@@ -396,7 +399,13 @@ def restore_run(checkpoint: dict[str, Any], trained: Trained) -> RunState:
     """
     trained.model.load_state_dict(checkpoint["model"])
     trained.ema.load_state_dict(checkpoint["ema"])
+    # The file gives the optimizer's state; its groups' settings stay this run's: load_state_dict replaces them with
+    # the saved ones, and weight decay is scaled by the global batch (another number of torchrun processes).
+    settings = [{key: value for key, value in group.items() if key != "params"}
+                for group in trained.optimizer.param_groups]
     trained.optimizer.load_state_dict(checkpoint["optimizer"])
+    for group, own in zip(trained.optimizer.param_groups, settings):
+        group.update(own)
     matched_to_parameters(trained.optimizer)
     if checkpoint.get("scaler") and trained.scaler.is_enabled():
         trained.scaler.load_state_dict(checkpoint["scaler"])
@@ -405,6 +414,7 @@ def restore_run(checkpoint: dict[str, Any], trained: Trained) -> RunState:
         config=checkpoint["config"],
         names=list(checkpoint.get("names") or []),
         precision=checkpoint.get("precision", ""),
+        precision_fell_back=bool(checkpoint.get("precision_fell_back", True)),
         ema_updates=checkpoint["ema_updates"],
         plan=dict(checkpoint.get("plan") or {}),
         schedule=checkpoint.get("schedule"),

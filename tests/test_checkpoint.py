@@ -435,3 +435,25 @@ def test_a_gpu_optimizers_snapshot_keeps_its_layout_and_resumes_the_fused_step()
     step(live, optimizer)
     step(resumed, loaded)
     assert torch.equal(resumed.weight, live.weight)
+
+
+def test_a_resume_keeps_this_runs_optimizer_settings_and_takes_the_files_state():
+    """load_state_dict replaces each group's settings with the saved ones; weight decay is scaled by the global batch,
+    which another number of torchrun processes changes: the run's own settings stay, the moments come from the file."""
+    from detector.checkpoint import RunState, Trained, restore_run, run_checkpoint
+
+    torch.manual_seed(0)
+    model, ema = build_model(num_classes=2, scale="n"), build_model(num_classes=2, scale="n")
+    saved_optimizer = torch.optim.SGD([{"params": list(model.parameters()), "weight_decay": 1e-3}], lr=0.1, momentum=0.9)
+    model(torch.rand(1, 3, 64, 64))[0].sum().backward()
+    saved_optimizer.step()
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    checkpoint = run_checkpoint(Trained(model, ema, saved_optimizer, scaler), RunState(epoch=0, config={}, names=[],
+                                                                                       precision="fp32"))
+    resumed = copy.deepcopy(model)
+    optimizer = torch.optim.SGD([{"params": list(resumed.parameters()), "weight_decay": 5e-4}], lr=0.1, momentum=0.9)
+    restore_run(checkpoint, Trained(resumed, copy.deepcopy(ema), optimizer, scaler))
+    assert optimizer.param_groups[0]["weight_decay"] == 5e-4
+    first = next(iter(resumed.parameters()))
+    assert torch.equal(optimizer.state[first]["momentum_buffer"],
+                       saved_optimizer.state[next(iter(model.parameters()))]["momentum_buffer"])

@@ -111,11 +111,18 @@ class StepSchedule:
     def state(self) -> dict[str, float | int]:
         """What a checkpoint keeps so that ``--resume`` continues this very schedule (see :meth:`restored`)."""
         return {"epochs": self.epochs, "warmup_steps": self.warmup_steps, "anchor_step": self.anchor_step,
-                "anchor_progress": self.anchor_progress}
+                "anchor_progress": self.anchor_progress, "steps_per_epoch": self.steps_per_epoch}
 
     def restored(self, state: dict[str, float | int]) -> StepSchedule:
-        return dataclasses.replace(self, epochs=int(state["epochs"]), warmup_steps=int(state["warmup_steps"]),
-                                   anchor_step=int(state["anchor_step"]),
+        """This schedule continued from ``state``. Its steps (warm-up, the re-plan's anchor) are counted in the saved
+        run's steps per epoch: a resume under torchrun with another number of processes has other epochs' worth
+        of steps, so they are carried over by the epochs they stand for (the same progress at the same epoch; mixed,
+        the learning rate jumped by ~40% at the first resumed step). Older checkpoints: as saved."""
+        saved = int(state.get("steps_per_epoch", self.steps_per_epoch)) or self.steps_per_epoch
+        scale = self.steps_per_epoch / saved
+        return dataclasses.replace(self, epochs=int(state["epochs"]),
+                                   warmup_steps=round(int(state["warmup_steps"]) * scale),
+                                   anchor_step=round(int(state["anchor_step"]) * scale),
                                    anchor_progress=float(state["anchor_progress"]))
 
 

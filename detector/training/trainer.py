@@ -89,6 +89,7 @@ class Trainer(RunPlans):
         sync_bn = config.sync_bn and self.dist.enabled and self.device.type == "cuda"
         self.recomputed = recompute_activations(model, recompute_wanted(config.recompute, self.device) and not sync_bn)
         precision = resolve_precision(config.precision, self.device, unamp=config.unamp)
+        self.resolved_precision = precision.name  # what this device gives the run; anything else was a fallback
         if config.batch == AUTO_BATCH:  # rank 0 measures, every rank follows
             most_boxes = int(self.train_data.records.box_counts().max(initial=0))
             config.batch = decide_on_main(lambda: batch_for(config, model, build_criterion(config, model), most_boxes,
@@ -145,9 +146,11 @@ class Trainer(RunPlans):
 
     def _restore(self, checkpoint: dict[str, Any]) -> None:
         saved = checkpoint.get("precision", self.step.precision.name)
-        if saved in ("fp16", "bf16", "fp32") and not self.config.unamp:
-            # The saved precision is kept only where it is safer than what this device resolves to (the run
-            # had fallen back); a GPU run's FP16 resumed on a CPU, or BF16 on a CPU without it, is not.
+        fell_back = bool(checkpoint.get("precision_fell_back", True))  # older files did not say
+        if saved in ("fp16", "bf16", "fp32") and fell_back and not self.config.unamp:
+            # A precision the run had fallen back to is kept where it is safer than what this device resolves to; a
+            # GPU run's FP16 resumed on a CPU, or BF16 on a CPU without it, is not. One its device merely resolved to
+            # (a CPU run's FP32 or BF16 resumed on a GPU) is not a fallback: the device's own choice stands.
             reason = "restored from the checkpoint (the run had fallen back)"
             restored = safest(self.step.precision, Precision(saved, self.device.type, reason))
             if restored.name != self.step.precision.name:
@@ -393,6 +396,7 @@ class Trainer(RunPlans):
     def _run_state(self, epoch: int, metrics: dict[str, float]) -> RunState:
         return RunState(
             epoch=epoch, config=self.config.to_dict(), names=self.spec.names, precision=self.step.precision.name,
+            precision_fell_back=self.step.precision.name != self.resolved_precision,
             ema_updates=self.step.ema.updates,
             plan={"epochs": self.epochs, "close_mosaic": self.close_mosaic, "warmup_epochs": self.warmup_epochs},
             schedule=self.step.schedule.state(),

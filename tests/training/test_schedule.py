@@ -141,3 +141,18 @@ def test_step_roles_follow_accumulation_warmup_and_the_epochs_end():
     assert [step for step, _, graphed, _ in plain if graphed] == [3, 4, 5, 6, 7]
     assert [step for step, *_, ended in plain if ended] == [3]
     assert step_role(plan, 3, accumulate=1, last_optimizer_step=2, last_in_epoch=False).stepping
+
+
+def test_a_resume_with_other_steps_per_epoch_continues_at_the_same_epochs_lr():
+    """Resumed under torchrun with twice the processes (half the steps an epoch), or half: the saved warm-up and
+    re-plan anchor are carried over by the epochs they stand for, so the first resumed step's LR is the saved run's
+    at that epoch (mixed, the progress jumped from 0.50 to 0.69: the LR ~40% off)."""
+    run = schedule(steps_per_epoch=50).replan(at_step=500, epochs=60)  # a --time re-plan after epoch 10
+    for steps in (25, 100):
+        resumed = schedule(steps_per_epoch=steps).restored(run.state())
+        assert resumed.warmup_steps == 150 * steps // 50 and resumed.anchor_step == 500 * steps // 50
+        for epoch in (20, 40, 59):
+            assert resumed.values(epoch * steps).weight_lr == pytest.approx(run.values(epoch * 50).weight_lr,
+                                                                            rel=ROUND_OFF, abs=ROUND_OFF)
+    older = {key: value for key, value in run.state().items() if key != "steps_per_epoch"}
+    assert schedule(steps_per_epoch=50).restored(older) == run  # a file without the count: as saved

@@ -289,20 +289,22 @@ def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path
         pytest.skip(f"only {len(rows)} epoch fitted the 15 s budget on this machine: no re-plan to check the LR at")
 
 
-@pytest.mark.parametrize("saved", ["fp16", "fp32"])
-def test_resume_re_resolves_the_precision_on_this_device(saved, yolo_yaml: Path, tmp_path: Path):
-    """A GPU run's FP16 resumed on a CPU gets the CPU's choice; a run that had fallen back to FP32 stays there."""
+@pytest.mark.parametrize("saved, fell_back", [("fp16", True), ("fp32", True), ("fp32", False)])
+def test_resume_re_resolves_the_precision_on_this_device(saved, fell_back, yolo_yaml: Path, tmp_path: Path):
+    """A GPU run's FP16 resumed on a CPU gets the CPU's choice; a run that had fallen back to FP32 stays there; a
+    run whose FP32 was its device's own choice (a CPU without BF16) gets this device's (a GPU's FP16)."""
     from detector.checkpoint import save_checkpoint
     from detector.precision import resolve_precision
 
     partial = train(_config(yolo_yaml, tmp_path, device="cpu"), progress=False, stop_after_epochs=1)
     last = partial["run_dir"] / "weights" / "last.pt"
     state = load_checkpoint(last)
-    state["precision"] = saved
+    cpu_choice = resolve_precision("auto", torch.device("cpu")).name
+    assert state["precision"] == cpu_choice and state["precision_fell_back"] is False  # as this CPU resolved it
+    state["precision"], state["precision_fell_back"] = saved, fell_back
     save_checkpoint(state, last)
     resumed = train(_config(yolo_yaml, tmp_path, resume=str(last), device="cpu"), progress=False)
-    cpu_choice = resolve_precision("auto", torch.device("cpu")).name
-    assert resumed["precision"] == (cpu_choice if saved == "fp16" else "fp32")
+    assert resumed["precision"] == ("fp32" if saved == "fp32" and fell_back else cpu_choice)
 
 
 @pytest.mark.parametrize("background", ["off", "on"])
