@@ -444,7 +444,8 @@ def test_a_resume_keeps_this_runs_optimizer_settings_and_takes_the_files_state()
 
     torch.manual_seed(0)
     model, ema = build_model(num_classes=2, scale="n"), build_model(num_classes=2, scale="n")
-    saved_optimizer = torch.optim.SGD([{"params": list(model.parameters()), "weight_decay": 1e-3}], lr=0.1, momentum=0.9)
+    saved_optimizer = torch.optim.SGD([{"params": list(model.parameters()), "weight_decay": 1e-3}], lr=0.1,
+                                      momentum=0.9)
     model(torch.rand(1, 3, 64, 64))[0].sum().backward()
     saved_optimizer.step()
     scaler = torch.amp.GradScaler("cpu", enabled=False)
