@@ -415,7 +415,7 @@ def restore_run(checkpoint: dict[str, Any], trained: Trained) -> RunState:
         names=list(checkpoint.get("names") or []),
         precision=checkpoint.get("precision", ""),
         precision_fell_back=bool(checkpoint.get("precision_fell_back", True)),
-        ema_updates=checkpoint["ema_updates"],
+        ema_updates=checkpoint.get("ema_updates", 0),
         plan=dict(checkpoint.get("plan") or {}),
         schedule=checkpoint.get("schedule"),
         optimizer_choice=checkpoint.get("optimizer_choice"),

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from detector.checkpoint import CheckpointError, RunState, Trained, restore_run, run_checkpoint
+from detector.checkpoint import CheckpointError, RunState, Trained, load_checkpoint, restore_run, run_checkpoint
 from detector.data.workers import default_workers, usable_cores
 from detector.distributed import any_rank, cleanup, decide_on_main, init_distributed
 from detector.distributed import local_main_first, unwrap
@@ -159,6 +159,7 @@ class Trainer(RunPlans):
         self.step.ema.updates = state.ema_updates
         self.start_epoch = state.epoch + 1
         self.verdicts.restore(state)
+        self._keep_best_on_disk()
         self.clock.restore(state.time_spent, state.epoch_seconds, state.val_seconds)
         self.mosaic_closed_at = state.mosaic_closed_at
         plan = state.plan
@@ -168,6 +169,19 @@ class Trainer(RunPlans):
             self.step.schedule = self.step.schedule.restored(state.schedule)
         if self.start_epoch >= self.epochs:
             raise CheckpointError(f"{self.resume_path}: run already finished all {self.epochs} epochs")
+
+    def _keep_best_on_disk(self) -> None:
+        """A best.pt newer than last.pt (an improvement held while last.pt was not due, written when the run failed)
+        stays the best to beat: the resumed run would otherwise judge against last.pt's older best, and a weaker epoch
+        replace the file. A best.pt that does not load is left to be replaced by the next improvement."""
+        best = self.resume_path.parent / "best.pt"
+        try:
+            saved = load_checkpoint(best) if best.is_file() else {}
+        except CheckpointError:
+            return
+        fitness = saved.get("best_fitness")
+        if isinstance(fitness, (int, float)) and fitness > self.verdicts.best_fitness:
+            self.verdicts.best_fitness, self.verdicts.best_epoch = float(fitness), int(saved.get("best_epoch", -1))
 
     # ------------------------------------------------------------------------------------- the run
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:

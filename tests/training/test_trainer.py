@@ -456,3 +456,20 @@ def test_recompute_on_trains_the_same_weights_and_says_so(yolo_yaml: Path, tmp_p
     assert all(torch.equal(weights[0][key], weights[1][key]) for key in weights[0])
     printed = capsys.readouterr().out
     assert printed.count("BatchNorm outputs of stem, down2, stage2 recomputed in backward (--recompute)") == 1
+
+
+def test_a_resume_beats_best_pt_on_disk_not_an_older_best_in_last_pt(yolo_yaml: Path, tmp_path: Path):
+    """best.pt may be newer than last.pt (an improvement held while last.pt was not due, written as the run failed):
+    the resumed run judges against best.pt's fitness, so a weaker epoch does not replace it."""
+    from detector.checkpoint import save_checkpoint
+
+    partial = train(_config(yolo_yaml, tmp_path, epochs=3), progress=False, stop_after_epochs=1)
+    weights = partial["run_dir"] / "weights"
+    last = load_checkpoint(weights / "last.pt")
+    last["best_fitness"], last["best_epoch"] = -1.0, -1  # last.pt as written before any improvement
+    save_checkpoint(last, weights / "last.pt")
+    best = load_checkpoint(weights / "best.pt")
+    best["best_fitness"], best["best_epoch"] = 2.0, 0  # beyond any fitness (at most 1): no epoch may replace it
+    save_checkpoint(best, weights / "best.pt")
+    train(_config(yolo_yaml, tmp_path, epochs=3, resume=str(weights / "last.pt")), progress=False)
+    assert load_checkpoint(weights / "best.pt")["best_fitness"] == 2.0
