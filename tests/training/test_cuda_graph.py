@@ -234,19 +234,23 @@ def test_the_graph_body_reads_nothing_on_the_host(optimizer, precision, chunked,
 
 
 @cuda_only
-@pytest.mark.parametrize("precision,optimizer,warmup_steps,chunked", [
-    ("fp16", "SGD", 0, False), ("fp32", "AdamW", 0, False), ("fp16", "AdamW", 5, False), ("fp32", "SGD", 5, False),
-    ("fp16", "SGD", 0, True)])
-def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_steps, chunked, monkeypatch):
+@pytest.mark.parametrize("precision,optimizer,warmup_steps,chunked,cuda_defaults", [
+    ("fp16", "SGD", 0, False, False), ("fp32", "AdamW", 0, False, False), ("fp16", "AdamW", 5, False, False),
+    ("fp32", "SGD", 5, False, False), ("fp16", "SGD", 0, True, False), ("fp16", "AdamW", 3, False, True)])
+def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_steps, chunked, cuda_defaults,
+                                                monkeypatch):
     """Graphs are captured and replayed (not failed), and train to the eager run's weights and losses; in warm-up,
     whose momentum ramps (0.8 -> 0.9 here), graphs of the forward and backward passes with eager optimizer steps.
-    ``chunked``: the assigner one image at a time, as at batch 64 (detector.loss.assignment_chunks)."""
+    ``chunked``: the assigner one image at a time, as at batch 64 (detector.loss.assignment_chunks).
+    ``cuda_defaults``: what a CUDA run trains with by default besides FP16 and AdamW (short runs): a channels-last
+    model and input, and BatchNorm's largest outputs recomputed in the backward pass (detector/model/recompute.py)."""
     if chunked:
         monkeypatch.setattr(detector.loss, "ASSIGNER_CHUNK_ELEMENTS", 1)
     results = []
     for choice in ("on", "off"):
         step = _train_step("cuda", precision=precision, optimizer=optimizer, cuda_graphs=choice, steps_per_epoch=10,
-                           warmup_steps=warmup_steps, warmup_momentum=0.8 if warmup_steps else 0.9)
+                           warmup_steps=warmup_steps, warmup_momentum=0.8 if warmup_steps else 0.9,
+                           channels_last=cuda_defaults, recompute=cuda_defaults)
         with same_kernels():
             stats = train_one_epoch(step, _batches(10), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
                                     progress=False)
@@ -259,6 +263,7 @@ def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_ste
     assert graphed_stats["graph_capture_seconds"] > 0 and "graph_captures" not in eager_stats
     if warmup_steps:  # a backward-only graph replayed in warm-up, and a whole step's after it
         assert {key[2] for key in graphed.graphs.runs} == {False, True}
+    assert any(getattr(module, "recompute", False) for module in graphed.model.modules()) is cuda_defaults
     assert graphed_stats["optimizer_steps"] == eager_stats["optimizer_steps"] == 10
     assert graphed.ema.updates == eager.ema.updates == 10
     # Replay runs the kernels the eager step launched, and same_kernels() makes cuDNN choose the same (deterministic)
@@ -266,29 +271,6 @@ def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_ste
     # allow a thousandth of that.
     for a, b in zip(graphed.model.parameters(), eager.model.parameters()):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)
-    for key in ("train/box", "train/cls", "train/dfl"):
-        assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
-
-
-@cuda_only
-def test_the_cuda_defaults_recompute_and_channels_last_capture_and_train_as_the_eager_steps():
-    """What a CUDA run trains with by default: FP16, AdamW (short runs), a channels-last model and input, and
-    BatchNorm's largest outputs recomputed in the backward pass (detector/model/recompute.py) inside the captured
-    step, warm-up's graphs included."""
-    results = []
-    for choice in ("on", "off"):
-        step = _train_step("cuda", precision="fp16", optimizer="AdamW", cuda_graphs=choice, steps_per_epoch=10,
-                           warmup_steps=3, warmup_momentum=0.8, channels_last=True, recompute=True)
-        with same_kernels():
-            stats = train_one_epoch(step, _batches(10), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
-                                    progress=False)
-        results.append((stats, step))
-    (graphed_stats, graphed), (eager_stats, eager) = results
-    assert graphed.graphs is not None and graphed.graphs.failed is None and graphed.graphs.graphs
-    assert any(getattr(module, "recompute", False) for module in graphed.model.modules())
-    assert graphed_stats["optimizer_steps"] == eager_stats["optimizer_steps"] == 10
-    for a, b in zip(graphed.model.parameters(), eager.model.parameters()):
-        assert torch.allclose(a, b, atol=1e-5, rtol=1e-3)  # as in test_captured_steps_train_as_the_eager_ones
     for key in ("train/box", "train/cls", "train/dfl"):
         assert graphed_stats[key] == pytest.approx(eager_stats[key], rel=1e-3)
 
