@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -370,6 +371,20 @@ def test_stripped_weights_give_the_same_outputs_within_the_fp16_storage_bound(tm
                                atol=float(2 * bounds[0, :, 4:].max()))
 
 
+def _channels_last_conv(device: str) -> tuple[nn.Module, Callable[[nn.Module, torch.optim.Optimizer], None]]:
+    """A channels-last convolution on ``device`` and one training step of it (on a fixed batch) by an optimizer."""
+    torch.manual_seed(0)
+    live = nn.Conv2d(8, 16, 3).to(device, memory_format=torch.channels_last)
+    images = torch.randn(2, 8, 10, 10, device=device).contiguous(memory_format=torch.channels_last)
+
+    def step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        model(images).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=False)
+
+    return live, step
+
+
 @pytest.mark.parametrize("name", ["AdamW", "SGD"])
 def test_a_resumed_fused_optimizer_steps_as_the_saved_one_whatever_layout_its_state_came_in(name: str):
     """A channels-last weight's moments loaded channels-first (a copy that lost the layout, or a resume that
@@ -382,16 +397,8 @@ def test_a_resumed_fused_optimizer_steps_as_the_saved_one_whatever_layout_its_st
             return torch.optim.AdamW(parameters, lr=0.1, fused=True)
         return torch.optim.SGD(parameters, lr=0.1, momentum=0.9, nesterov=True, fused=True)
 
-    torch.manual_seed(0)
-    live = nn.Conv2d(8, 16, 3).to(memory_format=torch.channels_last)
-    images = torch.randn(2, 8, 10, 10).contiguous(memory_format=torch.channels_last)
+    live, step = _channels_last_conv("cpu")
     optimizer = make(live.parameters())
-
-    def step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        model(images).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
-
     step(live, optimizer)
     saved = copy.deepcopy(optimizer.state_dict())
     for state in saved["state"].values():
@@ -415,16 +422,8 @@ def test_a_gpu_optimizers_snapshot_keeps_its_layout_and_resumes_the_fused_step()
     same layout for params, grads and moments) to the weights of the optimizer it was saved from."""
     from detector.training.checkpoint_writer import snapshot
 
-    torch.manual_seed(0)
-    live = nn.Conv2d(8, 16, 3).cuda().to(memory_format=torch.channels_last)
-    images = torch.randn(2, 8, 10, 10, device="cuda").contiguous(memory_format=torch.channels_last)
+    live, step = _channels_last_conv("cuda")
     optimizer = torch.optim.AdamW(live.parameters(), lr=0.1, fused=True)
-
-    def step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        model(images).square().mean().backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=False)
-
     step(live, optimizer)
     saved = snapshot(optimizer.state_dict())
     assert saved["state"][0]["exp_avg"].device.type == "cpu"
