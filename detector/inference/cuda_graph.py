@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,30 @@ def clone_outputs(outputs: Outputs) -> Outputs:
 
 def output_bytes(outputs: Outputs) -> int:
     return sum(output.nbytes for output in outputs) if isinstance(outputs, tuple) else outputs.nbytes
+
+
+@contextmanager
+def capturing(graph: torch.cuda.CUDAGraph, *, pool: tuple[int, int], stream: torch.cuda.Stream) -> Iterator[None]:
+    """Capture the block into ``graph``: ``torch.cuda.graph(graph, pool=pool, stream=stream,
+    capture_error_mode="thread_local")`` without emptying the host's page-locked memory cache first.
+
+    ``torch.cuda.graph`` empties both of torch's caches as it begins, "to free as much memory as we can for the
+    graph". The GPU's cached blocks can make room for a capture, so they are still given back here; the host's
+    cannot (a graph holds GPU memory only), and giving them back cost every capture the training loader's
+    page-locked batch memory (a mosaic batch's atlas at 640 px and batch 64 takes a 256-MiB block): each block was
+    freed (``cudaFreeHost`` waits for the GPU) and page-locked again by the pin thread while the steps waited for
+    its batches, at each of a multi-scale run's captures. thread_local: the loader's pin thread keeps calling CUDA
+    (page-locked allocations) while this thread captures. The capture is ended, and the stream restored, when the
+    block raises, and when ending it raises (``torch.cuda.graph`` leaves the thread on the capture stream then).
+    """
+    torch.cuda.synchronize(stream.device)
+    torch.cuda.empty_cache()
+    with torch.cuda.stream(stream):
+        graph.capture_begin(pool, capture_error_mode="thread_local")
+        try:
+            yield
+        finally:
+            graph.capture_end()
 
 
 def end_failed_capture(device: torch.device, pool: tuple[int, int]) -> None:
@@ -128,14 +153,10 @@ class CudaGraphRunner:
         try:
             # On the side stream made for this device: torch.cuda.graph's default capture stream is one for the
             # whole process, made on whichever device was current at the first capture, so a second GPU would record
-            # nothing. thread_local: `val`'s loader pins batches on a thread of its own, whose CUDA calls (pinned
-            # allocations) would otherwise invalidate a capture running beside them (training's graphs do the same).
-            with torch.cuda.graph(graph, pool=pool, stream=side, capture_error_mode="thread_local"):
+            # nothing. `val`'s loader pins batches on a thread of its own meanwhile (capturing: thread_local).
+            with capturing(graph, pool=pool, stream=side):
                 static_output = self.function(static_input)
         except Exception as error:  # an uncapturable operation, any error type: the eager forward still works
-            # torch.cuda.graph's exit ends the capture before restoring the stream: when ending raises, this thread
-            # would stay on the side stream.
-            torch.cuda.set_stream(main)
             end_failed_capture(inputs.device, pool)
             self.graphs.clear()  # their static buffers are freed with them
             lines = str(error).strip().splitlines()

@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 
 from detector.choices import CUDA_GRAPHS as CHOICES
-from detector.inference.cuda_graph import end_failed_capture
+from detector.inference.cuda_graph import capturing, end_failed_capture
 from detector.loss import PaddedTargets
 from detector.training.ema import ModelEMA
 from detector.training.graph_keys import GraphKey, KeyBook
@@ -275,18 +275,14 @@ class StepGraphs:
                 self.book.ran_eagerly(key)
                 self.costs.eager_steps += 1
                 return self._eager(batch, key)
-            main = torch.cuda.current_stream()
             began = time.perf_counter()
             try:
                 graph = torch.cuda.CUDAGraph()
-                # thread_local: the loader's pin-memory thread keeps calling CUDA while this thread captures.
-                # The step's own side stream (its device's), not torch's process-wide default capture stream.
-                with torch.cuda.graph(graph, pool=self.pool, stream=self.side, capture_error_mode="thread_local"):
+                # The step's own side stream (its device's), not torch's process-wide default capture stream; the
+                # loader's page-locked batch memory stays cached (capturing), its pin thread keeps working.
+                with capturing(graph, pool=self.pool, stream=self.side):
                     outputs = self.body(batch, key[2])
             except Exception as error:  # a host sync or an uncapturable kernel inside the step (any error type)
-                # torch.cuda.graph's exit ends the capture before it restores the stream: when ending raises,
-                # this thread would stay on the capture stream for the rest of the run.
-                torch.cuda.set_stream(main)
                 self._give_up(error)
                 return None
         if not self.graphs:

@@ -97,7 +97,7 @@ def uploaded_ahead(batches: Iterable[tuple[Any, ...]], device: torch.device) -> 
     if device.type != "cuda":
         yield from batches
         return
-    side = torch.cuda.Stream(device)
+    side = upload_stream(device)
     pending: tuple[tuple[Any, ...], torch.cuda.Event] | None = None
     for batch in batches:
         with torch.cuda.stream(side):
@@ -108,6 +108,23 @@ def uploaded_ahead(batches: Iterable[tuple[Any, ...]], device: torch.device) -> 
         pending = moved, copied
     if pending is not None:
         yield handed_over(*pending, device)
+
+
+_UPLOAD_STREAMS: dict[int, torch.cuda.Stream] = {}  # GPU index -> the stream batches travel to it on
+
+
+def upload_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream :func:`uploaded_ahead` copies batches to ``device`` on: one per GPU for the process.
+
+    Not one per epoch: the caching allocator gives a freed block again only to the stream it was allocated on, so
+    each epoch's new stream left the blocks of the epoch before (a mosaic batch's atlas at 640 px and batch 64 is
+    ~130 MB, a few in flight) reserved and unused, and took new ones from the driver until streams repeat (torch
+    hands out 32 per device in turn), where the copies could also queue behind a CUDA graph's warm-up steps.
+    """
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _UPLOAD_STREAMS:
+        _UPLOAD_STREAMS[index] = torch.cuda.Stream(torch.device("cuda", index))
+    return _UPLOAD_STREAMS[index]
 
 
 def handed_over(batch: tuple[Any, ...], copied: torch.cuda.Event, device: torch.device) -> tuple[Any, ...]:

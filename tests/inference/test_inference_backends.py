@@ -199,6 +199,37 @@ def test_shapes_past_the_runners_limits_run_eagerly_and_quietly() -> None:
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")
+def test_a_capture_keeps_the_page_locked_cache_and_ends_on_the_callers_stream() -> None:
+    """A loader's page-locked batch memory, freed into torch's cache, is there for its next batch after a capture
+    (torch.cuda.graph gives it back to the driver), and a capture that fails leaves the thread on its own stream."""
+    from detector.inference.cuda_graph import capturing, end_failed_capture
+
+    pinned = torch.empty(64 * 2**20, dtype=torch.uint8, pin_memory=True)
+    del pinned  # cached now, as a batch's memory between two batches
+    before = torch.cuda.host_memory_stats()
+    stream, pool, x = torch.cuda.Stream(), torch.cuda.graph_pool_handle(), torch.ones(8, device="cuda")
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        x * 2  # warm-up on the capture stream, as torch asks
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with capturing(graph, pool=pool, stream=stream):
+        y = x * 2
+    graph.replay()
+    again = torch.empty(64 * 2**20, dtype=torch.uint8, pin_memory=True)  # the next batch: the cached block
+    after = torch.cuda.host_memory_stats()
+    assert (after["num_host_alloc"], after["num_host_free"]) == (before["num_host_alloc"], before["num_host_free"])
+    assert torch.equal(y, torch.full_like(x, 2)) and again.is_pinned()
+
+    main, failing = torch.cuda.current_stream(), torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError):
+        with capturing(failing, pool=pool, stream=stream):
+            (x * 2).sum().item()  # a host read: not capturable
+    end_failed_capture(x.device, pool)
+    assert torch.cuda.current_stream() == main
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")
 def test_a_function_of_several_outputs_replays_each_on_new_data() -> None:
     """The pt2 package's run returns a tuple (boxes and scores): each output is replayed from the graph and cloned,
     so an earlier call's results stay what they were."""
