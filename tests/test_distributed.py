@@ -300,6 +300,28 @@ def test_ranks_wait_for_rank_zeros_long_work_for_hours(monkeypatch):
     assert len(calls) == 1 and calls[0]["backend"] == "gloo" and calls[0]["timeout"] >= timedelta(hours=1)
 
 
+def test_a_cuda_process_group_is_bound_to_the_processs_own_gpu(monkeypatch):
+    """The second of two nodes, two processes each on 4-GPU machines: global rank 2 is local rank 0 and trains on
+    cuda:0. Unbound, NCCL's first barrier would guess cuda:(2 % 4) = cuda:2 and hang. Only the arguments are checked
+    here: no GPU or NCCL runs."""
+    import torch.distributed
+
+    import detector.distributed
+    from detector.distributed import init_distributed
+
+    calls = []
+    monkeypatch.setattr(detector.distributed, "resolve_device", lambda request: torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(torch.distributed, "init_process_group", lambda **kwargs: calls.append(kwargs))
+    for name, value in {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "RANK": "2", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    info, device = init_distributed("cuda")
+    assert device == torch.device("cuda", 0) and info.rank == 2
+    assert len(calls) == 1 and calls[0]["backend"] == "nccl" and calls[0]["device_id"] == torch.device("cuda", 0)
+
+
 class _Unpicklable(Exception):
     """An error holding what does not pickle (a lock), as a library's error may hold a handle."""
 

@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from detector.data.batch_augment import carried_pixel_ops
-from detector.distributed import unwrap
+from detector.distributed import gradients_reduced, unwrap
 from detector.loss import DetectionLoss, most_boxes_per_image, targets_to_padded
 from detector.precision import Precision
 from detector.training.cuda_graph import Body, DeviceEMA, StaticBatch, StepGraphs, graphs_unavailable, skip_on_device
@@ -78,15 +78,18 @@ def optimizer_step(
 ) -> StepResult:
     """Unscale, clip, step (or skip on non-finite gradients), clear the gradients, update the EMA.
 
-    With a scaler (FP16) nothing here waits for the GPU: GradScaler hands its inf check to the fused
-    optimizer on the device. Without one, the skip is decided on the host (one synchronisation: free on
-    the CPU, where nothing runs ahead). The EMA updates after every step, skipped or not (as Ultralytics
-    does): a skipped step left the model unchanged, so the average only moves towards the same weights.
+    Nothing here waits for the GPU with a fused optimizer (every run's on a CPU or a GPU, detector/training/
+    optim.py): with a scaler (FP16) GradScaler hands its inf check to the fused kernel on the device, and without
+    one (BF16, FP32) the check goes to the kernel the same way (:func:`skip_on_device`). Only an optimizer that is
+    not fused is skipped on the host's decision, one wait. The EMA updates after every step, skipped or not (as
+    Ultralytics does): a skipped step left the model unchanged, so the average only moves towards the same weights.
     """
     finite, scale = unscale_and_clip(optimizer, scaler, parameters, clip_grad)
     if precision.uses_scaler:
         scaler.step(optimizer)  # skips the step itself when it found inf/nan
         scaler.update()
+    elif optimizer.defaults.get("fused"):
+        skip_on_device(optimizer, finite)  # BF16/FP32 eager steps on a GPU: warm-up under graphs, DDP, graphs off
     elif finite:
         optimizer.step()
     # Zeroed in place, not dropped: a backward pass replayed from a CUDA graph accumulates into the very tensors it
@@ -321,13 +324,14 @@ def train_one_epoch(
             captured = graphed_step(graphs, images, targets, with_optimizer=role.graphed_optimizer,
                                     earlier_finite=nonfinite_losses == losses_before_step)
         if captured is None:
-            with precision.autocast():
-                outputs = model(images)
-            # The loss runs in FP32 outside autocast; x world_size because DDP averages gradients over ranks.
-            # Targets stay on the host: the loss pads them there, so it need not wait for the GPU to count them.
-            loss, parts = criterion(outputs, targets, images.shape[2:])
-            nonfinite_losses += ~torch.isfinite(loss)
-            scaler.scale(loss * world_size).backward()
+            with gradients_reduced(model, role.stepping):  # DDP reduces once per optimizer step
+                with precision.autocast():
+                    outputs = model(images)
+                # The loss runs in FP32 outside autocast; x world_size because DDP averages gradients over ranks.
+                # Targets stay on the host: the loss pads them there, so it need not wait for the GPU to count them.
+                loss, parts = criterion(outputs, targets, images.shape[2:])
+                nonfinite_losses += ~torch.isfinite(loss)
+                scaler.scale(loss * world_size).backward()
             # Nothing may hold this step's graph into the next one: its parameters' AccumulateGrad nodes would live
             # on, and a CUDA graph's capture (on its own stream) fails on nodes made on the default stream.
             del outputs, loss

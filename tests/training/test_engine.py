@@ -221,3 +221,76 @@ def test_the_data_wait_counts_the_loaders_time_and_not_the_steps(monkeypatch):
         seen.append(batch)
         clock[0] += 5.0  # the step
     assert seen == [0, 1, 2] and waited == [6.0]
+
+
+def test_under_ddp_micro_steps_keep_their_gradients_local_until_the_optimizer_steps(tmp_path):
+    """Accumulating 2 micro-batches per optimizer step, DDP reduces gradients once per optimizer step, not once per
+    micro-batch (what DDP's no_sync is for), and the run trains as the same steps without DDP. One process of a gloo
+    group: DDP's reducer runs as it does for several."""
+    import dataclasses
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already running in this process")
+
+    def run(wrap: bool):
+        torch.manual_seed(0)
+        model = build_model(num_classes=2)
+        step = make_train_step(model, steps_per_epoch=4, optimizer="SGD")
+        step.schedule = dataclasses.replace(step.schedule, nominal_batch=4)  # batches of 2: 2 per optimizer step
+        reductions = []
+        if wrap:
+            step.model = DistributedDataParallel(model)
+
+            def counted(state, bucket):
+                reductions.append(len(bucket.gradients()))
+                return dist.all_reduce(bucket.buffer(), async_op=True).get_future().then(lambda f: f.value()[0])
+
+            step.model.register_comm_hook(None, counted)
+        train_one_epoch(step, _loader(4), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
+        return model, reductions
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        wrapped, reductions = run(wrap=True)
+    finally:
+        dist.destroy_process_group()
+    plain, _ = run(wrap=False)
+    trainable = sum(1 for p in plain.parameters() if p.requires_grad)
+    assert sum(reductions) == 2 * trainable  # each gradient reduced at the 2 optimizer steps of the 4 micro-steps
+    for (name, value), (_, expected) in zip(wrapped.state_dict().items(), plain.state_dict().items(), strict=True):
+        assert torch.equal(value, expected), name
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("optimizer", ["SGD", "AdamW"])
+def test_an_eager_step_without_a_scaler_reads_nothing_on_the_host_and_skips_non_finite_gradients(precision, optimizer):
+    """BF16 and FP32 steps leave the skip to the fused kernel (on a GPU a host read waits for the device: every
+    eager step of warm-up under graphs, of DDP, of graphs off); a gradient that is not finite still changes nothing."""
+    from tests.host_reads import HostReads
+
+    torch.manual_seed(0)
+    model = build_model(num_classes=2)
+    step = make_train_step(model, precision=precision, optimizer=optimizer)
+    assert step.optimizer.defaults["fused"] and not step.precision.uses_scaler
+    parameters = [p for p in model.parameters() if p.requires_grad]
+
+    loss_was_finite = torch.tensor(True)
+
+    def step_with(gradient: float):
+        for parameter in parameters:
+            parameter.grad = torch.full_like(parameter, gradient)
+        return engine.optimizer_step(model=model, parameters=parameters, optimizer=step.optimizer, scaler=step.scaler,
+                                     ema=step.ema, precision=step.precision, clip_grad=10.0,
+                                     loss_was_finite=loss_was_finite)
+
+    step_with(0.1)  # the optimizer's lazy state is made on its first step, as before any graph
+    before = [p.detach().clone() for p in parameters]
+    with HostReads() as reads:
+        result = step_with(float("nan"))
+    assert not reads.seen, "host reads in the eager step:\n" + "\n".join(sorted(set(reads.seen)))
+    assert not bool(result.applied) and all(torch.equal(a, p) for a, p in zip(before, parameters))
+    result = step_with(0.1)
+    assert bool(result.applied) and not all(torch.equal(a, p) for a, p in zip(before, parameters))
