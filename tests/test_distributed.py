@@ -105,7 +105,9 @@ def runs(tmp_path_factory) -> dict[str, Path]:
     _run([sys.executable, *common, "--batch", "4", "--name", "single"], root)
     # The RAM cache holds the very pixels a decode gives, so caching changes no number; here the node's two
     # processes share one copy of it.
-    output = _run(_torchrun(*common, "--batch", "2", "--name", "ddp", "--cache", "ram"), root)
+    # --cuda-graphs on: its "off" line (no CUDA here, and not under torchrun) comes once, not once a rank.
+    output = _run(_torchrun(*common, "--batch", "2", "--name", "ddp", "--cache", "ram", "--cuda-graphs", "on"), root)
+    assert output.count("cuda graphs: off") == 1
     assert "AMP check" in output or "precision fp32" in output  # the check ran (or had nothing to check)
     assert "RAM cache 0.1 MiB shared by the 2 processes of this node" in output  # 8 images x 64 x 64 x 3
     assert not list(Path(tempfile.gettempdir()).glob("detector-image-cache-*"))  # its file name is gone

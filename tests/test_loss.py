@@ -71,7 +71,7 @@ def test_targets_padded_to_a_fixed_count_give_the_same_loss_and_gradients():
         model, criterion = _model_and_loss()
         images = torch.rand(3, 3, 64, 64, generator=torch.Generator().manual_seed(2))
         given = targets if slots is None else PaddedTargets(*targets_to_padded(targets, 3, (64, 64), slots=slots))
-        total, parts = criterion(model(images), given, (64, 64))
+        total, parts = criterion(model(images), given, (64, 64), keep_assignment=True)
         total.backward()
         gradients = [p.grad.clone() for p in model.parameters() if p.grad is not None]
         results.append((total.detach(), parts, gradients, criterion.last_assignment, images.shape))
@@ -194,7 +194,7 @@ def test_the_loss_counts_every_foreground_anchor_of_crowded_images():
                          torch.randint(0, 3, (batch * boxes, 1), generator=generator).float(), centres,
                          torch.full((batch * boxes, 2), 0.45)], 1)
     outputs = model(torch.rand(batch, 3, size, size, generator=generator))
-    total, parts = criterion(outputs, targets, (size, size))
+    total, parts = criterion(outputs, targets, (size, size), keep_assignment=True)
     assigned = criterion.last_assignment
     slots = foreground_slots(84, boxes, 2)
     assert slots < 84 and int(assigned.foreground.sum(1).max()) >= slots // 2  # crowded: a dropped anchor shows
@@ -265,7 +265,7 @@ def test_the_assignment_in_chunks_gives_the_whole_batch_s_targets_and_loss(monke
     results = []
     for elements in (2**40, 1):
         monkeypatch.setattr(detector.loss, "ASSIGNER_CHUNK_ELEMENTS", elements)
-        total, _ = criterion(outputs, torch.tensor(rows), (size, size))
+        total, _ = criterion(outputs, torch.tensor(rows), (size, size), keep_assignment=True)
         results.append((criterion.last_assignment, float(total)))
     assert calls == [batch] + [1] * batch  # the whole batch at once, then one image at a time
     (whole, whole_total), (chunked, chunked_total) = results
@@ -344,3 +344,13 @@ def test_the_loss_keeps_nothing_of_every_anchors_box_distributions_for_the_backw
     assert parts["box"] > 0 and slots < anchors
     assert max(saved) <= max(batch * anchors * 3, batch * slots * 4 * 16)  # 3 classes
     total.backward()
+
+
+def test_a_training_call_keeps_no_assignment_past_itself():
+    """A step's assignment (``[B, A, C]`` scores) is not held into the next step's peak unless asked for."""
+    model, criterion = _model_and_loss()
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.4]])
+    criterion(model(torch.rand(1, 3, 64, 64)), targets, (64, 64), keep_assignment=True)
+    assert criterion.last_assignment is not None
+    criterion(model(torch.rand(1, 3, 64, 64)), targets, (64, 64))
+    assert criterion.last_assignment is None

@@ -80,7 +80,8 @@ def _step(model: nn.Module, criterion: DetectionLoss, images: torch.Tensor, targ
     with precision.autocast():
         outputs = work(images)
     # One rank runs the check by itself: the loss must not wait on the other ranks (see DetectionLoss).
-    loss, _ = criterion(outputs, targets, images.shape[2:], assigned=assigned, across_ranks=False)
+    loss, _ = criterion(outputs, targets, images.shape[2:], assigned=assigned, across_ranks=False,
+                        keep_assignment=True)
     scale = FP16_TEST_SCALE if precision.uses_scaler else 1.0
     (loss * scale).backward()
     grads = [p.grad.float().flatten() / scale for p in work.parameters() if p.grad is not None]

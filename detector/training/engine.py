@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 from tqdm import tqdm
@@ -175,7 +176,7 @@ class TrainStep:
                 ema = DeviceEMA(self.ema, unwrap(self.model)) if self.ema is not None else None
                 self.graphs = StepGraphs(graphed_body(self, parameters, ema), optimizer=self.optimizer,
                                          scaler=self.scaler, ema=ema)
-            elif self.cuda_graphs == "on":
+            elif self.cuda_graphs == "on" and not (dist.is_initialized() and dist.get_rank() > 0):  # said once
                 print(f"cuda graphs: off, {reason}", flush=True)
         return self.graphs
 
