@@ -63,13 +63,17 @@ def most_boxes_per_image(targets: torch.Tensor, batch_size: int) -> int:
 
 
 def targets_to_padded(
-    targets: torch.Tensor, batch_size: int, image_hw: tuple[int, int], *, slots: int | None = None
+    targets: torch.Tensor, batch_size: int, image_hw: tuple[int, int], *, slots: int | None = None,
+    pin: bool = False,
 ) -> PaddedTargets:
     """Targets ``[N, 6]`` (image index, class, cx, cy, w, h normalised) -> padded per-image tensors.
 
     ``slots``: the box count ``M`` to pad to (at least the most boxes in one image); None pads to exactly
     that most. Extra padding changes neither the assignment nor the gradients, and the loss only in the order of
-    its sums (masked rows take no anchor: tests/test_loss.py compares them).
+    its sums (masked rows take no anchor: tests/test_loss.py compares them). ``pin``: made in page-locked memory
+    (host targets bound for a GPU; needs CUDA): a non-blocking copy from pageable memory may make the host wait
+    for the stream, and so for the step before, where the driver stages it (the larger sizes: 64 x 512 slots of
+    boxes is 512 KB).
     """
     device = targets.device
     counts = torch.bincount(targets[:, 0].long(), minlength=batch_size) if len(targets) else torch.zeros(
@@ -80,9 +84,9 @@ def targets_to_padded(
         if slots < most:
             raise ValueError(f"{slots} box slots cannot hold an image with {most} boxes")
         most = slots
-    labels = torch.zeros(batch_size, most, dtype=torch.long, device=device)
-    boxes = torch.zeros(batch_size, most, 4, device=device)
-    mask = torch.zeros(batch_size, most, dtype=torch.bool, device=device)
+    labels = torch.zeros(batch_size, most, dtype=torch.long, device=device, pin_memory=pin)
+    boxes = torch.zeros(batch_size, most, 4, device=device, pin_memory=pin)
+    mask = torch.zeros(batch_size, most, dtype=torch.bool, device=device, pin_memory=pin)
     if len(targets):
         image_index = targets[:, 0].long()
         order = torch.argsort(image_index, stable=True)
@@ -307,7 +311,8 @@ class DetectionLoss(torch.nn.Module):
         )
         # Padded where the targets are (the loader's host memory in training): sizing the padding there needs
         # no wait for the GPU; the three small results then travel to the device.
-        padded = targets if isinstance(targets, PaddedTargets) else targets_to_padded(targets, batch, image_hw)
+        padded = targets if isinstance(targets, PaddedTargets) else targets_to_padded(
+            targets, batch, image_hw, pin=flat.device.type == "cuda" and targets.device.type == "cpu")
         gt_labels, gt_boxes, gt_mask = (t.to(flat.device, non_blocking=True) for t in padded)
 
         if assigned is None:

@@ -354,3 +354,12 @@ def test_a_training_call_keeps_no_assignment_past_itself():
     assert criterion.last_assignment is not None
     criterion(model(torch.rand(1, 3, 64, 64)), targets, (64, 64))
     assert criterion.last_assignment is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="page-locked memory needs CUDA")
+def test_targets_bound_for_a_gpu_are_padded_in_page_locked_memory():
+    """What the graphs' fill and the eager loss copy to the GPU without blocking: page-locked, the same values."""
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.4], [1, 0, 0.3, 0.3, 0.2, 0.3], [1, 2, 0.6, 0.6, 0.2, 0.2]])
+    pinned, pageable = (targets_to_padded(targets, 2, (64, 64), slots=16, pin=pin) for pin in (True, False))
+    assert all(t.is_pinned() for t in pinned) and not any(t.is_pinned() for t in pageable)
+    assert all(torch.equal(a, b) for a, b in zip(pinned, pageable))

@@ -222,7 +222,7 @@ def graphed_step(
     """
     batch = len(images)
     key = graphs.book.key(tuple(images.shape), most_boxes_per_image(targets, batch), with_optimizer)
-    padded = targets_to_padded(targets, batch, images.shape[2:], slots=key[1])
+    padded = targets_to_padded(targets, batch, images.shape[2:], slots=key[1], pin=True)  # graphs: on CUDA only
     ema = graphs.ema
     if with_optimizer and ema is not None:
         ema.advance()
