@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from detector.device import resolve_device
+from detector.precision import Precision, safest
 
 
 # How long a rank waits at a collective. Rank 0 works alone while the others wait: it prepares the node's data
@@ -133,6 +134,22 @@ def decide_on_main(decide: Callable[[], T], info: DistInfo) -> T:
     return value  # type: ignore[return-value]
 
 
+def agreed_precision(precision: Precision, info: DistInfo) -> Precision:
+    """The safest of every rank's ``precision`` (rank 0's on a tie); ``precision`` itself in one process.
+
+    Each rank resolves its precision for its own GPU: ``--precision bf16`` gives FP32 on a GPU without native BF16,
+    so a job over GPUs of two generations would train its ranks in different precisions.
+    """
+    if not info.enabled:
+        return precision
+    every: list[Precision] = [precision] * info.world_size  # each replaced by that rank's
+    dist.all_gather_object(every, precision)
+    agreed = every[0]
+    for other in every[1:]:
+        agreed = safest(agreed, other)
+    return agreed
+
+
 def portable(error: Exception) -> Exception:
     """``error`` where it survives pickling, as the broadcast pickles it; else a RuntimeError of its type's name and
     message. An attribute that does not pickle, or an ``__init__`` of more arguments than the error's ``args``,
@@ -167,6 +184,20 @@ def local_main_first(info: DistInfo) -> Iterator[None]:
     finally:
         if info.enabled and info.local_rank == 0:
             dist.barrier()
+
+
+@contextlib.contextmanager
+def group_ended_on_error() -> Iterator[None]:
+    """Around a run's set-up: a process group the block started is destroyed when the block raises (the run's own
+    :func:`cleanup` comes at the end of its fit, which then never runs), so a Python caller's process is left
+    without NCCL's communicators and torch's warning at exit. A group that was running before is the caller's."""
+    running = dist.is_available() and dist.is_initialized()
+    try:
+        yield
+    except BaseException:
+        if not running and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+        raise
 
 
 def cleanup(info: DistInfo) -> None:

@@ -369,3 +369,53 @@ def test_rank_0s_error_reaches_the_others_even_when_it_does_not_pickle(monkeypat
         decide_on_main(fail, DistInfo(rank=0, world_size=2))
     assert broadcast[0][0] is False and str(broadcast[0][1]) == "_Unpicklable: disk gone"
     assert decide_on_main(lambda: 7, DistInfo(rank=0, world_size=2)) == 7
+
+
+def test_a_set_up_that_fails_ends_the_process_group_it_started(monkeypatch, tmp_path):
+    """Under torchrun a run whose set-up fails (here its data YAML is missing) leaves no process group behind for a
+    Python caller; one the caller had started before is left running. A real gloo group of one process stands in
+    for torchrun's (WORLD_SIZE says 2, so the run joins a group; the group it makes has this process alone)."""
+    import torch.distributed as dist
+
+    from detector.training.config import TrainConfig
+    from detector.training.trainer import train
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already running in this process")
+    real_init = dist.init_process_group
+
+    def alone(**kwargs):
+        real_init(backend="gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+
+    monkeypatch.setattr(dist, "init_process_group", alone)
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    config = TrainConfig(data=str(tmp_path / "missing.yaml"), device="cpu", project=str(tmp_path), epochs=1)
+    with pytest.raises(Exception, match="missing.yaml"):
+        train(config, progress=False)
+    assert not dist.is_initialized()
+
+    alone()  # the caller's own group, running before the run
+    try:
+        with pytest.raises(Exception, match="missing.yaml"):
+            train(config, progress=False)
+        assert dist.is_initialized()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_train_in_the_safest_precision_any_of_them_resolved(monkeypatch):
+    """--precision bf16 over GPUs of two generations: the rank whose GPU lacks native BF16 resolves FP32, and every
+    rank trains in FP32; rank 0's choice on a tie; one process keeps its own. The ranks' answers are given here (no
+    group runs): what is checked is the choice among them."""
+    import torch.distributed as dist
+
+    from detector.distributed import DistInfo, agreed_precision
+    from detector.precision import Precision
+
+    bf16, fp32 = Precision("bf16", "cuda", "requested"), Precision("fp32", "cuda", "this GPU has no native BF16")
+    assert agreed_precision(bf16, DistInfo(0, 0, 1, 1)) is bf16
+    for answers, expected in (([bf16, fp32], fp32), ([fp32, bf16], fp32), ([bf16, bf16], bf16)):
+        monkeypatch.setattr(dist, "all_gather_object", lambda every, mine, given=answers: every.__setitem__(
+            slice(None), given))
+        assert agreed_precision(answers[1], DistInfo(1, 1, 2, 2)) is expected

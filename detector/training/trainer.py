@@ -21,8 +21,8 @@ import torch
 
 from detector.checkpoint import CheckpointError, RunState, Trained, load_checkpoint, restore_run, run_checkpoint
 from detector.data.workers import default_workers, usable_cores
-from detector.distributed import any_rank, cleanup, decide_on_main, init_distributed
-from detector.distributed import local_main_first, unwrap
+from detector.distributed import agreed_precision, any_rank, cleanup, decide_on_main, group_ended_on_error
+from detector.distributed import init_distributed, local_main_first, unwrap
 from detector.metrics.coco import write_results_json
 from detector.metrics.loop import Validation
 from detector.model import build_model
@@ -88,7 +88,7 @@ class Trainer(RunPlans):
         # Not where --sync-bn will make SyncBatchNorm layers (wrap_distributed): those keep their own forward.
         sync_bn = config.sync_bn and self.dist.enabled and self.device.type == "cuda"
         self.recomputed = recompute_activations(model, recompute_wanted(config.recompute, self.device) and not sync_bn)
-        precision = resolve_precision(config.precision, self.device, unamp=config.unamp)
+        precision = agreed_precision(resolve_precision(config.precision, self.device, unamp=config.unamp), self.dist)
         self.resolved_precision = precision.name  # what this device gives the run; anything else was a fallback
         if config.batch == AUTO_BATCH:  # rank 0 measures, every rank follows
             most_boxes = int(self.train_data.records.box_counts().max(initial=0))
@@ -436,4 +436,6 @@ def train(config: TrainConfig, *, progress: bool = True, stop_after_epochs: int 
     "time_account", ...}``. ``process_start``: the process runs only this (a command), so the time account
     starts at the process's start."""
     with fp32_settings_kept():  # --unamp's strict FP32 (TF32 off) ends with its run
-        return Trainer(config, progress=progress, process_start=process_start).fit(stop_after_epochs=stop_after_epochs)
+        with group_ended_on_error():  # fit's end destroys it, after a set-up that did not fail
+            trainer = Trainer(config, progress=progress, process_start=process_start)
+        return trainer.fit(stop_after_epochs=stop_after_epochs)
