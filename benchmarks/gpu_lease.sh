@@ -41,6 +41,13 @@ two_epochs() {
     --workers 8 --data "/tmp/shapes$IMAGES/shapes.yaml" "$@" 2>&1 | grep --line-buffered -v "it/s\]$\|s/it\]$" \
     > "$OUT/$name.log"
   echo "$name rc ${PIPESTATUS[0]}"
+  # Each of our runs' own log and results.csv (per epoch: the CUDA graphs captured, their host seconds, the eager
+  # steps) from train_speed.py's work folder, which is not under $OUT: NAME_amp.log, NAME_amp.csv, ...
+  local work; work=$(ls -td "${TMPDIR:-/tmp}"/train_speed_*/ 2>/dev/null | head -1)
+  for run in amp unamp fixed; do
+    [ -f "${work}round0/$run/results.csv" ] || continue
+    cp "${work}round0/$run.log" "$OUT/${name}_$run.log"; cp "${work}round0/$run/results.csv" "$OUT/${name}_$run.csv"
+  done
 }
 # limit S: S seconds, or what is left of BUDGET if less (at least 1), so the stages' limits never add up past it.
 limit() { local left=$(( T0 + BUDGET - $(date +%s) )); (( left < $1 )) && echo $(( left > 1 ? left : 1 )) || echo "$1"; }
@@ -60,7 +67,7 @@ for stage in $STAGES; do
     timeout "$(limit 70)" python3 -m pytest -p no:cacheprovider $per_test -rfE tests/training/test_cuda_graph.py \
       > "$OUT/tests.log" 2>&1
     echo "cuda graph tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -8
-    timeout "$(limit 80)" python3 -m pytest -n 4 -p no:cacheprovider $per_test -rfE tests/test_device.py \
+    timeout "$(limit 120)" python3 -m pytest -n 4 -p no:cacheprovider $per_test -rfE tests/test_device.py \
       tests/data/test_device_augment.py tests/data/test_batch_augment.py tests/inference/test_preprocess.py \
       tests/training/test_autobatch.py tests/test_loss.py tests/test_postprocess.py tests/test_nms.py \
       tests/inference/test_inference_backends.py tests/inference/test_onnx_providers.py tests/data/test_warp_kernel.py \
@@ -68,6 +75,13 @@ for stage in $STAGES; do
       tests/training/test_amp_check.py tests/training/test_engine.py tests/training/test_validator.py \
       tests/test_checkpoint.py tests/model/test_recompute.py > "$OUT/tests_device.log" 2>&1
     echo "device tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_device.log" | tail -8 ;;
+  preflight)  # ~20 s: does the CUDA defaults' step (FP16, AdamW, channels-last, recomputed BatchNorm) capture and
+    # train as eager? Before the stages that time it: a failed capture there would time eager steps, said in one line
+    timeout "$(limit 60)" python3 -m pytest -p no:cacheprovider -q -rfE \
+      "tests/training/test_cuda_graph.py::test_captured_steps_train_as_the_eager_ones[fp16-AdamW-3-False-True]" \
+      tests/model/test_recompute.py::test_on_cuda_the_recomputed_batch_norm_output_is_the_forwards_bit_for_bit \
+      > "$OUT/preflight.log" 2>&1
+    echo "preflight rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/preflight.log" | tail -4 ;;
   speed)
     training_set
     stamp "training"
@@ -140,7 +154,7 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
     echo "ultrabccd rc ${PIPESTATUS[0]}"; tail -3 "$OUT/ultrabccd.log" ;;
   val)  # what a BCCD validation pass spends on the GPU (0.50 s median in training): per stage, on the bccd stage's
     # best.pt (it needs that stage first) and on a fresh model whose every pair enters NMS (early training's worst)
-    trained=$(ls /tmp/bccd_runs/*/weights/best.pt 2>/dev/null | head -1)
+    trained=$(ls -td /tmp/bccd_runs/*/weights/best.pt 2>/dev/null | head -1)  # the newest run's
     [ -n "$trained" ] || echo "val: no best.pt of the bccd stage on this machine; the fresh model only"
     # and on best.pt again with torchvision's kernel alone (--fixed-point-candidates 0: NMS 139 ms a pass on the H200,
     # whatever the size of its calls), against detector.postprocess.fixed_point_nms, the default on CUDA since, and
@@ -176,7 +190,7 @@ generate_shapes(Path('/tmp/augment640'), train=256, val=8, size=640)"
   profile)  # why FP16 is only 1.33x FP32 at batch 32: graphed and eager times, and the top kernels, per variant
     timeout "$(limit 75)" python3 benchmarks/inference_profile.py --device cuda --batch 32 > "$OUT/profile.log" 2>&1
     echo "profile rc $?"; tail -6 "$OUT/profile.log" ;;
-  *) echo "unknown stage $stage (imports, tests, speed, mosaic, augment, loader, loop, loopmosaic, bccd, ultrabccd,"\
+  *) echo "unknown stage $stage (imports, preflight, tests, speed, mosaic, augment, loader, loop, loopmosaic, bccd, ultrabccd,"\
       "val, unamp, small, seeds, inference, pt2, profile)" ;;
   esac
 done
