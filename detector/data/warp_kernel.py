@@ -195,7 +195,10 @@ def _kernel(interpret: bool):  # noqa: ARG001 - the cache key: an interpreted ke
         out_y = (index % per_image) // size
         target = out + image * stride_b + out_y * stride_y + out_x * stride_x
         tl.store(target, red, mask=live)
-        tl.store(target + stride_c, green, mask=live)
-        tl.store(target + 2 * stride_c, blue, mask=live)
+        # Blue one channel step past green, not 2 * stride_c past red: the step is a 32-bit argument while it
+        # fits, and twice it may not (a channel-outermost view of 2**30 pixels and more wrapped to negative).
+        green_at = target + stride_c
+        tl.store(green_at, green, mask=live)
+        tl.store(green_at + stride_c, blue, mask=live)
 
     return warp_augment

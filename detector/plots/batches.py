@@ -20,6 +20,7 @@ from detector.files import write_image
 MAX_GRID_SIDE = 1920  # pixels; tiles shrink so the whole grid stays under this
 DRAW_CONF = 0.25  # predictions below this score are not drawn
 GT_COLOR = (40, 200, 40)  # RGB, ground-truth boxes in the prediction plots
+PLOTTED_IMAGES = 16  # a batch plot's images at most (train_batch0.png)
 TILE_GAP = 6  # pixels of white between grid cells
 PAIR_GAP = 2  # pixels of white between the ground-truth and prediction halves of one cell
 
@@ -106,7 +107,8 @@ def _resized(tile: np.ndarray, scale: float) -> np.ndarray:
 
 
 def plot_batch(
-    images: torch.Tensor, targets: torch.Tensor, names: list[str], out_png: str | Path, *, max_images: int = 16
+    images: torch.Tensor, targets: torch.Tensor, names: list[str], out_png: str | Path, *,
+    max_images: int = PLOTTED_IMAGES
 ) -> Path:
     """Draw a training batch with its labels and return ``out_png``.
 

@@ -71,13 +71,22 @@ def _unfused_input(images: torch.Tensor | WarpBatch, size: int, device: torch.de
     return resize_batch(model_input(images, device, channels_last=channels_last), size)  # on the GPU
 
 
-def as_trained(batch: tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]) -> tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]:
+def as_trained(batch: tuple[torch.Tensor, torch.Tensor, list[ImageMeta]], *, first: int | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, list[ImageMeta]]:
     """A loader batch (uint8 ``[B, 3, S, S]``) with the pixel operations it carries applied here, on the CPU.
 
     For the AMP check and the batch plot on the device path: their pixels then match the labels, which the
-    workers flipped already. A batch without operations comes back as it is.
+    workers flipped already. A batch without operations comes back as it is. ``first``: its first images only
+    (their targets and metas too), taken before anything is rendered: the check and the plot read 8 and 16. A
+    whole mosaic batch of 64 at 640 px warped on the CPU raised the process's peak memory by 1.4 GB in 1.16 s, its
+    first 16 by 0.83 GB in 0.56 s (2-core Xeon; most of what is left is the atlas in FP32, 4x its 156 MiB).
     """
     images, targets, metas = batch
+    if first is not None and len(images) > first:
+        images = (WarpBatch(images.atlas, images.theta[:first], images.bounds[:first], images.out_size)
+                  if isinstance(images, WarpBatch) else images[:first])
+        targets, metas = targets[targets[:, 0] < first], metas[:first]
+        batch = images, targets, metas
     if isinstance(images, WarpBatch):  # mosaic and affine left to the device: warped here, on the CPU
         images = render_uint8(images)
         batch = images, targets, metas

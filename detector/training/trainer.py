@@ -27,11 +27,12 @@ from detector.metrics.coco import write_results_json
 from detector.metrics.loop import Validation
 from detector.model import build_model
 from detector.model.recompute import recompute_activations, recompute_wanted
+from detector.plots.batches import PLOTTED_IMAGES
 from detector.plots.reporter import RunReporter
 from detector.plots.worker import figures_in_background
 from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest, set_strict_fp32
 from detector.runs import append_results, keep_results_through
-from detector.training.amp_check import check_first_batch
+from detector.training.amp_check import CHECK_IMAGES, check_first_batch
 from detector.training.autobatch import AUTO_BATCH, batch_for
 from detector.training.budget import RunClock, TimeBudget
 from detector.training.builders import (build_criterion, build_data, build_model_from_weights, build_optimization,
@@ -249,7 +250,7 @@ class Trainer(RunPlans):
             batches = self.feed.begin(0, use_mosaic=self.uses_mosaic(0))
             with self.account.detail("first batch"):
                 loaded = next(batches)
-            first_batch = as_trained(loaded)
+            first_batch = as_trained(loaded, first=max(CHECK_IMAGES, PLOTTED_IMAGES))  # what the two read
             if config.amp_check:
                 with self.account.detail("AMP check"):
                     self._preflight(first_batch)

@@ -275,6 +275,11 @@ def test_steps_render_the_batch_on_the_device_path(tmp_path):
     expected = (apply_pixel_ops(warped.float() / 255, ops) * 255).round().to(torch.uint8)
     assert torch.equal(images, expected) and images.is_contiguous(memory_format=torch.channels_last)
     assert all(meta.pixel_ops is None for meta in metas) and targets is batch[1]
+    # The first images alone (the check reads 8, the plot 16), taken before the warp: the same pixels, their labels.
+    two, two_targets, two_metas = as_trained(batch, first=2)
+    assert torch.equal(two, images[:2]) and [meta.image_id for meta in two_metas] == [m.image_id for m in metas[:2]]
+    assert torch.equal(two_targets, batch[1][batch[1][:, 0] < 2]) and len(two_targets) < len(batch[1])
+    assert as_trained(batch, first=8)[0].shape == images.shape  # no more than the batch has
     stepped = step_input(batch[0], 96, torch.device("cpu"), channels_last=True, pixel_ops=ops)
     assert stepped.shape == (4, 3, 96, 96) and stepped.is_contiguous(memory_format=torch.channels_last)
     assert torch.equal(stepped, apply_pixel_ops(render(batch[0], torch.device("cpu"), size=96, channels_last=True), ops))
