@@ -85,7 +85,9 @@ def _step(model: nn.Module, criterion: DetectionLoss, images: torch.Tensor, targ
     scale = FP16_TEST_SCALE if precision.uses_scaler else 1.0
     (loss * scale).backward()
     grads = [p.grad.float().flatten() / scale for p in work.parameters() if p.grad is not None]
-    return float(loss.detach()), torch.cat(grads) if grads else torch.zeros(1), criterion.last_assignment
+    kept, criterion.last_assignment = criterion.last_assignment, None  # the run's loss: nothing kept into training
+    assert kept is not None
+    return float(loss.detach()), torch.cat(grads) if grads else torch.zeros(1), kept
 
 
 def compare_step(model: nn.Module, criterion: DetectionLoss, images: torch.Tensor, targets: torch.Tensor,

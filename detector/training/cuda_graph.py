@@ -313,8 +313,10 @@ class StepGraphs:
         if not self.graphs:
             # No graph holds the pool any more: the allocator may release it, and a later capture that named it
             # again would fail its use-count check (and the run would train eagerly). The next capture takes a
-            # fresh one, as a precision fallback's new StepGraphs does.
+            # fresh one, as a precision fallback's new StepGraphs does. The old one's memory goes back now (the
+            # device finished above), not at the next capture, after the eager steps that come first.
             self.pool = torch.cuda.graph_pool_handle()
+            torch.cuda.empty_cache()
 
     def _eager(self, batch: StaticBatch, key: GraphKey) -> dict[str, torch.Tensor]:
         """The body run eagerly on the side stream, as PyTorch asks before a capture."""
@@ -342,6 +344,10 @@ class StepGraphs:
                 delattr(self.optimizer, name)
         # GradScaler's per-optimizer stage (unscaled / stepped) is host state the failed capture may have moved.
         self.scaler._per_optimizer_states.clear()
+        # The graphs' pool and the eager warm-up's blocks on the side stream (a step's activations each), which the
+        # eager steps from now on, on the main stream, could not reuse: back to the GPU, not held for the run.
+        torch.cuda.synchronize(self.side.device)
+        torch.cuda.empty_cache()
 
 
 @contextlib.contextmanager

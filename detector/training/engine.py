@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from detector.data.batch_augment import carried_pixel_ops
+from detector.data.device_augment import WarpBatch
 from detector.distributed import gradients_reduced, unwrap
 from detector.loss import DetectionLoss, most_boxes_per_image, targets_to_padded
 from detector.precision import Precision
@@ -162,7 +163,13 @@ class TrainStep:
         """Train on in ``precision``, with a fresh loss scaler of its kind (none outside FP16)."""
         self.precision = precision
         self.scaler = precision.make_scaler()
-        self.graphs, self.graphs_checked = None, False  # captured with the old autocast dtype and scaler
+        dropped, self.graphs, self.graphs_checked = self.graphs, None, False  # captured in the old dtype and scaler
+        if dropped is not None:
+            # Their pool (a step's activations) goes back to the GPU now, not at the new graphs' first capture: the
+            # eager steps before it would otherwise hold a second step's memory beside it.
+            del dropped
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
 
     def step_graphs(self, parameters: list[torch.Tensor]) -> StepGraphs | None:
         """The captured steps, made on first call where ``cuda_graphs`` allows (None elsewhere: the CPU, ...).
@@ -316,7 +323,14 @@ def train_one_epoch(
         out = None if graphs is None or graphs.failed is not None else graphs.inputs.image_buffer(
             (len(images), 3, sizes[index], sizes[index]), device, channels_last=channels_last,
             largest_side=multi_scale.largest(), dtype=input_dtype)
-        images = step_input(images, sizes[index], device, channels_last=channels_last, pixel_ops=pixel_ops, out=out)
+        loaded, images = images, step_input(images, sizes[index], device, channels_last=channels_last,
+                                            pixel_ops=pixel_ops, out=out)
+        if isinstance(loaded, WarpBatch) and device.type == "cuda":
+            # Rendered: its atlas (~130 MB a mosaic batch at 640 px and batch 64) goes now, not when the loop's
+            # iterators let go of the batch, after the step, so that it is not at the step's peak beside the next
+            # batch's, already uploaded. Freed in stream order: the render queued before it still reads it.
+            loaded.atlas.set_()
+        del loaded
         images = images.to(input_dtype)  # made in FP32 without a buffer: the half-precision copy only from here
         if graphs is not None and role.warmup_ended:
             graphs.forget_partial_steps()  # warm-up's forward-and-backward graphs: no such step follows

@@ -262,6 +262,9 @@ class Trainer(RunPlans):
                 self.feed.forget()  # the probe drew more of epoch 0's pass: it begins anew
             else:
                 self.feed.put_back([loaded])  # epoch 0 goes on from this batch (detector/training/feed.py)
+            if self.device.type == "cuda":  # what the check and the probe cached (GBs at batch 64) goes back: the
+                torch.cuda.synchronize(self.device)  # graphs' warm-up steps on their own stream could not reuse it
+                torch.cuda.empty_cache()
         self.log(run_header(self))
         if self.verdicts.saved is not None and self.dist.is_main:
             self._judge_saved(*self.verdicts.saved)

@@ -294,3 +294,43 @@ def test_an_eager_step_without_a_scaler_reads_nothing_on_the_host_and_skips_non_
     assert not bool(result.applied) and all(torch.equal(a, p) for a, p in zip(before, parameters))
     result = step_with(0.1)
     assert bool(result.applied) and not all(torch.equal(a, p) for a, p in zip(before, parameters))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the uploaded atlas is freed on a GPU")
+def test_each_uploaded_atlas_is_freed_once_rendered(monkeypatch):
+    """A device-path batch's atlas on the GPU goes as soon as the step's input is rendered from it, not after the
+    step (it would sit at the step's peak beside the next batch's); the training still runs."""
+    from tests.data.test_device_augment import _fixed_sources
+
+    seen = []
+    real = engine.step_input
+
+    def recording(images, *args, **kwargs):
+        seen.append(images)
+        return real(images, *args, **kwargs)
+
+    monkeypatch.setattr(engine, "step_input", recording)
+    sources = [source for _, _, source in _fixed_sources(64)]
+    metas = [ImageMeta(i, (64, 64), 1.0, (0.0, 0.0)) for i in range(len(sources))]
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.4]])
+    loader = [(pack_warp_batch(sources).pin_memory(), targets, metas) for _ in range(2)]
+    torch.manual_seed(0)
+    step = make_train_step(build_model(num_classes=2).cuda(), device="cuda")
+    train_one_epoch(step, loader, multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
+    assert len(seen) == 2 and all(batch.atlas.is_cuda and batch.atlas.untyped_storage().nbytes() == 0
+                                  for batch in seen)
+    assert all(batch[0].atlas.untyped_storage().nbytes() > 0 for batch in loader)  # the host's copies are kept
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")
+def test_a_precision_fallback_gives_its_graphs_memory_back_at_once():
+    """The graphs of the precision a run leaves hold a step's activations in their pool: it goes back to the GPU
+    when they are dropped, not at the new precision's first capture, after eager steps beside it."""
+    torch.manual_seed(0)
+    step = make_train_step(build_model(num_classes=2).cuda(), precision="fp16", device="cuda", steps_per_epoch=4)
+    step.cuda_graphs = "on"
+    train_one_epoch(step, _loader(4), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
+    assert step.graphs is not None and step.graphs.graphs  # captured: the pool holds memory
+    held = torch.cuda.memory_reserved()
+    step.set_precision(Precision("bf16", "cuda", "test fallback"))
+    assert step.graphs is None and torch.cuda.memory_reserved() < held
