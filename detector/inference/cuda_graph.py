@@ -91,9 +91,14 @@ class CudaGraphRunner:
     """
 
     def __init__(self, function: Callable[[torch.Tensor], Outputs], *, max_graphs: float = math.inf,
-                 max_output_bytes: float = math.inf) -> None:
+                 max_output_bytes: float = math.inf, input_bytes: int = 0) -> None:
         self.function = function
         self.max_graphs, self.max_output_bytes = max_graphs, max_output_bytes
+        # input_bytes > 0: every shape's static input that fits is a view of one memory of that many bytes per
+        # device, not a copy of its own: they never replay at once, and each call copies its input in first.
+        # Validation's rectangular batches are several shapes (up to 79 MB each at 64 x 640 px), held for the run.
+        self.input_bytes = input_bytes
+        self.input_memory: dict[torch.device, torch.Tensor] = {}
         self.graphs: dict[tuple, CapturedGraph] = {}
         self.uncaptured: set[tuple] = set()  # shapes over the limits: always eager
         # One memory pool per device for all of its graphs: they never run at once, and every replay's output is
@@ -123,11 +128,25 @@ class CudaGraphRunner:
             captured.graph.replay()
             return clone_outputs(captured.static_output)
 
+    def static_input(self, inputs: torch.Tensor) -> torch.Tensor:
+        """A buffer holding ``inputs``, of its shape, dtype and strides: a view of the shared input memory where it
+        fits (a dense tensor of at most :attr:`input_bytes`), else a copy of its own."""
+        size = inputs.numel() * inputs.element_size()
+        dense = inputs.is_contiguous() or inputs.is_contiguous(memory_format=torch.channels_last)
+        if not dense or size > self.input_bytes or size % inputs.element_size():
+            return inputs.clone()
+        memory = self.input_memory.get(inputs.device)
+        if memory is None:
+            memory = self.input_memory[inputs.device] = torch.empty(self.input_bytes, dtype=torch.uint8,
+                                                                    device=inputs.device)
+        view = memory[:size].view(inputs.dtype).as_strided(inputs.shape, inputs.stride())
+        return view.copy_(inputs)
+
     def capture(self, inputs: torch.Tensor) -> tuple[CapturedGraph | None, Outputs | None]:
         """``(the graph of function for inputs like inputs, None)``; ``(None, function(inputs))`` when its output
         would take the graphs' outputs past ``max_output_bytes`` (known from the first warm-up run, whose output is
         then this call's: no further run), ``(None, None)`` when capturing fails (:attr:`failed`)."""
-        static_input = inputs.clone()
+        static_input = self.static_input(inputs)
         if inputs.device not in self.streams:
             self.streams[inputs.device] = torch.cuda.Stream(inputs.device)
         side = self.streams[inputs.device]  # warm-up on a side stream, as torch.cuda.graphs asks

@@ -34,10 +34,12 @@ def decode_images(
     """uint8 ``[B, 3, S, S]`` letterboxed images -> ``[B, A, 4 + C]`` FP32: xyxy input pixels, class scores.
 
     The network runs under ``precision``'s autocast; the decode runs outside it, in FP32, so box corners are
-    not rounded to FP16's 0.25-0.5 px step.
+    not rounded to FP16's 0.25-0.5 px step. On CUDA under autocast the input is made in autocast's dtype (the
+    same values its cast would give: :func:`~detector.inference.preprocess.model_input`); on the CPU in FP32.
     """
+    dtype = precision.dtype if device.type == "cuda" and precision.dtype is not None else torch.float32
     with precision.autocast():
-        maps = model(model_input(images, device, channels_last=channels_last))
+        maps = model(model_input(images, device, channels_last=channels_last, dtype=dtype))
     return decode_outputs(maps, model.strides, model.reg_max)
 
 

@@ -58,11 +58,14 @@ def validation_batch(config: TrainConfig, device: torch.device) -> int:
 
 
 def graphed_forward(model: nn.Module, precision: Precision, device: torch.device, *,
-                    channels_last: bool) -> CudaGraphRunner:
+                    channels_last: bool, largest_batch: tuple[int, int] = (0, 0)) -> CudaGraphRunner:
     """``model``'s forward and box decode on uint8 CUDA batches, replayed from CUDA graphs (up to
-    :data:`GRAPHED_SHAPES` and :data:`GRAPHED_OUTPUT_BYTES`; other shapes eager), as validation runs them."""
+    :data:`GRAPHED_SHAPES` and :data:`GRAPHED_OUTPUT_BYTES`; other shapes eager), as validation runs them.
+    ``largest_batch``: (images, side) of the largest: every shape's input is then a view of one uint8 memory."""
     forward = functools.partial(decode_images, model, precision=precision, device=device, channels_last=channels_last)
-    return CudaGraphRunner(forward, max_graphs=GRAPHED_SHAPES, max_output_bytes=GRAPHED_OUTPUT_BYTES)
+    images, side = largest_batch
+    return CudaGraphRunner(forward, max_graphs=GRAPHED_SHAPES, max_output_bytes=GRAPHED_OUTPUT_BYTES,
+                           input_bytes=images * 3 * side * side)
 
 
 def scores_in_background(choice: str, device: torch.device, epoch_seconds: float) -> bool:
@@ -181,7 +184,8 @@ class Validator:
         if self.device.type != "cuda":
             return None
         if self._graphs is None or self._graphs[0] is not copy or self._graphs[1] != precision.name:
-            runner = graphed_forward(copy, precision, self.device, channels_last=self.config.channels_last)
+            runner = graphed_forward(copy, precision, self.device, channels_last=self.config.channels_last,
+                                     largest_batch=(validation_batch(self.config, self.device), self.config.imgsz))
             self._graphs = copy, precision.name, runner
         return self._graphs[2]
 

@@ -198,6 +198,24 @@ def test_shapes_past_the_runners_limits_run_eagerly_and_quietly() -> None:
     assert calls.count(4) == 1 and torch.equal(capped(large), large * 2) and calls.count(4) == 2
 
 
+def test_every_shapes_static_input_is_a_view_of_one_memory_where_it_fits() -> None:
+    """Validation's rectangular batches are several shapes: their graphs' inputs share one memory (they never replay
+    at once; each call copies its input in first) instead of holding one copy each for the run. Plain tensor
+    work, run here on the CPU; the graphs that read it are tested on a GPU."""
+    from detector.inference.cuda_graph import CudaGraphRunner
+
+    runner = CudaGraphRunner(lambda x: x, input_bytes=2 * 3 * 8 * 8)
+    square = torch.randint(0, 255, (2, 3, 8, 8), dtype=torch.uint8)
+    wide = torch.randint(0, 255, (2, 3, 6, 8), dtype=torch.uint8).contiguous(memory_format=torch.channels_last)
+    first, second = runner.static_input(square), runner.static_input(wide)
+    assert first.data_ptr() == second.data_ptr() == runner.input_memory[square.device].data_ptr()
+    assert torch.equal(second, wide) and second.stride() == wide.stride()
+    assert torch.equal(runner.static_input(square), square)  # copied in again: the same memory, this shape's bytes
+    larger = torch.zeros(3, 3, 8, 8, dtype=torch.uint8)  # past the memory: a copy of its own
+    assert runner.static_input(larger).data_ptr() != first.data_ptr()
+    assert CudaGraphRunner(lambda x: x).static_input(square).data_ptr() != square.data_ptr()  # none shared: a copy
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs capture on a GPU")
 def test_a_capture_keeps_the_page_locked_cache_and_ends_on_the_callers_stream() -> None:
     """A loader's page-locked batch memory, freed into torch's cache, is there for its next batch after a capture

@@ -110,3 +110,16 @@ def test_a_batch_goes_back_to_original_pixels_as_each_image_would() -> None:
         for key in ("scores", "labels", "track"):
             assert got[key].dtype == sent[key].dtype and torch.equal(got[key], sent[key])
     assert batch_to_original_pixels([], []) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_input_holds_what_autocast_would_cast_the_fp32_one_to(dtype):
+    """Every uint8 value: made in half precision directly, the batch is the FP32 input rounded once, as autocast's
+    cast of it for the first convolution (on a GPU the division computes in FP32 the same way)."""
+    from detector.inference.preprocess import model_input
+
+    images = torch.arange(256, dtype=torch.uint8).repeat(3, 1).reshape(1, 3, 16, 16)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    made = model_input(images, device, channels_last=True, dtype=dtype)
+    assert made.dtype == dtype and made.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(made, model_input(images, device, channels_last=True).to(dtype))
