@@ -118,6 +118,13 @@ def test_a_half_precision_buffer_holds_the_fp32_render_rounded_as_autocast_round
     half = torch.empty_like(fresh, dtype=torch.float16)
     assert render_fused(batch, device, size=56, channels_last=True, pixel_ops=OPS, out=half) is half
     assert torch.equal(half, fresh.to(torch.float16)) and half.is_contiguous(memory_format=torch.channels_last)
+    bf16 = torch.empty_like(fresh, dtype=torch.bfloat16)
+    render_fused(batch, device, size=56, channels_last=True, pixel_ops=OPS, out=bf16)
+    if device.type == "cuda":  # compiled: the store rounds to nearest even (cvt.rn.bf16.f32), as the cast does
+        assert torch.equal(bf16, fresh.to(torch.bfloat16))
+    else:  # Triton's interpreter casts to BF16 by truncation: within one BF16 step of the rounded value
+        step = 2.0**-7 * fresh.abs()  # a BF16 step (7 stored mantissa bits) at the value; zero is exact
+        assert bool(((bf16.float() - fresh).abs() <= step).all())
 
 
 @pytest.mark.skipif(INTERPRETED or torch.cuda.is_available(), reason="the CUDA cases compile and run it")
