@@ -189,6 +189,8 @@ def train_ours(name: str, flags: list[str], args: argparse.Namespace, data: Path
                                       "device": args.device})
     return {"train_seconds": train_seconds, "wall_seconds": wall, "busy": busy,
             "peak_mb": max(float(r["peak_mem_mb"]) for r in rows),
+            **({"peak_reserved_mb": max(float(r["peak_reserved_mb"]) for r in rows)} if "peak_reserved_mb" in rows[0]
+               else {}),
             "precision": rows[-1]["precision"], "epoch_rates": [float(r["images_per_s"]) for r in rows],
             "data_wait": [float(r["data_wait"]) for r in rows], **evaluation}
 
@@ -275,7 +277,9 @@ def run_summary(name: str, result: dict) -> str:
     busy = busy_text(result["busy"]).removeprefix("GPU busy: ") if result.get("busy") is not None else "-"
     return (f"{name}: {result['rate']:.1f} images/s, epochs {', '.join(f'{r:.1f}' for r in result['epoch_rates'])} "
             f"images/s, wall {result['wall_seconds']:.0f} s, val {result['val_seconds']:.1f} s, GPU busy {busy}, "
-            f"peak {result['peak_mb']:.0f} MB, mAP50-95 {result['map']:.4f}"
+            f"peak {result['peak_mb']:.0f} MB"
+            + (f" (reserved {result['peak_reserved_mb']:.0f} MB)" if "peak_reserved_mb" in result else "")
+            + f", mAP50-95 {result['map']:.4f}"
             # The share of each epoch the loop sat waiting for the loader: high means the step is starved of data.
             + (f", waited for data {', '.join(f'{share:.0%}' for share in result['data_wait'])} of each epoch"
                if "data_wait" in result else ""))

@@ -397,6 +397,9 @@ def train_one_epoch(
         "epoch_seconds": seconds,
         "data_wait": waited[0] / seconds,  # the share of the epoch the loop waited for the loader
         "peak_mem_mb": peak_memory_mb(device),
+        # What the allocator held from the GPU at most (nvidia-smi's view, what a small card runs out of): the graphs'
+        # pools and cached blocks beside the tensors; the run's maximum so far, as peak_mem_mb.
+        **({"peak_reserved_mb": torch.cuda.max_memory_reserved(device) / 2**20} if device.type == "cuda" else {}),
         "loss_scale_min": scales[0],
         "loss_scale_max": scales[1],
         "optimizer_steps": optimizer_steps,

@@ -316,7 +316,8 @@ def test_each_uploaded_atlas_is_freed_once_rendered(monkeypatch):
     loader = [(pack_warp_batch(sources).pin_memory(), targets, metas) for _ in range(2)]
     torch.manual_seed(0)
     step = make_train_step(build_model(num_classes=2).cuda(), device="cuda")
-    train_one_epoch(step, loader, multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
+    stats = train_one_epoch(step, loader, multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
+    assert stats["peak_reserved_mb"] >= stats["peak_mem_mb"] > 0  # results.csv's two GPU memory columns
     assert len(seen) == 2 and all(batch.atlas.is_cuda and batch.atlas.untyped_storage().nbytes() == 0
                                   for batch in seen)
     assert all(batch[0].atlas.untyped_storage().nbytes() > 0 for batch in loader)  # the host's copies are kept
