@@ -188,14 +188,17 @@ def local_main_first(info: DistInfo) -> Iterator[None]:
 
 @contextlib.contextmanager
 def group_ended_on_error() -> Iterator[None]:
-    """Around a run's set-up: a process group the block started is destroyed when the block raises (the run's own
-    :func:`cleanup` comes at the end of its fit, which then never runs), so a Python caller's process is left
-    without NCCL's communicators and torch's warning at exit. A group that was running before is the caller's."""
+    """Around a run's set-up: a gloo process group the block started is destroyed when the block raises (the run's
+    own :func:`cleanup` comes at the end of its fit, which then never runs), so a Python caller's process is left
+    without it and torch's warning at exit. A group that was running before is the caller's. An NCCL group is
+    left as it is: its destruction is a collective that waits for the other ranks, which may be waiting in one of
+    their own for this one (the AMP check's verdict, a barrier), and the job would hang for hours instead of
+    ending when this process exits (torchrun then stops the others)."""
     running = dist.is_available() and dist.is_initialized()
     try:
         yield
     except BaseException:
-        if not running and dist.is_available() and dist.is_initialized():
+        if not running and dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
             dist.destroy_process_group()
         raise
 

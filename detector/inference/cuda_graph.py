@@ -178,6 +178,7 @@ class CudaGraphRunner:
         except Exception as error:  # an uncapturable operation, any error type: the eager forward still works
             end_failed_capture(inputs.device, pool)
             self.graphs.clear()  # their static buffers are freed with them
+            self.input_memory.clear()  # every call runs eagerly from now on
             lines = str(error).strip().splitlines()
             self.failed = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
             warnings.warn(f"cuda graphs: capture failed ({self.failed}); inference runs eagerly", stacklevel=3)

@@ -183,7 +183,8 @@ class TrainStep:
                 ema = DeviceEMA(self.ema, unwrap(self.model)) if self.ema is not None else None
                 self.graphs = StepGraphs(graphed_body(self, parameters, ema), optimizer=self.optimizer,
                                          scaler=self.scaler, ema=ema)
-            elif self.cuda_graphs == "on" and not (dist.is_initialized() and dist.get_rank() > 0):  # said once
+            elif self.cuda_graphs == "on" and not (dist.is_available() and dist.is_initialized()
+                                                   and dist.get_rank()):  # said once, by rank 0
                 print(f"cuda graphs: off, {reason}", flush=True)
         return self.graphs
 
