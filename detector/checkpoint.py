@@ -392,6 +392,12 @@ def matched_to_parameters(optimizer: torch.optim.Optimizer) -> int:
     return changed
 
 
+def saved_precision(checkpoint: dict[str, Any]) -> tuple[str, bool]:
+    """The precision a :func:`run_checkpoint` trained in ("" where it does not say) and whether the run had fallen
+    back to it; older files did not say, and count as fallen back (kept where safer, as they always were)."""
+    return checkpoint.get("precision", ""), bool(checkpoint.get("precision_fell_back", True))
+
+
 def restore_run(checkpoint: dict[str, Any], trained: Trained) -> RunState:
     """Load a :func:`run_checkpoint` into ``trained`` (the scaler only where it is enabled) and return its state.
 
@@ -409,12 +415,13 @@ def restore_run(checkpoint: dict[str, Any], trained: Trained) -> RunState:
     matched_to_parameters(trained.optimizer)
     if checkpoint.get("scaler") and trained.scaler.is_enabled():
         trained.scaler.load_state_dict(checkpoint["scaler"])
+    precision, fell_back = saved_precision(checkpoint)
     return RunState(
         epoch=checkpoint["epoch"],
         config=checkpoint["config"],
         names=list(checkpoint.get("names") or []),
-        precision=checkpoint.get("precision", ""),
-        precision_fell_back=bool(checkpoint.get("precision_fell_back", True)),
+        precision=precision,
+        precision_fell_back=fell_back,
         ema_updates=checkpoint.get("ema_updates", 0),
         plan=dict(checkpoint.get("plan") or {}),
         schedule=checkpoint.get("schedule"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import os
 import pickle
 import warnings
@@ -144,10 +145,7 @@ def agreed_precision(precision: Precision, info: DistInfo) -> Precision:
         return precision
     every: list[Precision] = [precision] * info.world_size  # each replaced by that rank's
     dist.all_gather_object(every, precision)
-    agreed = every[0]
-    for other in every[1:]:
-        agreed = safest(agreed, other)
-    return agreed
+    return functools.reduce(safest, every)
 
 
 def portable(error: Exception) -> Exception:

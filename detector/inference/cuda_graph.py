@@ -133,7 +133,7 @@ class CudaGraphRunner:
         fits (a dense tensor of at most :attr:`input_bytes`), else a copy of its own."""
         size = inputs.numel() * inputs.element_size()
         dense = inputs.is_contiguous() or inputs.is_contiguous(memory_format=torch.channels_last)
-        if not dense or size > self.input_bytes or size % inputs.element_size():
+        if not dense or size > self.input_bytes:
             return inputs.clone()
         memory = self.input_memory.get(inputs.device)
         if memory is None:

@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from detector.checkpoint import CheckpointError, RunState, Trained, load_checkpoint, restore_run, run_checkpoint
+from detector.checkpoint import (CheckpointError, RunState, Trained, load_checkpoint, restore_run, run_checkpoint,
+                               saved_precision)
 from detector.data.workers import default_workers, usable_cores
 from detector.distributed import agreed_precision, any_rank, cleanup, decide_on_main, group_ended_on_error
 from detector.distributed import init_distributed, local_main_first, unwrap
@@ -146,8 +147,7 @@ class Trainer(RunPlans):
                 self.train_data.dataset.image_cache.release_name()
 
     def _restore(self, checkpoint: dict[str, Any]) -> None:
-        saved = checkpoint.get("precision", self.step.precision.name)
-        fell_back = bool(checkpoint.get("precision_fell_back", True))  # older files did not say
+        saved, fell_back = saved_precision(checkpoint)
         if saved in ("fp16", "bf16", "fp32") and fell_back and not self.config.unamp:
             # A precision the run had fallen back to is kept where it is safer than what this device resolves to; a
             # GPU run's FP16 resumed on a CPU, or BF16 on a CPU without it, is not. One its device merely resolved to
