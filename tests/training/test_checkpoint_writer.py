@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, save_checkpoint
+from detector.training import checkpoint_writer
 from detector.training.checkpoint_writer import Cadence, CheckpointWriter, RunCheckpoints, snapshot, stripped_snapshot
 from tests.conftest import FakeClock
 
@@ -170,3 +171,30 @@ def test_a_finished_run_writes_at_once_and_strips_last_pt(tmp_path: Path):
     assert last["epoch"] == 1 and is_stripped(last)
     assert load_checkpoint(tmp_path / "best.pt")["epoch"] == 0
     checkpoints.close()
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_only_a_background_writer_copies_the_live_state(tmp_path: Path, monkeypatch, background: bool):
+    """In the background the next steps change the live tensors while the file is written: it gets a copy. A
+    synchronous writer (the CPU's) has the file on disk before epoch_done returns, so it writes the live tensors
+    as they are and skips the copy. Either way the file holds that epoch's values, not a later step's."""
+    start_writing = threading.Event()
+    if not background:
+        start_writing.set()  # a synchronous write happens inside epoch_done: it must not wait for the change below
+
+    def slow_save(checkpoint: dict, path: Path) -> None:
+        start_writing.wait(timeout=10)  # in the background, the live weights change before this write starts
+        save_checkpoint(checkpoint, path)
+
+    copies = []
+    monkeypatch.setattr(checkpoint_writer, "snapshot", lambda value: copies.append(value) or snapshot(value))
+    live = full_checkpoint(1)
+    checkpoints = RunCheckpoints(tmp_path, background=background, log=print)
+    checkpoints.writer._save = slow_save
+    checkpoints.epoch_done(lambda: live, improved=True, finished=False, wait=False)
+    live["model"]["w"].fill_(7.0)  # the next step
+    start_writing.set()
+    checkpoints.close()
+    assert len(copies) == (1 if background else 0)
+    for name in ("last.pt", "best.pt"):
+        assert torch.equal(load_checkpoint(tmp_path / name)["model"]["w"].float(), torch.ones(4))
