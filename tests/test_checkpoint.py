@@ -416,12 +416,16 @@ def test_a_resumed_fused_optimizer_steps_as_the_saved_one_whatever_layout_its_st
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="copies out of a GPU")
-def test_a_gpu_optimizers_snapshot_keeps_its_layout_and_resumes_the_fused_step():
+def test_a_gpu_optimizers_snapshot_keeps_its_layout_and_resumes_the_fused_step(monkeypatch):
     """A CUDA run's last.pt (its tensors copied out together, detector.checkpoint.host_copies) holds a channels-last
     weight's moments channels-last: resumed, the fused CUDA AdamW steps (on channels-first moments it refused: the
     same layout for params, grads and moments) to the weights of the optimizer it was saved from."""
     from detector.training.checkpoint_writer import snapshot
 
+    # The two models' weight gradients must come from the same algorithm to be equal: cuDNN may otherwise pick a
+    # non-deterministic one (atomics, split reductions) for each backward pass.
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
     live, step = _channels_last_conv("cuda")
     optimizer = torch.optim.AdamW(live.parameters(), lr=0.1, fused=True)
     step(live, optimizer)

@@ -60,7 +60,8 @@ def test_moved_box_or_changed_label_fails() -> None:
 @pytest.mark.parametrize(("package", "folder"), [("onnx", "tests/exporting"), ("hypothesis", "tests/test_properties.py")])
 def test_missing_optional_package_skips_instead_of_failing(package: str, folder: str, tmp_path: Path) -> None:
     (tmp_path / f"{package}.py").write_text(f"raise ModuleNotFoundError('no {package}', name='{package}')\n")
-    environment = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin"}
+    # No GPU for the child: collecting needs none, and a GPU host's CUDA start-up warnings would read as errors below.
+    environment = {"PYTHONPATH": f"{tmp_path}:{REPO}", "PATH": "/usr/bin:/bin", "CUDA_VISIBLE_DEVICES": ""}
     # hypothesis's pytest plugin would load the stand-in too; without the package there is no plugin either.
     command = [sys.executable, "-m", "pytest", folder, "--collect-only", "-q", "-p", "no:cacheprovider", "-rs",
                "-p", "no:hypothesispytest"]

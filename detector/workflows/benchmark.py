@@ -184,6 +184,9 @@ def backends_for_checkpoint(
         yield from pt2_candidates(model, static, device, folder)
     if "engine" in skip:
         return
+    if torch.device(device).type != "cuda":  # an engine runs on a GPU only: not a row of another device's table
+        yield f"tensorrt: skipped (engines run on a CUDA GPU; this table is {device}'s)"
+        return
     if (reason := tensorrt_missing()) is not None:
         yield f"tensorrt: skipped ({reason})"
         return

@@ -200,4 +200,8 @@ def test_fp16_package_on_cuda(model: YOLO, images: torch.Tensor, tmp_path: Path)
             set_strict_fp32()
             report = check_parity(reference, backend, images=batch)
         assert report.passed, report.summary()
+    # Whether AOTInductor's runner can be captured has not been seen on a GPU yet (docs/gpu.md); where it cannot, the
+    # backend runs the package eagerly, as it says in one warning: parity above holds either way, this part does not.
+    if getattr(backend.forward, "failed", None) is not None:
+        pytest.xfail(f"the pt2 package ran eagerly: its capture failed ({backend.forward.failed})")
     assert backend.name == "pt2 fp16 cuda graph" and len(backend.forward.graphs) == 2  # one per batch size

@@ -151,3 +151,15 @@ def test_pt2_is_timed_in_fp32_and_in_what_half_exports_here(monkeypatch, tmp_pat
     monkeypatch.setattr(benchmark, "half_precision", lambda device: half)
     names = [candidate.name for candidate in benchmark.pt2_candidates(None, None, "cpu", tmp_path)]
     assert names == expected
+
+
+def test_a_cpu_table_builds_no_tensorrt_engine_even_where_tensorrt_could(monkeypatch, checkpoint, tmp_path) -> None:
+    """A host with a GPU and TensorRT, benchmarked with --device cpu: an engine (GPU-only) is no row of the CPU's
+    table, so none is built (it would be, on the GPU, once per batch size and precision); the table says why."""
+    import detector.workflows.benchmark as benchmark
+
+    monkeypatch.setattr(benchmark, "tensorrt_missing", lambda: None)  # as if TensorRT and a GPU were here
+    monkeypatch.setattr(benchmark, "build_engine", lambda *args, **kwargs: pytest.fail("built an engine"))
+    found = list(benchmark.backends_for_checkpoint(checkpoint, imgsz=64, device="cpu", folder=tmp_path,
+                                                   skip={"pytorch", "onnx", "pt2"}))
+    assert found == ["tensorrt: skipped (engines run on a CUDA GPU; this table is cpu's)"]
