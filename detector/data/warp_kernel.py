@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -32,6 +33,10 @@ from detector.data.device_augment import WarpBatch
 
 BLOCK = 1024  # output pixels per program
 _failed: list[str] = []  # the first failure's line: the PyTorch path for the rest of the process
+# A launch costs tens of microseconds of host time; a variant's first launch that takes longer than this compiled
+# the kernel (or loaded it from Triton's cache on disk), a one-time cost of the run's first steps that the log names.
+SLOW_FIRST_LAUNCH_S = 0.05
+_launched: set[tuple[torch.dtype, bool]] = set()  # the variants (output type, HSV) launched in this process
 
 
 def fused_unavailable(device: torch.device) -> str | None:
@@ -98,16 +103,36 @@ def render_fused(
     pixels = count * size * size
     # Triton launches on the current CUDA device: make it the batch's (a run on cuda:1 need not have made it so).
     current = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+    hsv = any_gains(ops)
+
+    def launch() -> None:
+        _kernel(interpreting())[(-(-pixels // BLOCK),)](
+            atlas, theta, bounds, table, out, height, width, size, pixels, *out.stride(), HSV=hsv, BLOCK=BLOCK,
+        )
+
     try:
         with current:
-            _kernel(interpreting())[(-(-pixels // BLOCK),)](
-                atlas, theta, bounds, table, out, height, width, size, pixels, *out.stride(),
-                HSV=any_gains(ops), BLOCK=BLOCK,
-            )
+            timed_launch(launch, (out.dtype, hsv), report=device.type == "cuda")
     except Exception as error:  # a Triton or driver build failure of any type: PyTorch renders from now on
         _give_up(f"fused augmentation kernel failed ({type(error).__name__}: {str(error).splitlines()[0]})")
         return None
     return out
+
+
+def timed_launch(launch: Callable[[], None], variant: tuple[torch.dtype, bool], *, report: bool) -> None:
+    """Run ``launch``; the first launch of a ``variant`` (output type, HSV) that takes
+    :data:`SLOW_FIRST_LAUNCH_S` or longer on the host is said in one line (``report``): Triton compiled it then.
+    A fresh machine compiles each variant once, in a run's first steps (issue 33's first epoch against a steady
+    one); later runs load it from Triton's cache on disk."""
+    started = time.perf_counter()
+    launch()
+    seconds = time.perf_counter() - started
+    if report and variant not in _launched and seconds >= SLOW_FIRST_LAUNCH_S:
+        dtype, hsv = variant
+        print(f"device augmentation: the fused kernel's first launch ({str(dtype).removeprefix('torch.')}"
+              f"{', HSV' if hsv else ''}) took {seconds:.2f} s: Triton compiling it, or loading it from its cache "
+              "on disk", flush=True)
+    _launched.add(variant)
 
 
 @functools.cache

@@ -10,6 +10,7 @@ import importlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -279,3 +280,21 @@ def test_a_triton_that_does_not_import_is_said_once(device, monkeypatch, capsys)
         assert render_fused(batch, device, size=64, channels_last=True, pixel_ops=OPS) is None
     assert capsys.readouterr().out == ("device augmentation: triton is not usable (ImportError: No module named "
                                        "'triton'); using PyTorch ops\n")
+
+
+@pytest.mark.skipif(INTERPRETED, reason="the parent runs it")
+def test_a_variants_slow_first_launch_is_said_once(monkeypatch, capsys):
+    """Triton compiles each variant of the kernel at its first launch (seconds on a fresh machine, inside a run's
+    first epoch): that launch is named in one line; a fast first launch (a cached kernel), a later slow launch of
+    the same variant and a device that does not report say nothing."""
+    monkeypatch.setattr(warp_kernel, "_launched", set())
+    slow = lambda: time.sleep(warp_kernel.SLOW_FIRST_LAUNCH_S + 0.01)  # noqa: E731
+    fast = lambda: None  # noqa: E731
+    warp_kernel.timed_launch(fast, (torch.float16, True), report=True)
+    warp_kernel.timed_launch(slow, (torch.float16, True), report=True)  # seen already: not its first launch
+    warp_kernel.timed_launch(slow, (torch.float32, False), report=False)
+    assert capsys.readouterr().out == ""
+    warp_kernel.timed_launch(slow, (torch.bfloat16, True), report=True)
+    warp_kernel.timed_launch(slow, (torch.bfloat16, True), report=True)
+    said = capsys.readouterr().out.splitlines()
+    assert len(said) == 1 and said[0].startswith("device augmentation: the fused kernel's first launch (bfloat16, HSV)")
