@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from detector.checkpoint import CheckpointError, host_copies, save_checkpoint, strip_checkpoint
+from detector.checkpoint import CheckpointError, host_copies, load_checkpoint, save_checkpoint, strip_checkpoint
 
 
 def snapshot(value: Any) -> Any:
@@ -269,6 +269,14 @@ class RunCheckpoints:
         candidate, self.candidate = self.candidate, None
         if improved and candidate is not None:
             self.held_best = {**candidate, **fields}
+
+    def best_state(self) -> dict[str, Any] | None:
+        """What best.pt holds, or will once written: the held improvement, else the file (after the writer has
+        written what it was given); None where there is none yet."""
+        if self.held_best is not None:
+            return self.held_best
+        self.writer.drain()
+        return load_checkpoint(self.best) if self.best.is_file() else None
 
     def close(self) -> None:
         """Write a held best.pt, then every pending file; raise the writer's error, if any."""

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from detector.checkpoint import (CheckpointError, RunState, Trained, load_checkpoint, restore_run, run_checkpoint,
-                               saved_precision)
+from detector.checkpoint import (CheckpointError, RunState, Trained, restore_run, run_checkpoint,
+                                 saved_precision)
 from detector.data.workers import default_workers, usable_cores
 from detector.distributed import agreed_precision, any_rank, cleanup, decide_on_main, group_ended_on_error
 from detector.distributed import init_distributed, local_main_first, unwrap
@@ -114,6 +114,7 @@ class Trainer(RunPlans):
         self.start_epoch = 0
         self.mosaic_closed_at: int | None = None
         self.verdicts = Verdicts(config.patience, log=self.log, record=self._record)  # best fitness, patience
+        self.final: dict[str, Any] | None = None  # best.pt's final report: its metrics and epoch
         if checkpoint is not None:
             self._restore(checkpoint)
         autotune_convolutions(self.device, input_shapes=len(self.input_shapes()), policy=config.cudnn_benchmark,
@@ -160,7 +161,7 @@ class Trainer(RunPlans):
         self.step.ema.updates = state.ema_updates
         self.start_epoch = state.epoch + 1
         self.verdicts.restore(state)
-        self._keep_best_on_disk()
+        self.verdicts.keep_best_on_disk(self.resume_path.parent / "best.pt")
         self.clock.restore(state.time_spent, state.epoch_seconds, state.val_seconds)
         self.mosaic_closed_at = state.mosaic_closed_at
         plan = state.plan
@@ -170,19 +171,6 @@ class Trainer(RunPlans):
             self.step.schedule = self.step.schedule.restored(state.schedule)
         if self.start_epoch >= self.epochs:
             raise CheckpointError(f"{self.resume_path}: run already finished all {self.epochs} epochs")
-
-    def _keep_best_on_disk(self) -> None:
-        """A best.pt newer than last.pt (an improvement held while last.pt was not due, written when the run failed)
-        stays the best to beat: the resumed run would otherwise judge against last.pt's older best, and a weaker epoch
-        replace the file. A best.pt that does not load is left to be replaced by the next improvement."""
-        best = self.resume_path.parent / "best.pt"
-        try:
-            saved = load_checkpoint(best) if best.is_file() else {}
-        except CheckpointError:
-            return
-        fitness = saved.get("best_fitness")
-        if isinstance(fitness, (int, float)) and fitness > self.verdicts.best_fitness:
-            self.verdicts.best_fitness, self.verdicts.best_epoch = float(fitness), int(saved.get("best_epoch", -1))
 
     # ------------------------------------------------------------------------------------- the run
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
@@ -226,7 +214,7 @@ class Trainer(RunPlans):
         interrupted = bool(decision and decision.stop.startswith("interrupted"))
         summary = {"run_dir": self.run_dir, "metrics": decision.metrics if decision else {},
                    "seconds": time.perf_counter() - start, "epochs_done": epoch,
-                   "precision": self.step.precision.name, "interrupted": interrupted}
+                   "precision": self.step.precision.name, "interrupted": interrupted, **(self.final or {})}
         if self.dist.is_main and not interrupted:
             self.after_train(summary)
         self.account.close()
@@ -315,10 +303,7 @@ class Trainer(RunPlans):
                                 and self.verdicts.patience_ran_out(epoch))
         if (last or patience_ran_out) and validation:  # an early stop gets the final report too
             with self.account.phase("final evaluation"):
-                write_results_json(self.run_dir / "predictions.json", validation.detections)
-                if self.reporter is not None:
-                    self.log(f"{self.reporter.on_final(validation, self.val_data)}\n{validation.result.evaluator}:\n"
-                             f"{validation.result.summary}")
+                self._final_report(epoch, validation)
         metrics = validation.metrics if validation and not defer else {}
         precision, reason = self.step.precision.name, self.step.precision.reason
         if (fallback := fallback_after_epoch(self.step.precision, stats, self.device.type)) is not None:
@@ -350,9 +335,25 @@ class Trainer(RunPlans):
             self.log(f"final FP32 evaluation: mAP50-95 {validation.metrics['mAP50-95']:.4f} "
                      f"({validation.result.evaluator})")
             summary["metrics_fp32"] = validation.metrics
-        metrics = summary["metrics"]
+        metrics, best = summary["metrics"], summary.get("best_epoch")
         self.log(f"done in {summary['seconds'] / 60:.1f} min: mAP50-95 {metrics.get('mAP50-95', float('nan')):.4f} "
-                 f"mAP50 {metrics.get('mAP50', float('nan')):.4f} | best {self.run_dir / 'weights' / 'best.pt'}")
+                 f"mAP50 {metrics.get('mAP50', float('nan')):.4f} | best "
+                 f"{'' if best is None else f'(epoch {best + 1}) '}{self.run_dir / 'weights' / 'best.pt'}")
+
+    def _final_report(self, epoch: int, validation: Validation) -> None:
+        """best.pt's report (the file a user takes away, as Ultralytics' final validation is): this epoch's
+        validation when it is the best, else a pass of best.pt's weights as written (EMA, FP16)."""
+        best, state = self.verdicts.best_epoch, None
+        if 0 <= best != epoch and (state := self.checkpoints.best_state()) is not None and self.validator:
+            self.log(f"final report: best.pt, epoch {best + 1} (the last epoch: mAP50-95 "
+                     f"{validation.metrics['mAP50-95']:.4f})")
+            validation = self.validator.run_weights(self.step.ema.module, state["model"], self.checkpoints.best,
+                                                    self.step.precision)
+        self.final = {"metrics": validation.metrics, "best_epoch": best if state is not None else epoch}
+        write_results_json(self.run_dir / "predictions.json", validation.detections)
+        if self.reporter is not None:
+            self.log(f"{self.reporter.on_final(validation, self.val_data)}\n{validation.result.evaluator}:\n"
+                     f"{validation.result.summary}")
 
     # ------------------------------------------------------------------------------------- evaluation
     def evaluate(self, *, force_fp32: bool = False, keep_predictions: bool = False,

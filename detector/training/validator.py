@@ -4,14 +4,18 @@ COCO evaluator it scores with."""
 
 from __future__ import annotations
 
+import copy
 import functools
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
+from detector.checkpoint import load_weights
 from detector.data.build import SplitData
 from detector.data.workers import stop_workers, usable_cores
 from detector.distributed import unwrap
@@ -202,6 +206,13 @@ class Validator:
             return run_validation(self.infer(model, precision), self.split, batches, progress=self.progress,
                                   keep_predictions=keep_predictions, coco_eval=backend,
                                   scorer=self.scorer() if background else None)
+
+    def run_weights(self, model: nn.Module, weights: dict[str, Any], path: Path, precision: Precision) -> Validation:
+        """One pass of ``model``'s architecture with ``weights`` (a state dict read from ``path``: best.pt's FP16
+        weights), predictions kept; ``model`` itself is left as it was."""
+        copied = copy.deepcopy(model)
+        load_weights(copied, weights, path)  # copied into the model's own parameters: their type and layout stay
+        return self.run(copied, precision, keep_predictions=True)
 
     def seconds_per_image(self, model: nn.Module, precision: Precision) -> float | None:
         """Inference and NMS on part of the first validation batch, for the ``--time`` probe (None: no images)."""

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from detector.checkpoint import RunState
+from detector.checkpoint import CheckpointError, RunState, load_checkpoint
 from detector.metrics.loop import Validation
 from detector.training.decision import fitness
 
@@ -59,6 +60,19 @@ class Verdicts:
         :attr:`saved` for the trainer to score and judge first."""
         self.best_fitness, self.best_epoch = state.best_fitness, state.best_epoch
         self.saved = (state.epoch, state.unjudged) if state.unjudged else None
+
+    def keep_best_on_disk(self, best: Path) -> None:
+        """A resumed run's ``best`` (best.pt) newer than its last.pt (an improvement held while last.pt was not due,
+        written when the run failed) stays the best to beat: the resumed run would otherwise judge against last.pt's
+        older best, and a weaker epoch replace the file. A best.pt that does not load is left to be replaced by the
+        next improvement."""
+        try:
+            saved = load_checkpoint(best) if best.is_file() else {}
+        except CheckpointError:
+            return
+        fitness = saved.get("best_fitness")
+        if isinstance(fitness, (int, float)) and fitness > self.best_fitness:
+            self.best_fitness, self.best_epoch = float(fitness), int(saved.get("best_epoch", -1))
 
     def unjudged(self, epoch: int) -> dict[str, Any] | None:
         """What a checkpoint of ``epoch`` keeps of it when its verdict is still pending (None: it was judged)."""

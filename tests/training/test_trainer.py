@@ -473,3 +473,37 @@ def test_a_resume_beats_best_pt_on_disk_not_an_older_best_in_last_pt(yolo_yaml: 
     save_checkpoint(best, weights / "best.pt")
     train(_config(yolo_yaml, tmp_path, epochs=3, resume=str(weights / "last.pt")), progress=False)
     assert load_checkpoint(weights / "best.pt")["best_fitness"] == 2.0
+
+
+@pytest.mark.parametrize("best", [0, 2])
+def test_the_final_report_is_best_pts(yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys, best: int):
+    """The run's last lines (per-class table, predictions.json, the metrics it returns) describe best.pt, the file a
+    user takes away: when an earlier epoch was the best, best.pt's weights as written (FP16) get a pass of their own;
+    when the last epoch was the best, its own validation is that pass and nothing runs again."""
+    import detector.training.verdicts as verdicts
+    from detector.training.validator import Validator
+
+    scores = iter([0.9, 0.1, 0.2] if best == 0 else [0.1, 0.2, 0.9])
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics: next(scores))
+    passes = []
+    real = Validator.run_weights
+
+    def recorded(self, model, weights, path, precision):
+        validation = real(self, model, weights, path, precision)
+        passes.append((weights, validation))
+        return validation
+
+    monkeypatch.setattr(Validator, "run_weights", recorded)
+    summary = train(_config(yolo_yaml, tmp_path, epochs=3), progress=False)
+    weights = summary["run_dir"] / "weights"
+    saved = load_checkpoint(weights / "best.pt")
+    assert saved["epoch"] == best and summary["best_epoch"] == best
+    printed = capsys.readouterr().out
+    assert f"| best (epoch {best + 1}) {weights / 'best.pt'}" in printed
+    if best == 2:
+        assert not passes and "final report: best.pt" not in printed
+        return
+    [(given, validation)] = passes
+    assert given.keys() == saved["model"].keys() and all(torch.equal(given[k], saved["model"][k]) for k in given)
+    assert summary["metrics"] == validation.metrics
+    assert "final report: best.pt, epoch 1 (the last epoch: mAP50-95 " in printed
