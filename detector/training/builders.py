@@ -29,6 +29,7 @@ from detector.files import write_text_atomically
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
 from detector.runs import claim_run_dir, newest_file
+from detector.training.budget import MAX_WARMUP_SHARE
 from detector.training.config import TrainConfig
 from detector.training.optim import OptimizerChoice, build_optimizer
 from detector.training.schedule import StepSchedule
@@ -135,15 +136,6 @@ def build_optimization(
         batch_size=global_batch, nominal_batch=config.nominal_batch, clip_grad=config.clip_grad,
     )
     return choice, schedule
-
-
-# The warm-up takes at most this share of the run's steps. Without a cap, "3 epochs, at least 100 steps" was the
-# whole of a short run: 2 epochs of 4,096 images at batch 64 (128 steps) never left it, and the decay towards the
-# final rate ran at the same time, so the learning rate never got above a sixth of lr0. mAP50-95 after those 2
-# epochs (synthetic shapes at 160 px, CPU): 0.024 uncapped, 0.434 with this cap, Ultralytics 0.199; BCCD, 10 epochs
-# at 320 (130 steps), seeds 0 and 1: 0.100 / 0.156 uncapped, 0.214 / 0.160 capped. Runs of 12 epochs or more and
-# 400 steps or more are unchanged.
-MAX_WARMUP_SHARE = 0.25
 
 
 def warmup_steps(warmup_epochs: float, steps_per_epoch: int, epochs: int) -> int:

@@ -70,7 +70,7 @@ def cache_text(trainer: Run) -> str:
 
 def epochs_text(trainer: Run) -> str:
     budget, epochs = trainer.clock.budget, trainer.epochs
-    if budget is None:
-        return f"{epochs} epochs"
     count = f"{epochs} epoch{'s' if epochs != 1 else ''}"
+    if budget is None:
+        return count
     return f"{count} fitted to the time budget {budget.text}, re-fitted after every epoch"

@@ -78,6 +78,9 @@ class Trainer(RunPlans):
             self.config, self.resume_path, checkpoint = load_resume(self.config, asked)
         config = self.config  # the resumed run's own, budget included
         self.clock.budget = TimeBudget.parse(config.time) if config.time else None
+        if self.clock.budget is not None and "epochs" in asked and checkpoint is None:
+            self.log(f"--time {config.time} sets the number of epochs (as Ultralytics' time= does); --epochs "
+                     f"{config.epochs} only sets how close-mosaic ({config.close_mosaic}) and warm-up scale with it")
         seed_everything(config.seed + self.dist.rank)
         self._build_data()
         torch.manual_seed(config.seed)  # identical initial weights on every rank

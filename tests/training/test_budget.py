@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from detector.training.budget import EpochPlan, RunSettings, RunSoFar, TimeBudget, format_duration, parse_duration
+from detector.training.budget import (MAX_WARMUP_SHARE, EpochPlan, RunSettings, RunSoFar, TimeBudget, format_duration,
+                                      parse_duration)
 
 
 @pytest.mark.parametrize(
@@ -159,6 +160,14 @@ def test_close_mosaic_fraction_and_edge_cases() -> None:
     closed = fit("20m", epoch_seconds=[30.0] * 6, val_seconds=[5.0] * 6, epochs_done=6, elapsed_seconds=230,
                  mosaic_closed_at=5)
     assert closed.close_mosaic == closed.epochs - 5
+
+
+def test_the_plan_line_says_the_warm_up_the_schedule_gets() -> None:
+    """Configured for 1 epoch, fitted to 13: the warm-up scales to 39 epochs, three times the run; the schedule caps it
+    at a quarter of the run (detector.training.builders.warmup_steps), and the plan's line says that, not 39."""
+    plan = fit("8m", configured_epochs=1, warmup_epochs=3.0)
+    assert plan.warmup_epochs > plan.epochs
+    assert f"warm-up {MAX_WARMUP_SHARE * plan.epochs:.2g} epochs" in plan.describe()
 
 
 def test_max_epochs_caps_the_plan() -> None:

@@ -255,6 +255,8 @@ def test_time_budget_plans_before_the_first_step_and_the_lr_never_jumps(tmp_path
     assert autotune_steps[0] == 12 * 20_000 and len(autotune_steps) == 2 and 12 <= autotune_steps[1] < 12 * 1000
     assert autotune_steps[1] % 12 == 0
     assert "| AdamW lr " in printed  # chosen from the fitted plan, not the configured 20,000 epochs
+    # --epochs given with --time: the budget decides the count, and the run says so once.
+    assert printed.count("--time 15s sets the number of epochs (as Ultralytics' time= does); --epochs 20000 only") == 1
 
     rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
     # The run does what its last plan said. How many epochs fit 15 s depends on the machine and its load (a GPU
