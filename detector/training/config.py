@@ -69,7 +69,8 @@ class TrainConfig:
                             choices=RECOMPUTE_CHOICES)
     # Optimisation
     optimizer: str = option("auto", "SGD, AdamW, or auto (AdamW for short runs under 10k steps, else SGD)", choices=("auto", "SGD", "AdamW"))
-    lr0: float = option(0.01, "initial learning rate (SGD; 'auto' picks its own for AdamW)")
+    lr0: float = option(0.01, "initial learning rate (ignored where --optimizer auto picks AdamW, which picks its "
+                              "own: name the optimizer to use it)")
     lrf: float = option(0.01, "final learning rate as a fraction of lr0")
     cosine: bool = option(False, "cosine learning-rate decay instead of linear")
     momentum: float = option(0.937, "SGD momentum / Adam beta1")

@@ -54,9 +54,18 @@ def run_header(trainer: Run) -> str:
         f"precision {step.precision.name}: {step.precision.reason} | {augment} | "
         f"{cache_text(trainer)} | COCO eval {evaluator_name(config.coco_eval)}"
         f"{background_text(config.val_background, trainer.device)} | "
-        f"{trainer.optimizer_name} lr {step.schedule.base_lr:g} | {epochs_text(trainer)} | "
+        f"{trainer.optimizer_name} lr {step.schedule.base_lr:g}{lr_text(trainer)} | {epochs_text(trainer)} | "
         f"{trainer.multi_scale.describe(len(trainer.input_shapes()))} | run {trainer.run_dir}"
     )
+
+
+def lr_text(trainer: Run) -> str:
+    """Why a ``--lr0`` the user gave is not the run's: ``--optimizer auto`` chose AdamW with its own rate (as
+    Ultralytics' optimizer=auto ignores lr0, which it says too); empty otherwise."""
+    config = trainer.config
+    if config.optimizer != "auto" or trainer.optimizer_name != "AdamW" or config.lr0 == TrainConfig().lr0:
+        return ""
+    return f" (--optimizer auto chose AdamW and its own lr, not --lr0 {config.lr0:g}: name an optimizer to use it)"
 
 
 def cache_text(trainer: Run) -> str:
