@@ -35,6 +35,11 @@ from detector.data.containment import unsafe_relative
 from detector.data.spec import IMAGE_SUFFIXES, DatasetError
 
 CLIP_TOLERANCE = 0.02  # coordinates this far outside [0, 1] are clipped; further out the box is dropped
+# Overshoot this small is rounding, clipped without a word: a corner is x +- w / 2 of two values written to d decimals,
+# each within 0.5e-d, so off by up to 0.75e-d: under 1e-3 for labels written with 3 decimals or more (Ultralytics and
+# COCO's converters write 6: 1.0000003 is common in coco128 and BCCD), and 1e-3 is 0.64 px at 640. COCO's float boxes
+# in pixels end a rounding error past the border the same way.
+ROUNDING_OVERSHOOT = 1e-3
 MIN_SIDE = 1e-4  # boxes thinner than this (normalised) are dropped as zero-area
 
 
@@ -98,7 +103,8 @@ def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>")
     corners = np.concatenate((x1y1, x2y2), 1)
     absurd = ((corners < -CLIP_TOLERANCE) | (corners > 1 + CLIP_TOLERANCE)).any(1) | (labels[:, 3:5] < 0).any(1)
     problems.add(FAR_OUTSIDE, source, int(absurd.sum()))
-    problems.add(CLIPPED, source, int((((corners < 0) | (corners > 1)).any(1) & ~absurd).sum()))
+    outside = (corners < -ROUNDING_OVERSHOOT) | (corners > 1 + ROUNDING_OVERSHOOT)
+    problems.add(CLIPPED, source, int((outside.any(1) & ~absurd).sum()))
     corners = corners.clip(0, 1)
     labels = np.concatenate((labels[:, :1], (corners[:, :2] + corners[:, 2:]) / 2, corners[:, 2:] - corners[:, :2]), 1)
     tiny = (labels[:, 3:5] < MIN_SIDE).any(1) & ~absurd
@@ -290,7 +296,8 @@ def _normalise_coco_boxes(rows: np.ndarray, width: float, height: float, name: s
     with np.errstate(over="ignore"):  # x + w past float64's range is inf, clipped to the border below
         corners = np.concatenate((rows[:, 1:3], rows[:, 1:3] + rows[:, 3:5]), 1) / scale
     # COCO's float boxes often end a rounding error past the border; only real overshoot is reported.
-    problems.add(CLIPPED, name, int(((corners < -1e-3) | (corners > 1 + 1e-3)).any(1).sum()))
+    outside = (corners < -ROUNDING_OVERSHOOT) | (corners > 1 + ROUNDING_OVERSHOOT)
+    problems.add(CLIPPED, name, int(outside.any(1).sum()))
     corners = corners.clip(0, 1)
     sides = corners[:, 2:] - corners[:, :2]
     labels = np.concatenate((rows[:, :1], (corners[:, :2] + corners[:, 2:]) / 2, sides), 1)

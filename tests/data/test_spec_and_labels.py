@@ -86,6 +86,15 @@ def test_label_parsing_fixes_or_drops_bad_lines():
     }
 
 
+def test_a_rounding_overshoot_is_clipped_without_a_word():
+    """coco128's 000000000071.txt: 0.982555 + 0.0348906 / 2 = 1.0000003, six decimals' rounding: clipped, not
+    reported; 0.0015 past the border (a pixel at 640) is reported as before."""
+    labels, problems = parse_yolo_label_text("0 0.982555 0.5 0.0348906 0.1\n", num_classes=1, source="x.txt")
+    assert not problems.entries and (labels[:, 1] + labels[:, 3] / 2).max() <= 1 + 1e-6
+    _, problems = parse_yolo_label_text("0 0.9835 0.5 0.036 0.1\n", num_classes=1, source="x.txt")
+    assert {kind for kind, _, _ in problems.entries} == {CLIPPED}
+
+
 def test_download_entry_is_never_run(tmp_path: Path):
     marker = tmp_path / "ran"
     yaml = tmp_path / "dl.yaml"
