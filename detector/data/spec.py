@@ -21,6 +21,8 @@ YAMLs are read with ``yaml.safe_load``; a ``download:`` entry is never executed.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -86,6 +88,30 @@ def _parse_names(raw: object, source: Path) -> list[str]:
             raise DatasetError(f"{source}: 'names' keys must be 0..{len(keys) - 1}, got {keys[:5]}...")
         return [str(raw[k] if k in raw else raw[str(k)]) for k in keys]
     raise DatasetError(f"{source}: 'names' is missing or empty (a list or a {{id: name}} mapping is needed)")
+
+
+def _coco_names(splits: Sequence[Split], source: Path) -> list[str]:
+    """A YAML without ``names``: its COCO JSON's category names in id order (the order the label reader maps ids to
+    classes in), from the first split that has one (val's first: COCO's val JSON is 1/18 of train's, and the scan
+    reads it again); without a COCO split, the missing ``names`` error."""
+    json_path = next((split.coco_json for split in splits if split.coco_json is not None), None)
+    if json_path is None:
+        return _parse_names(None, source)
+    missing = f"list the classes as 'names' in {source.name}"
+    try:
+        coco = json.loads(json_path.read_bytes())
+    except (OSError, ValueError, RecursionError) as error:
+        raise DatasetError(f"{json_path}: cannot read COCO JSON for the class names ({str(error)[:200]})") from None
+    categories = coco.get("categories") if isinstance(coco, dict) else None
+    try:
+        ordered = sorted(categories, key=lambda category: int(category["id"]))  # type: ignore[arg-type]
+        names = [category["name"] for category in ordered]
+    except (KeyError, TypeError, ValueError):
+        raise DatasetError(f"{json_path}: its 'categories' give no id and name each to take the class names from; "
+                           f"{missing}") from None
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise DatasetError(f"{json_path}: its 'categories' give no class names; {missing}")
+    return names
 
 
 def list_images(entry: str | Path, root: Path, source: Path, field_name: str) -> list[Path]:
@@ -204,20 +230,22 @@ def load_dataset_spec(yaml_path: str | Path, *, datasets_dir: str | Path | None 
     source = resolve_data_yaml(yaml_path)
     raw = _read_yaml(source)
     root, hint = _dataset_root(raw, source, datasets_dir)
-    names = _parse_names(raw.get("names"), source)
+    for key in ("train", "val"):
+        if not raw.get(key):
+            raise DatasetError(f"{source}: '{key}' is missing")
+    train = _parse_split(raw["train"], root, source, "train", hint)
+    val = _parse_split(raw["val"], root, source, "val", hint)
+    names = _parse_names(raw["names"], source) if raw.get("names") else _coco_names((val, train), source)
     if "nc" in raw and (not isinstance(raw["nc"], int) or isinstance(raw["nc"], bool)):
         raise DatasetError(f"{source}: 'nc' must be a whole number, got {raw['nc']!r:.60}")
     if "nc" in raw and raw["nc"] != len(names):
         raise DatasetError(f"{source}: 'nc' is {raw['nc']} but 'names' lists {len(names)} classes")
-    for key in ("train", "val"):
-        if not raw.get(key):
-            raise DatasetError(f"{source}: '{key}' is missing")
     test = _parse_split(raw["test"], root, source, "test", hint) if raw.get("test") else None
     return DatasetSpec(
         yaml_path=source.resolve(),
         names=names,
-        train=_parse_split(raw["train"], root, source, "train", hint),
-        val=_parse_split(raw["val"], root, source, "val", hint),
+        train=train,
+        val=val,
         test=test,
         extra={k: v for k, v in raw.items() if k == "download"},
     )

@@ -8,6 +8,7 @@ from detector.data.build import build_split
 from detector.data.labels import label_path_for, parse_yolo_label_text
 from detector.data.problems import CLASS_OUT_OF_RANGE, CLIPPED, DUPLICATE, FAR_OUTSIDE, WRONG_COLUMNS, ZERO_AREA
 from detector.data.spec import DatasetError, load_dataset_spec
+from tests.conftest import NAMES, write_coco_dataset
 
 
 def test_yolo_yaml_resolves_relative_to_its_folder(yolo_yaml: Path):
@@ -142,3 +143,24 @@ def test_a_list_file_of_non_utf8_names_reads_them_as_the_file_system_does(yolo_y
     yaml = root / "list.yaml"
     yaml.write_text("path: .\ntrain: lists/train.txt\nval: images/val\nnames: [a, b, c]\n")
     assert [p.name for p in load_dataset_spec(yaml).train.images] == [name]
+
+
+def test_a_coco_yaml_without_names_takes_the_jsons_categories_in_id_order(tmp_path: Path):
+    """The JSON lists its categories (ids 7, 9, 11 here, out of order in the file): a YAML need not repeat them.
+    The names follow the ids' order, the order the label reader maps ids to classes in."""
+    import json
+
+    yaml_path = write_coco_dataset(tmp_path)
+    json_path = tmp_path / "instances.json"
+    coco = json.loads(json_path.read_text())
+    coco["categories"].reverse()
+    json_path.write_text(json.dumps(coco))
+    yaml_path.write_text(yaml_path.read_text().replace(f"names: {NAMES}\n", ""))
+    spec = load_dataset_spec(yaml_path)
+    assert spec.names == list(NAMES)
+    records = build_split(spec, "train", image_size=64, augment=None, cache="none").records
+    assert sum(len(record.labels) for record in records) > 0  # the same names the labels were read with
+    coco["categories"] = [{"id": 7}]
+    json_path.write_text(json.dumps(coco))
+    with pytest.raises(DatasetError, match=r"instances.json: its 'categories' give no id and name each .* in coco.yaml"):
+        load_dataset_spec(yaml_path)
