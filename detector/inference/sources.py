@@ -18,6 +18,7 @@ queue, so JPEG and video decoding overlap the model and a long video never piles
 from __future__ import annotations
 
 import glob
+import os
 import queue
 import sys
 import threading
@@ -203,10 +204,10 @@ def iter_until_wildcard(parts: tuple[str, ...]) -> Iterator[str]:
 
 def capture_frames(target: int | str, name: str) -> Iterator[Frame]:
     """Frames of ``cv2.VideoCapture(target)``: an int opens a webcam, text a video file or a stream URL."""
-    capture = cv2.VideoCapture(target)
+    capture = quiet_capture(target)
     try:
         if not capture.isOpened():
-            what = "webcam" if isinstance(target, int) else "stream" if name == target else "video"
+            what = "webcam" if isinstance(target, int) else "video" if Path(target).is_file() else "stream"
             raise FileNotFoundError(f"{target}: cannot open {what}")
         fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
         index = 0
@@ -218,6 +219,27 @@ def capture_frames(target: int | str, name: str) -> Iterator[Frame]:
             index += 1
     finally:
         capture.release()
+
+
+# FFmpeg's own lines (``[mov,mp4,...] moov atom not found`` before our one line for a file that is no video): fatal
+# errors only (AV_LOG_FATAL), unless the user set a level. OpenCV reads this once, when its FFmpeg backend first
+# opens or writes a file anywhere in the process, so it is set when this module is imported, before any capture.
+os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "8")
+
+
+def quiet_capture(target: int | str) -> cv2.VideoCapture:
+    """``cv2.VideoCapture(target)`` without OpenCV's own lines on stderr (``[ERROR:0@0.079] global
+    obsensor_uvc_stream_channel.cpp:163 ... Camera index out of range``): a source that does not open is the
+    caller's one line."""
+    logging = getattr(getattr(cv2, "utils", None), "logging", None)  # OpenCV's own logger (4.5 and later)
+    if logging is None:
+        return cv2.VideoCapture(target)
+    level = logging.getLogLevel()
+    logging.setLogLevel(logging.LOG_LEVEL_SILENT)
+    try:
+        return cv2.VideoCapture(target)
+    finally:
+        logging.setLogLevel(level)
 
 
 _DONE = object()

@@ -207,3 +207,13 @@ def test_closing_early_releases_the_capture(monkeypatch: pytest.MonkeyPatch) -> 
     next(stream)
     stream.close()
     assert captures[0].released
+
+
+def test_a_file_that_is_no_video_is_one_line_without_ffmpegs(tmp_path: Path, capfd: pytest.CaptureFixture) -> None:
+    """OpenCV's FFmpeg wrote its own line (``[mov,mp4,...] moov atom not found``) to the process's stderr before
+    ours; the file is named as a video, not a stream."""
+    fake = tmp_path / "fake.mp4"
+    fake.write_bytes(b"not a video")
+    with pytest.raises(FileNotFoundError, match=r"fake.mp4: cannot open video$"):
+        next(open_source(str(fake)))
+    assert capfd.readouterr().err == ""
