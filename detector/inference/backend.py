@@ -57,6 +57,10 @@ class Backend(ABC):
     def __call__(self, images: torch.Tensor) -> Detections:
         return self.postprocess(self.infer(images))
 
+    def close(self) -> None:
+        """Release what the runtime holds outside Python's objects (the pt2 package's unpacked files); the backend
+        is not to be used after. Nothing to do for most runtimes; collection or exit does it too."""
+
     def check_input(self, images: torch.Tensor) -> None:
         """Reject batches a fixed-shape graph cannot take, with a message that says what it needs."""
         if images.dtype != torch.uint8 or images.ndim != 4 or images.shape[1] != 3:

@@ -9,24 +9,73 @@ forward is: at batch 1 a nano model's kernels are too short to keep the GPU busy
 package's C++ runner launches each one from the host. A capture that fails says so once and the package runs as
 compiled. The package is loaded without its runner's thread synchronisation (``run_single_threaded``, whose waits
 a capture may not hold); a backend is called from one thread at a time.
+
+Loading unpacks the package (the compiled ``.so`` with its weights, about the package's size) into a temporary
+folder that AOTInductor's loader removes only in its destructor; on CUDA each kernel's ``.cubin`` is read from it on
+the kernel's first launch, so the folder must outlive the load. Each load unpacks inside a ``detector-pt2-*`` folder
+of ours in the temp dir (torch 2.14; torch 2.11 picks ``/tmp/XXXXXX`` itself), and :meth:`Pt2Backend.close`, the
+backend's collection or the process's exit releases the loader and removes both. (The commands end with
+``os._exit``, detector/cli/__init__.py, skipping the teardown that would destroy a loader still held: hence a hook.)
+A killed process (SIGKILL, or SIGTERM, which Python leaves fatal) keeps its folder: ``detector-pt2-*`` with
+``aotinductor_*`` inside, or 2.11's ``/tmp/XXXXXX``, safe to delete when no process of ours is running.
 """
 
 from __future__ import annotations
 
+import atexit
 import inspect
+import os
+import shutil
+import tempfile
+import threading
+import weakref
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from detector.inference.backend import Backend, RawOutputs
 from detector.inference.cuda_graph import CudaGraphRunner, Outputs
 from detector.inference.preprocess import model_input
-from detector.model.metadata import decode_metadata
+from detector.model.metadata import ModelInfo, decode_metadata
 from detector.postprocess import NMSConfig
 
+if TYPE_CHECKING:
+    from torch.export.pt2_archive._package import AOTICompiledModel
+
 AOTI_KEY_PREFIX = "AOTI_"  # AOTInductor's own entries beside ours in the package metadata (platform, ISA, device)
+UNPACK_PREFIX = "detector-pt2-"  # our folder in the temp dir, holding what one load unpacked
+_TMPDIR_LOCK = threading.Lock()  # TMPDIR is the process's: one load at a time points it at its own folder
+
+
+def load_unpacking_into(folder: str, path: str | Path, **options: Any) -> AOTICompiledModel:
+    """``torch._inductor.aoti_load_package(path, **options)``, unpacking under ``folder`` where this torch allows.
+
+    The loader takes no folder (torch 2.11 and 2.14 alike). torch 2.14's makes ``$TMPDIR/aotinductor_XXXXXX``
+    (``c10::make_tempdir``), so TMPDIR names ``folder`` for the load; torch 2.11's makes ``/tmp/XXXXXX`` whatever
+    TMPDIR says. An internal detail either way: where it does not hold, ``folder`` stays empty and the loader's
+    destructor is what cleans up. Another thread reading TMPDIR during the load (the unzip and dlopen) sees ``folder``.
+    """
+    with _TMPDIR_LOCK:
+        previous = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = folder
+        try:
+            return torch._inductor.aoti_load_package(str(path), **options)
+        finally:
+            if previous is None:
+                del os.environ["TMPDIR"]
+            else:
+                os.environ["TMPDIR"] = previous
+
+
+def release_unpacked(loaded: list[Any], folder: str) -> None:
+    """Drop the loader (``loaded`` holds the only reference: its destructor removes the folder it unpacked into),
+    then ``folder`` with anything left in it: a load that failed half-way (torch 2.14 checks the device after
+    unpacking, and a constructor that throws runs no destructor). Never raises: it runs from a finalizer."""
+    loaded.clear()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 class Pt2Backend(Backend):
@@ -48,8 +97,28 @@ class Pt2Backend(Backend):
         # (torch's advice for CUDA graphs); an older torch's loader may lack the switch.
         options = ({"run_single_threaded": True} if self.device.type == "cuda" and "run_single_threaded"
                    in inspect.signature(torch._inductor.aoti_load_package).parameters else {})
+        self.forward: Callable[[torch.Tensor], Outputs] = self.run
+        # Released by close(), by the backend's collection, or at exit; a failed removal stays silent.
+        self._loaded: list[AOTICompiledModel] = []
+        # Before the load: mkdtemp settles Python's own temp dir, which TMPDIR pointed here for the load cannot become.
+        folder = tempfile.mkdtemp(prefix=UNPACK_PREFIX)
+        self._release = weakref.finalize(self, release_unpacked, self._loaded, folder)
+        # Registered now, after detector.cli's handler (whose os._exit skips the teardown), so it runs before it;
+        # weakref.finalize's own atexit hook is registered by the first finalize in the process (``import torch``'s).
+        atexit.register(self._release)
         try:
-            self.runner = torch._inductor.aoti_load_package(str(path), device_index=index, **options)
+            info = self._load(path, folder, index, options)
+        except BaseException:
+            self.close()
+            raise
+        super().__init__(info, nms)
+        if self.device.type == "cuda":
+            self.forward = CudaGraphRunner(self.run)  # a graph per batch size: the height and width are fixed
+
+    def _load(self, path: str | Path, folder: str, index: int, options: dict[str, bool]) -> ModelInfo:
+        """Load the package (unpacked under ``folder``) into ``self._loaded``; -> its metadata."""
+        try:
+            self._loaded.append(load_unpacking_into(folder, path, device_index=index, **options))
         except Exception as error:  # torch's own (zip, C++ loader) errors: a bad file, never a bug of ours
             reason = " ".join(str(error).split())[:200] or type(error).__name__
             raise ValueError(f"{path}: not a loadable pt2 package ({reason})") from None
@@ -59,11 +128,20 @@ class Pt2Backend(Backend):
             raise ValueError(f"{path}: compiled for {compiled_for}, asked to run on {self.device}; "
                              f"export it again with --device {self.device.type}")
         ours = {key: value for key, value in props.items() if not key.startswith(AOTI_KEY_PREFIX)}
-        info = decode_metadata(ours, source=str(path))
-        super().__init__(info, nms)
-        self.forward: Callable[[torch.Tensor], Outputs] = self.run
-        if self.device.type == "cuda":
-            self.forward = CudaGraphRunner(self.run)  # a graph per batch size: the height and width are fixed
+        return decode_metadata(ours, source=str(path))
+
+    @property
+    def runner(self) -> AOTICompiledModel:
+        """The loaded package: ``runner(images)`` runs it, ``runner.get_metadata()`` is its metadata."""
+        if not self._loaded:
+            raise RuntimeError("this pt2 backend is closed")
+        return self._loaded[0]
+
+    def close(self) -> None:
+        """Release the package: its CUDA graphs, then its loader and the files the load unpacked. Idempotent."""
+        self.forward = self.run  # the graphs launch the package's kernels: dropped before the loader that loaded them
+        self._release()
+        atexit.unregister(self._release)
 
     @property
     def free_batch(self) -> bool:  # a fixed size (info.dynamic is false), but every package takes any batch

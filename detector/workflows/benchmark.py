@@ -164,7 +164,8 @@ def per_batch(build: Callable[[int], Backend]) -> Callable[[int], Backend]:
 
 
 def backends_for_checkpoint(
-    weights: Path, *, imgsz: int | None, device: str, folder: Path, skip: set[str]
+    weights: Path, *, imgsz: int | None, device: str, folder: Path, skip: set[str],
+    progress: Callable[[str], None] = print,
 ) -> Iterator[Candidate | str]:
     """Yield each backend to time (built lazily, so exports happen just before they are timed), or a skip note."""
     model, _ = model_from_checkpoint(weights)
@@ -181,7 +182,7 @@ def backends_for_checkpoint(
     if "onnx" not in skip:
         yield from onnx_candidates(model, static, device, folder)
     if "pt2" not in skip:
-        yield from pt2_candidates(model, static, device, folder)
+        yield from pt2_candidates(model, static, device, folder, progress=progress)
     if "engine" in skip:
         return
     if torch.device(device).type != "cuda":  # an engine runs on a GPU only: not a row of another device's table
@@ -227,16 +228,25 @@ def onnx_file(model: YOLO, info: ModelInfo, device: str, folder: Path) -> Path:
     return export_onnx(model, path, info, device=device)
 
 
-def pt2_candidates(model: YOLO, static: ModelInfo, device: str, folder: Path) -> Iterator[Candidate | str]:
+def pt2_candidates(
+    model: YOLO, static: ModelInfo, device: str, folder: Path, *, progress: Callable[[str], None] = print
+) -> Iterator[Candidate | str]:
     """The pt2 package in FP32, and in what ``--half`` exports here (FP16 on CUDA, BF16 on a CPU with native BF16,
-    where it is the fastest CPU backend: docs/inference.md): one compile each (its batch is free)."""
+    where it is the fastest CPU backend: docs/inference.md): one compile each (its batch is free). ``progress`` gets
+    one line as the first compile is about to start."""
     from detector.exporting.pt2 import compiler_missing, export_pt2
 
     if (reason := compiler_missing()) is not None:
         yield f"pt2: skipped ({reason})"
         return
     half = half_precision(device)
-    for precision in ("fp32",) if half == "fp32" else ("fp32", half):
+    precisions = ("fp32",) if half == "fp32" else ("fp32", half)
+    # Said once, just before the first build: the compiles print nothing of their own and are most of a CPU
+    # benchmark's time (of ~2.5 minutes at 320 px on 2 cores).
+    many = len(precisions) > 1
+    progress(f"pt2: compiling the {' and '.join(precisions)} package{'s' if many else ''} (minutes on a small CPU; "
+             f"--skip pt2 leaves {'them' if many else 'it'} out)")
+    for precision in precisions:
         def build(batch: int, precision: str = precision) -> Backend:
             info = dataclasses.replace(static, precision=precision)
             return load_backend(export_pt2(model, folder / f"{precision}.pt2", info, device=device), device=device)
@@ -272,9 +282,10 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
     """Time every backend; -> a header line (weights, device name, threads) and the markdown table.
 
     Every backend is built (and exported) and warmed up first, then timed in ``--rounds`` interleaved rounds
-    (:func:`time_in_rounds`). ``progress`` gets a line per backend built and one per round with the running
-    latencies (a run stopped by a time limit keeps those). So every backend is alive at once, at both batch sizes:
-    the process's peak memory (a GPU's too) is the sum of theirs, where one after the other it was the largest.
+    (:func:`time_in_rounds`). ``progress`` gets a line per backend built, one before the pt2 compiles, and one per
+    round with the running latencies (a run stopped by a time limit keeps those). So every backend is alive at once,
+    at both batch sizes: the process's peak memory (a GPU's too) is the sum of theirs, where one after the other it was
+    the largest.
 
     Raises:
         CheckpointError, FileNotFoundError, ValueError, Unavailable: one line naming the file or flag.
@@ -295,7 +306,8 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
     with tempfile.TemporaryDirectory(prefix="detector-benchmark-") as folder:
         if Path(weights).suffix == ".pt":
             candidates: Iterator[Candidate | str] = backends_for_checkpoint(
-                Path(weights), imgsz=options.imgsz, device=device, folder=Path(folder), skip=skipped(options.skip)
+                Path(weights), imgsz=options.imgsz, device=device, folder=Path(folder), skip=skipped(options.skip),
+                progress=progress,
             )
         else:
             single = load_backend(weights, device=device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -131,6 +132,39 @@ def test_the_box_decode_softmax_is_vectorised(package: tuple[Path, str]) -> None
 def test_a_package_refuses_another_device(package: tuple[Path, str]) -> None:
     with pytest.raises(ValueError, match="compiled for cpu, asked to run on cuda"):
         Pt2Backend(package[0], device="cuda")
+
+
+def test_closing_the_backend_removes_what_the_load_unpacked(
+    package: tuple[Path, str], images: torch.Tensor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load unpacks the package (its .so and weights, ~the package's size) into a temp folder; close() removes it.
+    Collection, failed loads and exit: tests/inference/test_pt2_backend.py."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # where torch 2.14's loader unpacks
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where our folder for it goes
+    backend = Pt2Backend(package[0])
+    backend.infer(images[:1])
+    if not list(tmp_path.rglob("*.wrapper.so")):
+        pytest.skip("this torch unpacks into /tmp whatever TMPDIR says (torch 2.11 does)")
+    backend.close()
+    assert not list(tmp_path.rglob("aotinductor_*")) and not list(tmp_path.glob("detector-pt2-*"))
+
+
+def test_a_command_that_loaded_the_package_leaves_nothing_unpacked(
+    package: tuple[Path, str], images: torch.Tensor, tmp_path: Path
+) -> None:
+    """The commands end with os._exit (detector.cli.exit_with), skipping the teardown and with it the loader's
+    destructor: every predict, val, export parity check and benchmark used to leave a folder the package's size."""
+    import cv2
+
+    image, temp = tmp_path / "image.png", tmp_path / "tmp"
+    cv2.imwrite(str(image), images[0].permute(1, 2, 0).numpy()[:, :, ::-1])
+    temp.mkdir()
+    command = [sys.executable, "-m", "detector", "predict", "--weights", str(package[0]), "--source", str(image),
+               "--project", str(tmp_path / "runs"), "--device", "cpu"]
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TMPDIR": str(temp)}
+    done = subprocess.run(command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert not list(temp.rglob("aotinductor_*")) and not list(temp.glob("detector-pt2-*"))
 
 
 def test_without_a_compiler_it_fails_in_one_line_and_writes_nothing(model: YOLO, tmp_path: Path) -> None:

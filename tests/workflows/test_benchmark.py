@@ -153,6 +153,33 @@ def test_pt2_is_timed_in_fp32_and_in_what_half_exports_here(monkeypatch, tmp_pat
     assert names == expected
 
 
+@pytest.mark.parametrize("skip", ["onnx,engine", "onnx,pt2,engine"])
+def test_a_line_says_the_pt2_compiles_take_minutes_before_they_start(monkeypatch, checkpoint, skip) -> None:
+    """The compiles are most of a CPU benchmark's time (~2.5 minutes at 320 px on 2 cores) and print nothing of
+    their own: one progress line before the first says so, and how to leave them out; none with --skip pt2. The
+    export here is a stand-in that fails at once (the table notes it), so nothing compiles."""
+    import detector.exporting.pt2 as pt2
+    import detector.workflows.benchmark as benchmark
+    from detector.workflows.options import BenchmarkOptions
+
+    printed: list[str] = []
+
+    def export_pt2(*args, **kwargs):
+        printed.append("export_pt2 called")
+        raise RuntimeError("no compile in this test")
+
+    monkeypatch.setattr(pt2, "compiler_missing", lambda: None)
+    monkeypatch.setattr(pt2, "export_pt2", export_pt2)
+    monkeypatch.setattr(benchmark, "half_precision", lambda device: "bf16")  # two packages, as on a CPU with BF16
+    benchmark.run_benchmark(BenchmarkOptions(weights=str(checkpoint), imgsz=64, runs=1, warmup=0, throughput_batch=0,
+                                             skip=skip, device="cpu"), progress=printed.append)
+    line = "pt2: compiling the fp32 and bf16 packages (minutes on a small CPU; --skip pt2 leaves them out)"
+    if "pt2" in skip:
+        assert not [entry for entry in printed if entry.startswith("pt2")] and "export_pt2 called" not in printed
+    else:
+        assert printed.count(line) == 1 and printed.index(line) < printed.index("export_pt2 called")
+
+
 def test_a_cpu_table_builds_no_tensorrt_engine_even_where_tensorrt_could(monkeypatch, checkpoint, tmp_path) -> None:
     """A host with a GPU and TensorRT, benchmarked with --device cpu: an engine (GPU-only) is no row of the CPU's
     table, so none is built (it would be, on the GPU, once per batch size and precision); the table says why."""
