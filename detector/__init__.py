@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from detector.version import __version__
+
 __all__ = ["__version__", "export", "load", "predict", "train", "val"]
 _API = ("export", "load", "predict", "train", "val")
 

@@ -18,7 +18,6 @@ A checkpoint is a plain dict of tensors and builtin types. Two kinds exist:
 from __future__ import annotations
 
 import math
-import pickle
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from detector.checkpoint_problems import load_problem
 from detector.files import atomic_file
 from detector.model import YOLO, build_model
 from detector.model.yolo import SCALES
@@ -132,32 +132,13 @@ def refuse_on_old_torch(path: str | Path) -> None:
         raise CheckpointError(f"{path}: refused to load: {problem}")
 
 
-_BLOCKED_GLOBAL = re.compile(r"GLOBAL ([\w.]+)")  # how torch's message names the refused global (2.6 to 2.14)
-
-
-def load_problem(error: BaseException) -> str:
-    """What torch's error says about a file, in our words: never torch's advice to retry with ``weights_only=False``
-    (which would run the code a malicious file carries), and one sentence at most."""
-    text = str(error)
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if isinstance(error, pickle.UnpicklingError) and "weights only" in text.lower():
-        if match := _BLOCKED_GLOBAL.search(text):
-            return (f"refused: it names the Python global {match.group(1)}, which loading would import and run; "
-                    "checkpoints are read as tensors and plain values only")
-        advice = ("weights_only", "Weights only", "documentation", "file an issue")
-        detail = next((line for line in lines if not any(word in line for word in advice)), "")
-        return f"refused: not plain tensors and values ({detail or 'unsupported pickle content'})"
-    if isinstance(error, EOFError) or not lines:
-        return f"not a checkpoint (empty or cut short: {type(error).__name__})"
-    return f"not a loadable checkpoint ({lines[0].split('. ')[0][:200]})"
-
-
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load without unpickling arbitrary objects (``weights_only=True``), on a torch at :data:`TORCH_FLOOR` or later.
 
     Raises:
         CheckpointError: one line naming the file: missing, refused (it names code to run, or torch is too
-            old to read files from others safely), empty, truncated, or not a dict.
+            old to read files from others safely), empty, truncated, no PyTorch checkpoint at all, or not a dict
+            (:func:`detector.checkpoint_problems.load_problem` words it).
     """
     path = Path(path)
     if not path.is_file():
@@ -166,7 +147,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for corrupt or foreign files; none is a bug of ours
-        raise CheckpointError(f"{path}: {load_problem(error)}") from None
+        raise CheckpointError(f"{path}: {load_problem(error, path)}") from None
     if not isinstance(checkpoint, dict):
         raise CheckpointError(f"{path}: not a detector checkpoint (holds a {type(checkpoint).__name__}, not a dict)")
     return checkpoint

@@ -125,7 +125,7 @@ def test_a_refused_checkpoint_says_why_and_never_suggests_weights_only_false(tmp
 
 @pytest.mark.parametrize("content, problem", [
     (b"", "empty or cut short"),
-    (b"PK\x03\x04 an odd zip", "not a loadable checkpoint"),
+    (b"PK\x03\x04 an odd zip", "a damaged PyTorch checkpoint"),
     (b"\x80\x02garbage", "not"),
 ])
 def test_empty_odd_and_garbage_files_give_one_line(tmp_path: Path, content: bytes, problem: str):

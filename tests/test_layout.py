@@ -16,8 +16,9 @@ PACKAGE = Path(__file__).resolve().parents[1] / "detector"
 # Lowest first. A package or top-level module may import only from layers below its own, never from its own
 # layer or above (inside one package, modules import each other freely). docs/development.md draws this map.
 LAYERS: list[set[str]] = [
-    {"choices", "defaults"},
-    {"boxes", "nms", "files", "device", "precision", "tuning", "options", "paths", "extras", "aliases", "forked"},
+    {"choices", "defaults", "version"},
+    {"boxes", "nms", "files", "device", "precision", "tuning", "options", "paths", "extras", "aliases", "forked",
+     "checkpoint_problems"},
     {"distributed", "postprocess", "assigner", "runs"},
     {"model", "loss"},
     {"checkpoint", "data"},

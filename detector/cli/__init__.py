@@ -17,6 +17,7 @@ Exit codes, the same for every command:
 from __future__ import annotations
 
 import atexit
+import difflib
 import gc
 import importlib
 import os
@@ -38,8 +39,31 @@ COMMANDS = {
 }
 
 
+def program() -> str:
+    """How the user started us, for usage and error lines: ``detector`` (the console script) or
+    ``python -m detector`` (anything else: ``-m`` runs detector/__main__.py, a test calls :func:`main`)."""
+    started_as = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "detector" if os.path.splitext(started_as)[0] == "detector" else "python -m detector"
+
+
+def version() -> str:
+    """The installed distribution's version; the package's own where it is not installed (a bare checkout on
+    ``PYTHONPATH``)."""
+    import importlib.metadata  # only for --version: the other commands never read the installed metadata
+
+    from detector.extras import DISTRIBUTION
+
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        from detector.version import __version__
+
+        return __version__
+
+
 def usage() -> str:
-    lines = ["usage: python -m detector <command> [options]", "", "commands:"]
+    prog = program()
+    lines = [f"usage: {prog} <command> [options]", f"       {prog} --version", "", "commands:"]
     return "\n".join(lines + [f"  {name:<11} {text}" for name, (_, text) in COMMANDS.items()])
 
 
@@ -48,12 +72,19 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return OK
+    if argv[0] in ("-V", "--version"):
+        print(f"detector {version()}")
+        return OK
     if argv[0] not in COMMANDS:
-        # As argparse reports a usage error: on stderr, the usage first, the complaint last.
-        print(f"{usage()}\n\npython -m detector: error: unknown command {argv[0]!r}", file=sys.stderr)
+        # One line, as every command's usage error (detector/cli/parser.py): the command list printed first
+        # pushed the line that said what was wrong out of sight.
+        near = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f"did you mean {near[0]}?" if near else f"the commands are {', '.join(COMMANDS)}"
+        print(f"{program()}: error: unknown command {argv[0]!r}; {hint} (see {program()} --help)", file=sys.stderr)
         return USAGE
     module = importlib.import_module(COMMANDS[argv[0]][0])
-    return int(module.main(argv[1:]) or 0)
+    # Usage and error lines then name the command as it was typed: ``detector train``, not train.py.
+    return int(module.main(argv[1:], prog=f"{program()} {argv[0]}") or 0)
 
 
 _exit_code: int | None = None  # set by exit_with: the code _end_without_teardown ends the process with

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from detector.cli.errors import CommandFailed, run_command
+from detector.cli.parser import CommandParser
 from detector.files import write_text_atomically
 from detector.runs import claim_run_dir
 
@@ -78,10 +79,12 @@ def plot(results: dict[str, dict[str, float]], out_png: Path) -> Path:
     return save_figure(figure, out_png)  # atomic, as every run output
 
 
-def build_parser() -> argparse.ArgumentParser:
+PROG = "python -m detector ablate-amp"  # detector.cli.main passes how the command was started
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     """The report's own flags; every other flag is passed on to each training run (``parse_known_args``)."""
-    parser = argparse.ArgumentParser(prog="python -m detector ablate-amp", description=__doc__,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = CommandParser(prog=prog, description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--data", default="", help="data YAML; empty = built-in shapes dataset")
     parser.add_argument("--epochs", type=int, default=10, help="epochs per variant")
     parser.add_argument("--device", default="", help="cpu, cuda or cuda:N; empty = cuda if available")
@@ -115,6 +118,6 @@ def ablate(args: argparse.Namespace, train_args: list[str]) -> None:
     print(f"report: {out_dir / 'ablation.md'}, {out_dir / 'ablation.png'}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, train_args = build_parser().parse_known_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    args, train_args = build_parser(prog).parse_known_args(argv)
     return run_command(ablate, args, train_args)

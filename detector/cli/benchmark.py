@@ -10,12 +10,16 @@ import sys
 
 from detector.cli.errors import run_command
 from detector.cli.flags import add_flags, options_from_args
+from detector.cli.parser import CommandParser
 from detector.workflows.options import BenchmarkOptions
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m detector benchmark",
+PROG = "python -m detector benchmark"  # detector.cli.main passes how the command was started
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog=prog,
         description="Time pre-process / inference / post-process per image for each available backend.",
     )
     add_flags(parser, BenchmarkOptions)
@@ -30,5 +34,5 @@ def benchmark(args: argparse.Namespace) -> None:
     print(run_benchmark(options, progress=lambda line: print(line, file=sys.stderr)))
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_command(benchmark, build_parser().parse_args(argv))
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    return run_command(benchmark, build_parser(prog).parse_args(argv))

@@ -8,6 +8,7 @@ import argparse
 from pathlib import Path
 
 from detector.cli.errors import run_command
+from detector.cli.parser import CommandParser
 from detector.data.catalog import DOWNLOADS, datasets_root
 from detector.weights.catalog import PRETRAINED, pretrained_name
 from detector.paths import HOME_ENV, default_weights_dir
@@ -18,9 +19,12 @@ def _name(text: str) -> str:
     return pretrained_name(text) or text.lower()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m detector download",
+PROG = "python -m detector download"  # detector.cli.main passes how the command was started
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog=prog,
         description="Fetch a dataset into the datasets root, or Ultralytics' YOLOv8 detection weights into the weights folder "
                     "(explicit: nothing in detector downloads by itself).",
         epilog="Every file is fetched over https (see --allow-http), capped in bytes fetched and unpacked, and checked "
@@ -65,5 +69,5 @@ def fetch(args: argparse.Namespace) -> None:
         raise KeyboardInterrupt(f"interrupted; run the command again to resume (partial files in {where})") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_command(fetch, build_parser().parse_args(argv))
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    return run_command(fetch, build_parser(prog).parse_args(argv))

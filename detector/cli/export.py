@@ -7,12 +7,17 @@ from pathlib import Path
 
 from detector.cli.errors import run_command
 from detector.cli.flags import add_flags, options_from_args, parse_command
+from detector.cli.parser import CommandParser
 from detector.workflows.options import ExportOptions
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="export.py",
+PROG = "export.py"  # the script's name; ``detector export`` passes its own (detector.cli.main)
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog=prog,
+        command="export",
         description="Export a checkpoint to ONNX, TensorRT and/or pt2 (AOTInductor), then check it against the FP32 PyTorch model.",
         epilog="Input 'images' float32 [B,3,H,W] RGB in [0,1]. Outputs: 'boxes' [B,A,4] xyxy px + 'scores' [B,A,C]; "
         "with --nms 'detections' [B,K,6] (x1,y1,x2,y2,score,label; zero rows pad) + 'num_detections' [B].",
@@ -28,11 +33,11 @@ def export(options: ExportOptions) -> list[Path]:
     return run_export(options)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:
     """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
-    return parse_command(build_parser(), ExportOptions, "export", argv)
+    return parse_command(build_parser(prog), ExportOptions, "export", argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
     return run_command(lambda: export(options_from_args(ExportOptions, args)))

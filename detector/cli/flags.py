@@ -96,7 +96,7 @@ def flag_tokens(parser: argparse.ArgumentParser, options_class: type, values: di
         if name not in known:
             near = [k for k in known if name.startswith(k) or k.startswith(name)]
             near = near or difflib.get_close_matches(name, known, n=3)
-            hint = f"; did you mean {', '.join(near)}?" if near else f"; see {parser.prog} --help"
+            hint = f"; did you mean {', '.join(near)}?" if near else ""  # the parser's error adds where help is
             parser.error(f"unknown argument {name}={texts.get(name, value)}{hint}")
         if value is None:
             continue
@@ -137,7 +137,8 @@ def parse_command(parser: argparse.ArgumentParser, options_class: type, command:
     try:
         values = translate(command, given)
     except (TypeError, ValueError) as error:
-        parser.error(str(error))
+        # translate names the command for the Python API's sake; here the parser's prog names it already.
+        parser.error(str(error).removeprefix(f"{command}: "))
     unchanged = {name: pairs[name] for name in pairs if name in values and values[name] is given[name]}
     return parser.parse_args(rest + flag_tokens(parser, options_class, values, unchanged))
 

@@ -7,12 +7,17 @@ from collections import deque
 
 from detector.cli.errors import run_command
 from detector.cli.flags import add_flags, options_from_args, parse_command
+from detector.cli.parser import CommandParser
 from detector.workflows.options import PredictOptions
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m detector predict",
+PROG = "python -m detector predict"  # detector.cli.main passes how the command was started
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog=prog,
+        command="predict",
         description="Run a .pt / .onnx / .engine model on images, folders, globs, videos, webcams or streams.",
     )
     add_flags(parser, PredictOptions)
@@ -29,11 +34,11 @@ def predict(options: PredictOptions) -> None:
     deque(run_predict(options, stream=True), maxlen=0)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:
     """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
-    return parse_command(build_parser(), PredictOptions, "predict", argv)
+    return parse_command(build_parser(prog), PredictOptions, "predict", argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
     return run_command(lambda: predict(options_from_args(PredictOptions, args)))

@@ -7,12 +7,17 @@ from typing import Any
 
 from detector.cli.errors import run_command, uncollected_imports
 from detector.cli.flags import add_flags, options_from_args, parse_command
+from detector.cli.parser import CommandParser
 from detector.training.config import TrainConfig
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="train.py",
+PROG = "train.py"  # the script's name; ``detector train`` passes its own (detector.cli.main)
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
+    parser = CommandParser(
+        prog=prog,
+        command="train",
         description="Train an anchor-free YOLO detector (mixed precision by default).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -37,11 +42,11 @@ def run_train(config: TrainConfig) -> dict[str, Any]:
     return train(config, process_start=True)  # the time account counts the imports before the run
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:
     """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
-    return parse_command(build_parser(), TrainConfig, "train", argv)
+    return parse_command(build_parser(prog), TrainConfig, "train", argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
     return run_command(lambda: run_train(options_from_args(TrainConfig, args)))

@@ -7,13 +7,17 @@ import sys
 
 from detector.cli.errors import run_command
 from detector.cli.flags import add_flags, options_from_args, parse_command
+from detector.cli.parser import CommandParser
 from detector.workflows.options import ValOptions
 
 
-def build_parser() -> argparse.ArgumentParser:
+PROG = "python -m detector val"  # detector.cli.main passes how the command was started
+
+
+def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     # The workflow module's first docstring line, written out: importing the module to read it imports torch.
-    parser = argparse.ArgumentParser(prog="python -m detector val",
-                                     description="``python -m detector val``: score a checkpoint on a dataset split.")
+    parser = CommandParser(prog=prog, command="val",
+                           description="``python -m detector val``: score a checkpoint on a dataset split.")
     add_flags(parser, ValOptions)
     return parser
 
@@ -25,13 +29,13 @@ def validate(options: ValOptions) -> dict[str, float]:
     return run_val(options)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:
     """``--flags`` and ``key=value`` arguments (ours or Ultralytics' names: detector/aliases.py) alike."""
-    return parse_command(build_parser(), ValOptions, "val", argv)
+    return parse_command(build_parser(prog), ValOptions, "val", argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    args = parse_args(argv, prog)
     return run_command(lambda: validate(options_from_args(ValOptions, args)))
 
 

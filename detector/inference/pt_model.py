@@ -11,7 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from detector.checkpoint import CheckpointError, model_from_checkpoint
+from detector.checkpoint_problems import file_start, is_torch_file, not_a_checkpoint
 from detector.model import YOLO, build_model
+
+BOTH_READERS = "neither this project's nor Ultralytics' YOLOv8 weights"
 
 
 def model_from_pt(path: str | Path) -> tuple[YOLO, dict[str, Any]]:
@@ -20,19 +23,26 @@ def model_from_pt(path: str | Path) -> tuple[YOLO, dict[str, Any]]:
     Ours first (EMA weights when present); a file that is not ours is tried as Ultralytics YOLOv8 weights.
 
     Raises:
-        CheckpointError: neither; one line with both readers' reasons.
+        CheckpointError: neither; one line: the file is no PyTorch checkpoint at all (said once, for both readers),
+            or each reader's reason where they differ.
     """
     try:
         return model_from_checkpoint(path)
     except CheckpointError as ours:
+        if not Path(path).is_file():
+            raise
+        start = file_start(path)
+        if start and not is_torch_file(start):  # not what torch.save writes: the other reader cannot read it either
+            raise CheckpointError(f"{Path(path)}: {not_a_checkpoint(start, which=BOTH_READERS)}") from None
         from detector.weights.ultralytics import load_pretrained, read_ultralytics_checkpoint
 
         try:
             foreign = read_ultralytics_checkpoint(path)
         except Exception as error:  # noqa: BLE001 - the reader's own one-line reasons (unsafe, not YOLOv8, ...)
-            if not Path(path).is_file():
+            prefix = f"{Path(path)}: "  # both messages start with the file's name: said once
+            reason = (str(error).splitlines()[0] if str(error) else type(error).__name__).removeprefix(prefix)
+            if reason == str(ours).removeprefix(prefix):  # the same bytes failed both the same way (damaged, empty)
                 raise ours from None
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise CheckpointError(f"{ours}; nor is it Ultralytics YOLOv8 weights ({reason})") from None
     model = build_model(num_classes=foreign.num_classes, scale=foreign.scale)
     load_pretrained(model, foreign)

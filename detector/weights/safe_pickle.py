@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from detector.checkpoint import load_problem, refuse_on_old_torch
+from detector.checkpoint import refuse_on_old_torch
+from detector.checkpoint_problems import load_problem, zip_problem
 
 
 class UnsafeCheckpointError(pickle.UnpicklingError):
@@ -163,7 +164,7 @@ def load_checkpoint(path: str | Path) -> Any:
                 if any(Path(member).name == "constants.pkl" for member in archive.namelist()):
                     raise UnsafeCheckpointError(f"{path}: is a TorchScript archive, which would run code when loaded")
     except (zipfile.BadZipFile, OSError, EOFError) as error:  # looked like a zip but is not a readable one
-        raise ValueError(f"{path}: not a readable checkpoint ({error})") from None
+        raise ValueError(f"{path}: {zip_problem(path) or f'not a readable checkpoint ({error})'}") from None
 
     # torch.load subclasses ``pickle_module.Unpickler`` (to map storage types) and defers every other global to
     # our find_class, so the allow-list covers the whole file. A class attribute carries the name into messages.
@@ -180,7 +181,7 @@ def load_checkpoint(path: str | Path) -> Any:
     except UnsafeCheckpointError:
         raise
     except Exception as error:  # a truncated, empty or foreign file: torch raises many types, none a bug of ours
-        raise ValueError(f"{path}: {load_problem(error)}") from None
+        raise ValueError(f"{path}: {load_problem(error, path)}") from None
 
 
 def stand_in_state_dict(module: StandIn, prefix: str = "") -> dict[str, torch.Tensor]:

@@ -88,7 +88,11 @@ def test_help_lists_every_command_and_unknown_commands_fail(capsys: pytest.Captu
     assert all(name in listed for name in COMMANDS)
     assert main(["nonsense"]) == 2
     captured = capsys.readouterr()
-    assert captured.out == "" and captured.err.strip().endswith("error: unknown command 'nonsense'")
+    assert captured.out == "" and captured.err == (  # one line: the command list before it hid it
+        f"python -m detector: error: unknown command 'nonsense'; the commands are {', '.join(COMMANDS)} "
+        "(see python -m detector --help)\n")
+    assert main(["trian", "--epochs", "3"]) == 2
+    assert capsys.readouterr().err.startswith("python -m detector: error: unknown command 'trian'; did you mean train?")
 
 
 def test_an_unknown_command_is_a_usage_error_for_the_shell() -> None:

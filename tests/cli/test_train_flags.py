@@ -57,12 +57,12 @@ def test_model_as_a_weights_file_means_weights_with_its_scale(capsys: pytest.Cap
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["mixup=0.2"], "train: Ultralytics' mixup=0.2 has no equivalent here: mosaic (--mosaic) is the mixing"),
-    (["amp=maybe"], "train: amp='maybe': expected True or False"),
-    (["cache=disk"], "train: cache='disk': no disk cache here"),
-    (["device=0,1"], "train: device='0,1': one device per process here; for several GPUs launch with torchrun"),
+    (["mixup=0.2"], "train.py: error: Ultralytics' mixup=0.2 has no equivalent here: mosaic (--mosaic) is the"),
+    (["amp=maybe"], "train.py: error: amp='maybe': expected True or False"),
+    (["cache=disk"], "train.py: error: cache='disk': no disk cache here"),
+    (["device=0,1"], "train.py: error: device='0,1': one device per process here; for several GPUs launch with"),
     (["epoch=3"], "unknown argument epoch=3; did you mean epochs?"),
-    (["cos_lr=True", "cosine=False"], "train: cos_lr and cosine both set cosine (True vs False); give one"),
+    (["cos_lr=True", "cosine=False"], "train.py: error: cos_lr and cosine both set cosine (True vs False); give one"),
     (["plots=maybe"], "plots=maybe: expected True or False"),
 ])
 def test_what_cannot_be_done_answers_in_one_line(argv: list[str], message: str,

@@ -136,7 +136,8 @@ def test_key_value_arguments_with_no_equivalent_answer_in_one_line(val_inputs, t
     with pytest.raises(SystemExit) as exit_info:
         main([f"model={weights}", f"data={data}", "augment=True"])
     assert exit_info.value.code == 2
-    assert "val: Ultralytics' augment=True has no equivalent here: no test-time augmentation" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert "val: error: Ultralytics' augment=True has no equivalent here: no test-time augmentation" in said
     with pytest.raises(SystemExit):
         main([f"weights={weights}", f"data={data}", "confidence=0.3"])
     assert "unknown argument confidence=0.3; did you mean conf?" in capsys.readouterr().err

@@ -1,0 +1,77 @@
+"""A ``.pt`` that does not load is named for what it is: no checkpoint at all, a damaged one, or one refused because
+it would run code. The sentence comes from the file's first bytes, not from which of torch's readers tripped."""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from detector.checkpoint import CheckpointError, load_checkpoint
+from detector.checkpoint_problems import is_torch_file, not_a_checkpoint
+from detector.weights.safe_pickle import load_checkpoint as load_foreign
+
+
+def _jpeg() -> bytes:
+    return cv2.imencode(".jpg", np.zeros((8, 8, 3), np.uint8))[1].tobytes()
+
+
+def _zip_without_a_pickle() -> bytes:  # an .npz, a dataset archive renamed .pt
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        bundle.writestr("x.npy", b"\x93NUMPY")
+    return buffer.getvalue()
+
+
+def _cut_short_checkpoint() -> bytes:
+    buffer = io.BytesIO()
+    torch.save({"w": torch.zeros(1000)}, buffer)
+    return buffer.getvalue()[: len(buffer.getvalue()) // 2]
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > pwned.txt",))
+
+
+@pytest.mark.parametrize("content, says", [
+    # torch's words were "not a loadable checkpoint (Memo value not found at index 101)"
+    (b"hello, this is text\n", "not a PyTorch checkpoint"),
+    # ... and, for a JPEG, "refused: not plain tensors and values (Unsupported operand 255)", as if it were unsafe
+    (_jpeg(), "not a PyTorch checkpoint"),
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:00\nsize 6\n",
+     "not a PyTorch checkpoint; it is a Git LFS pointer, not the file itself: fetch it with git lfs pull"),
+    (_zip_without_a_pickle(), "a zip archive, not a PyTorch checkpoint"),
+    (_cut_short_checkpoint(), "a damaged PyTorch checkpoint: cut short or corrupt (its zip archive cannot be read)"),
+    (b"", "empty or cut short (0 bytes), not a PyTorch checkpoint"),
+])
+@pytest.mark.parametrize("load", [load_checkpoint, load_foreign], ids=["ours", "restricted unpickler"])
+def test_a_file_that_is_no_checkpoint_says_what_it_is(tmp_path: Path, content: bytes, says: str, load) -> None:
+    path = tmp_path / "weights.pt"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as failed:  # CheckpointError is a ValueError, as the foreign reader's errors are
+        load(path)
+    assert str(failed.value) == f"{path}: {says}"
+
+
+def test_a_refusal_stays_a_refusal(tmp_path: Path) -> None:
+    """A real pickle that names code is refused as such (docs/security.md), never called "not a checkpoint"."""
+    path = tmp_path / "hostile.pt"
+    torch.save({"model": _Exploit()}, path)
+    assert is_torch_file(path.read_bytes()[:4])
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(path)
+    assert str(refused.value).startswith(f"{path}: refused: it names the Python global ")
+    assert "not a PyTorch checkpoint" not in str(refused.value)
+
+
+def test_the_readers_that_tried_are_named_once() -> None:
+    assert not_a_checkpoint(b"<!DOCTYPE html>", which="neither A nor B") == (
+        "not a PyTorch checkpoint (neither A nor B); it is an HTML page: a download that fetched an error or login "
+        "page?")
