@@ -23,6 +23,9 @@ class CommandParser(argparse.ArgumentParser):
     """
 
     def __init__(self, *args: Any, command: str = "", **kwargs: Any) -> None:
+        # No abbreviations: argparse took --epoch for --epochs silently, and --amp False for --amp-check (then
+        # complained about 'False'); a flag not spelled out gets the nearest one suggested instead.
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         self.command = command
 

@@ -105,3 +105,15 @@ def test_the_script_refuses_an_unknown_flag_in_one_line() -> None:
                           text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr == "train.py: error: unrecognized arguments: --bogus (see train.py --help)\n"
+
+
+def test_a_flag_is_never_taken_for_an_abbreviation(capsys) -> None:
+    """argparse's default took --epoch for --epochs without a word, and --amp False for --amp-check; spelled out or
+    refused, with the flag it was close to."""
+    from detector.cli.train import parse_args
+
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["--epoch", "3"])
+    assert stopped.value.code == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "unrecognized arguments: --epoch 3; did you mean --epochs?" in said[0]
