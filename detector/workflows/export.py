@@ -131,6 +131,8 @@ def run_export(options: ExportOptions) -> list[Path]:
             check_parity_of(model, info, staged, options, device)
         written = []
         for fmt, path in staged.items():
-            written.append(publish(path, weights.with_suffix("." + fmt)))
-            print(f"export: wrote {written[-1]}")
+            target = weights.with_suffix("." + fmt)
+            replacing = target.exists()  # an FP32 export and a --half one share the name: say the earlier one went
+            written.append(publish(path, target))
+            print(f"export: wrote {written[-1]}{' (replacing the earlier export there)' if replacing else ''}")
     return written

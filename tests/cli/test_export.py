@@ -54,6 +54,10 @@ def test_newest_checkpoint_is_exported_at_fp16(
     assert leftovers(run_checkpoint.parent) == ["best.onnx"]
     info = read_onnx_info(run_checkpoint.with_suffix(".onnx"))
     assert info.precision == "fp16" and info.imgsz == IMGSZ and info.names == ["circle", "square", "triangle"]
+    # An FP32 export of the same checkpoint takes the same name: the FP16 file goes, and the line says so.
+    assert main(["--device", "cpu", "--no-check"]) == 0
+    assert "best.onnx (replacing the earlier export there)" in capsys.readouterr().out
+    assert read_onnx_info(run_checkpoint.with_suffix(".onnx")).precision == "fp32"
 
 
 def test_failed_parity_exits_nonzero_and_writes_nothing(
