@@ -509,3 +509,15 @@ def test_the_final_report_is_best_pts(yolo_yaml: Path, tmp_path: Path, monkeypat
     assert given.keys() == saved["model"].keys() and all(torch.equal(given[k], saved["model"][k]) for k in given)
     assert summary["metrics"] == validation.metrics
     assert "final report: best.pt, epoch 1 (the last epoch: mAP50-95 " in printed
+
+
+def test_weights_that_are_no_checkpoint_stop_the_run_before_the_data_scan(yolo_yaml: Path, tmp_path: Path,
+                                                                         monkeypatch):
+    """A text file given as --weights: one line naming it, before the data scan (minutes on COCO) starts."""
+    import detector.training.trainer as trainer
+
+    monkeypatch.setattr(trainer, "build_data", lambda *args, **kwargs: pytest.fail("scanned the data first"))
+    notes = tmp_path / "notes.pt"
+    notes.write_text("not weights\n")
+    with pytest.raises(ValueError, match=r"notes.pt: --weights is not a PyTorch checkpoint$"):
+        train(_config(yolo_yaml, tmp_path, weights=str(notes)), progress=False)
