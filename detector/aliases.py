@@ -164,6 +164,7 @@ TRAIN: dict[str, Alias] = {
 }
 VAL: dict[str, Alias] = {
     **COMMON,
+    "verbose": renamed("verbose"),  # ours too: the table printed or not
     "model": Alias(weights),
     "save_json": unsupported("predictions.json (COCO results) is always written", False, True),
     "save_txt": unsupported("val writes predictions.json; predict --save-txt writes YOLO txt labels", False),
@@ -175,6 +176,7 @@ VAL: dict[str, Alias] = {
 }
 PREDICT: dict[str, Alias] = {
     **COMMON,
+    "verbose": renamed("verbose"),  # ours too: a line per image or not
     "model": Alias(weights),
     "show": unsupported("save annotated images or video with --save (no window opens)", False),
     "save_crop": unsupported("crop from the saved boxes (predictions.json or --save-txt)", False),

@@ -154,6 +154,7 @@ def val(
     fp32: bool = False,
     half: bool = False,
     plots: bool = True,
+    verbose: bool = True,
     project: str | Path = Path("runs/val"),
     name: str = "exp",
     **ultralytics: Any,
@@ -162,8 +163,9 @@ def val(
     :func:`load` ed model) on a split of ``data``: ``python -m detector val`` with these flags.
 
     Returns the metrics (``mAP50-95``, ``mAP50``, ``mAP75``, ...). The table, plots and predictions.json are
-    written under ``project/name`` as by the command. ``weights`` and ``data`` are required (``None`` here only so
-    that Ultralytics' ``model=`` can stand for ``weights``).
+    written under ``project/name`` as by the command; ``verbose=False`` prints no table (results.txt has it).
+    ``weights`` and ``data`` are required (``None`` here only so that Ultralytics' ``model=`` can stand for
+    ``weights``).
     """
     from detector.workflows.options import ValOptions
     from detector.workflows.val import run_val
@@ -186,6 +188,7 @@ def predict(
     batch: int = 1,
     device: str | int = "",
     half: bool = False,
+    verbose: bool = True,
     project: str | Path = Path("runs/predict"),
     name: str = "exp",
     stream: bool = False,
@@ -199,6 +202,7 @@ def predict(
     ``classes`` keeps only those class ids; ``save`` writes annotated images or videos, ``save_txt`` YOLO labels
     (``save_conf`` adds scores); unlike the command, nothing is written unless one of them is set. ``batch``
     images or frames go through the model per call (faster on a GPU; a stream waits for a whole batch).
+    ``verbose=False`` prints nothing but warnings (a line per image otherwise).
 
     Returns one dict per image or video frame: ``{"file", "frame"`` (None for images), ``"boxes"`` float32
     ``[N, 4]`` xyxy pixels of the original image, ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``

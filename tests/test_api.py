@@ -125,6 +125,23 @@ def test_a_loaded_model_takes_half_at_load_and_refuses_it_at_predict(run: dict):
     assert half.backend.name == f"pytorch {half_precision('cpu')}" and len(half.predict(image)) == 1
 
 
+def test_verbose_false_prints_nothing_and_changes_nothing_else(run: dict, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture):
+    """Ultralytics' verbose=False, ours too for predict and val: no line per image, no table, no note; the
+    same results, and val's table still in results.txt."""
+    images = Path(run["data"]).parent / "images" / "val"
+    flags = dict(weights=run["best"], device="cpu", conf=0.001)
+    loud = predict(images, **flags)
+    assert "images/frames at" in capsys.readouterr().out
+    quiet = predict(images, verbose=False, **flags)
+    assert [len(r["boxes"]) for r in quiet] == [len(r["boxes"]) for r in loud]
+    metrics = val(weights=run["best"], data=run["data"], device="cpu", workers=0, plots=False, verbose=False,
+                  project=tmp_path / "val")
+    said = capsys.readouterr()
+    assert said.out == "" and "note:" not in said.err
+    assert "mAP50-95" in metrics and "AP50-95" in (tmp_path / "val" / "exp" / "results.txt").read_text()
+
+
 def test_predict_writes_nothing_unless_asked(run: dict, tmp_path: Path):
     image = next((Path(run["data"]).parent / "images" / "val").iterdir())
     predict(image, weights=run["best"], device="cpu", project=tmp_path / "quiet")

@@ -49,6 +49,7 @@ class ValOptions(Options):
     half: bool = option(False, "a prepared copy: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, "
                                "else FP32 (default: off, autocast); BatchNorm is folded either way")
     plots: bool = option(True, "write PR curve, confusion matrix and prediction images")
+    verbose: bool = option(True, "print the per-class table and summary (--no-verbose: results.txt only)")
     project: Path = option(Path("runs/val"), "parent folder of the run folder")
     name: str = option("exp", "run folder name (suffixed 2, 3... when it exists)")
 
@@ -74,6 +75,7 @@ class PredictOptions(Options):
     device: str = option("", "cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     half: bool = option(False, ".pt: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, else FP32 "
                                "(default: off)")
+    verbose: bool = option(True, "print a line per image or frame and one at the end (default: on)")
     project: Path = option(Path("runs/predict"), "parent folder of runs (default: runs/predict)")
     name: str = option("exp", "run folder; exp, exp2, ... when taken (default: exp)")
 

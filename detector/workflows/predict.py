@@ -23,7 +23,7 @@ import re
 import sys
 import time
 from collections import Counter
-from collections.abc import Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -244,7 +244,8 @@ def predict_frames(
                 counts = Counter(result["names"]).most_common()
                 where = frame.name if frame.index is None else f"{frame.name} frame {frame.index}"
                 summary = ", ".join(f"{count} {name}" for name, count in counts) or "nothing"
-                print(f"{where}: {summary} ({share:.1f} ms)")
+                if options.verbose:
+                    print(f"{where}: {summary} ({share:.1f} ms)")
                 if outputs is not None:
                     outputs.add(frame, result)
                 yield {**result, "image": frame.image} if with_image else result
@@ -320,10 +321,14 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     results = predict_frames(backend, frames, size=size, options=options, outputs=outputs, with_image=stream,
                              live=is_live(options.source if source is None else source))
     where = f"; results in {outputs.out_dir}" if outputs is not None else ""
+    def closing(count: int) -> None:
+        if options.verbose:
+            print(f"{backend.name} on {count} images/frames at {size} px{where}")
+
     if stream:
-        return closing_line(results, backend.name, size, where)
+        return closing_line(results, closing)
     done = list(results)
-    print(f"{backend.name} on {len(done)} images/frames at {size} px{where}")
+    closing(len(done))
     return done
 
 
@@ -342,8 +347,9 @@ def first_frame_checked(frames: Iterator[Frame]) -> Iterator[Frame]:
     return itertools.chain([first], frames)
 
 
-def closing_line(results: Generator[dict, None, None], name: str, size: int, where: str) -> Iterator[dict]:
-    """The stream :func:`run_predict` returns: the results, then the closing line once they are all read.
+def closing_line(results: Generator[dict, None, None], closing: Callable[[int], None]) -> Iterator[dict]:
+    """The stream :func:`run_predict` returns: the results, then ``closing(count)`` (the closing line) once they
+    are all read.
 
     Closing it early (a ``break``) closes ``results`` at once: the reader thread stops, a capture is released and
     predictions.json is written for the frames done.
@@ -354,4 +360,4 @@ def closing_line(results: Generator[dict, None, None], name: str, size: int, whe
             yield result
     finally:
         results.close()
-    print(f"{name} on {count} images/frames at {size} px{where}")
+    closing(count)

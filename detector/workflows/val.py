@@ -116,15 +116,17 @@ def run_val(options: ValOptions) -> dict[str, float]:
     coco_eval = resolve_backend(options.coco_eval)
     # A failure inside removes the run folder it claimed: a failed val leaves nothing behind.
     with run_folder(options.project, options.name) as save_dir:
-        print(f"val: {options.weights} on {spec.yaml_path.name} '{options.split}' ({len(split.records)} images), "
-              f"imgsz {image_size}{' (rect batches)' if rect else ''}, {runtime}, "
-              f"COCO eval {evaluator_name(coco_eval)}")
+        if options.verbose:
+            print(f"val: {options.weights} on {spec.yaml_path.name} '{options.split}' ({len(split.records)} images), "
+                  f"imgsz {image_size}{' (rect batches)' if rect else ''}, {runtime}, "
+                  f"COCO eval {evaluator_name(coco_eval)}")
 
         loader = make_val_loader(split, batch_size=options.batch, workers=options.workers,
                                  cpu_compute=device.type == "cpu", pin_memory=device.type == "cuda", rect=rect)
         try:
             validation = run_validation(infer, split, loader, results_json=save_dir / "predictions.json",
-                                        progress=sys.stderr.isatty(), keep_predictions=True, coco_eval=coco_eval)
+                                        progress=options.verbose and sys.stderr.isatty(), keep_predictions=True,
+                                        coco_eval=coco_eval)
         finally:
             stop_workers(loader)  # now, not at the process's exit (see stop_workers)
         result = validation.result
@@ -133,6 +135,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
         report = (f"{table}\n\n{result.evaluator}:\n{result.summary}\n\n"
                   f"Speed: {speed:.1f} ms/image (inference, NMS and {result.evaluator.split()[0]})")
         write_text_atomically(save_dir / "results.txt", report + "\n")
-        print(report)
-        print(f"Results saved to {save_dir}")
+        if options.verbose:
+            print(report)
+            print(f"Results saved to {save_dir}")
         return dict(result.metrics)
