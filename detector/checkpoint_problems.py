@@ -50,6 +50,14 @@ def not_a_checkpoint(start: bytes, *, which: str = "") -> str:
     return NOT_A_CHECKPOINT + (f" ({which})" if which else "") + (f"; {looks}" if looks else "")
 
 
+def start_problem(start: bytes) -> str | None:
+    """What a file that opens with ``start`` is, where its first bytes alone say it is no checkpoint (empty, or not
+    the zip or pickle ``torch.save`` writes); None when it may be one."""
+    if start == b"":
+        return f"empty or cut short (0 bytes), {NOT_A_CHECKPOINT}"
+    return None if is_torch_file(start) else not_a_checkpoint(start)
+
+
 def is_refusal(error: BaseException) -> bool:
     """torch's ``weights_only`` reader refused the pickle's content (a global, an opcode), as opposed to failing to
     read the file."""
@@ -78,10 +86,8 @@ def load_problem(error: BaseException, path: str | Path | None = None) -> str:
     start = file_start(path) if path is not None else None
     text = str(error)
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    if start == b"":
-        return f"empty or cut short (0 bytes), {NOT_A_CHECKPOINT}"
-    if start is not None and not is_torch_file(start):
-        return not_a_checkpoint(start)
+    if start is not None and (problem := start_problem(start)) is not None:
+        return problem
     if is_refusal(error):
         if match := _BLOCKED_GLOBAL.search(text):
             return (f"refused: it names the Python global {match.group(1)}, which loading would import and run; "

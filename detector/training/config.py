@@ -178,12 +178,12 @@ class TrainConfig:
         if problems:
             raise ValueError("; ".join(problems))
         if self.weights and not self.resume:  # before the data scan, minutes on COCO, that a bad file would waste
-            from detector.checkpoint_problems import file_start, is_torch_file, not_a_checkpoint
+            from detector.checkpoint_problems import file_start, start_problem
             from detector.weights.locate import resolve_weights
 
             path = resolve_weights(self.weights)  # a missing file: one line saying where it looked
-            if (start := file_start(path)) is not None and not is_torch_file(start):
-                raise ValueError(f"{path}: --weights is {not_a_checkpoint(start)}")
+            if (start := file_start(path)) is not None and (problem := start_problem(start)) is not None:
+                raise ValueError(f"{path}: --weights is {problem}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
