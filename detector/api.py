@@ -202,7 +202,7 @@ def predict(
     ``classes`` keeps only those class ids; ``save`` writes annotated images or videos, ``save_txt`` YOLO labels
     (``save_conf`` adds scores); unlike the command, nothing is written unless one of them is set. ``batch``
     images or frames go through the model per call (faster on a GPU; a stream waits for a whole batch).
-    ``verbose=False`` prints nothing but warnings (a line per image otherwise).
+    ``verbose=False`` prints nothing but warnings and notes (a line per image otherwise).
 
     Returns one dict per image or video frame: ``{"file", "frame"`` (None for images), ``"boxes"`` float32
     ``[N, 4]`` xyxy pixels of the original image, ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``

@@ -227,6 +227,9 @@ def capture_frames(target: int | str, name: str) -> Iterator[Frame]:
 os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "8")
 
 
+_LOG_LEVEL_LOCK = threading.Lock()
+
+
 def quiet_capture(target: int | str) -> cv2.VideoCapture:
     """``cv2.VideoCapture(target)`` without OpenCV's own lines on stderr (``[ERROR:0@0.079] global
     obsensor_uvc_stream_channel.cpp:163 ... Camera index out of range``): a source that does not open is the
@@ -234,12 +237,13 @@ def quiet_capture(target: int | str) -> cv2.VideoCapture:
     logging = getattr(getattr(cv2, "utils", None), "logging", None)  # OpenCV's own logger (4.5 and later)
     if logging is None:
         return cv2.VideoCapture(target)
-    level = logging.getLogLevel()
-    logging.setLogLevel(logging.LOG_LEVEL_SILENT)
-    try:
-        return cv2.VideoCapture(target)
-    finally:
-        logging.setLogLevel(level)
+    with _LOG_LEVEL_LOCK:  # the level is the process's: two opening at once must not leave it silent for good
+        level = logging.getLogLevel()
+        logging.setLogLevel(logging.LOG_LEVEL_SILENT)
+        try:
+            return cv2.VideoCapture(target)
+        finally:
+            logging.setLogLevel(level)
 
 
 _DONE = object()

@@ -276,7 +276,11 @@ class RunCheckpoints:
         if self.held_best is not None:
             return self.held_best
         self.writer.drain()
-        return load_checkpoint(self.best) if self.best.is_file() else None
+        try:
+            return load_checkpoint(self.best) if self.best.is_file() else None
+        except CheckpointError as error:  # a resumed run's damaged best.pt (resume skips it too): not worth the run
+            self.log(f"warning: {error}; the final report is the last epoch's")
+            return None
 
     def close(self) -> None:
         """Write a held best.pt, then every pending file; raise the writer's error, if any."""

@@ -352,7 +352,7 @@ class Trainer(RunPlans):
                      f"{validation.metrics['mAP50-95']:.4f})")
             validation = self.validator.run_weights(self.step.ema.module, state["model"], self.checkpoints.best,
                                                     self.step.precision)
-        self.final = {"metrics": validation.metrics, "best_epoch": best if state is not None else epoch}
+        self.final = {"metrics": validation.metrics, "best_epoch": epoch if state is None else state.get("epoch", best)}
         write_results_json(self.run_dir / "predictions.json", validation.detections)
         if self.reporter is not None:
             self.log(f"{self.reporter.on_final(validation, self.val_data)}\n{validation.result.evaluator}:\n"

@@ -194,7 +194,7 @@ class Validator:
         return self._graphs[2]
 
     def run(self, model: nn.Module, precision: Precision, *, keep_predictions: bool = False,
-            background: bool = False) -> Validation:
+            background: bool = False, graphed: bool = True) -> Validation:
         """One pass; ``background``: its COCO scoring in the worker process (detector/metrics/background.py), the
         returned :class:`Validation` waiting for it where its result is read."""
         # predictions.json is written by the final evaluations only (the trainer's after_epoch and after_train): at
@@ -203,7 +203,8 @@ class Validator:
         shapes = 1 if self.canvases is None else len(np.unique(self.canvases, axis=0))
         backend = resolve_backend(self.config.coco_eval)
         with heuristics_over_many_shapes(self.device, shapes, self.config.cudnn_benchmark):
-            return run_validation(self.infer(model, precision), self.split, batches, progress=self.progress,
+            return run_validation(self.infer(model, precision, graphed=graphed), self.split, batches,
+                                  progress=self.progress,
                                   keep_predictions=keep_predictions, coco_eval=backend,
                                   scorer=self.scorer() if background else None)
 
@@ -212,7 +213,7 @@ class Validator:
         weights), predictions kept; ``model`` itself is left as it was."""
         copied = copy.deepcopy(model)
         load_weights(copied, weights, path)  # copied into the model's own parameters: their type and layout stay
-        return self.run(copied, precision, keep_predictions=True)
+        return self.run(copied, precision, keep_predictions=True, graphed=False)  # one pass: no graphs to capture
 
     def seconds_per_image(self, model: nn.Module, precision: Precision) -> float | None:
         """Inference and NMS on part of the first validation batch, for the ``--time`` probe (None: no images)."""

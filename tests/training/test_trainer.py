@@ -521,3 +521,18 @@ def test_weights_that_are_no_checkpoint_stop_the_run_before_the_data_scan(yolo_y
     notes.write_text("not weights\n")
     with pytest.raises(ValueError, match=r"notes.pt: --weights is not a PyTorch checkpoint$"):
         train(_config(yolo_yaml, tmp_path, weights=str(notes)), progress=False)
+
+
+def test_a_resumed_run_whose_best_pt_is_damaged_still_finishes(yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
+    """Resume skips a best.pt that does not load; so does the final report (the last epoch's, with a warning),
+    rather than failing the run's last epoch before its last.pt."""
+    import detector.training.verdicts as verdicts
+
+    scores = iter([0.9, 0.1, 0.2])  # epoch 1 the best: the final report would read best.pt
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics: next(scores))
+    first = train(_config(yolo_yaml, tmp_path, epochs=3), progress=False, stop_after_epochs=2)
+    weights = first["run_dir"] / "weights"
+    (weights / "best.pt").write_bytes(b"PK\x03\x04 damaged")
+    summary = train(_config(yolo_yaml, tmp_path, epochs=3, resume=str(weights / "last.pt")), progress=False)
+    assert summary["epochs_done"] == 3 and not summary["interrupted"]
+    assert "best.pt" in capsys.readouterr().out.split("the final report is the last epoch's")[0].splitlines()[-1]
