@@ -70,10 +70,12 @@ def load_unpacking_into(folder: str, path: str | Path, **options: Any) -> AOTICo
                 os.environ["TMPDIR"] = previous
 
 
-def release_unpacked(loaded: list[Any], folder: str) -> None:
-    """Drop the loader (``loaded`` holds the only reference: its destructor removes the folder it unpacked into),
-    then ``folder`` with anything left in it: a load that failed half-way (torch 2.14 checks the device after
-    unpacking, and a constructor that throws runs no destructor). Never raises: it runs from a finalizer."""
+def release_unpacked(graphs: list[Any], loaded: list[Any], folder: str) -> None:
+    """Drop the CUDA graphs (they launch the package's kernels), then the loader (``loaded`` holds the only
+    reference: its destructor removes the folder it unpacked into), then ``folder`` with anything left in it: a load
+    that failed half-way (torch 2.14 checks the device after unpacking, and a constructor that throws runs no
+    destructor). Never raises: it runs from a finalizer and at exit, while the backend may still be alive."""
+    graphs.clear()
     loaded.clear()
     shutil.rmtree(folder, ignore_errors=True)
 
@@ -97,12 +99,13 @@ class Pt2Backend(Backend):
         # (torch's advice for CUDA graphs); an older torch's loader may lack the switch.
         options = ({"run_single_threaded": True} if self.device.type == "cuda" and "run_single_threaded"
                    in inspect.signature(torch._inductor.aoti_load_package).parameters else {})
-        self.forward: Callable[[torch.Tensor], Outputs] = self.run
-        # Released by close(), by the backend's collection, or at exit; a failed removal stays silent.
+        # Released by close(), by the backend's collection, or at exit; a failed removal stays silent. The graphs sit
+        # in a list the release empties first: at exit the backend is still alive, its graphs with it otherwise.
+        self._graphs: list[CudaGraphRunner] = []
         self._loaded: list[AOTICompiledModel] = []
         # Before the load: mkdtemp settles Python's own temp dir, which TMPDIR pointed here for the load cannot become.
         folder = tempfile.mkdtemp(prefix=UNPACK_PREFIX)
-        self._release = weakref.finalize(self, release_unpacked, self._loaded, folder)
+        self._release = weakref.finalize(self, release_unpacked, self._graphs, self._loaded, folder)
         # Registered now, after detector.cli's handler (whose os._exit skips the teardown), so it runs before it;
         # weakref.finalize's own atexit hook is registered by the first finalize in the process (``import torch``'s).
         atexit.register(self._release)
@@ -113,7 +116,7 @@ class Pt2Backend(Backend):
             raise
         super().__init__(info, nms)
         if self.device.type == "cuda":
-            self.forward = CudaGraphRunner(self.run)  # a graph per batch size: the height and width are fixed
+            self._graphs.append(CudaGraphRunner(self.run))  # a graph per batch size: the height and width are fixed
 
     def _load(self, path: str | Path, folder: str, index: int, options: dict[str, bool]) -> ModelInfo:
         """Load the package (unpacked under ``folder``) into ``self._loaded``; -> its metadata."""
@@ -139,9 +142,13 @@ class Pt2Backend(Backend):
 
     def close(self) -> None:
         """Release the package: its CUDA graphs, then its loader and the files the load unpacked. Idempotent."""
-        self.forward = self.run  # the graphs launch the package's kernels: dropped before the loader that loaded them
         self._release()
         atexit.unregister(self._release)
+
+    @property
+    def forward(self) -> Callable[[torch.Tensor], Outputs]:
+        """What :meth:`infer` calls on CUDA: the package from its CUDA graphs, or the package itself."""
+        return self._graphs[0] if self._graphs else self.run
 
     @property
     def free_batch(self) -> bool:  # a fixed size (info.dynamic is false), but every package takes any batch

@@ -102,3 +102,23 @@ def test_exit_removes_it_though_the_commands_skip_the_teardown(temp_root: Path, 
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "1 unpacked"
     assert left_in(temp_root) == []
+
+
+def test_the_release_drops_the_graphs_before_the_loader(tmp_path: Path) -> None:
+    """The captured graphs launch the package's kernels: at exit (the backend still alive) or on collection they go
+    first, then the loader that unloads those kernels, then the folder."""
+    from detector.inference.pt2_backend import release_unpacked
+
+    gone: list[str] = []
+
+    class Held:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __del__(self) -> None:
+            gone.append(self.name)
+
+    folder = tmp_path / "detector-pt2-x"
+    folder.mkdir()
+    release_unpacked([Held("graphs")], [Held("loader")], str(folder))
+    assert gone == ["graphs", "loader"] and not folder.exists()
