@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from detector.checkpoint import (CheckpointError, RunState, Trained, restore_run, run_checkpoint,
-                                 saved_precision)
+from detector.checkpoint import CheckpointError, RunState, Trained, restore_run, run_checkpoint, saved_precision
 from detector.data.workers import default_workers, usable_cores
 from detector.distributed import agreed_precision, any_rank, cleanup, decide_on_main, group_ended_on_error
 from detector.distributed import init_distributed, local_main_first, unwrap
