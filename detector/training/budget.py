@@ -319,10 +319,13 @@ class RunClock:
         self._replanned_at = time.monotonic()
 
     def final_seconds(self, *, report: bool, fp32_again: bool) -> float:
-        """What the end of the run costs beyond one validation: the report, and a ``--final-fp32`` evaluation
-        (FP32 runs at about half the reduced-precision speed, so twice the slowest validation so far)."""
+        """What the end of the run costs beyond the last epoch's validation: best.pt's pass (the final report's,
+        where an earlier epoch was the best: whether it will be is not known before the last epoch, so it is
+        always planned; the slowest validation so far), the report's plots, and a ``--final-fp32`` evaluation (FP32
+        runs at about half the reduced-precision speed, so twice the slowest validation)."""
         measured = [seconds for seconds in self.val_seconds if seconds is not None] or [self.prior_val_seconds or 0.0]
-        return (FINAL_REPORT_SECONDS if report else 0.0) + (2 * max(measured) if fp32_again else 0.0)
+        slowest = max(measured)
+        return slowest + (FINAL_REPORT_SECONDS if report else 0.0) + (2 * slowest if fp32_again else 0.0)
 
     def refit(self, settings: RunSettings, *, epochs_done: int, mosaic_closed_at: int | None) -> EpochPlan | None:
         """The plan for the rest of the run after ``epochs_done`` epochs; None without a budget."""

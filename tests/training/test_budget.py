@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from detector.training.budget import (MAX_WARMUP_SHARE, EpochPlan, RunSettings, RunSoFar, TimeBudget, format_duration,
-                                      parse_duration)
+from detector.training.budget import (FINAL_REPORT_SECONDS, MAX_WARMUP_SHARE, EpochPlan, RunClock, RunSettings, RunSoFar,
+                                      TimeBudget, format_duration, parse_duration)
 
 
 @pytest.mark.parametrize(
@@ -236,3 +236,15 @@ def test_fit_from_a_probe_before_the_first_step() -> None:
 def test_a_started_warmup_keeps_its_length() -> None:
     assert fit("8m", warmup_epochs=1.2, warmup_started=True).warmup_epochs == 1.2
     assert fit("8m", warmup_epochs=1.2).warmup_epochs == pytest.approx(1.2 * 13 / 20)
+
+
+def test_the_end_of_the_run_plans_best_pt_s_pass_the_report_and_an_fp32_pass() -> None:
+    """After the last epoch's validation a run may validate once more (best.pt, where an earlier epoch was the best:
+    not known in advance), plots its report, and with --final-fp32 evaluates at FP32's speed (twice the slowest)."""
+    clock = RunClock()
+    clock.prior_val_seconds = 2.0  # the probe's estimate, until a validation is timed
+    assert clock.final_seconds(report=False, fp32_again=False) == 2.0
+    clock.val_seconds = [3.0, None, 5.0, 4.0]  # None: an epoch without validation
+    assert clock.final_seconds(report=False, fp32_again=False) == 5.0
+    assert clock.final_seconds(report=True, fp32_again=False) == 5.0 + FINAL_REPORT_SECONDS
+    assert clock.final_seconds(report=True, fp32_again=True) == 5.0 + FINAL_REPORT_SECONDS + 2 * 5.0
