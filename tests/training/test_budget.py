@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from detector.training.budget import (FINAL_REPORT_SECONDS, MAX_WARMUP_SHARE, EpochPlan, RunClock, RunSettings, RunSoFar,
-                                      TimeBudget, format_duration, parse_duration)
+from detector.training.budget import (FINAL_REPORT_SECONDS, MAX_WARMUP_SHARE, EpochPlan, RunClock, RunSettings,
+                                      RunSoFar, TimeBudget, format_duration, parse_duration)
 
 
 @pytest.mark.parametrize(
