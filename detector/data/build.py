@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from pycocotools.coco import COCO
 from detector.data.augment import AugmentConfig
 from detector.data.dataset import DetectionDataset
 from detector.data.ground_truth import build_coco_ground_truth, load_coco
+from detector.data.labels import label_path_for
 from detector.data.ram_cache import build_image_cache
 from detector.data.records import Records
 from detector.data.scan import scan_split, scan_threads
@@ -29,9 +31,10 @@ class SplitData:
         return self.records.hw_list()
 
 
-def load_records(spec: DatasetSpec, split: str) -> tuple[Records, list[int], Path | None]:
+def load_records(spec: DatasetSpec, split: str, *, training: bool = False) -> tuple[Records, list[int], Path | None]:
     """Labels parsed and images checked for one split (cached, see :mod:`detector.data.scan`); one warning
-    line per kind of problem. Returns the usable records, the category ids and the split's COCO JSON."""
+    line per kind of problem. Returns the usable records, the category ids and the split's COCO JSON. ``training``:
+    the split is trained on (a split without boxes is an error, not a warning: :func:`no_boxes`)."""
     entry = getattr(spec, split)
     if entry is None:
         raise DatasetError(f"{spec.yaml_path}: no '{split}' split")
@@ -39,7 +42,22 @@ def load_records(spec: DatasetSpec, split: str) -> tuple[Records, list[int], Pat
     scan.problems.warn(prefix=f"{spec.yaml_path.name} '{split}': ")
     if not len(scan.records):
         raise DatasetError(f"{spec.yaml_path}: '{split}' split has no readable images")
+    if not scan.records.box_counts().any():
+        no_boxes(spec, split, scan.records, entry.coco_json, training=training)
     return scan.records, scan.category_ids, entry.coco_json
+
+
+def no_boxes(spec: DatasetSpec, split: str, records: Records, coco_json: Path | None, *, training: bool) -> None:
+    """A split without one box: an error for training, which would learn that nothing is ever there (a misnamed
+    labels folder is the usual cause), a warning for evaluation, whose mAP is then undefined (COCO's -1, reported as
+    0): as Ultralytics stops or warns with "No labels found"."""
+    source = (f"its COCO JSON {coco_json}" if coco_json is not None else
+              f"its {len(records)} images' label files (read from {label_path_for(records.path(0)).parent}/, the "
+              "image folder's path with its last 'images' folder named 'labels')")
+    message = f"{spec.yaml_path}: '{split}' split has no boxes: none in {source}"
+    if training:
+        raise DatasetError(message)
+    print(f"warning: {message}; its mAP cannot be measured (reported as 0)", file=sys.stderr)
 
 
 def build_split(
@@ -58,7 +76,7 @@ def build_split(
     ``local_rank`` / ``local_world_size`` / ``run_id``: this process's place on its node, for a RAM cache
     the node's processes share (:func:`detector.data.ram_cache.build_image_cache`).
     """
-    records, category_ids, coco_json = load_records(spec, split)
+    records, category_ids, coco_json = load_records(spec, split, training=augment is not None)
     dataset = DetectionDataset(records, image_size=image_size, augment=augment)
     dataset.image_cache = build_image_cache(
         records, image_size, lambda index: dataset.load_resized(index)[0], mode=cache, local_rank=local_rank,

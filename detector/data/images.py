@@ -57,10 +57,17 @@ def check_image(path: Path) -> tuple[tuple[int, int] | None, str]:
     except FileNotFoundError:
         return None, "file not found"
     except READ_ERRORS as error:
-        return None, str(error).strip() or type(error).__name__
+        return None, error_reason(error, path)
     if width < 1 or height < 1:
         return None, f"empty image ({width}x{height})"
     return (height, width), ""
+
+
+def error_reason(error: BaseException, path: Path) -> str:
+    """A read error's message without the path it often repeats (Pillow's "cannot identify image file '/x/a.jpg'"):
+    the line that reports it names the file already."""
+    text = str(error).replace(f" {str(path)!r}", "").replace(f" {str(path)}", "").strip()
+    return text or type(error).__name__
 
 
 SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N")
@@ -133,4 +140,5 @@ def read_image(path: Path) -> np.ndarray:
     try:
         return read_image_rgb(path)
     except READ_ERRORS as error:
-        raise ImageError(f"{path}: cannot decode image ({str(error).strip()[:200] or type(error).__name__})") from None
+        reason = "zero-byte file" if path.is_file() and path.stat().st_size == 0 else error_reason(error, path)[:200]
+        raise ImageError(f"{path}: cannot decode image ({reason})") from None

@@ -53,17 +53,36 @@ def label_path_for(image: Path) -> Path:
     return Path(*parts).with_suffix(".txt")
 
 
+def polygon_box(fields: list[str]) -> list[float]:
+    """A segmentation line ``class x1 y1 x2 y2 ...`` -> ``[class, cx, cy, w, h]``, its points' bounding box (as
+    Ultralytics reads a segment dataset for detection). Raises ValueError on a field that is not a number; a NaN
+    point makes the box NaN (dropped with the non-finite rows)."""
+    values = np.array(fields, np.float64)
+    xs, ys = values[1::2], values[2::2]
+    x1, x2, y1, y2 = xs.min(), xs.max(), ys.min(), ys.max()
+    return [values[0], (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1]
+
+
 def _numeric_rows(text: str, source: str, problems: Problems) -> tuple[np.ndarray, list[int]]:
-    """The 5-column lines as float64 ``[n, 5]`` and their line numbers; malformed lines recorded, dropped."""
-    rows, numbers = [], []
+    """The box lines (5 columns) and polygon lines (class, then 3 or more x y points: their bounding box) as float64
+    ``[n, 5]``, and their line numbers; malformed lines recorded, dropped."""
+    rows: list[list[str] | list[float]] = []
+    numbers = []
     for number, line in enumerate(text.splitlines(), 1):
         fields = line.split()
         if not fields:
             continue
-        if len(fields) != 5:
+        if len(fields) >= 7 and len(fields) % 2:
+            try:
+                rows.append(polygon_box(fields))
+            except ValueError:
+                problems.add(NOT_NUMERIC, f"{source}:{number}")
+                continue
+        elif len(fields) == 5:
+            rows.append(fields)
+        else:
             problems.add(WRONG_COLUMNS, f"{source}:{number}")
             continue
-        rows.append(fields)
         numbers.append(number)
     if not rows:
         return np.zeros((0, 5)), []
@@ -134,7 +153,8 @@ def read_yolo_labels(image: Path, num_classes: int) -> tuple[np.ndarray, Problem
     try:
         if not stat.S_ISREG(os.stat(label_file).st_mode):
             raise UnreadableLabels(f"{label_file} (not a regular file)")
-        text = label_file.read_text(errors="replace")
+        # utf-8-sig: a byte-order mark (Windows Notepad writes one) is not part of the first line's class id.
+        text = label_file.read_text(encoding="utf-8-sig", errors="replace")
     except FileNotFoundError:
         return np.zeros((0, 5), np.float32), Problems()
     except UnreadableLabels:

@@ -23,7 +23,7 @@ PLACE_IN_FILE = re.compile(r"(:\d+| \((annotation|image|object) [^)]*\))$")
 # The kinds, one constant each, so the parsers, the cache and the tests name them the same way.
 UNREADABLE_IMAGE = "unreadable image(s), skipped"
 UNREADABLE_LABELS = "image(s) whose label file cannot be read, skipped"
-WRONG_COLUMNS = "label line(s) without 5 columns, dropped"
+WRONG_COLUMNS = "label line(s) neither a box (5 columns) nor a polygon (class and 3 or more x y points), dropped"
 NOT_NUMERIC = "label line(s) with a non-numeric or non-finite value, dropped"
 CLASS_OUT_OF_RANGE = "label line(s) with a class id outside the YAML's names, dropped"
 FAR_OUTSIDE = "box(es) far outside the image or with negative size, dropped"

@@ -41,7 +41,7 @@ from detector.data.spec import Split
 from detector.data.workers import usable_cores
 from detector.files import write_atomically
 
-VERSION = 1
+VERSION = 2  # 2: polygon lines read as their boxes, a byte-order mark ignored (label files read anew)
 SUFFIX = ".records.npz"
 CHUNK = 256  # paths per task: large enough that the pool's overhead is small, small enough to balance
 # A COCO JSON at least this large is parsed in a child process (see _read_coco_listing); COCO val2017's 25 MB

@@ -22,6 +22,7 @@ YAMLs are read with ``yaml.safe_load``; a ``download:`` entry is never executed.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,11 @@ from detector.data.catalog import (
 )
 from detector.data.synthetic import write_shapes
 
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp"}
+# What Pillow decodes (.mpo: a phone's multi-picture JPEG, its first picture; .jp2 and .avif where the Pillow build has
+# them, else the scan names the file as unreadable), as Ultralytics' list less HEIC/HEIF and DNG (they need other
+# packages): those are named once instead of left out without a word (:data:`UNREAD_IMAGE_SUFFIXES`).
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".jpe", ".jfif", ".mpo", ".png", ".bmp", ".tif", ".tiff", ".webp", ".jp2", ".avif"}
+UNREAD_IMAGE_SUFFIXES = {".heic", ".heif", ".dng"}
 
 
 class DatasetError(ValueError):
@@ -118,8 +123,17 @@ def list_images(entry: str | Path, root: Path, source: Path, field_name: str) ->
     """A folder, a .txt list of image paths, or a single image -> sorted image paths."""
     path = Path(entry)
     path = path if path.is_absolute() else root / path
+    if not path.exists() and isinstance(entry, str) and entry.startswith("../") and (root / entry[3:]).exists():
+        # Roboflow's exports write 'train: ../train/images' beside a YAML in the dataset's own folder: Ultralytics
+        # reads such a path inside the dataset folder when it is not found above it, and so does this.
+        path = root / entry[3:]
     if path.is_dir():
-        return sorted(p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES)
+        files = [p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES | UNREAD_IMAGE_SUFFIXES]
+        if unread := sorted({p.suffix.lower() for p in files} & UNREAD_IMAGE_SUFFIXES):
+            count = sum(p.suffix.lower() in UNREAD_IMAGE_SUFFIXES for p in files)
+            print(f"warning: {source.name} '{field_name}': {count} {'/'.join(unread)} image(s) in {path} left out "
+                  "(not read here: convert them to JPEG or PNG)", file=sys.stderr)
+        return sorted(p for p in files if p.suffix.lower() in IMAGE_SUFFIXES)
     if path.suffix == ".txt" and path.is_file():
         return _read_image_list(path, root)
     if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
@@ -188,9 +202,14 @@ def _read_yaml(source: Path) -> dict:
         raise DatasetError(f"{source}: data YAML not found (nor a shipped one in {shipped_yaml_dir()}: "
                            f"{', '.join(shipped_yaml_names())})")
     try:
-        raw = yaml.safe_load(source.read_text())
+        raw = yaml.safe_load(source.read_text(encoding="utf-8"))
     except yaml.YAMLError as error:
         raise DatasetError(f"{source}: not valid YAML ({str(error).splitlines()[0]})") from None
+    except UnicodeDecodeError as error:
+        raise DatasetError(f"{source}: not UTF-8 text (byte 0x{error.object[error.start]:02x} at offset "
+                           f"{error.start}): save it as UTF-8") from None
+    except OSError as error:
+        raise DatasetError(f"{source}: cannot read the data YAML ({error.strerror or error})") from None
     if not isinstance(raw, dict):
         raise DatasetError(f"{source}: expected a mapping with 'train', 'val' and 'names'")
     return raw

@@ -5,13 +5,14 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+import pytest
 from PIL import Image
 
 from detector.training.config import TrainConfig
 from detector.data import problems
 from detector.data.build import load_records
 from detector.data.images import read_image_rgb
-from detector.data.spec import load_dataset_spec
+from detector.data.spec import DatasetError, load_dataset_spec
 from detector.training.trainer import train
 from tests.conftest import write_yolo_dataset
 
@@ -97,3 +98,21 @@ def test_image_that_fails_to_decode_later_is_replaced_in_training_and_blank_in_e
     assert meta.image_id == 1 and meta.unreadable == str(records.path(1)) and len(labels) == 0
     assert int(image.float().std()) == 0  # blank: scored as an image with nothing found
     assert eval_set[0][2].unreadable == ""
+
+
+def test_a_split_without_boxes_stops_training_and_warns_evaluation(tmp_path: Path, capsys):
+    """A misnamed labels folder leaves every image a background image: training would learn that nothing is ever
+    there, so it stops in one line naming where labels were looked for; evaluating such a split only warns (its mAP is
+    undefined), as Ultralytics stops or warns with "No labels found"."""
+    yaml_path = write_yolo_dataset(tmp_path / "d")
+    (tmp_path / "d" / "labels").rename(tmp_path / "d" / "label")
+    spec = load_dataset_spec(yaml_path)
+    with pytest.raises(DatasetError) as raised:
+        load_records(spec, "train", training=True)
+    message = str(raised.value)
+    assert "'train' split has no boxes" in message and "8 images' label files" in message
+    assert str(tmp_path / "d" / "labels" / "train") in message and "\n" not in message
+    records, _, _ = load_records(spec, "val")
+    assert len(records) == 4
+    warning = capsys.readouterr().err.strip()
+    assert warning.startswith("warning: ") and "'val' split has no boxes" in warning and "\n" not in warning

@@ -169,6 +169,17 @@ def test_read_image_names_the_file_in_one_line(tmp_path: Path):
         read_image(tmp_path / "bad.jpg")
     message = str(error.value)
     assert message.startswith(f"{tmp_path / 'bad.jpg'}: cannot decode image (") and "\n" not in message
+    assert message.count(str(tmp_path)) == 1  # Pillow's own message repeats the path: said once
+
+
+def test_a_zero_byte_image_is_said_alike_by_the_scan_and_by_predict(tmp_path: Path):
+    (tmp_path / "empty.jpg").write_bytes(b"")
+    (tmp_path / "text.jpg").write_bytes(b"just words")
+    assert check_image(tmp_path / "empty.jpg") == (None, "zero-byte file")
+    with pytest.raises(ImageError, match=r"empty\.jpg: cannot decode image \(zero-byte file\)$"):
+        read_image(tmp_path / "empty.jpg")
+    size, reason = check_image(tmp_path / "text.jpg")
+    assert size is None and reason == "cannot identify image file"  # without the path Pillow puts in it
 
 
 def test_a_dataset_of_every_mode_scans_clean_and_trains_one_epoch(tmp_path: Path):

@@ -1,12 +1,14 @@
 import os
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 
 from detector.data.build import build_split
-from detector.data.labels import label_path_for, parse_yolo_label_text
-from detector.data.problems import CLASS_OUT_OF_RANGE, CLIPPED, DUPLICATE, FAR_OUTSIDE, WRONG_COLUMNS, ZERO_AREA
+from detector.data.labels import label_path_for, parse_yolo_label_text, read_yolo_labels
+from detector.data.problems import (CLASS_OUT_OF_RANGE, CLIPPED, DUPLICATE, FAR_OUTSIDE, NOT_NUMERIC, WRONG_COLUMNS,
+                                    ZERO_AREA)
 from detector.data.spec import DatasetError, load_dataset_spec
 from tests.conftest import NAMES, write_coco_dataset
 
@@ -87,6 +89,32 @@ def test_label_parsing_fixes_or_drops_bad_lines():
     }
 
 
+def test_polygon_lines_are_read_as_their_bounding_boxes():
+    """Ultralytics' segment datasets (``class x1 y1 x2 y2 x3 y3 ...``) train a detector on the polygons' boxes, as
+    Ultralytics reads them; a line with an even number of columns or fewer than 3 points is neither form."""
+    text = ("1 0.2 0.3 0.6 0.3 0.6 0.7 0.2 0.7\n"  # a rectangle's 4 corners
+            "0 0.5 0.5 0.2 0.2\n"  # a box beside them in the same file
+            "2 0.1 0.1 0.3 0.2 0.2 0.4\n"  # a triangle: 7 columns
+            "0 0.1 0.1 0.3 0.2 0.2 0.4 0.5\n"  # 8 columns: half a point
+            "0 0.1 0.1 nan 0.2 0.2 0.4\n"  # a non-finite point
+            "0 0.1 0.1 x 0.2 0.2 0.4\n")  # a word
+    labels, problems = parse_yolo_label_text(text, num_classes=3, source="x.txt")
+    np.testing.assert_allclose(labels, [[1, 0.4, 0.5, 0.4, 0.4], [0, 0.5, 0.5, 0.2, 0.2], [2, 0.2, 0.25, 0.2, 0.3]],
+                               atol=1e-6)
+    assert sorted(problems.entries) == sorted([(WRONG_COLUMNS, "x.txt:4", 1), (NOT_NUMERIC, "x.txt:5", 1),
+                                               (NOT_NUMERIC, "x.txt:6", 1)])
+
+
+def test_a_label_file_s_byte_order_mark_is_not_part_of_its_first_class_id(tmp_path: Path):
+    image = tmp_path / "images" / "a.jpg"
+    image.parent.mkdir()
+    label = label_path_for(image)
+    label.parent.mkdir()
+    label.write_bytes("0 0.5 0.5 0.5 0.5\r\n1 0.3 0.3 0.2 0.2\r\n".encode("utf-8-sig"))  # as Notepad saves it
+    labels, problems = read_yolo_labels(image, num_classes=2)
+    assert labels[:, 0].tolist() == [0, 1] and not problems.entries
+
+
 def test_a_rounding_overshoot_is_clipped_without_a_word():
     """coco128's 000000000071.txt: 0.982555 + 0.0348906 / 2 = 1.0000003, six decimals' rounding: clipped, not
     reported; 0.0015 past the border (a pixel at 640) is reported as before."""
@@ -164,3 +192,43 @@ def test_a_coco_yaml_without_names_takes_the_jsons_categories_in_id_order(tmp_pa
     json_path.write_text(json.dumps(coco))
     with pytest.raises(DatasetError, match=r"instances.json: its 'categories' give no id and name each .* in coco.yaml"):
         load_dataset_spec(yaml_path)
+
+
+def test_a_yaml_that_is_not_utf8_is_one_line_naming_the_file(tmp_path: Path, yolo_yaml: Path):
+    yaml = yolo_yaml.parent / "latin1.yaml"
+    yaml.write_bytes("path: .\ntrain: images/train\nval: images/val\nnames: [café, b, c]\n".encode("latin-1"))
+    with pytest.raises(DatasetError) as error:
+        load_dataset_spec(yaml)
+    assert str(error.value).startswith(f"{yaml}: not UTF-8 text (byte 0xe9 at offset ") and "\n" not in str(error.value)
+
+
+def test_a_roboflow_export_s_parent_paths_are_read_inside_its_folder(yolo_yaml: Path):
+    """Roboflow writes 'train: ../train/images' in a data.yaml that sits in the dataset's folder; where no such folder
+    is above it, the path is read inside the dataset folder, as Ultralytics does."""
+    root = yolo_yaml.parent
+    (root / "export").mkdir()
+    for split in ("train", "val"):
+        (root / "export" / split).mkdir()
+        (root / "images" / split).rename(root / "export" / split / "images")
+        (root / "labels" / split).rename(root / "export" / split / "labels")
+    yaml = root / "export" / "data.yaml"
+    yaml.write_text(f"train: ../train/images\nval: ../val/images\nnames: {NAMES}\n")
+    spec = load_dataset_spec(yaml)
+    assert len(spec.train.images) == 8 and spec.train.images[0].parent == root / "export" / "train" / "images"
+    assert len(build_split(spec, "val", image_size=64, augment=None, cache="none").records.box_counts()) == 4
+    (root / "export" / "val" / "images").rename(root / "export" / "val" / "pictures")  # neither place: one line
+    with pytest.raises(DatasetError, match="'val' path does not exist"):
+        load_dataset_spec(yaml)
+
+
+def test_image_suffixes_pillow_reads_are_listed_and_those_it_does_not_are_named(yolo_yaml: Path, capsys):
+    images = yolo_yaml.parent / "images" / "train"
+    jpeg = cv2.imencode(".jpg", np.full((64, 64, 3), 90, np.uint8))[1].tobytes()
+    for name in ("a.jfif", "b.JPE", "c.mpo"):
+        (images / name).write_bytes(jpeg)
+    (images / "d.HEIC").write_bytes(b"\0\0\0\x18ftypheic")
+    (images / "e.heif").write_bytes(b"\0\0\0\x18ftypheic")
+    spec = load_dataset_spec(yolo_yaml)
+    assert {p.name for p in spec.train.images} >= {"a.jfif", "b.JPE", "c.mpo"} and len(spec.train.images) == 11
+    warning = capsys.readouterr().err.strip()
+    assert warning.startswith("warning: data.yaml 'train': 2 .heic/.heif image(s) in ") and "\n" not in warning
