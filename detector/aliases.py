@@ -17,6 +17,7 @@ import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 COMMANDS = ("train", "val", "predict", "export")
@@ -114,10 +115,78 @@ def weights(value: Any) -> dict[str, Any]:
 
 
 def resume(value: Any) -> Any:
-    """``resume=True`` -> ``auto`` (the newest last.pt under --project), ``False`` -> no resume; a path as is."""
+    """``resume=True`` -> ``auto`` (the newest last.pt under --project), ``False`` -> no resume; a path as is.
+
+    ``resume=True`` beside a weights file resumes that file instead (:func:`resume_and_weights`)."""
     if isinstance(value, bool) or str(value).lower() in ("true", "false"):
         return "auto" if is_true(value) else ""
     return value
+
+
+def asks(value: Any, wanted: bool) -> bool:
+    """``value`` is ``wanted`` as Python or ``key=value`` text gives it (a path or anything else is neither)."""
+    return value is wanted or isinstance(value, str) and value.lower() == str(wanted).lower()
+
+
+def resume_and_weights(resume: str, weights: str, *, resume_true: bool, pretrained_false: bool,
+                       note: Callable[[str], None]) -> tuple[str, str]:
+    """Train's ``(resume, weights)`` as Ultralytics reads them together: ``model=PATH resume=True`` resumes PATH.
+
+    ``resume_true``: ``resume`` is ``auto`` because Ultralytics' ``resume=True`` asked (an explicit ``auto`` keeps
+    the newest run). A file named twice is resumed once.
+
+    Raises:
+        TypeError: a resume file and a different weights file, or ``pretrained=False`` beside a weights file
+            (which would be loaded all the same); one line.
+    """
+    resume, weights = str(resume or ""), str(weights or "")
+    if resume and weights:
+        if resume == "auto" and resume_true:
+            note(f"note: Ultralytics' resume=True beside weights {weights!r} resumes that file: "
+                 f"resume={weights!r} here")
+            return weights, ""
+        if resume != "auto" and Path(resume) != Path(weights):
+            raise TypeError(f"resume={resume!r} and weights={weights!r} name different files: resume continues the "
+                            f"run that wrote its file (with that run's settings), weights start a new run; give one")
+        if resume != "auto":
+            return resume, ""
+    if pretrained_false and weights and not resume:
+        raise TypeError(f"Ultralytics' pretrained=False beside weights={weights!r}: that file's weights would be "
+                        f"loaded all the same; to train from scratch give a scale instead (model=yolov8n.yaml, "
+                        f"--model n), to fine-tune drop pretrained=False")
+    return resume, weights
+
+
+def named_weights(values: dict[str, Any]) -> str:
+    """The weights file train's ``model=`` or ``weights=`` names in ``values`` ("" for none, a scale, a .yaml, or
+    two different files: the alias loop refuses those naming both)."""
+    files: set[Path] = set()
+    if values.get("weights"):
+        files.add(Path(str(values["weights"])))
+    if values.get("model") is not None:
+        try:
+            named = train_model(values["model"]).get("weights")
+        except ValueError:
+            named = None  # refused by the alias loop, naming model=
+        if named:
+            files.add(Path(named))
+    return str(files.pop()) if len(files) == 1 else ""
+
+
+def settle_train_weights(values: dict[str, Any], note: Callable[[str], None]) -> dict[str, Any]:
+    """``values`` with ``resume=True`` beside a named weights file read as resuming it (model/weights dropped).
+
+    Runs before the alias loop, so that the notes say what happens (not ``resume='auto'``) and a conflict is
+    refused before any note is printed."""
+    file = named_weights(values)
+    if not file:
+        return values
+    given = values.get("resume")
+    resumed, kept = resume_and_weights("" if given is None else resume(given), file, resume_true=asks(given, True),
+                                       pretrained_false=asks(values.get("pretrained"), False), note=note)
+    if kept:  # nothing resumed: a fine-tune from the file
+        return values
+    return {**{name: value for name, value in values.items() if name not in ("model", "weights")}, "resume": resumed}
 
 
 # Every command takes these.
@@ -144,10 +213,16 @@ TRAIN: dict[str, Alias] = {
     "multi_scale": Alias(multi_scale),
     "save_period": unsupported("last.pt is saved every epoch (every few when epochs are seconds long) and best.pt "
                                "whenever fitness improves", -1),
-    "pretrained": unsupported("start from weights with --weights (or model=yolov8n.pt)", True),
+    # False beside a weights file is refused (resume_and_weights): the file would be loaded all the same.
+    "pretrained": unsupported("start from weights with --weights (or model=yolov8n.pt); without them a run trains "
+                              "from scratch", True, False),
     "val": unsupported("evaluate less often with --val-interval N (the last epoch is always evaluated)", True),
     "rect": unsupported("training batches are square letterboxes with mosaic", False),
-    "single_cls": unsupported("train on a data YAML with one class name", False),
+    # Label lines whose class id is not in the YAML's names are dropped, not merged: one name alone loses boxes.
+    "single_cls": unsupported("no single-class mode: rewrite every label line's class id to 0 and give the data "
+                              "YAML one name", False),
+    "classes": unsupported("training uses every class the data YAML names: to train on some, keep only their "
+                           "label lines, renumbered 0.., and list just their names in the YAML"),
     "fraction": unsupported("point the data YAML at a smaller image list", 1.0),
     "deterministic": unsupported("runs are seeded (--seed); bitwise-deterministic kernels are not forced", True),
     "profile": unsupported("time the backends with detector benchmark", False),
@@ -171,7 +246,9 @@ VAL: dict[str, Alias] = {
     "save_hybrid": unsupported("no hybrid labels", False),
     "save_conf": unsupported("predict --save-txt --save-conf writes scores", False),
     "augment": unsupported("no test-time augmentation", False),
-    "single_cls": unsupported("evaluate on a data YAML with one class name", False),
+    "single_cls": unsupported("no single-class mode: evaluate on labels whose class ids are all rewritten to 0, "
+                              "with a data YAML of one name", False),
+    "classes": unsupported("every class the data YAML names is scored; the per-class table gives each one's AP"),
     "dnn": unsupported("exported files run on ONNX Runtime or TensorRT", False),
 }
 PREDICT: dict[str, Alias] = {
@@ -226,13 +303,27 @@ def translate(command: str, values: dict[str, Any], *, note: Callable[[str], Non
     unknown one, which the option object then refuses).
 
     Each alias says once, through ``note``, what it is here (nothing when it is already our name and value).
+    In train, ``resume=True`` beside a weights file (``model=`` or ``weights=``) resumes that file.
 
     Raises:
         TypeError: a name with no equivalent given at a value that asks for something; one line saying what we
-            do instead. Also when an alias and our own name for it are both given with different values.
+            do instead. Also when an alias and our own name for it are both given with different values, and for
+            a resume file beside a different weights file.
         ValueError: an alias's value that cannot be converted (``amp='maybe'``), naming the alias.
     """
+    return translate_with_sources(command, values, note=note)[0]
+
+
+def translate_with_sources(command: str, values: dict[str, Any], *,
+                           note: Callable[[str], None] = say) -> tuple[dict[str, Any], dict[str, str]]:
+    """:func:`translate`, and for each field it sets the name in ``values`` that set it (the command line puts
+    the field's flag where that ``key=value`` was, so that the later argument wins)."""
     table = TABLES[command]
+    if command == "train":
+        try:
+            values = settle_train_weights(values, note)
+        except TypeError as error:
+            raise TypeError(f"{command}: {error}") from None
     out: dict[str, Any] = {}
     came_from: dict[str, str] = {}
     for name, value in values.items():
@@ -259,4 +350,4 @@ def translate(command: str, values: dict[str, Any], *, note: Callable[[str], Non
                 raise TypeError(f"{command}: {came_from[ours]} and {name} both set {ours} "
                                 f"({out[ours]!r} vs {converted!r}); give one")
             out[ours], came_from[ours] = converted, name
-    return out
+    return out, came_from

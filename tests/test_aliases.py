@@ -69,3 +69,28 @@ def test_the_training_docs_list_every_alias() -> None:
     text = DOCS.read_text().split("## Coming from Ultralytics", 1)[1]
     missing = sorted({name for table in TABLES.values() for name in table if f"`{name}" not in text})
     assert not missing, f"docs/training.md 'Coming from Ultralytics' does not mention: {missing}"
+
+
+def test_resume_true_beside_a_weights_file_resumes_it() -> None:
+    """Ultralytics' documented ``model=.../last.pt resume=True``, from Python as from the command line."""
+    converted, notes = quiet("train", {"model": "runs/train/x/weights/last.pt", "resume": True})
+    assert converted == {"resume": "runs/train/x/weights/last.pt"}
+    assert notes == ["note: Ultralytics' resume=True beside weights 'runs/train/x/weights/last.pt' resumes that "
+                     "file: resume='runs/train/x/weights/last.pt' here"]
+    assert quiet("train", {"weights": "a.pt", "resume": "true"})[0] == {"resume": "a.pt"}
+    assert quiet("train", {"weights": "a.pt", "resume": False})[0] == {"weights": "a.pt", "resume": ""}
+    with pytest.raises(TypeError, match=r"^train: resume='a/last.pt' and weights='b.pt' name different files"):
+        quiet("train", {"resume": "a/last.pt", "weights": "b.pt"})
+
+
+def test_pretrained_false_is_refused_only_beside_weights() -> None:
+    assert quiet("train", {"pretrained": False, "model": "s"})[0] == {"model": "s"}
+    with pytest.raises(TypeError, match=r"^train: Ultralytics' pretrained=False beside weights='yolov8n.pt'"):
+        quiet("train", {"pretrained": False, "model": "yolov8n"})
+
+
+def test_the_single_class_hints_say_to_rewrite_the_labels() -> None:
+    """A one-name YAML alone drops every label line of class 1 and up (they are outside its names)."""
+    for command in ("train", "val"):
+        with pytest.raises(TypeError, match="class ids? .*0"):
+            quiet(command, {"single_cls": True})

@@ -10,7 +10,7 @@ import typing
 from dataclasses import fields
 from typing import Any, TypeVar
 
-from detector.aliases import translate
+from detector.aliases import asks, resume_and_weights, say, translate_with_sources
 from detector.options import field_type, flag_name, is_required
 
 T = TypeVar("T")
@@ -67,20 +67,23 @@ def parse_value(text: str) -> Any:
     return text
 
 
-def split_key_values(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[list[str], dict[str, str]]:
-    """-> (the ``--flag`` tokens, ``{key: text}`` of the ``key=value`` ones), in order."""
+def split_key_values(parser: argparse.ArgumentParser,
+                     argv: list[str]) -> tuple[list[str], dict[str, str], dict[str, int]]:
+    """-> (the ``--flag`` tokens, ``{key: text}`` of the ``key=value`` ones, ``{key: slot}``): a key's slot is
+    the number of flag tokens before its last ``key=value``, where its flags go so that order decides."""
     rest: list[str] = []
     pairs: dict[str, str] = {}
+    slots: dict[str, int] = {}
     for index, token in enumerate(argv):
         # argparse keeps no public map from option string to action; this one has been stable since Python 3.2.
         previous = parser._option_string_actions.get(argv[index - 1]) if index else None
         is_value_of_flag = previous is not None and previous.nargs != 0
         match = KEY_VALUE.fullmatch(token)
         if match and not is_value_of_flag:
-            pairs[match.group(1)] = match.group(2)
+            pairs[match.group(1)], slots[match.group(1)] = match.group(2), len(rest)
         else:
             rest.append(token)
-    return rest, pairs
+    return rest, pairs, slots
 
 
 def flag_tokens(parser: argparse.ArgumentParser, options_class: type, values: dict[str, Any],
@@ -125,22 +128,46 @@ def flag_tokens(parser: argparse.ArgumentParser, options_class: type, values: di
 def parse_command(parser: argparse.ArgumentParser, options_class: type, command: str,
                   argv: list[str] | None) -> argparse.Namespace:
     """Parse ``--flag value`` and Ultralytics' ``key=value`` arguments (our names or its aliases,
-    :mod:`detector.aliases`) alike; each alias says once what our name is.
+    :mod:`detector.aliases`) alike; each alias says once what our name is. The later of two arguments that set
+    one field wins, whichever form each has (as a repeated flag does in argparse).
 
     Train's ``--model yolov8n.pt`` is the ``model`` alias too: a weights file with its scale.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     if command == "train":
         argv = model_flag_as_alias(argv)
-    rest, pairs = split_key_values(parser, argv)
+    rest, pairs, slots = split_key_values(parser, argv)
     given = {name: parse_value(text) for name, text in pairs.items()}
     try:
-        values = translate(command, given)
+        values, came_from = translate_with_sources(command, given)
     except (TypeError, ValueError) as error:
         # translate names the command for the Python API's sake; here the parser's prog names it already.
         parser.error(str(error).removeprefix(f"{command}: "))
     unchanged = {name: pairs[name] for name in pairs if name in values and values[name] is given[name]}
-    return parser.parse_args(rest + flag_tokens(parser, options_class, values, unchanged))
+    # Each key=value's flags go where it was: appended after every flag, it beat a later --flag silently.
+    at_slot: dict[int, dict[str, Any]] = {}
+    for name, value in values.items():
+        at_slot.setdefault(slots.get(came_from[name], len(rest)), {})[name] = value
+    ordered: list[str] = []
+    for slot in range(len(rest) + 1):
+        ordered += flag_tokens(parser, options_class, at_slot.get(slot, {}), unchanged)
+        ordered += rest[slot:slot + 1]
+    args = parser.parse_args(ordered)
+    if command == "train":
+        settle_resume(parser, args, given)
+    return args
+
+
+def settle_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, given: dict[str, Any]) -> None:
+    """Train's ``--resume``/``--weights`` read together, as :func:`translate_with_sources` reads them when all are
+    ``key=value``: ``resume=True --weights last.pt`` resumes last.pt; a resume file beside a different weights
+    file, or ``pretrained=False`` beside one, is a usage error."""
+    try:
+        args.resume, args.weights = resume_and_weights(
+            args.resume, args.weights, resume_true=args.resume == "auto" and asks(given.get("resume"), True),
+            pretrained_false=asks(given.get("pretrained"), False), note=say)
+    except TypeError as error:
+        parser.error(str(error))
 
 
 def model_flag_as_alias(argv: list[str]) -> list[str]:

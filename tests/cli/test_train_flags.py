@@ -71,3 +71,67 @@ def test_what_cannot_be_done_answers_in_one_line(argv: list[str], message: str,
         parse(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err.splitlines()[-1]
 
+
+
+@pytest.mark.parametrize("argv,epochs", [
+    (["data=X", "imgsz=160", "epochs=1", "--epochs", "2"], 2),
+    (["--epochs", "2", "epochs=1"], 1),
+    (["epochs=1", "--epochs", "2", "epochs=3", "--batch", "4"], 3),
+    (["epochs=1", "epochs=4"], 4),
+])
+def test_the_later_argument_wins_whatever_its_form(argv: list[str], epochs: int) -> None:
+    """key=value arguments were parsed after every flag, so ``epochs=1 --epochs 2`` trained 1 epoch silently."""
+    assert parse(argv).epochs == epochs
+
+
+def test_a_later_alias_beats_an_earlier_flag() -> None:
+    assert parse(["--precision", "bf16", "amp=False"]).precision == "fp32"
+    assert parse(["amp=False", "--precision", "bf16"]).precision == "bf16"
+
+
+@pytest.mark.parametrize("argv", [
+    ["model=runs/train/x/weights/last.pt", "resume=True"],
+    ["resume=True", "model=runs/train/x/weights/last.pt"],
+    ["--model", "runs/train/x/weights/last.pt", "resume=True"],
+    ["resume=True", "--weights", "runs/train/x/weights/last.pt"],
+    ["--resume", "runs/train/x/weights/last.pt", "model=runs/train/x/weights/last.pt"],
+    ["--resume", "runs/train/x/weights/last.pt", "--weights", "./runs/train/x/weights/last.pt"],
+])
+def test_resume_true_beside_a_weights_file_resumes_that_file(argv: list[str]) -> None:
+    config = parse(argv)
+    assert (config.resume, config.weights) == ("runs/train/x/weights/last.pt", "")
+
+
+def test_resume_true_alone_is_the_newest_run_and_auto_stays_auto() -> None:
+    assert (parse(["resume=True"]).resume, parse(["resume=True"]).weights) == ("auto", "")
+    config = parse(["--resume", "auto", "--weights", "x.pt"])  # explicit: load_resume warns that x.pt is ignored
+    assert (config.resume, config.weights) == ("auto", "x.pt")
+
+
+def test_pretrained_false_without_weights_is_from_scratch(capsys: pytest.CaptureFixture) -> None:
+    config = parse(["model=yolov8n.yaml", "pretrained=False"])
+    assert (config.model, config.weights) == ("n", "")
+    assert "trains from scratch" in capsys.readouterr().err
+    assert parse(["model=yolov8s.pt", "pretrained=True"]).weights == "yolov8s.pt"  # as before: a note, no change
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--resume", "a/last.pt", "--weights", "b/last.pt"], "resume='a/last.pt' and weights='b/last.pt' name "
+                                                          "different files"),
+    (["resume=a/last.pt", "model=b.pt"], "resume='a/last.pt' and weights='b.pt' name different files"),
+    (["model=a/last.pt", "resume=True", "--weights", "b.pt"], "resume='a/last.pt' and weights='b.pt'"),
+    (["model=yolov8n.pt", "pretrained=False"], "pretrained=False beside weights='yolov8n.pt': that file's weights "
+                                               "would be loaded all the same"),
+    (["pretrained=False", "--weights", "x.pt"], "pretrained=False beside weights='x.pt'"),
+    (["pretrained=x.pt"], "Ultralytics' pretrained='x.pt' has no equivalent here: start from weights with --weights"),
+    (["classes=[0,1]"], "Ultralytics' classes=[0, 1] has no equivalent here: training uses every class the data "
+                        "YAML names"),
+    (["single_cls=True"], "single_cls=True has no equivalent here: no single-class mode: rewrite every label "
+                          "line's class id to 0"),
+])
+def test_conflicting_weights_and_refused_names_answer_in_one_line(argv: list[str], message: str,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse(argv)
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert exit_info.value.code == 2 and message in last and last.startswith("train.py: error: ")
