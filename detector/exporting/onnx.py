@@ -21,7 +21,8 @@ from detector.exporting.wrapper import ExportWrapper
 from detector.extras import require
 from detector.files import write_atomically
 from detector.model import YOLO
-from detector.model.metadata import INPUT_NAME, ModelInfo, decode_metadata, encode_metadata
+from detector.inference.backend import read_model_info
+from detector.model.metadata import INPUT_NAME, ModelInfo, encode_metadata
 
 if TYPE_CHECKING:
     import onnx
@@ -95,4 +96,4 @@ def export_onnx(
 def read_onnx_info(path: str | Path) -> ModelInfo:
     """Metadata of an exported ONNX file (raises ``ValueError`` if it was not made by this exporter)."""
     proto = _onnx().load(str(path), load_external_data=False)
-    return decode_metadata({prop.key: prop.value for prop in proto.metadata_props}, source=str(path))
+    return read_model_info({prop.key: prop.value for prop in proto.metadata_props}, source=str(path))

@@ -20,13 +20,14 @@ from torch import nn
 
 from detector.defaults import EXPORT_CONF, EXPORT_IOU, EXPORT_MAX_DET
 from detector.model import YOLO
+from detector.nms import nms_kernel
 from detector.postprocess import NMSConfig, decode_outputs
 
 EXPORT_NMS = NMSConfig(conf_threshold=EXPORT_CONF, iou_threshold=EXPORT_IOU, max_detections=EXPORT_MAX_DET)
 
 
 class OnnxNMS(torch.autograd.Function):
-    """ONNX ``NonMaxSuppression`` (per batch, per class); eagerly the same thing via torchvision.
+    """ONNX ``NonMaxSuppression`` (per batch, per class); eagerly the same thing via torchvision's NMS kernel.
 
     boxes ``[B, A, 4]`` xyxy, scores ``[B, C, A]`` -> selected ``[N, 3]`` int64 (batch, class, anchor).
     Keeps boxes with score strictly above ``conf_threshold``, as ONNX Runtime and TensorRT do.
@@ -37,14 +38,12 @@ class OnnxNMS(torch.autograd.Function):
         ctx: Any, boxes: torch.Tensor, scores: torch.Tensor, max_per_class: int, iou_threshold: float,
         conf_threshold: float,
     ) -> torch.Tensor:
-        from torchvision.ops import nms
-
         selected = []
         for batch_index in range(scores.shape[0]):
             for class_index in range(scores.shape[1]):
                 class_scores = scores[batch_index, class_index]
                 candidates = (class_scores > conf_threshold).nonzero().flatten()
-                keep = candidates[nms(boxes[batch_index, candidates], class_scores[candidates], iou_threshold)]
+                keep = candidates[nms_kernel()(boxes[batch_index, candidates], class_scores[candidates], iou_threshold)]
                 keep = keep[:max_per_class]
                 columns = (torch.full_like(keep, batch_index), torch.full_like(keep, class_index), keep)
                 selected.append(torch.stack(columns, 1))
@@ -120,6 +119,11 @@ class ExportWrapper(nn.Module):
         self.strides = tuple(model.strides)
         self.reg_max = model.reg_max
         self.nms = nms
+        if nms is not None:
+            # Load the NMS kernel now, not at its first call inside the trace: where that first call imports
+            # torchvision, its import-time CUDA version check runs an operator the tracer cannot record
+            # ("unsupported output type: int, from operator: torchvision::_cuda_version").
+            nms_kernel()
         self.eval()  # torch.onnx.export restores the wrapper's mode afterwards; train mode would flip BN
 
     @property

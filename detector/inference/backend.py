@@ -8,15 +8,19 @@ can time the two apart and every runtime is judged by the same NMS.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
 from detector.inference.preprocess import Detections
-from detector.model.metadata import ModelInfo
+from detector.model.metadata import ModelInfo, decode_metadata
 from detector.postprocess import NMSConfig, non_max_suppression
 
 RawOutputs = tuple[torch.Tensor, torch.Tensor]  # (boxes, scores) or (detections, num_detections)
+# Keys Ultralytics writes into its exports' metadata (ONNX metadata_props, the .engine JSON header) where ours has
+# "strides": what tells its exports apart when the author field is gone.
+ULTRALYTICS_KEYS = frozenset({"task", "names", "stride", "imgsz"})
+HOW_TO_EXPORT = "`detector export` (`python export.py` in a checkout)"  # an installed package has no export.py
 
 
 class Backend(ABC):
@@ -48,14 +52,19 @@ class Backend(ABC):
     def infer(self, images: torch.Tensor) -> RawOutputs:
         """uint8 ``[B, 3, S, S]`` -> the graph outputs named in ``info.outputs``."""
 
-    def postprocess(self, raw: RawOutputs) -> Detections:
+    def postprocess(self, raw: RawOutputs, classes: Sequence[int] | None = None) -> Detections:
+        """``classes``: keep only these class ids, chosen before NMS and the ``max_detections`` cap, as Ultralytics
+        does, so boxes of other classes take none of the kept places. A graph with NMS inside has already filled
+        its K rows with every class: there the filter and the cap apply to those rows."""
         if self.info.nms is None:
             boxes, scores = raw
-            return non_max_suppression(torch.cat((boxes.float(), scores.float()), -1), self.nms)
-        return unpack_detections(*raw, conf_threshold=self.nms.conf_threshold)
+            scores = scores.float() if classes is None else only_classes(scores.float(), classes, self.nms.multi_label)
+            return non_max_suppression(torch.cat((boxes.float(), scores), -1), self.nms)
+        return unpack_detections(*raw, conf_threshold=self.nms.conf_threshold,
+                                 max_detections=self.nms.max_detections, classes=classes)
 
-    def __call__(self, images: torch.Tensor) -> Detections:
-        return self.postprocess(self.infer(images))
+    def __call__(self, images: torch.Tensor, classes: Sequence[int] | None = None) -> Detections:
+        return self.postprocess(self.infer(images), classes)
 
     def close(self) -> None:
         """Release what the runtime holds outside Python's objects (the pt2 package's unpacked files); the backend
@@ -72,12 +81,29 @@ class Backend(ABC):
             raise ValueError(f"image sides must be multiples of {self.info.stride}; got {height}x{width}")
 
 
-def unpack_detections(detections: torch.Tensor, counts: torch.Tensor, *, conf_threshold: float) -> Detections:
-    """In-graph NMS output ``[B, K, 6]`` (x1, y1, x2, y2, score, label) + counts ``[B]`` -> per-image dicts."""
+def only_classes(scores: torch.Tensor, classes: Sequence[int], multi_label: bool) -> torch.Tensor:
+    """Class scores ``[B, A, C]`` with every candidate outside ``classes`` scored 0, below any threshold, so NMS
+    never sees it. ``multi_label``: per (box, class) pair; otherwise per box, by its best class over all classes:
+    a box whose best class is another one is dropped, not relabelled (as Ultralytics' ``classes`` does)."""
+    wanted = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
+    wanted[[index for index in classes if 0 <= index < scores.shape[-1]]] = True  # unknown ids match nothing
+    keep = wanted if multi_label else wanted[scores.max(-1).indices].unsqueeze(-1)
+    return torch.where(keep, scores, torch.zeros_like(scores))
+
+
+def unpack_detections(
+    detections: torch.Tensor, counts: torch.Tensor, *, conf_threshold: float, max_detections: int | None = None,
+    classes: Sequence[int] | None = None,
+) -> Detections:
+    """In-graph NMS output ``[B, K, 6]`` (x1, y1, x2, y2, score, label) + counts ``[B]`` -> per-image dicts: rows
+    above ``conf_threshold`` and of ``classes`` (all when None), then the best ``max_detections`` of them."""
     results = []
     for rows, count in zip(detections.float(), counts.tolist()):
         rows = rows[: int(count)]
-        rows = rows[rows[:, 4] > conf_threshold]
+        keep = rows[:, 4] > conf_threshold
+        if classes is not None:
+            keep &= torch.isin(rows[:, 5].long(), torch.tensor(list(classes), dtype=torch.long, device=rows.device))
+        rows = rows[keep][:max_detections]  # the graph sorts its rows by score
         results.append({"boxes": rows[:, :4], "scores": rows[:, 4], "labels": rows[:, 5].long()})
     return results
 
@@ -98,3 +124,24 @@ def run_in_fixed_batches(
         outputs.append([tensor[:real] for tensor in run(chunk)])
     return tuple(torch.cat(parts) for parts in zip(*outputs))
 
+
+def made_by_ultralytics(props: Mapping[str, object]) -> bool:
+    """Whether export metadata is Ultralytics' own (``author: Ultralytics``, Python-literal ``names``), not ours."""
+    maker = f"{props.get('author', '')} {props.get('description', '')}".lower()
+    return "ultralytics" in maker or (ULTRALYTICS_KEYS <= props.keys() and "strides" not in props)
+
+
+def read_model_info(props: Mapping[str, object], *, source: str) -> ModelInfo:
+    """An export's metadata (string key/values) -> :class:`ModelInfo`; ``ValueError`` with one line saying what to
+    do for a file our exporter did not make: an Ultralytics export is named as one (its graph has another layout
+    and output, which no backend here reads), anything else is asked where it came from."""
+    if made_by_ultralytics(props):
+        raise ValueError(
+            f"{source}: an Ultralytics export (author {props.get('author', '?')!r}, task {props.get('task', '?')!r}), "
+            "which detector cannot run; use the Ultralytics yolov8*.pt it came from (detector reads those directly), "
+            f"or export a detector checkpoint with {HOW_TO_EXPORT}")
+    try:
+        return decode_metadata({key: str(value) for key, value in props.items()}, source=source)
+    except ValueError as error:  # its wording names export.py, which an installed package does not have
+        detail = str(error).removesuffix("; was it made by export.py?")
+        raise ValueError(f"{detail}; was it made by {HOW_TO_EXPORT}?") from None

@@ -18,9 +18,9 @@ import numpy as np
 import torch
 
 from detector.extras import require
-from detector.inference.backend import Backend, RawOutputs, run_in_fixed_batches
+from detector.inference.backend import Backend, RawOutputs, read_model_info, run_in_fixed_batches
 from detector.inference.preprocess import model_input
-from detector.model.metadata import INPUT_NAME, ModelInfo, decode_metadata
+from detector.model.metadata import INPUT_NAME, ModelInfo
 from detector.paths import data_home
 from detector.postprocess import NMSConfig
 
@@ -95,7 +95,7 @@ class OnnxBackend(Backend):
                                                 providers=with_options(providers, gpu, engine_cache))
         except Exception as error:  # onnxruntime's own types (InvalidProtobuf, Fail, ...), none a bug of ours
             raise ValueError(f"{path}: not a loadable ONNX model ({_reason(error)})") from None
-        info = decode_metadata(self.session.get_modelmeta().custom_metadata_map, source=str(path))
+        info = read_model_info(self.session.get_modelmeta().custom_metadata_map, source=str(path))
         super().__init__(info, nms)
         self.provider = self.session.get_providers()[0]  # the first in priority: with TensorRT, what it cannot
         # build runs on the next provider (CUDA), so the name says which one leads, not that it ran every node

@@ -36,10 +36,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from detector.inference.backend import Backend, RawOutputs
+from detector.inference.backend import Backend, RawOutputs, read_model_info
 from detector.inference.cuda_graph import CudaGraphRunner, Outputs
 from detector.inference.preprocess import model_input
-from detector.model.metadata import ModelInfo, decode_metadata
+from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class Pt2Backend(Backend):
             raise ValueError(f"{path}: compiled for {compiled_for}, asked to run on {self.device}; "
                              f"export it again with --device {self.device.type}")
         ours = {key: value for key, value in props.items() if not key.startswith(AOTI_KEY_PREFIX)}
-        return decode_metadata(ours, source=str(path))
+        return read_model_info(ours, source=str(path))
 
     @property
     def runner(self) -> AOTICompiledModel:

@@ -23,7 +23,7 @@ import queue
 import sys
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,7 +133,10 @@ def bgr_array_to_rgb(array: np.ndarray, name: str) -> np.ndarray:
 
 
 def files_frames(text: str) -> Iterator[Frame]:
-    """A file, a folder (recursive) or a glob -> its images' and videos' frames, in sorted path order."""
+    """A file, a folder (recursive) or a glob -> its images' and videos' frames, in sorted path order.
+
+    ``FileNotFoundError`` when not one frame of them could be read (each unreadable image was skipped with a line):
+    a run over nothing is a mistake to say, not a success to report."""
     path = Path(text)
     if any(char in text for char in "*?["):
         found = [Path(match) for match in glob.glob(text, recursive=True)]
@@ -152,36 +155,41 @@ def files_frames(text: str) -> Iterator[Frame]:
         raise FileNotFoundError(f"{path}: no such image, folder, video or glob")
     decoding: deque[tuple[str, Future]] = deque()  # still images in flight, in path order
     pool = ThreadPoolExecutor(DECODE_THREADS, thread_name_prefix="predict-decode")
+    read = 0  # frames given
     try:
         for file in sorted(files):
             name = file.relative_to(root).as_posix() if file.is_relative_to(root) else file.name
             if file.suffix.lower() in VIDEO_SUFFIXES:
                 while decoding:  # the images before it first, in order
-                    yield from _decoded(*decoding.popleft(), only=len(files) == 1)
-                yield from capture_frames(str(file), name)
+                    read += yield from _decoded(*decoding.popleft(), only=len(files) == 1)
+                read += yield from capture_frames(str(file), name)
                 continue
             decoding.append((name, pool.submit(read_image, file)))
             if len(decoding) > 2 * DECODE_THREADS:  # enough to keep every thread busy, no more in memory
-                yield from _decoded(*decoding.popleft(), only=len(files) == 1)
+                read += yield from _decoded(*decoding.popleft(), only=len(files) == 1)
         while decoding:
-            yield from _decoded(*decoding.popleft(), only=len(files) == 1)
+            read += yield from _decoded(*decoding.popleft(), only=len(files) == 1)
+        if not read:
+            raise FileNotFoundError(f"{text}: no readable image or video frame in it ({len(files)} "
+                                    f"file{'s' if len(files) != 1 else ''}, none readable)")
     finally:
         # Closed early (a break, Ctrl-C, an error): the queued decodes are dropped, not run; at most the ones
         # already running finish, on their own threads.
         pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _decoded(name: str, decoding: Future, *, only: bool) -> Iterator[Frame]:
+def _decoded(name: str, decoding: Future, *, only: bool) -> Generator[Frame, None, int]:
     """The frame of one decoded still image; one bad image of many is skipped with a line, the only one given
-    fails the command."""
+    fails the command. Returns the frames given: 1, or 0 for a skipped image."""
     try:
         image = decoding.result()
     except ImageError as error:
         if only:
             raise
         print(f"warning: {error}; skipped", file=sys.stderr)
-        return
+        return 0
     yield Frame(name, None, image)
+    return 1
 
 
 def readable(path: Path) -> bool:
@@ -202,8 +210,9 @@ def iter_until_wildcard(parts: tuple[str, ...]) -> Iterator[str]:
         yield part
 
 
-def capture_frames(target: int | str, name: str) -> Iterator[Frame]:
-    """Frames of ``cv2.VideoCapture(target)``: an int opens a webcam, text a video file or a stream URL."""
+def capture_frames(target: int | str, name: str) -> Generator[Frame, None, int]:
+    """Frames of ``cv2.VideoCapture(target)``: an int opens a webcam, text a video file or a stream URL. Returns how
+    many it gave."""
     capture = quiet_capture(target)
     try:
         if not capture.isOpened():
@@ -214,7 +223,7 @@ def capture_frames(target: int | str, name: str) -> Iterator[Frame]:
         while True:
             ok, bgr = capture.read()
             if not ok:
-                return
+                return index
             yield Frame(name, index, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), fps)
             index += 1
     finally:

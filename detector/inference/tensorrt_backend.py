@@ -22,9 +22,9 @@ import torch
 
 from detector.extras import Unavailable
 from detector.files import write_atomically
-from detector.inference.backend import Backend, RawOutputs, run_in_fixed_batches
+from detector.inference.backend import HOW_TO_EXPORT, Backend, RawOutputs, read_model_info, run_in_fixed_batches
 from detector.inference.preprocess import model_input
-from detector.model.metadata import INPUT_NAME, ModelInfo, decode_metadata, encode_metadata
+from detector.model.metadata import INPUT_NAME, ModelInfo, encode_metadata
 from detector.postprocess import NMSConfig
 
 
@@ -53,13 +53,15 @@ def read_engine_file(path: str | Path) -> tuple[ModelInfo, bytes]:
     data = Path(path).read_bytes()
     (length,) = struct.unpack("<I", data[:4]) if len(data) >= 4 else (len(data),)
     if len(data) < 4 or 4 + length > len(data):  # a cut or foreign file: its header runs past its end
-        raise ValueError(f"{path}: not an engine file from export.py ({len(data)} bytes, "
+        raise ValueError(f"{path}: not an engine file from {HOW_TO_EXPORT} ({len(data)} bytes, "
                          "shorter than the header it announces)")
     try:
         props = json.loads(data[4 : 4 + length].decode())
     except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ValueError(f"{path}: no detector metadata header; was it made by export.py?") from None
-    return decode_metadata(props, source=str(path)), data[4 + length :]
+        raise ValueError(f"{path}: no detector metadata header; was it made by {HOW_TO_EXPORT}?") from None
+    if not isinstance(props, dict):
+        raise ValueError(f"{path}: its header is no metadata object; was it made by {HOW_TO_EXPORT}?")
+    return read_model_info(props, source=str(path)), data[4 + length :]
 
 
 class TensorRTBackend(Backend):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from detector.checkpoint import model_from_checkpoint
+from detector.inference.pt_model import model_from_pt
 from detector.defaults import DEFAULT_IMGSZ
 from detector.device import resolve_device
 from detector.exporting import ExportError
@@ -122,7 +122,7 @@ def run_export(options: ExportOptions) -> list[Path]:
             raise ValueError("--format pt2 has no NMS inside (its batch is free, the in-graph NMS is not); drop --nms, "
                              "predict/val/benchmark apply NMS after the package")
         pt2_precision(options.half, device)  # refuses --half where it would not pay, before any work
-    model, checkpoint = model_from_checkpoint(weights)
+    model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8 weights as predict and val read them
     names = list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)])
     info = model_info(options, names, tuple(model.strides), (checkpoint.get("config") or {}).get("imgsz"))
     with staging_folder(weights.parent) as staging:

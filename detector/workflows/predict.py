@@ -4,9 +4,10 @@ and streams (every source :mod:`detector.inference.sources` reads).
 Writes ``<project>/<name>/predictions.json`` (a list, one entry per image or video frame:
 ``{"file", "frame", "boxes" [[x1, y1, x2, y2] original pixels], "scores", "labels", "names"}``); with
 ``--save`` annotated images (under their names relative to the source folder) or an annotated
-``<video stem>.mp4`` per video; with ``--save-txt`` YOLO labels ``labels/<image stem>.txt`` (``_<frame>``
-added for video frames): one ``class cx cy w h`` line per box, normalised to the image, ``--save-conf`` adding
-the score, as Ultralytics writes them.
+``<video stem>.mp4`` per video; with ``--save-txt`` YOLO labels ``labels/<image stem>.txt`` (``_<n>`` added for
+a video's n-th frame, from 1 as Ultralytics numbers them; ``frame`` in the records counts from 0): one
+``class cx cy w h`` line per box, normalised to the image, ``--save-conf`` adding the score, as Ultralytics writes
+them.
 
 Results are produced one frame at a time, or ``--batch`` frames per model call (:func:`predict_frames`); frames
 are decoded ahead of the model in a small bounded queue, and nothing keeps a frame's pixels after its batch's
@@ -86,8 +87,9 @@ def input_size(backend: Backend, requested: int | None) -> int:
 
 def detect(backend: Backend, frame: Frame, *, size: int, classes: tuple[int, ...] | None) -> dict[str, Any]:
     """One frame through the model -> ``{"file", "frame", "boxes"`` float32 ``[N, 4]`` xyxy original pixels,
-    ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``, ``"names"}``; only ``classes`` kept when given
-    (after NMS, which runs per class, so the kept boxes are those an unfiltered run finds)."""
+    ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``, ``"names"}``; only ``classes`` kept when given,
+    chosen before NMS and ``max_det`` as Ultralytics does (:meth:`Backend.postprocess`), so other classes take
+    none of the ``max_det`` places."""
     return detect_batch(backend, [frame], size=size, classes=classes)[0]
 
 
@@ -100,11 +102,11 @@ def detect_batch(backend: Backend, frames: list[Frame], *, size: int,
     tight = backend.info.stride if getattr(backend, "shapes_are_free", False) else None
     batch, transforms = prepare_batch([frame.image for frame in frames], size,
                                       device=getattr(backend, "device", None), tight=tight)
-    return frame_results(backend, frames, backend(batch), transforms, classes)
+    return frame_results(backend, frames, backend(batch, classes), transforms)
 
 
-def frame_results(backend: Backend, frames: list[Frame], batch_detections: Detections, transforms: list[ImageMeta],
-                  classes: tuple[int, ...] | None) -> list[dict[str, Any]]:
+def frame_results(backend: Backend, frames: list[Frame], batch_detections: Detections,
+                  transforms: list[ImageMeta]) -> list[dict[str, Any]]:
     """A batch's detections (letterboxed pixels, on their device) as :func:`detect`'s results, one host copy."""
     names = backend.info.names
     results = []
@@ -112,9 +114,6 @@ def frame_results(backend: Backend, frames: list[Frame], batch_detections: Detec
         boxes = detections["boxes"].float().numpy()
         scores = detections["scores"].float().numpy()
         labels = detections["labels"].numpy().astype(np.int64)
-        if classes is not None:
-            keep = np.isin(labels, classes)
-            boxes, scores, labels = boxes[keep], scores[keep], labels[keep]
         results.append({"file": frame.name, "frame": frame.index, "boxes": boxes, "scores": scores, "labels": labels,
                         "names": [names[i] if i < len(names) else str(i) for i in labels.tolist()]})
     return results
@@ -152,7 +151,7 @@ def detect_batches(
             staged = stage_letterbox([frame.image for frame in upcoming[0]], size, pin=True) if upcoming else None
         except Exception as caught:  # the readers (or the staging) failed: this batch's results first, then the error
             upcoming, staged, error = None, None, caught
-        results = frame_results(backend, frames, backend.postprocess(raw), transforms, classes)
+        results = frame_results(backend, frames, backend.postprocess(raw, classes), transforms)
         yield frames[:real], results[:real]
         current = upcoming
     if error is not None:
@@ -191,7 +190,8 @@ class Outputs:
         self.records.append(json.dumps(to_record(result)))
         stem = output_stem(frame.name)
         if self.options.save_txt:
-            suffix = "" if frame.index is None else f"_{frame.index}"
+            # Video frames' files numbered from 1, as Ultralytics names them (clip_1.txt is predictions.json's frame 0).
+            suffix = "" if frame.index is None else f"_{frame.index + 1}"
             text = yolo_lines(result, *frame.image.shape[:2], with_score=self.options.save_conf)
             # One file per image, empty when nothing was found: a processed background image, not a missing one.
             write_text_atomically(self.out_dir / "labels" / f"{stem}{suffix}.txt", text)

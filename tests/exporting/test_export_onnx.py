@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +15,7 @@ from detector.exporting.parity import synthetic_images
 from detector.inference.onnx_backend import OnnxBackend
 from detector.model import YOLO
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
+from tests.conftest import write_checkpoint
 from tests.tolerances import FP32_EPS, assert_same_detections, fp32_tolerance_on, rounded_relative_error
 
 onnx = pytest.importorskip("onnx", reason="ONNX export needs onnx (the 'export' extra)")
@@ -20,6 +24,7 @@ pytest.importorskip("onnxruntime", reason="parity is checked with onnxruntime (t
 from detector.exporting import ExportWrapper, ModelInfo, export_onnx, read_onnx_info  # noqa: E402  (imports onnx)
 
 IMGSZ = 64  # conftest fixtures use 64 px images
+REPO = Path(__file__).resolve().parents[2]
 NAMES = ["circle", "square", "triangle"]
 
 
@@ -105,3 +110,31 @@ def test_nms_graph_equals_python_postprocess(
     assert summary.matched > 10  # the comparison is not vacuous
     for rows, count in zip(detections, counts):
         assert (rows[int(count) :] == 0).all()  # padding rows are zeros
+
+
+@pytest.mark.parametrize("arguments", [["--nms"], ["format=onnx", "nms=True"]], ids=["flags", "ultralytics-style"])
+def test_the_nms_export_command_runs_in_a_fresh_process(model: YOLO, tmp_path: Path, arguments: list[str]) -> None:
+    """The command, not the function: the test process has imported torchvision already, the command has not. Its
+    first import, inside the trace, crashed the export (``unsupported output type: int ... _cuda_version``)."""
+    weights = write_checkpoint(model, tmp_path / "best.pt")
+    command = [sys.executable, "-m", "detector", "export", "--weights", str(weights), "--imgsz", str(IMGSZ),
+               "--device", "cpu", *arguments]
+    environment = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, cwd=tmp_path, env=environment, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "+nms" in done.stdout and f"export: wrote {weights.with_suffix('.onnx')}" in done.stdout
+    assert read_onnx_info(weights.with_suffix(".onnx")).nms is not None
+
+
+def test_ultralytics_weights_export_as_predict_reads_them(tmp_path: Path) -> None:
+    """Ultralytics' yolov8n.pt exports as it predicts and validates here (read by the safe reader, no code run), with
+    its class names; it was refused as 'not one of our checkpoints'."""
+    from detector.workflows.export import run_export
+    from detector.workflows.options import ExportOptions
+    from tests.weights.lookalike import yolov8_lookalike_bytes
+
+    weights = tmp_path / "yolov8n.pt"
+    weights.write_bytes(yolov8_lookalike_bytes("n", num_classes=3, seed=1))
+    written = run_export(ExportOptions(weights=weights, imgsz=IMGSZ, device="cpu"))
+    assert written == [weights.with_suffix(".onnx")]
+    assert read_onnx_info(written[0]).names == ["class0", "class1", "class2"]

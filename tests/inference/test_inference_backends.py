@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 from pathlib import Path
 
@@ -11,7 +12,8 @@ import torch
 
 from detector.model.metadata import ModelInfo
 from detector.exporting.parity import synthetic_images
-from detector.inference.tensorrt_backend import tensorrt_missing, write_engine_file
+from detector.inference.backend import only_classes
+from detector.inference.tensorrt_backend import read_engine_file, tensorrt_missing, write_engine_file
 from detector.inference import load_backend, prepare_batch, to_original_pixels
 from detector.inference.onnx_backend import OnnxBackend
 from detector.inference.torch_backend import TorchBackend, half_precision, make_torch_infer
@@ -42,10 +44,11 @@ def test_engine_without_tensorrt_says_why(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name, content, problem", [
-    ("m.engine", b"ab", "not an engine file from export.py \\(2 bytes"),
-    ("m.engine", b"", "not an engine file from export.py \\(0 bytes"),
+    ("m.engine", b"ab", "not an engine file from `detector export` \\(`python export.py` in a checkout\\) \\(2 bytes"),
+    ("m.engine", b"", "not an engine file from `detector export`.* \\(0 bytes"),
     ("m.engine", b"\xff\xff\x00\x00{}", "shorter than the header"),
-    ("m.engine", b"\x02\x00\x00\x00{}", "missing or malformed detector metadata"),
+    ("m.engine", b"\x02\x00\x00\x00{}", "missing or malformed detector metadata.*; was it made by `detector export`"),
+    ("m.engine", b"\x02\x00\x00\x00[]", "its header is no metadata object"),
     ("m.onnx", b"not a protobuf at all", "not a loadable ONNX model"),
     ("m.onnx", b"", "not a loadable ONNX model"),
     ("m.pt", b"", "empty or cut short"),
@@ -283,3 +286,66 @@ def test_nms_graph_backend_matches_python_nms(model: YOLO, checkpoint: Path, tmp
     expected = load_backend(checkpoint, nms=python_nms)(images)
     got = graph(images)
     assert_same_detections(expected, got, nms=python_nms, tolerance=fp32_tolerance_on(model, images))
+
+
+# The metadata Ultralytics 8.4 writes into `YOLO("yolov8n.yaml").export(format="onnx", imgsz=160)` (values as there).
+ULTRALYTICS_METADATA = {
+    "description": "Ultralytics YOLOv8n model ", "author": "Ultralytics", "date": "2026-11-28T17:14:20.590451+00:00",
+    "version": "8.4.190", "license": "AGPL-3.0 License (https://ultralytics.com/license)",
+    "docs": "https://docs.ultralytics.com", "stride": "32", "task": "detect", "head": "Detect", "batch": "1",
+    "imgsz": "[160, 160]", "names": "{0: 'person', 1: 'bicycle'}", "channels": "3", "end2end": "False",
+    "args": "{'batch': 1, 'nms': None, 'dynamic': False}",
+}
+
+
+def tiny_onnx(path: Path, metadata: dict[str, str]) -> Path:
+    """A valid one-node ONNX graph (images -> Identity) carrying ``metadata``: only its metadata is foreign."""
+    onnx = pytest.importorskip("onnx", reason="writing the ONNX file needs onnx (the 'export' extra)")
+    pytest.importorskip("onnxruntime", reason="the ONNX backend needs onnxruntime (the 'export' extra)")
+    tensor = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["images"], ["output0"])], "foreign",
+                                   [tensor("images", onnx.TensorProto.FLOAT, [1, 3, 32, 32])],
+                                   [tensor("output0", onnx.TensorProto.FLOAT, [1, 3, 32, 32])])
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)])
+    proto.ir_version = 8  # what onnxruntime of the 'export' extra reads at least
+    onnx.helper.set_model_props(proto, metadata)
+    path.write_bytes(proto.SerializeToString())
+    return path
+
+
+@pytest.mark.parametrize("metadata", [ULTRALYTICS_METADATA, {key: value for key, value in ULTRALYTICS_METADATA.items()
+                                                             if key not in ("author", "description")}],
+                         ids=["as-exported", "author-removed"])
+def test_an_ultralytics_onnx_export_is_named_as_one(tmp_path: Path, metadata: dict[str, str]) -> None:
+    """The user who brings Ultralytics' yolov8n.onnx is told it is one, which detector does not run, and what to use
+    instead; not "malformed detector metadata (Expecting value ...); was it made by export.py?"."""
+    path = tiny_onnx(tmp_path / "yolov8n.onnx", metadata)
+    with pytest.raises(ValueError) as refused:
+        load_backend(path)
+    message = str(refused.value)
+    assert message.startswith(f"{path}: an Ultralytics export") and "\n" not in message
+    assert "yolov8*.pt" in message and "`detector export` (`python export.py` in a checkout)" in message
+    assert "malformed" not in message and "Expecting value" not in message
+
+
+def test_an_onnx_file_without_our_metadata_names_the_command_that_makes_it(tmp_path: Path) -> None:
+    path = tiny_onnx(tmp_path / "other.onnx", {"producer": "someone"})
+    with pytest.raises(ValueError, match="missing or malformed detector metadata .*; was it made by `detector export` "
+                                         "\\(`python export.py` in a checkout\\)\\?$"):
+        load_backend(path)
+
+
+def test_an_ultralytics_engine_header_is_named_as_one(tmp_path: Path) -> None:
+    """Ultralytics' .engine files start as ours do (4-byte length, JSON metadata), with its own keys inside."""
+    header = json.dumps({**ULTRALYTICS_METADATA, "stride": 32, "names": {"0": "person"}}).encode()
+    (tmp_path / "yolov8n.engine").write_bytes(len(header).to_bytes(4, "little") + header + b"\x00" * 8)
+    with pytest.raises(ValueError, match="an Ultralytics export .*yolov8\\*\\.pt"):
+        read_engine_file(tmp_path / "yolov8n.engine")
+
+
+@pytest.mark.parametrize("multi_label, kept", [(False, [[0.0, 0.0], [0.8, 0.1]]), (True, [[0.6, 0.0], [0.8, 0.0]])])
+def test_only_classes_drops_a_box_by_its_best_class_or_each_pair(multi_label: bool, kept: list[list[float]]) -> None:
+    """As Ultralytics' ``classes``: one label per box, a box whose best class is not wanted goes (it is not relabelled
+    as its best wanted one); with ``multi_label`` each (box, class) pair is kept or dropped by its class alone."""
+    scores = torch.tensor([[[0.6, 0.9], [0.8, 0.1]]])  # [1 image, 2 boxes, 2 classes]
+    torch.testing.assert_close(only_classes(scores, (0, 5), multi_label), torch.tensor([kept]))

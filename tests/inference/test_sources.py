@@ -107,6 +107,20 @@ def test_sources_that_hold_nothing_are_named(tmp_path: Path) -> None:
         next(open_source(tmp_path / "missing.jpg"))
 
 
+@pytest.mark.parametrize("pattern", ["", "*.jpg"], ids=["folder", "glob"])
+def test_a_source_whose_every_image_is_unreadable_is_an_error(tmp_path: Path, pattern: str, capsys) -> None:
+    """Each bad image still gets its warning; then one line says nothing could be read (it was an empty run that
+    reported success)."""
+    (tmp_path / "a.jpg").write_bytes(b"not a jpeg")
+    (tmp_path / "b.jpg").write_bytes(b"")
+    source = f"{tmp_path}/{pattern}" if pattern else str(tmp_path)
+    with pytest.raises(FileNotFoundError, match="^" + source.replace("*", "\\*") + ": no readable image or video "
+                                                "frame in it \\(2 files, none readable\\)$"):
+        list(open_source(source))
+    warnings = capsys.readouterr().err
+    assert "a.jpg: cannot decode image" in warnings and "b.jpg: " in warnings and warnings.count("skipped") == 2
+
+
 def test_a_video_file_yields_numbered_rgb_frames(tmp_path: Path) -> None:
     write_video(tmp_path / "clip.mp4", frames=5)
     frames = list(open_source(tmp_path / "clip.mp4"))

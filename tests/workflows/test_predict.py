@@ -11,7 +11,10 @@ import pytest
 
 import torch
 
+from detector.inference import Backend
 from detector.inference.sources import Frame
+from detector.model.metadata import ModelInfo
+from detector.postprocess import NMSConfig
 from detector.workflows.options import PredictOptions
 from detector.workflows.predict import detect, input_size, output_stem, run_predict, to_record, yolo_lines
 
@@ -34,29 +37,71 @@ def test_yolo_lines_are_normalised_centre_and_size() -> None:
 
 
 class FixedBackend:
-    """Three detections, one per class: what the class filter acts on."""
+    """Three detections, one per class, whatever the images and classes: the pipeline's stand-in."""
 
     def __init__(self) -> None:
         self.info = SimpleNamespace(names=["cat", "dog", "car"])
 
-    def __call__(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    def __call__(self, batch: torch.Tensor, classes: tuple[int, ...] | None = None) -> list[dict[str, torch.Tensor]]:
         return [{"boxes": torch.tensor([[0.0, 0, 8, 8], [8, 8, 16, 16], [16, 16, 32, 32]]),
                  "scores": torch.tensor([0.9, 0.8, 0.7]), "labels": torch.tensor([0, 1, 2])}]
 
 
-def test_classes_keep_only_those_ids() -> None:
+# Four boxes apart (no NMS between them), (cat, dog, car) scores: two dogs score highest, and the fourth box's
+# best class is dog even though its cat score is above the threshold.
+SCORES = [[0.1, 0.9, 0.0], [0.8, 0.1, 0.0], [0.7, 0.0, 0.0], [0.6, 0.95, 0.0]]
+BOXES = [[0.0, 0, 8, 8], [8, 8, 16, 16], [16, 16, 24, 24], [24, 24, 32, 32]]
+
+
+class RawBackend(Backend):
+    """A real :class:`Backend` whose network outputs the fixed boxes and scores above: decoded ones, or (``baked``)
+    the rows a graph with NMS inside gives for them (its K = 4 rows, sorted by score)."""
+
+    def __init__(self, *, baked: bool) -> None:
+        graph_nms = NMSConfig(max_detections=4) if baked else None
+        super().__init__(ModelInfo(names=["cat", "dog", "car"], strides=(8, 16, 32), imgsz=32, nms=graph_nms),
+                         NMSConfig(max_detections=2))
+
+    def infer(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.info.nms is None:
+            return torch.tensor([BOXES]), torch.tensor([SCORES])
+        rows = [BOXES[3] + [0.95, 1], BOXES[0] + [0.9, 1], BOXES[1] + [0.8, 0], BOXES[2] + [0.7, 0]]
+        return torch.tensor([rows]), torch.tensor([4])
+
+
+@pytest.mark.parametrize("baked", [False, True], ids=["python-nms", "graph-nms"])
+def test_classes_are_chosen_before_max_det(baked: bool) -> None:
+    """``max_det=2 classes=[0]`` keeps two cats, as Ultralytics does: filtered after NMS and the cap, the two dogs
+    took both places and no cat was left. A box whose best class is a dog stays out, not relabelled a cat."""
     frame = Frame("a.jpg", None, np.zeros((32, 32, 3), np.uint8))
-    everything = detect(FixedBackend(), frame, size=32, classes=None)
-    assert everything["labels"].tolist() == [0, 1, 2]
-    kept = detect(FixedBackend(), frame, size=32, classes=(0, 2))
-    assert kept["labels"].tolist() == [0, 2] and kept["names"] == ["cat", "car"]
-    np.testing.assert_array_equal(kept["boxes"], everything["boxes"][[0, 2]])
-    assert kept["scores"].tolist() == pytest.approx([0.9, 0.7])
+    everything = detect(RawBackend(baked=baked), frame, size=32, classes=None)
+    assert everything["labels"].tolist() == [1, 1] and everything["scores"].tolist() == pytest.approx([0.95, 0.9])
+    cats = detect(RawBackend(baked=baked), frame, size=32, classes=(0,))
+    assert cats["labels"].tolist() == [0, 0] and cats["names"] == ["cat", "cat"]
+    assert cats["scores"].tolist() == pytest.approx([0.8, 0.7])
+    np.testing.assert_array_equal(cats["boxes"], np.array(BOXES[1:3], np.float32))
+    assert detect(RawBackend(baked=baked), frame, size=32, classes=(2, 7))["labels"].tolist() == []
 
 
 def test_outputs_are_named_after_the_source() -> None:
     assert output_stem("a/x.jpg") == Path("a/x") and output_stem("webcam0") == Path("webcam0")
     assert output_stem("rtsp://cam.local:554/live/1") == Path("cam.local_554_live_1")
+
+
+def test_video_frame_labels_are_numbered_from_1_as_ultralytics_does(tmp_path: Path) -> None:
+    """``--save-txt`` on a video: ``clip_1.txt`` for its first frame (Ultralytics' name; ``clip_0.txt`` before);
+    predictions.json keeps the frame index, from 0; a still image's file has no number."""
+    from detector.workflows.predict import Outputs
+
+    outputs = Outputs(tmp_path, PredictOptions(source="clip.mp4", save_txt=True), ["cat", "dog"])
+    image = np.zeros((32, 32, 3), np.uint8)
+    for frame in (Frame("clip.mp4", 0, image, 25.0), Frame("clip.mp4", 1, image, 25.0), Frame("a.jpg", None, image)):
+        outputs.add(frame, {"file": frame.name, "frame": frame.index, "boxes": np.array([[0, 0, 16, 16]], np.float32),
+                            "scores": np.array([0.5], np.float32), "labels": np.array([1]), "names": ["dog"]})
+    outputs.close()
+    assert sorted(path.name for path in (tmp_path / "labels").iterdir()) == ["a.txt", "clip_1.txt", "clip_2.txt"]
+    assert (tmp_path / "labels" / "clip_1.txt").read_text() == "1 0.25 0.25 0.5 0.5\n"
+    assert [record["frame"] for record in json.loads((tmp_path / "predictions.json").read_text())] == [0, 1, None]
 
 
 def test_input_size_follows_the_model() -> None:
@@ -79,12 +124,26 @@ def test_a_failed_predict_leaves_no_run_folder(checkpoint: Path, tmp_path: Path)
     assert not project.exists()
 
 
+def test_a_folder_of_unreadable_images_fails_the_command(checkpoint: Path, tmp_path: Path, capsys) -> None:
+    """Two skip warnings, then an error line and exit 1; it was "pytorch fp32 on 0 images/frames" and exit 0."""
+    from detector.cli.predict import main as predict_main
+
+    (tmp_path / "photos").mkdir()
+    for name in ("a.jpg", "b.png"):
+        (tmp_path / "photos" / name).write_bytes(b"not an image")
+    project = tmp_path / "runs"
+    assert predict_main(["--weights", str(checkpoint), "--source", str(tmp_path / "photos"), "--device", "cpu",
+                         "--project", str(project)]) == 1
+    output = capsys.readouterr()
+    assert output.err.count("; skipped") == 2 and "0 images/frames" not in output.out
+    assert f"error: {tmp_path / 'photos'}: no readable image or video frame in it" in output.err
+    assert not project.exists()  # nothing was predicted: no run folder
+
+
 def test_pytorch_on_the_cpu_predicts_on_a_tight_canvas_and_the_boxes_come_back(model, tmp_path: Path) -> None:
     """A 96 x 128 photo at 128 px runs at 96 x 128 through PyTorch on the CPU (any shape, nothing captured per
     shape), not in the 128 x 128 square; its boxes still come back in the photo's own pixels."""
     from detector.inference.torch_backend import TorchBackend
-    from detector.model.metadata import ModelInfo
-    from detector.postprocess import NMSConfig
 
     info = ModelInfo(names=["a", "b", "c"], strides=tuple(model.strides), imgsz=128, dynamic=True)
     backend = TorchBackend(model, info, nms=NMSConfig(conf_threshold=0.01))
@@ -105,8 +164,6 @@ def test_batches_find_what_one_frame_at_a_time_finds() -> None:
     original ones and the letterbox-space tolerances apply as they are)."""
     from detector.inference.preprocess import prepare_batch
     from detector.inference.torch_backend import TorchBackend
-    from detector.model.metadata import ModelInfo
-    from detector.postprocess import NMSConfig
     from detector.workflows.predict import predict_frames
     from tests.conftest import lively_model
     from tests.tolerances import assert_same_detections, fp32_tolerance_on
@@ -208,14 +265,15 @@ class RecordingCudaBackend(FixedBackend):
         self.events.append(f"infer {self.calls}")
         return batch, self.calls
 
-    def postprocess(self, raw: tuple[torch.Tensor, int]) -> list[dict[str, torch.Tensor]]:
+    def postprocess(self, raw: tuple[torch.Tensor, int], classes: tuple[int, ...] | None = None,
+                    ) -> list[dict[str, torch.Tensor]]:
         batch, call = raw
         self.events.append(f"results {call}")
         # each image's boxes moved by its mean pixel, so results can be told apart and matched to their frames
         return [{**detection, "boxes": detection["boxes"] + image.float().mean()}
                 for image, detection in zip(batch, super().__call__(batch) * batch.shape[0])]
 
-    def __call__(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+    def __call__(self, batch: torch.Tensor, classes: tuple[int, ...] | None = None) -> list[dict[str, torch.Tensor]]:
         return self.postprocess(self.infer(batch))
 
 
@@ -310,10 +368,12 @@ def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, fre
             self.batches.append(batch.shape[0])
             return batch
 
-        def postprocess(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        def postprocess(self, batch: torch.Tensor, classes: tuple[int, ...] | None = None,
+                        ) -> list[dict[str, torch.Tensor]]:
             return super().__call__(batch) * batch.shape[0]
 
-        def __call__(self, batch: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        def __call__(self, batch: torch.Tensor, classes: tuple[int, ...] | None = None,
+                     ) -> list[dict[str, torch.Tensor]]:
             return self.postprocess(self.infer(batch))
 
     backend = PerShapeBackend()
