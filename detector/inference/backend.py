@@ -13,14 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 
 from detector.inference.preprocess import Detections
-from detector.model.metadata import ModelInfo, decode_metadata
+from detector.model.metadata import HOW_TO_EXPORT, ModelInfo, decode_metadata
 from detector.postprocess import NMSConfig, non_max_suppression
 
 RawOutputs = tuple[torch.Tensor, torch.Tensor]  # (boxes, scores) or (detections, num_detections)
 # Keys Ultralytics writes into its exports' metadata (ONNX metadata_props, the .engine JSON header) where ours has
 # "strides": what tells its exports apart when the author field is gone.
 ULTRALYTICS_KEYS = frozenset({"task", "names", "stride", "imgsz"})
-HOW_TO_EXPORT = "`detector export` (`python export.py` in a checkout)"  # an installed package has no export.py
 
 
 class Backend(ABC):
@@ -140,8 +139,4 @@ def read_model_info(props: Mapping[str, object], *, source: str) -> ModelInfo:
             f"{source}: an Ultralytics export (author {props.get('author', '?')!r}, task {props.get('task', '?')!r}), "
             "which detector cannot run; use the Ultralytics yolov8*.pt it came from (detector reads those directly), "
             f"or export a detector checkpoint with {HOW_TO_EXPORT}")
-    try:
-        return decode_metadata({key: str(value) for key, value in props.items()}, source=source)
-    except ValueError as error:  # its wording names export.py, which an installed package does not have
-        detail = str(error).removesuffix("; was it made by export.py?")
-        raise ValueError(f"{detail}; was it made by {HOW_TO_EXPORT}?") from None
+    return decode_metadata({key: str(value) for key, value in props.items()}, source=source)

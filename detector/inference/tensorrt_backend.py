@@ -22,9 +22,9 @@ import torch
 
 from detector.extras import Unavailable
 from detector.files import write_atomically
-from detector.inference.backend import HOW_TO_EXPORT, Backend, RawOutputs, read_model_info, run_in_fixed_batches
+from detector.inference.backend import Backend, RawOutputs, read_model_info, run_in_fixed_batches
 from detector.inference.preprocess import model_input
-from detector.model.metadata import INPUT_NAME, ModelInfo, encode_metadata
+from detector.model.metadata import HOW_TO_EXPORT, INPUT_NAME, ModelInfo, encode_metadata
 from detector.postprocess import NMSConfig
 
 

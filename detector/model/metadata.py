@@ -24,6 +24,8 @@ from typing import Any
 
 from detector.postprocess import NMSConfig
 
+HOW_TO_EXPORT = "`detector export` (`python export.py` in a checkout)"  # an installed package has no export.py
+
 INPUT_NAME = "images"  # float32 [B, 3, H, W], RGB in [0, 1], letterboxed
 
 
@@ -80,5 +82,5 @@ def decode_metadata(props: dict[str, str], *, source: str = "<model>") -> ModelI
             nms=nms,
         )
     except (KeyError, TypeError, ValueError) as error:
-        message = f"{source}: missing or malformed detector metadata ({error}); was it made by export.py?"
+        message = f"{source}: missing or malformed detector metadata ({error}); was it made by {HOW_TO_EXPORT}?"
         raise ValueError(message) from None
