@@ -310,6 +310,10 @@ class Model:
         """:func:`predict` with this model: the same sources and flags, the same results."""
         return predict(source, weights=self, stream=stream, **flags)
 
+    def __call__(self, source: Any, *, stream: bool = False, **flags: Any) -> list[dict[str, Any]] | Iterator[dict]:
+        """``model(source)``: :meth:`predict`, as an Ultralytics model called on a source predicts."""
+        return self.predict(source, stream=stream, **flags)
+
 
 def load(weights: str | Path, *, device: str = "", imgsz: int | None = None, half: bool = False) -> Model:
     """Load ``weights`` (a training checkpoint, full or stripped, Ultralytics ``yolov8*.pt``, or an export) for

@@ -97,6 +97,9 @@ def test_predict_and_a_loaded_model_give_the_commands_detections(run: dict, tmp_
     for loaded, result in zip(model.predict(images, conf=0.001), results, strict=True):
         np.testing.assert_array_equal(loaded["boxes"], result["boxes"])  # same code, same weights: identical
         np.testing.assert_array_equal(loaded["scores"], result["scores"])
+    called = model(images, conf=0.001)  # Ultralytics' model(source)
+    assert [r["file"] for r in called] == names and all(
+        np.array_equal(c["boxes"], r["boxes"]) for c, r in zip(called, results, strict=True))
 
 
 def test_a_loaded_cpu_models_predict_tunes_the_process_for_the_cpu_on_a_machine_with_a_gpu(run: dict, monkeypatch):
