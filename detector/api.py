@@ -164,8 +164,8 @@ def val(
 
     Returns the metrics (``mAP50-95``, ``mAP50``, ``mAP75``, ...). The table, plots and predictions.json are
     written under ``project/name`` as by the command; ``verbose=False`` prints no table (results.txt has it).
-    ``weights`` and ``data`` are required (``None`` here only so that Ultralytics' ``model=`` can stand for
-    ``weights``).
+    ``weights`` is required (``None`` here only so that Ultralytics' ``model=`` can stand for it); without ``data``
+    a checkpoint of ours is scored on the dataset it trained on, as Ultralytics' ``val`` does.
     """
     from detector.workflows.options import ValOptions
     from detector.workflows.val import run_val

@@ -30,7 +30,8 @@ class ValOptions(Options):
 
     weights: Path = option(help="checkpoint (.pt) written by training, Ultralytics yolov8*.pt, or an export "
                                 "(.onnx, .engine, .pt2)")
-    data: Path = option(help="dataset YAML, or a shipped one's name (coco.yaml)")
+    data: Path | None = option(None, "dataset YAML, or a shipped one's name (coco.yaml) (default: the one a checkpoint "
+                                     "of ours trained on, as Ultralytics' val does)")
     datasets_dir: Path | None = option(None, "root of downloaded datasets (default: $DETECTOR_DATASETS, else "
                                              "datasets/ in the data folder)")
     imgsz: int | None = option(None, f"input size (default: the checkpoint's training size, else {DEFAULT_IMGSZ})")

@@ -23,6 +23,7 @@ precision it was exported with. Box decoding and NMS always run in FP32.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
@@ -57,6 +58,24 @@ def resolve_image_size(requested: int | None, config: dict | None) -> int:
     return size
 
 
+def data_to_score(options: ValOptions, checkpoint: dict | None) -> tuple[str | Path, Path | None]:
+    """``(--data, --datasets-dir)``; without ``--data``, those the checkpoint's training run was given (as typed
+    there: a relative path resolves against this folder, said in a line first). ``ValueError`` where there are none
+    (an export, Ultralytics weights)."""
+    if options.data is not None:
+        return options.data, options.datasets_dir
+    config = (checkpoint or {}).get("config") or {}
+    if checkpoint is None and not options.weights.is_file():  # said as with --data (load_backend's words)
+        raise ValueError(f"{options.weights}: weights not found")
+    if not config.get("data"):
+        foreign = checkpoint is not None and checkpoint.get("source") == "ultralytics"
+        kind = ("an export" if checkpoint is None else "Ultralytics weights" if foreign
+                else "a checkpoint that names no dataset")
+        raise ValueError(f"{options.weights} is {kind}: give the dataset to score with --data")
+    print(f"val: --data {config['data']}, the dataset {options.weights.name} trained on")
+    return config["data"], options.datasets_dir or config.get("datasets_dir") or None
+
+
 def exported_image_size(requested: int | None, backend: Backend) -> int:
     """An export's own size, or ``--imgsz`` where the graph is dynamic (``ValueError`` where it is fixed)."""
     info = backend.info
@@ -73,14 +92,16 @@ def run_val(options: ValOptions) -> dict[str, float]:
     """
     device = resolve_device(options.device)
     tune_process(device)  # before the first convolution: see detector/tuning.py
-    spec = load_dataset_spec(options.data, datasets_dir=options.datasets_dir)
-
     if options.half and options.fp32:
         raise ValueError("--half and --fp32 contradict each other; pick one")
-    nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
-                    multi_label=True)
+    checkpoint = None
     if options.weights.suffix.lower() == ".pt":
         model, checkpoint = model_from_pt(options.weights)
+    data, datasets_dir = data_to_score(options, checkpoint)
+    spec = load_dataset_spec(data, datasets_dir=datasets_dir)
+    nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
+                    multi_label=True)
+    if checkpoint is not None:
         num_classes, names = model.num_classes, checkpoint.get("names")
         image_size = resolve_image_size(options.imgsz, checkpoint.get("config"))
         precision = resolve_precision("fp32" if options.fp32 else "auto", device)
@@ -102,11 +123,9 @@ def run_val(options: ValOptions) -> dict[str, float]:
                   " mAP is lower than with the Python NMS at --conf 0.001; export without --nms to evaluate")
         infer, runtime = backend, backend.name
     if num_classes != spec.num_classes:
-        raise DatasetError(
-            f"{options.data}: {spec.num_classes} classes but {options.weights} was trained for {num_classes}"
-        )
+        raise DatasetError(f"{data}: {spec.num_classes} classes but {options.weights} was trained for {num_classes}")
     if names and list(names) != spec.names:
-        print(f"note: class names differ between {options.weights} and {options.data}; the table uses the data YAML's")
+        print(f"note: class names differ between {options.weights} and {data}; the table uses the data YAML's")
     # One pass over the images, so a RAM cache would only add its own load time and memory.
     split = build_split(spec, options.split, image_size=image_size, augment=None, cache="false")
     # Rectangular batches where the model takes any shape as it is (Backend.shapes_are_free; the eager PyTorch

@@ -128,7 +128,7 @@ def test_help_imports_no_torch(command: str) -> None:
     assert "HEAVY []" in done.stdout, done.stdout[-500:]
 
 
-@pytest.mark.parametrize("argv", [["val", "--weights", "a.pt"], ["predict", "--source", "x", "--no-such-flag"]])
+@pytest.mark.parametrize("argv", [["val", "--data", "a.yaml"], ["predict", "--source", "x", "--no-such-flag"]])
 def test_argparse_refusals_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(argv)

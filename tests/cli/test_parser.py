@@ -34,7 +34,7 @@ def usage_error(capsys: pytest.CaptureFixture[str], argv: list[str], *, command=
     (["train", "--data", "x.yaml", "--bogus"], "python -m detector train: error: unrecognized arguments: --bogus"),
     (["train", "--precision", "fp8"], "python -m detector train: error: argument --precision: invalid choice: 'fp8'"),
     (["predict", "--source", "x", "--bogus"], "python -m detector predict: error: unrecognized arguments: --bogus"),
-    (["val", "--weights", "a.pt"], "python -m detector val: error: the following arguments are required: --data"),
+    (["val", "--data", "a.yaml"], "python -m detector val: error: the following arguments are required: --weights"),
     (["export", "--imgsz", "big"], "python -m detector export: error: argument --imgsz: invalid int value: 'big'"),
     (["benchmark", "--bogus"], "python -m detector benchmark: error: unrecognized arguments: --bogus"),
     (["download", "yolov9"], "python -m detector download: error: argument name: invalid choice: 'yolov9'"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from detector.workflows.val import resolve_image_size
 
@@ -39,3 +40,29 @@ def test_rect_batches_where_the_model_takes_any_shape(checkpoint, onnx_fp32, yol
         run_val(ValOptions(weights=weights, rect=rect, **common))
         headers.append(next(line for line in capsys.readouterr().out.splitlines() if line.startswith("val: ")))
     assert ["(rect batches)" in header for header in headers] == [True, False, False]
+
+
+def test_without_data_a_checkpoint_is_scored_on_the_dataset_it_trained_on(model, yolo_yaml, onnx_fp32, tmp_path,
+                                                                         capsys) -> None:
+    """As Ultralytics' ``val`` without ``data=``: the training run's --data, said in a line; an export or a
+    checkpoint that names none is asked for it in one line."""
+    from detector.workflows.options import ValOptions
+    from detector.workflows.val import run_val
+    from tests.conftest import write_checkpoint
+
+    trained = write_checkpoint(model, tmp_path / "trained.pt")
+    payload = torch.load(trained, weights_only=False)
+    payload["config"]["data"] = str(yolo_yaml)
+    torch.save(payload, trained)
+    common = {"workers": 0, "batch": 2, "device": "cpu", "plots": False, "project": tmp_path}
+    with_data = run_val(ValOptions(weights=trained, data=yolo_yaml, **common))
+    capsys.readouterr()
+    assert run_val(ValOptions(weights=trained, **common)) == with_data
+    assert f"val: --data {yolo_yaml}, the dataset trained.pt trained on" in capsys.readouterr().out
+    bare = write_checkpoint(model, tmp_path / "bare.pt")  # its config has no data
+    with pytest.raises(ValueError, match=r"bare\.pt is a checkpoint that names no dataset: give"):
+        run_val(ValOptions(weights=bare, **common))
+    with pytest.raises(ValueError, match=r"\.onnx is an export: give the dataset to score with --data$"):
+        run_val(ValOptions(weights=onnx_fp32, **common))
+    with pytest.raises(ValueError, match=r"missing\.onnx: weights not found$"):
+        run_val(ValOptions(weights=tmp_path / "missing.onnx", **common))
