@@ -73,7 +73,8 @@ def data_to_score(options: ValOptions, checkpoint: dict | None) -> tuple[str | P
                 else "a checkpoint that names no dataset")
         raise ValueError(f"{options.weights} is {kind}: give the dataset to score with --data")
     print(f"val: --data {config['data']}, the dataset {options.weights.name} trained on")
-    return config["data"], options.datasets_dir or config.get("datasets_dir") or None
+    trained_in = config.get("datasets_dir")
+    return config["data"], options.datasets_dir or (Path(trained_in) if trained_in else None)
 
 
 def exported_image_size(requested: int | None, backend: Backend) -> int:
