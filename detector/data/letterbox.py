@@ -60,7 +60,8 @@ def letterbox(
 
 
 def rect_batches(image_hw: np.ndarray, size: int, batch: int, multiple: int) -> tuple[np.ndarray, np.ndarray]:
-    """Evaluation batches of similar shape, each padded only as far as its images need (Ultralytics' rect val).
+    """Evaluation batches of similar shape, each padded only as far as its images need (Ultralytics' rect val, less
+    the half stride of padding it adds to every side: 640x480 at 320 px is 256x320 here, 256x352 there).
 
     Images are ordered by aspect ratio (height / width) and cut into batches of ``batch`` in that order. A batch
     of landscape images gets the canvas ``size * max(h / w) x size``, one of portrait images ``size x size *

@@ -106,6 +106,8 @@ def run_val(options: ValOptions) -> dict[str, float]:
         num_classes, names = model.num_classes, checkpoint.get("names")
         image_size = resolve_image_size(options.imgsz, checkpoint.get("config"))
         precision = resolve_precision("fp32" if options.fp32 else "auto", device)
+        if options.fp32:  # the rule's reason names train's flag
+            precision = Precision("fp32", device.type, "--fp32 requested")
         model = model.to(device).float()
         if options.half:  # the inference backend's prepared copy: fused, converted once, CUDA graphs on CUDA
             precision = Precision(half_precision(device), device.type, "--half: weights converted, no autocast")

@@ -27,7 +27,8 @@ def test_one_tp_one_fp_one_fn() -> None:
     # ground truth 1 is never found (FN).
     pred_boxes = torch.tensor([[1.0, 0, 10, 10], [50, 50, 60, 60]])
     pred_labels = torch.tensor([0, 0])
-    assert match_predictions(pred_boxes, pred_labels, GT_BOXES, GT_LABELS).tolist() == [True, False]
+    assert match_predictions(pred_boxes, pred_labels, torch.tensor([0.9, 0.8]), GT_BOXES, GT_LABELS).tolist() == [
+        True, False]
     matrix = confusion_matrix(pred_boxes, pred_labels, torch.tensor([0.9, 0.8]), GT_BOXES, GT_LABELS, 2)
     expected = np.zeros((3, 3), int)
     expected[0, 0] = 1  # TP: predicted 0, true 0
@@ -38,28 +39,30 @@ def test_one_tp_one_fp_one_fn() -> None:
 
 def test_wrong_class_is_fp_for_pr_and_off_diagonal_in_confusion() -> None:
     pred_boxes, pred_labels = GT_BOXES[:1].clone(), torch.tensor([1])
-    assert match_predictions(pred_boxes, pred_labels, GT_BOXES, GT_LABELS).tolist() == [False]
+    assert match_predictions(pred_boxes, pred_labels, torch.tensor([0.9]), GT_BOXES, GT_LABELS).tolist() == [False]
     matrix = confusion_matrix(pred_boxes, pred_labels, torch.tensor([0.9]), GT_BOXES, GT_LABELS, 2)
     assert matrix[1, 0] == 1 and matrix[2, 1] == 1 and matrix.sum() == 2
 
 
 def test_duplicates_and_thresholds() -> None:
-    # Two predictions on one box: the better-overlapping one is the TP, the other an FP.
+    # Two predictions on one box: the higher-scored one is the TP, even where the other overlaps better (COCO's
+    # greedy rule and Ultralytics 8.4's); the other is an FP.
     pred_boxes = torch.tensor([[0.0, 0, 9, 10], [0, 0, 10, 10]])
-    correct = match_predictions(pred_boxes, torch.tensor([0, 0]), GT_BOXES[:1], GT_LABELS[:1])
-    assert correct.tolist() == [False, True]
+    for scores, expected in (([0.9, 0.8], [True, False]), ([0.8, 0.9], [False, True])):
+        correct = match_predictions(pred_boxes, torch.tensor([0, 0]), torch.tensor(scores), GT_BOXES[:1], GT_LABELS[:1])
+        assert correct.tolist() == expected
     # Confusion matrix: a low score is ignored, so the box counts as missed.
     matrix = confusion_matrix(pred_boxes[1:], torch.tensor([0]), torch.tensor([0.2]), GT_BOXES[:1], GT_LABELS[:1], 1)
     np.testing.assert_array_equal(matrix, [[0, 0], [1, 0]])
     # IoU exactly 0.5 counts for the PR matching (>=), as COCO does.
     half = torch.tensor([[0.0, 0, 10, 5]])
-    assert match_predictions(half, torch.tensor([0]), GT_BOXES[:1], GT_LABELS[:1]).tolist() == [True]
+    assert match_predictions(half, torch.tensor([0]), torch.ones(1), GT_BOXES[:1], GT_LABELS[:1]).tolist() == [True]
 
 
 def test_empty_inputs() -> None:
     none = torch.zeros(0, 4)
-    assert match_predictions(none, torch.zeros(0), GT_BOXES, GT_LABELS).shape == (0,)
-    assert match_predictions(GT_BOXES, GT_LABELS, none, torch.zeros(0)).tolist() == [False, False]
+    assert match_predictions(none, torch.zeros(0), torch.zeros(0), GT_BOXES, GT_LABELS).shape == (0,)
+    assert match_predictions(GT_BOXES, GT_LABELS, torch.ones(2), none, torch.zeros(0)).tolist() == [False, False]
     matrix = confusion_matrix(GT_BOXES, GT_LABELS, torch.ones(2), none, torch.zeros(0), 2)
     assert matrix[0, 2] == 1 and matrix[1, 2] == 1 and matrix.sum() == 2
 
@@ -129,3 +132,15 @@ def test_images_without_predictions_count_as_misses(tiny_split) -> None:
     matches = match_dataset(predictions, tiny_split.records, tiny_split.image_hw, 2)
     assert matches.correct.sum() == 2 and len(matches.gt_labels) == 4
     assert matches.confusion[2].tolist() == [1, 1, 0]
+
+
+def test_a_high_scored_detection_keeps_its_box_from_a_better_overlapping_duplicate() -> None:
+    """A (score 0.9) overlaps the box by 0.8, its duplicate B (0.3) by 0.95. In score order A takes the box, as COCO
+    and Ultralytics 8.4 count it; pairing by IoU gave it to B, so that above a confidence threshold of 0.5 (where P and
+    R are read) A was a false positive and the box a miss."""
+    gt = torch.tensor([[0.0, 0, 10, 10]])
+    a = torch.tensor([[0.0, 0, 10, 8.0]])
+    b = torch.tensor([[0.0, 0, 10, 9.5]])
+    correct = match_predictions(torch.cat((a, b)), torch.tensor([0, 0]), torch.tensor([0.9, 0.3]), gt,
+                                torch.tensor([0]))
+    assert correct.tolist() == [True, False]  # by IoU: [False, True]
