@@ -44,8 +44,8 @@ def test_an_unknown_argument_is_one_line_listing_the_known_ones(case: str) -> No
 
 
 def test_a_missing_required_argument_names_its_flag() -> None:
-    with pytest.raises(TypeError, match=r"^val: missing argument 'data' \(--data\)$"):
-        build_options(ValOptions, {"weights": "best.pt"}, command="val")
+    with pytest.raises(TypeError, match=r"^val: missing argument 'weights' \(--weights\)$"):
+        build_options(ValOptions, {"data": "data.yaml"}, command="val")
     with pytest.raises(TypeError, match="'source'"):
         build_options(PredictOptions, {"source": None}, command="predict")  # None: left at its (absent) default
 
