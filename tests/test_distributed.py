@@ -60,8 +60,8 @@ trainer = detector.training.trainer.Trainer(TrainConfig(**{f.name: getattr(args,
 summary = trainer.fit()
 weights = sum(float(p.double().abs().sum()) for p in unwrap(trainer.step.model).parameters())
 out = os.path.join(str(summary["run_dir"]), f"rank{RANK}.json")
-json.dump({"precision": trainer.step.precision.name, "epochs_done": summary["epochs_done"], "weights": weights},
-          open(out, "w"))
+json.dump({"precision": trainer.step.precision.name, "epochs_done": summary["epochs_done"], "weights": weights,
+           "metrics": summary["metrics"], "best_epoch": summary.get("best_epoch")}, open(out, "w"))
 """
 
 
@@ -165,6 +165,9 @@ def test_fallback_on_one_rank_is_taken_by_every_rank(runs, tmp_path):
     assert [r["precision"] for r in ranks] == ["fp32", "fp32"] and [r["epochs_done"] for r in ranks] == [3, 3]
     # DDP keeps replicas identical only if both ranks step with the same precision and the same skips.
     assert ranks[0]["weights"] == ranks[1]["weights"]
+    # Every rank's train() returns best.pt's final report, rank 0's (the others returned the last epoch's).
+    assert ranks[0]["best_epoch"] is not None and ranks[1]["best_epoch"] == ranks[0]["best_epoch"]
+    assert ranks[1]["metrics"] == ranks[0]["metrics"] and "mAP50-95" in ranks[0]["metrics"]
     assert load_checkpoint(run_dir / "weights" / "last.pt")["precision"] == "fp32"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from detector.precision import Precision, safer_precision
 
@@ -24,6 +25,7 @@ class EpochDecision:
     warmup_epochs: float
     stop: str = ""  # why the run ends after this epoch; "" = go on
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+    final: dict[str, Any] | None = None  # best.pt's final report (metrics, best_epoch), once the run has one
 
 
 def fitness(metrics: dict[str, float]) -> float:

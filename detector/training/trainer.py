@@ -194,6 +194,7 @@ class Trainer(RunPlans):
                 decision = decide_on_main(lambda: self.after_epoch(epoch, stats, interrupted=interrupted), self.dist)
                 if not self.dist.is_main:  # rank 0 applied it in after_epoch, before its checkpoint
                     self._apply(decision, epochs_done=epoch + 1)
+                    self.final = decision.final or self.final  # every rank's train() returns best.pt's report
                 epoch += 1
                 if decision.stop:
                     self.log(decision.stop)
@@ -315,7 +316,7 @@ class Trainer(RunPlans):
         if patience_ran_out:  # never with interrupted (above)
             stop = (f"early stop: no better fitness for {self.config.patience} epochs (best at epoch "
                     f"{self.verdicts.best_epoch + 1}); --patience 0 turns this off")
-        decision = EpochDecision(precision, reason, epochs, close_mosaic, warmup, stop, metrics)
+        decision = EpochDecision(precision, reason, epochs, close_mosaic, warmup, stop, metrics, self.final)
         self._apply(decision, epochs_done=epoch + 1)  # before the checkpoint: a resume continues as the run would
         self._checkpoint(epoch, metrics, improved=None if defer else self.verdicts.improved(epoch),
                          finished=(last or patience_ran_out) and not interrupted, wait=bool(decision.stop))
