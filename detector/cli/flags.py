@@ -138,8 +138,9 @@ def parse_command(parser: argparse.ArgumentParser, options_class: type, command:
         argv = model_flag_as_alias(argv)
     rest, pairs, slots = split_key_values(parser, argv)
     given = {name: parse_value(text) for name, text in pairs.items()}
+    notes: list[str] = []  # said once the whole line is settled: no note about an argument an error then refuses
     try:
-        values, came_from = translate_with_sources(command, given)
+        values, came_from = translate_with_sources(command, given, note=notes.append)
     except (TypeError, ValueError) as error:
         # translate names the command for the Python API's sake; here the parser's prog names it already.
         parser.error(str(error).removeprefix(f"{command}: "))
@@ -155,6 +156,8 @@ def parse_command(parser: argparse.ArgumentParser, options_class: type, command:
     args = parser.parse_args(ordered)
     if command == "train":
         settle_resume(parser, args, given)
+    for line in notes:
+        say(line)
     return args
 
 

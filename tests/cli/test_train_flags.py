@@ -133,5 +133,6 @@ def test_conflicting_weights_and_refused_names_answer_in_one_line(argv: list[str
                                                                   capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         parse(argv)
-    last = capsys.readouterr().err.splitlines()[-1]
-    assert exit_info.value.code == 2 and message in last and last.startswith("train.py: error: ")
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines  # no note first about an argument the error then refuses
+    assert exit_info.value.code == 2 and message in lines[0] and lines[0].startswith("train.py: error: ")
