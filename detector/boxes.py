@@ -82,6 +82,6 @@ def dfl_expectation(box_logits: torch.Tensor, reg_max: int) -> torch.Tensor:
     # which put the [B, A, 4, reg_max] softmax's anchors innermost and its exponentials into a scalar loop (the
     # compiled decode took 4.8 ms instead of 2.5; nano at 640 px, 2-core CPU). The leading dims merge into a view.
     rows = box_logits.reshape(-1, box_logits.shape[-1])
-    probs = rows.unflatten(-1, (4, reg_max)).softmax(-1)
+    probs = rows.reshape(-1, 4, reg_max).softmax(-1)  # not unflatten: ONNX opsets before 13 lack it
     bins = torch.arange(reg_max, device=box_logits.device, dtype=probs.dtype)
     return (probs @ bins).view(*box_logits.shape[:-1], 4)

@@ -8,7 +8,7 @@ help cannot drift from what runs. As detector/choices.py is for the values an en
 DEFAULT_IMGSZ = 640  # input pixels when neither --imgsz nor the checkpoint's training size gives one
 
 # export
-DEFAULT_OPSET = 17  # --opset: NonMaxSuppression needs >= 11; 17 is read by TensorRT 8.6 and later
+DEFAULT_OPSET = 17  # --opset: 9 and later export (--nms: 11); 17 is read by TensorRT 8.6 and later
 DEFAULT_WORKSPACE_GIB = 4.0  # --workspace: memory TensorRT's builder may use for its tactics
 EXPORT_CONF = 0.25  # --conf: with --nms, the score threshold baked into the graph
 EXPORT_IOU = 0.7  # --iou: with --nms, the IoU threshold baked into the graph

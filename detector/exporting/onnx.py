@@ -45,6 +45,25 @@ def dynamic_axes(info: ModelInfo) -> dict[str, dict[int, str]] | None:
     return axes
 
 
+# The lowest opsets this graph exports at, found by exporting it (torch 2.11-2.14): below 9 the exporter has no
+# Upsample with a computed size; in-graph NMS needs 11 (NonMaxSuppression's batch form, and Equal on floats).
+MIN_OPSET, MIN_NMS_OPSET = 9, 11
+
+
+def opset_problem(opset: int, *, nms: bool) -> str | None:
+    """Why ``--opset opset`` cannot export this graph with this torch, in one line; None when it can."""
+    lowest = MIN_NMS_OPSET if nms else MIN_OPSET
+    try:  # torch's own bound, private, so read with care: the exporter raises on a higher one anyway
+        from torch.onnx._constants import ONNX_MAX_OPSET as highest
+    except ImportError:
+        highest = None
+    if opset < lowest:
+        return f"--opset {opset}: this export needs opset {lowest} or later{' with --nms' if nms else ''}"
+    if highest is not None and opset > highest:
+        return f"--opset {opset}: torch {torch.__version__} exports ONNX opsets up to {highest}"
+    return None
+
+
 def trace_to_onnx(model: YOLO, info: ModelInfo, *, opset: int, device: str) -> onnx.ModelProto:
     """The raw traced graph of the export wrapper (no metadata yet)."""
     wrapper = ExportWrapper(model, half=info.precision == "fp16", nms=info.nms).to(device)
@@ -54,6 +73,9 @@ def trace_to_onnx(model: YOLO, info: ModelInfo, *, opset: int, device: str) -> o
         # The legacy-exporter DeprecationWarning and tracer warnings about Python ints are expected here.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        # Opsets 9-10 export the neck's nearest 2x upsampling as Upsample, which torch warns may round otherwise:
+        # for an integer scale it does not, and the parity check compares the outputs anyway.
+        warnings.filterwarnings("ignore", "You are trying to export the model with onnx:Upsample", UserWarning)
         torch.onnx.export(
             wrapper,
             (example,),
@@ -89,6 +111,8 @@ def export_onnx(
     The graph is built in memory and written atomically, so a failure leaves no half-written ``path``.
     """
     _onnx()  # before the trace: a missing package fails at once, with the line naming the extra
+    if problem := opset_problem(opset, nms=info.nms is not None):
+        raise ValueError(problem)
     proto = finish_onnx(trace_to_onnx(model, info, opset=opset, device=device), info, simplify=simplify)
     return write_atomically(path, proto.SerializeToString())
 

@@ -90,9 +90,10 @@ def pack_detections(boxes: torch.Tensor, scores: torch.Tensor, config: NMSConfig
     kept = torch.cat((kept.view(batch, classes * anchors), kept.new_zeros(batch, config.max_detections)), 1)
     top_scores, top_index = kept.topk(config.max_detections, 1)
     valid = top_scores > 0
-    labels = torch.div(top_index, anchors, rounding_mode="floor").clamp(max=classes - 1)
+    # Clamped as floats (exact below 2**24 classes): ONNX's Clip takes integers only from opset 12.
+    labels = torch.div(top_index, anchors, rounding_mode="floor").to(boxes.dtype).clamp(max=classes - 1)
     top_boxes = boxes.gather(1, (top_index % anchors).unsqueeze(-1).expand(-1, -1, 4))
-    detections = torch.cat((top_boxes, top_scores.unsqueeze(-1), labels.unsqueeze(-1).to(boxes.dtype)), -1)
+    detections = torch.cat((top_boxes, top_scores.unsqueeze(-1), labels.unsqueeze(-1)), -1)
     return detections * valid.unsqueeze(-1).to(boxes.dtype), valid.sum(1)
 
 

@@ -112,6 +112,43 @@ def test_nms_graph_equals_python_postprocess(
         assert (rows[int(count) :] == 0).all()  # padding rows are zeros
 
 
+def test_the_lowest_opsets_export_the_same_detections(model: YOLO, images: torch.Tensor, tmp_path: Path) -> None:
+    """Opset 9 (11 with NMS), free batch and size: edge runtimes ask for old opsets. The DFL's unflatten (opset
+    13) and an integer Clip in the NMS (opset 12) made these a traceback."""
+    from detector.exporting.onnx import MIN_NMS_OPSET, MIN_OPSET
+
+    path = export_onnx(model, tmp_path / "old.onnx", info_for(dynamic=True), opset=MIN_OPSET)
+    assert onnx.load(str(path)).opset_import[0].version == MIN_OPSET
+    boxes, scores = OnnxBackend(path).infer(images)
+    ref_boxes, ref_scores = reference(model, images)
+    tolerance = fp32_tolerance_on(model, images)  # FP32 in another summation order, as above
+    torch.testing.assert_close(boxes, ref_boxes, rtol=0, atol=tolerance.box)
+    torch.testing.assert_close(scores, ref_scores, rtol=0, atol=tolerance.score)
+    config = NMSConfig(conf_threshold=0.3, iou_threshold=0.5, max_detections=20)
+    path = export_onnx(model, tmp_path / "old-nms.onnx", info_for(nms=config, dynamic=True), opset=MIN_NMS_OPSET)
+    detections, counts = OnnxBackend(path).infer(images)
+    with torch.no_grad():
+        expected = non_max_suppression(decode_outputs(model(images.float() / 255), model.strides, model.reg_max),
+                                       config)
+    got = [{"boxes": rows[: int(count), :4], "scores": rows[: int(count), 4], "labels": rows[: int(count), 5].long()}
+           for rows, count in zip(detections, counts)]
+    summary = assert_same_detections(expected, got, nms=config, tolerance=tolerance)
+    assert summary.matched > 10  # the comparison is not vacuous
+
+
+@pytest.mark.parametrize("opset,nms,message", [
+    (8, False, "--opset 8: this export needs opset 9 or later"),
+    (10, True, "--opset 10: this export needs opset 11 or later with --nms"),
+    (99, False, "--opset 99: torch .* exports ONNX opsets up to [0-9]+"),
+])
+def test_an_opset_the_graph_cannot_take_is_one_line(model: YOLO, tmp_path: Path, opset: int, nms: bool,
+                                                    message: str) -> None:
+    info = info_for(nms=NMSConfig() if nms else None)
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        export_onnx(model, tmp_path / "x.onnx", info, opset=opset)
+    assert not (tmp_path / "x.onnx").exists()
+
+
 def test_the_nms_export_command_runs_in_a_fresh_process(model: YOLO, tmp_path: Path) -> None:
     """The command, not the function: the test process has imported torchvision already, the command has not. Its
     first import, inside the trace, crashed the export (``unsupported output type: int ... _cuda_version``)."""
