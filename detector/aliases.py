@@ -256,18 +256,12 @@ PREDICT: dict[str, Alias] = {
     "verbose": renamed("verbose"),  # ours too: a line per image or not
     "model": Alias(weights),
     "show": unsupported("save annotated images or video with --save (no window opens)", False),
-    "save_crop": unsupported("crop from the saved boxes (predictions.json or --save-txt)", False),
     "save_frames": unsupported("--save writes one annotated video per video source", False),
     "augment": unsupported("no test-time augmentation", False),
     "visualize": unsupported("no feature-map visualisation", False),
-    "agnostic_nms": unsupported("NMS runs per class", False),
     "retina_masks": unsupported("detection only", False),
     "embed": unsupported("no feature embeddings", None),
-    "vid_stride": unsupported("every frame is read (skip frames before passing them in)", 1),
     "stream_buffer": unsupported("video frames are read into a small bounded queue ahead of the model", False),
-    "line_width": unsupported("box lines scale with the image", None),
-    "show_labels": unsupported("annotations always show the class and score", True),
-    "show_conf": unsupported("annotations always show the class and score", True),
     "show_boxes": unsupported("annotations always show the boxes", True),
     "dnn": unsupported("exported files run on ONNX Runtime or TensorRT", False),
 }

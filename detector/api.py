@@ -184,8 +184,14 @@ def predict(
     conf: float = 0.25,
     iou: float = 0.7,
     max_det: int = 300,
+    agnostic_nms: bool = False,
     imgsz: int | None = None,
     batch: int = 1,
+    vid_stride: int = 1,
+    save_crop: bool = False,
+    line_width: int | None = None,
+    show_labels: bool = True,
+    show_conf: bool = True,
     device: str | int = "",
     half: bool = False,
     verbose: bool = True,
@@ -199,8 +205,10 @@ def predict(
     ``source``: an image, video or folder path (searched recursively), a glob (``"imgs/*.jpg"``), a webcam index
     (``0``), a stream URL (``rtsp://``, ``http://``), a NumPy array (``uint8 [H, W, 3]`` **BGR**, as
     ``cv2.imread`` gives), a PIL image, or a list of any of these. ``weights`` may be a :func:`load` ed model.
-    ``classes`` keeps only those class ids; ``save`` writes annotated images or videos, ``save_txt`` YOLO labels
-    (``save_conf`` adds scores); unlike the command, nothing is written unless one of them is set. ``batch``
+    ``classes`` keeps only those class ids; ``agnostic_nms`` suppresses overlaps across classes; ``vid_stride``
+    takes every N-th frame of a video or stream. ``save`` writes annotated images or videos (``line_width``,
+    ``show_labels``, ``show_conf`` as Ultralytics'), ``save_txt`` YOLO labels (``save_conf`` adds scores),
+    ``save_crop`` each box's crop; unlike the command, nothing is written unless one of them is set. ``batch``
     images or frames go through the model per call (faster on a GPU; a stream waits for a whole batch).
     ``verbose=False`` prints nothing but warnings and notes (a line per image otherwise).
 

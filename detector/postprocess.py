@@ -35,6 +35,12 @@ class NMSConfig:
     max_detections: int = 300  # keep at most this many per image
     max_candidates: int = 30000  # cap on boxes that enter NMS (bounds worst-case time)
     multi_label: bool = False  # one candidate per (box, class) above threshold, as COCO eval expects
+    agnostic: bool = False  # boxes of every class suppress each other (predict --agnostic-nms); labels are kept
+
+
+def nms_groups(labels: torch.Tensor, config: NMSConfig) -> torch.Tensor:
+    """What NMS keeps apart: each class, or with ``agnostic`` nothing (one group; the labels stay the results')."""
+    return torch.zeros_like(labels) if config.agnostic else labels
 
 
 def above_conf(
@@ -156,7 +162,7 @@ def _kept(
 def _kept_all(
     boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, config: NMSConfig
 ) -> dict[str, torch.Tensor]:
-    keep = grouped_nms(boxes, scores, labels, config.iou_threshold)[: config.max_detections]
+    keep = grouped_nms(boxes, scores, nms_groups(labels, config), config.iou_threshold)[: config.max_detections]
     return {"boxes": boxes[keep], "scores": scores[keep], "labels": labels[keep]}
 
 
@@ -251,7 +257,7 @@ def _fixed_point(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor
     padded_boxes = torch.zeros((batch, width, 4), dtype=boxes.dtype, device=device)
     padded_boxes[where] = boxes[order]
     padded_labels = torch.full((batch, width), -1, dtype=labels.dtype, device=device)
-    padded_labels[where] = labels[order]
+    padded_labels[where] = nms_groups(labels, config)[order]
     keep = fixed_point_nms(padded_boxes, padded_labels, valid, config.iou_threshold, max_iterations=FIXED_POINT_STEPS)
     if keep is None:
         return None
@@ -372,7 +378,8 @@ def _first_pass_then_rest(boxes: torch.Tensor, scores: torch.Tensor, labels: tor
 def _one_call(boxes: torch.Tensor, scores: torch.Tensor, labels: torch.Tensor, image: torch.Tensor, chunk: range,
               num_classes: int, config: NMSConfig) -> list[dict[str, torch.Tensor]]:
     """One ``batched_nms`` over the candidates of the images in ``chunk``; -> each image's kept ones, best first."""
-    keep = grouped_nms(boxes, scores, image * num_classes + labels, config.iou_threshold)  # by score, descending
+    groups = image * num_classes + nms_groups(labels, config)
+    keep = grouped_nms(boxes, scores, groups, config.iou_threshold)  # by score, descending
     kept_image = image[keep]
     # A stable sort by image keeps each image's kept boxes in score order: keep[kept_image == i] for every i at once.
     keep = keep[torch.sort(kept_image, stable=True).indices]

@@ -44,7 +44,7 @@ def test_conversions(command: str, given: dict, expected: dict) -> None:
 
 
 def test_unset_and_harmless_values_ask_for_nothing() -> None:
-    assert quiet("predict", {"embed": None, "line_width": None}) == ({}, [])  # Ultralytics' "unset"
+    assert quiet("predict", {"embed": None, "show_boxes": None}) == ({}, [])  # Ultralytics' "unset"
     converted, notes = quiet("train", {"fraction": 1, "rect": False, "exist_ok": True})
     assert converted == {} and len(notes) == 3 and all("changes nothing" in line for line in notes)
     with pytest.raises(TypeError, match="rect=0 has no equivalent"):  # 0 is not False: a bool is expected

@@ -437,3 +437,36 @@ def test_a_box_with_a_non_finite_coordinate_is_no_candidate_and_the_others_are_s
     for got, expected in zip(non_max_suppression(spoiled, config), non_max_suppression(without, config), strict=True):
         assert torch.isfinite(got["boxes"]).all()
         assert all(torch.equal(got[key], expected[key]) for key in ("boxes", "scores", "labels"))
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+@pytest.mark.parametrize("first_pass", [10**9, 40])
+def test_agnostic_nms_suppresses_across_classes_on_every_path(multi_label, first_pass, monkeypatch):
+    """``agnostic`` (predict --agnostic-nms, Ultralytics' agnostic_nms): a box suppresses overlapping boxes of every
+    class, and each kept one keeps its own label: textbook NMS over all candidates as one class, on the per-image,
+    batched and fixed-point paths, with and without the first pass over each image's best."""
+    import detector.postprocess
+    from detector.postprocess import _fixed_point, above_conf, batched_non_max_suppression
+
+    monkeypatch.setattr(detector.postprocess, "FIRST_PASS_CANDIDATES", first_pass)
+    decoded = random_decoded(3, 200, 3, seed=11)
+    config = NMSConfig(conf_threshold=0.05, iou_threshold=0.3, max_detections=30, multi_label=multi_label,
+                       agnostic=True)
+    expected = []
+    for image in decoded:
+        (_, ), boxes, scores, labels = above_conf(image, config)
+        keep = textbook_nms(boxes, scores, torch.zeros_like(labels), config.iou_threshold, config.max_detections)
+        expected.append((boxes[keep], scores[keep], labels[keep]))
+        assert box_iou(boxes[keep], boxes[keep]).triu(1).max() <= 0.3  # no two kept boxes overlap, whatever class
+    assert len({int(label) for _, _, labels in expected for label in labels}) == 3  # labels kept, not all 0
+    per_class = non_max_suppression(decoded, NMSConfig(**{**config.__dict__, "agnostic": False}))
+    assert any(box_iou(r["boxes"], r["boxes"]).triu(1).max() > 0.3 for r in per_class)  # there, boxes of two
+    # classes overlap: agnostic NMS had something to suppress
+    (image, _), boxes, scores, labels = above_conf(decoded, config)
+    counts = torch.bincount(image, minlength=len(decoded)).tolist()
+    fixed = _fixed_point(boxes, scores, labels, image, counts, config)
+    for results in (non_max_suppression(decoded, config), batched_non_max_suppression(decoded, config), fixed):
+        assert results is not None
+        for got, (boxes, scores, labels) in zip(results, expected, strict=True):
+            assert torch.equal(got["boxes"], boxes) and torch.equal(got["scores"], scores)
+            assert torch.equal(got["labels"], labels)

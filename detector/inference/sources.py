@@ -64,20 +64,21 @@ class Frame:
     fps: float = 0.0
 
 
-def open_source(source: Any) -> Iterator[Frame]:
-    """Every frame of ``source`` (see the module docstring), lazily: nothing is decoded before it is asked for.
+def open_source(source: Any, *, vid_stride: int = 1) -> Iterator[Frame]:
+    """Every frame of ``source`` (see the module docstring), lazily: nothing is decoded before it is asked for; of a
+    video or stream every ``vid_stride``-th (:func:`capture_frames`).
 
     Raises (on the first ``next``):
         FileNotFoundError: a path, folder or glob with nothing to read, or a video or stream that cannot be opened.
         ValueError: an array or object that is not an image, naming it.
     """
     if isinstance(source, (list, tuple)):
-        return _many(source)
+        return _many(source, vid_stride)
     if is_in_memory(source):
         return iter([in_memory_frame(source, 0)])
     if (capture := capture_source(source)) is not None:
-        return capture_frames(*capture)
-    return files_frames(str(source))
+        return capture_frames(*capture, vid_stride=vid_stride)
+    return files_frames(str(source), vid_stride=vid_stride)
 
 
 def capture_source(source: Any) -> tuple[int | str, str] | None:
@@ -103,12 +104,12 @@ def is_in_memory(item: Any) -> bool:
     return isinstance(item, np.ndarray) or type(item).__module__.startswith("PIL.")
 
 
-def _many(items: list | tuple) -> Iterator[Frame]:
+def _many(items: list | tuple, vid_stride: int) -> Iterator[Frame]:
     for position, item in enumerate(items):
         if is_in_memory(item):
             yield in_memory_frame(item, position)
         else:
-            yield from open_source(item)
+            yield from open_source(item, vid_stride=vid_stride)
 
 
 def in_memory_frame(item: Any, position: int) -> Frame:
@@ -132,7 +133,7 @@ def bgr_array_to_rgb(array: np.ndarray, name: str) -> np.ndarray:
     raise ValueError(f"{name}: expected an image array [H, W], [H, W, 3] (BGR) or [H, W, 4], got {list(array.shape)}")
 
 
-def files_frames(text: str) -> Iterator[Frame]:
+def files_frames(text: str, *, vid_stride: int = 1) -> Iterator[Frame]:
     """A file, a folder (recursive) or a glob -> its images' and videos' frames, in sorted path order.
 
     ``FileNotFoundError`` when not one frame of them could be read (each unreadable image was skipped with a line):
@@ -162,7 +163,7 @@ def files_frames(text: str) -> Iterator[Frame]:
             if file.suffix.lower() in VIDEO_SUFFIXES:
                 while decoding:  # the images before it first, in order
                     read += yield from _decoded(*decoding.popleft(), only=len(files) == 1)
-                read += yield from capture_frames(str(file), name)
+                read += yield from capture_frames(str(file), name, vid_stride=vid_stride)
                 continue
             decoding.append((name, pool.submit(read_image, file)))
             if len(decoding) > 2 * DECODE_THREADS:  # enough to keep every thread busy, no more in memory
@@ -210,21 +211,30 @@ def iter_until_wildcard(parts: tuple[str, ...]) -> Iterator[str]:
         yield part
 
 
-def capture_frames(target: int | str, name: str) -> Generator[Frame, None, int]:
+def capture_frames(target: int | str, name: str, *, vid_stride: int = 1) -> Generator[Frame, None, int]:
     """Frames of ``cv2.VideoCapture(target)``: an int opens a webcam, text a video file or a stream URL. Returns how
-    many it gave."""
+    many it gave.
+
+    ``vid_stride``: every N-th frame from the first, each keeping its own number in the source (``index``: 0, N,
+    2N, ...; Ultralytics numbers the frames it keeps 1, 2, 3); the others are only grabbed, not decoded, and the
+    frame rate is divided by N, so a saved video lasts as long as its source."""
     capture = quiet_capture(target)
     try:
         if not capture.isOpened():
             what = "webcam" if isinstance(target, int) else "video" if Path(target).is_file() else "stream"
             raise FileNotFoundError(f"{target}: cannot open {what}")
-        fps = capture.get(cv2.CAP_PROP_FPS) or 30.0
-        index = 0
+        fps = (capture.get(cv2.CAP_PROP_FPS) or 30.0) / vid_stride
+        index = given = 0
         while True:
             ok, bgr = capture.read()
             if not ok:
-                return index
+                return given
             yield Frame(name, index, cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), fps)
+            given += 1
+            for _ in range(vid_stride - 1):  # grabbed, not decoded: the skipped frames cost a demux, not a decode
+                index += 1
+                if not capture.grab():
+                    return given
             index += 1
     finally:
         capture.release()

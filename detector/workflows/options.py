@@ -70,9 +70,16 @@ class PredictOptions(Options):
     conf: float = option(0.25, "score threshold (default: 0.25)")
     iou: float = option(0.7, "NMS IoU threshold (default: 0.7)")
     max_det: int = option(300, "detections kept per image (default: 300)")
+    agnostic_nms: bool = option(False, "NMS across classes: a box suppresses overlapping boxes of any class "
+                                       "(default: off, per class)")
     imgsz: int | None = option(None, "input size (default: the model's own: training or export size)")
     batch: int = option(1, "images or frames per model call: more is faster on a GPU; a stream waits for a whole "
                            "batch (default: 1)")
+    vid_stride: int = option(1, "videos and streams: every N-th frame, the others skipped undecoded (default: 1)")
+    save_crop: bool = option(False, "write each detection's crop to crops/<class>/<image>.jpg (default: off)")
+    line_width: int | None = option(None, "with --save: box lines in pixels (default: scaled to the image)")
+    show_labels: bool = option(True, "with --save: each box's class name (default: on)")
+    show_conf: bool = option(True, "with --save: each box's score (default: on)")
     device: str = option("", "cpu, cuda or cuda:N (default: cuda if available, else cpu)")
     half: bool = option(False, ".pt: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, else FP32 "
                                "(default: off)")
@@ -84,6 +91,10 @@ class PredictOptions(Options):
         super().__post_init__()
         if self.batch < 1:
             raise ValueError(f"--batch must be at least 1; got {self.batch}")
+        if self.vid_stride < 1:
+            raise ValueError(f"--vid-stride must be at least 1; got {self.vid_stride}")
+        if self.line_width is not None and self.line_width < 1:
+            raise ValueError(f"--line-width must be at least 1; got {self.line_width}")
 
 
 @dataclass(kw_only=True)

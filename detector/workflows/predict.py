@@ -49,18 +49,34 @@ PALETTE = [(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 
            (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0), (168, 153, 44), (255, 194, 0)]  # BGR
 
 
-def annotate(image_rgb: np.ndarray, result: dict, names: list[str]) -> np.ndarray:
-    """-> BGR copy with one labelled box per detection."""
+def annotate(image_rgb: np.ndarray, result: dict, names: list[str], *, line_width: int | None = None,
+             show_labels: bool = True, show_conf: bool = True) -> np.ndarray:
+    """-> BGR copy with one box per detection, captioned with its class name and score unless told not to;
+    ``line_width`` in pixels (default: scaled to the image, as Ultralytics scales it)."""
     canvas = cv2.cvtColor(image_rgb, cv2.COLOR_RGB2BGR)
-    thickness = max(1, round(sum(canvas.shape[:2]) / 600))
+    thickness = line_width or max(1, round(sum(canvas.shape[:2]) / 600))
     for box, score, label in zip(result["boxes"].tolist(), result["scores"].tolist(), result["labels"].tolist()):
         colour = PALETTE[int(label) % len(PALETTE)]
         x1, y1, x2, y2 = (int(round(v)) for v in box)
         cv2.rectangle(canvas, (x1, y1), (x2, y2), colour, thickness, cv2.LINE_AA)
-        text = f"{names[int(label)] if int(label) < len(names) else label} {score:.2f}"
-        origin = (x1, max(y1 - 3, 10))
-        cv2.putText(canvas, text, origin, cv2.FONT_HERSHEY_SIMPLEX, thickness / 3, colour, thickness, cv2.LINE_AA)
+        caption = [names[int(label)] if int(label) < len(names) else str(label)] if show_labels else []
+        text = " ".join(caption + ([f"{score:.2f}"] if show_conf else []))
+        if text:
+            origin = (x1, max(y1 - 3, 10))
+            cv2.putText(canvas, text, origin, cv2.FONT_HERSHEY_SIMPLEX, thickness / 3, colour, thickness, cv2.LINE_AA)
     return canvas
+
+
+def crop_box(image: np.ndarray, box: list[float], *, gain: float = 1.02, pad: int = 10) -> np.ndarray:
+    """The part of ``image`` under one xyxy ``box``, widened as Ultralytics' ``save_crop`` widens it (each side
+    times ``gain`` plus ``pad`` pixels, about the centre), cut at the image's edges; a view, maybe empty."""
+    x1, y1, x2, y2 = box
+    half_width, half_height = ((x2 - x1) * gain + pad) / 2, ((y2 - y1) * gain + pad) / 2
+    centre_x, centre_y = (x1 + x2) / 2, (y1 + y2) / 2
+    height, width = image.shape[:2]
+    left, right = (min(max(int(v), 0), width) for v in (centre_x - half_width, centre_x + half_width))
+    top, bottom = (min(max(int(v), 0), height) for v in (centre_y - half_height, centre_y + half_height))
+    return image[top:bottom, left:right]
 
 
 def to_record(result: dict) -> dict:
@@ -189,15 +205,19 @@ class Outputs:
     def add(self, frame: Frame, result: dict) -> None:
         self.records.append(json.dumps(to_record(result)))
         stem = output_stem(frame.name)
+        # Video frames' files numbered from 1, as Ultralytics names them (clip_1.txt is predictions.json's frame 0).
+        suffix = "" if frame.index is None else f"_{frame.index + 1}"
         if self.options.save_txt:
-            # Video frames' files numbered from 1, as Ultralytics names them (clip_1.txt is predictions.json's frame 0).
-            suffix = "" if frame.index is None else f"_{frame.index + 1}"
             text = yolo_lines(result, *frame.image.shape[:2], with_score=self.options.save_conf)
             # One file per image, empty when nothing was found: a processed background image, not a missing one.
             write_text_atomically(self.out_dir / "labels" / f"{stem}{suffix}.txt", text)
+        if self.options.save_crop:
+            self.save_crops(frame, result, f"{stem}{suffix}")
         if not self.options.save:
             return
-        canvas = annotate(frame.image, result, self.names)
+        options = self.options
+        canvas = annotate(frame.image, result, self.names, line_width=options.line_width,
+                          show_labels=options.show_labels, show_conf=options.show_conf)
         if frame.index is None:
             name = frame.name if Path(frame.name).suffix else f"{frame.name}.jpg"
             write_image(self.out_dir / name, canvas)  # atomic; an image OpenCV cannot encode raises OSError
@@ -212,6 +232,20 @@ class Outputs:
             self.videos[frame.name] = writer
             self.staged[frame.name] = (staged, path)
         self.videos[frame.name].write(canvas)
+
+    def save_crops(self, frame: Frame, result: dict, stem: str) -> None:
+        """Each detection's crop as ``crops/<class name>/<stem>.jpg``, then ``<stem>2.jpg`` ... for more of one
+        class in one image, best first, as Ultralytics names them; a crop cut to nothing by the image's edge is
+        not written."""
+        per_class: Counter[str] = Counter()
+        for box, name in zip(result["boxes"].tolist(), result["names"]):
+            crop = crop_box(frame.image, box)
+            folder = name.replace("/", "_").replace(os.sep, "_") or "_"  # a class name is no path
+            per_class[folder] += 1
+            if crop.size:
+                count = per_class[folder]
+                path = self.out_dir / "crops" / folder / f"{stem}{count if count > 1 else ''}.jpg"
+                write_image(path, cv2.cvtColor(crop, cv2.COLOR_RGB2BGR))
 
     def close(self) -> None:
         for name, writer in self.videos.items():
@@ -296,8 +330,10 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     # would skip the CPU's heap setting on a machine with a GPU.
     device = getattr(backend, "device", None) or resolve_device(options.device)
     tune_process(device)  # before the first convolution: see detector/tuning.py
-    frames = first_frame_checked(read_frames(options.source if source is None else source, options.batch))
-    nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
+    frames = first_frame_checked(read_frames(options.source if source is None else source, options.batch,
+                                             vid_stride=options.vid_stride))
+    nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
+                    agnostic=options.agnostic_nms)
     if backend is None:
         precision = half_precision(device) if options.half else "fp32"
         backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms,
@@ -308,12 +344,15 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
                              "detector.load(weights, device=..., half=True); predict cannot change them")
         backend.nms = nms
     baked = backend.info.nms
+    if baked is not None and options.agnostic_nms:
+        raise ValueError("--agnostic-nms: this graph has NMS inside, per class; export it without --nms to choose "
+                         "at predict time")
     if baked is not None and options.conf < baked.conf_threshold:
         warning = f"the graph has NMS inside at conf {baked.conf_threshold}; --conf {options.conf} cannot go lower"
         print(f"warning: {warning}", file=sys.stderr)
     size = input_size(backend, options.imgsz)
     outputs = None
-    if write or options.save or options.save_txt:
+    if write or options.save or options.save_txt or options.save_crop:
         # Claimed only now, once the model loaded and the source's first frame was read: a bad source or flag
         # leaves no run folder behind (claim_run_dir: atomic, two runs at once get different folders).
         out_dir = claim_run_dir(options.project, options.name)
@@ -332,10 +371,11 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     return done
 
 
-def read_frames(source: Any, batch: int) -> Iterator[Frame]:
-    """``source``'s frames, decoded ahead of a model that takes ``batch`` at a time: the reader holds a whole next
-    batch, so it decodes while the model runs this one (:data:`READ_AHEAD` frames for one at a time)."""
-    return read_ahead(open_source(source), READ_AHEAD + batch - 1)
+def read_frames(source: Any, batch: int, *, vid_stride: int = 1) -> Iterator[Frame]:
+    """``source``'s frames (a video's or stream's every ``vid_stride``-th), decoded ahead of a model that takes
+    ``batch`` at a time: the reader holds a whole next batch, so it decodes while the model runs this one
+    (:data:`READ_AHEAD` frames for one at a time)."""
+    return read_ahead(open_source(source, vid_stride=vid_stride), READ_AHEAD + batch - 1)
 
 
 def first_frame_checked(frames: Iterator[Frame]) -> Iterator[Frame]:

@@ -129,6 +129,22 @@ def test_a_video_file_yields_numbered_rgb_frames(tmp_path: Path) -> None:
     assert abs(int(frames[3].image.mean()) - 120) <= 3  # mp4v is lossy; a flat grey survives within a few levels
 
 
+@pytest.mark.parametrize("stride", [2, 3])
+def test_vid_stride_takes_every_nth_frame_under_its_own_number(tmp_path: Path, stride: int) -> None:
+    """``vid_stride=N``: frames 0, N, 2N, ... with their numbers in the video and the frame rate divided by N (a
+    saved video lasts as long as its source); the same pixels as reading every frame gives them. In a list, each
+    video keeps the stride."""
+    write_video(tmp_path / "clip.mp4", frames=7)
+    every = list(open_source(tmp_path / "clip.mp4"))
+    frames = list(open_source(tmp_path / "clip.mp4", vid_stride=stride))
+    assert [f.index for f in frames] == list(range(0, 7, stride))
+    assert all(f.fps == pytest.approx(7.0 / stride) for f in frames)
+    for frame in frames:
+        np.testing.assert_array_equal(frame.image, every[frame.index].image)
+    listed = list(open_source([tmp_path / "clip.mp4", bgr(0)], vid_stride=stride))
+    assert [f.index for f in listed] == [*range(0, 7, stride), None]
+
+
 class FakeCapture:
     """Stands for ``cv2.VideoCapture`` where no camera or network exists: records what it was opened with."""
 

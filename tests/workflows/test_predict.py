@@ -381,3 +381,89 @@ def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, fre
     options = PredictOptions(source="clip.mp4", batch=2)
     results = list(predict_frames(backend, frames, size=32, options=options))
     assert backend.batches == calls and [result["frame"] for result in results] == [0, 1, 2, 3, 4]
+
+
+def test_annotations_follow_line_width_and_show_labels_and_conf() -> None:
+    """Ultralytics' ``line_width``, ``show_labels`` and ``show_conf``: the box's line as wide as asked, and the
+    caption drawn only while it has something to say (its pixels above the box's top edge)."""
+    from detector.workflows.predict import annotate
+
+    image = np.zeros((200, 200, 3), np.uint8)
+    result = {"boxes": np.array([[40.0, 60, 160, 180]], np.float32), "scores": np.array([0.9], np.float32),
+              "labels": np.array([0])}
+
+    def drawn(**flags) -> np.ndarray:
+        return annotate(image, result, ["cat"], **flags).any(-1)
+
+    assert drawn(line_width=1)[120, 38:43].sum() < drawn(line_width=5)[120, 34:47].sum()  # the left edge, wider
+    above = (slice(0, 57), slice(40, 200))  # where the caption goes: above the box
+    assert drawn()[above].any() and drawn(show_conf=False)[above].any() and drawn(show_labels=False)[above].any()
+    assert drawn(show_conf=False)[above].sum() < drawn()[above].sum()  # "cat" alone, shorter than "cat 0.90"
+    assert not drawn(show_labels=False, show_conf=False)[above].any()
+
+
+def test_save_crop_writes_each_box_widened_as_ultralytics_under_its_class(tmp_path: Path) -> None:
+    """``crops/<class>/<stem>.jpg``, then ``<stem>2.jpg`` for a second box of the class in the image; each crop the
+    box, its sides x1.02 + 10 px about the centre, cut at the image's edge (Ultralytics' save_one_box); a video
+    frame's crops carry the frame's number as its labels do."""
+    import cv2
+
+    from detector.workflows.predict import Outputs
+
+    rows, columns = np.mgrid[0:100, 0:120]
+    image = np.stack([columns * 2, rows * 2, np.zeros_like(rows)], -1).astype(np.uint8)  # red: x, green: y
+    outputs = Outputs(tmp_path, PredictOptions(source="x", save_crop=True), ["cat", "dog"])
+    result = {"file": "a/x.jpg", "frame": None, "boxes": np.array([[20, 30, 70, 60], [0, 0, 50, 40], [60, 50, 119, 99]],
+                                                                   np.float32),
+              "scores": np.array([0.9, 0.8, 0.7], np.float32), "labels": np.array([0, 0, 1]),
+              "names": ["cat", "cat", "dog"]}
+    outputs.add(Frame("a/x.jpg", None, image), result)
+    outputs.add(Frame("clip.mp4", 4, image, 25.0), {**result, "file": "clip.mp4", "frame": 4})
+    outputs.close()
+    found = sorted(path.relative_to(tmp_path / "crops").as_posix() for path in (tmp_path / "crops").rglob("*.jpg"))
+    assert found == ["cat/a/x.jpg", "cat/a/x2.jpg", "cat/clip_5.jpg", "cat/clip_52.jpg", "dog/a/x.jpg",
+                     "dog/clip_5.jpg"]
+    # Box 20-70 x 30-60: 51 + 10 = 61 wide about x 45 -> 14.5 .. 75.5 -> columns 14-75; 30.6 + 10 about y 45 ->
+    # 24.7 .. 65.3 -> rows 24-65. JPEG moves a smooth image's pixels by a few levels: the shape is exact, the
+    # content close (a crop one pixel off is 2 levels off throughout).
+    crop = cv2.imread(str(tmp_path / "crops/cat/a/x.jpg"))[:, :, ::-1]
+    assert crop.shape == (41, 61, 3)
+    assert np.abs(crop.astype(int) - image[24:65, 14:75].astype(int)).mean() < 1.5
+    assert cv2.imread(str(tmp_path / "crops/cat/a/x2.jpg")).shape[:2] == (45, 55)  # cut at the top-left corner
+    assert cv2.imread(str(tmp_path / "crops/dog/a/x.jpg")).shape[:2] == (56, 66)  # and at the bottom-right
+
+
+def test_crops_are_ultralytics_crops(tmp_path: Path) -> None:
+    """The oracle where it is installed (the dev extra): ``save_one_box``'s crop, pixel for pixel, for boxes with
+    fractional corners, inside the image and across its edges. In a process of its own: importing Ultralytics
+    patches PIL's ``Image.open`` for the whole process (it then fails on files PIL cannot identify)."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("ultralytics") is None:  # found, not imported (above)
+        pytest.skip("the oracle is Ultralytics' save_one_box (the dev extra)")
+    from detector.workflows.predict import crop_box
+
+    image = np.random.default_rng(1).integers(0, 256, (90, 130, 3), dtype=np.uint8)
+    corners = np.sort(np.random.default_rng(2).uniform(-20, 150, (40, 2, 2)), axis=1).transpose(0, 2, 1)
+    boxes = corners.reshape(40, 4)[:, [0, 2, 1, 3]]  # x1 < x2, y1 < y2
+    np.savez(tmp_path / "in.npz", image=image, boxes=boxes)
+    oracle = ("import numpy as np, torch, sys; from ultralytics.utils.plotting import save_one_box; "
+              "d = np.load(sys.argv[1]); np.savez(sys.argv[2], *[save_one_box(torch.tensor(b), d['image'], "
+              "save=False, BGR=True) for b in d['boxes']])")
+    subprocess.run([sys.executable, "-c", oracle, str(tmp_path / "in.npz"), str(tmp_path / "out.npz")], check=True,
+                   capture_output=True, timeout=120)
+    theirs = np.load(tmp_path / "out.npz")
+    for index, box in enumerate(boxes.tolist()):
+        np.testing.assert_array_equal(crop_box(image, box), theirs[f"arr_{index}"], err_msg=str(box))
+
+
+def test_agnostic_nms_on_a_graph_with_nms_inside_is_refused(checkpoint: Path, tmp_path: Path) -> None:
+    backend = RawBackend(baked=True)
+    options = PredictOptions(source=str(tmp_path / "a.png"), agnostic_nms=True, project=tmp_path / "runs")
+    import cv2
+
+    cv2.imwrite(str(tmp_path / "a.png"), np.zeros((32, 32, 3), np.uint8))
+    with pytest.raises(ValueError, match="--agnostic-nms: this graph has NMS inside, per class"):
+        run_predict(options, backend=backend, write=False)
