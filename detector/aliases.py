@@ -216,14 +216,15 @@ TRAIN: dict[str, Alias] = {
     # False beside a weights file is refused (resume_and_weights): the file would be loaded all the same.
     "pretrained": unsupported("start from weights with --weights (or model=yolov8n.pt); without them a run trains "
                               "from scratch", True, False),
-    "val": unsupported("evaluate less often with --val-interval N (the last epoch is always evaluated)", True),
+    # val=True asks for nothing (the interval stays as given); val=False validates after the last epoch alone.
+    "val": Alias(lambda value: {} if is_true(value) else {"val_interval": 0},
+                 "the last epoch is still evaluated, as Ultralytics evaluates its final epoch"),
     "rect": unsupported("training batches are square letterboxes with mosaic", False),
     # Label lines whose class id is not in the YAML's names are dropped, not merged: one name alone loses boxes.
     "single_cls": unsupported("no single-class mode: rewrite every label line's class id to 0 and give the data "
                               "YAML one name", False),
     "classes": unsupported("training uses every class the data YAML names: to train on some, keep only their "
                            "label lines, renumbered 0.., and list just their names in the YAML"),
-    "fraction": unsupported("point the data YAML at a smaller image list", 1.0),
     "deterministic": unsupported("runs are seeded (--seed); bitwise-deterministic kernels are not forced", True),
     "profile": unsupported("time the backends with detector benchmark", False),
     "compile": unsupported("torch.compile is not used", False),
@@ -336,7 +337,9 @@ def translate_with_sources(command: str, values: dict[str, Any], *,
                 mapped = alias.means(value)
             except ValueError as error:
                 raise ValueError(f"{command}: {name}={value!r}: {error}") from None
-            if set(mapped) != {name} or type(mapped[name]) is not type(value) or mapped[name] != value:
+            if not mapped:
+                note(f"note: Ultralytics' {name}={value!r} changes nothing here")
+            elif set(mapped) != {name} or type(mapped[name]) is not type(value) or mapped[name] != value:
                 extra = f" ({alias.says})" if alias.says else ""
                 note(f"note: Ultralytics' {name}={value!r} is {describe(mapped)} here{extra}")
         for ours, converted in mapped.items():

@@ -49,6 +49,7 @@ def train(
     *,
     data: str | Path = "",
     datasets_dir: str | Path = "",
+    fraction: float = 1.0,
     model: str = "n",
     weights: str | Path = "",
     freeze: int = 0,

@@ -45,7 +45,7 @@ def test_conversions(command: str, given: dict, expected: dict) -> None:
 
 def test_unset_and_harmless_values_ask_for_nothing() -> None:
     assert quiet("predict", {"embed": None, "show_boxes": None}) == ({}, [])  # Ultralytics' "unset"
-    converted, notes = quiet("train", {"fraction": 1, "rect": False, "exist_ok": True})
+    converted, notes = quiet("train", {"deterministic": True, "rect": False, "exist_ok": True})
     assert converted == {} and len(notes) == 3 and all("changes nothing" in line for line in notes)
     with pytest.raises(TypeError, match="rect=0 has no equivalent"):  # 0 is not False: a bool is expected
         quiet("train", {"rect": 0})
@@ -56,13 +56,20 @@ def test_unset_and_harmless_values_ask_for_nothing() -> None:
 def test_every_alias_lands_on_a_real_field() -> None:
     """What an alias converts to must be a flag of its command (a renamed field would fail here)."""
     samples = {"amp": False, "model": "yolov8n.pt", "cache": True, "multi_scale": 0.5, "resume": True, "device": 0,
-               "half": True}
+               "half": True, "val": False}
     for command, table in TABLES.items():
         known = {item.name for item in fields(OPTIONS[command])}
         for name, alias in table.items():
             if alias.means is not None:
                 converted = alias.means(samples.get(name, 1.0))
                 assert set(converted) <= known, (command, name, converted)
+
+
+def test_val_false_evaluates_the_last_epoch_alone_and_val_true_asks_for_nothing() -> None:
+    assert quiet("train", {"val": False})[0] == {"val_interval": 0}
+    converted, notes = quiet("train", {"val": True})
+    assert converted == {} and notes == ["note: Ultralytics' val=True changes nothing here"]
+    assert quiet("train", {"fraction": 0.1})[0] == {"fraction": 0.1}  # our name too
 
 
 def test_the_training_docs_list_every_alias() -> None:

@@ -61,7 +61,8 @@ def build_data(
     dist = dist or DistInfo()
     spec = resolve_data(config)
     train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache,
-                        local_rank=dist.local_rank, local_world_size=dist.local_world_size, run_id=run_id())
+                        local_rank=dist.local_rank, local_world_size=dist.local_world_size, run_id=run_id(),
+                        fraction=config.fraction)
     train.dataset.seed = config.seed
     where = resolve_pixel_augment(config.pixel_augment, device)
     train.dataset.pixel_ops_on_device = where in ("pixels", "device")

@@ -36,6 +36,8 @@ class TrainConfig:
     data: str = option("", "data YAML (Ultralytics-style or COCO JSON); empty = built-in synthetic shapes dataset")
     datasets_dir: str = option("", "root of downloaded datasets (--data coco) and the built-in one; empty = "
                                   "$DETECTOR_DATASETS, else datasets/ in the data folder")
+    fraction: float = option(1.0, "train on the training split's first this share of images, e.g. 0.1 for a quick "
+                                  "run (validation keeps all of its split)")
     model: str = option("n", "model scale", choices=("n", "s", "m", "l", "x"))
     weights: str = option("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
                                 "(bare names look in weights/; python -m detector download yolov8n fetches one)")
@@ -110,7 +112,8 @@ class TrainConfig:
     multi_scale_max: float = option(1.125, "largest multi-scale factor of imgsz (peak memory grows with its square)")
     multi_scale_hold: int = option(10, "steps each multi-scale size is held (fewer size changes)")
     # Evaluation, logging, output
-    val_interval: int = option(1, "evaluate every N epochs (and always after the last)")
+    val_interval: int = option(1, "evaluate every N epochs, and always after the last (0: only after the last, "
+                                  "Ultralytics' val=False)")
     patience: int = option(100, "stop when fitness has not improved for N epochs (counted where evaluated); 0 = never")
     val_conf: float = option(0.001, "validation confidence threshold")
     val_iou: float = option(0.7, "validation NMS IoU threshold")
@@ -170,8 +173,10 @@ class TrainConfig:
             problems.append(f"--freeze must be in [0, {FREEZABLE_LAYERS}] (22 = all but the head; got {self.freeze})")
         if self.patience < 0:
             problems.append(f"--patience must be >= 0 (got {self.patience})")
-        if self.val_interval < 1:
-            problems.append(f"--val-interval must be at least 1 (got {self.val_interval})")
+        if self.val_interval < 0:
+            problems.append(f"--val-interval must be 0 or more (got {self.val_interval})")
+        if not 0.0 < self.fraction <= 1.0:
+            problems.append(f"--fraction must be above 0 and at most 1 (got {self.fraction})")
         for name in ("mosaic", "fliplr", "flipud", "albumentations"):
             if not 0 <= getattr(self, name) <= 1:
                 problems.append(f"--{name} is a probability in [0, 1] (got {getattr(self, name)})")

@@ -62,7 +62,8 @@ class RunPlans:
 
     def _settings(self, *, warmup_epochs: float) -> RunSettings:
         config = self.config
-        return RunSettings(config.epochs, config.close_mosaic, warmup_epochs, val_interval=config.val_interval,
+        # --val-interval 0 validates after the last epoch alone: an interval no run reaches.
+        return RunSettings(config.epochs, config.close_mosaic, warmup_epochs, val_interval=config.val_interval or 2**62,
                            final_seconds=self.clock.final_seconds(report=config.plots, fp32_again=config.final_fp32))
 
     def _fit_to_budget(self, epoch: int) -> tuple[int, int, float]:

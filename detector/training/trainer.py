@@ -287,7 +287,8 @@ class Trainer(RunPlans):
         if self.verdicts.pending is not None:  # best.pt's candidate gets its verdict too
             self._scored(self.verdicts.pending.validation)
             self.checkpoints.judged(*self.verdicts.judge_pending())
-        validation = self._evaluate_if_due(epoch, stats, due=(epoch + 1) % self.config.val_interval == 0,
+        interval = self.config.val_interval  # 0: only after the last epoch
+        validation = self._evaluate_if_due(epoch, stats, due=bool(interval) and (epoch + 1) % interval == 0,
                                            background=not interrupted and epoch + 1 < self.epochs)
         self.clock.epoch_ends(validation.seconds if validation else None)
         epochs, close_mosaic, warmup = self._fit_to_budget(epoch)

@@ -536,3 +536,18 @@ def test_a_resumed_run_whose_best_pt_is_damaged_still_finishes(yolo_yaml: Path, 
     summary = train(_config(yolo_yaml, tmp_path, epochs=3, resume=str(weights / "last.pt")), progress=False)
     assert summary["epochs_done"] == 3 and not summary["interrupted"]
     assert "best.pt" in capsys.readouterr().out.split("the final report is the last epoch's")[0].splitlines()[-1]
+
+
+def test_val_interval_0_evaluates_the_last_epoch_alone_and_fraction_trains_on_part(yolo_yaml: Path, tmp_path: Path,
+                                                                                   capsys):
+    """Ultralytics' ``val=False`` (``--val-interval 0``): no evaluation before the last epoch, which still gets one;
+    ``fraction=0.5`` (``--fraction``): the training split's first half, validation whole."""
+    summary = train(_config(yolo_yaml, tmp_path, epochs=3, val_interval=0, fraction=0.5), progress=False)
+    rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
+    assert [row["mAP50-95"] != "" for row in rows] == [False, False, True]
+    assert "mAP50-95" in summary["metrics"] and summary["best_epoch"] == 2
+    printed = capsys.readouterr().out
+    assert "'train': the first 4 of 8 images (--fraction 0.5)" in printed and "(4 train / 4 val)" in printed
+    for bad, message in (({"fraction": 0.0}, "--fraction must be above 0"), ({"val_interval": -1}, "0 or more")):
+        with pytest.raises(ValueError, match=message):
+            _config(yolo_yaml, tmp_path, **bad).validate()
