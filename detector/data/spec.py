@@ -254,9 +254,17 @@ def load_dataset_spec(yaml_path: str | Path, *, datasets_dir: str | Path | None 
             raise DatasetError(f"{source}: '{key}' is missing")
     train = _parse_split(raw["train"], root, source, "train", hint)
     val = _parse_split(raw["val"], root, source, "val", hint)
-    names = _parse_names(raw["names"], source) if raw.get("names") else _coco_names((val, train), source)
-    if "nc" in raw and (not isinstance(raw["nc"], int) or isinstance(raw["nc"], bool)):
-        raise DatasetError(f"{source}: 'nc' must be a whole number, got {raw['nc']!r:.60}")
+    if "nc" in raw and (not isinstance(raw["nc"], int) or isinstance(raw["nc"], bool) or raw["nc"] < 1):
+        raise DatasetError(f"{source}: 'nc' must be a whole number of classes, got {raw['nc']!r:.60}")
+    if raw.get("names"):
+        names = _parse_names(raw["names"], source)
+    elif "nc" in raw and not any(split.coco_json for split in (val, train)):
+        # As Ultralytics names them: the run trains, and its results say which classes had no name.
+        names = [f"class_{index}" for index in range(raw["nc"])]
+        print(f"warning: {source}: no 'names', so its {raw['nc']} classes are named class_0 .. class_{raw['nc'] - 1}; "
+              "list them as 'names' for readable results", file=sys.stderr)
+    else:
+        names = _coco_names((val, train), source)
     if "nc" in raw and raw["nc"] != len(names):
         raise DatasetError(f"{source}: 'nc' is {raw['nc']} but 'names' lists {len(names)} classes")
     test = _parse_split(raw["test"], root, source, "test", hint) if raw.get("test") else None

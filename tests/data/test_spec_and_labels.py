@@ -46,6 +46,16 @@ def test_names_as_dict_and_list_file(tmp_path: Path, yolo_yaml: Path):
     assert spec.names == ["a", "b", "c"] and len(spec.train.images) == 8 and len(spec.val.images) == 12
 
 
+def test_nc_without_names_names_the_classes_as_ultralytics_does(yolo_yaml: Path, capsys):
+    yaml = yolo_yaml.parent / "nc.yaml"
+    yaml.write_text("path: .\ntrain: images/train\nval: images/val\nnc: 3\n")
+    assert load_dataset_spec(yaml).names == ["class_0", "class_1", "class_2"]
+    assert f"warning: {yaml}: no 'names', so its 3 classes are named class_0 .. class_2" in capsys.readouterr().err
+    yaml.write_text("path: .\ntrain: images/train\nval: images/val\nnc: 0\n")
+    with pytest.raises(DatasetError, match="'nc' must be a whole number of classes, got 0"):
+        load_dataset_spec(yaml)
+
+
 @pytest.mark.parametrize(
     "body, field",
     [
