@@ -135,9 +135,23 @@ class ExportOptions(Options):
         parse_formats(self.format)  # --format is free text ("onnx,engine"): refused here, before any work
 
 
+# Ultralytics' export formats that are not built here, and what to do instead (one line each).
+OTHER_FORMATS = {
+    "torchscript": "TorchScript is deprecated in PyTorch (torch.jit.save says so in 2.11 and 2.14); --format pt2 is its "
+                   "torch.export successor, a package that runs without the model's Python code",
+    **{name: "not built here: --format onnx, then convert the ONNX file with that toolkit (OpenVINO reads ONNX as "
+             "it is)" for name in ("openvino", "coreml", "saved_model", "pb", "tflite", "edgetpu", "tfjs", "paddle",
+                                   "mnn", "ncnn", "imx", "rknn", "executorch")},
+}
+
+
 def parse_formats(text: str) -> list[str]:
     """``--format`` text -> the formats it names, in order, each once: ``"ENGINE, onnx,engine"`` ->
-    ``["engine", "onnx"]``; ``ValueError`` naming the flag for an unknown or empty one."""
+    ``["engine", "onnx"]``; ``ValueError`` naming the flag for an unknown or empty one, and for one of Ultralytics'
+    other formats what to do instead."""
+    for name in (part.strip().lower() for part in text.split(",")):
+        if name in OTHER_FORMATS:
+            raise ValueError(f"--format {name}: {OTHER_FORMATS[name]}")
     return comma_separated(text, "--format", EXPORT_FORMAT, required=True)
 
 

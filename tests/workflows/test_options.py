@@ -11,11 +11,16 @@ from detector.workflows.options import BenchmarkOptions, ExportOptions, parse_fo
 def test_formats_are_case_free_deduplicated_and_checked() -> None:
     assert parse_formats("onnx") == ["onnx"]
     assert parse_formats("ENGINE, onnx,engine") == ["engine", "onnx"]
-    for text in ("tflite", "", ","):
+    for text in ("pdf", "", ","):
         with pytest.raises(ValueError, match="--format .*: choose from onnx, engine"):
             parse_formats(text)
-    with pytest.raises(ValueError, match="--format 'tflite'"):
-        ExportOptions(format="tflite")
+    with pytest.raises(ValueError, match="--format 'pdf'"):
+        ExportOptions(format="pdf")
+    # Ultralytics' other formats: what to do instead, in one line.
+    with pytest.raises(ValueError, match=r"^--format torchscript: TorchScript is deprecated .*--format pt2"):
+        parse_formats("onnx,TorchScript")
+    with pytest.raises(ValueError, match=r"^--format openvino: not built here: --format onnx, then convert"):
+        ExportOptions(format="openvino")
 
 
 def test_skip_names_backends_and_refuses_others() -> None:
