@@ -40,11 +40,17 @@ def load_records(spec: DatasetSpec, split: str, *, training: bool = False) -> tu
         raise DatasetError(f"{spec.yaml_path}: no '{split}' split")
     scan = scan_split(entry, spec.names)
     scan.problems.warn(prefix=f"{spec.yaml_path.name} '{split}': ")
-    if not len(scan.records):
+    records = scan.records
+    if not len(records):
         raise DatasetError(f"{spec.yaml_path}: '{split}' split has no readable images")
-    if not scan.records.box_counts().any():
-        no_boxes(spec, split, scan.records, entry.coco_json, training=training)
-    return scan.records, scan.category_ids, entry.coco_json
+    if entry.fraction < 1.0:  # Ultralytics' fraction: the split's first share of images, in its order, at least one
+        kept = max(1, round(len(records) * entry.fraction))
+        print(f"{spec.yaml_path.name} '{split}': the first {kept} of {len(records)} images (--fraction "
+              f"{entry.fraction:g})")
+        records = records.select(range(kept))
+    if not records.box_counts().any():
+        no_boxes(spec, split, records, entry.coco_json, training=training)
+    return records, scan.category_ids, entry.coco_json
 
 
 def no_boxes(spec: DatasetSpec, split: str, records: Records, coco_json: Path | None, *, training: bool) -> None:
@@ -70,21 +76,13 @@ def build_split(
     local_rank: int = 0,
     local_world_size: int = 1,
     run_id: str = "",
-    fraction: float = 1.0,
 ) -> SplitData:
     """The split's records, dataset (with its RAM cache per ``cache``) and, for evaluation, its ground truth.
-
-    ``fraction``: only the split's first this share of images, in its order (Ultralytics' ``fraction``: a quick run
-    on part of a training set), at least one.
 
     ``local_rank`` / ``local_world_size`` / ``run_id``: this process's place on its node, for a RAM cache
     the node's processes share (:func:`detector.data.ram_cache.build_image_cache`).
     """
     records, category_ids, coco_json = load_records(spec, split, training=augment is not None)
-    if fraction < 1.0:
-        kept = max(1, round(len(records) * fraction))
-        print(f"{spec.yaml_path.name} '{split}': the first {kept} of {len(records)} images (--fraction {fraction:g})")
-        records = records.select(range(kept))
     dataset = DetectionDataset(records, image_size=image_size, augment=augment)
     dataset.image_cache = build_image_cache(
         records, image_size, lambda index: dataset.load_resized(index)[0], mode=cache, local_rank=local_rank,

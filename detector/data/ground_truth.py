@@ -41,9 +41,11 @@ def usable_ground_truth(json_path: Path) -> dict:
 
     The annotations the training labels drop (:func:`detector.data.labels.read_coco_labels`: no bbox, a
     non-finite or negative one, an unknown image or category) are left out here too, so a NaN box cannot
-    reach the IoU maths; a missing ``area`` is the box's, a missing ``iscrowd`` 0, and a missing or repeated
-    ``id`` a new one (pycocotools indexes by it). The images and categories are kept as they are; images the
-    records left out are excluded from scoring by id (:mod:`detector.metrics.coco`).
+    reach the IoU maths; a missing ``area`` is the box's, a missing ``iscrowd`` 0, and a missing, repeated or
+    non-positive ``id`` a new one above the file's largest (pycocotools indexes by it, and both evaluators' matching
+    reads an id of 0 or below as "no match": such a box could never be found, and a detection on it counted false).
+    The images and categories are kept as they are; images the records left out are excluded from scoring by id
+    (:mod:`detector.metrics.coco`).
     """
     coco = read_coco_json(json_path)
     sections = {key: coco.get(key) if isinstance(coco.get(key), list) else [] for key in COCO_SECTIONS}
@@ -51,6 +53,8 @@ def usable_ground_truth(json_path: Path) -> dict:
     categories = [c for c in sections["categories"] if isinstance(c, dict) and whole_number(c.get("id"))]
     image_ids, category_ids = {i["id"] for i in images}, {c["id"] for c in categories}
     annotations, seen = [], set()
+    fresh = max((ann["id"] for ann in sections["annotations"] if isinstance(ann, dict) and whole_number(ann.get("id"))),
+                default=0)
     for ann in sections["annotations"]:
         if not (isinstance(ann, dict) and whole_number(ann.get("image_id")) and ann["image_id"] in image_ids
                 and whole_number(ann.get("category_id")) and ann["category_id"] in category_ids
@@ -61,8 +65,9 @@ def usable_ground_truth(json_path: Path) -> dict:
         if not (isinstance(area, (int, float)) and math.isfinite(area) and area >= 0):
             ann["area"] = ann["bbox"][2] * ann["bbox"][3]
         ann["iscrowd"] = 1 if ann.get("iscrowd") else 0
-        if not whole_number(ann.get("id")) or ann["id"] in seen:
-            ann["id"] = -len(annotations) - 1  # negative: never one of the file's own ids
+        if not whole_number(ann.get("id")) or ann["id"] <= 0 or ann["id"] in seen:
+            fresh = max(fresh, 0) + 1  # above every id of the file: never one of its own
+            ann["id"] = fresh
         seen.add(ann["id"])
         annotations.append(ann)
     return {**coco, "images": images, "categories": categories, "annotations": annotations}

@@ -25,7 +25,9 @@ from detector.data.problems import (
     DUPLICATE,
     FAR_OUTSIDE,
     MISSING_IMAGE_ENTRY,
+    NOT_AN_IMAGE_NAME,
     NOT_NUMERIC,
+    OTHER_CATEGORY_NAMES,
     UNKNOWN_CATEGORY,
     WRONG_COLUMNS,
     ZERO_AREA,
@@ -226,15 +228,31 @@ def read_coco_json(json_path: Path) -> dict:
     return coco
 
 
+# Image and category ids travel to the evaluators in float64 rows (detector/metrics/coco.py), exact up to 2**53.
+LARGEST_ID = 2**53
+
+
+def _coco_id(value: object, index: int, section: str, json_path: Path) -> int:
+    """An image's or category's ``id``: an integer within :data:`LARGEST_ID`; anything else one line."""
+    if not whole_number(value):
+        raise DatasetError(f"{json_path}: {section}[{index}] 'id' must be an integer, got {value!r:.40}")
+    if abs(value) > LARGEST_ID:  # type: ignore[operator]
+        raise DatasetError(f"{json_path}: {section}[{index}] 'id' {value} is beyond 2**53, which the evaluation "
+                           "cannot hold exactly; renumber the JSON's ids")
+    return int(value)  # type: ignore[call-overload]
+
+
 def _coco_images(coco: dict, json_path: Path, problems: Problems) -> tuple[dict[int, dict], set[int]]:
     """id -> image entry, of the entries with a usable size, and the ids of those without (dropped and counted
-    here; their annotations go with them). A missing key or an id that is not an integer is an error naming
-    the file and the key."""
-    images, skipped = {}, set()
+    here; their annotations go with them). A missing key, an id that is not an integer, or one that two entries
+    share (whose annotations would land on one of the two photos) is an error naming the file and the entries."""
+    images, skipped, first = {}, set(), {}
     for index, info in enumerate(_entries(coco, "images", json_path)):
-        image_id = _field(info, "id", index, "images", json_path)
-        if not whole_number(image_id):
-            raise DatasetError(f"{json_path}: images[{index}] 'id' must be an integer, got {image_id!r:.40}")
+        image_id = _coco_id(_field(info, "id", index, "images", json_path), index, "images", json_path)
+        if image_id in first:
+            raise DatasetError(f"{json_path}: images[{index}] has the id {image_id} of images[{first[image_id]}]: "
+                               "each image needs an id of its own (two exports merged, each numbered from 1?)")
+        first[image_id] = index
         name = _field(info, "file_name", index, "images", json_path)
         if not isinstance(name, str):
             raise DatasetError(f"{json_path}: images[{index}] 'file_name' must be text, got {name!r:.40}")
@@ -262,17 +280,16 @@ def read_coco_labels(json_path: Path, images_dir: Path, names: list[str]) -> Coc
     :class:`DatasetError` naming the file and the entry.
     """
     coco = read_coco_json(json_path)
-    categories = []
+    named: dict[int, object] = {}
     for index, category in enumerate(_entries(coco, "categories", json_path)):
         category_id = _field(category, "id", index, "categories", json_path)
-        if not whole_number(category_id):
-            raise DatasetError(f"{json_path}: categories[{index}] 'id' must be an integer, got {category_id!r:.40}")
-        categories.append(int(category_id))
-    categories.sort()
+        named[_coco_id(category_id, index, "categories", json_path)] = category.get("name")
+    categories = sorted(named)
     if len(categories) != len(names):
         raise DatasetError(f"{json_path}: {len(categories)} categories but the YAML 'names' lists {len(names)}")
     class_of = {cat: i for i, cat in enumerate(categories)}
     problems = Problems()
+    check_category_names([named[category] for category in categories], names, json_path, problems)
     images, skipped = _coco_images(coco, json_path, problems)
     rows_by_image: dict[int, list[list[float]]] = {}
     where = str(json_path)
@@ -300,12 +317,27 @@ def read_coco_labels(json_path: Path, images_dir: Path, names: list[str]) -> Coc
         info = images[image_id]
         path = images_dir / info["file_name"]
         if path.suffix.lower() not in IMAGE_SUFFIXES:
+            problems.add(NOT_AN_IMAGE_NAME, f"{where} (image {image_id})")
             continue
         rows = np.array(rows_by_image.get(image_id, []), np.float64).reshape(-1, 5)
         paths.append(path)
         image_ids.append(int(image_id))
         labels.append(_normalise_coco_boxes(rows, float(info["width"]), float(info["height"]), path.name, problems))
     return CocoLabels(paths, np.array(image_ids, np.int64), labels, categories, problems)
+
+
+def check_category_names(by_id: list[object], names: list[str], json_path: Path, problems: Problems) -> None:
+    """The JSON's category names in id order against the classes' ``names`` (the YAML's, or else the first JSON's):
+    the same names in another order would name or score classes wrongly, so that is an error naming both lists;
+    other names (a YAML that renames its classes) are counted, said in one line; a JSON without names, nothing."""
+    if not all(isinstance(name, str) for name in by_id) or list(by_id) == list(names):
+        return
+    if sorted(by_id) == sorted(names):  # type: ignore[type-var]
+        raise DatasetError(f"{json_path}: its categories in id order are {', '.join(map(str, by_id))[:200]}, but "
+                           f"the classes are named {', '.join(names)[:200]}: class i is the JSON's i-th category by "
+                           "id, so list 'names' in id order (or leave them out), and give every split's JSON the "
+                           "same ids")
+    problems.add(OTHER_CATEGORY_NAMES, f"{json_path} ({', '.join(map(str, by_id))[:120]})")
 
 
 def _normalise_coco_boxes(rows: np.ndarray, width: float, height: float, name: str, problems: Problems) -> np.ndarray:

@@ -206,7 +206,10 @@ def scan_split(split: Split, names: list[str], *, threads: int | None = None) ->
     coco = split.coco_json is not None
     settings = {"format": "coco" if coco else "yolo", "classes": len(names)}
     if coco:
-        settings["json"] = list(_stamp(split.coco_json))
+        # Where the JSON and its images are too: the listing holds absolute paths, so a moved or copied dataset, or
+        # the same JSON beside another images folder, is listed anew instead of read from the old place.
+        settings.update(json=list(_stamp(split.coco_json)), where=[str(split.coco_json.resolve()),
+                                                                    str(split.images[0].resolve())])
     cached = _read_cache(locations, settings)
 
     if coco and cached is not None:  # the JSON is unchanged: its listing comes from the cache

@@ -58,6 +58,7 @@ class Split:
     # What the YAML named for this split (folders, .txt lists, images, or the JSON): the records cache is
     # kept beside the first of them (detector/data/scan.py).
     sources: list[Path] = field(default_factory=list)
+    fraction: float = 1.0  # the share of its images a run takes, the first ones (train --fraction)
 
 
 @dataclass

@@ -4,6 +4,8 @@ see the whole config): data, loss, loader, optimizer with its schedule, the mode
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 import random
 import warnings
@@ -60,9 +62,9 @@ def build_data(
     """
     dist = dist or DistInfo()
     spec = resolve_data(config)
+    spec.train = dataclasses.replace(spec.train, fraction=config.fraction)
     train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache,
-                        local_rank=dist.local_rank, local_world_size=dist.local_world_size, run_id=run_id(),
-                        fraction=config.fraction)
+                        local_rank=dist.local_rank, local_world_size=dist.local_world_size, run_id=run_id())
     train.dataset.seed = config.seed
     where = resolve_pixel_augment(config.pixel_augment, device)
     train.dataset.pixel_ops_on_device = where in ("pixels", "device")

@@ -209,3 +209,72 @@ def test_a_coco_dataset_with_nan_boxes_and_an_empty_image_trains_and_scores_fini
         row = next(csv.DictReader(file))
     assert int(float(row["nonfinite_losses"])) == 0 and int(float(row["skipped_steps"])) == 0
     assert all(math.isfinite(value) for value in summary["metrics"].values())
+
+
+def test_an_image_id_two_entries_share_is_one_line_naming_both(tmp_path: Path):
+    """A JSON merged from two exports, each numbered from 1: the last entry with an id took the first one's boxes
+    and the first photo went, without a word."""
+    json_path, coco = _coco(tmp_path)
+    coco["images"][2]["id"] = coco["images"][0]["id"]
+    _write(json_path, coco)
+    with pytest.raises(DatasetError, match=r"images\[2\] has the id 100 of images\[0\]: each image needs an id"):
+        read_coco_labels(json_path, tmp_path / "images", NAMES)
+
+
+@pytest.mark.parametrize("section", ["images", "categories"])
+def test_ids_beyond_2_53_are_one_line(tmp_path: Path, section: str):
+    """Image and category ids reach the evaluators as float64: 10**17 + 1 became 10**17 (a traceback from
+    faster-coco-eval, a wrong mAP from pycocotools)."""
+    json_path, coco = _coco(tmp_path)
+    old = coco[section][1]["id"]
+    coco[section][1]["id"] = 10**17 + 1
+    for ann in coco["annotations"]:
+        key = "image_id" if section == "images" else "category_id"
+        ann[key] = 10**17 + 1 if ann[key] == old else ann[key]
+    _write(json_path, coco)
+    with pytest.raises(DatasetError, match=rf"{section}\[1\] 'id' 100000000000000001 is beyond 2\*\*53"):
+        read_coco_labels(json_path, tmp_path / "images", NAMES)
+
+
+def test_category_names_in_another_order_than_the_ids_are_refused_and_other_names_counted(tmp_path: Path):
+    """Class i is the JSON's i-th category by id: names listed in the file's order (not by id) named RBC boxes
+    'Platelets'; a train and a val JSON numbering the same categories differently swapped classes silently."""
+    json_path, coco = _coco(tmp_path)  # categories 7 circle, 9 square, 11 triangle
+    swapped = [NAMES[1], NAMES[0], NAMES[2]]
+    with pytest.raises(DatasetError, match=r"its categories in id order are circle, square, triangle, but the "
+                                           r"classes are named square, circle, triangle: class i is"):
+        read_coco_labels(json_path, tmp_path / "images", swapped)
+    parsed = read_coco_labels(json_path, tmp_path / "images", ["a", "b", "c"])  # renamed classes: said, not refused
+    assert _found(parsed.problems) == {kinds.OTHER_CATEGORY_NAMES: 1}
+    assert not read_coco_labels(json_path, tmp_path / "images", NAMES).problems.entries
+
+
+def test_a_listed_image_without_an_image_suffix_is_counted(tmp_path: Path):
+    json_path, coco = _coco(tmp_path)
+    coco["images"][0]["file_name"] = "000"
+    _write(json_path, coco)
+    parsed = read_coco_labels(json_path, tmp_path / "images", NAMES)
+    assert _found(parsed.problems) == {kinds.NOT_AN_IMAGE_NAME: 1} and len(parsed.paths) == 3
+
+
+@pytest.mark.parametrize("backend", ["faster", "pycocotools"])
+@pytest.mark.parametrize("ids", [None, (0, 1), (5, 5)], ids=["no ids", "from 0", "repeated"])
+def test_annotations_without_usable_ids_are_found_by_both_evaluators(tmp_path: Path, backend: str, ids):
+    """Detections exactly on the two boxes score 1.0 whatever the annotations' ids: missing or repeated ids were
+    given negative ones, which faster-coco-eval's matching never matches (mAP 0), and an id of 0 (Roboflow's first)
+    made a perfect match a false positive in both evaluators (0.252)."""
+    from detector.metrics.coco import evaluate_coco
+
+    boxes = [[10.0, 10.0, 20.0, 30.0], [50.0, 40.0, 25.0, 15.0]]
+    annotations = [{"image_id": 1, "category_id": 3, "bbox": box, "area": box[2] * box[3], "iscrowd": 0}
+                   for box in boxes]
+    for ann, ann_id in zip(annotations, ids or ()):
+        ann["id"] = ann_id
+    json_path = tmp_path / "gt.json"
+    _write(json_path, {"images": [{"id": 1, "file_name": "a.jpg", "width": 100, "height": 100}],
+                       "annotations": annotations, "categories": [{"id": 3, "name": "cell"}]})
+    detections = np.array([[1, *box, 0.9, 3] for box in boxes], np.float64)
+    ground_truth = load_coco(json_path)
+    assert all(ann["id"] > 0 for ann in ground_truth.dataset["annotations"])
+    result = evaluate_coco(ground_truth, detections, backend=backend, processes=False)
+    assert result.metrics["mAP50"] == pytest.approx(1.0) and result.metrics["mAP50-95"] == pytest.approx(1.0)

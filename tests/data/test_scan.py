@@ -167,3 +167,25 @@ def test_a_large_coco_json_is_parsed_in_a_child_process_to_the_same_records(tmp_
         np.testing.assert_array_equal(in_child.records.arrays()[name], array, err_msg=name)
     assert in_child.category_ids == in_process.category_ids
     assert in_child.problems.lines() == in_process.problems.lines()
+
+
+def test_a_moved_coco_dataset_and_another_images_folder_are_listed_anew(tmp_path: Path):
+    """The listing a COCO JSON's cache holds has absolute paths: a dataset moved with its cache (``mv``, ``cp -a``)
+    read its images at the old place ('file not found', then no readable image), and the same JSON beside another
+    images folder kept reading the first one."""
+    import shutil
+
+    yaml = write_coco_dataset(tmp_path / "a", count=4)
+    spec = load_dataset_spec(yaml)
+    assert len(scan.scan_split(spec.train, spec.names).records) == 4  # cached beside the JSON
+    shutil.move(tmp_path / "a", tmp_path / "moved")
+    moved = load_dataset_spec(tmp_path / "moved" / "coco.yaml")
+    result = scan.scan_split(moved.train, moved.names)
+    assert [path.parent for path in result.records.paths()] == [tmp_path / "moved" / "images"] * 4
+    assert not result.problems.entries
+    shutil.copytree(tmp_path / "moved" / "images", tmp_path / "moved" / "other")
+    (tmp_path / "moved" / "other.yaml").write_text(
+        (tmp_path / "moved" / "coco.yaml").read_text().replace("images: images}", "images: other}"))
+    other = load_dataset_spec(tmp_path / "moved" / "other.yaml")
+    assert {path.parent for path in scan.scan_split(other.train, other.names).records.paths()} == {
+        tmp_path / "moved" / "other"}
