@@ -188,6 +188,40 @@ def _write_cache(locations: list[Path], arrays: dict[str, np.ndarray], meta: dic
     return None
 
 
+# COCO's 80 detection classes by their official category ids (1-90, with gaps), as Ultralytics'
+# coco80_to_coco91_class maps them.
+COCO_CATEGORY_IDS = [*range(1, 12), *range(13, 26), 27, 28, *range(31, 45), *range(46, 66), 67, 70, *range(72, 83),
+                     *range(84, 91)]
+
+
+@functools.cache
+def coco_names() -> tuple[str, ...]:
+    """The 80 COCO class names, in category-id order (the shipped coco.yaml's)."""
+    import yaml
+
+    from detector.data.catalog import shipped_yaml_dir
+
+    return tuple(yaml.safe_load((shipped_yaml_dir() / "coco.yaml").read_text(encoding="utf-8"))["names"])
+
+
+def yolo_category_ids(names: list[str]) -> list[int]:
+    """A YOLO-layout split's category ids for its results: COCO's own where its classes are COCO's 80 (coco128,
+    COCO in Ultralytics' layout), so its predictions.json scores against COCO's JSON; else 1, 2, ..."""
+    return list(COCO_CATEGORY_IDS) if tuple(names) == coco_names() else list(range(1, len(names) + 1))
+
+
+def yolo_image_ids(paths: Sequence[Path]) -> np.ndarray:
+    """A YOLO-layout split's image ids: each file's number where every name is one, unique (COCO's
+    ``000000000009.jpg`` is image 9, as Ultralytics numbers it and COCO's JSON does), else the position in the
+    listing, 0, 1, ..."""
+    stems = [path.stem for path in paths]
+    if stems and all(stem.isascii() and stem.isdigit() for stem in stems):
+        numbers = [int(stem) for stem in stems]
+        if len(set(numbers)) == len(numbers) and max(numbers) <= 2**53:
+            return np.array(numbers, np.int64)
+    return np.arange(len(paths))
+
+
 @dataclass
 class _Listing:
     """Every image the split lists, before checks: paths, labels (COCO) and the per-file stamps."""
@@ -219,8 +253,8 @@ def scan_split(split: Split, names: list[str], *, threads: int | None = None) ->
     elif coco:
         listing = _read_coco_listing(split.coco_json, split.images[0], names)
     else:
-        listing = _Listing(list(split.images), np.arange(len(split.images)), None,
-                           list(range(1, len(names) + 1)), Problems())
+        listing = _Listing(list(split.images), yolo_image_ids(split.images), None, yolo_category_ids(names),
+                           Problems())
 
     def stamps(path: Path) -> tuple[int, int, int, int]:
         return (*_stamp(path), *(NO_STAMP if coco else _stamp(label_path_for(path))))

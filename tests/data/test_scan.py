@@ -189,3 +189,19 @@ def test_a_moved_coco_dataset_and_another_images_folder_are_listed_anew(tmp_path
     other = load_dataset_spec(tmp_path / "moved" / "other.yaml")
     assert {path.parent for path in scan.scan_split(other.train, other.names).records.paths()} == {
         tmp_path / "moved" / "other"}
+
+
+def test_yolo_layout_ids_are_cocos_own_where_the_files_and_classes_are_cocos():
+    """A YOLO-layout COCO (coco128, COCO in Ultralytics' layout): image 000000000009.jpg is id 9 and person..
+    toothbrush keep COCO's category ids 1..90, so predictions.json scores against COCO's JSON (it held 0, 1, ...
+    and 1..80, which pycocotools refused); elsewhere positions and 1, 2, ..."""
+    from detector.data.scan import COCO_CATEGORY_IDS, coco_names, yolo_category_ids, yolo_image_ids
+
+    assert yolo_image_ids([Path("a/000000000009.jpg"), Path("b/000000000025.png")]).tolist() == [9, 25]
+    for paths in ([Path("9.jpg"), Path("a.jpg")], [Path("a/007.jpg"), Path("b/7.jpg")], [Path("²3.jpg")]):
+        assert yolo_image_ids(paths).tolist() == list(range(len(paths)))  # a name no number, two alike, not ASCII
+    names = list(coco_names())
+    assert len(names) == 80 and names[:3] == ["person", "bicycle", "car"] and names[-1] == "toothbrush"
+    assert yolo_category_ids(names) == COCO_CATEGORY_IDS and COCO_CATEGORY_IDS[-1] == 90
+    assert len(set(COCO_CATEGORY_IDS)) == 80 and 12 not in COCO_CATEGORY_IDS
+    assert yolo_category_ids(["cat", "dog"]) == [1, 2] and yolo_category_ids(names[:79]) == list(range(1, 80))
