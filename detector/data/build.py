@@ -10,7 +10,7 @@ from pycocotools.coco import COCO
 
 from detector.data.augment import AugmentConfig
 from detector.data.dataset import DetectionDataset
-from detector.data.ground_truth import build_coco_ground_truth, load_coco
+from detector.data.ground_truth import build_coco_ground_truth, json_pixel_scale, load_coco
 from detector.data.labels import label_path_for
 from detector.data.ram_cache import build_image_cache
 from detector.data.records import Records
@@ -24,6 +24,8 @@ class SplitData:
     records: Records
     category_ids: list[int]  # class index -> COCO category id
     ground_truth: COCO | None = None  # evaluation splits only (augment=None)
+    # image id -> the JSON's pixels per file pixel, where a COCO JSON lists an image at another size than its file
+    json_scale: dict[int, float] | None = None
 
     @property
     def image_hw(self) -> list[tuple[int, int]]:
@@ -95,4 +97,7 @@ def build_split(
             if coco_json is not None
             else load_coco(build_coco_ground_truth(records, data.image_hw, spec.names, category_ids))
         )
+        if coco_json is not None:
+            data.json_scale = json_pixel_scale(data.ground_truth, records.image_ids, records.image_hw,
+                                               f"{spec.yaml_path.name} '{split}'")
     return data

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import math
+import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 from pycocotools.coco import COCO
 
@@ -71,6 +73,34 @@ def usable_ground_truth(json_path: Path) -> dict:
         seen.add(ann["id"])
         annotations.append(ann)
     return {**coco, "images": images, "categories": categories, "annotations": annotations}
+
+
+def json_pixel_scale(ground_truth: COCO, image_ids: np.ndarray, image_hw: np.ndarray,
+                     where: str) -> dict[int, float] | None:
+    """Per image id, what turns the file's pixels into those of its JSON entry, where the two differ by one scale
+    (images resized after they were annotated): the JSON's boxes are in its ``width`` x ``height``, the detections
+    in the file's, and scored as they are a resized image's every box would miss. None where every size agrees.
+    One warning line names how many differ; sizes that differ in shape too (a rotation?) are named, not scaled."""
+    scales, odd = {}, []
+    for image_id, (height, width) in zip(image_ids.tolist(), image_hw.tolist()):
+        entry = ground_truth.imgs.get(image_id)
+        if entry is None or height <= 0 or width <= 0 or (entry["width"], entry["height"]) == (width, height):
+            continue
+        scale_x, scale_y = entry["width"] / width, entry["height"] / height
+        if abs(scale_x / scale_y - 1) <= 0.01:  # one scale, within the rounding of a resized side
+            scales[image_id] = (scale_x + scale_y) / 2
+        else:
+            odd.append(f"{entry.get('file_name', image_id)} ({entry['width']}x{entry['height']} listed, "
+                       f"{width}x{height} read)")
+    if scales:
+        example = ground_truth.imgs[next(iter(scales))]
+        print(f"warning: {where}: {len(scales)} image(s) are another size than their JSON entry says (e.g. "
+              f"{example.get('file_name')}: {example['width']}x{example['height']} listed); their detections are "
+              "scaled to the JSON's pixels for scoring and predictions.json", file=sys.stderr)
+    if odd:
+        print(f"warning: {where}: {len(odd)} image(s) differ in shape from their JSON entry, so their boxes cannot "
+              f"be scored: {', '.join(odd[:3])}", file=sys.stderr)
+    return scales or None
 
 
 def load_coco(ground_truth: dict | Path) -> COCO:

@@ -89,6 +89,15 @@ class Validation:
         return self.result.metrics
 
 
+def in_json_pixels(detections: np.ndarray, scale: dict[int, float]) -> np.ndarray:
+    """``[N, 7]`` rows with each listed image's boxes scaled from its file's pixels to its JSON entry's (rounded to
+    3 decimals again, as :func:`to_coco_detections` leaves them)."""
+    factors = np.array([scale.get(int(image_id), 1.0) for image_id in detections[:, 0]])
+    scaled = detections.copy()
+    scaled[:, 1:5] = np.round(detections[:, 1:5] * factors[:, None], 3)
+    return scaled
+
+
 def run_validation(
     infer: Callable[[torch.Tensor], Detections],
     split: SplitData,
@@ -114,6 +123,8 @@ def run_validation(
             predictions.extend(zip(detections_to_host(detections), metas))
     assert split.ground_truth is not None, "evaluation split was built without ground truth"
     detections = np.concatenate(coco_detections) if coco_detections else np.zeros((0, len(DETECTION_COLUMNS)))
+    if split.json_scale:
+        detections = in_json_pixels(detections, split.json_scale)
     image_ids = split.records.image_ids.tolist()
     if scorer is not None:
         if results_json is not None:

@@ -278,3 +278,28 @@ def test_annotations_without_usable_ids_are_found_by_both_evaluators(tmp_path: P
     assert all(ann["id"] > 0 for ann in ground_truth.dataset["annotations"])
     result = evaluate_coco(ground_truth, detections, backend=backend, processes=False)
     assert result.metrics["mAP50"] == pytest.approx(1.0) and result.metrics["mAP50-95"] == pytest.approx(1.0)
+
+
+def test_images_resized_after_annotation_are_scored_in_the_jsons_pixels(tmp_path: Path, capsys):
+    """A JSON listing 64x64 images whose files are 32x32 now: training reads normalised boxes (right either way),
+    but the evaluation's ground truth is in the JSON's pixels and the detections were in the file's, so every box
+    missed (mAP 0.000, no word). The split now carries the scale, and the loop applies it."""
+    import cv2
+
+    from detector.metrics.loop import in_json_pixels
+
+    yaml = write_coco_dataset(tmp_path, count=3)
+    for name in ("000.jpg", "001.jpg"):
+        image = cv2.imread(str(tmp_path / "images" / name))
+        cv2.imwrite(str(tmp_path / "images" / name), cv2.resize(image, (32, 32)))
+    image = cv2.imread(str(tmp_path / "images" / "002.jpg"))
+    cv2.imwrite(str(tmp_path / "images" / "002.jpg"), cv2.resize(image, (64, 32)))  # another shape: named only
+    split = build_split(load_dataset_spec(yaml), "val", image_size=64, augment=None, cache="none")
+    assert split.json_scale == {100: 2.0, 101: 2.0}
+    err = capsys.readouterr().err
+    assert "2 image(s) are another size than their JSON entry says (e.g. 000.jpg: 64x64 listed)" in err
+    assert "1 image(s) differ in shape from their JSON entry, so their boxes cannot be scored: 002.jpg" in err
+    rows = np.array([[100, 1.0, 2.0, 3.0, 4.0, 0.5, 7], [102, 1.0, 2.0, 3.0, 4.0, 0.5, 9]])
+    assert in_json_pixels(rows, split.json_scale).tolist() == [[100, 2.0, 4.0, 6.0, 8.0, 0.5, 7], rows[1].tolist()]
+    written = write_coco_dataset(tmp_path / "same", count=2)
+    assert build_split(load_dataset_spec(written), "val", image_size=64, augment=None, cache="none").json_scale is None
