@@ -162,4 +162,6 @@ def download_hint(folder: Path, root: Path) -> str:
     command = f"python -m detector download {download.name}"
     if root != datasets_root(None).resolve():  # the user named another root: the command must name it too
         command += f" --datasets-dir {root}"
+    if any(archive.url.startswith("http://") for archive in missing):  # COCO's zips: checked by size and MD5
+        command += " --allow-http"
     return f"; fetch it ({approx}{human_size(sum(a.size for a in missing))}): {command}"

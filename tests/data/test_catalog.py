@@ -110,7 +110,8 @@ def test_coco_val_split_alone_loads_and_training_names_the_missing_archive(tmp_p
         load_dataset_spec("coco.yaml", datasets_dir=tmp_path)
     train_size = DOWNLOADS["coco"].archives[-1].size
     assert "'train.json'" in str(error.value) and f"({train_size / 1e9:.1f} GB)" in str(error.value)
-    assert f"python -m detector download coco --datasets-dir {tmp_path}" in str(error.value)
+    # COCO's zips are served over plain http (checked by size and MD5): the command says --allow-http, or it is refused
+    assert f"python -m detector download coco --datasets-dir {tmp_path} --allow-http" in str(error.value)
 
 
 def test_train_on_a_missing_dataset_prints_one_line_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture):
@@ -120,7 +121,7 @@ def test_train_on_a_missing_dataset_prints_one_line_and_exits_1(tmp_path: Path, 
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1, lines
     assert str(empty / "coco") in lines[0] and "20.4 GB" in lines[0]
-    assert f"python -m detector download coco --datasets-dir {empty}" in lines[0]
+    assert f"python -m detector download coco --datasets-dir {empty} --allow-http" in lines[0]
 
 
 def test_yaml_relative_paths_still_resolve_against_the_yaml_folder(yolo_yaml: Path, tmp_path: Path):
