@@ -200,8 +200,12 @@ def _parse_split(raw: object, root: Path, source: Path, field_name: str, hint: s
 
 def _read_yaml(source: Path) -> dict:
     if not source.is_file():
+        # Ultralytics' quick-start sets have a shipped neighbour here.
+        nearest = {"coco8": "coco128", "coco8-grayscale": "coco128", "voc2007": "VOC", "voc2012": "VOC"}.get(
+            source.stem.lower()) if len(source.parts) == 1 else None
+        hint = f"; did you mean {nearest}?" if nearest else ""
         raise DatasetError(f"{source}: data YAML not found (nor a shipped one in {shipped_yaml_dir()}: "
-                           f"{', '.join(shipped_yaml_names())})")
+                           f"{', '.join(shipped_yaml_names())}){hint}")
     try:
         raw = yaml.safe_load(source.read_text(encoding="utf-8"))
     except yaml.YAMLError as error:

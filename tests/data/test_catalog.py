@@ -139,3 +139,11 @@ def test_pyproject_lists_every_subpackage_and_ships_the_yamls():
     assert found | {"detector.datasets"} == set(setuptools["packages"])
     assert setuptools["package-dir"] == {"detector.datasets": "data"}
     assert setuptools["package-data"]["detector.datasets"] == ["*.yaml"]
+
+
+def test_ultralytics_quick_start_names_point_at_the_shipped_neighbour():
+    """``coco8`` (Ultralytics' 8-image set) is not shipped: the line names coco128, which is."""
+    with pytest.raises(DatasetError, match=r"coco8\.yaml: data YAML not found .*; did you mean coco128\?$"):
+        load_dataset_spec("coco8.yaml")
+    with pytest.raises(DatasetError, match=r"not found \(nor a shipped one in .*\)$"):
+        load_dataset_spec("objects365.yaml")
