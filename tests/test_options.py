@@ -70,5 +70,5 @@ def test_values_of_the_wrong_kind_are_refused(bad: dict) -> None:
 
 def test_export_formats_are_checked_and_may_be_a_list() -> None:
     assert build_options(ExportOptions, {"format": ["onnx", "engine"]}, command="export").format == "onnx,engine"
-    with pytest.raises(ValueError, match=r"^--format 'onnx,tflite': choose from onnx, engine"):
-        ExportOptions(format="onnx,tflite")
+    with pytest.raises(ValueError, match=r"^--format 'onnx,pdf': choose from onnx, engine"):
+        ExportOptions(format="onnx,pdf")
