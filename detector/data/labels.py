@@ -315,7 +315,10 @@ def read_coco_labels(json_path: Path, images_dir: Path, names: list[str]) -> Coc
     paths, image_ids, labels = [], [], []
     for image_id in sorted(images):
         info = images[image_id]
-        path = images_dir / info["file_name"]
+        name = info["file_name"]
+        if "\\" in name and not (images_dir / name).exists():  # a JSON written on Windows: sub\a.jpg
+            name = name.replace("\\", "/")
+        path = images_dir / name
         if path.suffix.lower() not in IMAGE_SUFFIXES:
             problems.add(NOT_AN_IMAGE_NAME, f"{where} (image {image_id})")
             continue

@@ -185,6 +185,9 @@ def _parse_split(raw: object, root: Path, source: Path, field_name: str, hint: s
         if not images_dir.is_dir():
             raise DatasetError(f"{source}: '{field_name}.images' folder does not exist: {images_dir}{hint}")
         return Split(images=[images_dir], coco_json=json_path, sources=[json_path])
+    if isinstance(raw, list) and any(isinstance(entry, dict) for entry in raw):
+        raise DatasetError(f"{source}: '{field_name}' lists several COCO JSON splits; a split is one {{json, images}} "
+                           "mapping: merge the JSONs into one (with distinct image ids)")
     entries = [_text(entry, source, field_name) for entry in (raw if isinstance(raw, list) else [raw])]
     images: list[Path] = []
     sources = [Path(entry) if Path(entry).is_absolute() else root / entry for entry in entries]

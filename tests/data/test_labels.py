@@ -303,3 +303,13 @@ def test_images_resized_after_annotation_are_scored_in_the_jsons_pixels(tmp_path
     assert in_json_pixels(rows, split.json_scale).tolist() == [[100, 2.0, 4.0, 6.0, 8.0, 0.5, 7], rows[1].tolist()]
     written = write_coco_dataset(tmp_path / "same", count=2)
     assert build_split(load_dataset_spec(written), "val", image_size=64, augment=None, cache="none").json_scale is None
+
+
+def test_a_windows_file_name_with_backslashes_is_read_as_a_path(tmp_path: Path):
+    json_path, coco = _coco(tmp_path)
+    (tmp_path / "images/sub").mkdir()
+    (tmp_path / "images/000.jpg").rename(tmp_path / "images/sub/000.jpg")
+    coco["images"][0]["file_name"] = "sub\\000.jpg"
+    _write(json_path, coco)
+    parsed = read_coco_labels(json_path, tmp_path / "images", NAMES)
+    assert parsed.paths[0] == tmp_path / "images/sub/000.jpg" and not parsed.problems.entries

@@ -72,6 +72,8 @@ def test_nc_without_names_names_the_classes_as_ultralytics_does(yolo_yaml: Path,
         ("path: .\ntrain: images/train\nval: {json: [1], images: images/val}\nnames: [a]\n", "val.json"),
         ("path: .\ntrain: images/train\nval: images/val\nnc: many\nnames: [a]\n", "nc"),
         ("path: .\ntrain: images/train\nval: images/val\nnames: {a: x, b: y}\n", "names"),
+        ("path: .\ntrain: [{json: a.json, images: a}, {json: b.json, images: b}]\nval: images/val\nnames: [a]\n",
+         "train"),
     ],
 )
 def test_broken_yaml_names_the_field(tmp_path: Path, yolo_yaml: Path, body: str, field: str):
