@@ -5,7 +5,6 @@ see the whole config): data, loss, loader, optimizer with its schedule, the mode
 from __future__ import annotations
 
 import dataclasses
-
 import os
 import random
 import warnings
