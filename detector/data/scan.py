@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from detector.data.images import check_image
-from detector.data.labels import UnreadableLabels, label_path_for, read_coco_labels, read_yolo_labels
+from detector.data.labels import LARGEST_ID, UnreadableLabels, label_path_for, read_coco_labels, read_yolo_labels
 from detector.data.problems import UNREADABLE_IMAGE, UNREADABLE_LABELS, Problems
 from detector.data.records import Records
 from detector.data.spec import Split
@@ -217,7 +217,7 @@ def yolo_image_ids(paths: Sequence[Path]) -> np.ndarray:
     stems = [path.stem for path in paths]
     if stems and all(stem.isascii() and stem.isdigit() for stem in stems):
         numbers = [int(stem) for stem in stems]
-        if len(set(numbers)) == len(numbers) and max(numbers) <= 2**53:
+        if len(set(numbers)) == len(numbers) and max(numbers) <= LARGEST_ID:  # as a COCO JSON's ids
             return np.array(numbers, np.int64)
     return np.arange(len(paths))
 
