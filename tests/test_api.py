@@ -102,6 +102,20 @@ def test_predict_and_a_loaded_model_give_the_commands_detections(run: dict, tmp_
         np.array_equal(c["boxes"], r["boxes"]) for c, r in zip(called, results, strict=True))
 
 
+def test_two_streams_on_one_loaded_model_keep_their_own_thresholds(run: dict):
+    """Each stream reads with its own conf, read in turns: the thresholds were set on the shared model, so the stream
+    started last decided both (the low-conf stream lost its boxes)."""
+    images = Path(run["data"]).parent / "images" / "val"
+    model = load(run["best"], device="cpu")
+    low = model.predict(images, conf=0.001, stream=True)
+    high = model.predict(images, conf=0.5, stream=True)
+    expected_low, expected_high = model.predict(images, conf=0.001), model.predict(images, conf=0.5)
+    for got_low, got_high, want_low, want_high in zip(low, high, expected_low, expected_high, strict=True):
+        np.testing.assert_array_equal(got_low["scores"], want_low["scores"])
+        np.testing.assert_array_equal(got_high["scores"], want_high["scores"])
+    assert sum(len(r["scores"]) for r in expected_low) > sum(len(r["scores"]) for r in expected_high)
+
+
 def test_a_loaded_cpu_models_predict_tunes_the_process_for_the_cpu_on_a_machine_with_a_gpu(run: dict, monkeypatch):
     """predict of a model loaded on the CPU used to tune the process for the default device, CUDA where a GPU is
     present, and so skip the CPU's heap setting (detector/tuning.py)."""

@@ -67,9 +67,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
         DistributedSetupError,  # more CUDA processes on a node than GPUs: the line says what to run instead
         DownloadError,
         ExportError,  # TensorRT refused the graph, or the export failed its parity check
-        FileNotFoundError,
         FloatingPointError,
         MissingExtra,  # an optional package: the line names the extra that installs it
+        OSError,  # a file not found, not writable, a full disk: Python's message names the file
         Unavailable,  # TensorRT with a CUDA GPU, or a C++ compiler, that this machine lacks
         ValueError,
         pickle.UnpicklingError,

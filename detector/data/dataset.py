@@ -115,7 +115,9 @@ class DetectionDataset(Dataset):
         ratio = self.image_size / max(height, width)
         if ratio != 1:
             interpolation = cv2.INTER_AREA if ratio < 1 else cv2.INTER_LINEAR
-            image = cv2.resize(image, (round(width * ratio), round(height * ratio)), interpolation=interpolation)
+            # >= 1 pixel a side, as the RAM cache sizes it (ram_cache.resized_shapes): a 4000x1 strip stays 640x1.
+            size = (max(1, round(width * ratio)), max(1, round(height * ratio)))
+            image = cv2.resize(image, size, interpolation=interpolation)
         return image, (height, width)
 
     def load(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:

@@ -48,7 +48,8 @@ def letterbox(
     height, width = image.shape[:2]
     canvas_h, canvas_w = canvas or (size, size)
     ratio = min(size / max(height, width), canvas_h / height, canvas_w / width)
-    new_w, new_h = round(width * ratio), round(height * ratio)
+    # At least one pixel: a 4000x1 strip scaled to 640 would round its short side to nothing (cv2.resize refuses).
+    new_w, new_h = max(1, round(width * ratio)), max(1, round(height * ratio))
     if (new_w, new_h) != (width, height):
         image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
     left, top = (canvas_w - new_w) // 2, (canvas_h - new_h) // 2

@@ -51,19 +51,23 @@ class Backend(ABC):
     def infer(self, images: torch.Tensor) -> RawOutputs:
         """uint8 ``[B, 3, S, S]`` -> the graph outputs named in ``info.outputs``."""
 
-    def postprocess(self, raw: RawOutputs, classes: Sequence[int] | None = None) -> Detections:
+    def postprocess(self, raw: RawOutputs, classes: Sequence[int] | None = None,
+                    nms: NMSConfig | None = None) -> Detections:
         """``classes``: keep only these class ids, chosen before NMS and the ``max_detections`` cap, as Ultralytics
         does, so boxes of other classes take none of the kept places. A graph with NMS inside has already filled
-        its K rows with every class: there the filter and the cap apply to those rows."""
+        its K rows with every class: there the filter and the cap apply to those rows. ``nms``: this call's
+        thresholds instead of :attr:`nms` (two predict streams on one loaded model each keep their own)."""
+        nms = nms or self.nms
         if self.info.nms is None:
             boxes, scores = raw
-            scores = scores.float() if classes is None else only_classes(scores.float(), classes, self.nms.multi_label)
-            return non_max_suppression(torch.cat((boxes.float(), scores), -1), self.nms)
-        return unpack_detections(*raw, conf_threshold=self.nms.conf_threshold,
-                                 max_detections=self.nms.max_detections, classes=classes)
+            scores = scores.float() if classes is None else only_classes(scores.float(), classes, nms.multi_label)
+            return non_max_suppression(torch.cat((boxes.float(), scores), -1), nms)
+        return unpack_detections(*raw, conf_threshold=nms.conf_threshold,
+                                 max_detections=nms.max_detections, classes=classes)
 
-    def __call__(self, images: torch.Tensor, classes: Sequence[int] | None = None) -> Detections:
-        return self.postprocess(self.infer(images), classes)
+    def __call__(self, images: torch.Tensor, classes: Sequence[int] | None = None,
+                 nms: NMSConfig | None = None) -> Detections:
+        return self.postprocess(self.infer(images), classes, nms)
 
     def close(self) -> None:
         """Release what the runtime holds outside Python's objects (the pt2 package's unpacked files); the backend

@@ -114,7 +114,7 @@ def stage_letterbox(images_rgb: list[np.ndarray], size: int, *, pin: bool) -> St
     groups = []
     for (height, width), same_shape in by_shape.items():
         ratio = size / max(height, width)
-        new_w, new_h = round(width * ratio), round(height * ratio)
+        new_w, new_h = max(1, round(width * ratio)), max(1, round(height * ratio))  # as letterbox(): >= 1 pixel
         # The FP32 copy the resize reads is 12 bytes a pixel: 32 4K frames at once would hold 3 GB of it.
         per_call = max(1, GROUP_BYTES // (12 * height * width))
         for start in range(0, len(same_shape), per_call):

@@ -6,8 +6,11 @@
   ``[H, W]`` grey, or ``[H, W, 4]`` BGRA;
 - a PIL image (any mode; converted to RGB);
 - a list or tuple of any of these, or of paths;
-- a path: an image, a video file, or a folder (searched recursively, images and videos, sorted);
-- a glob: ``"imgs/*.jpg"``, ``"data/**/*.png"`` (``**`` recurses);
+- a path: an image, a video file (an animated GIF too), or a folder (searched recursively, through symlinked
+  folders, images and videos, sorted);
+- a ``.txt`` file listing sources, one per line (paths relative to the working folder, else to the list's);
+- a glob: ``"imgs/*.jpg"``, ``"data/**/*.png"`` (``**`` recurses); an existing path is never read as a glob
+  (``photos[1].jpg``);
 - a webcam index: ``0`` or ``"0"``;
 - a network stream or remote file: ``rtsp://``, ``rtmp://``, ``http(s)://`` URLs, read by OpenCV (FFmpeg).
 
@@ -32,11 +35,13 @@ from typing import Any
 import cv2
 import numpy as np
 
-from detector.data.images import ImageError, read_image
+from detector.data.images import ImageError, decode_with_pillow, read_image
 from detector.data.spec import IMAGE_SUFFIXES
 from detector.data.workers import usable_cores
 
-VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".ts"})
+# .gif is read as a video (each of its frames), as Ultralytics reads it: OpenCV's capture decodes it.
+VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".ts", ".gif",
+                            ".asf"})
 STREAM_PREFIXES = ("rtsp://", "rtmp://", "http://", "https://", "tcp://", "udp://")
 READ_AHEAD = 4  # frames decoded ahead of the model: enough to hide a decode behind a forward, little memory
 # Threads decoding a folder's or glob's still images (Pillow decodes with the GIL released). One thread decodes
@@ -113,11 +118,15 @@ def _many(items: list | tuple, vid_stride: int) -> Iterator[Frame]:
 
 
 def in_memory_frame(item: Any, position: int) -> Frame:
-    """A NumPy array (BGR, as OpenCV and Ultralytics give it) or a PIL image (RGB) -> a :class:`Frame`."""
+    """A NumPy array (BGR, as OpenCV and Ultralytics give it) or a PIL image -> a :class:`Frame`.
+
+    A PIL image is read as its file would be (:func:`decode_with_pillow`): turned upright by its EXIF orientation (a
+    phone's ``Image.open`` photo gets the boxes its path gets; Ultralytics leaves it on its side) and 16-bit gray
+    scaled to 8 bits (Pillow's own ``convert("RGB")`` clips it, a white image)."""
     name = f"image{position}.jpg"
     if isinstance(item, np.ndarray):
         return Frame(name, None, bgr_array_to_rgb(item, name))
-    return Frame(Path(getattr(item, "filename", "") or name).name, None, np.ascontiguousarray(item.convert("RGB")))
+    return Frame(Path(getattr(item, "filename", "") or name).name, None, decode_with_pillow(item))
 
 
 def bgr_array_to_rgb(array: np.ndarray, name: str) -> np.ndarray:
@@ -139,19 +148,23 @@ def files_frames(text: str, *, vid_stride: int = 1) -> Iterator[Frame]:
     ``FileNotFoundError`` when not one frame of them could be read (each unreadable image was skipped with a line):
     a run over nothing is a mistake to say, not a success to report."""
     path = Path(text)
-    if any(char in text for char in "*?["):
+    if path.suffix.lower() == ".txt" and path.is_file():
+        yield from listed_frames(path, vid_stride=vid_stride)
+        return
+    if not path.exists() and any(char in text for char in "*?["):
         found = [Path(match) for match in glob.glob(text, recursive=True)]
         files, root = [p for p in found if readable(p)], Path(glob_root(text))
         if not files:
             raise FileNotFoundError(f"{text}: matches no image or video")
     elif path.is_dir():
-        files, root = [p for p in path.rglob("*") if p.is_file() and readable(p)], path
+        files, root = folder_files(path), path
         if not files:
             raise FileNotFoundError(f"{path}: no images or videos (searched recursively)")
     elif path.is_file() and readable(path):
         files, root = [path], path.parent
     elif path.exists():
-        raise FileNotFoundError(f"{path}: not an image, a folder or a video ({', '.join(sorted(VIDEO_SUFFIXES))})")
+        raise FileNotFoundError(f"{path}: not an image, a folder, a list (.txt) or a video "
+                                f"({', '.join(sorted(VIDEO_SUFFIXES))})")
     else:
         raise FileNotFoundError(f"{path}: no such image, folder, video or glob")
     decoding: deque[tuple[str, Future]] = deque()  # still images in flight, in path order
@@ -177,6 +190,40 @@ def files_frames(text: str, *, vid_stride: int = 1) -> Iterator[Frame]:
         # Closed early (a break, Ctrl-C, an error): the queued decodes are dropped, not run; at most the ones
         # already running finish, on their own threads.
         pool.shutdown(wait=False, cancel_futures=True)
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """Every image and video under ``folder``, through symlinked folders too (a dataset's split linked in); a link
+    to a folder above it (a loop) is not followed."""
+    files = []
+    for current, subfolders, names in os.walk(folder, followlinks=True):
+        here = os.path.realpath(current)
+        subfolders[:] = [name for name in subfolders
+                         if not is_above(os.path.realpath(os.path.join(current, name)), here)]
+        files += [Path(current, name) for name in names if readable(Path(name)) and Path(current, name).is_file()]
+    return files
+
+
+def is_above(folder: str, path: str) -> bool:
+    """Whether real path ``folder`` is ``path`` or one of its parents."""
+    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
+
+
+def listed_frames(listing: Path, *, vid_stride: int) -> Iterator[Frame]:
+    """The frames of the sources a ``.txt`` file lists, one per line (blank lines and ``#`` comments skipped): a
+    relative path from the working folder where it exists there, else from the list's folder, as Ultralytics
+    reads such a list."""
+    lines = [line.strip() for line in listing.read_text(encoding="utf-8").splitlines()]
+    sources = [(number, line) for number, line in enumerate(lines, 1) if line and not line.startswith("#")]
+    if not sources:
+        raise FileNotFoundError(f"{listing}: lists no source (one image, folder, video, glob or URL per line)")
+    for number, source in sources:
+        beside = listing.parent / source
+        local = not Path(source).exists() and beside.exists() and "://" not in source
+        try:
+            yield from open_source(str(beside) if local else source, vid_stride=vid_stride)
+        except FileNotFoundError as error:
+            raise FileNotFoundError(f"{listing}, line {number}: {error}") from None
 
 
 def _decoded(name: str, decoding: Future, *, only: bool) -> Generator[Frame, None, int]:

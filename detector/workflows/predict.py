@@ -101,16 +101,17 @@ def input_size(backend: Backend, requested: int | None) -> int:
     return size
 
 
-def detect(backend: Backend, frame: Frame, *, size: int, classes: tuple[int, ...] | None) -> dict[str, Any]:
+def detect(backend: Backend, frame: Frame, *, size: int, classes: tuple[int, ...] | None,
+           nms: NMSConfig | None = None) -> dict[str, Any]:
     """One frame through the model -> ``{"file", "frame", "boxes"`` float32 ``[N, 4]`` xyxy original pixels,
     ``"scores"`` float32 ``[N]``, ``"labels"`` int64 ``[N]``, ``"names"}``; only ``classes`` kept when given,
     chosen before NMS and ``max_det`` as Ultralytics does (:meth:`Backend.postprocess`), so other classes take
-    none of the ``max_det`` places."""
-    return detect_batch(backend, [frame], size=size, classes=classes)[0]
+    none of the ``max_det`` places; ``nms``: the thresholds (default: the backend's own)."""
+    return detect_batch(backend, [frame], size=size, classes=classes, nms=nms)[0]
 
 
-def detect_batch(backend: Backend, frames: list[Frame], *, size: int,
-                 classes: tuple[int, ...] | None) -> list[dict[str, Any]]:
+def detect_batch(backend: Backend, frames: list[Frame], *, size: int, classes: tuple[int, ...] | None,
+                 nms: NMSConfig | None = None) -> list[dict[str, Any]]:
     """:func:`detect` for several frames in one model call (``--batch``): one letterboxed batch, one NMS call,
     one copy of the results to the host."""
     # No padding beyond the stride where the backend takes any shape as it is (see Backend.shapes_are_free): the
@@ -118,7 +119,7 @@ def detect_batch(backend: Backend, frames: list[Frame], *, size: int,
     tight = backend.info.stride if getattr(backend, "shapes_are_free", False) else None
     batch, transforms = prepare_batch([frame.image for frame in frames], size,
                                       device=getattr(backend, "device", None), tight=tight)
-    return frame_results(backend, frames, backend(batch, classes), transforms)
+    return frame_results(backend, frames, backend(batch, classes, nms), transforms)
 
 
 def frame_results(backend: Backend, frames: list[Frame], batch_detections: Detections,
@@ -137,7 +138,7 @@ def frame_results(backend: Backend, frames: list[Frame], batch_detections: Detec
 
 def detect_batches(
     backend: Backend, batches: Iterable[list[Frame]], *, size: int, classes: tuple[int, ...] | None,
-    pad_to: int | None = None, overlap: bool = True,
+    pad_to: int | None = None, overlap: bool = True, nms: NMSConfig | None = None,
 ) -> Iterator[tuple[list[Frame], list[dict[str, Any]]]]:
     """:func:`detect_batch` over consecutive batches: ``(frames, results)`` per batch, in order. ``pad_to``: a short
     batch is filled up to it with copies of its last frame, whose results are dropped.
@@ -154,7 +155,7 @@ def detect_batches(
     padded = ((batch + [batch[-1]] * max(0, (pad_to or 0) - len(batch)), len(batch)) for batch in batches)
     if not overlap or device is None or torch.device(device).type != "cuda":
         for frames, real in padded:
-            yield frames[:real], detect_batch(backend, frames, size=size, classes=classes)[:real]
+            yield frames[:real], detect_batch(backend, frames, size=size, classes=classes, nms=nms)[:real]
         return
     device, error = torch.device(device), None
     current = next(padded, None)
@@ -167,7 +168,7 @@ def detect_batches(
             staged = stage_letterbox([frame.image for frame in upcoming[0]], size, pin=True) if upcoming else None
         except Exception as caught:  # the readers (or the staging) failed: this batch's results first, then the error
             upcoming, staged, error = None, None, caught
-        results = frame_results(backend, frames, backend.postprocess(raw, classes), transforms)
+        results = frame_results(backend, frames, backend.postprocess(raw, classes, nms), transforms)
         yield frames[:real], results[:real]
         current = upcoming
     if error is not None:
@@ -201,10 +202,13 @@ class Outputs:
         self.records: list[str] = []
         self.videos: dict[str, cv2.VideoWriter] = {}
         self.staged: dict[str, tuple[Path, Path]] = {}
+        self.crop_names: dict[Path, set[str]] = {}  # crops written so far, per class folder: none is overwritten
+        self.stems: set[Path] = set()  # the sources' output names so far (claim_stem)
+        self.video_stems: dict[str, Path] = {}
 
     def add(self, frame: Frame, result: dict) -> None:
         self.records.append(json.dumps(to_record(result)))
-        stem = output_stem(frame.name)
+        stem = self.claim_stem(frame)
         # Video frames' files numbered from 1, as Ultralytics names them (clip_1.txt is predictions.json's frame 0).
         suffix = "" if frame.index is None else f"_{frame.index + 1}"
         if self.options.save_txt:
@@ -219,8 +223,9 @@ class Outputs:
         canvas = annotate(frame.image, result, self.names, line_width=options.line_width,
                           show_labels=options.show_labels, show_conf=options.show_conf)
         if frame.index is None:
-            name = frame.name if Path(frame.name).suffix else f"{frame.name}.jpg"
-            write_image(self.out_dir / name, canvas)  # atomic; an image OpenCV cannot encode raises OSError
+            # In its own format where OpenCV writes it; as JPEG where it cannot (.jfif and .mpo are JPEGs already).
+            kind = Path(frame.name).suffix if cv2.haveImageWriter(f"x{Path(frame.name).suffix}") else ".jpg"
+            write_image(self.out_dir / f"{stem}{kind}", canvas)  # atomic
             return
         if frame.name not in self.videos:
             path = self.out_dir / f"{stem}.mp4"
@@ -233,28 +238,58 @@ class Outputs:
             self.staged[frame.name] = (staged, path)
         self.videos[frame.name].write(canvas)
 
+    def claim_stem(self, frame: Frame) -> Path:
+        """The name (a path under the run folder, no suffix) of ``frame``'s outputs: its source's stem
+        (:func:`output_stem`), one per source. A stem an earlier source of this run took (``x.jpg`` then ``x.png``;
+        ``a/x.jpg`` and ``b/x.jpg`` in a list; ``clip.mp4`` then ``clip.avi``) gets the suffix in its name
+        (``x_png``), then a number, with one warning line: no output overwrites another's. A video's frames
+        share the stem its first frame claimed."""
+        if frame.index is not None and frame.name in self.video_stems:
+            return self.video_stems[frame.name]
+        stem = output_stem(frame.name)
+        if stem in self.stems:
+            kind = Path(frame.name).suffix.lstrip(".")
+            base = stem.with_name(f"{stem.name}_{kind}") if kind and "://" not in frame.name else stem
+            candidate, count = base, 1
+            while candidate in self.stems:
+                count += 1
+                candidate = base.with_name(f"{base.name}_{count}")
+            print(f"warning: {frame.name}: an earlier source's outputs are named {stem.as_posix()}; this one's are "
+                  f"{candidate.as_posix()}", file=sys.stderr)
+            stem = candidate
+        self.stems.add(stem)
+        if frame.index is not None:
+            self.video_stems[frame.name] = stem
+        return stem
+
     def save_crops(self, frame: Frame, result: dict, stem: str) -> None:
         """Each detection's crop as ``crops/<class name>/<stem>.jpg``, then ``<stem>2.jpg`` ... for more of one
-        class in one image, best first, as Ultralytics names them; a crop cut to nothing by the image's edge is
-        not written."""
-        per_class: Counter[str] = Counter()
+        class in one image, best first, as Ultralytics names them; a name this run has already written (a video's
+        frame ``clip_1``'s second crop is ``clip_12``, frame 12's first) takes the next free number instead, as
+        Ultralytics' ``increment_path`` does, so no crop overwrites another. A crop cut to nothing by the image's
+        edge is not written."""
         for box, name in zip(result["boxes"].tolist(), result["names"]):
             crop = crop_box(frame.image, box)
-            folder = name.replace("/", "_").replace(os.sep, "_") or "_"  # a class name is no path
-            per_class[folder] += 1
-            if crop.size:
-                count = per_class[folder]
-                path = self.out_dir / "crops" / folder / f"{stem}{count if count > 1 else ''}.jpg"
-                write_image(path, cv2.cvtColor(crop, cv2.COLOR_RGB2BGR))
+            if not crop.size:
+                continue
+            folder = self.out_dir / "crops" / (name.replace("/", "_").replace(os.sep, "_") or "_")  # a name, no path
+            taken = self.crop_names.setdefault(folder, set())
+            count = 1
+            while (candidate := f"{stem}{count if count > 1 else ''}.jpg") in taken:
+                count += 1
+            taken.add(candidate)
+            write_image(folder / candidate, cv2.cvtColor(crop, cv2.COLOR_RGB2BGR))
 
     def close(self) -> None:
-        for name, writer in self.videos.items():
-            writer.release()
-            staged, path = self.staged[name]
-            os.replace(staged, path)  # each video appears whole, once its frames are in
-        # One record per line: readable, diffable, and still a single JSON list.
-        text = "[\n" + ",\n".join(self.records) + "\n]\n" if self.records else "[]\n"
-        write_text_atomically(self.out_dir / "predictions.json", text)
+        try:
+            for name, writer in self.videos.items():
+                writer.release()
+                staged, path = self.staged[name]
+                os.replace(staged, path)  # each video appears whole, once its frames are in
+        finally:  # a video that could not be finished loses no record
+            # One record per line: readable, diffable, and still a single JSON list.
+            text = "[\n" + ",\n".join(self.records) + "\n]\n" if self.records else "[]\n"
+            write_text_atomically(self.out_dir / "predictions.json", text)
 
 
 def predict_frames(
@@ -270,7 +305,7 @@ def predict_frames(
     pad_to = options.batch if backend.free_batch and on_cuda(backend) else None
     try:
         batches = detect_batches(backend, in_batches(frames, options.batch), size=size, classes=options.classes,
-                                 pad_to=pad_to, overlap=not live)
+                                 pad_to=pad_to, overlap=not live, nms=nms_config(options))
         start = time.perf_counter()
         for batch, results in batches:
             share = 1000 * (time.perf_counter() - start) / len(batch)  # each frame's share of the batch's wait
@@ -287,6 +322,13 @@ def predict_frames(
     finally:
         if outputs is not None:
             outputs.close()
+
+
+def nms_config(options: PredictOptions) -> NMSConfig:
+    """The run's NMS thresholds, handed to every model call (never set on a loaded model's backend, which two
+    streams at once may share)."""
+    return NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
+                     agnostic=options.agnostic_nms)
 
 
 def on_cuda(backend: Backend) -> bool:
@@ -332,8 +374,7 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     tune_process(device)  # before the first convolution: see detector/tuning.py
     frames = first_frame_checked(read_frames(options.source if source is None else source, options.batch,
                                              vid_stride=options.vid_stride))
-    nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
-                    agnostic=options.agnostic_nms)
+    nms = nms_config(options)
     if backend is None:
         precision = half_precision(device) if options.half else "fp32"
         backend = load_backend(weights_or_latest(options.weights), device=str(device), imgsz=options.imgsz, nms=nms,
@@ -342,7 +383,6 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         if options.half or options.device:
             raise ValueError("half= and device= of a loaded model are chosen when it loads: "
                              "detector.load(weights, device=..., half=True); predict cannot change them")
-        backend.nms = nms
     baked = backend.info.nms
     if baked is not None and options.agnostic_nms:
         raise ValueError("--agnostic-nms: this graph has NMS inside, per class; export it without --nms to choose "

@@ -24,6 +24,7 @@ USER_ERRORS = [
     DownloadError("http://host/coco128.zip: HTTP 404 Not Found"),
     ValueError("--epochs must be at least 1 (got 0)"),
     FileNotFoundError("images/: no such image, folder or video"),
+    PermissionError(13, "Permission denied", "runs/predict"),  # an output folder that cannot be written
     FloatingPointError("training diverged; lower --lr0"),
     pickle.UnpicklingError("best.pt: refuses to load global"),
     ExportError("onnx export failed the parity check; nothing was written"),

@@ -21,6 +21,13 @@ def test_letterbox_to_a_canvas_centres_the_image_and_the_undo_maps_back():
 
 
 
+def test_a_strip_one_pixel_high_keeps_one_row():
+    # 4000x1 at 640: 0.16 of a row, which rounded to none and made cv2.resize raise (predict and val stopped).
+    boxed, ratio, pad = letterbox(np.full((1, 4000, 3), 200, np.uint8), 640)
+    assert boxed.shape == (640, 640, 3) and ratio == 640 / 4000 and pad == (0.0, 319.0)
+    assert (boxed[319] == 200).all() and (boxed[318] == 114).all() and (boxed[320] == 114).all()
+
+
 def test_a_batch_maps_back_as_each_image_would_on_its_own():
     """unletterbox_rows over three images (one without boxes) against the per-image arithmetic written out with
     Python floats, as the per-image undo was written before: equal to the bit, clipping included."""

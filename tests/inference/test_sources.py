@@ -41,6 +41,23 @@ def test_arrays_are_bgr_as_opencv_gives_them_and_pil_images_are_rgb() -> None:
     assert grey.image.shape == (24, 32, 3)
 
 
+def test_a_pil_image_is_read_as_its_file_is_upright_and_16_bit_scaled(tmp_path: Path) -> None:
+    # A phone photo stored on its side with EXIF orientation 6 (turn 90 degrees clockwise to view): its path and its
+    # Image.open give one upright frame; before, the PIL image stayed on its side (24 wide, 32 high swapped).
+    image = Image.fromarray(bgr(3)[:, :, ::-1])
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    image.save(tmp_path / "side.png", exif=exif.tobytes())
+    (from_path,) = open_source(tmp_path / "side.png")
+    with Image.open(tmp_path / "side.png") as opened:
+        (from_pil,) = open_source(opened)
+    assert from_path.image.shape == (32, 24, 3)
+    np.testing.assert_array_equal(from_pil.image, from_path.image)
+    # 16-bit gray (a thermal or medical frame): scaled by 1/257 as its file is, not clipped to white by convert().
+    (deep,) = open_source(Image.fromarray(np.full((4, 4), 257 * 100, np.uint16)))
+    assert deep.image.shape == (4, 4, 3) and (deep.image == 100).all()
+
+
 def test_a_list_mixes_arrays_pil_images_and_paths(tmp_path: Path) -> None:
     cv2.imwrite(str(tmp_path / "c.png"), bgr(2))
     frames = list(open_source([bgr(0), Image.fromarray(bgr(1)), tmp_path / "c.png"]))
@@ -66,6 +83,28 @@ def test_folders_are_searched_recursively_and_globs_expand(tmp_path: Path) -> No
     with pytest.raises(FileNotFoundError, match=r"\*.bmp: matches no image or video"):
         next(open_source(str(tmp_path / "*.bmp")))
 
+
+
+def test_paths_with_brackets_lists_linked_folders_and_gifs(tmp_path: Path) -> None:
+    """A file named like a glob (``photo[1].jpg``) is that file; a ``.txt`` lists sources, relative paths from the
+    list's folder; a symlinked folder is searched (a link back up is not followed: no loop); an animated GIF is a
+    video of its frames, as Ultralytics reads it."""
+    cv2.imwrite(str(tmp_path / "photo[1].jpg"), bgr(4))
+    assert [f.name for f in open_source(str(tmp_path / "photo[1].jpg"))] == ["photo[1].jpg"]  # was: matches none
+    (tmp_path / "data" / "real").mkdir(parents=True)
+    cv2.imwrite(str(tmp_path / "data" / "real" / "x.png"), bgr(5))
+    (tmp_path / "top").mkdir()
+    (tmp_path / "top" / "linked").symlink_to(tmp_path / "data" / "real")
+    (tmp_path / "data" / "real" / "loop").symlink_to(tmp_path / "data")
+    assert [f.name for f in open_source(tmp_path / "top")] == ["linked/x.png"]  # was: no images or videos
+    assert [f.name for f in open_source(tmp_path / "data")] == ["real/x.png"]
+    (tmp_path / "list.txt").write_text("photo[1].jpg\n\ndata/real/x.png\n")
+    assert [f.name for f in open_source(str(tmp_path / "list.txt"))] == ["photo[1].jpg", "x.png"]
+    frames = [Image.fromarray(np.full((20, 30, 3), 60 * index, np.uint8)) for index in range(3)]
+    frames[0].save(tmp_path / "anim.gif", save_all=True, append_images=frames[1:], duration=200)
+    read = list(open_source(tmp_path / "anim.gif"))
+    assert [(f.name, f.index) for f in read] == [("anim.gif", 0), ("anim.gif", 1), ("anim.gif", 2)]
+    assert [int(f.image.mean()) for f in read] == [0, 60, 120] and read[0].fps == pytest.approx(5.0)
 
 
 def test_a_folders_images_decode_on_several_threads_and_come_out_in_path_order(tmp_path: Path, monkeypatch,
@@ -100,8 +139,11 @@ def test_sources_that_hold_nothing_are_named(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="empty: no images or videos"):
         next(open_source(tmp_path / "empty"))
-    (tmp_path / "notes.txt").write_text("not an image")
-    with pytest.raises(FileNotFoundError, match="notes.txt: not an image, a folder or a video"):
+    (tmp_path / "notes.md").write_text("not an image")
+    with pytest.raises(FileNotFoundError, match=r"notes.md: not an image, a folder, a list \(.txt\) or a video"):
+        next(open_source(tmp_path / "notes.md"))
+    (tmp_path / "notes.txt").write_text("# a list of sources\nnot an image\n")
+    with pytest.raises(FileNotFoundError, match="notes.txt, line 2: not an image: no such image, folder, video"):
         next(open_source(tmp_path / "notes.txt"))
     with pytest.raises(FileNotFoundError, match="missing.jpg: no such image, folder, video or glob"):
         next(open_source(tmp_path / "missing.jpg"))

@@ -42,7 +42,8 @@ class FixedBackend:
     def __init__(self) -> None:
         self.info = SimpleNamespace(names=["cat", "dog", "car"])
 
-    def __call__(self, batch: torch.Tensor, classes: tuple[int, ...] | None = None) -> list[dict[str, torch.Tensor]]:
+    def __call__(self, batch: torch.Tensor, classes: tuple[int, ...] | None = None,
+                 nms: NMSConfig | None = None) -> list[dict[str, torch.Tensor]]:
         return [{"boxes": torch.tensor([[0.0, 0, 8, 8], [8, 8, 16, 16], [16, 16, 32, 32]]),
                  "scores": torch.tensor([0.9, 0.8, 0.7]), "labels": torch.tensor([0, 1, 2])}]
 
@@ -266,14 +267,15 @@ class RecordingCudaBackend(FixedBackend):
         return batch, self.calls
 
     def postprocess(self, raw: tuple[torch.Tensor, int], classes: tuple[int, ...] | None = None,
-                    ) -> list[dict[str, torch.Tensor]]:
+                    nms: NMSConfig | None = None) -> list[dict[str, torch.Tensor]]:
         batch, call = raw
         self.events.append(f"results {call}")
         # each image's boxes moved by its mean pixel, so results can be told apart and matched to their frames
         return [{**detection, "boxes": detection["boxes"] + image.float().mean()}
                 for image, detection in zip(batch, super().__call__(batch) * batch.shape[0])]
 
-    def __call__(self, batch: torch.Tensor, classes: tuple[int, ...] | None = None) -> list[dict[str, torch.Tensor]]:
+    def __call__(self, batch: torch.Tensor, classes: tuple[int, ...] | None = None,
+                 nms: NMSConfig | None = None) -> list[dict[str, torch.Tensor]]:
         return self.postprocess(self.infer(batch))
 
 
@@ -369,11 +371,11 @@ def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, fre
             return batch
 
         def postprocess(self, batch: torch.Tensor, classes: tuple[int, ...] | None = None,
-                        ) -> list[dict[str, torch.Tensor]]:
+                        nms: NMSConfig | None = None) -> list[dict[str, torch.Tensor]]:
             return super().__call__(batch) * batch.shape[0]
 
         def __call__(self, batch: torch.Tensor, classes: tuple[int, ...] | None = None,
-                     ) -> list[dict[str, torch.Tensor]]:
+                     nms: NMSConfig | None = None) -> list[dict[str, torch.Tensor]]:
             return self.postprocess(self.infer(batch))
 
     backend = PerShapeBackend()
@@ -419,10 +421,13 @@ def test_save_crop_writes_each_box_widened_as_ultralytics_under_its_class(tmp_pa
               "names": ["cat", "cat", "dog"]}
     outputs.add(Frame("a/x.jpg", None, image), result)
     outputs.add(Frame("clip.mp4", 4, image, 25.0), {**result, "file": "clip.mp4", "frame": 4})
+    # Frame 51 is clip_52, the name frame 4's second cat took: its cats take the next free names (clip_522, clip_523,
+    # as Ultralytics' increment_path numbers them), nothing is overwritten.
+    outputs.add(Frame("clip.mp4", 51, image, 25.0), {**result, "file": "clip.mp4", "frame": 51})
     outputs.close()
     found = sorted(path.relative_to(tmp_path / "crops").as_posix() for path in (tmp_path / "crops").rglob("*.jpg"))
-    assert found == ["cat/a/x.jpg", "cat/a/x2.jpg", "cat/clip_5.jpg", "cat/clip_52.jpg", "dog/a/x.jpg",
-                     "dog/clip_5.jpg"]
+    assert found == ["cat/a/x.jpg", "cat/a/x2.jpg", "cat/clip_5.jpg", "cat/clip_52.jpg", "cat/clip_522.jpg",
+                     "cat/clip_523.jpg", "dog/a/x.jpg", "dog/clip_5.jpg", "dog/clip_52.jpg"]
     # Box 20-70 x 30-60: 51 + 10 = 61 wide about x 45 -> 14.5 .. 75.5 -> columns 14-75; 30.6 + 10 about y 45 ->
     # 24.7 .. 65.3 -> rows 24-65. JPEG moves a smooth image's pixels by a few levels: the shape is exact, the
     # content close (a crop one pixel off is 2 levels off throughout).
@@ -431,6 +436,31 @@ def test_save_crop_writes_each_box_widened_as_ultralytics_under_its_class(tmp_pa
     assert np.abs(crop.astype(int) - image[24:65, 14:75].astype(int)).mean() < 1.5
     assert cv2.imread(str(tmp_path / "crops/cat/a/x2.jpg")).shape[:2] == (45, 55)  # cut at the top-left corner
     assert cv2.imread(str(tmp_path / "crops/dog/a/x.jpg")).shape[:2] == (56, 66)  # and at the bottom-right
+
+
+def test_sources_of_one_stem_keep_every_output(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """x.jpg and x.png, a list's two x.jpg, clip.mp4 and clip.avi: the later source's outputs get its suffix in their
+    name, then a number, and a warning line says so; before, its labels (and a video: the whole video and
+    predictions.json) were lost. A .jfif is annotated as .jpg: OpenCV writes no .jfif (the run stopped)."""
+    from detector.workflows.predict import Outputs
+
+    image = np.zeros((16, 16, 3), np.uint8)
+    result = {"boxes": np.array([[2, 2, 9, 9]], np.float32), "scores": np.array([0.9], np.float32),
+              "labels": np.array([0]), "names": ["cat"]}
+    outputs = Outputs(tmp_path, PredictOptions(source="x", save=True, save_txt=True), ["cat"])
+    for name, index in [("x.jpg", None), ("x.png", None), ("x.png", None), ("y.jfif", None), ("clip.mp4", 0),
+                        ("clip.mp4", 1), ("clip.avi", 0), ("clip.avi", 1)]:
+        outputs.add(Frame(name, index, image, 5.0), {**result, "file": name, "frame": index})
+    outputs.close()
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file())
+    assert written == ["clip.mp4", "clip_avi.mp4", "labels/clip_1.txt", "labels/clip_2.txt", "labels/clip_avi_1.txt",
+                       "labels/clip_avi_2.txt", "labels/x.txt", "labels/x_png.txt", "labels/x_png_2.txt",
+                       "labels/y.txt", "predictions.json", "x.jpg", "x_png.png", "x_png_2.png", "y.jpg"]
+    assert len(json.loads((tmp_path / "predictions.json").read_text())) == 8
+    warnings = capsys.readouterr().err.splitlines()
+    assert warnings == ["warning: x.png: an earlier source's outputs are named x; this one's are x_png",
+                        "warning: x.png: an earlier source's outputs are named x; this one's are x_png_2",
+                        "warning: clip.avi: an earlier source's outputs are named clip; this one's are clip_avi"]
 
 
 def test_crops_are_ultralytics_crops(tmp_path: Path) -> None:
