@@ -19,7 +19,6 @@ Inputs and outputs are those of :class:`~detector.exporting.wrapper.ExportWrappe
 
 from __future__ import annotations
 
-import logging
 import shutil
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from detector.exporting import ExportError
 from detector.exporting.wrapper import ExportWrapper
 from detector.extras import Unavailable
 from detector.files import publish, staging_folder
+from detector.inference.pt2_backend import quiet_cpp_builder
 from detector.model import YOLO
 from detector.model.metadata import INPUT_NAME, ModelInfo, encode_metadata
 from detector.precision import has_native_bf16
@@ -91,14 +91,9 @@ def export_pt2(model: YOLO, path: str | Path, info: ModelInfo, *, device: str = 
     # ones become oneDNN convolutions with the SiLU fused in. Inductor freezes only a compile that runs with
     # gradients off (torch.no_grad below); with them on, the setting is silently ignored.
     configs = {"aot_inductor.metadata": encode_metadata(info), "freezing": True}
-    # torch's C++ builder logs "No CUDA runtime is found, using CUDA_HOME=..." on a CPU machine that has a CUDA
-    # toolkit folder: a warning about nothing this export uses. Its errors still show.
-    builder_log = logging.getLogger("torch.utils.cpp_extension")
-    level = builder_log.level
     with staging_folder(path.parent) as staging:
-        builder_log.setLevel(logging.ERROR)  # restored in the finally below, whatever happens
         try:
-            with torch.no_grad():
+            with torch.no_grad(), quiet_cpp_builder():
                 staged = torch._inductor.aoti_compile_and_package(
                     program, package_path=str(staging / path.name), inductor_configs=configs
                 )
@@ -106,8 +101,6 @@ def export_pt2(model: YOLO, path: str | Path, info: ModelInfo, *, device: str = 
             if (problem := compile_problem(error)) is None:
                 raise
             raise ExportError(f"{path}: the pt2 compile failed: {problem}; nothing was written") from error
-        finally:
-            builder_log.setLevel(level)
         return publish(Path(staged), path)
 
 

@@ -18,7 +18,7 @@ from detector.runs import newest_file
 SUFFIXES = (".pt", ".onnx", ".engine", ".pt2")
 
 __all__ = [
-    "Backend", "Detections", "RawOutputs", "SUFFIXES", "find_latest_checkpoint", "load_backend", "weights_or_latest",
+    "Backend", "Detections", "RawOutputs", "SUFFIXES", "exported_precision_note", "find_latest_checkpoint", "load_backend", "weights_or_latest",
     "batch_to_original_pixels", "prepare_batch", "to_original_pixels", "unpack_detections",
 ]
 
@@ -54,6 +54,20 @@ def load_backend(
 
         return Pt2Backend(path, device=device, nms=nms)
     raise ValueError(f"{path}: unknown weights type {suffix!r}; expected one of {', '.join(SUFFIXES)}")
+
+
+def exported_precision_note(weights: str | Path, backend: Backend, *, half: bool, fp32: bool = False) -> str | None:
+    """A note for ``--half`` (or val's ``--fp32``) given with an export, whose precision was fixed when it was
+    exported (Ultralytics ignores its ``half=True`` there without a word); None when the export already is what was
+    asked, or nothing was asked."""
+    precision = backend.info.precision
+    if Path(weights).suffix.lower() == ".pt":  # converted at load as asked (TorchBackend)
+        return None
+    if (half and precision == "fp32") or (fp32 and precision != "fp32"):
+        flag, other = ("--half", "--half") if half else ("--fp32", "no --half")
+        return (f"note: {Path(weights).name} runs as exported ({precision}); {flag} applies to .pt weights (export "
+                f"with {other} for the other precision)")
+    return None
 
 
 def find_latest_checkpoint(root: str | Path = "runs/train", name: str = "best.pt") -> Path | None:

@@ -23,14 +23,16 @@ A killed process (SIGKILL, or SIGTERM, which Python leaves fatal) keeps its fold
 from __future__ import annotations
 
 import atexit
+import contextlib
 import inspect
+import logging
 import os
 import shutil
 import tempfile
 import threading
 import weakref
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,20 @@ UNPACK_PREFIX = "detector-pt2-"  # our folder in the temp dir, holding what one 
 _TMPDIR_LOCK = threading.Lock()  # TMPDIR is the process's: one load at a time points it at its own folder
 
 
+@contextlib.contextmanager
+def quiet_cpp_builder() -> Iterator[None]:
+    """torch's C++ builder (``torch.utils.cpp_extension``, imported by the pt2 compile and by the package loader)
+    logs "No CUDA runtime is found, using CUDA_HOME=..." on a CPU machine that has a CUDA toolkit folder: a
+    warning about nothing a CPU export or load uses. Its errors still show; the level is restored after."""
+    builder_log = logging.getLogger("torch.utils.cpp_extension")
+    level = builder_log.level
+    builder_log.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        builder_log.setLevel(level)
+
+
 def load_unpacking_into(folder: str, path: str | Path, **options: Any) -> AOTICompiledModel:
     """``torch._inductor.aoti_load_package(path, **options)``, unpacking under ``folder`` where this torch allows.
 
@@ -62,7 +78,8 @@ def load_unpacking_into(folder: str, path: str | Path, **options: Any) -> AOTICo
         previous = os.environ.get("TMPDIR")
         os.environ["TMPDIR"] = folder
         try:
-            return torch._inductor.aoti_load_package(str(path), **options)
+            with quiet_cpp_builder():
+                return torch._inductor.aoti_load_package(str(path), **options)
         finally:
             if previous is None:
                 del os.environ["TMPDIR"]

@@ -54,6 +54,10 @@ class ValOptions(Options):
     project: Path = option(Path("runs/val"), "parent folder of the run folder")
     name: str = option("exp", "run folder name (suffixed 2, 3... when it exists)")
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_detection_flags(conf=self.conf, iou=self.iou, max_det=self.max_det, imgsz=self.imgsz)
+
 
 @dataclass(kw_only=True)
 class PredictOptions(Options):
@@ -95,6 +99,7 @@ class PredictOptions(Options):
             raise ValueError(f"--vid-stride must be at least 1; got {self.vid_stride}")
         if self.line_width is not None and self.line_width < 1:
             raise ValueError(f"--line-width must be at least 1; got {self.line_width}")
+        check_detection_flags(conf=self.conf, iou=self.iou, max_det=self.max_det, imgsz=self.imgsz)
 
 
 @dataclass(kw_only=True)
@@ -133,6 +138,20 @@ class ExportOptions(Options):
     def __post_init__(self) -> None:
         super().__post_init__()
         parse_formats(self.format)  # --format is free text ("onnx,engine"): refused here, before any work
+        check_detection_flags(conf=self.conf, iou=self.iou, max_det=self.max_det, imgsz=self.imgsz)
+
+
+def check_detection_flags(*, conf: float, iou: float, max_det: int, imgsz: int | None) -> None:
+    """``ValueError`` naming the flag for a threshold outside 0..1 (``--conf 25`` meant 0.25: no box passes it,
+    and the run said nothing), ``--max-det`` below 1 or ``--imgsz`` below 1, as Ultralytics' settings check
+    refuses them."""
+    for flag, value in (("--conf", conf), ("--iou", iou)):
+        if not 0 <= value <= 1:
+            raise ValueError(f"{flag} must be between 0 and 1; got {value}")
+    if max_det < 1:
+        raise ValueError(f"--max-det must be at least 1; got {max_det}")
+    if imgsz is not None and imgsz < 1:
+        raise ValueError(f"--imgsz must be at least 1; got {imgsz}")
 
 
 # Ultralytics' export formats that are not built here, and what to do instead (one line each).

@@ -32,7 +32,7 @@ from detector.data.spec import DatasetError, load_dataset_spec
 from detector.data.workers import stop_workers
 from detector.defaults import DEFAULT_IMGSZ
 from detector.device import resolve_device
-from detector.inference import Backend, load_backend
+from detector.inference import Backend, exported_precision_note, load_backend
 from detector.inference.fusion import fuse_conv_bn
 from detector.inference.pt_model import model_from_pt
 from detector.inference.torch_backend import TorchBackend, half_precision, make_torch_infer
@@ -119,6 +119,8 @@ def run_val(options: ValOptions) -> dict[str, float]:
         runtime = f"{device.type} {precision.name.upper()} ({precision.reason})"
     else:
         backend = load_backend(options.weights, device=str(device), nms=nms)
+        if note := exported_precision_note(options.weights, backend, half=options.half, fp32=options.fp32):
+            print(note)
         num_classes, names = len(backend.info.names), backend.info.names
         image_size = exported_image_size(options.imgsz, backend)
         if backend.info.nms is not None:

@@ -349,3 +349,23 @@ def test_only_classes_drops_a_box_by_its_best_class_or_each_pair(multi_label: bo
     as its best wanted one); with ``multi_label`` each (box, class) pair is kept or dropped by its class alone."""
     scores = torch.tensor([[[0.6, 0.9], [0.8, 0.1]]])  # [1 image, 2 boxes, 2 classes]
     torch.testing.assert_close(only_classes(scores, (0, 5), multi_label), torch.tensor([kept]))
+
+
+def test_half_or_fp32_on_an_export_is_a_note_not_silence() -> None:
+    """An export's precision was fixed when it was exported: ``--half`` on an FP32 .onnx (or val's ``--fp32`` on
+    an FP16 one) says so; an export that already is what was asked, and .pt weights (converted at load), say
+    nothing."""
+    from types import SimpleNamespace
+
+    from detector.inference import exported_precision_note
+
+    def backend(precision: str) -> SimpleNamespace:
+        return SimpleNamespace(info=SimpleNamespace(precision=precision))
+
+    assert exported_precision_note("m.onnx", backend("fp32"), half=True) == (
+        "note: m.onnx runs as exported (fp32); --half applies to .pt weights (export with --half for the other "
+        "precision)")
+    assert "runs as exported (fp16); --fp32" in exported_precision_note("m.pt2", backend("fp16"), half=False, fp32=True)
+    assert exported_precision_note("m.onnx", backend("fp16"), half=True) is None
+    assert exported_precision_note("m.engine", backend("fp32"), half=False) is None
+    assert exported_precision_note("m.pt", backend("fp32"), half=True) is None

@@ -122,3 +122,17 @@ def test_the_release_drops_the_graphs_before_the_loader(tmp_path: Path) -> None:
     folder.mkdir()
     release_unpacked([Held("graphs")], [Held("loader")], str(folder))
     assert gone == ["graphs", "loader"] and not folder.exists()
+
+
+def test_the_cpp_builders_cuda_home_warning_is_quiet_on_a_cpu(tmp_path: Path) -> None:
+    """torch's C++ builder, first imported by the pt2 load (and the compile), logs "No CUDA runtime is found" where a
+    CUDA toolkit folder exists without a GPU: quiet under :func:`quiet_cpp_builder`, shown without it (a fresh
+    process each: the builder says it once, when it is imported)."""
+    script = ("import sys, contextlib\nfrom detector.inference.pt2_backend import quiet_cpp_builder\n"
+              "with (quiet_cpp_builder() if sys.argv[1] == 'quiet' else contextlib.nullcontext()):\n"
+              "    import torch.utils.cpp_extension\n")
+    env = {**os.environ, "CUDA_HOME": str(tmp_path), "CUDA_VISIBLE_DEVICES": ""}
+    said = {how: subprocess.run([sys.executable, "-c", script, how], env=env, capture_output=True, text=True,
+                                check=True, timeout=120).stderr for how in ("quiet", "loud")}
+    assert "No CUDA runtime is found" in said["loud"]
+    assert "No CUDA runtime is found" not in said["quiet"]

@@ -3,9 +3,19 @@ object shares: tests/test_options.py)."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
-from detector.workflows.options import BenchmarkOptions, ExportOptions, parse_formats, skipped
+from detector.workflows.options import (
+    BenchmarkOptions,
+    ExportOptions,
+    PredictOptions,
+    ValOptions,
+    parse_formats,
+    skipped,
+)
 
 
 def test_formats_are_case_free_deduplicated_and_checked() -> None:
@@ -27,3 +37,17 @@ def test_skip_names_backends_and_refuses_others() -> None:
     assert skipped("PT2, onnx") == {"pt2", "onnx"} and skipped("") == set()
     with pytest.raises(ValueError, match="--skip 'tflite': choose from pytorch, onnx, pt2, engine"):
         BenchmarkOptions(skip="tflite")
+
+
+@pytest.mark.parametrize("options_class", [PredictOptions, ValOptions, ExportOptions])
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"conf": 25.0}, "--conf must be between 0 and 1; got 25.0"),  # meant 0.25: no box would pass, said nothing
+    ({"iou": -0.1}, "--iou must be between 0 and 1; got -0.1"),
+    ({"max_det": 0}, "--max-det must be at least 1; got 0"),
+    ({"imgsz": 0}, "--imgsz must be at least 1; got 0"),
+])
+def test_detection_flags_out_of_range_are_one_line(options_class: type, flags: dict, message: str) -> None:
+    required = {PredictOptions: {"source": "x.jpg"}, ValOptions: {"weights": Path("best.pt")}}.get(options_class, {})
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        options_class(**required, **flags)
+    options_class(**required, conf=0.0, iou=1.0, max_det=1)  # the edges are values
