@@ -22,6 +22,7 @@ from detector.data.problems import (
     BAD_IMAGE_SIZE,
     CLASS_OUT_OF_RANGE,
     CLIPPED,
+    CLIPPED_FAR,
     DUPLICATE,
     FAR_OUTSIDE,
     MISSING_IMAGE_ENTRY,
@@ -350,9 +351,12 @@ def _normalise_coco_boxes(rows: np.ndarray, width: float, height: float, name: s
     scale = np.array([width, height, width, height])
     with np.errstate(over="ignore"):  # x + w past float64's range is inf, clipped to the border below
         corners = np.concatenate((rows[:, 1:3], rows[:, 1:3] + rows[:, 3:5]), 1) / scale
-    # COCO's float boxes often end a rounding error past the border; only real overshoot is reported.
-    outside = (corners < -ROUNDING_OVERSHOOT) | (corners > 1 + ROUNDING_OVERSHOOT)
-    problems.add(CLIPPED, name, int(outside.any(1).sum()))
+    # COCO's float boxes often end a rounding error past the border; only real overshoot is reported, and a box
+    # reaching beyond the tolerance YOLO labels are clipped within is named as such (not "slightly outside").
+    outside = ((corners < -ROUNDING_OVERSHOOT) | (corners > 1 + ROUNDING_OVERSHOOT)).any(1)
+    far = ((corners < -CLIP_TOLERANCE) | (corners > 1 + CLIP_TOLERANCE)).any(1)
+    problems.add(CLIPPED, name, int((outside & ~far).sum()))
+    problems.add(CLIPPED_FAR, name, int(far.sum()))
     corners = corners.clip(0, 1)
     sides = corners[:, 2:] - corners[:, :2]
     labels = np.concatenate((rows[:, :1], (corners[:, :2] + corners[:, 2:]) / 2, sides), 1)

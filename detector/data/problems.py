@@ -28,6 +28,9 @@ NOT_NUMERIC = "label line(s) with a non-numeric or non-finite value, dropped"
 CLASS_OUT_OF_RANGE = "label line(s) with a class id outside the YAML's names, dropped"
 FAR_OUTSIDE = "box(es) far outside the image or with negative size, dropped"
 CLIPPED = "box(es) slightly outside [0, 1], clipped"
+# A COCO JSON box more than CLIP_TOLERANCE outside its image: kept, clipped to what is inside (pycocotools scores the
+# JSON's own box); one wholly outside is clipped to nothing and dropped as zero-area.
+CLIPPED_FAR = "box(es) reaching far outside the image, clipped to it"
 ZERO_AREA = "zero-area box(es), dropped"
 DUPLICATE = "duplicate box(es), removed"
 MISSING_IMAGE_ENTRY = "annotation(s) naming an image the JSON does not list, dropped"

@@ -136,6 +136,20 @@ def test_a_rounding_overshoot_is_clipped_without_a_word():
     assert {kind for kind, _, _ in problems.entries} == {CLIPPED}
 
 
+def test_a_coco_box_far_outside_is_named_so_not_slightly_outside():
+    """A COCO box is clipped to its image whatever its overshoot (pycocotools scores the JSON's own box); past the
+    YOLO labels' tolerance it is counted as reaching far outside, and one wholly outside is dropped as zero-area.
+    Before, all three were "slightly outside"."""
+    from detector.data.labels import _normalise_coco_boxes
+    from detector.data.problems import CLIPPED_FAR, Problems
+
+    problems = Problems()
+    rows = np.array([[0, 98.5, 10, 2, 10], [0, 50, 10, 100, 10], [0, 300, 10, 20, 10]], np.float64)  # 100 x 100 px
+    labels = _normalise_coco_boxes(rows, 100.0, 100.0, "a.jpg", problems)
+    assert {kind: count for kind, _, count in problems.entries} == {CLIPPED: 1, CLIPPED_FAR: 2, ZERO_AREA: 1}
+    np.testing.assert_allclose(labels[:, 1:], [[0.9925, 0.15, 0.015, 0.1], [0.75, 0.15, 0.5, 0.1]], atol=1e-6)
+
+
 def test_download_entry_is_never_run(tmp_path: Path):
     marker = tmp_path / "ran"
     yaml = tmp_path / "dl.yaml"
