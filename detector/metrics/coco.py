@@ -49,7 +49,7 @@ DETECTION_COLUMNS = ("image_id", "x", "y", "w", "h", "score", "category_id")  # 
 
 @dataclass
 class EvalResult:
-    metrics: dict[str, float]  # METRIC_NAMES -> value in [0, 1]; a size range without ground truth NaN
+    metrics: dict[str, float]  # METRIC_NAMES -> value in [0, 1]; a size range without ground truth left out
     per_class_ap: np.ndarray  # [C] AP50-95 per class (nan where a class has no ground truth)
     per_class_ap50: np.ndarray  # [C]
     summary: str = ""  # the evaluator's printed table (the 12 "Average Precision / Recall" lines)
@@ -346,11 +346,12 @@ def evaluate_coco(
     # The results JSON above holds every detection; the evaluator gets only those it would read.
     output = cocoeval_stats(ground_truth, scored_detections(detections), image_ids=image_ids, backend=backend,
                             processes=processes)
-    # COCOeval's -1 is "undefined": no ground truth of that kind. The size-range APs are NaN then (results.csv
-    # "nan", a plot's "no values"; 0.0 read as a model that finds no small objects where there are none); the
-    # overall ones stay numbers, which best.pt's choice compares.
-    metrics = {name: float(max(value, 0.0)) if index < 3 or value > -1 else float("nan")
-               for index, (name, value) in enumerate(zip(METRIC_NAMES, output.stats[:6]))}
+    # COCOeval's -1 is "undefined": no ground truth of that kind. A size-range AP is then left out (an empty cell
+    # in results.csv, skipped by its plot; 0.0 read as a model that finds no small objects where there are none;
+    # NaN would make two equal results compare unequal); the overall ones stay numbers, which best.pt's choice
+    # compares.
+    metrics = {name: float(max(value, 0.0)) for index, (name, value) in enumerate(zip(METRIC_NAMES, output.stats[:6]))
+               if index < 3 or value > -1}
     precision = output.precision[:, :, :, 0, -1]  # [IoU thresholds, recall, classes], all areas, 100 dets
     per_class = np.full(num_classes, np.nan)
     per_class50 = np.full(num_classes, np.nan)

@@ -208,8 +208,7 @@ def test_a_coco_dataset_with_nan_boxes_and_an_empty_image_trains_and_scores_fini
     with open(Path(summary["run_dir"]) / "results.csv") as file:
         row = next(csv.DictReader(file))
     assert int(float(row["nonfinite_losses"])) == 0 and int(float(row["skipped_steps"])) == 0
-    # The overall APs are numbers; a size range of these tiny images without ground truth is NaN by design.
-    assert all(math.isfinite(summary["metrics"][key]) for key in ("mAP50-95", "mAP50", "mAP75"))
+    assert all(math.isfinite(value) for value in summary["metrics"].values())
 
 
 def test_an_image_id_two_entries_share_is_one_line_naming_both(tmp_path: Path):

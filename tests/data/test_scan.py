@@ -121,7 +121,7 @@ def test_coco_json_is_parsed_once_and_bad_annotations_are_summarised(tmp_path: P
     # both annotations are places in one file, the JSON
     assert f"2 {problems.MISSING_IMAGE_ENTRY}, in 1 file(s)" in lines[0] and "annotation 9001" in lines[0]
     assert f"1 {problems.UNKNOWN_CATEGORY}" in lines[1] and f"1 {problems.BAD_BBOX}" in lines[2]
-    assert f"1 {problems.CLIPPED}, in 1 file(s): 000.jpg" in lines[3]
+    assert f"1 {problems.CLIPPED_FAR}, in 1 file(s): 000.jpg" in lines[3]  # 16 px past a 64-px image
     assert f"1 {problems.UNREADABLE_IMAGE}" in lines[4] and "missing.jpg (file not found)" in lines[4]
     clipped = first.records[0].labels[-1]  # [50, 80] x [50, 80] on a 64 px image -> [50, 64] x [50, 64]
     np.testing.assert_allclose(clipped, [1, 57 / 64, 57 / 64, 14 / 64, 14 / 64], rtol=1e-6)
