@@ -211,8 +211,6 @@ TRAIN: dict[str, Alias] = {
     "dfl": renamed("dfl_gain"),
     "cache": Alias(cache),
     "multi_scale": Alias(multi_scale),
-    "save_period": unsupported("last.pt is saved every epoch (every few when epochs are seconds long) and best.pt "
-                               "whenever fitness improves", -1),
     # False beside a weights file is refused (resume_and_weights): the file would be loaded all the same.
     "pretrained": unsupported("start from weights with --weights (or model=yolov8n.pt); without them a run trains "
                               "from scratch", True, False),

@@ -115,6 +115,7 @@ def train(
     tensorboard: bool = False,
     project: str | Path = "runs/train",
     name: str = "exp",
+    save_period: int = 0,
     resume: str | Path | bool = "",
     amp_check: bool = True,
     sync_bn: bool = False,

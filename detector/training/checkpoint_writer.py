@@ -214,8 +214,10 @@ class RunCheckpoints:
 
     def __init__(self, folder: Path, *, background: bool, log: Callable[[str], None],
                  cadence: Cadence | None = None,
-                 detail: Callable[[str], AbstractContextManager[None]] = lambda name: nullcontext()) -> None:
+                 detail: Callable[[str], AbstractContextManager[None]] = lambda name: nullcontext(),
+                 period: int = 0) -> None:
         self.last, self.best = folder / "last.pt", folder / "best.pt"
+        self.period = period  # --save-period: every this many epochs a lasting epoch<N>.pt too (0: none)
         self.writer = CheckpointWriter(background=background)
         self.cadence = cadence or Cadence()
         self.log = log
@@ -225,11 +227,13 @@ class RunCheckpoints:
         self.said_so = False
 
     def epoch_done(self, checkpoint: Callable[[], dict[str, Any]], *, improved: bool | None, finished: bool,
-                   wait: bool) -> None:
-        """An epoch ended: write last.pt (stripped when the run ``finished``) and best.pt when it ``improved``,
-        or hold best.pt when last.pt is not due; ``improved=None`` (not known yet): keep the candidate for
-        :meth:`judged`. ``wait``: return once both are on disk."""
-        must = finished or wait
+                   wait: bool, epoch: int = -1) -> None:
+        """Epoch ``epoch`` (0-based) ended: write last.pt (stripped when the run ``finished``) and best.pt when it
+        ``improved``, or hold best.pt when last.pt is not due; ``improved=None`` (not known yet): keep the candidate
+        for :meth:`judged`. ``wait``: return once both are on disk. Every ``period``-th epoch (counted from 1)
+        last.pt is due, and the same checkpoint is kept as ``epoch<N>.pt`` (Ultralytics' ``save_period``)."""
+        kept = self.period > 0 and (epoch + 1) % self.period == 0
+        must = finished or wait or kept
         if not self.cadence.due(must=must):
             if improved is not False:
                 state = checkpoint()
@@ -254,6 +258,8 @@ class RunCheckpoints:
                     self.candidate = stripped_snapshot(state)
         with self.detail("writes"):  # on the CPU the writes themselves; on a GPU handing them over, or the wait
             self.writer.submit(self.last, payload, strip=finished)
+            if kept:  # a resumable checkpoint of its own, as last.pt is at that epoch
+                self.writer.submit(self.last.with_name(f"epoch{epoch + 1}.pt"), payload, strip=finished)
             if improved:
                 self.held_best = None
                 self.writer.submit(self.best, payload, strip=True)

@@ -133,6 +133,8 @@ class TrainConfig:
     tensorboard: bool = option(False, "log scalars and plots to TensorBoard in the run folder")
     project: str = option("runs/train", "parent folder of run folders")
     name: str = option("exp", "run folder name (a number is appended if it exists)")
+    save_period: int = option(0, "also keep weights/epochN.pt every N epochs, a resumable last.pt of that epoch "
+                                 "(Ultralytics' save_period); 0 = off")
     resume: str = option("", "resume an interrupted run from its last.pt (or 'auto': the newest under --project); "
                                "a finished run's last.pt is stripped: fine-tune from it with --weights")
     amp_check: bool = option(True, "before training, compare one AMP step with FP32 and fall back if AMP misbehaves")

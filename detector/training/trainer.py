@@ -132,7 +132,7 @@ class Trainer(RunPlans):
         # Rank 0's checkpoints: off the training thread on a GPU, where the host waits on the device; on the CPU
         # a writer thread takes cores from the step (2-core EPYC, 30 epochs: 87-93 s wall against 66-75 s inline).
         self.checkpoints = RunCheckpoints(self.run_dir / "weights", background=self.device.type != "cpu", log=self.log,
-                                          detail=self.account.detail)
+                                          detail=self.account.detail, period=config.save_period)
         self.ctrl_c = CtrlC(single_process=not self.dist.enabled, announce=self.dist.is_main)
 
     # ----------------------------------------------------------------------------------------- set-up
@@ -404,7 +404,7 @@ class Trainer(RunPlans):
                 with self.account.detail("GPU wait"):
                     torch.cuda.synchronize(self.device)
             self.checkpoints.epoch_done(lambda: self._run_checkpoint(epoch, metrics), improved=improved,
-                                        finished=finished, wait=wait)
+                                        finished=finished, wait=wait, epoch=epoch)
             writer = self.checkpoints.writer
             if writer.in_background:  # inline writes are already in the "checkpoints" part
                 self.account.background["checkpoint writes"] = writer.write_seconds

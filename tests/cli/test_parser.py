@@ -57,8 +57,8 @@ def test_the_scripts_name_themselves_and_detector_names_the_command(monkeypatch:
 
 
 def test_an_ultralytics_error_names_the_program_once(capsys: pytest.CaptureFixture[str]) -> None:
-    line = usage_error(capsys, ["save_period=5"], command=train_command.main)
-    assert line.startswith("train.py: error: Ultralytics' save_period=5 has no equivalent here: last.pt is saved")
+    line = usage_error(capsys, ["copy_paste=0.5"], command=train_command.main)
+    assert line.startswith("train.py: error: Ultralytics' copy_paste=0.5 has no equivalent here: segmentation only")
 
 
 @pytest.mark.parametrize("argv, hint", [
@@ -78,10 +78,10 @@ def test_a_flag_unlike_any_gets_no_guess(capsys: pytest.CaptureFixture[str]) -> 
     assert "did you mean" not in usage_error(capsys, ["export", "--bogus"])  # not --iou, as difflib said with the --
 
 
-@pytest.mark.parametrize("flag", [["--save_period", "5"], ["--save-period", "5"], ["--save-period=5"]])
+@pytest.mark.parametrize("flag", [["--copy_paste", "0.5"], ["--copy-paste", "0.5"], ["--copy-paste=0.5"]])
 def test_an_ultralytics_name_as_a_flag_gets_its_note(flag: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     line = usage_error(capsys, ["train", *flag])
-    assert "Ultralytics' save_period=5 has no equivalent here: last.pt is saved every epoch" in line, line
+    assert "Ultralytics' copy_paste=0.5 has no equivalent here: segmentation only" in line, line
 
 
 def test_version_prints_the_installed_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -198,3 +198,21 @@ def test_only_a_background_writer_copies_the_live_state(tmp_path: Path, monkeypa
     assert len(copies) == (1 if background else 0)
     for name in ("last.pt", "best.pt"):
         assert torch.equal(load_checkpoint(tmp_path / name)["model"]["w"].float(), torch.ones(4))
+
+
+@pytest.mark.parametrize("background", [True, False])
+def test_save_period_keeps_every_nth_epoch_as_a_resumable_file_of_its_own(tmp_path: Path, background: bool):
+    """--save-period 2 (Ultralytics' save_period): epochs 2 and 4 (counted from 1) each leave epoch<N>.pt, a full
+    last.pt of that epoch, though short epochs make last.pt due only now and then; the others leave none."""
+    clock = FakeClock(tick=0.1)  # every write costs 0.1 s: due again 5 s after the last one
+    checkpoints = RunCheckpoints(tmp_path, background=background, log=print,
+                                 cadence=Cadence(share=0.02, clock=clock), period=2)
+    for epoch in range(5):
+        clock.now += 0.5  # far too soon for the cadence
+        checkpoints.epoch_done(lambda epoch=epoch: full_checkpoint(epoch), improved=False, finished=epoch == 4,
+                               wait=False, epoch=epoch)
+    checkpoints.close()
+    assert sorted(path.name for path in tmp_path.glob("epoch*.pt")) == ["epoch2.pt", "epoch4.pt"]
+    for name, epoch in (("epoch2.pt", 1), ("epoch4.pt", 3)):
+        kept = load_checkpoint(tmp_path / name)
+        assert kept["epoch"] == epoch and not is_stripped(kept)  # resumable, as last.pt was then
