@@ -222,14 +222,19 @@ def ignored_on_resume(asked: dict[str, Any], saved: TrainConfig) -> list[str]:
 def load_resume(config: TrainConfig, asked: dict[str, Any] | None = None) -> tuple[TrainConfig, Path, dict[str, Any]]:
     """``--resume``: the run's own config (only the device and worker count may change), its last.pt and that file.
 
-    ``--resume auto`` takes the newest ``<project>/*/weights/last.pt``. A stripped file holds no optimizer state
-    and is refused, naming the fine-tune that starts from it instead. Other settings in ``asked`` that differ
-    from the run's are named in one warning: ignoring them silently would let ``--resume --epochs 200`` look
-    as if it trained on.
+    ``--resume auto`` takes the newest ``<project>/*/weights/last.pt``, a run folder its ``weights/last.pt``. A
+    stripped file holds no optimizer state and is refused, naming the fine-tune that starts from it instead. Other
+    settings in ``asked`` that differ from the run's are named in one warning: ignoring them silently would let
+    ``--resume --epochs 200`` look as if it trained on.
     """
     path = newest_file(config.project, "*/weights/last.pt") if config.resume == "auto" else Path(config.resume)
     if path is None:
         raise CheckpointError(f"{config.project}: no last.pt to resume from")
+    if path.is_dir():  # a run folder (runs/train/exp) or its weights folder: the last.pt in it
+        inside = [found for found in (path / "weights" / "last.pt", path / "last.pt") if found.is_file()]
+        if not inside:
+            raise CheckpointError(f"{path}: a folder without weights/last.pt; resume names a run folder or its last.pt")
+        path = inside[0]
     checkpoint = load_checkpoint(path)
     if is_stripped(checkpoint):
         raise CheckpointError(f"{path}: holds no optimizer state (stripped: a best.pt, or a finished run's "

@@ -28,6 +28,8 @@ class Run(Protocol):
     val_data: SplitData | None
     clock: RunClock
     epochs: int
+    start_epoch: int
+    resume_path: Path | None
     optimizer_name: str
     multi_scale: MultiScale
     run_dir: Path
@@ -80,6 +82,8 @@ def cache_text(trainer: Run) -> str:
 def epochs_text(trainer: Run) -> str:
     budget, epochs = trainer.clock.budget, trainer.epochs
     count = f"{epochs} epoch{'s' if epochs != 1 else ''}"
+    if trainer.start_epoch:  # a resumed run says where it goes on from
+        count += f", resumed at epoch {trainer.start_epoch + 1} from {trainer.resume_path}"
     if budget is None:
         return count
     return f"{count} fitted to the time budget {budget.text}, re-fitted after every epoch"

@@ -102,5 +102,7 @@ class MultiScale:
                     f"px (--close-mosaic {self.fixed_last_epochs}; 0 keeps both on): {count}")
         end = (f"; no mosaic and {self.image_size} px for the last {self.fixed_last_epochs} epochs"
                if self.fixed_last_epochs > 0 else "")
+        if len(ladder) == 1:  # --imgsz too small for the factors to reach another multiple of the stride
+            return f"multi-scale {ladder[0]} px only (no other multiple of 32 in range{end}): {count}"
         sizes = f"{ladder[0]}-{ladder[-1]} px ({len(ladder)} sizes, each held {self.hold} steps{end})"
         return f"multi-scale {sizes}: {count}"

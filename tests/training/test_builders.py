@@ -76,6 +76,23 @@ def test_a_resumed_run_validates_as_it_did_before_rect_batches_existed(saved, tm
     assert resumed.val_rect is saved.get("val_rect", False)
 
 
+def test_resume_takes_a_run_folder_for_its_last_pt(tmp_path) -> None:
+    """``--resume runs/train/exp`` (or its weights folder) resumes that run's last.pt; a folder without one is one
+    line (it said "checkpoint not found" of a folder that exists)."""
+    from detector.checkpoint import CheckpointError, save_checkpoint
+    from detector.training.builders import load_resume
+
+    path = tmp_path / "exp" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True)
+    config = TrainConfig(data="shapes", project=str(tmp_path), epochs=3).to_dict()
+    save_checkpoint({"model": {}, "ema": None, "optimizer": {"state": {}}, "epoch": 0, "config": config}, path)
+    for folder in (tmp_path / "exp", path.parent):
+        assert load_resume(TrainConfig(resume=str(folder), device="cpu"))[1] == path
+    with pytest.raises(CheckpointError, match=r"/other: a folder without weights/last.pt; resume names a run folder"):
+        (tmp_path / "other").mkdir()
+        load_resume(TrainConfig(resume=str(tmp_path / "other")))
+
+
 def test_a_resume_names_the_settings_it_ignores_in_one_warning(tmp_path) -> None:
     """``--resume --epochs 200`` used to go on for the run's own 3 epochs without a word."""
     from detector.checkpoint import save_checkpoint

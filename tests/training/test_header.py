@@ -1,3 +1,4 @@
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,5 +23,11 @@ def test_an_lr0_that_auto_ignores_is_said_in_the_header(optimizer: str, chosen: 
 
 def test_one_epoch_is_one_epoch():
     clock = SimpleNamespace(budget=None)
-    assert epochs_text(SimpleNamespace(clock=clock, epochs=1)) == "1 epoch"
-    assert epochs_text(SimpleNamespace(clock=clock, epochs=3)) == "3 epochs"
+    assert epochs_text(SimpleNamespace(clock=clock, epochs=1, start_epoch=0)) == "1 epoch"
+    assert epochs_text(SimpleNamespace(clock=clock, epochs=3, start_epoch=0)) == "3 epochs"
+
+
+def test_a_resumed_run_says_where_it_goes_on_from():
+    run = SimpleNamespace(clock=SimpleNamespace(budget=None), epochs=40, start_epoch=12,
+                          resume_path=Path("runs/train/exp/weights/last.pt"))
+    assert epochs_text(run) == "40 epochs, resumed at epoch 13 from runs/train/exp/weights/last.pt"

@@ -103,6 +103,9 @@ def test_the_header_says_when_a_run_is_all_close_mosaic_epochs():
     assert long == ("multi-scale 576-704 px (5 sizes, each held 10 steps; no mosaic and 640 px for the last 10 "
                     "epochs): 5 input shapes")
     assert MultiScale(640, epochs=3, fixed_last_epochs=0).describe(5).endswith("each held 10 steps): 5 input shapes")
+    # 160 px: 0.875-1.125 x 160 holds no other multiple of 32 ("1 sizes, each held 10 steps" before)
+    assert MultiScale(160, epochs=30, fixed_last_epochs=0).describe(1) == (
+        "multi-scale 160 px only (no other multiple of 32 in range): 1 input shape")
 
 
 def test_largest_is_the_top_of_the_ladder_or_the_close_mosaic_size():
