@@ -21,6 +21,7 @@ from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, l
 from detector.data.augment import AugmentConfig
 from detector.data.batch_augment import resolve_pixel_augment
 from detector.data.build import SplitData, build_split
+from detector.data.catalog import resolve_data_yaml
 from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler
 from detector.data.spec import DatasetSpec, load_dataset_spec
@@ -241,7 +242,14 @@ def load_resume(config: TrainConfig, asked: dict[str, Any] | None = None) -> tup
                               f"last.pt), so it cannot be resumed; to train on from it, start a fine-tune: "
                               f"--weights {path}")
     saved = TrainConfig.from_dict({**BEFORE_THEIR_TIME, **checkpoint["config"]})
-    if ignored := ignored_on_resume(asked or {}, saved):
+    asked = dict(asked or {})
+    if saved.data and not resolve_data_yaml(saved.data).is_file():  # the dataset moved since (as Ultralytics allows)
+        if "data" not in asked:
+            raise CheckpointError(f"{path}: its run's data YAML {saved.data} is gone; if the dataset moved, resume with "
+                                  f"--data NEW.yaml")
+        warnings.warn(f"{path}: its run's data YAML {saved.data} is gone; resuming on {asked['data']}")
+        saved.data = asked.pop("data")
+    if ignored := ignored_on_resume(asked, saved):
         warnings.warn(f"{path}: a resumed run keeps its own settings; ignored: {', '.join(ignored)}. To train with "
                       f"other settings, start a new run from its weights: --weights {path}")
     saved.device, saved.workers, saved.resume = config.device, config.workers, str(path)

@@ -93,6 +93,24 @@ def test_resume_takes_a_run_folder_for_its_last_pt(tmp_path) -> None:
         load_resume(TrainConfig(resume=str(tmp_path / "other")))
 
 
+def test_a_run_whose_dataset_moved_resumes_on_the_data_given(tmp_path) -> None:
+    """The run's data YAML is gone (the dataset moved): --resume alone says to give --data (it said only "data
+    YAML not found"); with --data the run resumes on it, with one warning, as Ultralytics resumes then."""
+    from detector.checkpoint import CheckpointError, save_checkpoint
+    from detector.training.builders import load_resume
+
+    path = tmp_path / "exp" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True)
+    config = TrainConfig(data=str(tmp_path / "old" / "d.yaml"), project=str(tmp_path), epochs=3).to_dict()
+    save_checkpoint({"model": {}, "ema": None, "optimizer": {"state": {}}, "epoch": 0, "config": config}, path)
+    with pytest.raises(CheckpointError, match=r"old/d.yaml is gone; if the dataset moved, resume with --data NEW.yaml"):
+        load_resume(TrainConfig(resume=str(path)))
+    moved = str(tmp_path / "new" / "d.yaml")
+    with pytest.warns(UserWarning, match=r"old/d.yaml is gone; resuming on .*new/d.yaml$"):
+        resumed, _, _ = load_resume(TrainConfig(resume=str(path), data=moved), {"data": moved})
+    assert resumed.data == moved and resumed.epochs == 3
+
+
 def test_a_resume_names_the_settings_it_ignores_in_one_warning(tmp_path) -> None:
     """``--resume --epochs 200`` used to go on for the run's own 3 epochs without a word."""
     from detector.checkpoint import save_checkpoint
