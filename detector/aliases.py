@@ -219,8 +219,6 @@ TRAIN: dict[str, Alias] = {
                  "the last epoch is still evaluated, as Ultralytics evaluates its final epoch"),
     "rect": unsupported("training batches are square letterboxes with mosaic", False),
     # Label lines whose class id is not in the YAML's names are dropped, not merged: one name alone loses boxes.
-    "single_cls": unsupported("no single-class mode: rewrite every label line's class id to 0 and give the data "
-                              "YAML one name", False),
     "classes": unsupported("training uses every class the data YAML names: to train on some, keep only their "
                            "label lines, renumbered 0.., and list just their names in the YAML"),
     "deterministic": unsupported("runs are seeded (--seed); bitwise-deterministic kernels are not forced", True),
@@ -245,8 +243,8 @@ VAL: dict[str, Alias] = {
     "save_hybrid": unsupported("no hybrid labels", False),
     "save_conf": unsupported("predict --save-txt --save-conf writes scores", False),
     "augment": unsupported("no test-time augmentation", False),
-    "single_cls": unsupported("no single-class mode: evaluate on labels whose class ids are all rewritten to 0, "
-                              "with a data YAML of one name", False),
+    "single_cls": unsupported("a one-class model (train single_cls=True) is scored as one class on its own; a "
+                              "model of several classes is scored per class", False),
     "classes": unsupported("every class the data YAML names is scored; the per-class table gives each one's AP"),
     "dnn": unsupported("exported files run on ONNX Runtime or TensorRT", False),
 }

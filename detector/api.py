@@ -50,6 +50,7 @@ def train(
     data: str | Path = "",
     datasets_dir: str | Path = "",
     fraction: float = 1.0,
+    single_cls: bool = False,
     model: str = "n",
     weights: str | Path = "",
     freeze: int = 0,

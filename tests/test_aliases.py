@@ -96,8 +96,8 @@ def test_pretrained_false_is_refused_only_beside_weights() -> None:
         quiet("train", {"pretrained": False, "model": "yolov8n"})
 
 
-def test_the_single_class_hints_say_to_rewrite_the_labels() -> None:
-    """A one-name YAML alone drops every label line of class 1 and up (they are outside its names)."""
-    for command in ("train", "val"):
-        with pytest.raises(TypeError, match="class ids? .*0"):
-            quiet(command, {"single_cls": True})
+def test_single_cls_trains_one_class_and_val_names_how_a_one_class_model_is_scored() -> None:
+    """train takes single_cls as its own setting; val's answer says a one-class model is scored as one class."""
+    assert quiet("train", {"single_cls": True}) == ({"single_cls": True}, [])
+    with pytest.raises(TypeError, match="a one-class model .* is scored as one class on its own"):
+        quiet("val", {"single_cls": True})

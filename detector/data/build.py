@@ -10,7 +10,13 @@ from pycocotools.coco import COCO
 
 from detector.data.augment import AugmentConfig
 from detector.data.dataset import DetectionDataset
-from detector.data.ground_truth import build_coco_ground_truth, json_pixel_scale, load_coco
+from detector.data.ground_truth import (
+    build_coco_ground_truth,
+    json_pixel_scale,
+    load_coco,
+    one_category,
+    usable_ground_truth,
+)
 from detector.data.labels import label_path_for
 from detector.data.ram_cache import build_image_cache
 from detector.data.records import Records
@@ -40,9 +46,13 @@ def load_records(spec: DatasetSpec, split: str, *, training: bool = False) -> tu
     entry = getattr(spec, split)
     if entry is None:
         raise DatasetError(f"{spec.yaml_path}: no '{split}' split")
-    scan = scan_split(entry, spec.names)
+    scan = scan_split(entry, spec.label_names or spec.names)
     scan.problems.warn(prefix=f"{spec.yaml_path.name} '{split}': ")
-    records = scan.records
+    records, category_ids = scan.records, scan.category_ids
+    if spec.label_names is not None:  # one class (train --single-cls): every box is class 0, its first category's
+        labels = records.labels.copy()
+        labels[:, 0] = 0
+        records, category_ids = Records.from_arrays({**records.arrays(), "labels": labels}), category_ids[:1]
     if not len(records):
         raise DatasetError(f"{spec.yaml_path}: '{split}' split has no readable images")
     if entry.fraction < 1.0:  # Ultralytics' fraction: the split's first share of images, in its order, at least one
@@ -52,7 +62,7 @@ def load_records(spec: DatasetSpec, split: str, *, training: bool = False) -> tu
         records = records.select(range(kept))
     if not records.box_counts().any():
         no_boxes(spec, split, records, entry.coco_json, training=training)
-    return records, scan.category_ids, entry.coco_json
+    return records, category_ids, entry.coco_json
 
 
 def no_boxes(spec: DatasetSpec, split: str, records: Records, coco_json: Path | None, *, training: bool) -> None:
@@ -93,9 +103,11 @@ def build_split(
     data = SplitData(dataset, records, category_ids)
     if augment is None:
         data.ground_truth = (
-            load_coco(coco_json)
-            if coco_json is not None
-            else load_coco(build_coco_ground_truth(records, data.image_hw, spec.names, category_ids))
+            load_coco(build_coco_ground_truth(records, data.image_hw, spec.names, category_ids))
+            if coco_json is None
+            else load_coco(coco_json)
+            if spec.label_names is None
+            else load_coco(one_category(usable_ground_truth(coco_json), category_ids[0], spec.names[0]))
         )
         if coco_json is not None:
             data.json_scale = json_pixel_scale(data.ground_truth, records.image_ids, records.image_hw,

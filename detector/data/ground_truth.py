@@ -103,6 +103,13 @@ def json_pixel_scale(ground_truth: COCO, image_ids: np.ndarray, image_hw: np.nda
     return scales or None
 
 
+def one_category(ground_truth: dict, category_id: int, name: str) -> dict:
+    """``ground_truth`` with every annotation in one category, ``category_id`` named ``name``: what a single-class
+    model (train --single-cls) is scored against, as Ultralytics' ``single_cls`` scores."""
+    annotations = [{**ann, "category_id": category_id} for ann in ground_truth["annotations"]]
+    return {**ground_truth, "annotations": annotations, "categories": [{"id": category_id, "name": name}]}
+
+
 def load_coco(ground_truth: dict | Path) -> COCO:
     """A COCO index of ``ground_truth``: a dict as built above, or a dataset's JSON (cleaned on the way in)."""
     dataset = ground_truth if isinstance(ground_truth, dict) else usable_ground_truth(ground_truth)

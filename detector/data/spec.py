@@ -21,6 +21,7 @@ YAMLs are read with ``yaml.safe_load``; a ``download:`` entry is never executed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -61,6 +62,10 @@ class Split:
     fraction: float = 1.0  # the share of its images a run takes, the first ones (train --fraction)
 
 
+# The one class of a single-class run (train --single-cls), named as Ultralytics names it.
+SINGLE_CLASS_NAME = "item"
+
+
 @dataclass
 class DatasetSpec:
     yaml_path: Path
@@ -69,10 +74,21 @@ class DatasetSpec:
     val: Split
     test: Split | None = None
     extra: dict = field(default_factory=dict)
+    # The YAML's own names where ``names`` was collapsed to one class (:func:`single_class`): the label files'
+    # class ids are checked against these, then every box becomes class 0.
+    label_names: list[str] | None = None
 
     @property
     def num_classes(self) -> int:
         return len(self.names)
+
+
+def single_class(spec: DatasetSpec) -> DatasetSpec:
+    """``spec`` as one class, ``item`` (Ultralytics' ``single_cls``): every box of every class counts as it, in
+    training and in the ground truth scored against."""
+    if spec.label_names is not None:
+        return spec
+    return dataclasses.replace(spec, names=[SINGLE_CLASS_NAME], label_names=list(spec.names))
 
 
 def _text(value: object, source: Path, key: str) -> str:

@@ -38,6 +38,8 @@ class TrainConfig:
                                   "$DETECTOR_DATASETS, else datasets/ in the data folder")
     fraction: float = option(1.0, "train on the training split's first this share of images, e.g. 0.1 for a quick "
                                   "run (validation keeps all of its split)")
+    single_cls: bool = option(False, "one class, 'item': every box of every class counts as it, in training and "
+                                     "validation (Ultralytics' single_cls)")
     model: str = option("n", "model scale", choices=("n", "s", "m", "l", "x"))
     weights: str = option("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
                                 "(bare names look in weights/; python -m detector download yolov8n fetches one)")

@@ -50,7 +50,8 @@ def run_header(trainer: Run) -> str:
     if trainer.recomputed:
         augment += f" | BatchNorm outputs of {', '.join(trainer.recomputed)} recomputed in backward (--recompute)"
     return (
-        f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} classes) | "
+        f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} "
+        f"class{'es' if model.num_classes != 1 else ''}) | "
         f"data {config.data or 'built-in shapes'} ({len(trainer.train_data.records)} train / {val_count} val) | "
         f"{trainer.device} x{trainer.dist.world_size}, {config.workers} loader workers | "
         f"precision {step.precision.name}: {step.precision.reason} | {augment} | "

@@ -80,9 +80,10 @@ def check_parity_of(
     split = None
     if options.data is not None:
         from detector.data.build import build_split
-        from detector.data.spec import load_dataset_spec
+        from detector.data.spec import load_dataset_spec, single_class
 
         spec = load_dataset_spec(options.data, datasets_dir=options.datasets_dir)
+        spec = single_class(spec) if len(info.names) == 1 < spec.num_classes else spec  # a --single-cls model
         split = build_split(spec, "val", image_size=info.imgsz, augment=None)
     reference = TorchBackend(model, dataclasses.replace(info, dynamic=True, nms=None), device=device)
     images = split_images(split) if split is not None else synthetic_images(info.imgsz)

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from detector.data.build import build_split
-from detector.data.spec import DatasetError, load_dataset_spec
+from detector.data.spec import DatasetError, load_dataset_spec, single_class
 from detector.data.workers import stop_workers
 from detector.defaults import DEFAULT_IMGSZ
 from detector.device import resolve_device
@@ -127,6 +127,9 @@ def run_val(options: ValOptions) -> dict[str, float]:
             print(f"note: {options.weights} has NMS inside (conf {backend.info.nms.conf_threshold}, one class per box):"
                   " mAP is lower than with the Python NMS at --conf 0.001; export without --nms to evaluate")
         infer, runtime = backend, backend.name
+    if num_classes == 1 < spec.num_classes:  # a one-class model (train --single-cls): scored as Ultralytics does
+        print(f"note: {options.weights} has one class: every box of {data}'s {spec.num_classes} classes counts as it")
+        spec = single_class(spec)
     if num_classes != spec.num_classes:
         raise DatasetError(f"{data}: {spec.num_classes} classes but {options.weights} was trained for {num_classes}")
     if names and list(names) != spec.names:

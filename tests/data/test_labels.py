@@ -313,3 +313,25 @@ def test_a_windows_file_name_with_backslashes_is_read_as_a_path(tmp_path: Path):
     _write(json_path, coco)
     parsed = read_coco_labels(json_path, tmp_path / "images", NAMES)
     assert parsed.paths[0] == tmp_path / "images/sub/000.jpg" and not parsed.problems.entries
+
+
+@pytest.mark.parametrize("layout", ["yolo", "coco"])
+def test_single_class_counts_every_box_as_one_class_in_labels_and_ground_truth(tmp_path: Path, layout: str):
+    """train --single-cls (Ultralytics' single_cls): the label files are read against the YAML's names (no box
+    dropped as an unknown class), then every box is class 0, 'item', and the ground truth scored against has the
+    same boxes in one category."""
+    from detector.data.spec import single_class
+    from tests.conftest import write_yolo_dataset
+
+    yaml = write_coco_dataset(tmp_path, count=4) if layout == "coco" else write_yolo_dataset(tmp_path, train=2, val=4)
+    spec = load_dataset_spec(yaml)
+    every = build_split(spec, "val", image_size=64, augment=None)
+    one = build_split(single_class(spec), "val", image_size=64, augment=None)
+    assert single_class(spec).names == ["item"] and single_class(single_class(spec)).names == ["item"]
+    assert len(set(every.records.labels[:, 0].tolist())) > 1  # the set has several classes to collapse
+    assert (one.records.labels[:, 0] == 0).all() and len(one.category_ids) == 1
+    np.testing.assert_array_equal(one.records.labels[:, 1:], every.records.labels[:, 1:])
+    truth, collapsed = every.ground_truth.dataset, one.ground_truth.dataset
+    assert collapsed["categories"] == [{"id": one.category_ids[0], "name": "item"}]
+    assert [ann["bbox"] for ann in collapsed["annotations"]] == [ann["bbox"] for ann in truth["annotations"]]
+    assert {ann["category_id"] for ann in collapsed["annotations"]} == {one.category_ids[0]}

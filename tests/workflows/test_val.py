@@ -66,3 +66,20 @@ def test_without_data_a_checkpoint_is_scored_on_the_dataset_it_trained_on(model,
         run_val(ValOptions(weights=onnx_fp32, **common))
     with pytest.raises(ValueError, match=r"missing\.onnx: weights not found$"):
         run_val(ValOptions(weights=tmp_path / "missing.onnx", **common))
+
+
+def test_a_one_class_model_is_scored_as_one_class_on_a_dataset_of_several(yolo_yaml, tmp_path, capsys) -> None:
+    """A --single-cls checkpoint against its (3-class) data YAML: every box counts as its one class, with a note;
+    it was "3 classes but ... was trained for 1"."""
+    from detector.checkpoint import load_checkpoint, save_checkpoint
+    from detector.workflows.options import ValOptions
+    from detector.workflows.val import run_val
+    from tests.conftest import lively_model, write_checkpoint
+
+    path = write_checkpoint(lively_model(num_classes=1), tmp_path / "one.pt")
+    save_checkpoint({**load_checkpoint(path), "names": ["item"]}, path)
+    metrics = run_val(ValOptions(weights=path, data=yolo_yaml, workers=0, batch=2, device="cpu", plots=False,
+                                 project=tmp_path, conf=0.001))
+    out = capsys.readouterr().out
+    assert "has one class: every box of" in out and "3 classes counts as it" in out
+    assert "\nitem " in out and 0.0 <= metrics["mAP50-95"] <= 1.0
