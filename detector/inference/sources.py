@@ -193,20 +193,16 @@ def files_frames(text: str, *, vid_stride: int = 1) -> Iterator[Frame]:
 
 
 def folder_files(folder: Path) -> list[Path]:
-    """Every image and video under ``folder``, through symlinked folders too (a dataset's split linked in); a link
-    to a folder above it (a loop) is not followed."""
-    files = []
+    """Every image and video under ``folder``, through symlinked folders too (a dataset's split linked in); each real
+    folder once, the first way there in sorted order: a link back up the tree, or two links to each other, cannot
+    loop, and a folder linked twice is not read twice."""
+    files, seen = [], set()
     for current, subfolders, names in os.walk(folder, followlinks=True):
-        here = os.path.realpath(current)
-        subfolders[:] = [name for name in subfolders
-                         if not is_above(os.path.realpath(os.path.join(current, name)), here)]
+        seen.add(os.path.realpath(current))
+        subfolders[:] = sorted(name for name in subfolders if os.path.realpath(os.path.join(current, name)) not in seen)
+        seen.update(os.path.realpath(os.path.join(current, name)) for name in subfolders)
         files += [Path(current, name) for name in names if readable(Path(name)) and Path(current, name).is_file()]
     return files
-
-
-def is_above(folder: str, path: str) -> bool:
-    """Whether real path ``folder`` is ``path`` or one of its parents."""
-    return path == folder or path.startswith(folder.rstrip(os.sep) + os.sep)
 
 
 def listed_frames(listing: Path, *, vid_stride: int) -> Iterator[Frame]:
