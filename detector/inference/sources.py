@@ -50,6 +50,10 @@ READ_AHEAD = 4  # frames decoded ahead of the model: enough to hide a decode beh
 DECODE_THREADS = max(1, min(8, usable_cores()))
 
 
+class VideoUnreadable(FileNotFoundError):
+    """A video, webcam or stream that OpenCV cannot open; the message names it."""
+
+
 @dataclass(frozen=True)
 class Frame:
     """One image for the model.
@@ -176,7 +180,12 @@ def files_frames(text: str, *, vid_stride: int = 1) -> Iterator[Frame]:
             if file.suffix.lower() in VIDEO_SUFFIXES:
                 while decoding:  # the images before it first, in order
                     read += yield from _decoded(*decoding.popleft(), only=len(files) == 1)
-                read += yield from capture_frames(str(file), name, vid_stride=vid_stride)
+                try:
+                    read += yield from capture_frames(str(file), name, vid_stride=vid_stride)
+                except VideoUnreadable as error:  # one bad video of many is skipped, as a bad image is
+                    if len(files) == 1:
+                        raise
+                    print(f"warning: {error}; skipped", file=sys.stderr)
                 continue
             decoding.append((name, pool.submit(read_image, file)))
             if len(decoding) > 2 * DECODE_THREADS:  # enough to keep every thread busy, no more in memory
@@ -265,7 +274,7 @@ def capture_frames(target: int | str, name: str, *, vid_stride: int = 1) -> Gene
     try:
         if not capture.isOpened():
             what = "webcam" if isinstance(target, int) else "video" if Path(target).is_file() else "stream"
-            raise FileNotFoundError(f"{target}: cannot open {what}")
+            raise VideoUnreadable(f"{target}: cannot open {what}")
         fps = (capture.get(cv2.CAP_PROP_FPS) or 30.0) / vid_stride
         index = given = 0
         while True:

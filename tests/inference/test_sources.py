@@ -289,3 +289,14 @@ def test_a_file_that_is_no_video_is_one_line_without_ffmpegs(tmp_path: Path, cap
     with pytest.raises(FileNotFoundError, match=r"fake.mp4: cannot open video$"):
         next(open_source(str(fake)))
     assert capfd.readouterr().err == ""
+
+
+def test_a_video_that_will_not_open_among_other_files_is_skipped_with_a_line(tmp_path: Path, capsys) -> None:
+    """As an undecodable image of a folder is: a warning, and the other files' frames (it stopped the whole run);
+    alone it is still the run's error."""
+    (tmp_path / "broken.mp4").write_bytes(b"not a video")
+    cv2.imwrite(str(tmp_path / "z.png"), bgr(6))
+    assert [f.name for f in open_source(tmp_path)] == ["z.png"]
+    assert capsys.readouterr().err == f"warning: {tmp_path / 'broken.mp4'}: cannot open video; skipped\n"
+    with pytest.raises(FileNotFoundError, match="broken.mp4: cannot open video$"):
+        next(open_source(tmp_path / "broken.mp4"))
