@@ -88,6 +88,7 @@ def train(
     assigner_beta: float = 6.0,
     mosaic: float = 1.0,
     close_mosaic: int = 10,
+    mixup: float = 0.0,
     degrees: float = 0.0,
     translate: float = 0.1,
     scale: float = 0.5,

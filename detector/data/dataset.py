@@ -152,23 +152,24 @@ class DetectionDataset(Dataset):
         # and a resumed run replays exactly what an uninterrupted one would have drawn. All three paths
         # draw the same numbers in the same order, so their geometry and boxes are identical.
         rng = np.random.default_rng((self.seed, epoch, index))
-        if use_mosaic and rng.random() < config.mosaic:
-            picks = [index, *rng.integers(0, len(self.records), 3)]
-            images, boxes, classes = zip(*(self._image_and_boxes(int(i)) for i in picks))
-            placements = mosaic_placements([image.shape[:2] for image in images], size, rng)
-            tiles, (height, width) = mosaic_tiles(list(images), placements), (2 * size, 2 * size)
-            boxes, classes = mosaic_boxes(placements, list(boxes), list(classes), size)
-        else:
-            image, boxes, classes = self._image_and_boxes(index)
-            tiles, (height, width) = [(image, 0, 0)], image.shape[:2]
-        matrix, zoom = affine_matrix(height, width, size, config, rng)
-        boxes, classes = warp_boxes(boxes, classes, matrix, zoom, size)
-        if self.geometry_on_device:
+        tiles, height, width, matrix, boxes, classes = self._geometry(index, rng, use_mosaic)
+        # MixUp (Ultralytics' mixup, off in close-mosaic epochs as there): this image blended with a second one of
+        # its own geometry, drawn from a stream of its own; nothing is drawn at 0, so other draws stay as they were.
+        mixed = use_mosaic and config.mixup > 0 and rng.random() < config.mixup
+        if mixed:
+            partner, ratio = int(rng.integers(0, len(self.records))), float(rng.beta(32.0, 32.0))
+            other = self._geometry(partner, np.random.default_rng((self.seed, epoch, index, 1)), use_mosaic)
+            image = mixup(warp_image(canvas(tiles, height, width), matrix, size),
+                          warp_image(canvas(*other[:3]), other[3], size), ratio)
+            boxes, classes = np.concatenate((boxes, other[4])), np.concatenate((classes, other[5]))
+            if self.geometry_on_device:  # the blend is made here; the step's warp copies it as it is
+                image = WarpSource.of_pixels(image, np.eye(3), size)
+        elif self.geometry_on_device:
             image = canvas_region(tiles, height, width, matrix, size)  # views of the tiles' parts it covers
             if self.image_cache is None:  # views would keep each decoded image whole until collate
                 image = image.compact()
-        else:  # one tile at the origin is the canvas itself: no copy
-            image = warp_image(tiles[0][0] if len(tiles) == 1 else paste(tiles, height, width), matrix, size)
+        else:
+            image = warp_image(canvas(tiles, height, width), matrix, size)
         gains = draw_hsv_gains(config, rng)
         pixels_on_device = self.pixel_ops_on_device or self.geometry_on_device
         if not pixels_on_device:
@@ -186,6 +187,25 @@ class DetectionDataset(Dataset):
         if pixels_on_device:
             return image, boxes, classes, PixelOps(*gains, flip_lr=flip_lr, flip_ud=flip_ud)
         return flip_image(image, flip_lr=flip_lr, flip_ud=flip_ud), boxes, classes, None
+
+    def _geometry(self, index: int, rng: np.random.Generator, use_mosaic: bool) -> tuple:
+        """An item's canvas before its warp, as ``(tiles, height, width, matrix, boxes, classes)``: a mosaic of it
+        and three others (when drawn) or the image alone, the random affine ``matrix`` drawn for it, and the boxes
+        and classes already warped by it."""
+        config, size = self.augment, self.image_size
+        assert config is not None
+        if use_mosaic and rng.random() < config.mosaic:
+            picks = [index, *rng.integers(0, len(self.records), 3)]
+            images, boxes, classes = zip(*(self._image_and_boxes(int(i)) for i in picks))
+            placements = mosaic_placements([image.shape[:2] for image in images], size, rng)
+            tiles, (height, width) = mosaic_tiles(list(images), placements), (2 * size, 2 * size)
+            boxes, classes = mosaic_boxes(placements, list(boxes), list(classes), size)
+        else:
+            image, boxes, classes = self._image_and_boxes(index)
+            tiles, (height, width) = [(image, 0, 0)], image.shape[:2]
+        matrix, zoom = affine_matrix(height, width, size, config, rng)
+        boxes, classes = warp_boxes(boxes, classes, matrix, zoom, size)
+        return tiles, height, width, matrix, boxes, classes
 
     def __getitem__(self, key: int | tuple[int, int, bool]) -> tuple[torch.Tensor, torch.Tensor, ImageMeta]:
         """``key`` is an index (evaluation) or ``(index, epoch, use_mosaic)`` from :class:`EpochSampler`.
@@ -245,6 +265,16 @@ class DetectionDataset(Dataset):
         image, shrink, pad = letterbox(resized, self.image_size, self.canvas(index))
         meta = ImageMeta(int(self.records.image_ids[index]), (height, width), ratio * shrink, pad)
         return image, np.zeros((0, 4), np.float32), np.zeros(0, np.float32), meta
+
+
+def canvas(tiles: list, height: int, width: int) -> np.ndarray:
+    """The canvas the tiles make: one tile at the origin is the canvas itself (no copy), more are pasted."""
+    return tiles[0][0] if len(tiles) == 1 else paste(tiles, height, width)
+
+
+def mixup(first: np.ndarray, second: np.ndarray, ratio: float) -> np.ndarray:
+    """``first * ratio + second * (1 - ratio)``, truncated to uint8, as Ultralytics' MixUp blends."""
+    return (first.astype(np.float32) * ratio + second.astype(np.float32) * (1 - ratio)).astype(np.uint8)
 
 
 def collate(

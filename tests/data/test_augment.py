@@ -123,3 +123,35 @@ def test_albumentations_is_imported_only_for_its_pipeline_and_without_the_update
     assert result.returncode == 0, result.stderr
     expected = user_value or "1"
     assert result.stdout.split() == [expected] * 3
+
+
+def test_mixup_blends_two_items_and_keeps_both_their_boxes(tmp_path):
+    """MixUp (Ultralytics' mixup, as it blends: ``a * r + b * (1 - r)`` truncated, r ~ Beta(32, 32)): each image a
+    flat grey of its own level and one box per index more than the last, no other change drawn, so each item is
+    its own image blended with a partner's whose boxes come along. Off in close-mosaic epochs."""
+    import cv2
+
+    from detector.data.records import Records
+
+    levels = [40, 90, 160, 220]
+    paths, labels = [], []
+    for index, level in enumerate(levels):
+        paths.append(tmp_path / f"{index}.png")
+        cv2.imwrite(str(paths[-1]), np.full((64, 64, 3), level, np.uint8))
+        labels.append(np.array([[0, 0.1 + 0.15 * k, 0.5, 0.1, 0.1] for k in range(index + 1)], np.float32))
+    records = Records.from_lists(paths, labels, range(4), [(64, 64)] * 4)
+    still = dict(mosaic=0.0, translate=0.0, scale=0.0, hsv_h=0.0, hsv_s=0.0, hsv_v=0.0, fliplr=0.0, albumentations=0.0)
+    mixed = DetectionDataset(records, image_size=64, augment=AugmentConfig(mixup=1.0, **still), seed=3)
+    plain = DetectionDataset(records, image_size=64, augment=AugmentConfig(**still), seed=3)
+    for index in range(4):
+        image, targets, _ = mixed[(index, 0, True)]
+        partner = len(targets) - (index + 1) - 1  # index p holds p + 1 boxes
+        assert 0 <= partner < 4, len(targets)
+        own, other = levels[index], levels[partner]
+        values = torch.unique(image)
+        assert len(values) == 1  # a flat blend
+        if own != other:
+            ratio = (int(values) + 0.5 - other) / (own - other)  # the truncated blend, solved for r (+/- 0.5 level)
+            assert 0.25 < ratio < 0.75, ratio  # Beta(32, 32) lies within 0.5 +/- 0.25 but for ~1e-4 of draws
+        closing = (index, 0, False)  # a close-mosaic epoch: no MixUp
+        assert torch.equal(mixed[closing][0], plain[closing][0]) and torch.equal(mixed[closing][1], plain[closing][1])

@@ -234,8 +234,9 @@ def _datasets(records, **augment):
 KEYS = [(index, epoch, use_mosaic) for index in range(4) for epoch in range(2) for use_mosaic in (True, False)]
 
 
-def test_device_items_have_the_worker_items_boxes_and_warped_pixels(tmp_path):
-    workers, pixels, device = _datasets(write_records(tmp_path, 4, seed=1), albumentations=0.0)
+@pytest.mark.parametrize("mixup", [0.0, 1.0])  # MixUp's blend is made in the workers, and copied by the warp
+def test_device_items_have_the_worker_items_boxes_and_warped_pixels(tmp_path, mixup):
+    workers, pixels, device = _datasets(write_records(tmp_path, 4, seed=1), albumentations=0.0, mixup=mixup)
     _, worker_targets, _ = collate([workers[key] for key in KEYS])
     # The pixels path's images are OpenCV's warp alone (HSV and flips left to the step): the geometry to compare.
     warped, _, pixel_metas = collate([pixels[key] for key in KEYS])
