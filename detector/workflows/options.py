@@ -57,6 +57,7 @@ class ValOptions(Options):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_detection_flags(conf=self.conf, iou=self.iou, max_det=self.max_det, imgsz=self.imgsz)
+        at_least(("--batch", self.batch, 1), ("--workers", self.workers, 0))
 
 
 @dataclass(kw_only=True)
@@ -139,6 +140,7 @@ class ExportOptions(Options):
         super().__post_init__()
         parse_formats(self.format)  # --format is free text ("onnx,engine"): refused here, before any work
         check_detection_flags(conf=self.conf, iou=self.iou, max_det=self.max_det, imgsz=self.imgsz)
+        at_least(("--workers", self.workers, 0))
 
 
 def check_detection_flags(*, conf: float, iou: float, max_det: int, imgsz: int | None) -> None:
@@ -204,10 +206,16 @@ class BenchmarkOptions(Options):
     def __post_init__(self) -> None:
         super().__post_init__()
         skipped(self.skip)  # refused here, before any work
-        for flag, value in (("--runs", self.runs), ("--throughput-runs", self.throughput_runs),
-                            ("--rounds", self.rounds)):
-            if value < 1:
-                raise ValueError(f"{flag} must be at least 1; got {value}")
+        at_least(("--runs", self.runs, 1), ("--throughput-runs", self.throughput_runs, 1), ("--rounds", self.rounds, 1),
+                 ("--batch", self.batch, 1), ("--throughput-batch", self.throughput_batch, 0),
+                 ("--warmup", self.warmup, 0))
+
+
+def at_least(*checks: tuple[str, int, int]) -> None:
+    """``ValueError`` naming the first ``(flag, value, lowest)`` whose value is below its lowest."""
+    for flag, value, lowest in checks:
+        if value < lowest:
+            raise ValueError(f"{flag} must be at least {lowest}; got {value}")
 
 
 def skipped(text: str) -> set[str]:

@@ -243,7 +243,8 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     where = f"; results in {outputs.out_dir}" if outputs is not None else ""
     def closing(count: int) -> None:
         if options.verbose:
-            print(f"{backend.name} on {count} images/frames at {size} px{where}")
+            what = "image/frame" if count == 1 else "images/frames"
+            print(f"{backend.name} on {count} {what} at {size} px{where}")
 
     if stream:
         return closing_line(results, closing)

@@ -51,3 +51,16 @@ def test_detection_flags_out_of_range_are_one_line(options_class: type, flags: d
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         options_class(**required, **flags)
     options_class(**required, conf=0.0, iou=1.0, max_det=1)  # the edges are values
+
+
+@pytest.mark.parametrize(("options_class", "flags", "message"), [
+    (ValOptions, {"batch": 0}, "--batch must be at least 1; got 0"),  # was "range() arg 3 must not be zero"
+    (ValOptions, {"workers": -3}, "--workers must be at least 0; got -3"),  # was torch's DataLoader message
+    (BenchmarkOptions, {"batch": 0}, "--batch must be at least 1; got 0"),  # each backend "failed" at run time
+    (BenchmarkOptions, {"throughput_batch": -1}, "--throughput-batch must be at least 0; got -1"),
+    (ExportOptions, {"workers": -1}, "--workers must be at least 0; got -1"),
+])
+def test_counts_below_their_least_are_one_line(options_class: type, flags: dict, message: str) -> None:
+    required = {ValOptions: {"weights": Path("best.pt")}}.get(options_class, {})
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        options_class(**required, **flags)
