@@ -186,6 +186,19 @@ class TrainConfig:
         for name in ("mosaic", "mixup", "fliplr", "flipud", "albumentations"):
             if not 0 <= getattr(self, name) <= 1:
                 problems.append(f"--{name} is a probability in [0, 1] (got {getattr(self, name)})")
+        # Fractions, as Ultralytics' settings check refuses them outside [0, 1] (--scale 2 drew negative zooms,
+        # --lr0 -1 trained uphill, --momentum 1.5 failed only after the data scan).
+        for name in ("lr0", "lrf", "weight_decay", "warmup_bias_lr", "warmup_momentum", "hsv_h", "hsv_s", "hsv_v",
+                     "translate", "scale", "val_conf", "val_iou"):
+            if not 0 <= getattr(self, name) <= 1:
+                problems.append(f"--{name.replace('_', '-')} must be in [0, 1] (got {getattr(self, name)})")
+        for name, low, high in (("momentum", 0.0, 1.0), ("ema_decay", 0.0, 1.0)):  # Adam's beta1 must stay below 1
+            if not low <= getattr(self, name) < high:
+                problems.append(f"--{name.replace('_', '-')} must be in [{low:g}, {high:g}) (got {getattr(self, name)})")
+        for name, least in (("nominal_batch", 1), ("max_det", 1), ("close_mosaic", 0), ("warmup_epochs", 0),
+                            ("seed", 0)):
+            if getattr(self, name) < least:
+                problems.append(f"--{name.replace('_', '-')} must be at least {least} (got {getattr(self, name)})")
         if problems:
             raise ValueError("; ".join(problems))
         if self.weights and not self.resume:  # before the data scan, minutes on COCO, that a bad file would waste

@@ -1,0 +1,34 @@
+"""TrainConfig.validate (detector/training/config.py): values that cannot work are one line naming the flag, before
+the data scan, as Ultralytics' settings check refuses them."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from detector.training.config import TrainConfig
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    ({"scale": 2.0}, "--scale must be in [0, 1] (got 2.0)"),  # zooms from -1 to 3 were drawn
+    ({"lr0": -1.0}, "--lr0 must be in [0, 1] (got -1.0)"),  # trained uphill
+    ({"hsv_h": 2.0}, "--hsv-h must be in [0, 1] (got 2.0)"),
+    ({"val_conf": 2.0}, "--val-conf must be in [0, 1] (got 2.0)"),
+    ({"momentum": 1.5}, "--momentum must be in [0, 1) (got 1.5)"),  # torch's Adam refused it after the data scan
+    ({"ema_decay": 2.0}, "--ema-decay must be in [0, 1) (got 2.0)"),
+    ({"nominal_batch": 0}, "--nominal-batch must be at least 1 (got 0)"),  # was a traceback
+    ({"max_det": 0}, "--max-det must be at least 1 (got 0)"),
+    ({"close_mosaic": -1}, "--close-mosaic must be at least 0 (got -1)"),
+    ({"warmup_epochs": -1.0}, "--warmup-epochs must be at least 0 (got -1.0)"),
+    ({"seed": -1}, "--seed must be at least 0 (got -1)"),
+    ({"mixup": 1.5}, "--mixup is a probability in [0, 1] (got 1.5)"),
+])
+def test_values_that_cannot_work_are_refused_naming_the_flag(flags: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        TrainConfig(epochs=1, imgsz=64, **flags).validate()
+
+
+def test_the_defaults_and_ultralytics_recipes_pass() -> None:
+    TrainConfig(epochs=1, imgsz=64).validate()
+    TrainConfig(epochs=1, imgsz=64, scale=0.9, mixup=0.15, lr0=0.01, momentum=0.937, degrees=180.0).validate()
