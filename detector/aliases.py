@@ -219,8 +219,6 @@ TRAIN: dict[str, Alias] = {
                  "the last epoch is still evaluated, as Ultralytics evaluates its final epoch"),
     "rect": unsupported("training batches are square letterboxes with mosaic", False),
     # Label lines whose class id is not in the YAML's names are dropped, not merged: one name alone loses boxes.
-    "classes": unsupported("training uses every class the data YAML names: to train on some, keep only their "
-                           "label lines, renumbered 0.., and list just their names in the YAML"),
     "deterministic": unsupported("runs are seeded (--seed); bitwise-deterministic kernels are not forced", True),
     "profile": unsupported("time the backends with detector benchmark", False),
     "compile": unsupported("torch.compile is not used", False),
@@ -244,7 +242,8 @@ VAL: dict[str, Alias] = {
     "augment": unsupported("no test-time augmentation", False),
     "single_cls": unsupported("a one-class model (train single_cls=True) is scored as one class on its own; a "
                               "model of several classes is scored per class", False),
-    "classes": unsupported("every class the data YAML names is scored; the per-class table gives each one's AP"),
+    "classes": unsupported("every class the data YAML names is scored (a model trained with classes= only those); "
+                           "the per-class table gives each one's AP"),
     "dnn": unsupported("exported files run on ONNX Runtime or TensorRT", False),
 }
 PREDICT: dict[str, Alias] = {

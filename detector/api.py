@@ -51,6 +51,7 @@ def train(
     datasets_dir: str | Path = "",
     fraction: float = 1.0,
     single_cls: bool = False,
+    classes: list[int] | tuple[int, ...] | None = None,
     model: str = "n",
     weights: str | Path = "",
     freeze: int = 0,

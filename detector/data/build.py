@@ -6,6 +6,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from pycocotools.coco import COCO
 
 from detector.data.augment import AugmentConfig
@@ -49,6 +50,8 @@ def load_records(spec: DatasetSpec, split: str, *, training: bool = False) -> tu
     scan = scan_split(entry, spec.label_names or spec.names)
     scan.problems.warn(prefix=f"{spec.yaml_path.name} '{split}': ")
     records, category_ids = scan.records, scan.category_ids
+    if spec.include_classes is not None:  # train --classes: the other classes' boxes left out
+        records = records.with_rows(np.isin(records.labels[:, 0], spec.include_classes))
     if spec.label_names is not None:  # one class (train --single-cls): every box is class 0, its first category's
         labels = records.labels.copy()
         labels[:, 0] = 0
@@ -78,6 +81,17 @@ def no_boxes(spec: DatasetSpec, split: str, records: Records, coco_json: Path | 
     print(f"warning: {message}; its mAP cannot be measured (reported as 0)", file=sys.stderr)
 
 
+def json_ground_truth(coco_json: Path, spec: DatasetSpec, first_category: int) -> dict:
+    """A split's COCO JSON as the evaluators read it (:func:`usable_ground_truth`), with only ``--classes``' boxes
+    (class i is the JSON's i-th category by id) and, for a single-class run, all in its one category."""
+    truth = usable_ground_truth(coco_json)
+    if spec.include_classes is not None:
+        ids = sorted(category["id"] for category in truth["categories"])
+        wanted = {ids[index] for index in spec.include_classes}
+        truth = {**truth, "annotations": [ann for ann in truth["annotations"] if ann["category_id"] in wanted]}
+    return one_category(truth, first_category, spec.names[0]) if spec.label_names is not None else truth
+
+
 def build_split(
     spec: DatasetSpec,
     split: str,
@@ -105,9 +119,7 @@ def build_split(
         data.ground_truth = (
             load_coco(build_coco_ground_truth(records, data.image_hw, spec.names, category_ids))
             if coco_json is None
-            else load_coco(coco_json)
-            if spec.label_names is None
-            else load_coco(one_category(usable_ground_truth(coco_json), category_ids[0], spec.names[0]))
+            else load_coco(json_ground_truth(coco_json, spec, category_ids[0]))
         )
         if coco_json is not None:
             data.json_scale = json_pixel_scale(data.ground_truth, records.image_ids, records.image_hw,

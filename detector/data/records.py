@@ -149,6 +149,14 @@ class Records(Sequence[ImageRecord]):
             image_hw=self.image_hw[indices],
         )
 
+    def with_rows(self, keep: np.ndarray) -> Records:
+        """The same images with only the label rows where ``keep`` (bool ``[N]``) is true."""
+        image_of_row = np.repeat(np.arange(len(self)), self.box_counts())
+        counts = np.bincount(image_of_row[keep], minlength=len(self))
+        label_offsets = np.zeros(len(self) + 1, np.int64)
+        np.cumsum(counts, out=label_offsets[1:])
+        return Records.from_arrays({**self.arrays(), "labels": self.labels[keep], "label_offsets": label_offsets})
+
     def hw_list(self) -> list[tuple[int, int]]:
         """Upright ``(height, width)`` per image, as Python ints."""
         return [(int(h), int(w)) for h, w in self.image_hw]

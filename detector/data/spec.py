@@ -77,10 +77,22 @@ class DatasetSpec:
     # The YAML's own names where ``names`` was collapsed to one class (:func:`single_class`): the label files'
     # class ids are checked against these, then every box becomes class 0.
     label_names: list[str] | None = None
+    # Only these class ids' boxes are trained on and scored (train --classes); None: every class.
+    include_classes: tuple[int, ...] | None = None
 
     @property
     def num_classes(self) -> int:
         return len(self.names)
+
+
+def only_classes(spec: DatasetSpec, classes: tuple[int, ...]) -> DatasetSpec:
+    """``spec`` with only ``classes``' boxes, in training and in the ground truth (Ultralytics' ``classes``); the
+    class ids and names stay as they are. ``DatasetError`` for an id the YAML does not name."""
+    names = spec.label_names or spec.names
+    if unknown := [index for index in classes if not 0 <= index < len(names)]:
+        raise DatasetError(f"{spec.yaml_path}: --classes {' '.join(map(str, unknown))}: its names hold class ids "
+                           f"0 to {len(names) - 1}")
+    return dataclasses.replace(spec, include_classes=tuple(sorted(set(classes))))
 
 
 def single_class(spec: DatasetSpec) -> DatasetSpec:

@@ -24,7 +24,7 @@ from detector.data.build import SplitData, build_split
 from detector.data.catalog import resolve_data_yaml
 from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler
-from detector.data.spec import DatasetSpec, load_dataset_spec, single_class
+from detector.data.spec import DatasetSpec, load_dataset_spec, only_classes, single_class
 from detector.data.workers import PREFETCH_FACTOR, worker_init
 from detector.distributed import DistInfo, broadcast_from_main
 from detector.files import write_text_atomically
@@ -61,7 +61,9 @@ def build_data(
     ``device`` decides where ``--pixel-augment auto`` puts mosaic, affine, HSV and flips (see :func:`resolve_pixel_augment`).
     """
     dist = dist or DistInfo()
-    spec = single_class(resolve_data(config)) if config.single_cls else resolve_data(config)
+    spec = resolve_data(config)
+    spec = only_classes(spec, config.classes) if config.classes is not None else spec
+    spec = single_class(spec) if config.single_cls else spec
     spec.train = dataclasses.replace(spec.train, fraction=config.fraction)
     train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache,
                         local_rank=dist.local_rank, local_world_size=dist.local_world_size, run_id=run_id())

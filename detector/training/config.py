@@ -40,6 +40,8 @@ class TrainConfig:
                                   "run (validation keeps all of its split)")
     single_cls: bool = option(False, "one class, 'item': every box of every class counts as it, in training and "
                                      "validation (Ultralytics' single_cls)")
+    classes: tuple[int, ...] | None = option(None, "train and validate on these class ids' boxes only, e.g. --classes "
+                                                   "0 2; the model keeps every class (Ultralytics' classes)")
     model: str = option("n", "model scale", choices=("n", "s", "m", "l", "x"))
     weights: str = option("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
                                 "(bare names look in weights/; python -m detector download yolov8n fetches one)")
@@ -211,7 +213,10 @@ class TrainConfig:
         return self
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        values = asdict(self)
+        if self.classes is not None:  # a list: config.yaml's safe_dump writes no tuples
+            values["classes"] = list(self.classes)
+        return values
 
     def changed(self) -> dict[str, Any]:
         """The fields set away from their defaults: what a command line or caller asked for."""
@@ -222,4 +227,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in known})
+        config = cls(**{k: v for k, v in values.items() if k in known})
+        if config.classes is not None:  # config.yaml and checkpoints hold a list
+            config.classes = tuple(config.classes)
+        return config

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from detector.data.build import build_split
-from detector.data.spec import DatasetError, load_dataset_spec, single_class
+from detector.data.spec import DatasetError, load_dataset_spec, only_classes, single_class
 from detector.data.workers import stop_workers
 from detector.defaults import DEFAULT_IMGSZ
 from detector.device import resolve_device
@@ -127,6 +127,11 @@ def run_val(options: ValOptions) -> dict[str, float]:
             print(f"note: {options.weights} has NMS inside (conf {backend.info.nms.conf_threshold}, one class per box):"
                   " mAP is lower than with the Python NMS at --conf 0.001; export without --nms to evaluate")
         infer, runtime = backend, backend.name
+    trained_on = ((checkpoint or {}).get("config") or {}).get("classes")
+    if trained_on is not None and num_classes == spec.num_classes:  # train --classes: scored as training validated
+        print(f"note: {options.weights} trained on classes {' '.join(map(str, trained_on))} alone: only their boxes "
+              "are scored")
+        spec = only_classes(spec, tuple(trained_on))
     if num_classes == 1 < spec.num_classes:  # a one-class model (train --single-cls): scored as Ultralytics does
         print(f"note: {options.weights} has one class: every box of {data}'s {spec.num_classes} classes counts as it")
         spec = single_class(spec)

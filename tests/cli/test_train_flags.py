@@ -124,8 +124,6 @@ def test_pretrained_false_without_weights_is_from_scratch(capsys: pytest.Capture
                                                "would be loaded all the same"),
     (["pretrained=False", "--weights", "x.pt"], "pretrained=False beside weights='x.pt'"),
     (["pretrained=x.pt"], "Ultralytics' pretrained='x.pt' has no equivalent here: start from weights with --weights"),
-    (["classes=[0,1]"], "Ultralytics' classes=[0, 1] has no equivalent here: training uses every class the data "
-                        "YAML names"),
 ])
 def test_conflicting_weights_and_refused_names_answer_in_one_line(argv: list[str], message: str,
                                                                   capsys: pytest.CaptureFixture) -> None:

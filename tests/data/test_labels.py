@@ -335,3 +335,29 @@ def test_single_class_counts_every_box_as_one_class_in_labels_and_ground_truth(t
     assert collapsed["categories"] == [{"id": one.category_ids[0], "name": "item"}]
     assert [ann["bbox"] for ann in collapsed["annotations"]] == [ann["bbox"] for ann in truth["annotations"]]
     assert {ann["category_id"] for ann in collapsed["annotations"]} == {one.category_ids[0]}
+
+
+@pytest.mark.parametrize("layout", ["yolo", "coco"])
+@pytest.mark.parametrize("single", [False, True])
+def test_classes_keep_only_their_boxes_in_labels_and_ground_truth(tmp_path: Path, layout: str, single: bool):
+    """train --classes 0 2 (Ultralytics' classes): only those classes' boxes are trained on and scored; the class
+    ids and names stay (with --single-cls too, the kept boxes then in one class). An id the YAML does not name is
+    one line."""
+    from detector.data.spec import only_classes, single_class
+    from tests.conftest import write_yolo_dataset
+
+    yaml = write_coco_dataset(tmp_path, count=4) if layout == "coco" else write_yolo_dataset(tmp_path, train=2, val=4)
+    spec = load_dataset_spec(yaml)
+    every = build_split(spec, "val", image_size=64, augment=None)
+    chosen = only_classes(spec, (2, 0))
+    some = build_split(single_class(chosen) if single else chosen, "val", image_size=64, augment=None)
+    wanted = np.isin(every.records.labels[:, 0], (0, 2))
+    assert 0 < wanted.sum() < len(wanted) and len(some.records) == len(every.records)  # images without boxes stay
+    np.testing.assert_array_equal(some.records.labels[:, 1:], every.records.labels[wanted, 1:])
+    expected_classes = np.zeros(wanted.sum()) if single else every.records.labels[wanted, 0]
+    np.testing.assert_array_equal(some.records.labels[:, 0], expected_classes)
+    kept_boxes = [ann["bbox"] for ann in every.ground_truth.dataset["annotations"]
+                  if ann["category_id"] in {every.category_ids[0], every.category_ids[2]}]
+    assert [ann["bbox"] for ann in some.ground_truth.dataset["annotations"]] == kept_boxes
+    with pytest.raises(DatasetError, match=r"--classes 3: its names hold class ids 0 to 2"):
+        only_classes(spec, (0, 3))

@@ -32,6 +32,16 @@ def test_records_round_trip_and_select():
         records[3]
 
 
+def test_with_rows_keeps_every_image_and_only_the_rows_asked_for():
+    records, paths, labels = _records()  # 1, 0 and 2 boxes: classes 0; -; 1, 2
+    kept = records.with_rows(records.labels[:, 0] != 1)
+    assert kept.paths() == paths and kept.box_counts().tolist() == [1, 0, 1]
+    np.testing.assert_array_equal(kept.labels_of(2), labels[2][1:])
+    assert records.with_rows(np.zeros(3, bool)).box_counts().tolist() == [0, 0, 0]
+    last_empty = records.select([0, 1])  # an image without boxes last
+    assert last_empty.with_rows(np.ones(1, bool)).box_counts().tolist() == [1, 0]
+
+
 def test_records_hold_a_fixed_number_of_python_objects_whatever_the_size():
     # Forked loader workers copy every page whose reference counts they touch: the store must not grow
     # per-image Python objects (that was one Path and one array per image before).

@@ -32,3 +32,12 @@ def test_values_that_cannot_work_are_refused_naming_the_flag(flags: dict, messag
 def test_the_defaults_and_ultralytics_recipes_pass() -> None:
     TrainConfig(epochs=1, imgsz=64).validate()
     TrainConfig(epochs=1, imgsz=64, scale=0.9, mixup=0.15, lr0=0.01, momentum=0.937, degrees=180.0).validate()
+
+
+def test_classes_travel_through_config_yaml_and_checkpoints_as_the_tuple_given() -> None:
+    import yaml
+
+    config = TrainConfig(epochs=1, imgsz=64, classes=(0, 2))
+    written = yaml.safe_load(yaml.safe_dump(config.to_dict()))  # config.yaml: safe_dump writes no tuples
+    assert written["classes"] == [0, 2] and TrainConfig.from_dict(written).classes == (0, 2)
+    assert TrainConfig.from_dict(TrainConfig(epochs=1).to_dict()).classes is None

@@ -83,3 +83,23 @@ def test_a_one_class_model_is_scored_as_one_class_on_a_dataset_of_several(yolo_y
     out = capsys.readouterr().out
     assert "has one class: every box of" in out and "3 classes counts as it" in out
     assert "\nitem " in out and 0.0 <= metrics["mAP50-95"] <= 1.0
+
+
+def test_a_model_trained_on_some_classes_is_scored_on_them(yolo_yaml, tmp_path, capsys) -> None:
+    """A checkpoint of train --classes 0 2 scores those classes' boxes alone, as its training validated: the other
+    class has no ground truth (its AP undefined, left out of the mean) instead of boxes it was never taught."""
+    from detector.checkpoint import load_checkpoint, save_checkpoint
+    from detector.workflows.options import ValOptions
+    from detector.workflows.val import run_val
+    from tests.conftest import lively_model, write_checkpoint
+
+    path = write_checkpoint(lively_model(), tmp_path / "some.pt")
+    checkpoint = load_checkpoint(path)
+    save_checkpoint({**checkpoint, "config": {**checkpoint["config"], "classes": [0, 2]}}, path)
+    run_val(ValOptions(weights=path, data=yolo_yaml, workers=0, batch=2, device="cpu", plots=False, project=tmp_path))
+    out = capsys.readouterr().out
+    assert "trained on classes 0 2 alone: only their boxes are scored" in out
+    rows = {line.split()[0]: line.split()[1:] for line in out.splitlines()
+            if line.split()[:1] in (["circle"], ["square"], ["triangle"])}
+    assert rows["square"][1:] == ["0", "-", "-", "-", "-"]  # no instance of class 1 scored
+    assert int(rows["circle"][1]) > 0 and int(rows["triangle"][1]) > 0
