@@ -47,12 +47,15 @@ def run_header(trainer: Run) -> str:
     on_device = ("mosaic/affine/HSV/flips" if dataset.geometry_on_device else "HSV/flips"
                  ) if dataset.pixel_ops_on_device else ""
     augment = f"{on_device} on the device" if on_device else "augmentation in the workers"
+    if config.mixup:
+        augment += f", MixUp {config.mixup:g} (in the workers)"
+    only = f", classes {' '.join(map(str, config.classes))} only" if config.classes is not None else ""
     if trainer.recomputed:
         augment += f" | BatchNorm outputs of {', '.join(trainer.recomputed)} recomputed in backward (--recompute)"
     return (
         f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} "
         f"class{'es' if model.num_classes != 1 else ''}) | "
-        f"data {config.data or 'built-in shapes'} ({len(trainer.train_data.records)} train / {val_count} val) | "
+        f"data {config.data or 'built-in shapes'} ({len(trainer.train_data.records)} train / {val_count} val{only}) | "
         f"{trainer.device} x{trainer.dist.world_size}, {config.workers} loader workers | "
         f"precision {step.precision.name}: {step.precision.reason} | {augment} | "
         f"{cache_text(trainer)} | COCO eval {evaluator_name(config.coco_eval)}"
