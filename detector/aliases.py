@@ -63,11 +63,9 @@ def amp(value: Any) -> dict[str, Any]:
 
 
 def cache(value: Any) -> dict[str, Any]:
-    """``cache=True``/``'ram'`` -> ram, ``False`` -> none; ours (``auto``) passes through; ``disk`` is refused."""
+    """``cache=True``/``'ram'`` -> ram, ``False`` -> none; ours (``auto``, ``disk``) pass through."""
     if isinstance(value, bool):
         return {"cache": "ram" if value else "none"}
-    if str(value).lower() == "disk":
-        raise ValueError("no disk cache here: images are cached in RAM (cache='ram') or not at all")
     return {"cache": {"true": "ram", "false": "none"}.get(str(value).lower(), value)}
 
 

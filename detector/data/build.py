@@ -11,6 +11,7 @@ from pycocotools.coco import COCO
 
 from detector.data.augment import AugmentConfig
 from detector.data.dataset import DetectionDataset
+from detector.data.disk_cache import open_disk_cache
 from detector.data.ground_truth import (
     build_coco_ground_truth,
     json_pixel_scale,
@@ -21,7 +22,7 @@ from detector.data.ground_truth import (
 from detector.data.labels import label_path_for
 from detector.data.ram_cache import build_image_cache
 from detector.data.records import Records
-from detector.data.scan import scan_split, scan_threads
+from detector.data.scan import cache_locations, scan_split, scan_threads
 from detector.data.spec import DatasetError, DatasetSpec
 
 
@@ -103,17 +104,24 @@ def build_split(
     local_world_size: int = 1,
     run_id: str = "",
 ) -> SplitData:
-    """The split's records, dataset (with its RAM cache per ``cache``) and, for evaluation, its ground truth.
+    """The split's records, dataset (with its RAM or disk cache per ``cache``) and, for evaluation, its ground truth.
 
     ``local_rank`` / ``local_world_size`` / ``run_id``: this process's place on its node, for a RAM cache
     the node's processes share (:func:`detector.data.ram_cache.build_image_cache`).
     """
     records, category_ids, coco_json = load_records(spec, split, training=augment is not None)
     dataset = DetectionDataset(records, image_size=image_size, augment=augment)
-    dataset.image_cache = build_image_cache(
-        records, image_size, lambda index: dataset.load_resized(index)[0], mode=cache, local_rank=local_rank,
-        local_world_size=local_world_size, run_id=run_id, threads=scan_threads(),
-    )
+    def load(index: int) -> np.ndarray:
+        return dataset.load_resized(index)[0]
+
+    if cache == "disk":  # kept with the dataset for later runs; local rank 0 fills it (called first)
+        locations = cache_locations(getattr(spec, split))
+        dataset.image_cache = open_disk_cache(records, image_size, load, locations=locations, fill=local_rank == 0,
+                                              threads=scan_threads())
+    else:
+        dataset.image_cache = build_image_cache(records, image_size, load, mode=cache, local_rank=local_rank,
+                                                local_world_size=local_world_size, run_id=run_id,
+                                                threads=scan_threads())
     data = SplitData(dataset, records, category_ids)
     if augment is None:
         data.ground_truth = (

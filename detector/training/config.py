@@ -57,7 +57,8 @@ class TrainConfig:
                             "GPU's memory (measured before the run), the default 16 on a CPU")
     workers: int = option(-1, "data-loading worker processes; -1 = auto: 2 on the CPU, on CUDA the cores per process "
                             "minus one (at most 16)")
-    cache: str = option("auto", "cache decoded images in RAM: auto (when they fit), ram, none", choices=("auto", "ram", "none"))
+    cache: str = option("auto", "cache decoded images: auto (in RAM when they fit), ram, disk (a file kept with the "
+                                "dataset, built once, read by later runs), none", choices=("auto", "ram", "disk", "none"))
     device: str = option("", "cpu, cuda, cuda:N; empty = cuda if available else cpu")
     seed: int = option(0, "random seed (data order, augmentation, multi-scale sizes, initial weights)")
     # Precision

@@ -77,7 +77,9 @@ def lr_text(trainer: Run) -> str:
 def cache_text(trainer: Run) -> str:
     cache = trainer.train_data.dataset.image_cache
     if cache is None:
-        return f"RAM cache off (--cache {trainer.config.cache})"
+        return f"image cache off (--cache {trainer.config.cache})"
+    if trainer.config.cache == "disk":
+        return f"disk cache {cache.nbytes / 2**20:.1f} MiB, {cache.path}"
     processes = trainer.dist.local_world_size
     where = f"shared by the {processes} processes of this node" if processes > 1 else "in this process"
     return f"RAM cache {cache.nbytes / 2**20:.1f} MiB {where}"

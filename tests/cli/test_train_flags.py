@@ -59,7 +59,6 @@ def test_model_as_a_weights_file_means_weights_with_its_scale(capsys: pytest.Cap
 @pytest.mark.parametrize("argv,message", [
     (["cutmix=0.2"], "train.py: error: Ultralytics' cutmix=0.2 has no equivalent here: mosaic (--mosaic) and MixUp"),
     (["amp=maybe"], "train.py: error: amp='maybe': expected True or False"),
-    (["cache=disk"], "train.py: error: cache='disk': no disk cache here"),
     (["device=0,1"], "train.py: error: device='0,1': one device per process here; for several GPUs launch with"),
     (["epoch=3"], "unknown argument epoch=3; did you mean epochs?"),
     (["cos_lr=True", "cosine=False"], "train.py: error: cos_lr and cosine both set cosine (True vs False); give one"),
