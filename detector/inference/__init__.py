@@ -18,7 +18,8 @@ from detector.runs import newest_file
 SUFFIXES = (".pt", ".onnx", ".engine", ".pt2")
 
 __all__ = [
-    "Backend", "Detections", "RawOutputs", "SUFFIXES", "exported_precision_note", "find_latest_checkpoint", "load_backend", "weights_or_latest",
+    "Backend", "Detections", "RawOutputs", "SUFFIXES", "exported_precision_note", "find_latest_checkpoint",
+    "load_backend", "weights_or_latest",
     "batch_to_original_pixels", "prepare_batch", "to_original_pixels", "unpack_detections",
 ]
 

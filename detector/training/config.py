@@ -58,7 +58,8 @@ class TrainConfig:
     workers: int = option(-1, "data-loading worker processes; -1 = auto: 2 on the CPU, on CUDA the cores per process "
                             "minus one (at most 16)")
     cache: str = option("auto", "cache decoded images: auto (in RAM when they fit), ram, disk (a file kept with the "
-                                "dataset, built once, read by later runs), none", choices=("auto", "ram", "disk", "none"))
+                                "dataset, built once, read by later runs), none",
+                        choices=("auto", "ram", "disk", "none"))
     device: str = option("", "cpu, cuda, cuda:N; empty = cuda if available else cpu")
     seed: int = option(0, "random seed (data order, augmentation, multi-scale sizes, initial weights)")
     # Precision
@@ -197,7 +198,8 @@ class TrainConfig:
                 problems.append(f"--{name.replace('_', '-')} must be in [0, 1] (got {getattr(self, name)})")
         for name, low, high in (("momentum", 0.0, 1.0), ("ema_decay", 0.0, 1.0)):  # Adam's beta1 must stay below 1
             if not low <= getattr(self, name) < high:
-                problems.append(f"--{name.replace('_', '-')} must be in [{low:g}, {high:g}) (got {getattr(self, name)})")
+                flag = f"--{name.replace('_', '-')}"
+                problems.append(f"{flag} must be in [{low:g}, {high:g}) (got {getattr(self, name)})")
         for name, least in (("nominal_batch", 1), ("max_det", 1), ("close_mosaic", 0), ("warmup_epochs", 0),
                             ("seed", 0)):
             if getattr(self, name) < least:

@@ -4,10 +4,10 @@ and streams (every source :mod:`detector.inference.sources` reads).
 Writes ``<project>/<name>/predictions.json`` (a list, one entry per image or video frame:
 ``{"file", "frame", "boxes" [[x1, y1, x2, y2] original pixels], "scores", "labels", "names"}``); with
 ``--save`` annotated images (under their names relative to the source folder) or an annotated
-``<video stem>.mp4`` per video (:mod:`detector.workflows.outputs`); with ``--save-txt`` YOLO labels ``labels/<image stem>.txt`` (``_<n>`` added for
-a video's n-th frame, from 1 as Ultralytics numbers them; ``frame`` in the records counts from 0): one
-``class cx cy w h`` line per box, normalised to the image, ``--save-conf`` adding the score, as Ultralytics writes
-them.
+``<video stem>.mp4`` per video (:mod:`detector.workflows.outputs`); with ``--save-txt`` YOLO labels
+``labels/<image stem>.txt`` (``_<n>`` added for a video's n-th frame, from 1 as Ultralytics numbers them;
+``frame`` in the records counts from 0): one ``class cx cy w h`` line per box, normalised to the image,
+``--save-conf`` adding the score, as Ultralytics writes them.
 
 Results are produced one frame at a time, or ``--batch`` frames per model call (:func:`predict_frames`); frames
 are decoded ahead of the model in a small bounded queue, and nothing keeps a frame's pixels after its batch's

@@ -128,12 +128,14 @@ def run_val(options: ValOptions) -> dict[str, float]:
                   " mAP is lower than with the Python NMS at --conf 0.001; export without --nms to evaluate")
         infer, runtime = backend, backend.name
     trained_on = ((checkpoint or {}).get("config") or {}).get("classes")
-    if trained_on is not None and num_classes == spec.num_classes:  # train --classes: scored as training validated
+    if trained_on is not None:  # train --classes: scored as training validated (before a --single-cls merge)
         print(f"note: {options.weights} trained on classes {' '.join(map(str, trained_on))} alone: only their boxes "
               "are scored")
         spec = only_classes(spec, tuple(trained_on))
     if num_classes == 1 < spec.num_classes:  # a one-class model (train --single-cls): scored as Ultralytics does
-        print(f"note: {options.weights} has one class: every box of {data}'s {spec.num_classes} classes counts as it")
+        kept = "kept " if spec.include_classes is not None else ""
+        print(f"note: {options.weights} has one class: every {kept}box of {data}'s {spec.num_classes} classes counts "
+              "as it")
         spec = single_class(spec)
     if num_classes != spec.num_classes:
         raise DatasetError(f"{data}: {spec.num_classes} classes but {options.weights} was trained for {num_classes}")
