@@ -16,12 +16,18 @@ one warning, and the run goes on without the cache.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock (see filling)
+    fcntl = None
 
 import numpy as np
 
@@ -83,11 +89,14 @@ def open_disk_cache(
     for path, location in zip(candidates, locations):
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            stats = os.statvfs(path.parent)
-            if stats.f_bavail * stats.f_frsize < total + len(shapes):
-                problems.append(f"{path.parent}: no room for {total / 1e9:.1f} GB")
-                continue
-            _fill(path, shapes, total, load, threads)
+            with filling(path):  # another run filling the same file: wait for it, then read what it wrote
+                if path.is_file() and path.stat().st_size == total + len(shapes):
+                    return _mapped(path, shapes, total)
+                stats = os.statvfs(path.parent)
+                if stats.f_bavail * stats.f_frsize < total + len(shapes):
+                    problems.append(f"{path.parent}: no room for {total / 1e9:.1f} GB")
+                    continue
+                _fill(path, shapes, total, load, threads)
             remove_older(path, split_name(location))
             return _mapped(path, shapes, total)
         except OSError as error:  # a read-only folder, a full disk while filling
@@ -97,9 +106,27 @@ def open_disk_cache(
     return None
 
 
+@contextlib.contextmanager
+def filling(path: Path) -> Iterator[None]:
+    """Hold ``<path>.lock`` exclusively (``flock``; released by the system if the process dies), so two runs that
+    start at once on one dataset fill its cache once: the second waits, then finds the file complete. The lock file
+    is removed after; a run that arrives then locks a new one and finds the file too. Without ``fcntl`` (Windows)
+    no lock: two such runs would each fill their own staging file."""
+    if fcntl is None:
+        yield
+        return
+    lock = path.with_name(path.name + ".lock")
+    with open(lock, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+
+
 def _fill(path: Path, shapes: np.ndarray, total: int, load: Callable[[int], np.ndarray], threads: int) -> None:
     """Decode every image into ``<path>.partial`` (its images, then the unreadable bytes), then rename it."""
-    staging = path.with_name(path.name + ".partial")
+    staging = path.with_name(f"{path.name}.{os.getpid()}.partial")  # this process's own, whatever the lock
     try:
         with open(staging, "w+b") as file:
             mapped = np.memmap(file, np.uint8, mode="w+", shape=(max(total + len(shapes), 1),))

@@ -85,3 +85,31 @@ def test_an_unwritable_place_passes_to_the_next_and_nowhere_is_one_warning(tmp_p
     with pytest.warns(UserWarning, match=r"--cache disk: no image cache written \(.*blocked: "):
         assert open_disk_cache(records, 48, lambda i: dataset.load_resized(i)[0], locations=locations[:1],
                                fill=True) is None
+
+
+@pytest.mark.skipif(os.name != "posix", reason="the lock is flock's")
+def test_two_runs_starting_at_once_fill_it_once(tmp_path: Path) -> None:
+    """Two runs on one dataset at once (here two threads, each with its own lock handle, as two processes have): the
+    second waits for the first's file and reads it; the images are decoded once, and no lock or staging file
+    stays behind."""
+    import threading
+    import time
+
+    records, dataset, locations = _split(tmp_path)
+    calls: list[int] = []
+
+    def slow(index: int) -> np.ndarray:
+        time.sleep(0.05)  # long enough for the second run to arrive while the first fills
+        calls.append(index)
+        return dataset.load_resized(index)[0]
+
+    caches: list = []
+    runs = [threading.Thread(target=lambda: caches.append(open_disk_cache(records, 48, slow, locations=locations,
+                                                                          fill=True, threads=1))) for _ in range(2)]
+    for run in runs:
+        run.start()
+    for run in runs:
+        run.join(timeout=60)
+    assert len(caches) == 2 and all(cache is not None for cache in caches)
+    assert sorted(calls) == [0, 1, 2, 3]
+    assert [path.name for path in (tmp_path / "images").iterdir() if SUFFIX in path.name] == [caches[0].path.name]
