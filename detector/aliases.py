@@ -249,7 +249,6 @@ PREDICT: dict[str, Alias] = {
     "verbose": renamed("verbose"),  # ours too: a line per image or not
     "model": Alias(weights),
     "show": unsupported("save annotated images or video with --save (no window opens)", False),
-    "save_frames": unsupported("--save writes one annotated video per video source", False),
     "augment": unsupported("no test-time augmentation", False),
     "visualize": unsupported("no feature-map visualisation", False),
     "retina_masks": unsupported("detection only", False),

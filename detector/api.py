@@ -194,6 +194,7 @@ def predict(
     batch: int = 1,
     vid_stride: int = 1,
     save_crop: bool = False,
+    save_frames: bool = False,
     line_width: int | None = None,
     show_labels: bool = True,
     show_conf: bool = True,
@@ -213,8 +214,9 @@ def predict(
     ``classes`` keeps only those class ids; ``agnostic_nms`` suppresses overlaps across classes; ``vid_stride``
     takes every N-th frame of a video or stream. ``save`` writes annotated images or videos (``line_width``,
     ``show_labels``, ``show_conf`` as Ultralytics'), ``save_txt`` YOLO labels (``save_conf`` adds scores),
-    ``save_crop`` each box's crop; unlike the command, nothing is written unless one of them is set. ``batch``
-    images or frames go through the model per call (faster on a GPU; a stream waits for a whole batch).
+    ``save_crop`` each box's crop, ``save_frames`` each annotated video frame as an image; unlike the command,
+    nothing is written unless one of them is set. ``batch`` images or frames go through the model per call (faster
+    on a GPU; a stream waits for a whole batch).
     ``verbose=False`` prints nothing but warnings and notes (a line per image otherwise).
 
     Returns one dict per image or video frame: ``{"file", "frame"`` (None for images), ``"boxes"`` float32

@@ -82,6 +82,8 @@ class PredictOptions(Options):
                            "batch (default: 1)")
     vid_stride: int = option(1, "videos and streams: every N-th frame, the others skipped undecoded (default: 1)")
     save_crop: bool = option(False, "write each detection's crop to crops/<class>/<image>.jpg (default: off)")
+    save_frames: bool = option(False, "videos and streams: each annotated frame as an image too, "
+                                      "<stem>_frames/<stem>_<n>.jpg (default: off)")
     line_width: int | None = option(None, "with --save: box lines in pixels (default: scaled to the image)")
     show_labels: bool = option(True, "with --save: each box's class name (default: on)")
     show_conf: bool = option(True, "with --save: each box's score (default: on)")

@@ -119,11 +119,16 @@ class Outputs:
             write_text_atomically(self.out_dir / "labels" / f"{stem}{suffix}.txt", text)
         if self.options.save_crop:
             self.save_crops(frame, result, f"{stem}{suffix}")
-        if not self.options.save:
-            return
         options = self.options
+        frames = options.save_frames and frame.index is not None
+        if not options.save and not frames:
+            return
         canvas = annotate(frame.image, result, self.names, line_width=options.line_width,
                           show_labels=options.show_labels, show_conf=options.show_conf)
+        if frames:  # Ultralytics' save_frames: each annotated frame, numbered from 1 as its labels are
+            write_image(self.out_dir / f"{stem}_frames" / f"{stem.name}{suffix}.jpg", canvas)
+        if not options.save:
+            return
         if frame.index is None:
             # In its own format where OpenCV writes it; as JPEG where it cannot (.jfif and .mpo are JPEGs already).
             kind = Path(frame.name).suffix if cv2.haveImageWriter(f"x{Path(frame.name).suffix}") else ".jpg"

@@ -233,7 +233,7 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         print(f"warning: {warning}", file=sys.stderr)
     size = input_size(backend, options.imgsz)
     outputs = None
-    if write or options.save or options.save_txt or options.save_crop:
+    if write or options.save or options.save_txt or options.save_crop or options.save_frames:
         # Claimed only now, once the model loaded and the source's first frame was read: a bad source or flag
         # leaves no run folder behind (claim_run_dir: atomic, two runs at once get different folders).
         out_dir = claim_run_dir(options.project, options.name)

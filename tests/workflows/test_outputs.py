@@ -160,3 +160,20 @@ def test_crops_are_ultralytics_crops(tmp_path: Path) -> None:
     theirs = np.load(tmp_path / "out.npz")
     for index, box in enumerate(boxes.tolist()):
         np.testing.assert_array_equal(crop_box(image, box), theirs[f"arr_{index}"], err_msg=str(box))
+
+
+def test_save_frames_writes_each_annotated_video_frame_as_an_image(tmp_path: Path) -> None:
+    """Ultralytics' save_frames: a video's (or stream's) frames as <stem>_frames/<stem>_<n>.jpg, n from 1 as its
+    labels; still images get none; without --save no video is written."""
+    from detector.workflows.outputs import Outputs
+
+    empty = {"boxes": np.zeros((0, 4), np.float32), "scores": np.zeros(0, np.float32),
+             "labels": np.zeros(0, np.int64), "names": []}
+    outputs = Outputs(tmp_path, PredictOptions(source="clip.mp4", save_frames=True), ["cat"])
+    for index in (0, 3):  # --vid-stride 3: the kept frames keep their numbers
+        outputs.add(Frame("clip.mp4", index, np.zeros((8, 8, 3), np.uint8), 5.0), {**empty, "file": "clip.mp4",
+                                                                                  "frame": index})
+    outputs.add(Frame("a.jpg", None, np.zeros((8, 8, 3), np.uint8)), {**empty, "file": "a.jpg", "frame": None})
+    outputs.close()
+    written = sorted(path.relative_to(tmp_path).as_posix() for path in tmp_path.rglob("*") if path.is_file())
+    assert written == ["clip_frames/clip_1.jpg", "clip_frames/clip_4.jpg", "predictions.json"]
