@@ -1,4 +1,7 @@
-"""Ctrl-C during training: the first one asks the run to stop after this epoch (saving last.pt), a second aborts."""
+"""Ctrl-C during training: the first one asks the run to stop after this epoch (saving last.pt), a second aborts.
+
+SIGTERM (a scheduler's preemption, ``docker stop``, ``kill``) is a first Ctrl-C too: the epoch ends and last.pt is
+saved, as a cluster's grace period allows (SLURM's ``--signal=TERM@120`` sends it two minutes ahead)."""
 
 from __future__ import annotations
 
@@ -22,12 +25,15 @@ class CtrlC:
         self.single_process, self.announce = single_process, announce
         self.pid = os.getpid()  # the process whose handler this is (see handle)
         self._previous: Callable[..., Any] | int | None = None
+        self._previous_term: Callable[..., Any] | int | None = None
 
     def install(self) -> None:
         self._previous = signal.signal(signal.SIGINT, self.handle)
+        self._previous_term = signal.signal(signal.SIGTERM, self.handle)
 
     def restore(self) -> None:
         signal.signal(signal.SIGINT, self._previous if self._previous is not None else signal.default_int_handler)
+        signal.signal(signal.SIGTERM, self._previous_term if self._previous_term is not None else signal.SIG_DFL)
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if os.getpid() != self.pid:  # a loader worker forked after this handler, before its worker_init_fn
@@ -36,4 +42,5 @@ class CtrlC:
             raise KeyboardInterrupt
         self.requested = True
         if self.announce:
-            print("\nCtrl-C: finishing this epoch and saving last.pt (press again to abort)", flush=True)
+            what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+            print(f"\n{what}: finishing this epoch and saving last.pt (press Ctrl-C again to abort)", flush=True)

@@ -186,7 +186,8 @@ class Trainer(RunPlans):
             while epoch < self.epochs:
                 with self.account.phase("training"):
                     stats = self.train_in_epoch(epoch)
-                interrupted = any_rank(self.ctrl_c.requested, self.dist)  # a Ctrl-C seen by any rank stops all
+                # A Ctrl-C seen by any rank stops all; one in the last epoch lets the run finish as it would.
+                interrupted = any_rank(self.ctrl_c.requested, self.dist) and epoch + 1 < self.epochs
                 if stop_after_epochs is not None and epoch + 1 >= stop_after_epochs:
                     interrupted = True
                 if self.clock.budget is None and epoch + 1 < self.epochs and not interrupted:  # begun as it validates

@@ -173,9 +173,11 @@ def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(yolo_yaml: Path, tmp_pat
     assert 0 <= state["epoch"] < 199
 
 
-def test_ctrl_c_to_the_process_group_of_a_run_with_workers_prints_one_line(yolo_yaml: Path, tmp_path: Path):
+@pytest.mark.parametrize("sent", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_to_the_process_group_of_a_run_with_workers_prints_one_line(yolo_yaml: Path, tmp_path: Path, sent: str):
     """A terminal's Ctrl-C reaches the whole foreground group: the trainer and its loader workers (train and
-    validation). Only the trainer may act on it: one "Ctrl-C" line, last.pt saved, exit code 0 (issue 23)."""
+    validation). Only the trainer may act on it: one "Ctrl-C" line, last.pt saved, exit code 0 (issue 23). A
+    SIGTERM to the whole job (SLURM's preemption) is the same: it was exit 143, no line, nothing saved."""
     import os
     import signal
     import subprocess
@@ -199,14 +201,15 @@ def test_ctrl_c_to_the_process_group_of_a_run_with_workers_prints_one_line(yolo_
         while not last.exists() and time.time() < deadline and process.poll() is None:
             time.sleep(0.2)
         assert process.poll() is None, log.read_text()[-2000:]
-        os.killpg(process.pid, signal.SIGINT)  # as a terminal does: every process of the group
+        os.killpg(process.pid, getattr(signal, sent))  # as a terminal (or SLURM) does: every process of the group
         process.wait(timeout=120)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)  # a hung run must not outlive the test
     printed = log.read_text()
     assert process.returncode == 0, printed[-2000:]
-    assert printed.count("Ctrl-C") == 1, printed[-2000:]
+    assert printed.count("finishing this epoch") == 1, printed[-2000:]
+    assert f"{'Ctrl-C' if sent == 'SIGINT' else 'SIGTERM'}: finishing this epoch" in printed
     assert "interrupted: saved" in printed
     assert 0 <= load_checkpoint(last)["epoch"] < 199
 
@@ -568,3 +571,17 @@ def test_ultralytics_data_options_train_end_to_end(yolo_yaml: Path, tmp_path: Pa
     assert list(best["config"]["classes"]) == [0, 2] and best["config"]["single_cls"] and best["config"]["mixup"] == 1.0
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("detector:"))
     assert "1 class)" in header and "classes 0 2 only" in header and "MixUp 1" in header
+
+
+def test_a_ctrl_c_in_the_last_epoch_lets_the_run_finish(yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
+    """The last epoch was trained when the Ctrl-C is seen: the run ends as a finished one (its final report, a
+    stripped last.pt, the done line); it said "interrupted", kept an unstripped last.pt and could not be resumed
+    ("already finished")."""
+    from detector.checkpoint import is_stripped
+    from detector.training import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "any_rank", lambda value, dist: True)  # a Ctrl-C seen after every epoch
+    summary = train(_config(yolo_yaml, tmp_path, epochs=1), progress=False)
+    printed = capsys.readouterr().out
+    assert not summary["interrupted"] and "interrupted" not in printed and "done in" in printed
+    assert is_stripped(load_checkpoint(summary["run_dir"] / "weights" / "last.pt"))
