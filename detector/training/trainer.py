@@ -188,8 +188,7 @@ class Trainer(RunPlans):
                     stats = self.train_in_epoch(epoch)
                 # A Ctrl-C seen by any rank stops all; one in the last epoch lets the run finish as it would.
                 interrupted = any_rank(self.ctrl_c.requested, self.dist) and epoch + 1 < self.epochs
-                if stop_after_epochs is not None and epoch + 1 >= stop_after_epochs:
-                    interrupted = True
+                interrupted |= stop_after_epochs is not None and epoch + 1 >= stop_after_epochs
                 if self.clock.budget is None and epoch + 1 < self.epochs and not interrupted:  # begun as it validates
                     self.feed.begin(epoch + 1, use_mosaic=self.uses_mosaic(epoch + 1))
                 decision = decide_on_main(lambda: self.after_epoch(epoch, stats, interrupted=interrupted), self.dist)
