@@ -64,11 +64,19 @@ class Verdicts:
     def keep_best_on_disk(self, best: Path) -> None:
         """A resumed run's ``best`` (best.pt) newer than its last.pt (an improvement held while last.pt was not due,
         written when the run failed) stays the best to beat: the resumed run would otherwise judge against last.pt's
-        older best, and a weaker epoch replace the file. A best.pt that does not load is left to be replaced by the
-        next improvement."""
+        older best, and a weaker epoch replace the file. A best.pt that is missing or does not load (last.pt copied
+        alone to another machine) is said now, and the next epoch evaluated writes one anew: judged against nothing,
+        it improves (else no epoch might beat the lost best, and the run would end naming a file it never wrote)."""
         try:
-            saved = load_checkpoint(best) if best.is_file() else {}
-        except CheckpointError:
+            saved = load_checkpoint(best) if best.is_file() else None
+            problem = f"{best}: missing"
+        except CheckpointError as error:
+            saved, problem = None, str(error)
+        if saved is None:
+            if self.best_epoch >= 0:
+                self.log(f"warning: {problem}, so the best so far (epoch {self.best_epoch + 1}) is lost; the next "
+                         "epoch evaluated writes best.pt anew")
+            self.best_fitness, self.best_epoch = -1.0, -1
             return
         fitness = saved.get("best_fitness")
         if isinstance(fitness, (int, float)) and fitness > self.best_fitness:

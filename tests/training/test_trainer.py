@@ -526,19 +526,28 @@ def test_weights_that_are_no_checkpoint_stop_the_run_before_the_data_scan(yolo_y
         train(_config(yolo_yaml, tmp_path, weights=str(notes)), progress=False)
 
 
-def test_a_resumed_run_whose_best_pt_is_damaged_still_finishes(yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
-    """Resume skips a best.pt that does not load; so does the final report (the last epoch's, with a warning),
-    rather than failing the run's last epoch before its last.pt."""
+@pytest.mark.parametrize("damage", ["damaged", "missing"])
+def test_a_resumed_run_whose_best_pt_is_damaged_or_missing_writes_it_anew(yolo_yaml: Path, tmp_path: Path,
+                                                                          monkeypatch, capsys, damage: str):
+    """A best.pt that does not load, or is gone (last.pt copied alone), is said at the start of the resume, and the
+    next epoch evaluated writes one anew; before, no later epoch beat the lost best (epoch 1 here), so no best.pt
+    was written and the last line named a file that did not exist (or a damaged one)."""
     import detector.training.verdicts as verdicts
 
-    scores = iter([0.9, 0.1, 0.2])  # epoch 1 the best: the final report would read best.pt
+    scores = iter([0.9, 0.1, 0.2])  # epoch 1 the best
     monkeypatch.setattr(verdicts, "fitness", lambda metrics: next(scores))
     first = train(_config(yolo_yaml, tmp_path, epochs=3), progress=False, stop_after_epochs=2)
     weights = first["run_dir"] / "weights"
-    (weights / "best.pt").write_bytes(b"PK\x03\x04 damaged")
+    if damage == "damaged":
+        (weights / "best.pt").write_bytes(b"PK\x03\x04 damaged")
+    else:
+        (weights / "best.pt").unlink()
     summary = train(_config(yolo_yaml, tmp_path, epochs=3, resume=str(weights / "last.pt")), progress=False)
     assert summary["epochs_done"] == 3 and not summary["interrupted"]
-    assert "best.pt" in capsys.readouterr().out.split("the final report is the last epoch's")[0].splitlines()[-1]
+    printed = capsys.readouterr().out
+    assert "so the best so far (epoch 1) is lost; the next epoch evaluated writes best.pt anew" in printed
+    assert load_checkpoint(weights / "best.pt")["epoch"] == 2 and summary["best_epoch"] == 2
+    assert f"| best (epoch 3) {weights / 'best.pt'}" in printed
 
 
 def test_val_interval_0_evaluates_the_last_epoch_alone_and_fraction_trains_on_part(yolo_yaml: Path, tmp_path: Path,
