@@ -279,7 +279,13 @@ def make_run_dir(config: TrainConfig, dist: DistInfo, *, resumed: Path | None) -
     started beside it takes name2) and tells the others, which would see rank 0's folder and pick name2."""
     run_dir = None
     if dist.is_main:
-        run_dir = resumed.parent.parent if resumed is not None else claim_run_dir(config.project, config.name)
+        if resumed is not None and resumed.parent.name == "weights":  # <run>/weights/last.pt (or epochN.pt)
+            run_dir = resumed.parent.parent
+        else:  # a checkpoint taken out of its run (~/Downloads/last.pt): a run folder of its own, never its grandparent
+            run_dir = claim_run_dir(config.project, config.name)
+            if resumed is not None:
+                print(f"note: {resumed} is not in a run's weights/ folder: the resumed run goes to {run_dir}, its "
+                      "results.csv from the epoch it resumes at")
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
         write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
     return broadcast_from_main(run_dir, dist)

@@ -144,3 +144,18 @@ def test_the_warm_up_is_3_epochs_at_least_100_steps_and_never_more_than_a_quarte
     assert warmup_steps(3.0, steps_per_epoch=13, epochs=30) == 97  # 390 steps: just under the floor
     assert warmup_steps(3.0, steps_per_epoch=1, epochs=1) == 1  # at least one step, as the floor of 100 gave before
     assert warmup_steps(0.0, steps_per_epoch=64, epochs=2) == 0  # --warmup-epochs 0: none
+
+
+def test_a_resumed_checkpoint_outside_a_runs_weights_folder_gets_a_run_folder_of_its_own(tmp_path, capsys) -> None:
+    """``--resume ~/Downloads/last.pt`` made ``~`` the run folder (results.csv, config.yaml, weights/ there); a
+    checkpoint in ``<run>/weights/`` still resumes into ``<run>``."""
+    from detector.distributed import DistInfo
+    from detector.training.builders import make_run_dir
+
+    config = TrainConfig(project=str(tmp_path / "runs"), name="exp", epochs=1)
+    inside = tmp_path / "runs" / "exp" / "weights" / "last.pt"
+    inside.parent.mkdir(parents=True)
+    assert make_run_dir(config, DistInfo(), resumed=inside) == tmp_path / "runs" / "exp"
+    loose = tmp_path / "Downloads" / "last.pt"
+    assert make_run_dir(config, DistInfo(), resumed=loose) == tmp_path / "runs" / "exp2"
+    assert not (tmp_path / "weights").exists() and "is not in a run's weights/ folder" in capsys.readouterr().out
