@@ -24,7 +24,7 @@ from detector.data.build import SplitData, build_split
 from detector.data.catalog import resolve_data_yaml
 from detector.data.dataset import collate
 from detector.data.sampler import EpochSampler
-from detector.data.spec import DatasetSpec, load_dataset_spec, only_classes, single_class
+from detector.data.spec import DatasetError, DatasetSpec, load_dataset_spec, only_classes, single_class
 from detector.data.workers import PREFETCH_FACTOR, worker_init
 from detector.distributed import DistInfo, broadcast_from_main
 from detector.files import write_text_atomically
@@ -222,6 +222,18 @@ def ignored_on_resume(asked: dict[str, Any], saved: TrainConfig) -> list[str]:
             if name not in RESUME_MAY_CHANGE and value != getattr(saved, name) and (name, value) != ("batch", -1)]
 
 
+def data_problem(saved: TrainConfig) -> str | None:
+    """Why a resumed run cannot train on its own data YAML: it ``is gone``, or its dataset no longer loads (the
+    images moved, the YAML stayed); None where it can (the YAML read, its folders listed: no scan)."""
+    if not resolve_data_yaml(saved.data).is_file():
+        return "is gone"
+    try:
+        load_dataset_spec(saved.data, datasets_dir=saved.datasets_dir or None)
+    except DatasetError as error:
+        return f"no longer loads ({error})"
+    return None
+
+
 def load_resume(config: TrainConfig, asked: dict[str, Any] | None = None) -> tuple[TrainConfig, Path, dict[str, Any]]:
     """``--resume``: the run's own config (only the device and worker count may change), its last.pt and that file.
 
@@ -240,16 +252,18 @@ def load_resume(config: TrainConfig, asked: dict[str, Any] | None = None) -> tup
         path = inside[0]
     checkpoint = load_checkpoint(path)
     if is_stripped(checkpoint):
-        raise CheckpointError(f"{path}: holds no optimizer state (stripped: a best.pt, or a finished run's "
-                              f"last.pt), so it cannot be resumed; to train on from it, start a fine-tune: "
+        epochs, done = (checkpoint.get("config") or {}).get("epochs"), checkpoint.get("epoch", -1) + 1
+        what = (f"its run finished all {epochs} epochs" if path.name == "last.pt" and epochs and done >= epochs
+                else "it holds no optimizer state (stripped: a best.pt, or a finished run's last.pt)")
+        raise CheckpointError(f"{path}: {what}, so it cannot be resumed; to train on from it, start a fine-tune: "
                               f"--weights {path}")
     saved = TrainConfig.from_dict({**BEFORE_THEIR_TIME, **checkpoint["config"]})
     asked = dict(asked or {})
-    if saved.data and not resolve_data_yaml(saved.data).is_file():  # the dataset moved since (as Ultralytics allows)
+    if saved.data and (problem := data_problem(saved)):  # the dataset moved since (as Ultralytics allows)
         if "data" not in asked:
-            raise CheckpointError(f"{path}: its run's data YAML {saved.data} is gone; if the dataset moved, resume "
+            raise CheckpointError(f"{path}: its run's data YAML {saved.data} {problem}; if the dataset moved, resume "
                                   "with --data NEW.yaml")
-        warnings.warn(f"{path}: its run's data YAML {saved.data} is gone; resuming on {asked['data']}")
+        warnings.warn(f"{path}: its run's data YAML {saved.data} {problem}; resuming on {asked['data']}")
         saved.data = asked.pop("data")
     if ignored := ignored_on_resume(asked, saved):
         warnings.warn(f"{path}: a resumed run keeps its own settings; ignored: {', '.join(ignored)}. To train with "

@@ -7,6 +7,7 @@ comment beside it. Only ``build_*`` functions see the whole config; the rest tak
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any
 
 from detector.choices import COCO_EVAL as COCO_EVAL_CHOICES
@@ -157,6 +158,9 @@ class TrainConfig:
             self.imgsz = BUILTIN_IMGSZ if builtin else 640
         if self.epochs == 0:
             self.epochs = BUILTIN_EPOCHS if builtin else 100
+        if self.data and not Path(self.data).is_absolute() and Path(self.data).is_file():
+            # As a path from anywhere: a resume (or val of the checkpoint) from another folder finds it too.
+            self.data = str(Path(self.data).resolve())
         return self
 
     def validate(self) -> "TrainConfig":

@@ -159,3 +159,26 @@ def test_a_resumed_checkpoint_outside_a_runs_weights_folder_gets_a_run_folder_of
     loose = tmp_path / "Downloads" / "last.pt"
     assert make_run_dir(config, DistInfo(), resumed=loose) == tmp_path / "runs" / "exp2"
     assert not (tmp_path / "weights").exists() and "is not in a run's weights/ folder" in capsys.readouterr().out
+
+
+def test_a_run_whose_images_moved_but_yaml_stayed_resumes_on_the_data_given(tmp_path) -> None:
+    """The YAML still there, its 'path' folder moved: --data NEW.yaml is taken (it was ignored, and the run could not
+    go on without editing the old YAML); without it the error says to give it."""
+    from detector.checkpoint import CheckpointError, save_checkpoint
+    from detector.training.builders import load_resume
+    from tests.conftest import write_yolo_dataset
+
+    old = write_yolo_dataset(tmp_path / "old")
+    path = tmp_path / "exp" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True)
+    config = TrainConfig(data=str(old), project=str(tmp_path), epochs=3).to_dict()
+    save_checkpoint({"model": {}, "ema": None, "optimizer": {"state": {}}, "epoch": 0, "config": config}, path)
+    new = write_yolo_dataset(tmp_path / "new")
+    for child in old.parent.iterdir():  # the images and labels moved away; the YAML stayed
+        if child.is_dir():
+            child.rename(tmp_path / f"moved-{child.name}")
+    with pytest.raises(CheckpointError, match=r"no longer loads \(.*\); if the dataset moved, resume with --data"):
+        load_resume(TrainConfig(resume=str(path)))
+    with pytest.warns(UserWarning, match=r"no longer loads .*; resuming on .*new"):
+        resumed, _, _ = load_resume(TrainConfig(resume=str(path), data=str(new)), {"data": str(new)})
+    assert resumed.data == str(new)

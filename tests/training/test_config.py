@@ -41,3 +41,13 @@ def test_classes_travel_through_config_yaml_and_checkpoints_as_the_tuple_given()
     written = yaml.safe_load(yaml.safe_dump(config.to_dict()))  # config.yaml: safe_dump writes no tuples
     assert written["classes"] == [0, 2] and TrainConfig.from_dict(written).classes == (0, 2)
     assert TrainConfig.from_dict(TrainConfig(epochs=1).to_dict()).classes is None
+
+
+def test_a_relative_data_path_is_kept_as_a_path_from_anywhere(tmp_path, monkeypatch) -> None:
+    """config.yaml and checkpoints hold the YAML's absolute path: a resume from another folder said the dataset was
+    "gone" though nothing had moved. A shipped name stays a name."""
+    (tmp_path / "sets").mkdir()
+    (tmp_path / "sets" / "d.yaml").write_text("names: [a]\n")
+    monkeypatch.chdir(tmp_path)
+    assert TrainConfig(data="sets/d.yaml").with_defaults().data == str(tmp_path / "sets" / "d.yaml")
+    assert TrainConfig(data="coco128").with_defaults().data == "coco128"

@@ -44,8 +44,11 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys)
         assert {"model_args", "names", "metrics", "config", "precision"} <= stripped.keys(), name
         assert {t.dtype for t in stripped["model"].values() if t.is_floating_point()} == {torch.float16}, name
         assert path.stat().st_size <= 7e6, (name, path.stat().st_size)
-    with pytest.raises(CheckpointError, match=r"last.pt: holds no optimizer state .* --weights .*last.pt$"):
+    with pytest.raises(CheckpointError, match=r"last.pt: its run finished all 2 epochs, so it cannot be resumed; .* "
+                                              r"--weights .*last.pt$"):
         train(_config(yolo_yaml, tmp_path, resume=str(run_dir / "weights" / "last.pt")), progress=False)
+    with pytest.raises(CheckpointError, match=r"best.pt: it holds no optimizer state .* --weights .*best.pt$"):
+        train(_config(yolo_yaml, tmp_path, resume=str(run_dir / "weights" / "best.pt")), progress=False)
     for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "val_batch0_pred"):
         assert (run_dir / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     printed = capsys.readouterr().out
