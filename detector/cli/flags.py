@@ -48,6 +48,7 @@ def options_from_args(options_class: type[T], args: argparse.Namespace) -> T:
 # ``epochs=3``: Ultralytics' command-line form. The key is a Python name; a token that is the value of a flag
 # before it (``--name run=1``) is left alone.
 KEY_VALUE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
+BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a word alone is the name of a switch turned on, as Ultralytics reads
 
 
 def parse_value(text: str) -> Any:
@@ -81,6 +82,8 @@ def split_key_values(parser: argparse.ArgumentParser,
         match = KEY_VALUE.fullmatch(token)
         if match and not is_value_of_flag:
             pairs[match.group(1)], slots[match.group(1)] = match.group(2), len(rest)
+        elif BARE_KEY.fullmatch(token) and not is_value_of_flag:  # Ultralytics' ``yolo train resume``: key=True
+            pairs[token], slots[token] = "True", len(rest)
         else:
             rest.append(token)
     return rest, pairs, slots

@@ -26,6 +26,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser.add_argument("--img", dest="imgsz", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--val-period", dest="val_interval", type=int, metavar="N", default=argparse.SUPPRESS,
                         help="same as --val-interval (Ultralytics' name)")
+    resume = parser._option_string_actions["--resume"]  # a bare --resume is --resume auto
+    resume.nargs, resume.const = "?", "auto"
     return parser
 
 

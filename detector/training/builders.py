@@ -30,7 +30,7 @@ from detector.distributed import DistInfo, broadcast_from_main
 from detector.files import write_text_atomically
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
-from detector.runs import claim_run_dir, newest_file
+from detector.runs import claim_run_dir
 from detector.training.budget import MAX_WARMUP_SHARE
 from detector.training.config import TrainConfig
 from detector.training.optim import OptimizerChoice, build_optimizer
@@ -222,6 +222,18 @@ def ignored_on_resume(asked: dict[str, Any], saved: TrainConfig) -> list[str]:
             if name not in RESUME_MAY_CHANGE and value != getattr(saved, name) and (name, value) != ("batch", -1)]
 
 
+def newest_resumable(project: str) -> Path | None:
+    """``--resume auto``: the newest ``<project>/*/weights/last.pt`` of a run that did not finish (a finished run's
+    is stripped), so a run finished since does not hide an older interrupted one; None where there is none."""
+    for path in sorted(Path(project).glob("*/weights/last.pt"), key=lambda p: p.stat().st_mtime, reverse=True):
+        try:
+            if not is_stripped(load_checkpoint(path)):
+                return path
+        except CheckpointError:
+            continue  # a damaged file is no run to resume
+    return None
+
+
 def data_problem(saved: TrainConfig) -> str | None:
     """Why a resumed run cannot train on its own data YAML: it ``is gone``, or its dataset no longer loads (the
     images moved, the YAML stayed); None where it can (the YAML read, its folders listed: no scan)."""
@@ -242,9 +254,9 @@ def load_resume(config: TrainConfig, asked: dict[str, Any] | None = None) -> tup
     settings in ``asked`` that differ from the run's are named in one warning: ignoring them silently would let
     ``--resume --epochs 200`` look as if it trained on.
     """
-    path = newest_file(config.project, "*/weights/last.pt") if config.resume == "auto" else Path(config.resume)
+    path = newest_resumable(config.project) if config.resume == "auto" else Path(config.resume)
     if path is None:
-        raise CheckpointError(f"{config.project}: no last.pt to resume from")
+        raise CheckpointError(f"{config.project}: no last.pt to resume from (none of an unfinished run)")
     if path.is_dir():  # a run folder (runs/train/exp) or its weights folder: the last.pt in it
         inside = [found for found in (path / "weights" / "last.pt", path / "last.pt") if found.is_file()]
         if not inside:

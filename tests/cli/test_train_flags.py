@@ -95,6 +95,7 @@ def test_a_later_alias_beats_an_earlier_flag() -> None:
     ["resume=True", "--weights", "runs/train/x/weights/last.pt"],
     ["--resume", "runs/train/x/weights/last.pt", "model=runs/train/x/weights/last.pt"],
     ["--resume", "runs/train/x/weights/last.pt", "--weights", "./runs/train/x/weights/last.pt"],
+    ["resume", "model=runs/train/x/weights/last.pt"],  # Ultralytics' documented `yolo train resume model=...`
 ])
 def test_resume_true_beside_a_weights_file_resumes_that_file(argv: list[str]) -> None:
     config = parse(argv)
@@ -103,6 +104,8 @@ def test_resume_true_beside_a_weights_file_resumes_that_file(argv: list[str]) ->
 
 def test_resume_true_alone_is_the_newest_run_and_auto_stays_auto() -> None:
     assert (parse(["resume=True"]).resume, parse(["resume=True"]).weights) == ("auto", "")
+    assert parse(["resume"]).resume == parse(["--resume"]).resume == "auto"  # were "unrecognized", "expected one"
+    assert parse(["--resume", "--epochs", "3"]).resume == "auto"
     config = parse(["--resume", "auto", "--weights", "x.pt"])  # explicit: load_resume warns that x.pt is ignored
     assert (config.resume, config.weights) == ("auto", "x.pt")
 

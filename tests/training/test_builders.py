@@ -182,3 +182,24 @@ def test_a_run_whose_images_moved_but_yaml_stayed_resumes_on_the_data_given(tmp_
     with pytest.warns(UserWarning, match=r"no longer loads .*; resuming on .*new"):
         resumed, _, _ = load_resume(TrainConfig(resume=str(path), data=str(new)), {"data": str(new)})
     assert resumed.data == str(new)
+
+
+def test_resume_auto_takes_the_newest_run_that_did_not_finish(tmp_path) -> None:
+    """A run finished since (its last.pt stripped) no longer hides an older interrupted one: it was taken, and the
+    resume refused as "stripped"."""
+    import os
+
+    from detector.checkpoint import CheckpointError, save_checkpoint
+    from detector.training.builders import load_resume
+
+    config = TrainConfig(data="shapes", project=str(tmp_path), epochs=3).to_dict()
+    for age, (name, payload) in enumerate([("finished", {"ema": None}), ("stopped", {"optimizer": {"state": {}}})]):
+        path = tmp_path / name / "weights" / "last.pt"
+        path.parent.mkdir(parents=True)
+        save_checkpoint({"model": {}, "ema": None, "epoch": 0, "config": config, **payload}, path)
+        os.utime(path, (2_000_000_000 - age, 2_000_000_000 - age))  # "finished" is the newer
+    chosen = load_resume(TrainConfig(resume="auto", project=str(tmp_path)))[1]
+    assert chosen == tmp_path / "stopped" / "weights" / "last.pt"
+    (tmp_path / "stopped" / "weights" / "last.pt").unlink()
+    with pytest.raises(CheckpointError, match="no last.pt to resume from \\(none of an unfinished run\\)"):
+        load_resume(TrainConfig(resume="auto", project=str(tmp_path)))
