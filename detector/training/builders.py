@@ -313,5 +313,32 @@ def make_run_dir(config: TrainConfig, dist: DistInfo, *, resumed: Path | None) -
                 print(f"note: {resumed} is not in a run's weights/ folder: the resumed run goes to {run_dir}, its "
                       "results.csv from the epoch it resumes at")
         (run_dir / "weights").mkdir(parents=True, exist_ok=True)
+        hold_run_lock(run_dir)
+        if resumed is not None:  # what a run killed while writing a checkpoint left: never to be renamed now
+            for stale in (run_dir / "weights").glob(".*.pt.*.tmp"):
+                stale.unlink(missing_ok=True)
         write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
     return broadcast_from_main(run_dir, dist)
+
+
+_RUN_LOCKS: dict[Path, Any] = {}  # run folder -> its lock file, held by this process until it exits
+
+
+def hold_run_lock(run_dir: Path) -> None:
+    """Lock ``<run>/.lock`` for this process's life (``flock``: the system releases it when the process ends, however
+    it ends), so a second process resuming the same run (or resuming one still training) stops with one line
+    instead of writing the same results.csv and checkpoints at once. No lock where ``fcntl`` is missing (Windows)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    if run_dir.resolve() in _RUN_LOCKS:  # this process's own earlier run of it (a resume in the same process)
+        return
+    handle = open(run_dir / ".lock", "w")  # noqa: SIM115 - held open on purpose until the process exits
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise CheckpointError(f"{run_dir}: another process is training this run now; wait for it, or stop it "
+                              "first") from None
+    _RUN_LOCKS[run_dir.resolve()] = handle

@@ -203,3 +203,27 @@ def test_resume_auto_takes_the_newest_run_that_did_not_finish(tmp_path) -> None:
     (tmp_path / "stopped" / "weights" / "last.pt").unlink()
     with pytest.raises(CheckpointError, match="no last.pt to resume from \\(none of an unfinished run\\)"):
         load_resume(TrainConfig(resume="auto", project=str(tmp_path)))
+
+
+def test_a_run_folder_is_trained_by_one_process_at_a_time(tmp_path) -> None:
+    """Two resumes of one run at once wrote the same results.csv (rows 3, 3, 4, 4) and checkpoints: the second
+    process stops with one line; a checkpoint write a killed run left half-done is removed on resume."""
+    import subprocess
+    import sys
+
+    from detector.distributed import DistInfo
+    from detector.training.builders import make_run_dir
+
+    config = TrainConfig(project=str(tmp_path), name="exp", epochs=1)
+    run_dir = make_run_dir(config, DistInfo(), resumed=None)  # this process holds exp's lock
+    stale = run_dir / "weights" / ".last.pt.abc123.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    script = ("import sys; from pathlib import Path; from detector.distributed import DistInfo; "
+              "from detector.training.builders import make_run_dir; from detector.training.config import TrainConfig; "
+              "make_run_dir(TrainConfig(epochs=1), DistInfo(), resumed=Path(sys.argv[1]))")
+    other = subprocess.run([sys.executable, "-c", script, str(run_dir / "weights" / "last.pt")], capture_output=True,
+                           text=True, timeout=120)
+    assert other.returncode != 0 and "another process is training this run now" in other.stderr
+    assert stale.exists()  # the refused process touched nothing
+    assert make_run_dir(config, DistInfo(), resumed=run_dir / "weights" / "last.pt") == run_dir  # this process: fine
+    assert not stale.exists()
