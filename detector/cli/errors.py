@@ -94,7 +94,11 @@ def run_command(function: Callable[..., object], *args: object) -> int:
     ``error: interrupted`` or the interrupt's own message, such as download's how-to-resume (130). Warnings
     print as ``warning: ...`` lines (:func:`plain_warning`)."""
     warnings.formatwarning = plain_warning
-    errors = user_errors()
+    try:
+        errors = user_errors()  # imports torch: a Ctrl-C in the first second or two lands here
+    except KeyboardInterrupt:
+        print("\nerror: interrupted", file=sys.stderr)
+        return INTERRUPTED
     try:
         function(*args)
     except errors as error:

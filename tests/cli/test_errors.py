@@ -59,6 +59,20 @@ def test_ctrl_c_is_one_line_and_exit_130(interrupt: KeyboardInterrupt, message: 
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
 
 
+def test_ctrl_c_while_torch_imports_is_one_line_too(monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The first second or two of every command import torch (user_errors): a Ctrl-C there was a 30-line
+    traceback."""
+    from detector.cli import errors
+
+    def importing() -> tuple:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(errors, "user_errors", importing)
+    assert run_command(print, "never") == 130
+    assert capsys.readouterr().err.strip().splitlines() == ["error: interrupted"]
+
+
 def test_success_is_0_and_a_bug_keeps_its_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert run_command(print, "done") == 0 and capsys.readouterr().out == "done\n"
     with pytest.raises(KeyError):
