@@ -210,16 +210,20 @@ def freeze_layers(model: YOLO, count: int, log) -> tuple[str, ...]:
 BEFORE_THEIR_TIME: dict[str, Any] = {"val_rect": False}
 
 
-# What a resumed run takes from the command line (--project: where --resume auto looks); every other setting is
-# the run's own, since its schedule, optimizer state and curves were made with them.
+# What a resumed run takes from the command line (--project: where --resume auto looks), and what it may change
+# besides: when to stop early, what it keeps and draws, how it caches and scores, none of which changes the weights
+# it trains (Ultralytics lets a resume change these too). Every other setting is the run's own, since its schedule,
+# optimizer state and curves were made with them.
 RESUME_MAY_CHANGE = frozenset({"device", "workers", "resume", "project"})
+RESUME_MAY_SET = frozenset({"patience", "save_period", "plots", "tensorboard", "cache", "coco_eval", "val_background"})
 
 
 def ignored_on_resume(asked: dict[str, Any], saved: TrainConfig) -> list[str]:
     """The settings asked for (:meth:`TrainConfig.changed`) that a resumed run does not take, as ``name=value (the
     run's: value)``: those that differ from the run's own. A ``--batch -1`` run saved the batch it chose."""
     return [f"{name}={value} (the run's: {getattr(saved, name)})" for name, value in asked.items()
-            if name not in RESUME_MAY_CHANGE and value != getattr(saved, name) and (name, value) != ("batch", -1)]
+            if name not in RESUME_MAY_CHANGE | RESUME_MAY_SET and value != getattr(saved, name)
+            and (name, value) != ("batch", -1)]
 
 
 def newest_resumable(project: str) -> Path | None:
@@ -281,6 +285,10 @@ def load_resume(config: TrainConfig, asked: dict[str, Any] | None = None) -> tup
         warnings.warn(f"{path}: a resumed run keeps its own settings; ignored: {', '.join(ignored)}. To train with "
                       f"other settings, start a new run from its weights: --weights {path}")
     saved.device, saved.workers, saved.resume = config.device, config.workers, str(path)
+    for name in sorted(RESUME_MAY_SET & asked.keys()):
+        if asked[name] != getattr(saved, name):  # said, since it differs from the run's own
+            print(f"note: the resumed run takes {name}={asked[name]} (it had {getattr(saved, name)})")
+            setattr(saved, name, asked[name])
     return saved.with_defaults().validate(), path, checkpoint
 
 

@@ -227,3 +227,21 @@ def test_a_run_folder_is_trained_by_one_process_at_a_time(tmp_path) -> None:
     assert stale.exists()  # the refused process touched nothing
     assert make_run_dir(config, DistInfo(), resumed=run_dir / "weights" / "last.pt") == run_dir  # this process: fine
     assert not stale.exists()
+
+
+def test_a_resume_takes_what_does_not_change_the_weights_and_keeps_the_rest(tmp_path, capsys) -> None:
+    """--patience, --save-period, --plots, --cache ... given with a resume are taken (Ultralytics lets a resume change
+    them; here they were all ignored); --batch stays the run's, with the warning."""
+    from detector.checkpoint import save_checkpoint
+    from detector.training.builders import load_resume
+
+    path = tmp_path / "exp" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True)
+    config = TrainConfig(data="shapes", project=str(tmp_path), epochs=3, batch=8).to_dict()
+    save_checkpoint({"model": {}, "ema": None, "optimizer": {"state": {}}, "epoch": 0, "config": config}, path)
+    asked = TrainConfig(resume=str(path), patience=5, save_period=2, plots=False, cache="disk", batch=4)
+    with pytest.warns(UserWarning, match=r"ignored: batch=4 \(the run's: 8\)$|ignored: batch=4 \(the run's: 8\)\."):
+        resumed, _, _ = load_resume(asked, asked.changed())
+    assert (resumed.patience, resumed.save_period, resumed.plots, resumed.cache, resumed.batch) == (5, 2, False,
+                                                                                                   "disk", 8)
+    assert "note: the resumed run takes patience=5 (it had 100)" in capsys.readouterr().out
