@@ -4,6 +4,7 @@ see the whole config): data, loss, loader, optimizer with its schedule, the mode
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import random
@@ -350,3 +351,4 @@ def hold_run_lock(run_dir: Path) -> None:
         raise CheckpointError(f"{run_dir}: another process is training this run now; wait for it, or stop it "
                               "first") from None
     _RUN_LOCKS[run_dir.resolve()] = handle
+    atexit.register(handle.close)  # closed (and so released) at exit, not left to the garbage collector
