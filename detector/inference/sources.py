@@ -12,7 +12,8 @@
 - a glob: ``"imgs/*.jpg"``, ``"data/**/*.png"`` (``**`` recurses); an existing path is never read as a glob
   (``photos[1].jpg``);
 - a webcam index: ``0`` or ``"0"``;
-- a network stream or remote file: ``rtsp://``, ``rtmp://``, ``http(s)://`` URLs, read by OpenCV (FFmpeg).
+- an image URL (``https://.../bus.jpg``): downloaded into memory and decoded as a file is;
+- a network stream or remote video: ``rtsp://``, ``rtmp://``, ``http(s)://`` URLs, read by OpenCV (FFmpeg).
 
 Each yields :class:`Frame` objects; :func:`read_ahead` runs that iterator in a thread with a small bounded
 queue, so JPEG and video decoding overlap the model and a long video never piles up in memory.
@@ -21,10 +22,14 @@ queue, so JPEG and video decoding overlap the model and a long video never piles
 from __future__ import annotations
 
 import glob
+import io
 import os
 import queue
 import sys
 import threading
+import urllib.error
+import urllib.parse
+import urllib.request
 from collections import deque
 from collections.abc import Generator, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -34,8 +39,9 @@ from typing import Any
 
 import cv2
 import numpy as np
+from PIL import Image
 
-from detector.data.images import ImageError, decode_with_pillow, read_image
+from detector.data.images import READ_ERRORS, ImageError, decode_with_pillow, read_image
 from detector.data.spec import IMAGE_SUFFIXES
 from detector.data.workers import usable_cores
 
@@ -43,6 +49,8 @@ from detector.data.workers import usable_cores
 VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".ts", ".gif",
                             ".asf"})
 STREAM_PREFIXES = ("rtsp://", "rtmp://", "http://", "https://", "tcp://", "udp://")
+URL_IMAGE_LIMIT = 100 << 20  # bytes an image URL may send: more is no photo (and would sit in memory whole)
+URL_TIMEOUT = 30.0  # seconds without a byte before an image download is given up
 READ_AHEAD = 4  # frames decoded ahead of the model: enough to hide a decode behind a forward, little memory
 # Threads decoding a folder's or glob's still images (Pillow decodes with the GIL released). One thread decodes
 # 180-250 640x480 JPEGs a second (4-5.5 ms each on a 2-core EPYC), far less than a GPU runs at --batch 32.
@@ -85,9 +93,38 @@ def open_source(source: Any, *, vid_stride: int = 1) -> Iterator[Frame]:
         return _many(source, vid_stride)
     if is_in_memory(source):
         return iter([in_memory_frame(source, 0)])
+    if isinstance(source, str) and is_image_url(source):
+        return url_image_frames(source)
     if (capture := capture_source(source)) is not None:
         return capture_frames(*capture, vid_stride=vid_stride)
     return files_frames(str(source), vid_stride=vid_stride)
+
+
+def is_image_url(text: str) -> bool:
+    """An http(s) URL whose path ends in an image suffix (``https://ultralytics.com/images/bus.jpg``)."""
+    parts = urllib.parse.urlsplit(text)
+    return parts.scheme.lower() in ("http", "https") and Path(parts.path).suffix.lower() in IMAGE_SUFFIXES
+
+
+def url_image_frames(url: str) -> Iterator[Frame]:
+    """The image at ``url``, downloaded into memory (at most :data:`URL_IMAGE_LIMIT` bytes) and decoded as a file
+    would be, named by the URL's file name, as Ultralytics reads an image URL (OpenCV's capture read it as a
+    one-frame video). One line on a failed download or decode."""
+    try:
+        with urllib.request.urlopen(url, timeout=URL_TIMEOUT) as response:
+            data = response.read(URL_IMAGE_LIMIT + 1)
+    except urllib.error.HTTPError as error:
+        raise FileNotFoundError(f"{url}: cannot download (HTTP {error.code} {error.reason})") from None
+    except (urllib.error.URLError, OSError, ValueError) as error:
+        raise FileNotFoundError(f"{url}: cannot download ({getattr(error, 'reason', None) or error})") from None
+    if len(data) > URL_IMAGE_LIMIT:
+        raise FileNotFoundError(f"{url}: more than {URL_IMAGE_LIMIT >> 20} MB, not read as an image")
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            pixels = decode_with_pillow(image)
+    except READ_ERRORS as error:
+        raise ImageError(f"{url}: cannot decode image ({str(error)[:200]})") from None
+    yield Frame(Path(urllib.parse.urlsplit(url).path).name, None, pixels)
 
 
 def capture_source(source: Any) -> tuple[int | str, str] | None:

@@ -300,3 +300,30 @@ def test_a_video_that_will_not_open_among_other_files_is_skipped_with_a_line(tmp
     assert capsys.readouterr().err == f"warning: {tmp_path / 'broken.mp4'}: cannot open video; skipped\n"
     with pytest.raises(FileNotFoundError, match="broken.mp4: cannot open video$"):
         next(open_source(tmp_path / "broken.mp4"))
+
+
+def test_an_image_url_is_downloaded_and_decoded_as_its_file_is(tmp_path: Path) -> None:
+    """``https://ultralytics.com/images/bus.jpg`` as Ultralytics reads it: one still image named by the URL's file
+    name (OpenCV's capture read it as a one-frame video); a missing one or one that is no image is one line. Served
+    here from this machine."""
+    import functools
+    import http.server
+
+    cv2.imwrite(str(tmp_path / "bus.png"), bgr(7))
+    (tmp_path / "fake.jpg").write_text("not an image")
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *args: None  # type: ignore[attr-defined]
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        (frame,) = open_source(f"{base}/bus.png")
+        assert frame.name == "bus.png" and frame.index is None
+        np.testing.assert_array_equal(frame.image, bgr(7)[:, :, ::-1])  # PNG: the same pixels as from the file
+        with pytest.raises(FileNotFoundError, match=r"missing.jpg: cannot download \(HTTP 404 "):
+            next(open_source(f"{base}/missing.jpg"))
+        with pytest.raises(ValueError, match=r"fake.jpg: cannot decode image \(cannot identify image file"):
+            next(open_source(f"{base}/fake.jpg"))
+    finally:
+        server.shutdown()
