@@ -48,7 +48,7 @@ def options_from_args(options_class: type[T], args: argparse.Namespace) -> T:
 # ``epochs=3``: Ultralytics' command-line form. The key is a Python name; a token that is the value of a flag
 # before it (``--name run=1``) is left alone.
 KEY_VALUE = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.DOTALL)
-BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a word alone is the name of a switch turned on, as Ultralytics reads
+BARE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a switch's name alone turns it on, as Ultralytics reads it
 
 
 def parse_value(text: str) -> Any:
@@ -82,11 +82,18 @@ def split_key_values(parser: argparse.ArgumentParser,
         match = KEY_VALUE.fullmatch(token)
         if match and not is_value_of_flag:
             pairs[match.group(1)], slots[match.group(1)] = match.group(2), len(rest)
-        elif BARE_KEY.fullmatch(token) and not is_value_of_flag:  # Ultralytics' ``yolo train resume``: key=True
-            pairs[token], slots[token] = "True", len(rest)
+        elif BARE_KEY.fullmatch(token) and not is_value_of_flag and is_switch(parser, token):
+            pairs[token], slots[token] = "True", len(rest)  # Ultralytics' ``yolo train resume``, ``yolo predict save``
         else:
             rest.append(token)
     return rest, pairs, slots
+
+
+def is_switch(parser: argparse.ArgumentParser, word: str) -> bool:
+    """Whether ``word`` names a flag that takes no value or an optional one (``save``, ``resume``): only those read
+    as ``word=True`` alone (``epochs 3`` stays a mistake argparse names, not ``epochs=True``)."""
+    action = parser._option_string_actions.get("--" + word.replace("_", "-"))
+    return action is not None and action.nargs in (0, "?")
 
 
 def flag_tokens(parser: argparse.ArgumentParser, options_class: type, values: dict[str, Any],

@@ -106,6 +106,9 @@ def test_resume_true_alone_is_the_newest_run_and_auto_stays_auto() -> None:
     assert (parse(["resume=True"]).resume, parse(["resume=True"]).weights) == ("auto", "")
     assert parse(["resume"]).resume == parse(["--resume"]).resume == "auto"  # were "unrecognized", "expected one"
     assert parse(["--resume", "--epochs", "3"]).resume == "auto"
+    assert parse(["cosine"]).cosine is True  # any switch alone is on, as Ultralytics reads it
+    with pytest.raises(SystemExit):  # a value's name alone is no switch: argparse names the mistake
+        parse(["epochs", "3"])
     config = parse(["--resume", "auto", "--weights", "x.pt"])  # explicit: load_resume warns that x.pt is ignored
     assert (config.resume, config.weights) == ("auto", "x.pt")
 
