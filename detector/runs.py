@@ -19,6 +19,8 @@ def claim_run_dir(project: str | Path, name: str) -> Path:
     runs started at the same moment never share a folder (checking ``exists()`` first would let both pass).
     """
     base = Path(project)
+    if base.exists() and not base.is_dir():  # mkdir would say only "File exists"
+        raise NotADirectoryError(f"{base}: --project names a file, not a folder for run folders")
     base.mkdir(parents=True, exist_ok=True)
     number = 1
     while True:

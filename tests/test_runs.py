@@ -92,3 +92,9 @@ def test_a_resume_drops_the_rows_of_epochs_it_trains_again(tmp_path: Path) -> No
     assert path.read_bytes() == before[: before.index(b"\r\n4,")] + b"\r\n"  # the first rows, byte for byte
     append_results(path, {"epoch": 4, "loss": 0.3, "evaluator": "faster-coco-eval 1.8.0"})
     assert [row["epoch"] for row in csv.DictReader(path.open())] == ["1", "2", "3", "4"]
+
+
+def test_a_project_that_is_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "photo.jpg").write_bytes(b"...")
+    with pytest.raises(NotADirectoryError, match=r"photo.jpg: --project names a file, not a folder"):
+        claim_run_dir(tmp_path / "photo.jpg", "exp")  # was "[Errno 17] File exists: '.../photo.jpg'"

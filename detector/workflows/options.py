@@ -96,6 +96,8 @@ class PredictOptions(Options):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if not str(self.source).strip():  # Path("") is "." : it read every image under the working folder
+            raise ValueError("--source is empty: give an image, folder, glob, video, webcam index or URL")
         if self.batch < 1:
             raise ValueError(f"--batch must be at least 1; got {self.batch}")
         if self.vid_stride < 1:

@@ -64,3 +64,10 @@ def test_counts_below_their_least_are_one_line(options_class: type, flags: dict,
     required = {ValOptions: {"weights": Path("best.pt")}}.get(options_class, {})
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         options_class(**required, **flags)
+
+
+@pytest.mark.parametrize("source", ["", "  "])
+def test_an_empty_source_is_one_line(source: str) -> None:
+    """``--source ''`` read every image under the working folder (Path("") is ".")."""
+    with pytest.raises(ValueError, match=r"^--source is empty"):
+        PredictOptions(source=source)
