@@ -216,7 +216,10 @@ BEFORE_THEIR_TIME: dict[str, Any] = {"val_rect": False}
 # it trains (Ultralytics lets a resume change these too). Every other setting is the run's own, since its schedule,
 # optimizer state and curves were made with them.
 RESUME_MAY_CHANGE = frozenset({"device", "workers", "resume", "project"})
-RESUME_MAY_SET = frozenset({"patience", "save_period", "plots", "tensorboard", "cache", "coco_eval", "val_background"})
+RESUME_MAY_SET = frozenset({"patience", "save_period", "plots", "tensorboard", "cache", "coco_eval", "val_background",
+                            # A run out of GPU memory goes on with a smaller batch, as Ultralytics lets it: the
+                            # schedule is carried over by epochs (StepSchedule.restored), the rest is the run's own.
+                            "batch"})
 
 
 def ignored_on_resume(asked: dict[str, Any], saved: TrainConfig) -> list[str]:
@@ -287,7 +290,7 @@ def load_resume(config: TrainConfig, asked: dict[str, Any] | None = None) -> tup
                       f"other settings, start a new run from its weights: --weights {path}")
     saved.device, saved.workers, saved.resume = config.device, config.workers, str(path)
     for name in sorted(RESUME_MAY_SET & asked.keys()):
-        if asked[name] != getattr(saved, name):  # said, since it differs from the run's own
+        if asked[name] != getattr(saved, name) and (name, asked[name]) != ("batch", -1):  # said: not the run's own
             print(f"note: the resumed run takes {name}={asked[name]} (it had {getattr(saved, name)})")
             setattr(saved, name, asked[name])
     return saved.with_defaults().validate(), path, checkpoint

@@ -230,8 +230,8 @@ def test_a_run_folder_is_trained_by_one_process_at_a_time(tmp_path) -> None:
 
 
 def test_a_resume_takes_what_does_not_change_the_weights_and_keeps_the_rest(tmp_path, capsys) -> None:
-    """--patience, --save-period, --plots, --cache ... given with a resume are taken (Ultralytics lets a resume change
-    them; here they were all ignored); --batch stays the run's, with the warning."""
+    """--patience, --save-period, --plots, --cache ... and --batch given with a resume are taken (Ultralytics lets a
+    resume change them; here they were all ignored); --imgsz stays the run's, with the warning."""
     from detector.checkpoint import save_checkpoint
     from detector.training.builders import load_resume
 
@@ -239,9 +239,12 @@ def test_a_resume_takes_what_does_not_change_the_weights_and_keeps_the_rest(tmp_
     path.parent.mkdir(parents=True)
     config = TrainConfig(data="shapes", project=str(tmp_path), epochs=3, batch=8).to_dict()
     save_checkpoint({"model": {}, "ema": None, "optimizer": {"state": {}}, "epoch": 0, "config": config}, path)
-    asked = TrainConfig(resume=str(path), patience=5, save_period=2, plots=False, cache="disk", batch=4)
-    with pytest.warns(UserWarning, match=r"ignored: batch=4 \(the run's: 8\)$|ignored: batch=4 \(the run's: 8\)\."):
+    asked = TrainConfig(resume=str(path), patience=5, save_period=2, plots=False, cache="disk", batch=4, imgsz=320)
+    with pytest.warns(UserWarning, match=r"ignored: imgsz=320 \(the run's: 0\)\."):
         resumed, _, _ = load_resume(asked, asked.changed())
     assert (resumed.patience, resumed.save_period, resumed.plots, resumed.cache, resumed.batch) == (5, 2, False,
-                                                                                                   "disk", 8)
-    assert "note: the resumed run takes patience=5 (it had 100)" in capsys.readouterr().out
+                                                                                                   "disk", 4)
+    assert resumed.imgsz != 320
+    printed = capsys.readouterr().out
+    assert "note: the resumed run takes patience=5 (it had 100)" in printed
+    assert "note: the resumed run takes batch=4 (it had 8)" in printed

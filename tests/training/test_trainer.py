@@ -597,3 +597,24 @@ def test_a_ctrl_c_in_the_last_epoch_lets_the_run_finish(yolo_yaml: Path, tmp_pat
     printed = capsys.readouterr().out
     assert not summary["interrupted"] and "interrupted" not in printed and "done in" in printed
     assert is_stripped(load_checkpoint(summary["run_dir"] / "weights" / "last.pt"))
+
+
+def test_a_run_resumed_with_a_smaller_batch_goes_on_at_the_same_point_of_its_schedule(yolo_yaml: Path,
+                                                                                      tmp_path: Path):
+    """--batch on a resume (a run out of GPU memory, as Ultralytics allows): taken, twice the steps per epoch, and
+    the learning rate where the run left it (the schedule carried over by epochs); the run then finishes."""
+    from detector.training.trainer import Trainer
+
+    partial = train(_config(yolo_yaml, tmp_path, epochs=3, batch=4, warmup_epochs=0.0), progress=False,
+                    stop_after_epochs=1)
+    last = partial["run_dir"] / "weights" / "last.pt"
+    before = Trainer(_config(yolo_yaml, tmp_path, epochs=3, batch=4, warmup_epochs=0.0, resume=str(last)),
+                     progress=False).step.schedule
+    after = Trainer(_config(yolo_yaml, tmp_path, epochs=3, batch=2, warmup_epochs=0.0, resume=str(last)),
+                    progress=False)
+    schedule = after.step.schedule
+    assert after.config.batch == 2 and schedule.steps_per_epoch == 2 * before.steps_per_epoch
+    assert schedule.lr_factor(schedule.steps_per_epoch) == pytest.approx(before.lr_factor(before.steps_per_epoch))
+    summary = train(_config(yolo_yaml, tmp_path, epochs=3, batch=2, warmup_epochs=0.0, resume=str(last)),
+                    progress=False)
+    assert summary["epochs_done"] == 3 and not summary["interrupted"]
