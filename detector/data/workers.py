@@ -162,7 +162,6 @@ def default_workers(device_type: str, *, processes_per_node: int = 1, cores: int
 def _init_worker(worker_id: int, *, lower_priority: bool, pool_slots: int) -> None:
     global _POOL
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what a Ctrl-C means (module docstring)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # and a SIGTERM to the whole job (SLURM's): the epoch ends first
     if lower_priority:
         os.nice(LOWEST_PRIORITY)  # a raise past the ceiling is clamped to it, never an error
     # Each item's mosaic region (1.6 MB at 640 px, its size changing from item to item) and each batch's buffers

@@ -1,7 +1,8 @@
 """Ctrl-C during training: the first one asks the run to stop after this epoch (saving last.pt), a second aborts.
 
-SIGTERM (a scheduler's preemption, ``docker stop``, ``kill``) is a first Ctrl-C too: the epoch ends and last.pt is
-saved, as a cluster's grace period allows (SLURM's ``--signal=TERM@120`` sends it two minutes ahead)."""
+SIGTERM to the trainer (``kill``, ``docker stop``, Kubernetes' preemption) is a first Ctrl-C too: the epoch ends and
+last.pt is saved, as the grace period allows. Loader workers keep SIGTERM's default (multiprocessing ends them with it
+at exit), so a SIGTERM to every process of a job stops them and the run with their error."""
 
 from __future__ import annotations
 
