@@ -224,10 +224,10 @@ RESUME_MAY_SET = frozenset({"patience", "save_period", "plots", "tensorboard", "
 
 def ignored_on_resume(asked: dict[str, Any], saved: TrainConfig) -> list[str]:
     """The settings asked for (:meth:`TrainConfig.changed`) that a resumed run does not take, as ``name=value (the
-    run's: value)``: those that differ from the run's own. A ``--batch -1`` run saved the batch it chose."""
+    run's: value)``: those that differ from the run's own, and none :data:`RESUME_MAY_SET` takes (a resumed
+    ``--batch -1`` keeps the batch the run chose: :func:`load_resume`)."""
     return [f"{name}={value} (the run's: {getattr(saved, name)})" for name, value in asked.items()
-            if name not in RESUME_MAY_CHANGE | RESUME_MAY_SET and value != getattr(saved, name)
-            and (name, value) != ("batch", -1)]
+            if name not in RESUME_MAY_CHANGE | RESUME_MAY_SET and value != getattr(saved, name)]
 
 
 def newest_resumable(project: str) -> Path | None:
