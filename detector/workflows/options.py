@@ -98,12 +98,8 @@ class PredictOptions(Options):
         super().__post_init__()
         if not str(self.source).strip():  # Path("") is "." : it read every image under the working folder
             raise ValueError("--source is empty: give an image, folder, glob, video, webcam index or URL")
-        if self.batch < 1:
-            raise ValueError(f"--batch must be at least 1; got {self.batch}")
-        if self.vid_stride < 1:
-            raise ValueError(f"--vid-stride must be at least 1; got {self.vid_stride}")
-        if self.line_width is not None and self.line_width < 1:
-            raise ValueError(f"--line-width must be at least 1; got {self.line_width}")
+        at_least(("--batch", self.batch, 1), ("--vid-stride", self.vid_stride, 1),
+                 *([("--line-width", self.line_width, 1)] if self.line_width is not None else []))
         check_detection_flags(conf=self.conf, iou=self.iou, max_det=self.max_det, imgsz=self.imgsz)
 
 
@@ -154,10 +150,7 @@ def check_detection_flags(*, conf: float, iou: float, max_det: int, imgsz: int |
     for flag, value in (("--conf", conf), ("--iou", iou)):
         if not 0 <= value <= 1:
             raise ValueError(f"{flag} must be between 0 and 1; got {value}")
-    if max_det < 1:
-        raise ValueError(f"--max-det must be at least 1; got {max_det}")
-    if imgsz is not None and imgsz < 1:
-        raise ValueError(f"--imgsz must be at least 1; got {imgsz}")
+    at_least(("--max-det", max_det, 1), *([("--imgsz", imgsz, 1)] if imgsz is not None else []))
 
 
 # Ultralytics' export formats that are not built here, and what to do instead (one line each).
