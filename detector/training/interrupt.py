@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from types import FrameType
 from typing import Any, Callable
 
@@ -27,8 +28,12 @@ class CtrlC:
         self.pid = os.getpid()  # the process whose handler this is (see handle)
         self._previous: Callable[..., Any] | int | None = None
         self._previous_term: Callable[..., Any] | int | None = None
+        self._stream = sys.stdout
 
     def install(self) -> None:
+        # The stream of the run, not the one current when the signal lands: pycocotools' evaluation runs with
+        # stdout redirected into a buffer that is thrown away, and a SIGTERM there lost the line (a flaky CI run).
+        self._stream = sys.stdout
         self._previous = signal.signal(signal.SIGINT, self.handle)
         self._previous_term = signal.signal(signal.SIGTERM, self.handle)
 
@@ -44,4 +49,5 @@ class CtrlC:
         self.requested = True
         if self.announce:
             what = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
-            print(f"\n{what}: finishing this epoch and saving last.pt (press Ctrl-C again to abort)", flush=True)
+            print(f"\n{what}: finishing this epoch and saving last.pt (press Ctrl-C again to abort)", file=self._stream,
+                  flush=True)
