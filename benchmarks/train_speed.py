@@ -101,7 +101,8 @@ args = json.loads(sys.argv[1])
 if args["weights"].endswith(".pt") and args.get("ultralytics"):
     from detector.weights import load_pretrained, read_ultralytics_checkpoint
     checkpoint = read_ultralytics_checkpoint(args["weights"])
-    model = build_model(num_classes=len(load_dataset_spec(args["data"]).names), scale=checkpoint.scale)
+    model = build_model(num_classes=len(load_dataset_spec(args["data"]).names), scale=checkpoint.scale,
+                        class_channels=checkpoint.class_channels)
     load_pretrained(model, checkpoint)
 else:
     from detector.checkpoint import model_from_checkpoint

@@ -5,7 +5,8 @@ A checkpoint is a plain dict of tensors and builtin types. Two kinds exist:
 * **full** (``last.pt`` while a run goes on): everything ``--resume`` needs::
 
     {"model": state_dict, "ema": state_dict, "optimizer": ..., "scaler": ..., "epoch": int,
-     "model_args": {"num_classes", "scale", "reg_max"}, "names": [...], "config": {...}, "precision": str, ...}
+     "model_args": {"num_classes", "scale", "reg_max"[, "class_channels"]}, "names": [...], "config": {...},
+     "precision": str, ...}
 
   :func:`run_checkpoint` writes one and :func:`restore_run` reads it back, with the same keys side by side.
 
@@ -196,18 +197,22 @@ def strip_checkpoint_file(path: str | Path) -> None:
 
 def model_args(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any]:
     """``checkpoint["model_args"]`` checked: ``num_classes`` a positive int, ``scale`` one of ``n s m l x``,
-    ``reg_max`` (optional, 16) a positive int; anything else is a :class:`CheckpointError` naming the key."""
+    ``reg_max`` (optional, 16) and ``class_channels`` (optional, ``None``: the default width) positive ints; anything
+    else is a :class:`CheckpointError` naming the key."""
     if "model_args" not in checkpoint or "model" not in checkpoint:
         raise CheckpointError(f"{path}: missing 'model_args' or 'model'; not a detector checkpoint")
     args = checkpoint["model_args"]
     if not isinstance(args, dict):
         raise CheckpointError(f"{path}: 'model_args' is a {type(args).__name__}, not a dict")
-    unknown = sorted(map(str, set(args) - {"num_classes", "scale", "reg_max"}))
+    unknown = sorted(map(str, set(args) - {"num_classes", "scale", "reg_max", "class_channels"}))
     if unknown:
         raise CheckpointError(f"{path}: 'model_args' has unknown key {unknown[0]!r}")
-    checked = {"num_classes": args.get("num_classes"), "scale": args.get("scale"), "reg_max": args.get("reg_max", 16)}
-    for key in ("num_classes", "reg_max"):
+    checked = {"num_classes": args.get("num_classes"), "scale": args.get("scale"), "reg_max": args.get("reg_max", 16),
+               "class_channels": args.get("class_channels")}
+    for key in ("num_classes", "reg_max", "class_channels"):
         value = checked[key]
+        if key == "class_channels" and value is None:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 100_000:
             raise CheckpointError(f"{path}: 'model_args' {key} is {value!r}; expected a positive integer")
     if checked["scale"] not in SCALES:
@@ -346,7 +351,7 @@ def run_checkpoint(trained: Trained, state: RunState) -> dict[str, Any]:
         "best_epoch": state.best_epoch,
         "metrics": state.metrics,
         "unjudged": state.unjudged,
-        "model_args": {"num_classes": model.num_classes, "scale": model.scale, "reg_max": model.reg_max},
+        "model_args": model.rebuild_args(),
         "names": state.names,
         "config": state.config,
         "precision": state.precision,

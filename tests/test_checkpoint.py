@@ -163,6 +163,7 @@ def test_torch_older_than_the_floor_is_refused_in_one_line(tmp_path: Path, monke
     ({"num_classes": -1, "scale": "n"}, "num_classes is -1"),
     ({"num_classes": "2", "scale": "n"}, "num_classes is '2'"),
     ({"num_classes": 2, "scale": "n", "depth": 9}, "unknown key 'depth'"),
+    ({"num_classes": 2, "scale": "n", "class_channels": 0}, "class_channels is 0"),
 ])
 def test_bad_model_args_are_one_line(tmp_path: Path, model_args, problem: str):
     with pytest.raises(CheckpointError, match=problem):

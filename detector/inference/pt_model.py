@@ -44,7 +44,7 @@ def model_from_pt(path: str | Path) -> tuple[YOLO, dict[str, Any]]:
             if reason == str(ours).removeprefix(prefix):  # the same bytes failed both the same way (damaged, empty)
                 raise ours from None
             raise CheckpointError(f"{ours}; nor is it Ultralytics YOLOv8 weights ({reason})") from None
-    model = build_model(num_classes=foreign.num_classes, scale=foreign.scale)
+    model = build_model(num_classes=foreign.num_classes, scale=foreign.scale, class_channels=foreign.class_channels)
     load_pretrained(model, foreign)
     names = [foreign.names.get(index, str(index)) for index in range(foreign.num_classes)]
     print(f"{path}: Ultralytics YOLOv8{foreign.scale} weights ({foreign.num_classes} classes), read without "

@@ -10,20 +10,32 @@ from torch import nn
 from detector.model.blocks import DFL, Conv, concat
 
 
+def default_class_channels(num_classes: int, first_channels: int) -> int:
+    """YOLOv8's class-branch width for a freshly built head: ``max(P3 channels, min(classes, 100))``."""
+    return max(first_channels, min(num_classes, 100))
+
+
 class Detect(nn.Module):
     """One box branch (``cv2``) and one class branch (``cv3``) per pyramid level.
 
     ``forward`` returns the raw per-level maps ``[B, 4*reg_max + num_classes, H_i, W_i]``; decoding
     lives in :mod:`detector.postprocess`, and the loss in :mod:`detector.loss`.
+
+    ``class_channels`` (default :func:`default_class_channels`) is the class branch's hidden width. A model
+    fine-tuned from weights keeps the width of those weights, as Ultralytics 8.4 does, so that the branch's hidden
+    layers carry over: a YOLOv8n fine-tuned from ``yolov8n.pt`` on 3 classes is 80 wide, not 64.
     """
 
-    def __init__(self, num_classes: int, channels: tuple[int, ...], strides: tuple[int, ...], reg_max: int = 16):
+    def __init__(self, num_classes: int, channels: tuple[int, ...], strides: tuple[int, ...], reg_max: int = 16,
+                 class_channels: int | None = None):
         super().__init__()
         self.num_classes = num_classes
         self.reg_max = reg_max
         self.strides = strides
         box_ch = max(16, channels[0] // 4, reg_max * 4)
-        cls_ch = max(channels[0], min(num_classes, 100))
+        cls_ch = class_channels or default_class_channels(num_classes, channels[0])
+        self.class_channels = cls_ch
+        self.default_width = cls_ch == default_class_channels(num_classes, channels[0])
         self.cv2 = nn.ModuleList(
             nn.Sequential(Conv(c, box_ch, 3), Conv(box_ch, box_ch, 3), nn.Conv2d(box_ch, 4 * reg_max, 1))
             for c in channels

@@ -46,9 +46,12 @@ class YOLO(nn.Module):
         num_classes: number of object classes.
         scale: one of ``n s m l x``.
         reg_max: DFL bins per box side.
+        class_channels: the class branch's hidden width; ``None``: YOLOv8's default for the class count
+            (:func:`~detector.model.head.default_class_channels`).
     """
 
-    def __init__(self, num_classes: int = 80, scale: str = "n", reg_max: int = 16) -> None:
+    def __init__(self, num_classes: int = 80, scale: str = "n", reg_max: int = 16,
+                 class_channels: int | None = None) -> None:
         super().__init__()
         if scale not in SCALES:
             raise ValueError(f"unknown model scale {scale!r}; choose one of {', '.join(SCALES)}")
@@ -75,7 +78,16 @@ class YOLO(nn.Module):
         self.bottom_up4 = C2f(c[256] + c[512], c[512], d3)
         self.bottom_up_down4 = Conv(c[512], c[512], 3, 2)
         self.bottom_up5 = C2f(c[512] + c[1024], c[1024], d3)
-        self.head = Detect(num_classes, (c[256], c[512], c[1024]), STRIDES, reg_max)
+        self.head = Detect(num_classes, (c[256], c[512], c[1024]), STRIDES, reg_max, class_channels)
+
+    def rebuild_args(self) -> dict[str, int | str]:
+        """What :func:`build_model` needs to build this model again (kept in checkpoints as ``model_args``). The
+        class branch's width only where it is not the default: files of default models stay readable by
+        versions that do not know the key."""
+        args: dict[str, int | str] = {"num_classes": self.num_classes, "scale": self.scale, "reg_max": self.reg_max}
+        if not self.head.default_width:
+            args["class_channels"] = self.head.class_channels
+        return args
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
         """images ``[B, 3, H, W]`` in [0, 1], H and W multiples of 32 -> 3 maps ``[B, 4*reg_max+C, H/s, W/s]``."""
@@ -90,6 +102,6 @@ class YOLO(nn.Module):
         return self.head([n3, o4, o5])
 
 
-def build_model(*, num_classes: int, scale: str = "n", reg_max: int = 16) -> YOLO:
+def build_model(*, num_classes: int, scale: str = "n", reg_max: int = 16, class_channels: int | None = None) -> YOLO:
     """Build a freshly initialised detector."""
-    return YOLO(num_classes=num_classes, scale=scale, reg_max=reg_max)
+    return YOLO(num_classes=num_classes, scale=scale, reg_max=reg_max, class_channels=class_channels)

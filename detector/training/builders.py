@@ -153,15 +153,28 @@ def warmup_steps(warmup_epochs: float, steps_per_epoch: int, epochs: int) -> int
     return min(max(round(warmup_epochs * steps_per_epoch), 100), cap)
 
 
-def build_model_from_weights(config: TrainConfig, num_classes: int, log) -> YOLO:
+def build_run_model(config: TrainConfig, names: list[str], log, resumed: tuple[dict, Path] | None) -> YOLO:
+    """The run's model: the resumed run's own (``resumed``: its checkpoint and path), its class branch's width
+    included, or one from ``--weights`` or fresh (:func:`build_model_from_weights`)."""
+    if resumed is None:
+        return build_model_from_weights(config, names, log)
+    checkpoint, path = resumed
+    width = model_args(checkpoint, path)["class_channels"]
+    return build_model(num_classes=len(names), scale=config.model, class_channels=width)
+
+
+def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO:
     """A fresh model, or one started from ``--weights``: our own checkpoint or an Ultralytics YOLOv8 file.
 
-    The scale comes from the weights file when there is one; a mismatch with ``--model`` is reported.
+    The scale comes from the weights file when there is one; a mismatch with ``--model`` is reported. So does the
+    class branch's width, so that its hidden layers carry over to another class count (as in Ultralytics 8.4), and
+    the class-logit rows of classes the weights name alike start from those (:mod:`detector.weights.class_rows`).
     Ultralytics files are read with a restricted unpickler (no code from the file runs).
     """
     if not config.weights:
-        return build_model(num_classes=num_classes, scale=config.model)
+        return build_model(num_classes=len(names), scale=config.model)
     from detector.weights import load_pretrained, read_ultralytics_checkpoint, resolve_weights
+    from detector.weights.class_rows import class_row_sources, remap_class_rows
 
     path = resolve_weights(config.weights)
     try:
@@ -169,16 +182,23 @@ def build_model_from_weights(config: TrainConfig, num_classes: int, log) -> YOLO
     except CheckpointError:
         ours = None  # not one of ours: try the Ultralytics reader, which gives its own clear errors
     if ours is not None and "model_args" in ours:
-        scale = model_args(ours, path)["scale"]
-        model = build_model(num_classes=num_classes, scale=scale)
-        copied, total = load_matching(model, ours.get("ema") or ours["model"], path)  # refuses under half
-        log(f"weights: {copied}/{total} tensors from {path} (scale {scale})")
+        scale, weights = model_args(ours, path)["scale"], ours.get("ema") or ours["model"]
+        width = weights.get("head.cv3.0.0.conv.weight") if isinstance(weights, dict) else None
+        model = build_model(num_classes=len(names), scale=scale,
+                            class_channels=int(width.shape[0]) if isinstance(width, torch.Tensor) else None)
+        rows = class_row_sources([str(name) for name in ours.get("names") or []], names)
+        moved = remap_class_rows(weights, model.state_dict(), rows) if rows and isinstance(weights, dict) else {}
+        kept = {key: value for key, value in weights.items() if key not in moved} if moved else weights
+        copied, total = load_matching(model, kept, path)  # refuses under half
+        model.load_state_dict(moved, strict=False)
+        named = f"; {sum(row >= 0 for row in rows)} classes start from its class of the same name" if moved else ""
+        log(f"weights: {copied + len(moved)}/{total} tensors from {path} (scale {scale}){named}")
         return model
     checkpoint = read_ultralytics_checkpoint(path)
     if checkpoint.scale != config.model:
         log(f"weights: {path.name} is YOLOv8{checkpoint.scale}; building scale {checkpoint.scale} instead of --model {config.model}")
-    model = build_model(num_classes=num_classes, scale=checkpoint.scale)
-    log(f"weights: {load_pretrained(model, checkpoint).summary()}")
+    model = build_model(num_classes=len(names), scale=checkpoint.scale, class_channels=checkpoint.class_channels)
+    log(f"weights: {load_pretrained(model, checkpoint, names).summary()}")
     return model
 
 

@@ -25,7 +25,6 @@ from detector.distributed import agreed_precision, any_rank, cleanup, decide_on_
 from detector.distributed import init_distributed, local_main_first, unwrap
 from detector.metrics.coco import write_results_json
 from detector.metrics.loop import Validation
-from detector.model import build_model
 from detector.model.recompute import recompute_activations, recompute_wanted
 from detector.plots.batches import PLOTTED_IMAGES
 from detector.plots.reporter import RunReporter
@@ -35,7 +34,7 @@ from detector.runs import append_results, keep_results_through
 from detector.training.amp_check import CHECK_IMAGES, check_first_batch
 from detector.training.autobatch import AUTO_BATCH, batch_for
 from detector.training.budget import RunClock, TimeBudget
-from detector.training.builders import (build_criterion, build_data, build_model_from_weights, build_optimization,
+from detector.training.builders import (build_criterion, build_data, build_optimization, build_run_model,
                                         freeze_layers)
 from detector.training.builders import build_train_loader, load_resume, make_run_dir, seed_everything
 from detector.training.builders import wrap_distributed
@@ -83,8 +82,8 @@ class Trainer(RunPlans):
         seed_everything(config.seed + self.dist.rank)
         self._build_data()
         torch.manual_seed(config.seed)  # identical initial weights on every rank
-        model = (build_model_from_weights(config, self.spec.num_classes, self.log) if checkpoint is None
-                 else build_model(num_classes=self.spec.num_classes, scale=config.model))
+        model = build_run_model(config, list(self.spec.names), self.log,
+                                None if checkpoint is None else (checkpoint, self.resume_path))
         config.model = model.scale  # the weights file may have chosen the scale; resume must rebuild it
         freeze_layers(model, config.freeze, self.log)  # before the optimizer: it takes trainable parameters only
         model.to(self.device, memory_format=torch.channels_last if config.channels_last else torch.preserve_format)

@@ -8,8 +8,8 @@ walks them for tensors, renames YOLOv8 layer indices (``model.4.``) to our attri
 Typical use::
 
     checkpoint = read_ultralytics_checkpoint(resolve_weights("yolov8n.pt"))
-    model = build_model(num_classes=3, scale=checkpoint.scale)
-    report = load_pretrained(model, checkpoint)
+    model = build_model(num_classes=3, scale=checkpoint.scale, class_channels=checkpoint.class_channels)
+    report = load_pretrained(model, checkpoint, names=["cat", "dog", "person"])
     print(report.summary())
 """
 
@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from detector.model.yolo import SCALES, YOLO
+from detector.weights.class_rows import class_row_sources, remap_class_rows
 from detector.weights.locate import resolve_weights
 from detector.weights.safe_pickle import StandIn, load_checkpoint, stand_in_state_dict
 
@@ -73,6 +75,17 @@ class UltralyticsCheckpoint:
         """YOLOv8 scale (``n s m l x``), read from tensor shapes."""
         return detect_yolov8_scale(self.state_dict)
 
+    @property
+    def class_channels(self) -> int:
+        """The class branch's hidden width. Not always YOLOv8's default for the class count: Ultralytics 8.4 keeps
+        the width of the weights a model was fine-tuned from (a 3-class nano from ``yolov8n.pt`` is 80 wide)."""
+        return int(self.state_dict["model.22.cv3.0.0.conv.weight"].shape[0])
+
+    @property
+    def class_names(self) -> list[str]:
+        """One name per class, the index where the file has none."""
+        return [self.names.get(index, str(index)) for index in range(self.num_classes)]
+
 
 @dataclass(frozen=True)
 class LoadReport:
@@ -85,10 +98,14 @@ class LoadReport:
     num_classes: int  # the model's
     source_num_classes: int  # the checkpoint's
     source_names: dict[int, str] = field(default_factory=dict)
+    named: int = 0  # the model's classes whose logit rows came from the weights' class of the same name
 
     def summary(self) -> str:
         """One line for logs."""
         line = f"loaded {self.matched} tensors from {self.path} (YOLOv8{self.scale}, {self.source_num_classes} classes)"
+        if self.named:
+            line += (f"; {self.named} of the model's {self.num_classes} classes start from the weights' class of the "
+                     "same name")
         if self.reinitialised:
             line += (
                 f"; the model has {self.num_classes} classes, so {len(self.reinitialised)}"
@@ -191,18 +208,22 @@ def convert_yolov8_state_dict(
     return converted
 
 
-def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint) -> LoadReport:
+def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint,
+                    names: Sequence[str] | None = None) -> LoadReport:
     """Copy YOLOv8 weights into ``model`` in place.
 
     With a different class count, every module of the classification branch (``head.cv3``) whose shape
-    depends on it keeps its fresh initialisation: always the final ``head.cv3.<i>.2`` convs, and for
-    yolov8n (whose branch width is ``max(64, min(classes, 100))``) the whole branch. Everything else
-    must match exactly.
+    depends on it keeps its fresh initialisation: the final ``head.cv3.<i>.2`` convs, and the whole branch
+    where the model's branch width is not the file's (build the model with ``class_channels=
+    weights.class_channels`` to keep its hidden layers, as training does). Everything else must match exactly.
+    With ``names`` (the model's classes), the final convs' rows of classes the file names alike are moved to
+    those classes (:mod:`detector.weights.class_rows`), as Ultralytics 8.4 does.
 
     Args:
         model: built at the checkpoint's scale (see ``UltralyticsCheckpoint.scale``) with ``reg_max=16``.
         weights: a path, a bare name looked up in the repository's ``weights/`` folder, or a checkpoint
             already read by :func:`read_ultralytics_checkpoint`.
+        names: the model's class names, one per class; ``None`` leaves the rows where they are.
 
     Raises:
         ValueError: the file is not YOLOv8 detection weights, or its scale or shapes do not fit ``model``.
@@ -216,6 +237,8 @@ def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint) ->
         )
     incoming = convert_yolov8_state_dict(weights.state_dict)
     own = model.state_dict()
+    rows = class_row_sources(weights.class_names, names) if names is not None else None
+    moved = remap_class_rows(incoming, own, rows) if rows else {}
     misfits = [key for key in incoming.keys() | own.keys() if _shape(incoming, key) != _shape(own, key)]
     fresh = {_module_of(key) for key in misfits} - {""} if weights.num_classes != model.num_classes else set()
     wrong = sorted(key for key in misfits if _module_of(key) not in fresh)
@@ -223,11 +246,14 @@ def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint) ->
         details = ", ".join(f"{key} {_shape(incoming, key)} vs {_shape(own, key)}" for key in wrong[:3])
         raise ValueError(f"{path}: weights do not fit the model ({len(wrong)} tensors differ: {details})")
 
-    # Whole modules (conv + its BN statistics) start fresh, so no half-loaded Conv-BN pair is left behind.
-    kept = {key: tensor for key, tensor in incoming.items() if _module_of(key) not in fresh}
-    model.load_state_dict(kept, strict=False)  # the keys left out are exactly those under ``fresh``
-    reinitialised = tuple(key for key in own if _module_of(key) in fresh)
-    return LoadReport(path, scale, len(kept), reinitialised, model.num_classes, weights.num_classes, weights.names)
+    # Whole modules (conv + its BN statistics) start fresh, so no half-loaded Conv-BN pair is left behind; the
+    # moved class rows replace their convs' tensors (the rows without a name keep the fresh ones).
+    kept = {key: tensor for key, tensor in incoming.items() if _module_of(key) not in fresh and key not in moved}
+    model.load_state_dict(kept | moved, strict=False)  # the keys left out are exactly those under ``fresh``
+    reinitialised = tuple(key for key in own if _module_of(key) in fresh and key not in moved)
+    named = sum(row >= 0 for row in rows) if moved else 0
+    return LoadReport(path, scale, len(kept) + len(moved), reinitialised, model.num_classes, weights.num_classes,
+                      weights.names, named)
 
 
 def _module_of(key: str) -> str:

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 from detector.model import build_model
-from detector.training.builders import freeze_layers, warmup_steps
+from detector.training.builders import build_run_model, freeze_layers, warmup_steps
 from detector.training.config import TrainConfig
 from detector.training.optim import build_optimizer
 
@@ -248,3 +249,35 @@ def test_a_resume_takes_what_does_not_change_the_weights_and_keeps_the_rest(tmp_
     printed = capsys.readouterr().out
     assert "note: the resumed run takes patience=5 (it had 100)" in printed
     assert "note: the resumed run takes batch=4 (it had 8)" in printed
+
+
+def test_a_fine_tune_from_our_checkpoint_keeps_its_class_width_and_rows_by_name(tmp_path: Path) -> None:
+    """Our 80-class nano (class branch 80 wide) fine-tuned on 3 classes: built 80 wide, so every tensor but the final
+    class convs loads; "dog" starts from the file's "dog" row. Then the run's checkpoints say the width, so a resume
+    (and val, export) builds it again: a default 3-class nano is 64 wide."""
+    from detector.checkpoint import load_checkpoint, model_args, save_checkpoint
+
+    torch.manual_seed(0)
+    source = build_model(num_classes=80, scale="n")
+    names = [f"class{index}" for index in range(80)]
+    names[5] = "dog"
+    path = tmp_path / "coco.pt"
+    save_checkpoint({"model": source.state_dict(), "ema": None, "model_args": source.rebuild_args(), "names": names,
+                     "config": {}}, path)
+    lines: list[str] = []
+    model = build_run_model(TrainConfig(weights=str(path)), ["cat", "DOG", "bird"], lines.append, None)
+    assert model.head.class_channels == 80 and model.rebuild_args()["class_channels"] == 80
+    assert "classes start from its class of the same name" in lines[-1] and f"/{len(model.state_dict())}" in lines[-1]
+    state, incoming = model.state_dict(), source.state_dict()
+    for key, tensor in state.items():
+        if key.endswith((".2.weight", ".2.bias")) and key.startswith("head.cv3."):
+            assert torch.equal(tensor[1], incoming[key][5]), key
+        else:
+            assert torch.equal(tensor, incoming[key]), key
+    resumed = {"model": state, "model_args": model.rebuild_args()}
+    again = build_run_model(TrainConfig(model="n"), ["cat", "dog", "bird"], lines.append, (resumed, path))
+    again.load_state_dict(state)  # strict: the same shapes
+    assert build_model(num_classes=3, scale="n").rebuild_args() == {"num_classes": 3, "scale": "n", "reg_max": 16}
+    save_checkpoint({"model": state, "ema": None, "model_args": model.rebuild_args(), "names": ["a", "b", "c"],
+                     "config": {}}, tmp_path / "tuned.pt")
+    assert model_args(load_checkpoint(tmp_path / "tuned.pt"), "tuned.pt")["class_channels"] == 80

@@ -340,3 +340,66 @@ def test_weights_without_a_scale_or_cut_short_are_one_line(tmp_path: Path, conte
     with pytest.raises(ValueError, match=problem) as refused:
         read_ultralytics_checkpoint(path)
     assert str(refused.value).startswith(str(path)) and "\n" not in str(refused.value)
+
+
+def _ultralytics_fine_tune(tmp_path: Path, names: dict[int, str]) -> tuple[Path, torch.nn.Module]:
+    """What Ultralytics 8.4 keeps from ``YOLO("yolov8n.pt").train(data=<3 classes>)``: a 3-class nano whose class
+    branch was rebuilt at the 80-class source's width (80, where a fresh 3-class nano has 64) by its ``load``."""
+    from ultralytics.nn.tasks import DetectionModel
+
+    source = _ultralytics_model("yolov8n.yaml").model
+    tuned = DetectionModel("yolov8n.yaml", nc=len(names), verbose=False)
+    tuned.names = dict(names)
+    tuned.load(source, verbose=False)
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for branch in tuned.model[-1].cv3:
+            branch[-1].bias.normal_(-6.0, 2.0, generator=generator)
+    path = tmp_path / "fine-tuned.pt"
+    torch.save({"model": copy.deepcopy(tuned).half(), "ema": None}, path)
+    return path, source
+
+
+def test_an_ultralytics_fine_tune_keeps_its_class_branch_width_and_runs_as_there(tmp_path: Path) -> None:
+    """The file most Ultralytics users bring (a nano fine-tuned from yolov8n.pt on fewer classes) did not load:
+    "weights do not fit the model (33 tensors differ: head.cv3.0.0.bn.bias (80,) vs (64,) ...)"."""
+    pytest.importorskip("ultralytics")
+    from detector.inference.pt_model import model_from_pt
+
+    path, _ = _ultralytics_fine_tune(tmp_path, {0: "cat", 1: "dog", 2: "person"})
+    checkpoint = read_ultralytics_checkpoint(path)
+    assert (checkpoint.num_classes, checkpoint.class_channels) == (3, 80)
+    model, meta = model_from_pt(path)
+    assert model.head.class_channels == 80 and meta["names"] == ["cat", "dog", "person"]
+    stored = torch.load(path, map_location="cpu", weights_only=False)
+    oracle = stored["model"].float().eval()
+    images = _synthetic_images()
+    with torch.no_grad():
+        ours = model(images)
+        _, raw = oracle(images)
+    tolerance = fp32_tolerance(model, ours, image_size=max(images.shape[-2:]))
+    ours_flat = torch.cat([level.flatten(2) for level in ours], 2)
+    assert (ours_flat - torch.cat((raw["boxes"], raw["scores"]), 1)).abs().max().item() <= tolerance.logit
+
+
+def test_fine_tuning_keeps_the_source_width_and_moves_class_rows_by_name(saved_checkpoint) -> None:
+    """As Ultralytics 8.4 fine-tunes: the class branch is built at the weights' width, so its hidden layers load;
+    the final convs' rows of classes named alike (any case) start from those classes; the rest stay fresh."""
+    path = saved_checkpoint("yolov8n", "training")  # 80 classes named class0 ... class79
+    checkpoint = read_ultralytics_checkpoint(path)
+    names = ["CLASS7", "zebra", "class2"]
+    model = build_model(num_classes=3, scale="n", class_channels=checkpoint.class_channels)
+    fresh = {key: tensor.clone() for key, tensor in model.state_dict().items()}
+    report = load_pretrained(model, checkpoint, names)
+    incoming = convert_yolov8_state_dict(checkpoint.state_dict)
+    loaded = model.state_dict()
+    assert report.named == 2 and report.reinitialised == () and "2 of the model's 3 classes" in report.summary()
+    for key, tensor in loaded.items():
+        if re.fullmatch(r"head\.cv3\.\d\.2\.(weight|bias)", key):
+            assert torch.equal(tensor[0], incoming[key][7]) and torch.equal(tensor[2], incoming[key][2]), key
+            assert torch.equal(tensor[1], fresh[key][1]), key  # "zebra": no class of that name
+        else:
+            assert torch.equal(tensor, incoming[key]), key  # the hidden layers included: same width
+    # Without names the rows stay where they are: a different count leaves the final convs fresh.
+    plain = build_model(num_classes=3, scale="n", class_channels=checkpoint.class_channels)
+    assert len(load_pretrained(plain, checkpoint).reinitialised) == 6
