@@ -4,6 +4,14 @@ Raw graphs (``boxes``, ``scores``) are compared anchor by anchor. Graphs with NM
 detection by detection against our Python NMS run with the same baked thresholds: each exported box is
 matched to the reference box of the same class with the highest IoU (> 0.5); boxes without a partner on
 the other side are counted as ``unmatched``.
+
+Whatever the graph, the detections both sides are sure of must agree: a detection scored at least ``score_tolerance``
+above the confidence threshold (:data:`CONFIDENT` for raw graphs, the baked one with NMS inside) needs a partner of its
+class with IoU > 0.5 on the other side, which both sides look for down to ``score_tolerance`` below the threshold (so
+that a score the tolerance allows to move cannot cross it). Precision moves boxes by a pixel at most, far inside that
+IoU; a broken decode, wrong labels or an NMS graph that returns nothing do not pass. Without a dataset the check has
+only the images it is given: where the PyTorch model is sure of nothing on them, the summary says the boxes went
+unchecked.
 """
 
 from __future__ import annotations
@@ -38,6 +46,9 @@ class ParityReport:
     max_box_diff_confident: float | None = None  # the same over anchors scored > CONFIDENT (raw graphs)
     max_score_diff: float = 0.0
     unmatched: int = 0  # NMS graphs only
+    sure: int = 0  # detections the reference scored above the threshold by the tolerance (see the module's doc)
+    lost: int = 0  # detections so scored, on either side, with no partner on the other
+    sure_floor: float = CONFIDENT
     map_reference: float | None = None
     map_exported: float | None = None
     map_images: int = 0
@@ -53,7 +64,12 @@ class ParityReport:
         if self.max_box_diff_confident is not None:
             line += f" ({self.max_box_diff_confident:.4g} px where score > {CONFIDENT})"
         line += f", max score diff {self.max_score_diff:.4g}"
-        lines = [line + (f", unmatched detections {self.unmatched}" if self.unmatched else "")]
+        line += f", unmatched detections {self.unmatched}" if self.unmatched else ""
+        lines = [line + (f"; {self.sure} detections above {self.sure_floor:.2f}, each with its partner" if self.sure
+                         and not self.lost else "")]
+        if self.sure == 0 and not self.failures:
+            lines.append(f"note: the PyTorch model scores no detection above {self.sure_floor:.2f} on these images, so "
+                         "no box was compared (--data compares mAP on the dataset's val images)")
         if self.map_reference is not None and self.map_exported is not None:
             lines.append(
                 f"mAP50-95 on {self.map_images} val images (NMS conf {self.nms.conf_threshold}, IoU "
@@ -96,10 +112,33 @@ def match_detections(reference: Detections, exported: Detections) -> tuple[float
     return box_diff, score_diff, unmatched
 
 
-def compare_on_images(
-    reference: Backend, exported: Backend, images: torch.Tensor, report: ParityReport, batch: int = 8
-) -> None:
+def unpartnered(side: Detections, other: Detections, floor: float) -> tuple[int, int]:
+    """-> (detections of ``side`` scored ``>= floor``, how many of them have no same-class partner with
+    IoU > :data:`MATCH_IOU` in ``other``)."""
+    sure = lost = 0
+    for mine, theirs in zip(side, other):
+        keep = mine["scores"] >= floor
+        sure += int(keep.sum())
+        if not keep.any():
+            continue
+        if len(theirs["boxes"]) == 0:
+            lost += int(keep.sum())
+            continue
+        iou = box_iou(mine["boxes"][keep].float(), theirs["boxes"].float())
+        iou[mine["labels"][keep][:, None] != theirs["labels"][None, :]] = -1
+        lost += int((iou.amax(1) <= MATCH_IOU).sum())
+    return sure, lost
+
+
+def compare_on_images(reference: Backend, exported: Backend, images: torch.Tensor, report: ParityReport,
+                      batch: int = 8, score_tolerance: float = SCORE_TOLERANCE) -> None:
     """Fill the difference fields of ``report`` (and flag non-finite outputs)."""
+    threshold = exported.info.nms.conf_threshold if exported.info.nms is not None else CONFIDENT
+    report.sure_floor = threshold + score_tolerance
+    # Raw graphs: both sides' detections down to the tolerance below the threshold (a graph with NMS inside has
+    # only its own threshold's; a score near it that moves across is not counted: only those above the floor are).
+    wide = NMSConfig(conf_threshold=max(threshold - score_tolerance, 1e-3), iou_threshold=EVAL_NMS.iou_threshold,
+                     max_detections=EVAL_NMS.max_detections)
     for start in range(0, len(images), batch):
         chunk = images[start : start + batch]
         # On CPU: a TensorRT engine answers on the GPU while the reference may run on the CPU.
@@ -117,9 +156,13 @@ def compare_on_images(
             if confident.any():
                 previous = report.max_box_diff_confident or 0.0
                 report.max_box_diff_confident = max(previous, float(anchor_diff[confident].max()))
+            pairs = reference.postprocess(ref_raw, nms=wide), exported.postprocess(exp_raw, nms=wide)
         else:
             pairs = reference.postprocess(ref_raw), exported.postprocess(exp_raw)
             box_diff, score_diff, unmatched = match_detections(*pairs)
+        sure, lost = unpartnered(pairs[0], pairs[1], report.sure_floor)
+        report.sure += sure
+        report.lost += lost + unpartnered(pairs[1], pairs[0], report.sure_floor)[1]
         report.max_box_diff = max(report.max_box_diff, box_diff)
         report.max_score_diff = max(report.max_score_diff, score_diff)
         report.unmatched += unmatched
@@ -143,10 +186,14 @@ def check_parity(
     """
     reference.nms = exported.nms = exported.info.nms or EVAL_NMS
     report = ParityReport(exported.name, images=len(images), nms=reference.nms)
-    compare_on_images(reference, exported, images, report, batch=batch_size)
+    compare_on_images(reference, exported, images, report, batch=batch_size, score_tolerance=score_tolerance)
     report.name = exported.name  # again: a backend may say only once it has run how it ran (pt2: "cuda graph")
     if report.failures:
         return report
+    if report.lost:
+        report.failures.append(
+            f"{report.lost} detection(s) scored above {report.sure_floor:.2f} on one side have no partner of their "
+            f"class with IoU > {MATCH_IOU} on the other (boxes or labels differ)")
     if split is not None:
         report.map_images = len(split.records)
         report.map_reference = map50_95(reference, split, batch_size=batch_size, workers=workers)

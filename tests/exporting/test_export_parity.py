@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from detector.model.metadata import ModelInfo
@@ -60,3 +62,46 @@ def test_the_report_names_the_backend_as_it_ran(model: YOLO, images: torch.Tenso
     info = ModelInfo(names=["a", "b", "c"], strides=model.strides, imgsz=IMGSZ, dynamic=True)
     report = check_parity(TorchBackend(model, info), SaysHowItRan(model, info), images=images)
     assert report.name == "late eager" and report.summary().count("late eager") >= 1
+
+
+def test_sure_detections_need_a_partner_of_their_class() -> None:
+    from detector.exporting.parity import unpartnered
+
+    reference = [detections([[0, 0, 10, 10], [20, 20, 30, 30], [40, 40, 50, 50]], [0.9, 0.8, 0.31], [0, 1, 0])]
+    exported = [detections([[0, 0, 10, 11], [20, 20, 30, 30]], [0.88, 0.8], [0, 0])]
+    # box 1: a partner at IoU 0.91; box 2: one of another class only; box 3 (0.31): nothing, but under the floor
+    assert unpartnered(reference, exported, floor=0.35) == (2, 1)
+    assert unpartnered(exported, reference, floor=0.35) == (2, 1)  # exported box 2 has no class-0 partner there
+    assert unpartnered(reference, [detections([], [], [])], floor=0.3) == (3, 3)
+
+
+class Halved(TorchBackend):
+    """A broken decode: every box half its size, scores untouched (the score gate alone passed it)."""
+
+    def infer(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        boxes, scores = super().infer(images)
+        return boxes / 2, scores
+
+
+def test_boxes_that_moved_fail_even_without_a_dataset(model: YOLO, images: torch.Tensor) -> None:
+    sure = copy.deepcopy(model)
+    with torch.no_grad():
+        for branch in sure.head.cv3:  # every anchor confident: detections to compare on any image
+            branch[-1].bias.fill_(4.0)
+    info = ModelInfo(names=["a", "b", "c"], strides=sure.strides, imgsz=IMGSZ, dynamic=True)
+    reference = TorchBackend(sure, info)
+    same = check_parity(reference, TorchBackend(sure, info), images=images)
+    assert same.passed and same.sure > 0 and same.lost == 0 and "no box was compared" not in same.summary()
+    halved = check_parity(reference, Halved(sure, info), images=images)
+    assert not halved.passed and halved.max_score_diff == 0
+    assert "have no partner of their class with IoU > 0.5" in halved.summary()
+
+
+def test_a_check_with_nothing_sure_to_compare_says_so(model: YOLO, images: torch.Tensor) -> None:
+    quiet = copy.deepcopy(model)
+    with torch.no_grad():
+        for branch in quiet.head.cv3:
+            branch[-1].bias.fill_(-20.0)  # no score near any threshold
+    info = ModelInfo(names=["a", "b", "c"], strides=quiet.strides, imgsz=IMGSZ, dynamic=True)
+    report = check_parity(TorchBackend(quiet, info), Halved(quiet, info), images=images)
+    assert report.passed and report.sure == 0 and "so no box was compared" in report.summary()
