@@ -341,7 +341,8 @@ def load(weights: str | Path, *, device: str = "", imgsz: int | None = None, hal
     from detector.device import resolve_device
     from detector.inference import load_backend
     from detector.inference.torch_backend import half_precision
+    from detector.weights.locate import located
 
-    path, resolved = Path(weights), resolve_device(device)
+    path, resolved = located(weights), resolve_device(device)  # yolov8n.pt: the weights folder's
     precision = half_precision(resolved) if half else "fp32"
     return Model(path, load_backend(path, device=str(resolved), imgsz=imgsz, precision=precision))

@@ -77,9 +77,13 @@ def find_latest_checkpoint(root: str | Path = "runs/train", name: str = "best.pt
 
 
 def weights_or_latest(weights: str | Path | None) -> Path:
-    """``--weights``, or without one the newest training run's best.pt; ``FileNotFoundError`` when neither exists."""
+    """``--weights`` (a bare name found in the weights folder as training finds it:
+    :func:`~detector.weights.locate.located`), or without one the newest training run's best.pt;
+    ``FileNotFoundError`` when neither exists."""
     if weights is not None:
-        return Path(weights)
+        from detector.weights.locate import located
+
+        return located(weights)
     latest = find_latest_checkpoint()
     if latest is None:
         raise FileNotFoundError("no --weights given and no runs/train/*/weights/best.pt found")

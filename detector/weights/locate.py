@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from detector.paths import default_weights_dir
@@ -32,6 +33,32 @@ def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None
         hint = f"fetch it: python -m detector download {name}"
         if weights_dir.resolve() != default.resolve():
             hint += f" --weights-dir {weights_dir}"
+    elif is_bare_name and (family := _other_ultralytics_family(path.name)):
+        hint = (f"{family} weights would not load here either: only YOLOv8 detection weights are (yolov8n.pt ... "
+                "yolov8x.pt, python -m detector download yolov8n)")
     else:
         hint = f"obtain the file by hand and put it in {weights_dir}"
     raise FileNotFoundError(f"weights {str(name_or_path)!r} not found (looked for {looked}); {hint}")
+
+
+def located(name_or_path: str | Path) -> Path:
+    """``--weights`` for val, predict, export and benchmark as training finds it: a bare name of a file in the
+    weights folder (``yolov8n.pt``, where ``download`` puts it) is that file, and a missing catalogued name says how
+    to fetch it (:func:`resolve_weights`). Anything else comes back as given, for the caller's own checks."""
+    path = Path(name_or_path).expanduser()
+    if path.is_file() or path.name != str(name_or_path):
+        return path
+    if (default_weights_dir() / path.name).is_file() or pretrained_name(path.name):
+        return resolve_weights(path.name)
+    return path
+
+
+def _other_ultralytics_family(name: str) -> str | None:
+    """``"yolo11n.pt"`` -> ``"YOLO11"``, ``"yolov8n-seg.pt"`` -> ``"YOLOv8 segmentation"``: Ultralytics' names of
+    weights this project cannot read; None for any other name."""
+    match = re.fullmatch(r"(yolo)(v?\d+)([nsmlxbc]u?6?)?(-(seg|pose|cls|obb|world\w*|oiv7))?\.pt", name.lower())
+    if match is None or (match.group(2) == "v8" and match.group(5) is None):
+        return None
+    family = "YOLO" + match.group(2)
+    tasks = {"seg": "segmentation", "pose": "pose", "cls": "classification", "obb": "oriented-box"}
+    return f"{family} {tasks.get(match.group(5), match.group(5))}" if match.group(5) else family

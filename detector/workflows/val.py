@@ -22,6 +22,7 @@ precision it was exported with. Box decoding and NMS always run in FP32.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from detector.precision import Precision, resolve_precision
 from detector.files import write_text_atomically
 from detector.runs import run_folder
 from detector.tuning import tune_process
+from detector.weights.locate import located
 from detector.workflows.options import ValOptions
 
 
@@ -95,6 +97,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
     tune_process(device)  # before the first convolution: see detector/tuning.py
     if options.half and options.fp32:
         raise ValueError("--half and --fp32 contradict each other; pick one")
+    options = dataclasses.replace(options, weights=located(options.weights))  # yolov8n.pt: the weights folder's
     checkpoint = None
     if options.weights.suffix.lower() == ".pt":
         model, checkpoint = model_from_pt(options.weights)

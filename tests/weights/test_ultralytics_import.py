@@ -403,3 +403,25 @@ def test_fine_tuning_keeps_the_source_width_and_moves_class_rows_by_name(saved_c
     # Without names the rows stay where they are: a different count leaves the final convs fresh.
     plain = build_model(num_classes=3, scale="n", class_channels=checkpoint.class_channels)
     assert len(load_pretrained(plain, checkpoint).reinitialised) == 6
+
+
+def test_val_predict_export_and_load_find_a_bare_name_where_train_does(tmp_path: Path, monkeypatch) -> None:
+    """``download yolov8n`` puts the file in the weights folder, and ``train --weights yolov8n.pt`` found it there;
+    ``predict``, ``val``, ``export`` and ``load`` said "weights not found"."""
+    from detector.inference import weights_or_latest
+    from detector.weights.locate import located
+    from tests.weights.lookalike import yolov8_lookalike_bytes
+
+    monkeypatch.setenv("DETECTOR_HOME", str(tmp_path / "home"))
+    (tmp_path / "home" / "weights").mkdir(parents=True)
+    (tmp_path / "home" / "weights" / "yolov8n.pt").write_bytes(yolov8_lookalike_bytes("n", num_classes=3))
+    monkeypatch.chdir(tmp_path)
+    assert located("yolov8n.pt") == weights_or_latest("yolov8n.pt") == tmp_path / "home" / "weights" / "yolov8n.pt"
+    import detector
+
+    assert detector.load("yolov8n.pt").names == ["class0", "class1", "class2"]
+    assert located("mine.pt") == Path("mine.pt")  # not there: as given, for the caller's own "not found"
+    with pytest.raises(FileNotFoundError, match=r"fetch it: python -m detector download yolov8s$"):
+        located("yolov8s.pt")
+    with pytest.raises(FileNotFoundError, match=r"YOLO11 weights would not load here either: only YOLOv8 detection"):
+        resolve_weights("yolo11n.pt")
