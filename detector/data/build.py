@@ -47,7 +47,8 @@ def load_records(spec: DatasetSpec, split: str, *, training: bool = False) -> tu
     the split is trained on (a split without boxes is an error, not a warning: :func:`no_boxes`)."""
     entry = getattr(spec, split)
     if entry is None:
-        raise DatasetError(f"{spec.yaml_path}: no '{split}' split")
+        raise DatasetError(spec.test_problem if split == "test" and spec.test_problem
+                           else f"{spec.yaml_path}: no '{split}' split")
     scan = scan_split(entry, spec.label_names or spec.names)
     scan.problems.warn(prefix=f"{spec.yaml_path.name} '{split}': ")
     records, category_ids = scan.records, scan.category_ids

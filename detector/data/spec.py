@@ -73,6 +73,7 @@ class DatasetSpec:
     train: Split
     val: Split
     test: Split | None = None
+    test_problem: str | None = None  # why the YAML's 'test' split cannot be read, said when it is asked for
     extra: dict = field(default_factory=dict)
     # The YAML's own names where ``names`` was collapsed to one class (:func:`single_class`): the label files'
     # class ids are checked against these, then every box becomes class 0.
@@ -269,6 +270,15 @@ def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> t
             raise DatasetError(f"{source}: cannot generate the built-in set into {root} ({error.strerror or error}); "
                                f"choose another datasets root with --datasets-dir or ${DATASETS_ENV}") from None
     hint = download_hint(root, base.resolve()) if in_datasets else ""
+    typed = Path(_text(raw.get("path") or ".", source, "path"))
+    if not root.is_dir() and not in_datasets and not typed.is_absolute():
+        # Ultralytics resolves a relative 'path' under its datasets folder: its own YAMLs (path: coco128,
+        # path: ../datasets/coco128) work here once the data sits under our datasets root.
+        elsewhere = (datasets_root(datasets_dir) / typed).resolve()
+        if elsewhere.is_dir():
+            print(f"note: {source}: 'path' {typed} is not beside the YAML; using {elsewhere} under the datasets root, "
+                  "as Ultralytics does (add 'relative_to: datasets' to the YAML to say so)", file=sys.stderr)
+            return elsewhere, download_hint(elsewhere, datasets_root(datasets_dir).resolve())
     if not root.is_dir():
         where = f" (datasets root {base}, set by --datasets-dir or ${DATASETS_ENV})" if in_datasets else ""
         never = "; its 'download:' entry is never executed: fetch the data by hand" if raw.get("download") else ""
@@ -285,6 +295,9 @@ def load_dataset_spec(yaml_path: str | Path, *, datasets_dir: str | Path | None 
     source = resolve_data_yaml(yaml_path)
     raw = _read_yaml(source)
     root, hint = _dataset_root(raw, source, datasets_dir)
+    if not raw.get("val") and raw.get("validation"):  # some exported datasets' key; Ultralytics renames it too
+        print(f"warning: {source}: 'validation' read as 'val'", file=sys.stderr)
+        raw["val"] = raw["validation"]
     for key in ("train", "val"):
         if not raw.get(key):
             raise DatasetError(f"{source}: '{key}' is missing")
@@ -303,13 +316,18 @@ def load_dataset_spec(yaml_path: str | Path, *, datasets_dir: str | Path | None 
         names = _coco_names((val, train), source)
     if "nc" in raw and raw["nc"] != len(names):
         raise DatasetError(f"{source}: 'nc' is {raw['nc']} but 'names' lists {len(names)} classes")
-    test = _parse_split(raw["test"], root, source, "test", hint) if raw.get("test") else None
+    test, test_problem = None, None
+    try:  # needed only by val --split test: a 'test' folder that is missing (Roboflow's exports) must not stop training
+        test = _parse_split(raw["test"], root, source, "test", hint) if raw.get("test") else None
+    except DatasetError as error:
+        test_problem = str(error)
     return DatasetSpec(
         yaml_path=source.resolve(),
         names=names,
         train=train,
         val=val,
         test=test,
+        test_problem=test_problem,
         extra={k: v for k, v in raw.items() if k == "download"},
     )
 

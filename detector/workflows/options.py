@@ -42,7 +42,7 @@ class ValOptions(Options):
     max_det: int = option(300, "detections kept per image")
     rect: bool = option(True, "batches of similar aspect ratio, each padded only to its own shape, as training "
                               "validates (PyTorch weights; exports and --half on CUDA score in squares)")
-    split: str = option("val", "dataset split to score", choices=("val", "test"))
+    split: str = option("val", "dataset split to score", choices=("val", "test", "train"))
     coco_eval: str = option("faster", "COCO mAP evaluator: faster (faster-coco-eval; pycocotools when not installed) "
                                       "or pycocotools (the same numbers, slower)", choices=COCO_EVAL)
     device: str = option("", "cpu, cuda or cuda:N (default: cuda when available)")

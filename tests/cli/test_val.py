@@ -87,6 +87,9 @@ def test_val_errors_are_one_line_and_return_1(val_inputs, tmp_path: Path, capsys
     assert len(errors) == 3 and all(line.startswith("error: ") for line in errors)
     assert "missing.pt" in errors[0] and "missing.yaml" in errors[1] and "test" in errors[2]
     assert not (tmp_path / "runs").exists()
+    # The training split, as Ultralytics' split=train scores it (a check for overfitting).
+    assert main(["--weights", str(weights), "--data", str(data), "--split", "train", "--no-plots", *project]) == 0
+    assert "'train' (" in capsys.readouterr().out
 
 
 def test_val_finds_a_shipped_dataset_under_datasets_dir(val_inputs, tmp_path: Path, capsys) -> None:

@@ -258,3 +258,38 @@ def test_image_suffixes_pillow_reads_are_listed_and_those_it_does_not_are_named(
     assert {p.name for p in spec.train.images} >= {"a.jfif", "b.JPE", "c.mpo"} and len(spec.train.images) == 11
     warning = capsys.readouterr().err.strip()
     assert warning.startswith("warning: data.yaml 'train': 2 .heic/.heif image(s) in ") and "\n" not in warning
+
+
+def test_a_missing_test_split_stops_only_what_asks_for_it(yolo_yaml: Path):
+    """Roboflow's data.yaml names '../test/images' whether or not the export has one; training stopped on it, where
+    Ultralytics trains. Only a request for the 'test' split is refused, with the reason."""
+    root = yolo_yaml.parent
+    yaml = root / "data.yaml"
+    yaml.write_text(f"path: .\ntrain: images/train\nval: images/val\ntest: images/test\nnames: {NAMES}\n")
+    spec = load_dataset_spec(yaml)
+    assert spec.test is None and len(spec.train.images) == 8
+    with pytest.raises(DatasetError, match=r"'test' path does not exist: .*images/test"):
+        build_split(spec, "test", image_size=64, augment=None, cache="none")
+
+
+def test_a_validation_key_is_read_as_val(yolo_yaml: Path, capsys):
+    yaml = yolo_yaml.parent / "data.yaml"
+    yaml.write_text(f"train: images/train\nvalidation: images/val\nnames: {NAMES}\n")
+    assert len(load_dataset_spec(yaml).val.images) == 4
+    assert "'validation' read as 'val'" in capsys.readouterr().err
+
+
+def test_an_ultralytics_relative_path_is_found_under_the_datasets_root(yolo_yaml: Path, tmp_path: Path, capsys):
+    """Ultralytics' own YAMLs say 'path: coco128' and mean its datasets folder: read beside the YAML first, then
+    under our datasets root, with a note."""
+    datasets = tmp_path / "datasets"
+    datasets.mkdir()
+    yolo_yaml.parent.rename(datasets / "mine")
+    yaml = tmp_path / "configs" / "mine.yaml"
+    yaml.parent.mkdir()
+    yaml.write_text(f"path: mine\ntrain: images/train\nval: images/val\nnames: {NAMES}\n")
+    spec = load_dataset_spec(yaml, datasets_dir=datasets)
+    assert len(spec.train.images) == 8 and spec.train.images[0].is_relative_to(datasets / "mine")
+    assert "not beside the YAML; using" in capsys.readouterr().err
+    with pytest.raises(DatasetError, match="'path' folder does not exist"):
+        load_dataset_spec(yaml, datasets_dir=tmp_path / "elsewhere")
