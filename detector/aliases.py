@@ -106,6 +106,41 @@ def multi_scale(value: Any) -> dict[str, Any]:
     return {"multi_scale": True, "multi_scale_min": max(1 - fraction, 0.125), "multi_scale_max": 1 + fraction}
 
 
+def optimizer(value: Any) -> dict[str, Any]:
+    """``optimizer=rmsprop`` -> ``RMSprop``: Ultralytics reads the name in any case."""
+    from detector.choices import OPTIMIZER
+
+    chosen = {name.lower(): name for name in OPTIMIZER}.get(str(value).lower())
+    if chosen is None:
+        raise ValueError(f"choose one of {', '.join(OPTIMIZER)}")
+    return {"optimizer": chosen}
+
+
+def square_size(value: Any) -> dict[str, Any]:
+    """``imgsz=640``, and Ultralytics' pairs (``[640, 640]``, ``640,640``) where both sides are equal: sizes are
+    square here (an unequal pair is refused, naming the side to give)."""
+    parts = value if isinstance(value, (list, tuple)) else str(value).split(",")
+    try:
+        numbers = [float(str(part).strip()) for part in parts]
+    except ValueError:
+        raise ValueError("expected a number of pixels") from None
+    if not all(number.is_integer() for number in numbers):
+        raise ValueError("expected a whole number of pixels")
+    sides = {int(number) for number in numbers}
+    if len(sides) != 1:
+        raise ValueError(f"sizes are square here (the longer side, letterboxed): give one number, e.g. "
+                         f"imgsz={max(sides)}")
+    return {"imgsz": sides.pop()}
+
+
+def batch(value: Any) -> dict[str, Any]:
+    """``batch=16`` or ``-1`` as ours; Ultralytics' ``batch=0.7`` (a share of GPU memory) is refused with ours."""
+    if isinstance(value, float) and 0 < value < 1:
+        raise ValueError("a share of GPU memory has no equivalent here: --batch -1 picks the largest batch that fits "
+                         "0.6 of it")
+    return {"batch": value}
+
+
 def weights(value: Any) -> dict[str, Any]:
     """``model=`` in val, predict and export: the file to run (ours, an Ultralytics yolov8*.pt, an export)."""
     match = YOLOV8_NAME.fullmatch(str(value).rsplit("/", 1)[-1].lower())
@@ -196,6 +231,7 @@ COMMON: dict[str, Alias] = {
     "exist_ok": unsupported("a run never overwrites another: a taken --name gets a number appended "
                             "(exp, exp2, ...)", False, True),
     "device": Alias(device),
+    "imgsz": Alias(square_size),
 }
 TRAIN: dict[str, Alias] = {
     **COMMON,
@@ -227,6 +263,21 @@ TRAIN: dict[str, Alias] = {
     "bgr": unsupported("no channel-swap augmentation", 0.0),
     "cls_pw": unsupported("no class-frequency weights in the loss", 0.0),
     "save": unsupported("checkpoints are always saved (weights/last.pt, best.pt)", True),
+    "optimizer": Alias(optimizer),
+    "batch": Alias(batch),
+    # The rest of the keys of an Ultralytics run's args.yaml: other tasks' settings, and ours named otherwise.
+    "label_smoothing": unsupported("no label smoothing in the classification loss", 0.0),
+    "overlap_mask": unsupported("segmentation only", True),
+    "mask_ratio": unsupported("segmentation only", 4),
+    "kobj": unsupported("pose only", 1.0),
+    "pose": unsupported("pose only", 12.0),
+    "erasing": unsupported("classification only", 0.4),
+    "auto_augment": unsupported("classification only", "randaugment"),
+    "copy_paste_mode": unsupported("segmentation only", "flip"),
+    "save_json": unsupported("every run writes predictions.json (COCO results) of its last evaluation", False, True),
+    "save_dir": unsupported("the run folder is --project/--name (runs/train/exp)"),
+    "cfg": unsupported("give the settings as key=value arguments or flags; an Ultralytics args.yaml is not read",
+                       None),
     "resume": Alias(lambda value: {"resume": resume(value)}),
 }
 VAL: dict[str, Alias] = {

@@ -56,7 +56,7 @@ def test_unset_and_harmless_values_ask_for_nothing() -> None:
 def test_every_alias_lands_on_a_real_field() -> None:
     """What an alias converts to must be a flag of its command (a renamed field would fail here)."""
     samples = {"amp": False, "model": "yolov8n.pt", "cache": True, "multi_scale": 0.5, "resume": True, "device": 0,
-               "half": True, "val": False}
+               "half": True, "val": False, "imgsz": [320, 320], "optimizer": "adam", "batch": 8}
     for command, table in TABLES.items():
         known = {item.name for item in fields(OPTIONS[command])}
         for name, alias in table.items():

@@ -14,6 +14,7 @@ from detector.choices import COCO_EVAL as COCO_EVAL_CHOICES
 from detector.choices import CUDA_GRAPHS as CUDA_GRAPH_CHOICES
 from detector.choices import CUDNN_BENCHMARK as BENCHMARK_CHOICES
 from detector.choices import PIXEL_AUGMENT as PIXEL_AUGMENT_CHOICES
+from detector.choices import OPTIMIZER as OPTIMIZER_CHOICES
 from detector.choices import PRECISION as PRECISION_CHOICES
 from detector.choices import RECOMPUTE as RECOMPUTE_CHOICES
 from detector.choices import VAL_BACKGROUND as VAL_BACKGROUND_CHOICES
@@ -77,7 +78,8 @@ class TrainConfig:
                                     "keeping them (less GPU memory, a little more work): auto = on CUDA, on, off",
                             choices=RECOMPUTE_CHOICES)
     # Optimisation
-    optimizer: str = option("auto", "SGD, AdamW, or auto (AdamW for short runs under 10k steps, else SGD)", choices=("auto", "SGD", "AdamW"))
+    optimizer: str = option("auto", "SGD, AdamW (also Adam, Adamax, NAdam, RAdam, RMSprop), or auto (AdamW for short "
+                                    "runs under 10k steps, else SGD)", choices=OPTIMIZER_CHOICES)
     lr0: float = option(0.01, "initial learning rate (ignored where --optimizer auto picks AdamW, which picks its "
                               "own: name the optimizer to use it)")
     lrf: float = option(0.01, "final learning rate as a fraction of lr0")

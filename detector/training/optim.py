@@ -7,15 +7,20 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# Every optimizer Ultralytics takes by name, as torch builds them: the Adam family with beta1 from --momentum,
+# RMSprop and SGD with it as momentum (Nesterov for SGD), as Ultralytics sets them.
+from detector.choices import ADAM_FAMILY
+from detector.choices import OPTIMIZER as OPTIMIZERS
+
 
 @dataclass(frozen=True)
 class OptimizerChoice:
     """The optimizer and the values the schedule must use with it (``auto`` may have changed them)."""
 
     optimizer: torch.optim.Optimizer
-    name: str  # "SGD" | "AdamW"
+    name: str  # one of OPTIMIZERS but auto
     lr: float
-    momentum: float  # SGD momentum or AdamW beta1: the value warm-up ramps towards
+    momentum: float  # SGD/RMSprop momentum or the Adam family's beta1: the value warm-up ramps towards
     warmup_bias_lr: float
 
 
@@ -58,13 +63,17 @@ def build_optimizer(
     ]
     # Fused kernels where the device supports them: fewer passes over the parameters per step.
     fused = {"fused": True} if _fused_supported(model) else {}
-    if name == "AdamW":
-        optimizer = torch.optim.AdamW(groups, lr=lr, betas=(momentum, 0.999), **fused)
+    if name in ("AdamW", "Adam"):
+        optimizer = getattr(torch.optim, name)(groups, lr=lr, betas=(momentum, 0.999), **fused)
+    elif name in ADAM_FAMILY:  # no fused kernels in torch for these
+        optimizer = getattr(torch.optim, name)(groups, lr=lr, betas=(momentum, 0.999))
+    elif name == "RMSprop":
+        optimizer = torch.optim.RMSprop(groups, lr=lr, momentum=momentum)
     elif name == "SGD":
         optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True, **fused)
         zero_momentum_buffers(optimizer)
     else:
-        raise ValueError(f"unknown optimizer {name!r}; choose SGD, AdamW or auto")
+        raise ValueError(f"unknown optimizer {name!r}; choose one of {', '.join(OPTIMIZERS)}")
     for group in optimizer.param_groups:
         group["initial_lr"] = lr
     return OptimizerChoice(optimizer, name, lr, momentum, warmup_bias_lr)

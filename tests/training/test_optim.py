@@ -2,6 +2,7 @@
 
 import copy
 
+import pytest
 import torch
 
 from detector.model import build_model
@@ -76,3 +77,20 @@ def test_fused_sgd_after_an_overflowed_first_step_is_a_fresh_one():
     # The same update summed in another order (fused kernel against for-loop): float32 round-off only.
     for param, reference_param in zip(model.parameters(), reference_model.parameters()):
         torch.testing.assert_close(param, reference_param)
+
+
+@pytest.mark.parametrize("name", ["Adam", "Adamax", "NAdam", "RAdam", "RMSprop"])
+def test_every_optimizer_ultralytics_names_builds_with_momentum_where_it_takes_it(name: str) -> None:
+    """Ultralytics' optimizer=Adam/Adamax/NAdam/RAdam/RMSprop were refused: built as there, the Adam family with
+    --momentum as beta1 and RMSprop with it as momentum; three groups, the first decayed."""
+    model = build_model(num_classes=2, scale="n")
+    choice = build_optimizer(model, name=name, lr=0.001, momentum=0.8, weight_decay=5e-4, num_classes=2,
+                             total_steps=10)
+    assert type(choice.optimizer).__name__ == name and choice.name == name
+    group = choice.optimizer.param_groups[0]
+    assert (group["betas"][0] if "betas" in group else group["momentum"]) == 0.8
+    assert [g["weight_decay"] for g in choice.optimizer.param_groups] == [5e-4, 0.0, 0.0]
+    before = model.stem.conv.weight.detach().clone()
+    model(torch.rand(1, 3, 64, 64))[0].sum().backward()
+    choice.optimizer.step()
+    assert not torch.equal(before, model.stem.conv.weight)
