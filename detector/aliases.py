@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-COMMANDS = ("train", "val", "predict", "export")
+COMMANDS = ("train", "val", "predict", "export", "benchmark")
 YOLOV8_NAME = re.compile(r"yolov8([nsmlx])(\.pt|\.yaml)?")
 
 
@@ -316,7 +316,18 @@ EXPORT: dict[str, Alias] = {
     "optimize": unsupported("mobile export is not supported", False),
     "keras": unsupported("ONNX and TensorRT only", False),
 }
-TABLES = {"train": TRAIN, "val": VAL, "predict": PREDICT, "export": EXPORT}
+BENCHMARK: dict[str, Alias] = {
+    **COMMON,
+    "model": Alias(weights),
+    # Ultralytics' benchmark scores each format on data=; ours times every backend present, each precision the
+    # hardware has (val --data scores one), so these ask for nothing more.
+    "data": Alias(lambda value: {}),
+    "half": unsupported("every backend is timed in FP32 and in FP16 (BF16 on a CPU with it) where it has them",
+                        False, True),
+    "int8": unsupported("FP32 and FP16 only", False),
+    "format": unsupported("every backend present is timed; --skip leaves some out", ""),
+}
+TABLES = {"train": TRAIN, "val": VAL, "predict": PREDICT, "export": EXPORT, "benchmark": BENCHMARK}
 
 
 def describe(values: dict[str, Any]) -> str:

@@ -9,9 +9,10 @@ import pytest
 
 from detector.aliases import TABLES, translate
 from detector.training.config import TrainConfig
-from detector.workflows.options import ExportOptions, PredictOptions, ValOptions
+from detector.workflows.options import BenchmarkOptions, ExportOptions, PredictOptions, ValOptions
 
-OPTIONS = {"train": TrainConfig, "val": ValOptions, "predict": PredictOptions, "export": ExportOptions}
+OPTIONS = {"train": TrainConfig, "val": ValOptions, "predict": PredictOptions, "export": ExportOptions,
+           "benchmark": BenchmarkOptions}
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "training.md"
 
 
@@ -101,3 +102,19 @@ def test_single_cls_trains_one_class_and_val_names_how_a_one_class_model_is_scor
     assert quiet("train", {"single_cls": True}) == ({"single_cls": True}, [])
     with pytest.raises(TypeError, match="a one-class model .* is scored as one class on its own"):
         quiet("val", {"single_cls": True})
+
+
+def test_benchmark_takes_ultralytics_arguments(capsys) -> None:
+    """``yolo benchmark model=best.onnx imgsz=128 half=True data=coco8.yaml`` was refused as unrecognized."""
+    from detector.cli.benchmark import build_parser
+    from detector.cli.flags import parse_command
+
+    args = parse_command(build_parser(), BenchmarkOptions, "benchmark",
+                         ["model=best.onnx", "imgsz=128", "half=True", "data=coco8.yaml", "--runs", "3"])
+    assert (str(args.weights), args.imgsz, args.runs) == ("best.onnx", 128, 3)
+    notes = capsys.readouterr().err
+    assert "model='best.onnx' is weights='best.onnx'" in notes and "half=True has no equivalent here and changes " \
+        "nothing: every backend is timed" in notes and "data='coco8.yaml' changes nothing here" in notes
+    with pytest.raises(SystemExit):
+        parse_command(build_parser(), BenchmarkOptions, "benchmark", ["model=best.onnx", "int8=True"])
+    assert "int8=True has no equivalent here: FP32 and FP16 only" in capsys.readouterr().err

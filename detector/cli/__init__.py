@@ -75,6 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv[0] in ("-V", "--version"):
         print(f"detector {version()}")
         return OK
+    if argv[0] == "detect" and len(argv) > 1 and argv[1] in COMMANDS:
+        # Ultralytics' task word (yolo detect train ...): the only task here, so it says nothing.
+        print(f"note: Ultralytics' task word 'detect' is implied here: {program()} {argv[1]} ...", file=sys.stderr)
+        argv = argv[1:]
     if argv[0] not in COMMANDS:
         # One line, as every command's usage error (detector/cli/parser.py): the command list printed first
         # pushed the line that said what was wrong out of sight.

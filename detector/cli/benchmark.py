@@ -9,7 +9,7 @@ import argparse
 import sys
 
 from detector.cli.errors import run_command
-from detector.cli.flags import add_flags, options_from_args
+from detector.cli.flags import add_flags, options_from_args, parse_command
 from detector.cli.parser import CommandParser
 from detector.workflows.options import BenchmarkOptions
 
@@ -19,7 +19,7 @@ PROG = "python -m detector benchmark"  # detector.cli.main passes how the comman
 
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = CommandParser(
-        prog=prog,
+        prog=prog, command="benchmark",
         description="Time pre-process / inference / post-process per image for each available backend.",
     )
     add_flags(parser, BenchmarkOptions)
@@ -35,4 +35,5 @@ def benchmark(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
-    return run_command(benchmark, build_parser(prog).parse_args(argv))
+    # --flags and Ultralytics' key=value arguments (yolo benchmark model=... imgsz=... half=True) alike
+    return run_command(benchmark, parse_command(build_parser(prog), BenchmarkOptions, "benchmark", argv))

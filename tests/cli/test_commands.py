@@ -93,6 +93,13 @@ def test_help_lists_every_command_and_unknown_commands_fail(capsys: pytest.Captu
         "(see python -m detector --help)\n")
     assert main(["trian", "--epochs", "3"]) == 2
     assert capsys.readouterr().err.startswith("python -m detector: error: unknown command 'trian'; did you mean train?")
+    # Ultralytics' task word before a command (yolo detect val ...) is implied here: said once, then the command.
+    with pytest.raises(SystemExit) as done:  # argparse's --help exits
+        main(["detect", "val", "--help"])
+    captured = capsys.readouterr()
+    assert done.value.code == 0
+    assert "task word 'detect' is implied" in captured.err and "--weights" in captured.out
+    assert main(["detect"]) == 2 and "unknown command 'detect'" in capsys.readouterr().err
 
 
 def test_an_unknown_command_is_a_usage_error_for_the_shell() -> None:
