@@ -83,8 +83,12 @@ def staging_folder(beside: Path) -> Iterator[Path]:
     Exports are written here, checked, and only then moved into place with :func:`publish`; the folder
     and whatever is left in it are removed on exit, success or not.
     """
-    beside.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=".export-", dir=beside))
+    try:
+        beside.mkdir(parents=True, exist_ok=True)
+        folder = Path(tempfile.mkdtemp(prefix=".export-", dir=beside))
+    except OSError as error:  # a read-only or full folder: name it, not the hidden staging folder
+        raise OSError(f"cannot write the export into {beside} ({error.strerror or error}): copy the weights into a "
+                      "writable folder and export that copy") from None
     try:
         yield folder
     finally:

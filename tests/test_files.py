@@ -37,3 +37,14 @@ def test_an_image_that_cannot_be_written_raises_naming_the_file(tmp_path: Path, 
     with pytest.raises(OSError, match=name) as failed:
         write_image(tmp_path / name, image)
     assert "\n" not in str(failed.value) and not any(tmp_path.iterdir())
+
+
+def test_an_export_folder_that_cannot_be_written_is_named_not_its_hidden_staging_folder(tmp_path: Path) -> None:
+    """A read-only weights folder said "[Errno 30] Read-only file system: '/ro/.export-02e9o339'"; here a file
+    stands where the folder would be (root ignores read-only permissions, the tests may run as root)."""
+    from detector.files import staging_folder
+
+    (tmp_path / "weights").write_text("not a folder")
+    with pytest.raises(OSError, match=r"^cannot write the export into .*weights.inner \(Not a directory\): copy the weights into a writable"):
+        with staging_folder(tmp_path / "weights" / "inner"):
+            pass

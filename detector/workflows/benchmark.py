@@ -312,6 +312,8 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
         else:
             single = load_backend(weights, device=device)
             candidates = iter([Candidate(single.name, lambda batch: single)])
+            if not single.info.dynamic and single.info.batch != options.batch:
+                notes.append(fixed_batch_note(single.info.batch, options.batch))
         timed: list[Timed] = []
         for candidate in candidates:
             if isinstance(candidate, str):
@@ -330,6 +332,13 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
         header += f"; images/s at batch {options.throughput_batch}, median of {options.throughput_runs} runs"
     header += f"; the backends interleaved in {rounds} round{'s' if rounds > 1 else ''}"
     return header + "\n\n" + markdown_table(rows, notes, throughput_batch=options.throughput_batch)
+
+
+def fixed_batch_note(fixed: int, asked: int) -> str:
+    """The note for an export of a fixed batch timed at another: its calls run ``fixed`` images whatever is asked."""
+    how = (f"a batch of {asked} is padded to {fixed}, so its latency is that of {fixed} images" if asked < fixed
+           else f"a batch of {asked} runs in calls of {fixed}")
+    return f"exported with a fixed batch of {fixed}: {how} (export with --dynamic, or --batch {asked}, to time {asked})"
 
 
 def prepare_candidate(

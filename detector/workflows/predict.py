@@ -194,6 +194,17 @@ def in_batches(frames: Iterable[Frame], size: int) -> Iterator[list[Frame]]:
         yield batch
 
 
+def baked_nms_limits(baked: NMSConfig, conf: float, iou: float, max_det: int) -> str:
+    """What of ``--conf``/``--iou``/``--max-det`` a graph with NMS inside cannot honour ("" where nothing): a
+    higher --conf still filters, a lower one, another IoU or more detections cannot be had from it."""
+    limits = [f"--conf {conf} cannot go lower"] if conf < baked.conf_threshold else []
+    if iou != baked.iou_threshold:
+        limits.append(f"--iou {iou} cannot change its IoU")
+    if max_det > baked.max_detections:
+        limits.append(f"--max-det {max_det} cannot give more than {baked.max_detections}")
+    return "; ".join(limits) + ("; export it without --nms to choose them at predict time" if limits else "")
+
+
 def run_predict(options: PredictOptions, *, backend: Backend | None = None, write: bool = True,
                 source: Any = None, stream: bool = False) -> list[dict] | Iterator[dict]:
     """Load the model (unless ``backend`` is given) and run it over ``source`` (default: ``options.source``;
@@ -228,9 +239,9 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
     if baked is not None and options.agnostic_nms:
         raise ValueError("--agnostic-nms: this graph has NMS inside, per class; export it without --nms to choose "
                          "at predict time")
-    if baked is not None and options.conf < baked.conf_threshold:
-        warning = f"the graph has NMS inside at conf {baked.conf_threshold}; --conf {options.conf} cannot go lower"
-        print(f"warning: {warning}", file=sys.stderr)
+    if baked is not None and (fixed := baked_nms_limits(baked, options.conf, options.iou, options.max_det)):
+        print(f"warning: the graph has NMS inside (conf {baked.conf_threshold}, IoU {baked.iou_threshold}, "
+              f"{baked.max_detections} per image); {fixed}", file=sys.stderr)
     size = input_size(backend, options.imgsz)
     outputs = None
     if write or options.save or options.save_txt or options.save_crop or options.save_frames:

@@ -190,3 +190,12 @@ def test_a_cpu_table_builds_no_tensorrt_engine_even_where_tensorrt_could(monkeyp
     found = list(benchmark.backends_for_checkpoint(checkpoint, imgsz=64, device="cpu", folder=tmp_path,
                                                    skip={"pytorch", "onnx", "pt2"}))
     assert found == ["tensorrt: skipped (engines run on a CUDA GPU; this table is cpu's)"]
+
+
+def test_an_export_of_a_fixed_batch_says_what_its_latency_is() -> None:
+    """A --batch 4 export timed at batch 1 was labelled "ms per image at batch 1" while each call ran 4 images."""
+    from detector.workflows.benchmark import fixed_batch_note
+
+    assert fixed_batch_note(4, 1) == ("exported with a fixed batch of 4: a batch of 1 is padded to 4, so its latency "
+                                      "is that of 4 images (export with --dynamic, or --batch 1, to time 1)")
+    assert "a batch of 32 runs in calls of 4" in fixed_batch_note(4, 32)

@@ -356,3 +356,14 @@ def test_agnostic_nms_on_a_graph_with_nms_inside_is_refused(checkpoint: Path, tm
     cv2.imwrite(str(tmp_path / "a.png"), np.zeros((32, 32, 3), np.uint8))
     with pytest.raises(ValueError, match="--agnostic-nms: this graph has NMS inside, per class"):
         run_predict(options, backend=backend, write=False)
+
+
+def test_what_a_graph_with_nms_inside_cannot_honour_is_said() -> None:
+    """A lower --conf was warned of; another --iou and a larger --max-det were dropped without a word."""
+    from detector.workflows.predict import baked_nms_limits
+
+    baked = NMSConfig(conf_threshold=0.25, iou_threshold=0.7, max_detections=100)
+    assert baked_nms_limits(baked, 0.25, 0.7, 100) == "" and baked_nms_limits(baked, 0.5, 0.7, 50) == ""
+    said = baked_nms_limits(baked, 0.1, 0.5, 300)
+    assert said == ("--conf 0.1 cannot go lower; --iou 0.5 cannot change its IoU; --max-det 300 cannot give more "
+                    "than 100; export it without --nms to choose them at predict time")
