@@ -244,6 +244,9 @@ def scan_split(split: Split, names: list[str], *, threads: int | None = None) ->
         # the same JSON beside another images folder, is listed anew instead of read from the old place.
         settings.update(json=list(_stamp(split.coco_json)), where=[str(split.coco_json.resolve()),
                                                                     str(split.images[0].resolve())])
+        # The listing was checked against these names (check_category_names: the same names in another order is an
+        # error): a cache made under one YAML's names must not answer for a YAML that orders them otherwise.
+        settings["names"] = list(names)
     cached = _read_cache(locations, settings)
 
     if coco and cached is not None:  # the JSON is unchanged: its listing comes from the cache

@@ -191,6 +191,21 @@ def test_a_moved_coco_dataset_and_another_images_folder_are_listed_anew(tmp_path
         tmp_path / "moved" / "other"}
 
 
+def test_a_cached_coco_listing_does_not_answer_for_names_in_another_order(tmp_path: Path):
+    """The category-name check ran only when the JSON was parsed: after one run cached it, a YAML naming the same
+    classes in another order was accepted, and its table put each class's rows under another name."""
+    from detector.data.spec import DatasetError
+
+    yaml = write_coco_dataset(tmp_path / "a", count=4)
+    spec = load_dataset_spec(yaml)
+    assert len(scan.scan_split(spec.train, spec.names).records) == 4  # cached beside the JSON
+    swapped = [spec.names[1], spec.names[0], *spec.names[2:]]
+    with pytest.raises(DatasetError, match="its categories in id order are"):
+        scan.scan_split(spec.train, swapped)
+    with pytest.raises(DatasetError, match="its categories in id order are"):  # twice: nothing cached for it
+        scan.scan_split(spec.train, swapped)
+
+
 def test_yolo_layout_ids_are_cocos_own_where_the_files_and_classes_are_cocos():
     """A YOLO-layout COCO (coco128, COCO in Ultralytics' layout): image 000000000009.jpg is id 9 and person..
     toothbrush keep COCO's category ids 1..90, so predictions.json scores against COCO's JSON (it held 0, 1, ...
