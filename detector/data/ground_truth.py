@@ -80,7 +80,8 @@ def json_pixel_scale(ground_truth: COCO, image_ids: np.ndarray, image_hw: np.nda
     """Per image id, what turns the file's pixels into those of its JSON entry, where the two differ by one scale
     (images resized after they were annotated): the JSON's boxes are in its ``width`` x ``height``, the detections
     in the file's, and scored as they are a resized image's every box would miss. None where every size agrees.
-    One warning line names how many differ; sizes that differ in shape too (a rotation?) are named, not scaled."""
+    One warning line names how many differ; sizes that differ in shape too are named, not scaled (those turned by
+    90 degrees, an EXIF rotation the JSON ignored, were skipped by the scan already: detector/data/scan.py)."""
     scales, odd = {}, []
     for image_id, (height, width) in zip(image_ids.tolist(), image_hw.tolist()):
         entry = ground_truth.imgs.get(image_id)
@@ -98,8 +99,9 @@ def json_pixel_scale(ground_truth: COCO, image_ids: np.ndarray, image_hw: np.nda
               f"{example.get('file_name')}: {example['width']}x{example['height']} listed); their detections are "
               "scaled to the JSON's pixels for scoring and predictions.json", file=sys.stderr)
     if odd:
-        print(f"warning: {where}: {len(odd)} image(s) differ in shape from their JSON entry, so their boxes cannot "
-              f"be scored: {', '.join(odd[:3])}", file=sys.stderr)
+        print(f"warning: {where}: {len(odd)} image(s) differ in shape from their JSON entry (no one scale maps one "
+              f"onto the other): their detections are scored as read, against boxes drawn on another picture: "
+              f"{', '.join(odd[:3])}", file=sys.stderr)
     return scales or None
 
 

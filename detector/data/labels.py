@@ -175,6 +175,7 @@ class CocoLabels:
     image_ids: np.ndarray  # int64 [n]
     labels: list[np.ndarray]  # [n_i, 5] float32 per image, normalised by the JSON's width and height
     category_ids: list[int]  # class index -> COCO category id (sorted ids)
+    sizes: list[tuple[int, int]]  # (height, width) per image, as the JSON lists them
     problems: Problems = field(default_factory=Problems)
 
 
@@ -313,7 +314,7 @@ def read_coco_labels(json_path: Path, images_dir: Path, names: list[str]) -> Coc
             continue
         rows_by_image.setdefault(image_id, []).append([class_of[category_id], *bbox])
     coco.clear()  # the parsed JSON's objects can go before the arrays are built
-    paths, image_ids, labels = [], [], []
+    paths, image_ids, labels, sizes = [], [], [], []
     for image_id in sorted(images):
         info = images[image_id]
         name = info["file_name"]
@@ -327,7 +328,8 @@ def read_coco_labels(json_path: Path, images_dir: Path, names: list[str]) -> Coc
         paths.append(path)
         image_ids.append(int(image_id))
         labels.append(_normalise_coco_boxes(rows, float(info["width"]), float(info["height"]), path.name, problems))
-    return CocoLabels(paths, np.array(image_ids, np.int64), labels, categories, problems)
+        sizes.append((round(float(info["height"])), round(float(info["width"]))))
+    return CocoLabels(paths, np.array(image_ids, np.int64), labels, categories, sizes, problems)
 
 
 def check_category_names(by_id: list[object], names: list[str], json_path: Path, problems: Problems) -> None:

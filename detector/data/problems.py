@@ -37,6 +37,8 @@ MISSING_IMAGE_ENTRY = "annotation(s) naming an image the JSON does not list, dro
 UNKNOWN_CATEGORY = "annotation(s) with a category the JSON does not list, dropped"
 BAD_BBOX = "annotation(s) without a valid [x, y, w, h] bbox, dropped"
 BAD_IMAGE_SIZE = "image(s) listed with a non-positive or non-finite width or height, skipped"
+SIDEWAYS_JSON = ("image(s) whose JSON width and height are their upright size turned by 90 degrees (an EXIF "
+                 "orientation 5-8 the annotation tool ignored: the boxes would land elsewhere), skipped")
 NOT_AN_IMAGE_NAME = "image(s) listed under a name without an image suffix this reader takes (.jpg, .png, ...), skipped"
 OTHER_CATEGORY_NAMES = ("JSON(s) whose category names in id order differ from the classes' names (class i is its i-th "
                         "category by id)")

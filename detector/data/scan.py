@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from detector.data.images import check_image
 from detector.data.labels import LARGEST_ID, UnreadableLabels, label_path_for, read_coco_labels, read_yolo_labels
-from detector.data.problems import UNREADABLE_IMAGE, UNREADABLE_LABELS, Problems
+from detector.data.problems import SIDEWAYS_JSON, UNREADABLE_IMAGE, UNREADABLE_LABELS, Problems
 from detector.data.records import Records
 from detector.data.spec import Split
 from detector.data.workers import usable_cores
@@ -126,8 +126,8 @@ def _scan_files_parallel(paths: list[Path], num_classes: int | None, *, desc: st
 def _coco_listing_arrays(json_path: Path, images_dir: Path, names: list[str]) -> tuple[dict, list[int], list]:
     """The JSON's listing as flat arrays (cheap to pickle between processes), its category ids and problems."""
     parsed = read_coco_labels(json_path, images_dir, names)
-    unknown_sizes = np.full((len(parsed.paths), 2), -1, np.int32)  # the image checks measure them
-    flat = Records.from_lists(parsed.paths, parsed.labels, parsed.image_ids, unknown_sizes)
+    listed_sizes = np.array(parsed.sizes, np.int32).reshape(-1, 2)  # the JSON's: the image checks measure the files
+    flat = Records.from_lists(parsed.paths, parsed.labels, parsed.image_ids, listed_sizes)
     return flat.arrays(), parsed.category_ids, parsed.problems.entries
 
 
@@ -146,7 +146,7 @@ def _read_coco_listing(json_path: Path, images_dir: Path, names: list[str]) -> _
         arrays, category_ids, entries = _coco_listing_arrays(json_path, images_dir, names)
     flat = Records.from_arrays(arrays)
     return _Listing(flat.paths(), flat.image_ids, [flat.labels_of(i) for i in range(len(flat))], category_ids,
-                    Problems([tuple(entry) for entry in entries]))
+                    Problems([tuple(entry) for entry in entries]), flat.image_hw)
 
 
 def cache_locations(split: Split) -> list[Path]:
@@ -231,6 +231,7 @@ class _Listing:
     labels: list[np.ndarray] | None  # COCO: from the JSON; YOLO: None (read per image while scanning)
     category_ids: list[int]
     problems: Problems  # problems of the listing itself (the JSON's), not of single images
+    listed_hw: np.ndarray | None = None  # COCO, freshly parsed: (height, width) per image as the JSON lists them
 
 
 def scan_split(split: Split, names: list[str], *, threads: int | None = None) -> ScanResult:
@@ -287,6 +288,10 @@ def scan_split(split: Split, names: list[str], *, threads: int | None = None) ->
     for index, (size, reason, parsed, entries) in zip(stale.tolist(), scanned):
         if size is None and reason:
             per_image.append([index, UNREADABLE_IMAGE, f"{listing.paths[index]} ({reason})", 1])
+        elif size is not None and sideways(listing.listed_hw, index, size):
+            # The file is shown turned by 90 degrees while the JSON gives its stored size: its boxes were drawn on
+            # the unturned pixels and would land elsewhere on the upright image (trained and scored wrongly).
+            per_image.append([index, SIDEWAYS_JSON, str(listing.paths[index]), 1])
         elif size is not None:
             hw[index] = size
         if parsed is not None:
@@ -305,6 +310,15 @@ def scan_split(split: Split, names: list[str], *, threads: int | None = None) ->
     usable = np.flatnonzero(everything.image_hw[:, 0] >= 0)
     records = everything if len(usable) == count else everything.select(usable)
     return ScanResult(records, listing.category_ids, problems, cache_file, count - len(stale))
+
+
+def sideways(listed_hw: np.ndarray | None, index: int, size: tuple[int, int]) -> bool:
+    """The JSON lists image ``index`` at the upright ``size`` turned by 90 degrees (a non-square image whose EXIF
+    orientation swaps its axes, annotated on its stored pixels)."""
+    if listed_hw is None:
+        return False
+    listed = (int(listed_hw[index, 0]), int(listed_hw[index, 1]))
+    return listed != tuple(size) and listed == (size[1], size[0])
 
 
 def _reusable(cached: tuple[dict, dict, Path] | None, paths: list[Path], stamps: np.ndarray) -> np.ndarray:

@@ -298,7 +298,8 @@ def test_images_resized_after_annotation_are_scored_in_the_jsons_pixels(tmp_path
     assert split.json_scale == {100: 2.0, 101: 2.0}
     err = capsys.readouterr().err
     assert "2 image(s) are another size than their JSON entry says (e.g. 000.jpg: 64x64 listed)" in err
-    assert "1 image(s) differ in shape from their JSON entry, so their boxes cannot be scored: 002.jpg" in err
+    assert "1 image(s) differ in shape from their JSON entry (no one scale maps one onto the other): their " \
+           "detections are scored as read, against boxes drawn on another picture: 002.jpg" in err
     rows = np.array([[100, 1.0, 2.0, 3.0, 4.0, 0.5, 7], [102, 1.0, 2.0, 3.0, 4.0, 0.5, 9]])
     assert in_json_pixels(rows, split.json_scale).tolist() == [[100, 2.0, 4.0, 6.0, 8.0, 0.5, 7], rows[1].tolist()]
     written = write_coco_dataset(tmp_path / "same", count=2)

@@ -220,3 +220,33 @@ def test_yolo_layout_ids_are_cocos_own_where_the_files_and_classes_are_cocos():
     assert yolo_category_ids(names) == COCO_CATEGORY_IDS and COCO_CATEGORY_IDS[-1] == 90
     assert len(set(COCO_CATEGORY_IDS)) == 80 and 12 not in COCO_CATEGORY_IDS
     assert yolo_category_ids(["cat", "dog"]) == [1, 2] and yolo_category_ids(names[:79]) == list(range(1, 80))
+
+
+def test_a_turned_image_whose_json_lists_its_stored_size_is_skipped_with_its_name(tmp_path: Path):
+    """A JPEG shown turned by EXIF (orientation 6) with a JSON in its stored 96x64 pixels (a tool that ignores EXIF):
+    decoded upright (64 wide, 96 tall) its boxes landed elsewhere, trained and scored with no word. The same image
+    listed at its upright size is read as it always was."""
+    from PIL import Image
+
+    from detector.data.problems import SIDEWAYS_JSON
+
+    root = tmp_path / "turned"
+    (root / "images").mkdir(parents=True)
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    for name in ("stored.jpg", "upright.jpg"):
+        Image.new("RGB", (96, 64), (120, 60, 30)).save(root / "images" / name, exif=exif)
+    coco = {"images": [{"id": 1, "file_name": "stored.jpg", "width": 96, "height": 64},
+                       {"id": 2, "file_name": "upright.jpg", "width": 64, "height": 96}],
+            "annotations": [{"id": 1, "image_id": 1, "category_id": 1, "bbox": [10, 10, 20, 20], "iscrowd": 0},
+                            {"id": 2, "image_id": 2, "category_id": 1, "bbox": [10, 10, 20, 20], "iscrowd": 0}],
+            "categories": [{"id": 1, "name": "thing"}]}
+    (root / "coco.json").write_text(json.dumps(coco))
+    (root / "data.yaml").write_text("train: {json: coco.json, images: images}\nval: {json: coco.json, images: images}\n"
+                                    "names: [thing]\n")
+    spec = load_dataset_spec(root / "data.yaml")
+    for _ in range(2):  # parsed, then answered from the cache: the same verdict
+        result = scan.scan_split(spec.train, spec.names)
+        assert [path.name for path in result.records.paths()] == ["upright.jpg"]
+        assert result.problems.entries and result.problems.entries[0][:2] == (SIDEWAYS_JSON,
+                                                                             str(root / "images" / "stored.jpg"))
