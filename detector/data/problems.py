@@ -35,7 +35,8 @@ ZERO_AREA = "zero-area box(es), dropped"
 DUPLICATE = "duplicate box(es), removed"
 MISSING_IMAGE_ENTRY = "annotation(s) naming an image the JSON does not list, dropped"
 UNKNOWN_CATEGORY = "annotation(s) with a category the JSON does not list, dropped"
-BAD_BBOX = "annotation(s) without a valid [x, y, w, h] bbox, dropped"
+BAD_BBOX = ("annotation(s) without a valid [x, y, w, h] bbox, dropped from training and scoring (pycocotools run on the "
+            "JSON itself counts one of finite numbers as a box no detection can match: its mAP is lower)")
 BAD_IMAGE_SIZE = "image(s) listed with a non-positive or non-finite width or height, skipped"
 SIDEWAYS_JSON = ("image(s) whose JSON width and height are their upright size turned by 90 degrees (an EXIF "
                  "orientation 5-8 the annotation tool ignored: the boxes would land elsewhere), skipped")
