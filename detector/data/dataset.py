@@ -31,7 +31,7 @@ from detector.data.augment import (
 from detector.data.batch_augment import PixelOps
 from detector.data.device_augment import WarpBatch, WarpSource, canvas_region, pack_warp_batch
 from detector.data.images import READ_ERRORS, read_image_rgb
-from detector.data.letterbox import ImageMeta, letterbox
+from detector.data.letterbox import ImageMeta, letterbox, resized_size
 from detector.data.ram_cache import ImageCache
 from detector.data.records import Records
 from detector.data.spec import DatasetError
@@ -255,7 +255,8 @@ class DetectionDataset(Dataset):
         ratio = self.image_size / max(original_hw) * shrink
         _, boxes, classes = self._image_and_boxes(index, resized)
         boxes = boxes * np.float32(shrink) + np.array(pad * 2, np.float32)
-        return image, boxes, classes, ImageMeta(image_id, original_hw, ratio, pad)
+        return image, boxes, classes, ImageMeta(image_id, original_hw, ratio, pad,
+                                                resized_hw=resized_size(*resized.shape[:2], shrink))
 
     def _blank_item(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, ImageMeta]:
         """A mid-gray letterboxed image standing in for an unreadable one in evaluation, with no boxes."""
@@ -263,7 +264,8 @@ class DetectionDataset(Dataset):
         ratio = self.image_size / max(height, width)
         resized = np.full((max(round(height * ratio), 1), max(round(width * ratio), 1), 3), PAD_VALUE, np.uint8)
         image, shrink, pad = letterbox(resized, self.image_size, self.canvas(index))
-        meta = ImageMeta(int(self.records.image_ids[index]), (height, width), ratio * shrink, pad)
+        meta = ImageMeta(int(self.records.image_ids[index]), (height, width), ratio * shrink, pad,
+                         resized_hw=resized_size(*resized.shape[:2], shrink))
         return image, np.zeros((0, 4), np.float32), np.zeros(0, np.float32), meta
 
 

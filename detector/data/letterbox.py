@@ -33,6 +33,17 @@ class ImageMeta:
     # Training and evaluation items: the path of an image that failed to decode and was replaced (training)
     # or scored blank (evaluation) in this item; "" when none did.
     unreadable: str = ""
+    # The (height, width) the original was resized to before padding. Each side is rounded to whole pixels, so
+    # its own scale (``resized / original``) differs from ``ratio`` by up to half a pixel over the side: boxes map
+    # back by it (:func:`unletterbox_rows`). None: ``ratio`` on both axes.
+    resized_hw: tuple[int, int] | None = None
+
+    @property
+    def scale_xy(self) -> tuple[float, float]:
+        """The x and y scales from the original to the letterboxed pixels."""
+        if self.resized_hw is None:
+            return self.ratio, self.ratio
+        return self.resized_hw[1] / self.original_hw[1], self.resized_hw[0] / self.original_hw[0]
 
 
 def letterbox(
@@ -49,7 +60,7 @@ def letterbox(
     canvas_h, canvas_w = canvas or (size, size)
     ratio = min(size / max(height, width), canvas_h / height, canvas_w / width)
     # At least one pixel: a 4000x1 strip scaled to 640 would round its short side to nothing (cv2.resize refuses).
-    new_w, new_h = max(1, round(width * ratio)), max(1, round(height * ratio))
+    new_h, new_w = resized_size(height, width, ratio)
     if (new_w, new_h) != (width, height):
         image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
     left, top = (canvas_w - new_w) // 2, (canvas_h - new_h) // 2
@@ -58,6 +69,11 @@ def letterbox(
         value=(PAD_VALUE,) * 3,
     )
     return image, ratio, (float(left), float(top))
+
+
+def resized_size(height: int, width: int, ratio: float) -> tuple[int, int]:
+    """The (height, width) :func:`letterbox` resizes an image of this size to at ``ratio``: at least a pixel a side."""
+    return max(1, round(height * ratio)), max(1, round(width * ratio))
 
 
 def rect_batches(image_hw: np.ndarray, size: int, batch: int, multiple: int) -> tuple[np.ndarray, np.ndarray]:
@@ -99,7 +115,7 @@ def unletterbox_rows(boxes: torch.Tensor, metas: Sequence[ImageMeta], counts: Se
     """
     boxes = boxes.detach().float().cpu().reshape(-1, 4)
     pad = torch.tensor([meta.pad * 2 for meta in metas], dtype=torch.float32)
-    ratio = torch.tensor([[meta.ratio] for meta in metas], dtype=torch.float32)
+    ratio = torch.tensor([meta.scale_xy * 2 for meta in metas], dtype=torch.float32)
     size = torch.tensor([meta.original_hw[::-1] * 2 for meta in metas], dtype=torch.float32)
     if len(metas) > 1:  # each row its own image's numbers; a single image's broadcast as they are
         image_of_row = torch.repeat_interleave(torch.tensor(counts, dtype=torch.long))

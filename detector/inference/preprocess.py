@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from detector.data.augment import PAD_VALUE
-from detector.data.letterbox import ImageMeta, letterbox, rect_batches, unletterbox_rows
+from detector.data.letterbox import ImageMeta, letterbox, rect_batches, resized_size, unletterbox_rows
 from detector.postprocess import detections_to_host
 
 Detections = list[dict[str, torch.Tensor]]  # per image {boxes [N, 4] xyxy px, scores [N], labels [N]}
@@ -40,7 +40,8 @@ def prepare_batch(
     for index, image in enumerate(images_rgb):
         boxed, ratio, pad = letterbox(image, size, canvas)
         tensors.append(torch.from_numpy(np.ascontiguousarray(boxed.transpose(2, 0, 1))))
-        transforms.append(ImageMeta(index, image.shape[:2], ratio, pad))
+        resized = resized_size(*image.shape[:2], ratio)
+        transforms.append(ImageMeta(index, image.shape[:2], ratio, pad, resized_hw=resized))
     return torch.stack(tensors), transforms
 
 
@@ -114,7 +115,7 @@ def stage_letterbox(images_rgb: list[np.ndarray], size: int, *, pin: bool) -> St
     groups = []
     for (height, width), same_shape in by_shape.items():
         ratio = size / max(height, width)
-        new_w, new_h = max(1, round(width * ratio)), max(1, round(height * ratio))  # as letterbox(): >= 1 pixel
+        new_h, new_w = resized_size(height, width, ratio)  # as letterbox() sizes it
         # The FP32 copy the resize reads is 12 bytes a pixel: 32 4K frames at once would hold 3 GB of it.
         per_call = max(1, GROUP_BYTES // (12 * height * width))
         for start in range(0, len(same_shape), per_call):
@@ -151,5 +152,6 @@ def finish_letterbox(staged: StagedBatch, device: torch.device) -> tuple[torch.T
             pixels = resized.round_().clamp_(0, 255).to(torch.uint8)
         for row, index in enumerate(group.members):
             batch[index, :, top : top + new_h, left : left + new_w] = pixels[row]
-            metas[index] = ImageMeta(index, (height, width), group.ratio, (float(left), float(top)))
+            metas[index] = ImageMeta(index, (height, width), group.ratio, (float(left), float(top)),
+                                     resized_hw=(new_h, new_w))
     return batch, [metas[index] for index in range(staged.count)]
