@@ -259,8 +259,8 @@ def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> t
         raise DatasetError(f"{source}: 'relative_to' must be 'yaml' or 'datasets' (got {relative_to!r})")
     in_datasets = relative_to == "datasets"
     base = datasets_root(datasets_dir) if in_datasets else source.parent
-    root = Path(_text(raw.get("path") or ".", source, "path"))
-    root = (root if root.is_absolute() else base / root).resolve()
+    typed = Path(_text(raw.get("path") or ".", source, "path"))
+    root = (typed if typed.is_absolute() else base / typed).resolve()
     if (generator := raw.get("generate")) is not None:  # the built-in set: generated, never downloaded
         if generator != "shapes":
             raise DatasetError(f"{source}: 'generate' can only be 'shapes' (the built-in set), got {generator!r}")
@@ -270,7 +270,6 @@ def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> t
             raise DatasetError(f"{source}: cannot generate the built-in set into {root} ({error.strerror or error}); "
                                f"choose another datasets root with --datasets-dir or ${DATASETS_ENV}") from None
     hint = download_hint(root, base.resolve()) if in_datasets else ""
-    typed = Path(_text(raw.get("path") or ".", source, "path"))
     if not root.is_dir() and not in_datasets and not typed.is_absolute():
         # Ultralytics resolves a relative 'path' under its datasets folder: its own YAMLs (path: coco128,
         # path: ../datasets/coco128) work here once the data sits under our datasets root.
