@@ -113,6 +113,12 @@ class TorchBackend(Backend):
     def from_checkpoint(cls, path: str | Path, *, imgsz: int | None = None, **kwargs: Any) -> TorchBackend:
         """EMA weights when the checkpoint has them; ``imgsz`` defaults to the training size, else 640."""
         model, checkpoint = model_from_pt(path)  # ours, or Ultralytics YOLOv8 weights through the safe reader
+        return cls.from_model(model, checkpoint, imgsz=imgsz, **kwargs)
+
+    @classmethod
+    def from_model(cls, model: YOLO, checkpoint: dict[str, Any], *, imgsz: int | None = None,
+                   **kwargs: Any) -> TorchBackend:
+        """:meth:`from_checkpoint` for a model already read (:func:`model_from_pt`) with its checkpoint dict."""
         config = checkpoint.get("config") or {}
         info = ModelInfo(
             names=list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)]),

@@ -55,5 +55,5 @@ def plot_all_validation(
 def in_letterbox(detection: dict[str, torch.Tensor], scored: ImageMeta, shown: ImageMeta) -> dict[str, torch.Tensor]:
     """``detection``'s boxes, in the pixels of the letterbox they were scored in (``scored``: a rectangular
     batch's canvas), moved into the letterbox ``shown`` (the square the figure draws)."""
-    boxes = unletterbox_boxes(detection["boxes"], scored) * shown.ratio
+    boxes = unletterbox_boxes(detection["boxes"], scored) * torch.tensor(shown.scale_xy * 2, dtype=torch.float32)
     return {**detection, "boxes": boxes + torch.tensor(shown.pad * 2, dtype=boxes.dtype)}

@@ -191,7 +191,9 @@ def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO
         kept = {key: value for key, value in weights.items() if key not in moved} if moved else weights
         copied, total = load_matching(model, kept, path)  # refuses under half
         model.load_state_dict(moved, strict=False)
-        named = f"; {sum(row >= 0 for row in rows)} classes start from its class of the same name" if moved else ""
+        matched = sum(row >= 0 for row in rows) if moved else 0
+        named = (f"; {matched} of {len(names)} classes start from its class of the same name, {len(names) - matched} "
+                 "fresh") if moved else ""
         log(f"weights: {copied + len(moved)}/{total} tensors from {path} (scale {scale}){named}")
         return model
     checkpoint = read_ultralytics_checkpoint(path)

@@ -43,13 +43,15 @@ def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None
 
 def located(name_or_path: str | Path) -> Path:
     """``--weights`` for val, predict, export and benchmark as training finds it: a bare name of a file in the
-    weights folder (``yolov8n.pt``, where ``download`` puts it) is that file, and a missing catalogued name says how
-    to fetch it (:func:`resolve_weights`). Anything else comes back as given, for the caller's own checks."""
+    weights folder (``yolov8n.pt``, where ``download`` puts it) is that file, a missing catalogued name says how
+    to fetch it and another Ultralytics family's (``yolo11n.pt``) that it cannot load (:func:`resolve_weights`).
+    Anything else comes back as given, for the caller's own checks."""
     path = Path(name_or_path).expanduser()
     if path.is_file() or path.name != str(name_or_path):
         return path
-    if (default_weights_dir() / path.name).is_file() or pretrained_name(path.name):
-        return resolve_weights(path.name)
+    if (default_weights_dir() / path.name).is_file() or pretrained_name(path.name) or _other_ultralytics_family(
+            path.name):
+        return resolve_weights(path.name)  # found there, or one line: how to fetch it, or that it cannot load
     return path
 
 

@@ -105,7 +105,7 @@ class LoadReport:
         line = f"loaded {self.matched} tensors from {self.path} (YOLOv8{self.scale}, {self.source_num_classes} classes)"
         if self.named:
             line += (f"; {self.named} of the model's {self.num_classes} classes start from the weights' class of the "
-                     "same name")
+                     f"same name, {self.num_classes - self.named} fresh")
         if self.reinitialised:
             line += (
                 f"; the model has {self.num_classes} classes, so {len(self.reinitialised)}"

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detector.checkpoint import model_from_checkpoint
+from detector.inference.pt_model import model_from_pt
 from detector.data.synthetic import make_image
 from detector.device import resolve_device
 from detector.exporting.tensorrt import build_engine
@@ -168,8 +168,8 @@ def backends_for_checkpoint(
     progress: Callable[[str], None] = print,
 ) -> Iterator[Candidate | str]:
     """Yield each backend to time (built lazily, so exports happen just before they are timed), or a skip note."""
-    model, _ = model_from_checkpoint(weights)
-    reference = TorchBackend.from_checkpoint(weights, imgsz=imgsz, device=device)
+    model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8 weights as val and predict read them
+    reference = TorchBackend.from_model(model, checkpoint, imgsz=imgsz, device=device)
     if "pytorch" not in skip:
         yield Candidate(reference.name, lambda batch: reference)
         half = half_precision(device)

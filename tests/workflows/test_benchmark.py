@@ -199,3 +199,16 @@ def test_an_export_of_a_fixed_batch_says_what_its_latency_is() -> None:
     assert fixed_batch_note(4, 1) == ("exported with a fixed batch of 4: a batch of 1 is padded to 4, so its latency "
                                       "is that of 4 images (export with --dynamic, or --batch 1, to time 1)")
     assert "a batch of 32 runs in calls of 4" in fixed_batch_note(4, 32)
+
+
+def test_ultralytics_weights_are_timed_as_val_and_predict_read_them(tmp_path) -> None:
+    """``benchmark model=yolov8n.pt`` refused Ultralytics' file as a hostile pickle: it read only our checkpoints."""
+    from detector.workflows.benchmark import run_benchmark
+    from detector.workflows.options import BenchmarkOptions
+    from tests.weights.lookalike import yolov8_lookalike_bytes
+
+    weights = tmp_path / "yolov8n.pt"
+    weights.write_bytes(yolov8_lookalike_bytes("n", num_classes=3))
+    table = run_benchmark(BenchmarkOptions(weights=str(weights), imgsz=64, runs=1, warmup=0, throughput_batch=0,
+                                           skip="onnx,pt2,engine", device="cpu"), progress=lambda line: None)
+    assert any(line.startswith("| pytorch fp32 |") for line in table.splitlines())
