@@ -174,7 +174,7 @@ def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO
     if not config.weights:
         return build_model(num_classes=len(names), scale=config.model)
     from detector.weights import load_pretrained, read_ultralytics_checkpoint, resolve_weights
-    from detector.weights.class_rows import class_row_sources, remap_class_rows
+    from detector.weights.class_rows import moved_class_rows
 
     path = resolve_weights(config.weights)
     try:
@@ -186,12 +186,11 @@ def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO
         width = weights.get("head.cv3.0.0.conv.weight") if isinstance(weights, dict) else None
         model = build_model(num_classes=len(names), scale=scale,
                             class_channels=int(width.shape[0]) if isinstance(width, torch.Tensor) else None)
-        rows = class_row_sources([str(name) for name in ours.get("names") or []], names)
-        moved = remap_class_rows(weights, model.state_dict(), rows) if rows and isinstance(weights, dict) else {}
+        moved, matched = (moved_class_rows(weights, model.state_dict(), [str(name) for name in ours.get("names") or []],
+                                           names) if isinstance(weights, dict) else ({}, 0))
         kept = {key: value for key, value in weights.items() if key not in moved} if moved else weights
         copied, total = load_matching(model, kept, path)  # refuses under half
         model.load_state_dict(moved, strict=False)
-        matched = sum(row >= 0 for row in rows) if moved else 0
         named = (f"; {matched} of {len(names)} classes start from its class of the same name, {len(names) - matched} "
                  "fresh") if moved else ""
         log(f"weights: {copied + len(moved)}/{total} tensors from {path} (scale {scale}){named}")

@@ -50,3 +50,12 @@ def remap_class_rows(incoming: Mapping[str, torch.Tensor], own: Mapping[str, tor
         result[target] = incoming[key][source].to(result.dtype)
         moved[key] = result
     return moved
+
+
+def moved_class_rows(incoming: Mapping[str, torch.Tensor], own: Mapping[str, torch.Tensor],
+                     source_names: Sequence[str], target_names: Sequence[str]) -> tuple[dict[str, torch.Tensor], int]:
+    """:func:`remap_class_rows` by the names (:func:`class_row_sources`): -> (the moved tensors, how many of the
+    target classes found a source row); ``({}, 0)`` when nothing moves."""
+    rows = class_row_sources(source_names, target_names)
+    moved = remap_class_rows(incoming, own, rows) if rows else {}
+    return moved, sum(row >= 0 for row in rows) if moved and rows else 0

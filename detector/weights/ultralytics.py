@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from detector.model.yolo import SCALES, YOLO
-from detector.weights.class_rows import class_row_sources, remap_class_rows
+from detector.weights.class_rows import moved_class_rows
 from detector.weights.locate import resolve_weights
 from detector.weights.safe_pickle import StandIn, load_checkpoint, stand_in_state_dict
 
@@ -237,8 +237,7 @@ def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint,
         )
     incoming = convert_yolov8_state_dict(weights.state_dict)
     own = model.state_dict()
-    rows = class_row_sources(weights.class_names, names) if names is not None else None
-    moved = remap_class_rows(incoming, own, rows) if rows else {}
+    moved, named = moved_class_rows(incoming, own, weights.class_names, names) if names is not None else ({}, 0)
     misfits = [key for key in incoming.keys() | own.keys() if _shape(incoming, key) != _shape(own, key)]
     fresh = {_module_of(key) for key in misfits} - {""} if weights.num_classes != model.num_classes else set()
     wrong = sorted(key for key in misfits if _module_of(key) not in fresh)
@@ -251,7 +250,6 @@ def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint,
     kept = {key: tensor for key, tensor in incoming.items() if _module_of(key) not in fresh and key not in moved}
     model.load_state_dict(kept | moved, strict=False)  # the keys left out are exactly those under ``fresh``
     reinitialised = tuple(key for key in own if _module_of(key) in fresh and key not in moved)
-    named = sum(row >= 0 for row in rows) if moved else 0
     return LoadReport(path, scale, len(kept) + len(moved), reinitialised, model.num_classes, weights.num_classes,
                       weights.names, named)
 
