@@ -38,6 +38,15 @@ def field_type(options_class: type, name: str) -> tuple[type, bool]:
     return hint, False
 
 
+def canonical_choice(value: Any, choices: tuple | None) -> Any:
+    """``value`` spelled as its choice when it differs only in case (``adamw`` -> ``AdamW``, as Ultralytics and
+    torch name optimizers either way); anything else as it is, for the choices check to refuse."""
+    if choices is None or not isinstance(value, str) or value in choices:
+        return value
+    matches = [choice for choice in choices if isinstance(choice, str) and choice.lower() == value.lower()]
+    return matches[0] if len(matches) == 1 else value
+
+
 def is_required(item: Field) -> bool:
     return item.default is MISSING and item.default_factory is MISSING
 
@@ -80,6 +89,7 @@ def coerce(options_class: type, item: Field, value: Any) -> Any:
     except (TypeError, ValueError):
         raise ValueError(f"{flag}: expected {kind.__name__}{' or None' if optional else ''}, got {value!r}") from None
     choices = item.metadata.get("choices")
+    value = canonical_choice(value, choices)
     if choices is not None and value not in choices:
         raise ValueError(f"{flag}: invalid choice: {value!r} (choose from {', '.join(map(repr, choices))})")
     return value

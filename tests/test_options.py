@@ -72,3 +72,15 @@ def test_export_formats_are_checked_and_may_be_a_list() -> None:
     assert build_options(ExportOptions, {"format": ["onnx", "engine"]}, command="export").format == "onnx,engine"
     with pytest.raises(ValueError, match=r"^--format 'onnx,pdf': choose from onnx, engine"):
         ExportOptions(format="onnx,pdf")
+
+
+def test_a_choice_in_another_case_is_that_choice_from_python_and_the_command_line() -> None:
+    """``--optimizer adamw`` (torch's and many scripts' spelling) is AdamW; ``--cache RAM`` is ram."""
+    from detector.cli.train import build_parser
+
+    config = build_options(TrainConfig, {"optimizer": "adamw", "cache": "RAM"}, command="train")
+    assert (config.optimizer, config.cache) == ("AdamW", "ram")
+    args = build_parser().parse_args(["--optimizer", "rmsprop", "--precision", "FP32"])
+    assert (args.optimizer, args.precision) == ("RMSprop", "fp32")
+    with pytest.raises(ValueError, match="^--optimizer: invalid choice: 'lion'"):
+        build_options(TrainConfig, {"optimizer": "lion"}, command="train")

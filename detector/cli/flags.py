@@ -11,7 +11,7 @@ from dataclasses import fields
 from typing import Any, TypeVar
 
 from detector.aliases import asks, resume_and_weights, say, translate_with_sources
-from detector.options import field_type, flag_name, is_required
+from detector.options import canonical_choice, field_type, flag_name, is_required
 
 T = TypeVar("T")
 
@@ -32,12 +32,20 @@ def add_flags(parser: argparse.ArgumentParser, options_class: type, *, negatable
             action = argparse.BooleanOptionalAction if negatable or item.default else "store_true"
             parser.add_argument(flag_name(item.name), dest=item.name, action=action, default=item.default,
                                 help=help_text)
-        elif is_required(item):
-            parser.add_argument(flag_name(item.name), dest=item.name, type=kind, required=True, help=help_text,
-                                choices=item.metadata.get("choices"))
         else:
-            parser.add_argument(flag_name(item.name), dest=item.name, type=kind, default=item.default, help=help_text,
-                                choices=item.metadata.get("choices"))
+            choices = item.metadata.get("choices")
+            parse = kind if choices is None else choice_parser(kind, choices)
+            required = {"required": True} if is_required(item) else {"default": item.default}
+            parser.add_argument(flag_name(item.name), dest=item.name, type=parse, help=help_text, choices=choices,
+                                **required)
+
+
+def choice_parser(kind: type, choices: tuple) -> Any:
+    """``kind`` for argparse, then the choice a value names in another case (``--optimizer adamw`` -> AdamW)."""
+    def parse(text: str) -> Any:
+        return canonical_choice(kind(text), choices)
+    parse.__name__ = kind.__name__  # argparse names the type in its "invalid value" line
+    return parse
 
 
 def options_from_args(options_class: type[T], args: argparse.Namespace) -> T:
