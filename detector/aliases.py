@@ -134,10 +134,10 @@ def square_size(value: Any) -> dict[str, Any]:
 
 
 def batch(value: Any) -> dict[str, Any]:
-    """``batch=16`` or ``-1`` as ours; Ultralytics' ``batch=0.7`` (a share of GPU memory) is refused with ours."""
+    """``batch=16`` or ``-1`` as ours; Ultralytics' ``batch=0.7`` (the largest batch that fits that share of the
+    GPU's memory) -> ``--batch -1 --batch-memory 0.7``."""
     if isinstance(value, float) and 0 < value < 1:
-        raise ValueError("a share of GPU memory has no equivalent here: --batch -1 picks the largest batch that fits "
-                         "0.6 of it")
+        return {"batch": -1, "batch_memory": value}
     return {"batch": value}
 
 

@@ -59,6 +59,7 @@ def train(
     epochs: int = 0,
     time: str | float = "",
     batch: int = 16,
+    batch_memory: float = 0.6,
     workers: int = -1,
     cache: str | bool = "auto",
     device: str | int = "",

@@ -3,8 +3,8 @@
 As Ultralytics' AutoBatch does: time nothing, measure the peak memory (``torch.cuda.max_memory_allocated``) of one
 forward and backward pass at a few batch sizes, fit a straight line (activation memory grows linearly with the
 batch; the intercept is the weights, gradients and workspaces), and take the batch where the line meets
-``FRACTION`` of the device's memory. Unlike Ultralytics' probe, ours runs the training loss too, over random
-targets padded to the box slots of the dataset's fullest image: the assigner's ``[batch, slots, anchors]``
+``--batch-memory`` of the device's memory (``FRACTION``, Ultralytics' default). Unlike Ultralytics' probe, ours
+runs the training loss too, over random targets padded to the box slots of the dataset's fullest image: the assigner's ``[batch, slots, anchors]``
 tensors grow with the batch as the activations do (about 9 MB per image at 640 px and 16 slots, 150 MB at 256
 slots), so a dataset with many boxes per image gets a smaller batch. The rest of the fraction's complement is
 for what the probe does not hold: the optimizer's moments, the EMA copy, a mosaic fuller than any one image and
@@ -175,4 +175,4 @@ def batch_for(config: TrainConfig, model: nn.Module, criterion: DetectionLoss, m
                          enabled=config.multi_scale).ladder()[-1]
     step = RunStep(padded_loss(criterion, box_slots(most_boxes)), config.channels_last,
                    cuda_graphs=graphs_unavailable(config.cuda_graphs, device, world_size=world_size) is None)
-    return auto_batch(model, largest, precision, device, log, step=step)
+    return auto_batch(model, largest, precision, device, log, fraction=config.batch_memory, step=step)

@@ -55,8 +55,10 @@ class TrainConfig:
                          "count, LR schedule, warm-up and close-mosaic are fitted to it from a few timed steps before "
                          "the first one, then re-fitted after every epoch from its wall time (the LR schedule "
                          "continues without a jump); empty = no budget (the built-in dataset without --epochs: 8m)")
-    batch: int = option(16, "images per step (per process under torchrun); -1 = auto: the largest that fits 0.6 of the "
-                            "GPU's memory (measured before the run), the default 16 on a CPU")
+    batch: int = option(16, "images per step (per process under torchrun); -1 = auto: the largest that fits "
+                            "--batch-memory of the GPU's memory (measured before the run), the default 16 on a CPU")
+    batch_memory: float = option(0.6, "the share of the GPU's memory --batch -1 fills (Ultralytics' batch=0.7 is "
+                                      "--batch -1 --batch-memory 0.7)")
     workers: int = option(-1, "data-loading worker processes; -1 = auto: 2 on the CPU, on CUDA the cores per process "
                             "minus one (at most 16)")
     cache: str = option("auto", "cache decoded images: auto (in RAM when they fit), ram, disk (a file kept with the "
@@ -172,6 +174,9 @@ class TrainConfig:
             problems.append(f"--epochs must be at least 1 (got {self.epochs})")
         if self.batch < 1 and self.batch != -1:  # -1: detector/training/autobatch.py
             problems.append(f"--batch must be at least 1, or -1 for auto (got {self.batch})")
+        if not 0 < self.batch_memory <= 1:
+            problems.append(f"--batch-memory is a share of the GPU's memory, above 0 and at most 1 (got "
+                            f"{self.batch_memory})")
         from detector.model import image_size_problem  # here, not at the top: --help never imports torch
 
         if (size_problem := image_size_problem(self.imgsz)) is not None:

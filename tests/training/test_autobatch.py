@@ -154,3 +154,21 @@ def test_where_cuda_graphs_will_run_the_activations_count_twice(monkeypatch):
                             world_size=world_size)
     autobatch.batch_for(TrainConfig(batch=-1), None, None, 4, None, torch.device("cpu"), print)
     assert graphs == [True, False, False, False]  # not with --cuda-graphs off, under torchrun, or on the CPU
+
+
+def test_the_share_of_memory_is_the_runs_and_ultralytics_batch_share_asks_for_it(monkeypatch):
+    """``--batch-memory`` reaches the probe's fit; Ultralytics' ``batch=0.7`` is ``--batch -1 --batch-memory 0.7``."""
+    import detector.training.autobatch as autobatch
+    from detector.cli.train import parse_args
+    from detector.training.config import TrainConfig
+
+    fractions = []
+    monkeypatch.setattr(autobatch, "auto_batch", lambda *args, **kwargs: fractions.append(kwargs["fraction"]) or 8)
+    for share in (0.6, 0.35):
+        autobatch.batch_for(TrainConfig(batch=-1, batch_memory=share), None, None, 4, None, torch.device("cpu"), print)
+    assert fractions == [0.6, 0.35]
+    args = parse_args(["batch=0.7"])
+    assert (args.batch, args.batch_memory) == (-1, 0.7)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match="--batch-memory"):
+            TrainConfig(batch=-1, batch_memory=bad).validate()
