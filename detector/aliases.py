@@ -276,8 +276,8 @@ TRAIN: dict[str, Alias] = {
     "copy_paste_mode": unsupported("segmentation only", "flip"),
     "save_json": unsupported("every run writes predictions.json (COCO results) of its last evaluation", False, True),
     "save_dir": unsupported("the run folder is --project/--name (runs/train/exp)"),
-    "cfg": unsupported("give the settings as key=value arguments or flags; an Ultralytics args.yaml is not read",
-                       None),
+    "cfg": unsupported("the command line reads it (detector train cfg=args.yaml); from Python give the settings as "
+                       "keyword arguments", None),
     "resume": Alias(lambda value: {"resume": resume(value)}),
 }
 VAL: dict[str, Alias] = {

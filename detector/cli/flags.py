@@ -156,6 +156,7 @@ def parse_command(parser: argparse.ArgumentParser, options_class: type, command:
         argv = model_flag_as_alias(argv)
     rest, pairs, slots = split_key_values(parser, argv)
     given = {name: parse_value(text) for name, text in pairs.items()}
+    settings_file = given.pop("cfg", None)  # Ultralytics' cfg=args.yaml: read below, under the command line's own
     notes: list[str] = []  # said once the whole line is settled: no note about an argument an error then refuses
     try:
         values, came_from = translate_with_sources(command, given, note=notes.append)
@@ -171,12 +172,35 @@ def parse_command(parser: argparse.ArgumentParser, options_class: type, command:
     for slot in range(len(rest) + 1):
         ordered += flag_tokens(parser, options_class, at_slot.get(slot, {}), unchanged)
         ordered += rest[slot:slot + 1]
+    if settings_file is not None:
+        ordered = settings_tokens(parser, options_class, command, str(settings_file), set(values) | dests(parser, rest),
+                                  notes) + ordered
     args = parser.parse_args(ordered)
     if command == "train":
         settle_resume(parser, args, given)
     for line in notes:
         say(line)
     return args
+
+
+def settings_tokens(parser: argparse.ArgumentParser, options_class: type, command: str, path: str, given: set[str],
+                    notes: list[str]) -> list[str]:
+    """The ``--flag`` tokens of ``cfg=path``'s settings (detector/cli/settings_file.py), to go before the command
+    line's own so that those win; its note first in ``notes``."""
+    from detector.cli.settings_file import read_settings
+
+    try:
+        values, line = read_settings(path, command, options_class, given)
+    except ValueError as error:
+        parser.error(str(error))
+    notes.insert(0, line)
+    return flag_tokens(parser, options_class, values, {})
+
+
+def dests(parser: argparse.ArgumentParser, tokens: list[str]) -> set[str]:
+    """The fields ``--flag`` tokens set (``--no-plots`` -> plots)."""
+    actions = (parser._option_string_actions.get(token.split("=", 1)[0]) for token in tokens if token.startswith("-"))
+    return {action.dest for action in actions if action is not None}
 
 
 def settle_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, given: dict[str, Any]) -> None:
