@@ -41,10 +41,16 @@ class AugmentConfig:
     albumentations: float = 0.01  # probability of each albumentations pixel transform
 
 
+# Ultralytics' ar_thr. It was 20 here (YOLOv3's): every box of a wire, a pole or a line of text longer than 20 times
+# its width was dropped from every warped training item, while validation still scored it as ground truth.
+MAX_ASPECT = 100
+
+
 def filter_boxes(
     boxes: np.ndarray, classes: np.ndarray, width: int, height: int, before: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Clip to the image; drop boxes under 2 px a side, or that kept under 10% of their area."""
+    """Clip to the image; drop boxes under 2 px a side, or that kept under 10% of their area, or that a warp made
+    more than ``MAX_ASPECT`` times as long as wide (Ultralytics' ``box_candidates``)."""
     boxes = boxes.copy()
     boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, width)
     boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, height)
@@ -54,7 +60,7 @@ def filter_boxes(
         area_before = (before[:, 2] - before[:, 0]) * (before[:, 3] - before[:, 1])
         keep &= box_w * box_h > 0.1 * area_before
         aspect = np.maximum(box_w / (box_h + 1e-9), box_h / (box_w + 1e-9))
-        keep &= aspect < 20
+        keep &= aspect < MAX_ASPECT
     return boxes[keep], classes[keep]
 
 
