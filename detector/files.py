@@ -1,5 +1,6 @@
 """Atomic file writes: artefacts (exports, caches, every run output) appear whole or not at all, even with several
-writers. Text, figures and images all go through :func:`atomic_file`; an image that cannot be encoded raises."""
+writers. Text, figures and images all go through :func:`atomic_file`; an image that cannot be encoded raises.
+Also the files a folder holds as a user means them (:func:`folder_files`), for datasets and predict alike."""
 
 from __future__ import annotations
 
@@ -99,3 +100,20 @@ def publish(staged: Path, final: Path) -> Path:
     """Move a checked artefact from the staging folder to its final name in one rename."""
     os.replace(staged, final)
     return final
+
+
+def folder_files(folder: Path) -> list[Path]:
+    """Every file under ``folder``, as Ultralytics' recursive glob finds them: through linked folders too (a
+    dataset's split linked in), each real folder once, the first way there in sorted order (a link back up the
+    tree, or two links to each other, cannot loop; a folder linked twice is not read twice); names that start
+    with a dot left out (macOS's ``._photo.jpg`` metadata, hidden caches and copies). Each path keeps the folder
+    names it was found under (a label is looked for beside those, not beside a link's target)."""
+    files: list[Path] = []
+    seen: set[str] = set()
+    for current, subfolders, names in os.walk(folder, followlinks=True):
+        seen.add(os.path.realpath(current))
+        subfolders[:] = sorted(name for name in subfolders if not name.startswith(".")
+                               and os.path.realpath(os.path.join(current, name)) not in seen)
+        seen.update(os.path.realpath(os.path.join(current, name)) for name in subfolders)
+        files += [Path(current, name) for name in names if not name.startswith(".") and Path(current, name).is_file()]
+    return files

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from detector.data.catalog import (
     shipped_yaml_names,
 )
 from detector.data.synthetic import write_shapes
+from detector.files import folder_files
 
 # What Pillow decodes (.mpo: a phone's multi-picture JPEG, its first picture; .jp2 and .avif where the Pillow build has
 # them, else the scan names the file as unreadable), as Ultralytics' list less HEIC/HEIF and DNG (they need other
@@ -158,16 +160,19 @@ def list_images(entry: str | Path, root: Path, source: Path, field_name: str) ->
         # reads such a path inside the dataset folder when it is not found above it, and so does this.
         path = root / entry[3:]
     if path.is_dir():
-        files = [p for p in path.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES | UNREAD_IMAGE_SUFFIXES]
+        files = [p for p in folder_files(path) if p.suffix.lower() in IMAGE_SUFFIXES | UNREAD_IMAGE_SUFFIXES]
         if unread := sorted({p.suffix.lower() for p in files} & UNREAD_IMAGE_SUFFIXES):
             count = sum(p.suffix.lower() in UNREAD_IMAGE_SUFFIXES for p in files)
             print(f"warning: {source.name} '{field_name}': {count} {'/'.join(unread)} image(s) in {path} left out "
                   "(not read here: convert them to JPEG or PNG)", file=sys.stderr)
         return sorted(p for p in files if p.suffix.lower() in IMAGE_SUFFIXES)
-    if path.suffix == ".txt" and path.is_file():
+    if path.suffix.lower() == ".txt" and path.is_file():
         return _read_image_list(path, root)
     if path.is_file() and path.suffix.lower() in IMAGE_SUFFIXES:
         return [path]
+    if path.is_file():
+        raise DatasetError(f"{source}: '{field_name}' is neither a folder of images, an image nor a .txt list of "
+                           f"image paths: {path}")
     raise DatasetError(f"{source}: '{field_name}' path does not exist: {path}")
 
 
@@ -196,7 +201,8 @@ def _read_image_list(listing: Path, root: Path) -> list[Path]:
                        for text in (line, line.replace("\\", "/"))):
                 raise DatasetError(f"{listing}:{number}: image path {line!r:.80} climbs out of the dataset "
                                    f"folder {root} (write it inside, or as an absolute path)")
-            image = (listing.parent / image).resolve()
+            # Folded, not resolved: a linked image keeps the path its label is found beside (images/ -> labels/).
+            image = Path(os.path.normpath(listing.parent.absolute() / image))
         images.append(image)
     return images
 

@@ -44,6 +44,7 @@ from PIL import Image
 from detector.data.images import READ_ERRORS, ImageError, decode_with_pillow, read_image
 from detector.data.spec import IMAGE_SUFFIXES
 from detector.data.workers import usable_cores
+from detector.files import folder_files
 
 # .gif is read as a video (each of its frames), as Ultralytics reads it: OpenCV's capture decodes it.
 VIDEO_SUFFIXES = frozenset({".mp4", ".avi", ".mov", ".mkv", ".webm", ".m4v", ".mpg", ".mpeg", ".wmv", ".ts", ".gif",
@@ -198,7 +199,7 @@ def files_frames(text: str, *, vid_stride: int = 1) -> Iterator[Frame]:
         if not files:
             raise FileNotFoundError(f"{text}: matches no image or video")
     elif path.is_dir():
-        files, root = folder_files(path), path
+        files, root = [file for file in folder_files(path) if readable(file)], path
         if not files:
             raise FileNotFoundError(f"{path}: no images or videos (searched recursively)")
     elif path.is_file() and readable(path):
@@ -236,19 +237,6 @@ def files_frames(text: str, *, vid_stride: int = 1) -> Iterator[Frame]:
         # Closed early (a break, Ctrl-C, an error): the queued decodes are dropped, not run; at most the ones
         # already running finish, on their own threads.
         pool.shutdown(wait=False, cancel_futures=True)
-
-
-def folder_files(folder: Path) -> list[Path]:
-    """Every image and video under ``folder``, through symlinked folders too (a dataset's split linked in); each real
-    folder once, the first way there in sorted order: a link back up the tree, or two links to each other, cannot
-    loop, and a folder linked twice is not read twice."""
-    files, seen = [], set()
-    for current, subfolders, names in os.walk(folder, followlinks=True):
-        seen.add(os.path.realpath(current))
-        subfolders[:] = sorted(name for name in subfolders if os.path.realpath(os.path.join(current, name)) not in seen)
-        seen.update(os.path.realpath(os.path.join(current, name)) for name in subfolders)
-        files += [Path(current, name) for name in names if readable(Path(name)) and Path(current, name).is_file()]
-    return files
 
 
 def listed_frames(listing: Path, *, vid_stride: int) -> Iterator[Frame]:

@@ -173,7 +173,7 @@ def test_a_list_file_may_name_images_inside_the_root_relatively_or_anywhere_abso
     first, second = sorted((root / "images/train").iterdir())[:2]
     yaml = _list_dataset(root, ["../images/train/" + first.name, str(second), "", "  ./../images/train/" + first.name])
     images = load_dataset_spec(yaml).train.images
-    assert images == [first.resolve(), second, first.resolve()]
+    assert images == [first, second, first]
 
 
 @pytest.mark.parametrize("line", ["../../outside.png", "../images/../../outside.png", "..\\..\\outside.png"])
@@ -293,3 +293,47 @@ def test_an_ultralytics_relative_path_is_found_under_the_datasets_root(yolo_yaml
     assert "not beside the YAML; using" in capsys.readouterr().err
     with pytest.raises(DatasetError, match="'path' folder does not exist"):
         load_dataset_spec(yaml, datasets_dir=tmp_path / "elsewhere")
+
+
+def test_a_linked_image_in_a_list_keeps_the_label_beside_its_listed_path(yolo_yaml: Path):
+    """A relative line naming a link is folded, not resolved: its label is looked for under labels/, as
+    Ultralytics looks for it, not beside the link's target (the image trained as background, silently)."""
+    root = yolo_yaml.parent
+    first = sorted((root / "images/train").iterdir())[0]
+    (root / "pool").mkdir()
+    target = root / "pool" / "elsewhere.png"
+    first.rename(target)
+    first.symlink_to(target)
+    yaml = _list_dataset(root, ["../images/train/" + first.name, "./../images/train/" + first.name])
+    split = build_split(load_dataset_spec(yaml), "train", image_size=64, augment=None, cache="none")
+    assert split.records.path(0) == first and len(split.records.labels_of(0)) > 0
+
+
+def test_a_folder_split_follows_linked_folders_once_and_leaves_hidden_names_out(yolo_yaml: Path):
+    """As Ultralytics' glob: linked folders are read (a loop back to an ancestor once), dot-names are not."""
+    root = yolo_yaml.parent
+    train = root / "images/train"
+    before = load_dataset_spec(yolo_yaml).train.images
+    (root / "more").mkdir()
+    extra = root / "more" / "linked.png"
+    extra.write_bytes(before[0].read_bytes())
+    (train / "linked").symlink_to(root / "more", target_is_directory=True)
+    (train / "loop").symlink_to(train, target_is_directory=True)
+    (train / "._photo.png").write_bytes(b"\x00\x05\x16\x07")  # macOS metadata, not an image
+    (train / ".cache").mkdir()
+    (train / ".cache" / "copy.png").write_bytes(before[0].read_bytes())
+    images = load_dataset_spec(yolo_yaml).train.images
+    assert sorted(images) == sorted([*before, train / "linked" / "linked.png"])
+
+
+def test_a_split_naming_another_kind_of_file_says_what_it_may_be(yolo_yaml: Path):
+    root = yolo_yaml.parent
+    (root / "train.json").write_text("{}")
+    first = sorted((root / "images/train").iterdir())[0]
+    (root / "list.TXT").write_text(f"{first}\n")
+    yaml = root / "kinds.yaml"
+    yaml.write_text("path: .\ntrain: list.TXT\nval: train.json\nnames: [a, b, c]\n")
+    with pytest.raises(DatasetError, match=r"'val' is neither a folder of images, an image nor a \.txt list"):
+        load_dataset_spec(yaml)
+    yaml.write_text("path: .\ntrain: list.TXT\nval: images/val\nnames: [a, b, c]\n")
+    assert load_dataset_spec(yaml).train.images == [first]
