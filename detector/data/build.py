@@ -50,7 +50,7 @@ def load_records(spec: DatasetSpec, split: str, *, training: bool = False) -> tu
         raise DatasetError(spec.test_problem if split == "test" and spec.test_problem
                            else f"{spec.yaml_path}: no '{split}' split")
     scan = scan_split(entry, spec.label_names or spec.names)
-    scan.problems.warn(prefix=f"{spec.yaml_path.name} '{split}': ")
+    scan.problems.warn(prefix=f"{spec.yaml_path.name} '{split}': ", listed_in=scan.problems_file)
     records, category_ids = scan.records, scan.category_ids
     if spec.include_classes is not None:  # train --classes: the other classes' boxes left out
         records = records.with_rows(np.isin(records.labels[:, 0], spec.include_classes))

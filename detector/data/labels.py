@@ -29,6 +29,7 @@ from detector.data.problems import (
     NOT_AN_IMAGE_NAME,
     NOT_NUMERIC,
     OTHER_CATEGORY_NAMES,
+    SCORE_COLUMN,
     UNKNOWN_CATEGORY,
     WRONG_COLUMNS,
     ZERO_AREA,
@@ -37,7 +38,9 @@ from detector.data.problems import (
 from detector.data.containment import unsafe_relative
 from detector.data.spec import IMAGE_SUFFIXES, DatasetError
 
-CLIP_TOLERANCE = 0.02  # coordinates this far outside [0, 1] are clipped; further out the box is dropped
+# Past [0, 1] by this much is a tool's rounding: a YOLO box's centre or size (further: its image skipped), a COCO
+# box's corners (further: named as reaching far outside).
+CLIP_TOLERANCE = 0.02
 # Overshoot this small is rounding, clipped without a word: a corner is x +- w / 2 of two values written to d decimals,
 # each within 0.5e-d, so off by up to 0.75e-d: under 1e-3 for labels written with 3 decimals or more (Ultralytics and
 # COCO's converters write 6: 1.0000003 is common in coco128 and BCCD), and 1e-3 is 0.64 px at 640. COCO's float boxes
@@ -83,6 +86,9 @@ def _numeric_rows(text: str, source: str, problems: Problems) -> tuple[np.ndarra
                 continue
         elif len(fields) == 5:
             rows.append(fields)
+        elif len(fields) == 6:
+            problems.add(SCORE_COLUMN, f"{source}:{number}")
+            continue
         else:
             problems.add(WRONG_COLUMNS, f"{source}:{number}")
             continue
@@ -123,10 +129,15 @@ def parse_yolo_label_text(text: str, num_classes: int, source: str = "<labels>")
         x1y1 = labels[:, 1:3] - labels[:, 3:5] / 2
         x2y2 = labels[:, 1:3] + labels[:, 3:5] / 2
     corners = np.concatenate((x1y1, x2y2), 1)
-    absurd = ((corners < -CLIP_TOLERANCE) | (corners > 1 + CLIP_TOLERANCE)).any(1) | (labels[:, 3:5] < 0).any(1)
+    # As Ultralytics checks a label (centre and size in [0, 1]), with the clipping tolerance: a box centred in the
+    # image may reach past its edge (an object partly out of frame, its box not clipped by the tool) and is clipped.
+    absurd = ((labels[:, 1:5] < -CLIP_TOLERANCE) | (labels[:, 1:5] > 1 + CLIP_TOLERANCE)).any(1) | (
+        labels[:, 3:5] < 0).any(1)
     problems.add(FAR_OUTSIDE, source, int(absurd.sum()))
-    outside = (corners < -ROUNDING_OVERSHOOT) | (corners > 1 + ROUNDING_OVERSHOOT)
-    problems.add(CLIPPED, source, int((outside.any(1) & ~absurd).sum()))
+    outside = ((corners < -ROUNDING_OVERSHOOT) | (corners > 1 + ROUNDING_OVERSHOOT)).any(1) & ~absurd
+    far = ((corners < -CLIP_TOLERANCE) | (corners > 1 + CLIP_TOLERANCE)).any(1) & ~absurd
+    problems.add(CLIPPED, source, int((outside & ~far).sum()))
+    problems.add(CLIPPED_FAR, source, int(far.sum()))
     corners = corners.clip(0, 1)
     labels = np.concatenate((labels[:, :1], (corners[:, :2] + corners[:, 2:]) / 2, corners[:, 2:] - corners[:, :2]), 1)
     tiny = (labels[:, 3:5] < MIN_SIDE).any(1) & ~absurd

@@ -14,6 +14,7 @@ import re
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 EXAMPLES = 3  # places named per kind; the rest are counted
 # "labels/a.txt:7", "instances.json (annotation 12)", "instances.json (image 3)" and "a.xml (object 'cat')" are
@@ -23,10 +24,16 @@ PLACE_IN_FILE = re.compile(r"(:\d+| \((annotation|image|object) [^)]*\))$")
 # The kinds, one constant each, so the parsers, the cache and the tests name them the same way.
 UNREADABLE_IMAGE = "unreadable image(s), skipped"
 UNREADABLE_LABELS = "image(s) whose label file cannot be read, skipped"
-WRONG_COLUMNS = "label line(s) neither a box (5 columns) nor a polygon (class and 3 or more x y points), dropped"
-NOT_NUMERIC = "label line(s) with a non-numeric or non-finite value, dropped"
-CLASS_OUT_OF_RANGE = "label line(s) with a class id outside the YAML's names, dropped"
-FAR_OUTSIDE = "box(es) far outside the image or with negative size, dropped"
+# A label line that cannot be read leaves its image's boxes unknown: training on the rest would teach its object as
+# background, and scoring would count a detection of it as a false positive. The image is skipped, as Ultralytics
+# skips an image whose label file fails its checks (:data:`SKIPS_IMAGE`).
+WRONG_COLUMNS = ("label line(s) neither a box (5 columns) nor a polygon (class and 3 or more x y points): their "
+                 "image(s) skipped")
+SCORE_COLUMN = ("label line(s) of 6 columns, a box and a score (predict --save-txt --save-conf writes them): their "
+                "image(s) skipped; labels for training are written without --save-conf")
+NOT_NUMERIC = "label line(s) with a non-numeric or non-finite value: their image(s) skipped"
+CLASS_OUT_OF_RANGE = "label line(s) with a class id outside the YAML's names: their image(s) skipped"
+FAR_OUTSIDE = ("box(es) centred outside the image, larger than it or with a negative size: their image(s) skipped")
 CLIPPED = "box(es) slightly outside [0, 1], clipped"
 # A COCO JSON box more than CLIP_TOLERANCE outside its image: kept, clipped to what is inside (pycocotools scores the
 # JSON's own box); one wholly outside is clipped to nothing and dropped as zero-area.
@@ -41,6 +48,7 @@ BAD_IMAGE_SIZE = "image(s) listed with a non-positive or non-finite width or hei
 SIDEWAYS_JSON = ("image(s) whose JSON width and height are their upright size turned by 90 degrees (an EXIF "
                  "orientation 5-8 the annotation tool ignored: the boxes would land elsewhere), skipped")
 NOT_AN_IMAGE_NAME = "image(s) listed under a name without an image suffix this reader takes (.jpg, .png, ...), skipped"
+SKIPS_IMAGE = frozenset({WRONG_COLUMNS, SCORE_COLUMN, NOT_NUMERIC, CLASS_OUT_OF_RANGE, FAR_OUTSIDE})
 OTHER_CATEGORY_NAMES = ("JSON(s) whose category names in id order differ from the classes' names (class i is its i-th "
                         "category by id)")
 
@@ -61,8 +69,9 @@ class Problems:
     def __len__(self) -> int:
         return len(self.entries)
 
-    def lines(self, prefix: str = "") -> list[str]:
-        """One line per kind, in the order each kind was first seen."""
+    def lines(self, prefix: str = "", listed_in: Path | None = None) -> list[str]:
+        """One line per kind, in the order each kind was first seen; one naming more places than it shows says
+        where all are listed (``listed_in``, :meth:`write_list`)."""
         grouped: dict[str, tuple[int, list[str]]] = {}
         for kind, where, count in self.entries:
             total, places = grouped.get(kind, (0, []))
@@ -73,10 +82,25 @@ class Problems:
         for kind, (total, places) in grouped.items():
             files = len({PLACE_IN_FILE.sub("", place) for place in places})
             shown = ", ".join(places[:EXAMPLES])
-            more = f", ... ({len(places) - EXAMPLES} more)" if len(places) > EXAMPLES else ""
+            every = f"; every one in {listed_in}" if listed_in is not None else ""
+            more = f", ... ({len(places) - EXAMPLES} more{every})" if len(places) > EXAMPLES else ""
             out.append(f"{prefix}{total} {kind}, in {files} file(s): {shown}{more}")
         return out
 
-    def warn(self, prefix: str = "") -> None:
-        for line in self.lines(prefix):
+    def needs_list(self) -> bool:
+        """Whether some kind has more places than its summary line shows."""
+        places: dict[str, set[str]] = {}
+        for kind, where, _ in self.entries:
+            places.setdefault(kind, set()).add(where)
+        return any(len(found) > EXAMPLES for found in places.values())
+
+    def write_list(self, path: Path) -> Path:
+        """Every place, one line each (``kind: where``, ``x N`` where it counts several), written whole."""
+        from detector.files import write_text_atomically
+
+        return write_text_atomically(path, "".join(f"{kind}: {where}{f' x {count}' if count > 1 else ''}\n"
+                                                    for kind, where, count in self.entries))
+
+    def warn(self, prefix: str = "", listed_in: Path | None = None) -> None:
+        for line in self.lines(prefix, listed_in):
             warnings.warn(line, stacklevel=2)

@@ -35,13 +35,14 @@ from tqdm import tqdm
 
 from detector.data.images import check_image
 from detector.data.labels import LARGEST_ID, UnreadableLabels, label_path_for, read_coco_labels, read_yolo_labels
-from detector.data.problems import SIDEWAYS_JSON, UNREADABLE_IMAGE, UNREADABLE_LABELS, Problems
+from detector.data.problems import SIDEWAYS_JSON, SKIPS_IMAGE, UNREADABLE_IMAGE, UNREADABLE_LABELS, Problems
 from detector.data.records import Records
 from detector.data.spec import Split
 from detector.data.workers import usable_cores
 from detector.files import write_atomically
 
-VERSION = 2  # 2: polygon lines read as their boxes, a byte-order mark ignored (label files read anew)
+VERSION = 3  # 2: polygon lines read as their boxes, a byte-order mark ignored; 3: an unreadable label line skips
+# its image, a box centred inside and reaching past the edge is clipped (label files read anew)
 SUFFIX = ".records.npz"
 CHUNK = 256  # paths per task: large enough that the pool's overhead is small, small enough to balance
 # A COCO JSON at least this large is parsed in a child process (see _read_coco_listing); COCO val2017's 25 MB
@@ -66,6 +67,7 @@ class ScanResult:
     problems: Problems
     cache_file: Path | None  # the cache read or written; None when no folder could hold it
     cached_images: int  # images answered from the cache without being opened
+    problems_file: Path | None = None  # every problem's place, beside the cache, where a summary line shows a few
 
 
 def _stamp(path: Path) -> tuple[int, int]:
@@ -98,6 +100,8 @@ def _scan_files(paths: Sequence[Path], num_classes: int | None) -> list[tuple]:
         except UnreadableLabels as error:
             out.append((None, "", None, [(UNREADABLE_LABELS, str(error), 1)]))
             continue
+        if any(kind in SKIPS_IMAGE for kind, _, _ in problems.entries):
+            hw, reason = None, ""  # a line that cannot be read: the image's boxes are unknown, it is skipped
         out.append((hw, reason, labels, problems.entries))
     return out
 
@@ -309,7 +313,22 @@ def scan_split(split: Split, names: list[str], *, threads: int | None = None) ->
     problems.extend((kind, where, n) for _, kind, where, n in per_image)
     usable = np.flatnonzero(everything.image_hw[:, 0] >= 0)
     records = everything if len(usable) == count else everything.select(usable)
-    return ScanResult(records, listing.category_ids, problems, cache_file, count - len(stale))
+    return ScanResult(records, listing.category_ids, problems, cache_file, count - len(stale),
+                      problems_list(problems, cache_file))
+
+
+def problems_list(problems: Problems, cache_file: Path | None) -> Path | None:
+    """``images/train.problems.txt`` beside the cache, listing every place a summary line names only a few of
+    (written when missing or older than the cache); None when none is needed or it cannot be written."""
+    if cache_file is None or not problems.needs_list():
+        return None
+    path = cache_file.with_name(cache_file.name.removesuffix(SUFFIX) + ".problems.txt")
+    try:
+        if not path.is_file() or path.stat().st_mtime_ns < cache_file.stat().st_mtime_ns:
+            problems.write_list(path)
+    except OSError:
+        return None
+    return path
 
 
 def sideways(listed_hw: np.ndarray | None, index: int, size: tuple[int, int]) -> bool:

@@ -28,13 +28,19 @@ def _add_bad_files(root: Path) -> None:
     cv2.imwrite(str(images / "gray.png"), gray)
     (labels / "gray.txt").write_text("0 0.4166 0.3906 0.4166 0.4687\n")
     cv2.imwrite(str(images / "rgba.png"), np.dstack([np.full((64, 64, 3), 200, np.uint8), np.full((64, 64), 255, np.uint8)]))
-    (labels / "rgba.txt").write_text("1 0.5 0.5 0.5 0.5\n0 0.5 0.5\n2 0.5 0.5 0.2 0.2 9\n")  # one good, two malformed
+    (labels / "rgba.txt").write_text("1 0.5 0.5 0.5 0.5\n")
     cv2.imwrite(str(images / "deep.png"), (np.arange(64 * 64, dtype=np.uint16).reshape(64, 64) * 16))
-    (labels / "deep.txt").write_text("5 0.5 0.5 0.2 0.2\n0 0.5 0.5 0 0.2\n1 0.3 0.3 0.2 0.2\n1 0.3 0.3 0.2 0.2\n")
+    (labels / "deep.txt").write_text("0 0.5 0.5 0 0.2\n1 0.3 0.3 0.2 0.2\n1 0.3 0.3 0.2 0.2\n")  # dropped, removed
     exif = Image.Exif()
     exif[0x0112] = 6  # rotate 90 degrees on display
     Image.fromarray(np.zeros((40, 64, 3), np.uint8)).save(images / "rotated.jpg", exif=exif)
-    (labels / "rotated.txt").write_text("0 0.5 0.5 0.3 0.3\n0 0.99 0.5 0.04 0.2\n0 7 7 0.1 0.1\n")
+    # One box slightly past the edge (rounding), one centred inside and reaching 3% past it: both clipped.
+    (labels / "rotated.txt").write_text("0 0.5 0.5 0.3 0.3\n0 0.99 0.5 0.04 0.2\n0 0.02 0.5 0.1 0.2\n")
+    # A line that cannot be read leaves the image's boxes unknown: each of these images is skipped.
+    for name, text in (("columns", "1 0.5 0.5 0.5 0.5\n0 0.5 0.5\n2 0.5 0.5 0.2 0.2 0.9\n"),
+                       ("classes", "5 0.5 0.5 0.2 0.2\n1 0.3 0.3 0.2 0.2\n"), ("far", "0 7 7 0.1 0.1\n")):
+        cv2.imwrite(str(images / f"{name}.png"), np.full((64, 64, 3), 120, np.uint8))
+        (labels / f"{name}.txt").write_text(text)
     cv2.imwrite(str(images / "background.png"), np.full((64, 64, 3), 30, np.uint8))  # no label file
 
 
@@ -47,18 +53,20 @@ def test_bad_data_is_fixed_or_skipped_with_one_line_per_kind_and_trains(tmp_path
         records, _, _ = load_records(spec, "train")
     messages = [str(w.message) for w in caught]
     kept = {r.path.name for r in records}
-    assert not {"garbage.jpg", "empty.jpg", "truncated.jpg"} & kept
+    assert not {"garbage.jpg", "empty.jpg", "truncated.jpg", "columns.png", "classes.png", "far.png"} & kept
     assert {"gray.png", "rgba.png", "deep.png", "rotated.jpg", "background.png"} <= kept
     unreadable = [m for m in messages if problems.UNREADABLE_IMAGE in m]
     assert len(unreadable) == 1 and unreadable[0].startswith("data.yaml 'train': 3 unreadable")
     assert all(name in unreadable[0] for name in ("garbage.jpg", "empty.jpg (zero-byte file)", "truncated.jpg"))
     expected = {  # kind -> (count, a place it names)
-        problems.WRONG_COLUMNS: (2, "rgba.txt:2"),
-        problems.CLASS_OUT_OF_RANGE: (1, "deep.txt:1"),
+        problems.WRONG_COLUMNS: (1, "columns.txt:2"),
+        problems.SCORE_COLUMN: (1, "columns.txt:3"),
+        problems.CLASS_OUT_OF_RANGE: (1, "classes.txt:1"),
         problems.ZERO_AREA: (1, "deep.txt"),
         problems.DUPLICATE: (1, "deep.txt"),
-        problems.FAR_OUTSIDE: (1, "rotated.txt"),
+        problems.FAR_OUTSIDE: (1, "far.txt"),
         problems.CLIPPED: (1, "rotated.txt"),
+        problems.CLIPPED_FAR: (1, "rotated.txt"),
     }
     for kind, (count, place) in expected.items():
         lines = [m for m in messages if kind in m]
@@ -116,3 +124,20 @@ def test_a_split_without_boxes_stops_training_and_warns_evaluation(tmp_path: Pat
     assert len(records) == 4
     warning = capsys.readouterr().err.strip()
     assert warning.startswith("warning: ") and "'val' split has no boxes" in warning and "\n" not in warning
+
+
+def test_a_summary_naming_a_few_places_says_where_every_one_is_listed(tmp_path: Path):
+    yaml = write_yolo_dataset(tmp_path / "d", train=6, val=3)
+    label_files = sorted((tmp_path / "d" / "labels" / "train").glob("*.txt"))
+    for label_file in label_files[:5]:
+        label_file.write_text(label_file.read_text() + "0 0.5 0.5 0.3\n")
+    spec = load_dataset_spec(yaml)
+    for _ in range(2):  # scanned, then from the cache
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            load_records(spec, "train")
+        listing = tmp_path / "d" / "images" / "train.problems.txt"
+        (line,) = [str(w.message) for w in caught if problems.WRONG_COLUMNS in str(w.message)]
+        assert line.endswith(f", ... (2 more; every one in {listing})")
+        listed = listing.read_text().splitlines()
+        assert listed == [f"{problems.WRONG_COLUMNS}: {f}:{len(f.read_text().splitlines())}" for f in label_files[:5]]

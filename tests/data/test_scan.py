@@ -147,7 +147,7 @@ def test_load_records_warns_one_line_per_kind(tmp_path: Path):
         load_records(load_dataset_spec(yaml), "train")
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and f"5 {problems.CLIPPED}, in 5 file(s)" in messages[0]
-    assert messages[0].endswith("... (2 more)")
+    assert messages[0].endswith(f"... (2 more; every one in {root / 'images' / 'train.problems.txt'})")
 
 
 def test_a_large_coco_json_is_parsed_in_a_child_process_to_the_same_records(tmp_path: Path, monkeypatch):
