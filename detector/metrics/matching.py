@@ -3,7 +3,8 @@
 These numbers feed the plots and the P / R columns of the val table only; mAP always comes from
 pycocotools (``detector.metrics.coco``). For P / R, predictions claim ground truth in descending confidence, each
 the best-overlapping box not yet claimed, as COCO's evaluation and Ultralytics 8.4's validator match them
-(:func:`match_predictions`); the confusion matrix pairs by IoU, as Ultralytics' does (:func:`match_pairs`). Each
+(:func:`match_predictions`); the confusion matrix claims boxes class-agnostically by confidence, as Ultralytics 8.4's
+does (:func:`claim_by_confidence`). Each
 prediction and each ground-truth box is used once. All boxes are xyxy pixels of the original image.
 """
 
@@ -35,31 +36,24 @@ def labels_to_boxes(labels: np.ndarray, image_hw: tuple[int, int]) -> tuple[torc
     return labels[:, 0].long(), cxcywh_to_xyxy(labels[:, 1:5]) * scale
 
 
-def match_pairs(iou: np.ndarray, allowed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One-to-one pairs among ``allowed`` entries of ``iou [M gt, N pred]``, by IoU.
+def claim_by_confidence(iou: np.ndarray, scores: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """One-to-one pairs of ``iou [M gt, N pred]`` as Ultralytics 8.4's confusion matrix makes them: in descending
+    score, each prediction overlapping some box above ``threshold`` takes the box it overlaps most, if that box is
+    still free (a claimed box's row is zeroed, so a prediction whose best box is taken pairs with nothing).
 
-    Returns ``(gt_index [K], pred_index [K])``. Each round, every prediction proposes to its best
-    ground truth and each ground truth keeps its best proposal (Ultralytics' vectorised step); rounds
-    repeat on what is left, so no free prediction and free ground truth that could pair stay apart.
-    Rounds are few in practice (each one takes at least the best remaining pair).
+    Returns ``(gt_index [K], pred_index [K])``. Pairing by IoU instead (each box its best prediction) put 8 of 6,561
+    cells of a coco128 matrix one count apart from Ultralytics' (the diagonal and totals equal).
     """
-    allowed = allowed.copy()
-    matched_gt, matched_pred = [], []
-    while allowed.any():
-        gt_index, pred_index = np.nonzero(allowed)
-        order = np.argsort(-iou[gt_index, pred_index], kind="stable")
-        gt_index, pred_index = gt_index[order], pred_index[order]
-        first = np.sort(np.unique(pred_index, return_index=True)[1])  # sorting restores the IoU order
-        gt_index, pred_index = gt_index[first], pred_index[first]
-        first = np.unique(gt_index, return_index=True)[1]
-        gt_index, pred_index = gt_index[first], pred_index[first]
-        matched_gt.append(gt_index)
-        matched_pred.append(pred_index)
-        allowed[gt_index, :] = False
-        allowed[:, pred_index] = False
-    if not matched_gt:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(matched_gt), np.concatenate(matched_pred)
+    iou = iou.copy()
+    gt_match = np.full(iou.shape[0], -1)
+    candidates = np.flatnonzero((iou > threshold).any(0))
+    for pred in candidates[np.argsort(-scores[candidates], kind="stable")]:
+        gt = int(iou[:, pred].argmax())
+        if iou[gt, pred] > threshold:
+            gt_match[gt] = pred
+            iou[gt] = 0
+    matched = np.flatnonzero(gt_match >= 0)
+    return matched, gt_match[matched]
 
 
 def match_predictions(
@@ -115,11 +109,12 @@ def confusion_matrix(
     matrix = np.zeros((num_classes + 1, num_classes + 1), np.int64)
     keep = (pred_scores > conf_threshold).cpu()
     pred_boxes, pred_labels = pred_boxes.cpu()[keep], pred_labels.cpu()[keep].long().numpy()
+    scores = pred_scores.cpu()[keep].float().numpy()
     gt_labels = gt_labels.cpu().long().numpy()
     gt_index = pred_index = np.zeros(0, dtype=np.int64)
     if len(pred_boxes) and len(gt_boxes):
         iou = box_iou(gt_boxes.float().cpu(), pred_boxes.float()).numpy()
-        gt_index, pred_index = match_pairs(iou, iou > iou_threshold)
+        gt_index, pred_index = claim_by_confidence(iou, scores, iou_threshold)
     np.add.at(matrix, (pred_labels[pred_index], gt_labels[gt_index]), 1)
     missed = np.setdiff1d(np.arange(len(gt_labels)), gt_index)
     np.add.at(matrix, (num_classes, gt_labels[missed]), 1)

@@ -29,7 +29,8 @@ class EpochDecision:
 
 
 def fitness(metrics: dict[str, float]) -> float:
-    """Checkpoint selection score: mostly mAP50-95, a little mAP50 (as YOLO tools do)."""
+    """Checkpoint selection score: mostly mAP50-95, a little mAP50 (YOLOv5's and Ultralytics' up to 8.3; 8.4 takes
+    mAP50-95 alone). Kept: a resumed run compares with the best fitness its checkpoint holds, on this scale."""
     return 0.9 * metrics.get("mAP50-95", 0.0) + 0.1 * metrics.get("mAP50", 0.0)
 
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from detector.data.letterbox import ImageMeta, unletterbox_boxes
 from detector.metrics.matching import (
+    claim_by_confidence,
     confusion_matrix,
     labels_to_boxes,
     match_dataset,
-    match_pairs,
     match_predictions,
     pr_curves,
 )
@@ -67,10 +68,41 @@ def test_empty_inputs() -> None:
     assert matrix[0, 2] == 1 and matrix[1, 2] == 1 and matrix.sum() == 2
 
 
-def test_match_pairs_is_one_to_one_by_iou() -> None:
+def test_boxes_are_claimed_by_confidence_once_each() -> None:
     iou = np.array([[0.9, 0.8], [0.85, 0.6]])
-    gt_index, pred_index = match_pairs(iou, iou > 0.5)
-    assert sorted(zip(gt_index.tolist(), pred_index.tolist())) == [(0, 0), (1, 1)]
+    # The second prediction scores higher: it takes box 0 (its best), the first then takes box 1.
+    gt_index, pred_index = claim_by_confidence(iou, np.array([0.5, 0.9]), 0.5)
+    assert sorted(zip(gt_index.tolist(), pred_index.tolist())) == [(0, 1), (1, 0)]
+    # A prediction whose best box is taken pairs with nothing, as in Ultralytics (its row is zeroed).
+    gt_index, pred_index = claim_by_confidence(np.array([[0.9, 0.8], [0.0, 0.0]]), np.array([0.9, 0.5]), 0.5)
+    assert gt_index.tolist() == [0] and pred_index.tolist() == [0]
+
+
+def test_the_confusion_matrix_is_ultralytics_on_random_scenes() -> None:
+    """Against Ultralytics 8.4's own ``ConfusionMatrix.process_batch`` (the reference, a dev extra) on crowded
+    random scenes where pairing by IoU and claiming by confidence disagree."""
+    metrics = pytest.importorskip("ultralytics.utils.metrics")
+    generator = torch.Generator().manual_seed(0)
+    classes = 4
+    ours = np.zeros((classes + 1, classes + 1), np.int64)
+    reference = metrics.ConfusionMatrix(names={i: str(i) for i in range(classes)})
+    for _ in range(40):
+        gt_boxes = random_boxes(12, generator)
+        gt_labels = torch.randint(0, classes, (12,), generator=generator)
+        jitter = torch.randn(30, 4, generator=generator) * 6
+        pred_boxes = gt_boxes[torch.randint(0, 12, (30,), generator=generator)] + jitter
+        pred_boxes = torch.cat((pred_boxes[:, :2], torch.maximum(pred_boxes[:, 2:], pred_boxes[:, :2] + 1)), 1)
+        pred_labels = torch.randint(0, classes, (30,), generator=generator)
+        scores = torch.rand(30, generator=generator)
+        ours += confusion_matrix(pred_boxes, pred_labels, scores, gt_boxes, gt_labels, classes)
+        reference.process_batch({"bboxes": pred_boxes, "conf": scores, "cls": pred_labels.float()},
+                                {"bboxes": gt_boxes, "cls": gt_labels.float()})
+    np.testing.assert_array_equal(ours, reference.matrix.astype(np.int64))
+
+
+def random_boxes(count: int, generator: torch.Generator) -> torch.Tensor:
+    corners = torch.rand(count, 2, generator=generator) * 80
+    return torch.cat((corners, corners + 10 + torch.rand(count, 2, generator=generator) * 30), 1)
 
 
 def test_pr_curves_known_values() -> None:
