@@ -7,7 +7,7 @@ in letterboxed-input pixels; this module handles batching, letterbox undo and th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
@@ -76,6 +76,10 @@ class Validation:
     detections: np.ndarray
     predictions: list[tuple[dict[str, torch.Tensor], ImageMeta]] | None = None
     in_background: bool = False
+    # Seconds of :attr:`seconds` by part: "loading" (blocked on the loader: decoding and letterboxing not yet done
+    # by its workers), "inference" (the model, NMS and the detections brought to the host), "scoring" (the COCO
+    # evaluation and predictions.json; 0 when scored in the background).
+    parts: dict[str, float] = field(default_factory=dict)
 
     @property
     def result(self) -> EvalResult:
@@ -118,11 +122,20 @@ def run_validation(
     coco_detections: list[np.ndarray] = []
     predictions = []
     start = time.perf_counter()
-    for images, _targets, metas in tqdm(loader, desc="val", leave=False, disable=not progress):
+    loading = 0.0
+    batches = iter(tqdm(loader, desc="val", leave=False, disable=not progress))
+    while True:
+        waited = time.perf_counter()
+        batch = next(batches, None)
+        loading += time.perf_counter() - waited
+        if batch is None:
+            break
+        images, _targets, metas = batch
         detections = infer(images)
         coco_detections.append(to_coco_detections(detections, metas, split.category_ids))
         if keep_predictions:  # on the host in one copy: the per-image matching and plots would wait on each image
             predictions.extend(zip(detections_to_host(detections), metas))
+    inferred = time.perf_counter()
     assert split.ground_truth is not None, "evaluation split was built without ground truth"
     detections = np.concatenate(coco_detections) if coco_detections else np.zeros((0, len(DETECTION_COLUMNS)))
     if split.json_scale:
@@ -131,9 +144,17 @@ def run_validation(
     if scorer is not None:
         if results_json is not None:
             write_results_json(results_json, detections)
-        return Validation(scorer.submit(detections, image_ids), time.perf_counter() - start, len(split.records),
-                          detections, predictions if keep_predictions else None, in_background=True)
+        pending = scorer.submit(detections, image_ids)
+        parts = timing_parts(start, loading, inferred)
+        return Validation(pending, sum(parts.values()), len(split.records), detections,
+                          predictions if keep_predictions else None, in_background=True, parts=parts)
     result = evaluate_coco(split.ground_truth, detections, image_ids=image_ids, results_json=results_json,
                            backend=coco_eval)
-    return Validation(result, time.perf_counter() - start, len(split.records), detections,
-                      predictions if keep_predictions else None)
+    parts = timing_parts(start, loading, inferred)
+    return Validation(result, sum(parts.values()), len(split.records), detections,
+                      predictions if keep_predictions else None, parts=parts)
+
+
+def timing_parts(start: float, loading: float, inferred: float) -> dict[str, float]:
+    """:attr:`Validation.parts` of a pass begun at ``start`` whose batches were all inferred at ``inferred``."""
+    return {"loading": loading, "inference": inferred - start - loading, "scoring": time.perf_counter() - inferred}

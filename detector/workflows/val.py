@@ -38,7 +38,7 @@ from detector.inference.fusion import fuse_conv_bn
 from detector.inference.pt_model import model_from_pt
 from detector.inference.torch_backend import TorchBackend, half_precision, make_torch_infer
 from detector.metrics.coco import evaluator_name, resolve_backend
-from detector.metrics.loop import make_val_loader, run_validation
+from detector.metrics.loop import Validation, make_val_loader, run_validation
 from detector.model import image_size_problem
 from detector.model.metadata import ModelInfo
 from detector.plots.reporter import validation_report
@@ -168,11 +168,19 @@ def run_val(options: ValOptions) -> dict[str, float]:
             stop_workers(loader)  # now, not at the process's exit (see stop_workers)
         result = validation.result
         table = validation_report(validation, split, spec.names, plot_dir=save_dir if options.plots else None)
-        speed = 1000 * validation.seconds / max(validation.images, 1)
-        report = (f"{table}\n\n{result.evaluator}:\n{result.summary}\n\n"
-                  f"Speed: {speed:.1f} ms/image (inference, NMS and {result.evaluator.split()[0]})")
+        report = f"{table}\n\n{result.evaluator}:\n{result.summary}\n\n{speed_line(validation, result.evaluator)}"
         write_text_atomically(save_dir / "results.txt", report + "\n")
         if options.verbose:
             print(report)
             print(f"Results saved to {save_dir}")
         return dict(result.metrics)
+
+
+def speed_line(validation: Validation, evaluator: str) -> str:
+    """The pass's time per image, by part (Ultralytics prints pre-process, inference and post-process): loading is
+    the time the pass waited for decoded, letterboxed batches, so workers that keep ahead make it small."""
+    per_image = 1000 / max(validation.images, 1)
+    parts = validation.parts
+    return (f"Speed: {validation.seconds * per_image:.1f} ms per image: {parts['loading'] * per_image:.1f} ms waiting "
+            f"for images (decoding, letterboxing), {parts['inference'] * per_image:.1f} ms inference and NMS, "
+            f"{parts['scoring'] * per_image:.1f} ms scoring ({evaluator.split()[0]})")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import cv2
@@ -62,6 +63,8 @@ def test_val_command_end_to_end(val_inputs, tmp_path: Path, capsys) -> None:
     predictions = json.loads((run / "predictions.json").read_text())
     assert predictions and {"image_id", "category_id", "bbox", "score"} <= set(predictions[0])
     assert "AP50-95" in (run / "results.txt").read_text()
+    assert re.search(r"Speed: [\d.]+ ms per image: [\d.]+ ms waiting for images \(decoding, letterboxing\), "
+                     r"[\d.]+ ms inference and NMS, [\d.]+ ms scoring \(faster-coco-eval\)$", out.strip(), re.M)
     for name in PNG_FILES:
         assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert cv2.imread(str(run / name)) is not None

@@ -93,6 +93,9 @@ def test_an_oracle_scores_the_same_on_rectangular_and_square_batches(split: Spli
 
         result = run_validation(oracle, split, batches, progress=False)
         assert result.metrics["mAP50-95"] == pytest.approx(1.0), rect
+        # The pass's time by part: each measured, none negative, together the whole.
+        assert set(result.parts) == {"loading", "inference", "scoring"} and min(result.parts.values()) >= 0
+        assert sum(result.parts.values()) == pytest.approx(result.seconds) and result.parts["scoring"] > 0
 
 
 def test_an_image_changed_since_the_scan_is_shrunk_into_its_batchs_canvas(tmp_path: Path):
