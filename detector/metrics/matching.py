@@ -134,16 +134,58 @@ class DatasetMatches:
     confusion: np.ndarray  # [C + 1, C + 1] counts, see confusion_matrix
 
 
+Crowds = dict[int, tuple[np.ndarray, np.ndarray]]  # image id -> crowd regions' (class [K], xyxy px boxes [K, 4])
+
+
+def crowd_regions(split: SplitData) -> Crowds:
+    """Per image id, the ``iscrowd`` annotations of the split's COCO ground truth, in the image's own pixels and
+    class indices (none for YOLO txt data: its labels have no crowds)."""
+    if split.ground_truth is None:
+        return {}
+    index_of = {category: index for index, category in enumerate(split.category_ids)}
+    found: dict[int, list[list[float]]] = {}
+    for ann in split.ground_truth.dataset.get("annotations", []):
+        if ann.get("iscrowd") and ann["category_id"] in index_of:
+            x, y, w, h = ann["bbox"]
+            scale = (split.json_scale or {}).get(ann["image_id"], 1.0)  # JSON pixels per image pixel
+            found.setdefault(ann["image_id"], []).append(
+                [index_of[ann["category_id"]], x / scale, y / scale, (x + w) / scale, (y + h) / scale])
+    return {image: (np.array(rows)[:, 0].astype(np.int64), np.array(rows, np.float32)[:, 1:])
+            for image, rows in found.items()}
+
+
+def in_crowd(pred_boxes: torch.Tensor, pred_labels: torch.Tensor, correct: np.ndarray,
+             crowd: tuple[np.ndarray, np.ndarray] | None, iou_threshold: float = PR_IOU) -> np.ndarray:
+    """Which predictions COCO's evaluation ignores: not true positives, yet inside a crowd region of their class
+    (its intersection at least ``iou_threshold`` of the prediction's area: COCO's IoU with a crowd)."""
+    ignored = np.zeros(len(pred_boxes), dtype=bool)
+    if crowd is None or not len(pred_boxes):
+        return ignored
+    classes, regions = crowd
+    boxes = pred_boxes.float().cpu().numpy()
+    top_left = np.maximum(boxes[:, None, :2], regions[None, :, :2])
+    bottom_right = np.minimum(boxes[:, None, 2:], regions[None, :, 2:])
+    inter = np.clip(bottom_right - top_left, 0, None).prod(2)
+    area = np.clip(boxes[:, 2:] - boxes[:, :2], 0, None).prod(1)[:, None]
+    covered = inter >= iou_threshold * np.maximum(area, 1e-9)
+    same_class = pred_labels.cpu().numpy()[:, None] == classes[None, :]
+    return (covered & same_class).any(1) & ~correct
+
+
 def match_dataset(
     predictions: list[tuple[dict[str, torch.Tensor], ImageMeta]],
     records: list[ImageRecord],
     image_hw: list[tuple[int, int]],
     num_classes: int,
+    crowds: Crowds | None = None,
 ) -> DatasetMatches:
     """Match ``run_validation(..., keep_predictions=True)`` predictions against the records' labels.
 
     ``predictions`` are per image ``({boxes [n, 4] letterboxed xyxy px, scores, labels}, meta)``; they are
     paired with records by ``meta.image_id``. Images without predictions still count their ground truth.
+    A prediction in a crowd region (``crowds``, :func:`crowd_regions`) that matches no box is left out of P / R and
+    the PR curves, as COCO's evaluation ignores it (counted as a false positive, P on COCO read lower than its
+    mAP); the confusion matrix counts it as Ultralytics' does, which reads no crowds.
     """
     by_id = {meta.image_id: (detection, meta) for detection, meta in predictions}
     correct, scores, labels, gt_all = [], [], [], []
@@ -157,10 +199,12 @@ def match_dataset(
         else:
             detection, boxes = empty, empty["boxes"]
         pred_scores, pred_labels = detection["scores"].float().cpu(), detection["labels"].long().cpu()
-        correct.append(match_predictions(boxes, pred_labels, pred_scores, gt_boxes, gt_labels))
+        matched = match_predictions(boxes, pred_labels, pred_scores, gt_boxes, gt_labels)
         confusion += confusion_matrix(boxes, pred_labels, pred_scores, gt_boxes, gt_labels, num_classes)
-        scores.append(pred_scores.numpy())
-        labels.append(pred_labels.numpy())
+        counted = ~in_crowd(boxes, pred_labels, matched, (crowds or {}).get(record.image_id))
+        correct.append(matched[counted])
+        scores.append(pred_scores.numpy()[counted])
+        labels.append(pred_labels.numpy()[counted])
         gt_all.append(gt_labels.numpy())
 
     def join(parts: list[np.ndarray], dtype: type) -> np.ndarray:
@@ -260,6 +304,6 @@ def validation_stats(predictions: Predictions, split: SplitData, num_classes: in
 
     No figures; cheap enough to call every epoch for a ``precision`` / ``recall`` column.
     """
-    matches = match_dataset(predictions, split.records, split.image_hw, num_classes)
+    matches = match_dataset(predictions, split.records, split.image_hw, num_classes, crowd_regions(split))
     curves = pr_curves(matches.correct, matches.scores, matches.labels, matches.gt_labels, num_classes)
     return ValidationStats(curves.best_precision, curves.best_recall, curves.best_confidence, curves, matches)

@@ -176,3 +176,47 @@ def test_a_high_scored_detection_keeps_its_box_from_a_better_overlapping_duplica
     correct = match_predictions(torch.cat((a, b)), torch.tensor([0, 0]), torch.tensor([0.9, 0.3]), gt,
                                 torch.tensor([0]))
     assert correct.tolist() == [True, False]  # by IoU: [False, True]
+
+
+def test_a_detection_in_a_crowd_region_is_left_out_of_precision_as_coco_leaves_it(tmp_path: Path) -> None:
+    """The ground truth fed back as detections, plus one inside a crowd region of its class: COCO's evaluation
+    ignores that one (mAP50 1.0), and so do P / R and the PR curves now (it was a false positive); the confusion
+    matrix counts it as Ultralytics' does."""
+    import json
+
+    from detector.data.build import build_split
+    from detector.data.spec import load_dataset_spec
+    from detector.metrics.loop import make_val_loader, run_validation
+    from detector.metrics.matching import crowd_regions, validation_stats
+    from tests.conftest import write_coco_dataset
+
+    yaml = write_coco_dataset(tmp_path / "c", count=2)
+    truth = json.loads((tmp_path / "c" / "instances.json").read_text())
+    crowd = [40.0, 40.0, 20.0, 20.0]
+    truth["annotations"].append({"id": 999, "image_id": 100, "category_id": 9, "bbox": crowd, "area": 400,
+                                 "iscrowd": 1})
+    (tmp_path / "c" / "instances.json").write_text(json.dumps(truth))
+    split = build_split(load_dataset_spec(yaml), "val", image_size=64, augment=None, cache="none")
+    assert {image: regions[0].tolist() for image, regions in crowd_regions(split).items()} == {100: [1]}
+    batches = list(make_val_loader(split, batch_size=2, workers=0, rect=False))
+    truth_boxes = {r.image_id: labels_to_boxes(r.labels, hw) for r, hw in zip(split.records, split.image_hw)}
+
+    def oracle(images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        out = []
+        for meta in batches[0][2]:
+            classes, boxes = truth_boxes[meta.image_id]
+            letterboxed = boxes * meta.ratio + torch.tensor([meta.pad[0], meta.pad[1]] * 2)
+            scores = torch.full((len(boxes),), 0.8)
+            if meta.image_id == 100:  # one more, inside the crowd region, of its class, scored above them
+                inside = torch.tensor([[42.0, 42.0, 58.0, 58.0]]) * meta.ratio + torch.tensor([meta.pad[0],
+                                                                                                 meta.pad[1]] * 2)
+                letterboxed, classes = torch.cat((letterboxed, inside)), torch.cat((classes, torch.tensor([1])))
+                scores = torch.cat((scores, torch.tensor([0.9])))
+            out.append({"boxes": letterboxed, "scores": scores, "labels": classes})
+        return out
+
+    validation = run_validation(oracle, split, batches, progress=False, keep_predictions=True)
+    assert validation.metrics["mAP50"] == pytest.approx(1.0)
+    stats = validation_stats(validation.predictions, split, 3)
+    assert np.nanmin(stats.precision) == 1.0 and np.nanmin(stats.recall) == 1.0
+    assert stats.matches.confusion[1, 3] == 1  # the background column: a false positive to Ultralytics
