@@ -286,6 +286,10 @@ def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> t
             return elsewhere, download_hint(elsewhere, datasets_root(datasets_dir).resolve())
     if not root.is_dir():
         where = f" (datasets root {base}, set by --datasets-dir or ${DATASETS_ENV})" if in_datasets else ""
+        if not in_datasets and not typed.is_absolute():
+            where = (f" (a relative 'path' is read from the YAML's folder, then under the datasets root "
+                     f"{datasets_root(datasets_dir)}, not from the folder the command runs in")
+            where += f"; {typed.resolve()} is there: write it as an absolute path)" if typed.is_dir() else ")"
         never = "; its 'download:' entry is never executed: fetch the data by hand" if raw.get("download") else ""
         raise DatasetError(f"{source}: 'path' folder does not exist: {root}{where}{hint or never}")
     return root, hint
@@ -306,6 +310,9 @@ def load_dataset_spec(yaml_path: str | Path, *, datasets_dir: str | Path | None 
     for key in ("train", "val"):
         if not raw.get(key):
             raise DatasetError(f"{source}: '{key}' is missing")
+    if raw.get("channels", 3) != 3:  # Ultralytics 8.4's grayscale (1) or multispectral datasets
+        print(f"note: {source}: 'channels: {raw['channels']}' is read as 3: images are decoded to RGB (a gray image's "
+              "one channel repeated), and the model takes 3 channels", file=sys.stderr)
     train = _parse_split(raw["train"], root, source, "train", hint)
     val = _parse_split(raw["val"], root, source, "val", hint)
     if "nc" in raw and (not isinstance(raw["nc"], int) or isinstance(raw["nc"], bool) or raw["nc"] < 1):

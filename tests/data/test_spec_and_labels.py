@@ -295,6 +295,18 @@ def test_an_ultralytics_relative_path_is_found_under_the_datasets_root(yolo_yaml
         load_dataset_spec(yaml, datasets_dir=tmp_path / "elsewhere")
 
 
+def test_a_relative_path_found_only_from_the_working_folder_says_so(yolo_yaml: Path, tmp_path: Path, monkeypatch):
+    """Ultralytics also tries a relative 'path' from the folder it runs in; the error says where to write it."""
+    (tmp_path / "cfg").mkdir()
+    yaml = tmp_path / "cfg" / "data.yaml"
+    yaml.write_text(f"path: {yolo_yaml.parent.name}\ntrain: images/train\nval: images/val\nnames: {NAMES}\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DatasetError) as error:
+        load_dataset_spec(yaml, datasets_dir=tmp_path / "elsewhere")
+    assert str(error.value).endswith(f"not from the folder the command runs in; {yolo_yaml.parent} is there: "
+                                     "write it as an absolute path)")
+
+
 def test_a_linked_image_in_a_list_keeps_the_label_beside_its_listed_path(yolo_yaml: Path):
     """A relative line naming a link is folded, not resolved: its label is looked for under labels/, as
     Ultralytics looks for it, not beside the link's target (the image trained as background, silently)."""
@@ -337,3 +349,9 @@ def test_a_split_naming_another_kind_of_file_says_what_it_may_be(yolo_yaml: Path
         load_dataset_spec(yaml)
     yaml.write_text("path: .\ntrain: list.TXT\nval: images/val\nnames: [a, b, c]\n")
     assert load_dataset_spec(yaml).train.images == [first]
+
+
+def test_a_channel_count_other_than_three_is_named_as_read_as_three(yolo_yaml: Path, capsys):
+    yolo_yaml.write_text(yolo_yaml.read_text() + "channels: 1\n")
+    load_dataset_spec(yolo_yaml)
+    assert "'channels: 1' is read as 3" in capsys.readouterr().err
