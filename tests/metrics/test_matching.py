@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -78,14 +82,15 @@ def test_boxes_are_claimed_by_confidence_once_each() -> None:
     assert gt_index.tolist() == [0] and pred_index.tolist() == [0]
 
 
-def test_the_confusion_matrix_is_ultralytics_on_random_scenes() -> None:
+def test_the_confusion_matrix_is_ultralytics_on_random_scenes(tmp_path: Path) -> None:
     """Against Ultralytics 8.4's own ``ConfusionMatrix.process_batch`` (the reference, a dev extra) on crowded
-    random scenes where pairing by IoU and claiming by confidence disagree."""
-    metrics = pytest.importorskip("ultralytics.utils.metrics")
+    random scenes where pairing by IoU and claiming by confidence disagree. Ultralytics runs in a child process:
+    importing it patches this one for good (``PIL.Image.open`` among others)."""
+    pytest.importorskip("ultralytics")
     generator = torch.Generator().manual_seed(0)
     classes = 4
     ours = np.zeros((classes + 1, classes + 1), np.int64)
-    reference = metrics.ConfusionMatrix(names={i: str(i) for i in range(classes)})
+    scenes = []
     for _ in range(40):
         gt_boxes = random_boxes(12, generator)
         gt_labels = torch.randint(0, classes, (12,), generator=generator)
@@ -95,9 +100,21 @@ def test_the_confusion_matrix_is_ultralytics_on_random_scenes() -> None:
         pred_labels = torch.randint(0, classes, (30,), generator=generator)
         scores = torch.rand(30, generator=generator)
         ours += confusion_matrix(pred_boxes, pred_labels, scores, gt_boxes, gt_labels, classes)
-        reference.process_batch({"bboxes": pred_boxes, "conf": scores, "cls": pred_labels.float()},
-                                {"bboxes": gt_boxes, "cls": gt_labels.float()})
-    np.testing.assert_array_equal(ours, reference.matrix.astype(np.int64))
+        scenes.append((pred_boxes, pred_labels, scores, gt_boxes, gt_labels))
+    torch.save(scenes, tmp_path / "scenes.pt")
+    code = f"""
+import json, torch
+from ultralytics.utils.metrics import ConfusionMatrix
+matrix = ConfusionMatrix(names={{i: str(i) for i in range({classes})}})
+for boxes, labels, scores, gt_boxes, gt_labels in torch.load({str(tmp_path / "scenes.pt")!r}):
+    matrix.process_batch({{"bboxes": boxes, "conf": scores, "cls": labels.float()}},
+                         {{"bboxes": gt_boxes, "cls": gt_labels.float()}})
+print(json.dumps(matrix.matrix.astype(int).tolist()))
+"""
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    np.testing.assert_array_equal(ours, json.loads(result.stdout.strip().splitlines()[-1]))
 
 
 def random_boxes(count: int, generator: torch.Generator) -> torch.Tensor:
@@ -182,8 +199,6 @@ def test_a_detection_in_a_crowd_region_is_left_out_of_precision_as_coco_leaves_i
     """The ground truth fed back as detections, plus one inside a crowd region of its class: COCO's evaluation
     ignores that one (mAP50 1.0), and so do P / R and the PR curves now (it was a false positive); the confusion
     matrix counts it as Ultralytics' does."""
-    import json
-
     from detector.data.build import build_split
     from detector.data.spec import load_dataset_spec
     from detector.metrics.loop import make_val_loader, run_validation
