@@ -8,6 +8,7 @@ at a collective the others never reach.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import copy
 import functools
@@ -95,7 +96,29 @@ def init_distributed(device_request: str) -> tuple[DistInfo, torch.device]:
         # processes on 4-GPU machines: rank 2 took cuda:2 for the barrier and cuda:0 for the rest), and hangs.
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo", timeout=PROCESS_GROUP_TIMEOUT,
                                 device_id=device if device.type == "cuda" else None)
+        # The group stays for the process's next run (train() twice under torchrun) and ends at its exit. One
+        # destroyed after each run and made anew hung 3 launches in 5: the new default group takes the old one's
+        # name on torchrun's store, whose keys still held the old group's addresses, so one rank joined the old
+        # group's dead endpoints while the other waited for it in the new one.
+        atexit.register(end_group)
     return DistInfo(rank, local_rank, world_size, local_world_size), device
+
+
+EXIT_WAIT = timedelta(seconds=60)  # at exit, how long a rank waits for the others before leaving the group as it is
+
+
+def end_group() -> None:
+    """At exit: the process group :func:`init_distributed` started, if it still runs. A gloo group is destroyed once
+    every rank has come this far (one rank's destruction while another still used the group aborted that one, 1
+    launch in 9); a rank that never comes (it died) leaves the group to the process's end, after ``EXIT_WAIT``."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_backend() == "gloo":
+        try:
+            dist.monitored_barrier(timeout=EXIT_WAIT)
+        except RuntimeError:
+            return
+    dist.destroy_process_group()
 
 
 T = TypeVar("T")
@@ -186,9 +209,9 @@ def local_main_first(info: DistInfo) -> Iterator[None]:
 
 @contextlib.contextmanager
 def group_ended_on_error() -> Iterator[None]:
-    """Around a run's set-up: a gloo process group the block started is destroyed when the block raises (the run's
-    own :func:`cleanup` comes at the end of its fit, which then never runs), so a Python caller's process is left
-    without it and torch's warning at exit. A group that was running before is the caller's. An NCCL group is
+    """Around a run's set-up: a gloo process group the block started is destroyed when the block raises, so a
+    Python caller's process is left without it and torch's warning at exit (a run that trains keeps its group for
+    the process's next run: :func:`init_distributed`). A group that was running before is the caller's. An NCCL group is
     left as it is: its destruction is a collective that waits for the other ranks, which may be waiting in one of
     their own for this one (the AMP check's verdict, a barrier), and the job would hang for hours instead of
     ending when this process exits (torchrun then stops the others)."""
@@ -199,11 +222,6 @@ def group_ended_on_error() -> Iterator[None]:
         if not running and dist.is_available() and dist.is_initialized() and dist.get_backend() == "gloo":
             dist.destroy_process_group()
         raise
-
-
-def cleanup(info: DistInfo) -> None:
-    if info.enabled and dist.is_initialized():
-        dist.destroy_process_group()
 
 
 def unwrap(model: nn.Module) -> nn.Module:

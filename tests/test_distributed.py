@@ -422,3 +422,43 @@ def test_ranks_train_in_the_safest_precision_any_of_them_resolved(monkeypatch):
         monkeypatch.setattr(dist, "all_gather_object", lambda every, mine, given=answers: every.__setitem__(
             slice(None), given))
         assert agreed_precision(answers[1], DistInfo(1, 1, 2, 2)) is expected
+
+
+def test_a_group_the_run_started_stays_for_the_processs_next_run(tmp_path, monkeypatch):
+    """train() twice in one torchrun process: the first run's group serves the second, and ends at exit. A group
+    destroyed after each run and made anew on torchrun's store hung 3 launches in 5 (the old group's keys)."""
+    import torch.distributed as dist
+
+    import detector.distributed
+    from detector.data.synthetic import generate_shapes
+    from detector.training.config import TrainConfig
+    from detector.training.trainer import train
+
+    if dist.is_initialized():
+        pytest.skip("a process group is already running in this process")
+    real_init, made = dist.init_process_group, []
+
+    def alone(**kwargs):
+        made.append(1)
+        real_init(backend="gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+
+    monkeypatch.setattr(dist, "init_process_group", alone)
+    exits, register = [], detector.distributed.atexit.register  # the module's own registrations pass through
+    monkeypatch.setattr(detector.distributed.atexit, "register",
+                        lambda function, *args: exits.append(function) if function is detector.distributed.end_group
+                        else register(function, *args))
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    data = generate_shapes(tmp_path / "shapes", train=8, val=4, size=64)
+    config = dict(data=str(data), device="cpu", imgsz=64, epochs=1, batch=4, workers=0, plots=False,
+                  amp_check=False, project=str(tmp_path / "runs"))
+    try:
+        for name in ("a", "b"):
+            train(TrainConfig(**config, name=name), progress=False)
+            assert dist.is_initialized()
+        assert made == [1] and exits == [detector.distributed.end_group]
+        detector.distributed.end_group()
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

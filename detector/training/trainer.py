@@ -21,7 +21,7 @@ import torch
 
 from detector.checkpoint import CheckpointError, RunState, Trained, restore_run, run_checkpoint, saved_precision
 from detector.data.workers import default_workers, usable_cores
-from detector.distributed import agreed_precision, any_rank, cleanup, decide_on_main, group_ended_on_error
+from detector.distributed import agreed_precision, any_rank, decide_on_main, group_ended_on_error
 from detector.distributed import init_distributed, local_main_first, unwrap
 from detector.metrics.coco import write_results_json
 from detector.metrics.loop import Validation
@@ -207,12 +207,9 @@ class Trainer(RunPlans):
                 self.feed.stop()  # the loaders' workers end with the run, not at exit (workers.stop_workers)
                 if self.validator is not None:
                     self.validator.close()
-                try:
-                    if self.reporter is not None:  # its figures and TensorBoard events on disk, also after a stop
-                        with self.account.phase("final evaluation"):  # the figures of the final report, at the latest
-                            self.reporter.close()
-                finally:
-                    cleanup(self.dist)
+                if self.reporter is not None:  # its figures and TensorBoard events on disk, also after a stop
+                    with self.account.phase("final evaluation"):  # the figures of the final report, at the latest
+                        self.reporter.close()
         interrupted = bool(decision and decision.stop.startswith("interrupted"))
         summary = {"run_dir": self.run_dir, "metrics": decision.metrics if decision else {},
                    "seconds": time.perf_counter() - start, "epochs_done": epoch,
