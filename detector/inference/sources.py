@@ -5,6 +5,8 @@
 - a NumPy array ``uint8 [H, W, 3]`` in **BGR** order (OpenCV's ``cv2.imread``, Ultralytics' convention), or
   ``[H, W]`` grey, or ``[H, W, 4]`` BGRA;
 - a PIL image (any mode; converted to RGB);
+- a PyTorch tensor ``[3, H, W]`` or ``[B, 3, H, W]``, RGB floats in ``[0, 1]`` (Ultralytics' tensor source): one
+  frame per image;
 - a list or tuple of any of these, or of paths;
 - a path: an image, a video file (an animated GIF too), or a folder (searched recursively, through symlinked
   folders, images and videos, sorted);
@@ -92,8 +94,13 @@ def open_source(source: Any, *, vid_stride: int = 1) -> Iterator[Frame]:
     """
     if isinstance(source, (list, tuple)):
         return _many(source, vid_stride)
+    if is_tensor(source):
+        return tensor_frames(source, 0)
     if is_in_memory(source):
         return iter([in_memory_frame(source, 0)])
+    if isinstance(source, bool) or not isinstance(source, (str, os.PathLike, int)):
+        raise TypeError(f"source: expected a path, folder, glob, URL, webcam index, image array, PIL image, tensor "
+                        f"or a list of them, got {type(source).__name__}")
     if isinstance(source, str) and is_image_url(source):
         return url_image_frames(source)
     if (capture := capture_source(source)) is not None:
@@ -131,7 +138,7 @@ def url_image_frames(url: str) -> Iterator[Frame]:
 def capture_source(source: Any) -> tuple[int | str, str] | None:
     """``(what OpenCV's capture opens, the frames' name)`` for a webcam index (``0``, ``"0"`` where no such file
     exists) or a stream URL; None for every other source."""
-    if isinstance(source, (bool, list, tuple)) or is_in_memory(source):
+    if isinstance(source, (bool, list, tuple)) or is_in_memory(source) or is_tensor(source):
         return None
     if isinstance(source, int):
         return source, f"webcam{source}"
@@ -151,9 +158,34 @@ def is_in_memory(item: Any) -> bool:
     return isinstance(item, np.ndarray) or type(item).__module__.startswith("PIL.")
 
 
+def is_tensor(item: Any) -> bool:
+    return type(item).__module__.startswith("torch") and type(item).__name__ in ("Tensor", "Parameter")
+
+
+def tensor_frames(tensor: Any, position: int) -> Iterator[Frame]:
+    """``[3, H, W]`` or ``[B, 3, H, W]`` RGB floats in [0, 1] (as Ultralytics takes a tensor) -> one frame per image,
+    named ``image<N>.jpg`` from ``position`` on; ``ValueError`` naming the shape or range otherwise."""
+    images = tensor.detach()
+    if images.dim() == 3:
+        images = images.unsqueeze(0)
+    if images.dim() != 4 or images.shape[1] != 3 or not images.is_floating_point():
+        raise ValueError(f"source: expected a float tensor [3, H, W] or [B, 3, H, W] (RGB in [0, 1]), got "
+                         f"{images.dtype} {list(tensor.shape)}")
+    if images.numel() and (images.min() < 0 or images.max() > 1):
+        raise ValueError(f"source: a tensor's values must be in [0, 1] (RGB scaled by 1/255), got "
+                         f"{float(images.min()):.3g} to {float(images.max()):.3g}")
+    import torch  # the caller's tensor: torch is loaded already
+
+    pixels = (images.float() * 255).round().to(torch.uint8).permute(0, 2, 3, 1).cpu().numpy()
+    for offset, image in enumerate(pixels):
+        yield Frame(f"image{position + offset}.jpg", None, np.ascontiguousarray(image))
+
+
 def _many(items: list | tuple, vid_stride: int) -> Iterator[Frame]:
     for position, item in enumerate(items):
-        if is_in_memory(item):
+        if is_tensor(item):
+            yield from tensor_frames(item, position)
+        elif is_in_memory(item):
             yield in_memory_frame(item, position)
         else:
             yield from open_source(item, vid_stride=vid_stride)

@@ -327,3 +327,20 @@ def test_an_image_url_is_downloaded_and_decoded_as_its_file_is(tmp_path: Path) -
             next(open_source(f"{base}/fake.jpg"))
     finally:
         server.shutdown()
+
+
+def test_a_tensor_is_one_frame_per_image_as_ultralytics_takes_it() -> None:
+    """``[B, 3, H, W]`` / ``[3, H, W]`` RGB floats in [0, 1] -> RGB uint8 frames; a wrong shape, range or type is one
+    line (a tensor was read as a file name, its whole text in the error)."""
+    import torch
+
+    rgb = np.random.default_rng(0).integers(0, 256, (2, 24, 32, 3), dtype=np.uint8)
+    tensor = torch.from_numpy(rgb).permute(0, 3, 1, 2).float() / 255
+    frames = list(open_source(tensor))
+    assert [f.name for f in frames] == ["image0.jpg", "image1.jpg"]
+    np.testing.assert_array_equal(np.stack([f.image for f in frames]), rgb)
+    assert [f.name for f in open_source([tensor[0], rgb[1]])] == ["image0.jpg", "image1.jpg"]
+    for bad, problem in ((tensor * 255, "must be in \\[0, 1\\]"), (tensor[:, 0], "expected a float tensor"),
+                         (True, "got bool"), ({"a": 1}, "got dict")):
+        with pytest.raises((ValueError, TypeError), match=problem):
+            list(open_source(bad))
