@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detector.cli.errors import run_command
+from detector.cli.errors import one_process, run_command
 from detector.cli.flags import add_flags, options_from_args, parse_command
 from detector.cli.parser import CommandParser
 from detector.workflows.options import BenchmarkOptions
@@ -35,5 +35,7 @@ def benchmark(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    if (refused := one_process("benchmark")) is not None:
+        return refused
     # --flags and Ultralytics' key=value arguments (yolo benchmark model=... imgsz=... half=True) alike
     return run_command(benchmark, parse_command(build_parser(prog), BenchmarkOptions, "benchmark", argv))

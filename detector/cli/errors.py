@@ -89,6 +89,20 @@ def plain_warning(message: Warning | str, category: type[Warning], *_: object) -
     return f"warning: {message}\n"
 
 
+def one_process(command: str) -> int | None:
+    """None where the command runs alone; under torchrun (``WORLD_SIZE`` above 1) the exit code of a refusal: the
+    first process says why in one line, the others leave quietly. Each process ran the whole command and they
+    wrote ``runs/val/exp`` and ``exp2``, their tables interleaved; only training divides its work among them."""
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return None
+    if int(os.environ.get("RANK", "0") or 0) == 0:
+        print(f"error: {command} runs in one process: start it with python (or detector {command}), not torchrun; "
+              "only train shares its work among processes", file=sys.stderr)
+    return FAILED
+
+
 def run_command(function: Callable[..., object], *args: object) -> int:
     """Call ``function(*args)``; -> the exit code. A user error prints ``error: ...`` on stderr (1), Ctrl-C
     ``error: interrupted`` or the interrupt's own message, such as download's how-to-resume (130). Warnings

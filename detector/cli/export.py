@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from detector.cli.errors import run_command
+from detector.cli.errors import one_process, run_command
 from detector.cli.flags import add_flags, options_from_args, parse_command
 from detector.cli.parser import CommandParser
 from detector.workflows.options import ExportOptions
@@ -39,5 +39,7 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
 
 
 def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    if (refused := one_process("export")) is not None:
+        return refused
     args = parse_args(argv, prog)
     return run_command(lambda: export(options_from_args(ExportOptions, args)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detector.cli.errors import run_command
+from detector.cli.errors import one_process, run_command
 from detector.cli.flags import add_flags, options_from_args, parse_command
 from detector.cli.parser import CommandParser
 from detector.workflows.options import ValOptions
@@ -35,6 +35,8 @@ def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Name
 
 
 def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
+    if (refused := one_process("val")) is not None:
+        return refused
     args = parse_args(argv, prog)
     return run_command(lambda: validate(options_from_args(ValOptions, args)))
 

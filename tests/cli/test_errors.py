@@ -125,3 +125,19 @@ def test_heavy_imports_run_without_the_collector_and_stay_frozen() -> None:
         assert gc.get_freeze_count() >= frozen + len(made)  # what lived through the block is frozen
     finally:
         gc.callbacks.remove(count)
+
+
+@pytest.mark.parametrize("command", ["val", "predict", "export", "benchmark"])
+def test_a_one_process_command_under_torchrun_is_refused_once(command: str, monkeypatch, capsys) -> None:
+    """Each torchrun process ran the whole command, into runs/val/exp and exp2; now the first says why, once."""
+    import importlib
+
+    main = importlib.import_module(f"detector.cli.{command}").main
+    argv = {"val": ["--weights", "w.pt", "--data", "d.yaml"], "predict": ["--source", "x.jpg"]}.get(command, [])
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for rank, says in (("0", True), ("1", False)):
+        monkeypatch.setenv("RANK", rank)
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert (err == f"error: {command} runs in one process: start it with python (or detector {command}), not "
+                "torchrun; only train shares its work among processes\n") is says and (says or err == "")
