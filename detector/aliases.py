@@ -240,6 +240,8 @@ TRAIN: dict[str, Alias] = {
     "amp": Alias(amp),
     "cos_lr": renamed("cosine"),
     "nbs": renamed("nominal_batch"),
+    "conf": renamed("val_conf"),  # Ultralytics' validation in training reads its conf and iou
+    "iou": renamed("val_iou"),
     "box": renamed("box_gain"),
     "cls": renamed("cls_gain"),
     "dfl": renamed("dfl_gain"),

@@ -132,7 +132,7 @@ def train(
     from a ``.pt``), ``epochs``, ``imgsz``, ``batch``, ``time`` (a wall-clock budget such as ``"1h"``),
     ``freeze`` (YOLOv8 layers ``0..N-1`` stay fixed), ``device``, ``project``/``name`` (the run folder).
 
-    Returns ``{"metrics" (last evaluation), "run_dir", "best" (path of best.pt), "seconds", "epochs_done",
+    Returns ``{"metrics" (last evaluation), "run_dir" (absolute), "best" (path of best.pt), "seconds", "epochs_done",
     "precision", "interrupted"}``.
     """
     from detector.training.config import TrainConfig

@@ -211,7 +211,7 @@ class Trainer(RunPlans):
                     with self.account.phase("final evaluation"):  # the figures of the final report, at the latest
                         self.reporter.close()
         interrupted = bool(decision and decision.stop.startswith("interrupted"))
-        summary = {"run_dir": self.run_dir, "metrics": decision.metrics if decision else {},
+        summary = {"run_dir": self.run_dir.absolute(), "metrics": decision.metrics if decision else {},
                    "seconds": time.perf_counter() - start, "epochs_done": epoch,
                    "precision": self.step.precision.name, "interrupted": interrupted, **(self.final or {})}
         if self.dist.is_main and not interrupted:

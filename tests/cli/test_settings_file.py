@@ -45,7 +45,7 @@ def test_an_ultralytics_args_yaml_is_the_run_it_describes(tmp_path: Path, capsys
     notes = capsys.readouterr().err.splitlines()
     assert len(notes) == 1, notes  # one line, not one per key
     assert "left, with no equivalent here: rect=True, save_dir='runs/detect/bccd'" in notes[0]
-    assert "left, not train's settings: format, iou, tracker" in notes[0]  # conf, source: None (unset)
+    assert "left, not train's settings: format, tracker" in notes[0]  # conf, source: None (unset); iou: --val-iou
 
 
 def test_the_command_lines_own_arguments_win_in_any_position(tmp_path: Path) -> None:

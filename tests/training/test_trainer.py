@@ -23,9 +23,11 @@ def _config(data: Path, project: Path, **overrides) -> TrainConfig:
     return TrainConfig(**values)
 
 
-def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys):
-    summary = train(_config(yolo_yaml, tmp_path, plots=True), progress=False)
+def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    summary = train(_config(yolo_yaml, Path("runs"), plots=True), progress=False)  # --project relative
     run_dir = summary["run_dir"]
+    assert run_dir == tmp_path / "runs" / "run"  # absolute: it still names the run after the caller's chdir
     assert math.isfinite(summary["metrics"]["mAP50-95"]) and 0 <= summary["metrics"]["mAP50-95"] <= 1
     rows = list(csv.DictReader((run_dir / "results.csv").open()))
     assert [r["epoch"] for r in rows] == ["1", "2"]
