@@ -108,10 +108,10 @@ def multi_scale(value: Any) -> dict[str, Any]:
 
 def optimizer(value: Any) -> dict[str, Any]:
     """``optimizer=rmsprop`` -> ``RMSprop``: Ultralytics reads the name in any case."""
-    from detector.choices import OPTIMIZER
+    from detector.choices import OPTIMIZER, canonical_choice
 
-    chosen = {name.lower(): name for name in OPTIMIZER}.get(str(value).lower())
-    if chosen is None:
+    chosen = canonical_choice(str(value), OPTIMIZER)
+    if chosen not in OPTIMIZER:
         raise ValueError(f"choose one of {', '.join(OPTIMIZER)}")
     return {"optimizer": chosen}
 

@@ -16,6 +16,8 @@ from pathlib import Path
 from types import NoneType, UnionType
 from typing import Any, TypeVar
 
+from detector.choices import canonical_choice
+
 T = TypeVar("T")
 REQUIRED: Any = MISSING  # a field with no default is a required flag
 
@@ -36,15 +38,6 @@ def field_type(options_class: type, name: str) -> tuple[type, bool]:
         members = [member for member in typing.get_args(hint) if member is not NoneType]
         return members[0], len(members) < len(typing.get_args(hint))
     return hint, False
-
-
-def canonical_choice(value: Any, choices: tuple | None) -> Any:
-    """``value`` spelled as its choice when it differs only in case (``adamw`` -> ``AdamW``, as Ultralytics and
-    torch name optimizers either way); anything else as it is, for the choices check to refuse."""
-    if choices is None or not isinstance(value, str) or value in choices:
-        return value
-    matches = [choice for choice in choices if isinstance(choice, str) and choice.lower() == value.lower()]
-    return matches[0] if len(matches) == 1 else value
 
 
 def is_required(item: Field) -> bool:

@@ -11,7 +11,8 @@ from dataclasses import fields
 from typing import Any, TypeVar
 
 from detector.aliases import asks, resume_and_weights, say, translate_with_sources
-from detector.options import canonical_choice, field_type, flag_name, is_required
+from detector.choices import canonical_choice
+from detector.options import field_type, flag_name, is_required
 
 T = TypeVar("T")
 
