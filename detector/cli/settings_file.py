@@ -14,7 +14,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from detector.aliases import TABLES, asks_for_nothing, translate_with_sources
+from detector.aliases import translate_with_sources
 
 
 def read_settings(path_text: str, command: str, options_class: type,
@@ -42,19 +42,14 @@ def read_settings(path_text: str, command: str, options_class: type,
     known = {item.name for item in fields(options_class)}
     if given & {"model", "weights"}:
         given = given | {"model", "weights"}
-    table = TABLES[command]
     taken: dict[str, Any] = {}
     no_equivalent: list[str] = []
     not_ours: list[str] = []
     for name, value in loaded.items():
         name = str(name)
-        alias = table.get(name)
-        if name == "cfg" or value is None or alias is not None and alias.means is None:
-            if alias is not None and value is not None and not asks_for_nothing(value, alias.harmless) \
-                    and name != "cfg":
-                no_equivalent.append(f"{name}={value!r}")
+        if name == "cfg" or value is None:  # None: Ultralytics' "unset", our default stands
             continue
-        try:
+        try:  # a name with no equivalent at a value that asks for nothing maps to nothing; at another, TypeError
             mapped, _ = translate_with_sources(command, {name: value}, note=lambda line: None)
         except TypeError:
             no_equivalent.append(f"{name}={value!r}")
