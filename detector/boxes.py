@@ -56,17 +56,22 @@ def box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor, eps: float = 0.0) -> tor
     so the same values; also its NMS kernels' overlap, ``inter / (area_n + area_m - inter)``), with ``eps`` added to
     each union where asked (the assigner's boxes may be empty). One axis at a time: no ``[..., N, M, 2]``
     intermediate, whose size bounds how many pairs NMS's fixed point takes at once."""
+    inter = box_intersection(boxes1, boxes2)
+    area1 = (boxes1[..., 2] - boxes1[..., 0]) * (boxes1[..., 3] - boxes1[..., 1])
+    area2 = (boxes2[..., 2] - boxes2[..., 0]) * (boxes2[..., 3] - boxes2[..., 1])
+    union = area1[..., :, None] + area2[..., None, :] - inter
+    return inter / (union + eps if eps else union)
+
+
+def box_intersection(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:
+    """xyxy ``[..., N, 4]`` x ``[..., M, 4]`` -> the area each pair shares ``[..., N, M]`` (:func:`box_iou`'s)."""
     first, second = boxes1[..., :, None, :], boxes2[..., None, :, :]
 
     def overlap(low: int, high: int) -> torch.Tensor:  # [..., N, M]: the overlap along one axis
         return (torch.minimum(first[..., high], second[..., high])
                 - torch.maximum(first[..., low], second[..., low])).clamp_(min=0)
 
-    inter = overlap(0, 2) * overlap(1, 3)
-    area1 = (boxes1[..., 2] - boxes1[..., 0]) * (boxes1[..., 3] - boxes1[..., 1])
-    area2 = (boxes2[..., 2] - boxes2[..., 0]) * (boxes2[..., 3] - boxes2[..., 1])
-    union = area1[..., :, None] + area2[..., None, :] - inter
-    return inter / (union + eps if eps else union)
+    return overlap(0, 2) * overlap(1, 3)
 
 
 def flatten_head_outputs(outputs: list[torch.Tensor]) -> torch.Tensor:

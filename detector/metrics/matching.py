@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from detector.boxes import box_iou, cxcywh_to_xyxy
+from detector.boxes import box_intersection, box_iou, cxcywh_to_xyxy
 from detector.data.build import SplitData
 from detector.data.letterbox import ImageMeta, unletterbox_boxes
 from detector.data.records import ImageRecord
@@ -162,11 +162,9 @@ def in_crowd(pred_boxes: torch.Tensor, pred_labels: torch.Tensor, correct: np.nd
     if crowd is None or not len(pred_boxes):
         return ignored
     classes, regions = crowd
-    boxes = pred_boxes.float().cpu().numpy()
-    top_left = np.maximum(boxes[:, None, :2], regions[None, :, :2])
-    bottom_right = np.minimum(boxes[:, None, 2:], regions[None, :, 2:])
-    inter = np.clip(bottom_right - top_left, 0, None).prod(2)
-    area = np.clip(boxes[:, 2:] - boxes[:, :2], 0, None).prod(1)[:, None]
+    boxes = pred_boxes.float().cpu()
+    inter = box_intersection(boxes, torch.from_numpy(regions)).numpy()
+    area = (boxes[:, 2:] - boxes[:, :2]).clamp(min=0).prod(1).numpy()[:, None]
     covered = inter >= iou_threshold * np.maximum(area, 1e-9)
     same_class = pred_labels.cpu().numpy()[:, None] == classes[None, :]
     return (covered & same_class).any(1) & ~correct
