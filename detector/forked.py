@@ -12,8 +12,9 @@ A forked child of a training process must stay out of its parent's way:
   (``gc.freeze`` first: their finalizers, CUDA tensors' among them, are the parent's; the parent forks with its
   collector off, so none ran in between);
 * it writes to no inherited stream (another thread of the parent may have held one's lock at the fork);
-* it ignores SIGINT, as the loader's workers do (the trainer's Ctrl-C handler decides, once), and dies with its
-  parent (Linux's parent-death signal: a trainer killed by the OOM killer or torchrun's SIGTERM leaves no helper).
+* it ignores SIGINT, as the loader's workers do (the trainer's Ctrl-C handler decides, once), takes SIGTERM from its
+  parent alone (:func:`end_at_parents_sigterm_only`, the loader's workers too), and dies with its parent (Linux's
+  parent-death signal: a trainer killed by the OOM killer leaves no helper).
 
 Every job gets one answer, in order: ``("ok", value)`` or ``("error", message)``.
 """
@@ -26,6 +27,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -64,12 +66,39 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
+def end_at_parents_sigterm_only(parent: int) -> None:
+    """Let SIGTERM end this child process only where ``parent`` sent it; from anyone else it is dropped.
+
+    torchrun ends a rank by signalling the rank's whole process group, and SLURM signals every process of a job step.
+    A loader worker (or helper) that died of that SIGTERM took its trainer down with "DataLoader worker exited
+    unexpectedly" before the trainer's own handler could finish the epoch and save last.pt. Ignored outright, the
+    signal would be lost where the parent sends it: multiprocessing ends its daemonic children with SIGTERM at exit,
+    as torch's loader does with a worker slow to stop, and a child that outlives that hangs the exit. So SIGTERM is
+    blocked in every thread of this process and one thread waits for it: from ``parent`` it exits at once, status 0
+    as torch's own worker handler does; otherwise the parent, which got the signal too, decides (it finishes the
+    epoch, then ends its children). Without ``sigwaitinfo`` (macOS) SIGTERM keeps its default.
+
+    Call it from the process's main thread, before it starts any other (they inherit the blocked signal).
+    """
+    if not hasattr(signal, "sigwaitinfo"):
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_await_parents_sigterm, args=(parent,), name="sigterm", daemon=True).start()
+
+
+def _await_parents_sigterm(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)
+
+
 def _serve(handle: Callable[[Any], Any], jobs: Connection, parents_end: Connection, parent: int) -> None:
     """The helper: answer each job with ``handle(job)``; stop at ``None`` or when the parent's end closes."""
     gc.freeze()  # first: the parent forked with the collector off (see ForkedHelper.start)
     gc.enable()
     parents_end.close()  # this copy of the parent's end would keep the pipe open after the parent died
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    end_at_parents_sigterm_only(parent)
     _die_with_parent(parent)
     sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the process's life
     while True:

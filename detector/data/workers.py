@@ -1,4 +1,5 @@
-"""How data-loading worker processes behave beside the process that trains: they yield the CPU and ignore Ctrl-C.
+"""How data-loading worker processes behave beside the process that trains: they yield the CPU and leave Ctrl-C and
+SIGTERM to it.
 
 On a CPU-only machine the step's compute threads (oneDNN/OpenMP) use every core. Loader workers at normal
 priority preempt them mid-operation, and the other compute threads then wait at the next barrier: on 2 cores,
@@ -10,7 +11,9 @@ A terminal's Ctrl-C goes to every process of the foreground group, workers inclu
 what a Ctrl-C means (the trainer finishes the epoch and saves, issue 23), so workers ignore it: a forked
 worker would otherwise run the parent's Python handler (printing its "Ctrl-C: ..." line once per worker)
 or raise KeyboardInterrupt mid-batch. Every loader's ``worker_init_fn`` installs this, so it holds
-whatever the order in which loaders (and their workers) start relative to the parent's handler.
+whatever the order in which loaders (and their workers) start relative to the parent's handler. A SIGTERM to the
+whole group (torchrun's, SLURM's) is the parent's to act on too; a SIGTERM from the parent still ends a worker
+(:func:`detector.forked.end_at_parents_sigterm_only`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.data import DataLoader, get_worker_info
 
+from detector.forked import end_at_parents_sigterm_only
 from detector.tuning import hold_freed_memory
 
 LOWEST_PRIORITY = 19  # the niceness ceiling on Linux and macOS
@@ -162,6 +166,7 @@ def default_workers(device_type: str, *, processes_per_node: int = 1, cores: int
 def _init_worker(worker_id: int, *, lower_priority: bool, pool_slots: int) -> None:
     global _POOL
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides what a Ctrl-C means (module docstring)
+    end_at_parents_sigterm_only(os.getppid())  # and what a SIGTERM to the process group means
     if lower_priority:
         os.nice(LOWEST_PRIORITY)  # a raise past the ceiling is clamped to it, never an error
     # Each item's mosaic region (1.6 MB at 640 px, its size changing from item to item) and each batch's buffers
@@ -173,7 +178,7 @@ def _init_worker(worker_id: int, *, lower_priority: bool, pool_slots: int) -> No
 
 
 def worker_init(*, shares_cores_with_compute: bool, pool_slots: int = 0) -> Callable[[int], None]:
-    """The DataLoader ``worker_init_fn``: ignore SIGINT; lowest priority when the model computes on these cores;
+    """The DataLoader ``worker_init_fn``: ignore SIGINT, and SIGTERM but the parent's; lowest priority when the model computes on these cores;
     freed memory kept in the worker's heap (:func:`detector.tuning.hold_freed_memory`); with ``pool_slots``, a
     :class:`BatchPool` of that many buffers for the batches whose consumer releases them (the training loader's
     on CUDA: its pin thread copies every batch out).

@@ -1,8 +1,9 @@
 """Ctrl-C during training: the first one asks the run to stop after this epoch (saving last.pt), a second aborts.
 
 SIGTERM to the trainer (``kill``, ``docker stop``, Kubernetes' preemption) is a first Ctrl-C too: the epoch ends and
-last.pt is saved, as the grace period allows. Loader workers keep SIGTERM's default (multiprocessing ends them with it
-at exit), so a SIGTERM to every process of a job stops them and the run with their error."""
+last.pt is saved, as the grace period allows. So is a SIGTERM to every process of the run (torchrun's to each rank's
+process group, SLURM's to a job step): the loader's workers and helpers take SIGTERM from their parent alone
+(detector/forked.py), and the trainer ends them once it has saved."""
 
 from __future__ import annotations
 

@@ -178,12 +178,13 @@ def test_ctrl_c_saves_last_checkpoint_and_exits_cleanly(yolo_yaml: Path, tmp_pat
     assert 0 <= state["epoch"] < 199
 
 
-@pytest.mark.parametrize("sent", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sent", ["SIGINT", "SIGTERM", "SIGTERM to the group"])
 def test_ctrl_c_to_the_process_group_of_a_run_with_workers_prints_one_line(yolo_yaml: Path, tmp_path: Path, sent: str):
     """A terminal's Ctrl-C reaches the whole foreground group: the trainer and its loader workers (train and
     validation). Only the trainer may act on it: one "Ctrl-C" line, last.pt saved, exit code 0 (issue 23). A
     SIGTERM to the trainer (``kill``, ``docker stop``, Kubernetes) is the same: it was exit 143, no line, nothing
-    saved. (Workers keep SIGTERM's default: ignoring it, they outlived multiprocessing's terminate at exit.)"""
+    saved. So is a SIGTERM to the whole group, as torchrun sends it to each rank and SLURM to a job step: the workers
+    died of it and the trainer stopped with "DataLoader worker exited unexpectedly", saving nothing."""
     import os
     import signal
     import subprocess
@@ -209,8 +210,10 @@ def test_ctrl_c_to_the_process_group_of_a_run_with_workers_prints_one_line(yolo_
         assert process.poll() is None, log.read_text()[-2000:]
         if sent == "SIGINT":
             os.killpg(process.pid, signal.SIGINT)  # as a terminal does: every process of the group
-        else:
+        elif sent == "SIGTERM":
             os.kill(process.pid, signal.SIGTERM)  # as kill, docker stop and Kubernetes do: the trainer alone
+        else:
+            os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=120)
     finally:
         if process.poll() is None:
