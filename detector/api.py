@@ -344,6 +344,10 @@ def load(weights: str | Path, *, device: str = "", imgsz: int | None = None, hal
     from detector.inference.torch_backend import half_precision
     from detector.weights.locate import located
 
+    from detector.workflows.predict import input_size
+
     path, resolved = located(weights), resolve_device(device)  # yolov8n.pt: the weights folder's
     precision = half_precision(resolved) if half else "fp32"
-    return Model(path, load_backend(path, device=str(resolved), imgsz=imgsz, precision=precision))
+    backend = load_backend(path, device=str(resolved), imgsz=imgsz, precision=precision)
+    input_size(backend, imgsz)  # here, not at the first call: an imgsz of 100 or one a fixed export cannot take
+    return Model(path, backend)

@@ -142,6 +142,13 @@ def test_a_loaded_model_takes_half_at_load_and_refuses_it_at_predict(run: dict):
     assert half.backend.name == f"pytorch {half_precision('cpu')}" and len(half.predict(image)) == 1
 
 
+def test_load_refuses_an_input_size_the_model_cannot_take_at_once(run: dict):
+    """``load(weights, imgsz=100)`` was accepted and failed only at the first call, far from its cause."""
+    with pytest.raises(ValueError, match="must be a multiple of 32; got 100"):
+        load(run["best"], device="cpu", imgsz=100)
+    assert load(run["best"], device="cpu", imgsz=96).backend is not None
+
+
 def test_verbose_false_prints_nothing_and_changes_nothing_else(run: dict, tmp_path: Path,
                                                                 capsys: pytest.CaptureFixture):
     """Ultralytics' verbose=False, ours too for predict and val: no line per image, no table, no note; the
