@@ -18,6 +18,7 @@ import contextlib
 import gc
 import importlib.metadata
 import io
+import json
 import multiprocessing
 import signal
 import sys
@@ -308,10 +309,13 @@ def _as_faster_coco(ground_truth: COCO) -> FasterCOCO:
 
 
 RESULT_JSON_ENTRY = '{"image_id": %d, "category_id": %d, "bbox": [%.3f, %.3f, %.3f, %.3f], "score": %.5f}'
+NAMED_RESULT_JSON_ENTRY = RESULT_JSON_ENTRY.replace(', "category_id"', ', "file_name": %s, "category_id"')
 
 
-def write_results_json(path: Path, detections: np.ndarray) -> None:
-    """COCO results JSON (a list of ``{image_id, category_id, bbox, score}``), written atomically.
+def write_results_json(path: Path, detections: np.ndarray, ground_truth: COCO | None = None) -> None:
+    """COCO results JSON (a list of ``{image_id, category_id, bbox, score}``), written atomically. With
+    ``ground_truth``, each entry also names its image's ``file_name`` (the ground truth's, as Ultralytics writes it):
+    a YOLO dataset's image ids are positions in its sorted file list where its file names are not all numbers.
 
     Formatted row by row with ``%``: a third of the time of dicts through json.dumps (1.5M rows: ~2.5 s
     against ~6-9 s of CPU, measured). Exact: the boxes and scores were rounded to 3 and 5 decimals
@@ -319,7 +323,13 @@ def write_results_json(path: Path, detections: np.ndarray) -> None:
     """
     columns = detections[:, [0, 6, 1, 2, 3, 4, 5]].tolist()  # RESULT_JSON_ENTRY's order
     with _no_garbage_collection():
-        text = "[\n" + ",\n".join(map(RESULT_JSON_ENTRY.__mod__, map(tuple, columns))) + "\n]\n"
+        if ground_truth is None:
+            rows = map(RESULT_JSON_ENTRY.__mod__, map(tuple, columns))
+        else:  # each name quoted once, as JSON strings
+            names = {image_id: json.dumps(image["file_name"]) for image_id, image in ground_truth.imgs.items()
+                     if "file_name" in image}
+            rows = (NAMED_RESULT_JSON_ENTRY % (row[0], names.get(int(row[0]), "null"), *row[1:]) for row in columns)
+        text = "[\n" + ",\n".join(rows) + "\n]\n"
     write_atomically(path, text.encode())
 
 
@@ -338,7 +348,7 @@ def evaluate_coco(
     num_classes = len(ground_truth.getCatIds())
     detections = np.asarray(detections, np.float64).reshape(-1, len(DETECTION_COLUMNS))
     if results_json is not None:
-        write_results_json(results_json, detections)
+        write_results_json(results_json, detections, ground_truth)
     evaluator = evaluator_name(backend)
     if not len(detections):  # pycocotools cannot load an empty result list
         nan = np.full(num_classes, np.nan)

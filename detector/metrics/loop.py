@@ -143,7 +143,7 @@ def run_validation(
     image_ids = split.records.image_ids.tolist()
     if scorer is not None:
         if results_json is not None:
-            write_results_json(results_json, detections)
+            write_results_json(results_json, detections, split.ground_truth)
         pending = scorer.submit(detections, image_ids)
         parts = timing_parts(start, loading, inferred)
         return Validation(pending, sum(parts.values()), len(split.records), detections,

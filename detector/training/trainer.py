@@ -331,7 +331,8 @@ class Trainer(RunPlans):
                     validation = self.evaluate(force_fp32=True)
                 finally:  # workers it started again if it kept no batches (see fit)
                     self.validator.close()
-                write_results_json(self.run_dir / "predictions.json", validation.detections)
+                write_results_json(self.run_dir / "predictions.json", validation.detections,
+                                   self.val_data.ground_truth)
             self.log(f"final FP32 evaluation: mAP50-95 {validation.metrics['mAP50-95']:.4f} "
                      f"({validation.result.evaluator})")
             summary["metrics_fp32"] = validation.metrics
@@ -350,7 +351,7 @@ class Trainer(RunPlans):
             validation = self.validator.run_weights(self.step.ema.module, state["model"], self.checkpoints.best,
                                                     self.step.precision)
         self.final = {"metrics": validation.metrics, "best_epoch": epoch if state is None else state.get("epoch", best)}
-        write_results_json(self.run_dir / "predictions.json", validation.detections)
+        write_results_json(self.run_dir / "predictions.json", validation.detections, self.val_data.ground_truth)
         if self.reporter is not None:
             self.log(f"{self.reporter.on_final(validation, self.val_data)}\n{validation.result.evaluator}:\n"
                      f"{validation.result.summary}")

@@ -288,3 +288,5 @@ def test_results_json_holds_what_was_scored(lively_set, tmp_path: Path) -> None:
     entries = json.loads(path.read_text())
     assert [[e["image_id"], *e["bbox"], e["score"], e["category_id"]] for e in entries] == detections[:300].tolist()
     assert [p.name for p in path.parent.iterdir()] == ["predictions.json"]  # no temporary file left behind
+    files = {image["id"]: image["file_name"] for image in ground_truth["images"]}
+    assert [e["file_name"] for e in entries] == [files[int(row[0])] for row in detections[:300]]
