@@ -33,7 +33,7 @@ class AugmentConfig:
     translate: float = 0.1  # max shift as a fraction of the output size
     scale: float = 0.5  # zoom drawn from [1 - scale, 1 + scale]
     shear: float = 0.0  # max shear (deg)
-    hsv_h: float = 0.015  # hue gain (fraction)
+    hsv_h: float = 0.015  # hue shift (fraction of a full turn)
     hsv_s: float = 0.7  # saturation gain (fraction)
     hsv_v: float = 0.4  # value gain (fraction)
     fliplr: float = 0.5  # horizontal flip probability
@@ -188,19 +188,29 @@ def random_affine(
     return warp_image(image, matrix, out_size), new_boxes, new_classes
 
 
-def draw_hsv_gains(config: AugmentConfig, rng: np.random.Generator) -> tuple[float, float, float]:
-    """Hue, saturation and value gains, each ``1 +/- U(-1, 1) * fraction``."""
-    hue, sat, val = rng.uniform(-1, 1, 3) * [config.hsv_h, config.hsv_s, config.hsv_v] + 1
+HSV_UNCHANGED = (0.0, 1.0, 1.0)  # (hue shift, saturation gain, value gain) that leave an image as it is
+
+
+def draw_hsv(config: AugmentConfig, rng: np.random.Generator) -> tuple[float, float, float]:
+    """A hue shift in turns, ``U(-1, 1) * hsv_h``, then saturation and value gains, ``1 + U(-1, 1) * fraction``.
+
+    The hue is shifted, as Ultralytics does since 8.3.79; YOLOv5's multiplied it (what this did before), which left
+    reds, whose hue is near 0, unchanged and moved hues near a full turn the most."""
+    hue, sat, val = rng.uniform(-1, 1, 3) * [config.hsv_h, config.hsv_s, config.hsv_v] + HSV_UNCHANGED
     return float(hue), float(sat), float(val)
 
 
-def augment_hsv(image: np.ndarray, gains: tuple[float, float, float]) -> np.ndarray:
-    """Apply hue/saturation/value gains through lookup tables on OpenCV's uint8 HSV (hue in 2-degree units)."""
+def augment_hsv(image: np.ndarray, hsv: tuple[float, float, float]) -> np.ndarray:
+    """Shift the hue and scale saturation and value (:func:`draw_hsv`'s ``hsv``) through lookup tables on OpenCV's
+    uint8 HSV (hue in 2-degree units: 180 a turn). Unchanged ``hsv`` returns ``image`` itself: the uint8 round trip
+    alone moves colours by a level or two."""
+    if tuple(hsv) == HSV_UNCHANGED:
+        return image
     hue, sat, val = cv2.split(cv2.cvtColor(image, cv2.COLOR_RGB2HSV))
-    table = np.arange(256, dtype=np.float64)  # float64 products, whatever type the gains come in
-    lut_hue = ((table * gains[0]) % 180).astype(np.uint8)
-    lut_sat = np.clip(table * gains[1], 0, 255).astype(np.uint8)
-    lut_val = np.clip(table * gains[2], 0, 255).astype(np.uint8)
+    table = np.arange(256, dtype=np.float64)  # float64 arithmetic, whatever type the parameters come in
+    lut_hue = ((table + hsv[0] * 180) % 180).astype(np.uint8)
+    lut_sat = np.clip(table * hsv[1], 0, 255).astype(np.uint8)
+    lut_val = np.clip(table * hsv[2], 0, 255).astype(np.uint8)
     merged = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
     return cv2.cvtColor(merged, cv2.COLOR_HSV2RGB)
 

@@ -1,4 +1,5 @@
-"""Pixel augmentation of a whole batch as tensors: HSV gains and flips, on whatever device the batch is on.
+"""Pixel augmentation of a whole batch as tensors: HSV (a hue shift, saturation and value gains) and flips, on
+whatever device the batch is on.
 
 The loader workers draw each image's operations (:class:`PixelOps`, from the same random numbers as the
 OpenCV path in :mod:`detector.data.augment`) and flip its boxes; the training step applies the pixel side
@@ -15,21 +16,22 @@ from dataclasses import dataclass
 import torch
 
 from detector.choices import PIXEL_AUGMENT as CHOICES
+from detector.data.augment import HSV_UNCHANGED
 
 
 @dataclass(frozen=True)
 class PixelOps:
-    """One image's pixel augmentation: gains (1 = unchanged) and flips, applied in that order."""
+    """One image's pixel augmentation: HSV (detector.data.augment.draw_hsv) and flips, applied in that order."""
 
-    hue_gain: float = 1.0  # multiplies the hue, modulo a full turn
+    hue_shift: float = 0.0  # added to the hue, in turns, modulo a full turn
     saturation_gain: float = 1.0  # multiplies the saturation, clipped to [0, 1]
     value_gain: float = 1.0  # multiplies the value (max channel), clipped to [0, 1]
     flip_lr: bool = False  # mirror left-right
     flip_ud: bool = False  # mirror top-bottom
 
     @property
-    def gains(self) -> tuple[float, float, float]:
-        return self.hue_gain, self.saturation_gain, self.value_gain
+    def hsv(self) -> tuple[float, float, float]:
+        return self.hue_shift, self.saturation_gain, self.value_gain
 
 
 def resolve_pixel_augment(choice: str, device: torch.device) -> str:
@@ -89,23 +91,23 @@ def hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
 def pixel_ops_table(
     ops: Sequence[PixelOps], device: torch.device, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """``[B, 5]`` on ``device``: each image's hue, saturation and value gains, then its left-right and top-bottom flip
-    flags (1 or 0): what :func:`apply_pixel_ops` and the fused kernel (detector/data/warp_kernel.py) read.
+    """``[B, 5]`` on ``device``: each image's hue shift, saturation and value gains, then its left-right and top-bottom
+    flip flags (1 or 0): what :func:`apply_pixel_ops` and the fused kernel (detector/data/warp_kernel.py) read.
 
     One small copy per batch. From pageable memory with non_blocking, CUDA stages it at once instead of waiting
     for the queued work of the previous step.
     """
-    table = torch.tensor([(*op.gains, op.flip_lr, op.flip_ud) for op in ops], dtype=dtype)
+    table = torch.tensor([(*op.hsv, op.flip_lr, op.flip_ud) for op in ops], dtype=dtype)
     return table.to(device, non_blocking=True)
 
 
-def any_gains(ops: Sequence[PixelOps]) -> bool:
-    """Whether any image's HSV gains change it (otherwise the HSV round trip is skipped)."""
-    return any(op.gains != (1.0, 1.0, 1.0) for op in ops)
+def changes_colour(ops: Sequence[PixelOps]) -> bool:
+    """Whether any image's HSV operations change it (otherwise the HSV round trip is skipped)."""
+    return any(op.hsv != HSV_UNCHANGED for op in ops)
 
 
 def apply_pixel_ops(images: torch.Tensor, ops: Sequence[PixelOps]) -> torch.Tensor:
-    """Apply each image's HSV gains, then its flips, to float ``[B, 3, H, W]`` RGB in [0, 1].
+    """Apply each image's HSV operations, then its flips, to float ``[B, 3, H, W]`` RGB in [0, 1].
 
     Returns a new batch in [0, 1] with the input's dtype, device and memory format; the input is unchanged.
     """
@@ -114,9 +116,11 @@ def apply_pixel_ops(images: torch.Tensor, ops: Sequence[PixelOps]) -> torch.Tens
     layout = torch.channels_last if images.is_contiguous(memory_format=torch.channels_last) else torch.contiguous_format
     params = pixel_ops_table(ops, images.device, images.dtype)[:, :, None, None]
     out = images
-    if any_gains(ops):
-        hsv = rgb_to_hsv(images) * params[:, :3]
-        hsv[:, 1:].clamp_(0, 1)  # saturation and value; hsv_to_rgb takes the hue modulo a turn
+    if changes_colour(ops):
+        hsv = rgb_to_hsv(images)  # a new tensor: changed in place
+        hsv[:, :1] += params[:, :1]  # hsv_to_rgb takes the hue modulo a turn
+        hsv[:, 1:] *= params[:, 1:3]
+        hsv[:, 1:].clamp_(0, 1)  # saturation and value
         out = hsv_to_rgb(hsv)
     if any(op.flip_lr for op in ops):
         out = torch.where(params[:, 3:4] > 0, out.flip(3), out)

@@ -18,7 +18,7 @@ from detector.data.augment import (
     augment_hsv,
     build_albumentations,
     draw_flips,
-    draw_hsv_gains,
+    draw_hsv,
     flip_boxes,
     flip_image,
     mosaic_boxes,
@@ -56,7 +56,7 @@ class DetectionDataset(Dataset):
     Training items are ``(image uint8 [3, S, S], labels [n, 5] (class, cx, cy, w, h normalised), meta)``
     after mosaic/affine/HSV/albumentations/flip; evaluation items are letterboxed to ``S x S`` (or to their
     rectangular batch's canvas: :meth:`with_canvases`) with no augmentation. With ``pixel_ops_on_device`` the
-    HSV gains and flips are drawn as always and the boxes flipped, but the pixels are left to the training
+    HSV operations and flips are drawn as always and the boxes flipped, but the pixels are left to the training
     step: ``meta.pixel_ops`` carries them there
     (:mod:`detector.data.batch_augment`). With ``geometry_on_device`` too, mosaic and the random affine are
     drawn and the boxes moved, but the item's image is a :class:`WarpSource` (the source pixels the warp
@@ -170,10 +170,10 @@ class DetectionDataset(Dataset):
                 image = image.compact()
         else:
             image = warp_image(canvas(tiles, height, width), matrix, size)
-        gains = draw_hsv_gains(config, rng)
+        hsv = draw_hsv(config, rng)
         pixels_on_device = self.pixel_ops_on_device or self.geometry_on_device
         if not pixels_on_device:
-            image = augment_hsv(image, gains)
+            image = augment_hsv(image, hsv)
         if self.albumentations is not None:
             # On the device paths these (blur, median blur, gray, CLAHE; rare) see the image before HSV, not
             # after; with the geometry there too, they see the source region before the warp.
@@ -185,7 +185,7 @@ class DetectionDataset(Dataset):
         flip_lr, flip_ud = draw_flips(config, rng)
         boxes = flip_boxes(boxes, size, size, flip_lr=flip_lr, flip_ud=flip_ud)
         if pixels_on_device:
-            return image, boxes, classes, PixelOps(*gains, flip_lr=flip_lr, flip_ud=flip_ud)
+            return image, boxes, classes, PixelOps(*hsv, flip_lr=flip_lr, flip_ud=flip_ud)
         return flip_image(image, flip_lr=flip_lr, flip_ud=flip_ud), boxes, classes, None
 
     def _geometry(self, index: int, rng: np.random.Generator, use_mosaic: bool) -> tuple:

@@ -1,7 +1,7 @@
 """Mosaic and random affine on the training device: the workers send source pixels and matrices, the step warps.
 
 ``--pixel-augment device``. A loader worker draws everything as the OpenCV path does (tile placement, the
-affine matrix, HSV gains, flips; :mod:`detector.data.augment`), moves the boxes on the host with the same
+affine matrix, HSV shift and gains, flips; :mod:`detector.data.augment`), moves the boxes on the host with the same
 matrices, and keeps only the part of the mosaic canvas that the warp reads: a :class:`WarpSource`, the
 uint8 pixels the ``out_size`` square samples (fill colour where no tile lies) and the matrix from output
 pixels to that region, kept as views of the tiles in it. Collate pastes each region's tiles straight into one

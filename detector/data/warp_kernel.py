@@ -9,7 +9,7 @@ finished float pixel once: ~0.4 GB.
 
 It computes what the two PyTorch functions compute, in the same order and with the same formulas: the output
 pixel's flipped position, its sample point (``affine_grid``, the clamp to the image's region, ``grid_sample``'s
-bilinear weights and zero padding), then ``rgb_to_hsv``, the gains, ``hsv_to_rgb``. Only float32 rounding
+bilinear weights and zero padding), then ``rgb_to_hsv``, the hue shift and gains, ``hsv_to_rgb``. Only float32 rounding
 differs: the order of the coordinate arithmetic, and compiled for a GPU, Triton's divisions (within 2 ulp, not
 correctly rounded) and fused multiply-adds (tests/data/test_warp_kernel.py derives the bound).
 
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from detector.data.batch_augment import PixelOps, any_gains, pixel_ops_table
+from detector.data.batch_augment import PixelOps, changes_colour, pixel_ops_table
 from detector.data.device_augment import WarpBatch
 
 BLOCK = 1024  # output pixels per program
@@ -103,7 +103,7 @@ def render_fused(
     pixels = count * size * size
     # Triton launches on the current CUDA device: make it the batch's (a run on cuda:1 need not have made it so).
     current = torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
-    hsv = any_gains(ops)
+    hsv = changes_colour(ops)
 
     def launch() -> None:
         _kernel(interpreting())[(-(-pixels // BLOCK),)](
@@ -150,7 +150,7 @@ def _kernel(interpret: bool):  # noqa: ARG001 - the cache key: an interpreted ke
         image = index // per_image
         y = (index % per_image) // size
         x = index % size
-        hue_gain = tl.load(table + image * 5, mask=live, other=1.0)
+        hue_shift = tl.load(table + image * 5, mask=live, other=0.0)
         saturation_gain = tl.load(table + image * 5 + 1, mask=live, other=1.0)
         value_gain = tl.load(table + image * 5 + 2, mask=live, other=1.0)
         flip_lr = tl.load(table + image * 5 + 3, mask=live, other=0.0)
@@ -194,7 +194,7 @@ def _kernel(interpret: bool):  # noqa: ARG001 - the cache key: an interpreted ke
         red = red / 255
         green = green / 255
         blue = blue / 255
-        if HSV:  # detector.data.batch_augment's rgb_to_hsv, the gains, hsv_to_rgb
+        if HSV:  # detector.data.batch_augment's rgb_to_hsv, the shift and gains, hsv_to_rgb
             value = tl.maximum(tl.maximum(red, green), blue)
             chroma = value - tl.minimum(tl.minimum(red, green), blue)
             safe_chroma = tl.where(chroma > 0, chroma, 1.0)
@@ -203,7 +203,7 @@ def _kernel(interpret: bool):  # noqa: ARG001 - the cache key: an interpreted ke
             turns = sector / 6
             hue = tl.where(chroma > 0, turns - tl.floor(turns), 0.0)  # modulo one turn
             saturation = chroma / tl.where(value > 0, value, 1.0)
-            hue = hue * hue_gain
+            hue = hue + hue_shift
             saturation = tl.minimum(tl.maximum(saturation * saturation_gain, 0.0), 1.0)
             value = tl.minimum(tl.maximum(value * value_gain, 0.0), 1.0)
             k = 5 + 6 * hue

@@ -178,10 +178,10 @@ def _init_worker(worker_id: int, *, lower_priority: bool, pool_slots: int) -> No
 
 
 def worker_init(*, shares_cores_with_compute: bool, pool_slots: int = 0) -> Callable[[int], None]:
-    """The DataLoader ``worker_init_fn``: ignore SIGINT, and SIGTERM but the parent's; lowest priority when the model computes on these cores;
-    freed memory kept in the worker's heap (:func:`detector.tuning.hold_freed_memory`); with ``pool_slots``, a
-    :class:`BatchPool` of that many buffers for the batches whose consumer releases them (the training loader's
-    on CUDA: its pin thread copies every batch out).
+    """The DataLoader ``worker_init_fn``: ignore SIGINT, and SIGTERM but the parent's; lowest priority when the
+    model computes on these cores; freed memory kept in the worker's heap (:func:`detector.tuning.hold_freed_memory`);
+    with ``pool_slots``, a :class:`BatchPool` of that many buffers for the batches whose consumer releases them (the
+    training loader's on CUDA: its pin thread copies every batch out).
 
     A ``functools.partial`` of a module-level function, so it pickles for the spawn start method too.
     """

@@ -110,7 +110,7 @@ class TrainConfig:
     translate: float = option(0.1, "random translation (+/- fraction of image size)")
     scale: float = option(0.5, "random zoom gain (+/- fraction)")
     shear: float = option(0.0, "random shear (+/- degrees)")
-    hsv_h: float = option(0.015, "hue augmentation (fraction)")
+    hsv_h: float = option(0.015, "hue shift (fraction of a full turn)")
     hsv_s: float = option(0.7, "saturation augmentation (fraction)")
     hsv_v: float = option(0.4, "value augmentation (fraction)")
     fliplr: float = option(0.5, "horizontal flip probability")

@@ -3,11 +3,20 @@ import subprocess
 import sys
 import textwrap
 
+import cv2
 import numpy as np
 import pytest
 import torch
 
-from detector.data.augment import AugmentConfig, PixelTransforms, mosaic, random_affine
+from detector.data.augment import (
+    HSV_UNCHANGED,
+    AugmentConfig,
+    PixelTransforms,
+    augment_hsv,
+    draw_hsv,
+    mosaic,
+    random_affine,
+)
 from detector.data.dataset import DetectionDataset, collate
 from detector.data.letterbox import letterbox
 from detector.data.synthetic import make_image
@@ -166,3 +175,20 @@ def test_a_long_thin_box_survives_a_warp_as_in_ultralytics():
     kept, classes = warp_boxes(bars, np.array([0, 1, 2], np.float32), np.eye(3), 1.0, 640)
     np.testing.assert_array_equal(kept, bars[:2])
     assert classes.tolist() == [0, 1]
+
+
+def test_hsv_shifts_every_hue_alike_and_leaves_an_unchanged_image_alone():
+    """The hue is shifted, as Ultralytics does since 8.3.79: multiplied (before), a red's hue near 0 never moved
+    while hues near a full turn moved the most. Unchanged operations return the image itself: the uint8 HSV round
+    trip alone moved a solid (220, 40, 40) to (220, 39, 39)."""
+    image = np.zeros((2, 3, 3), np.uint8)
+    image[:, 0], image[:, 1], image[:, 2] = (220, 40, 40), (40, 220, 40), (180, 40, 200)  # red, green, purple
+    assert augment_hsv(image, HSV_UNCHANGED) is image
+    hues = cv2.cvtColor(image, cv2.COLOR_RGB2HSV)[0, :, 0].astype(int)  # OpenCV units: 2 degrees, 180 a turn
+    shifted = cv2.cvtColor(augment_hsv(image, (0.05, 1.0, 1.0)), cv2.COLOR_RGB2HSV)[0, :, 0].astype(int)
+    # 0.05 turns = 9 units, each hue moved alike; one unit for uint8 rounding at each of the three conversions.
+    assert (np.abs((shifted - hues) % 180 - 9) <= 2).all(), (hues, shifted)
+    config = AugmentConfig(hsv_h=0.015, hsv_s=0.7, hsv_v=0.4)
+    draws = np.array([draw_hsv(config, np.random.default_rng(seed)) for seed in range(200)])
+    assert (np.abs(draws[:, 0]) <= 0.015).all() and (draws[:, 0] < 0).any() and (draws[:, 0] > 0).any()
+    assert (np.abs(draws[:, 1] - 1) <= 0.7).all() and (np.abs(draws[:, 2] - 1) <= 0.4).all()

@@ -12,7 +12,6 @@ from detector.data.batch_augment import (
     apply_pixel_ops,
     carried_pixel_ops,
     resolve_pixel_augment,
-    rgb_to_hsv,
 )
 from detector.data.dataset import DetectionDataset, collate
 from detector.data.synthetic import make_image
@@ -25,59 +24,53 @@ from detector.training.multiscale import MultiScale
 from tests.conftest import make_train_step, write_records
 
 EPS = torch.finfo(torch.float32).eps
-# The gains augment_hsv draws lie within 1 +/- (0.015, 0.7, 0.4) by default; the last two sets go further
-# (a hue gain that wraps many hues past a full turn, saturation and value gains that clip).
-GAINS = [(1.0, 1.0, 1.0), (0.985, 0.3, 0.6), (1.015, 1.7, 1.4), (1.5, 2.5, 0.05), (0.5, 0.0, 3.0)]
-MAX_GAIN = max(max(gains) for gains in GAINS)
+# (hue shift in turns, saturation gain, value gain): draw_hsv gives +/- 0.015, 1 +/- 0.7, 1 +/- 0.4 by default; the
+# last two sets go further (shifts of half a turn and of more than a turn back, saturation and value gains that clip).
+HSV_SETS = [(0.0, 1.0, 1.0), (-0.015, 0.3, 0.6), (0.015, 1.7, 1.4), (0.5, 2.5, 0.05), (-1.3, 0.0, 3.0)]
+MAX_HUE = 1 + max(abs(hsv[0]) for hsv in HSV_SETS)  # turns: a hue in [0, 1) plus its shift
 
 # Float32 against exact arithmetic. Every float32 operation is off by at most eps/2 of the magnitude of its
-# result. The hue (a quotient of channel differences plus a sector offset up to 4, /6, mod 1, times the gain,
-# mod 1) passes through 8 operations on values up to MAX_GAIN turns; hsv_to_rgb multiplies it by 6, so
-# those count 6x. Then 3 operations on values up to 11 (the channel offset added, mod 6, 4 - k), and the
-# output's v - v*s*f chain (s, v, their gains and products) about 8 operations on values up to 1. A
-# channel moves at most 1 per unit of k (slope v*s <= 1), of s or of v.
-FLOAT32_TOLERANCE = (6 * 8 * MAX_GAIN + 3 * 11 + 8) * EPS / 2
+# result. The hue (a quotient of channel differences plus a sector offset up to 4, /6, mod 1, plus the shift)
+# passes through 8 operations on values up to MAX_HUE turns; hsv_to_rgb multiplies it by 6, so those count 6x.
+# Then 3 operations on values up to 5 + 6 * MAX_HUE (the channel offset added, mod 6, 4 - k), and the output's
+# v - v*s*f chain (s, v, their gains and products) about 8 operations on values up to 1. A channel moves at most
+# 1 per unit of k (slope v*s <= 1), of s or of v.
+FLOAT32_TOLERANCE = (6 * 8 * MAX_HUE + 3 * (5 + 6 * MAX_HUE) + 8) * EPS / 2
 
 
-def _opencv_bound(source: torch.Tensor, result: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+def _opencv_bound(result: torch.Tensor, hsv: torch.Tensor) -> torch.Tensor:
     """Per-pixel bound, in levels (0-255), on |augment_hsv (OpenCV uint8) - the float path|, ``[B, 1, H, W]``.
 
-    ``source``: the input ``[B, 3, H, W]`` in [0, 1]; ``result``: the float path's output for it, in
-    levels; ``gains``: ``[B, 3]`` (hue, saturation, value).
+    ``result``: the float path's output, in levels; ``hsv``: ``[B, 3]`` (hue shift, saturation and value gains).
 
     OpenCV's 8-bit RGB2HSV (imgproc color_hsv) keeps V = max exactly; S and H go through 12-bit
     fixed-point reciprocal tables and are rounded to nearest. S = diff * (255 << 12) / V: the table entry is
     off by 0.5, times diff <= 255, over 2^12: S within 0.5 + 255 / 2^13 levels. H's numerator reaches
     5 * diff (the b-r+2*diff / r-g+4*diff sectors), so H is within 0.5 + 5 * 255 / 2^13 units, and a unit is
-    2 degrees (hue is stored in [0, 180)). augment_hsv's lookup tables multiply by the gain (scaling those
-    errors) and truncate to uint8: up to one more unit or level, downwards. HSV2RGB computes in float and
+    2 degrees (hue is stored in [0, 180)). augment_hsv's lookup tables add the shift to the hue (its error carried
+    as it is) and multiply saturation and value by their gains (scaling theirs), and truncate to uint8: up to one
+    more unit or level, downwards. HSV2RGB computes in float and
     rounds: 0.5 level. A channel is v * (1 - s * clamp(min(k, 4 - k), 0, 1)): it moves at most one level per
     level of V or S (v, s <= 1), and the middle channel moves by chroma = max - min per 60 degrees of hue,
-    where the chroma along the way is at most the float result's plus the V and S errors.
-
-    One discontinuity: hue x gain (mod a turn) jumps by 360 * |gain - 1| degrees where the hue wraps
-    (359.9 degrees x gain is not 0 x gain). Where the source hue lies within OpenCV's hue error of the wrap,
-    the two sides may land on either side of it: that jump adds to the hue error.
+    where the chroma along the way is at most the float result's plus the V and S errors. A shifted hue has no
+    discontinuity: the channels are continuous around the wrap, and the hue error is a distance around it.
     """
     hue_error_units = 0.5 + 5 * 255 / 2**13
-    sat_levels = (0.5 + 255 / 2**13) * gains[:, 1, None, None] + 1
+    sat_levels = (0.5 + 255 / 2**13) * hsv[:, 1, None, None] + 1
     val_levels = 1.0
-    hue_degrees = 2 * (hue_error_units * gains[:, 0, None, None] + 1)
-    source_hue = rgb_to_hsv(source)[:, 0] * 360
-    near_wrap = torch.minimum(source_hue, 360 - source_hue) <= 2 * hue_error_units
-    hue_degrees = hue_degrees + near_wrap * 360 * (gains[:, 0, None, None] - 1).abs()
+    hue_degrees = 2 * (hue_error_units + 1)
     chroma = result.amax(1) - result.amin(1) + val_levels + sat_levels
     bound = 0.5 + val_levels + sat_levels + chroma * hue_degrees / 60 + 255 * FLOAT32_TOLERANCE
     return bound[:, None]
 
 
-def _reference_hsv(rgb: np.ndarray, gains: tuple[float, float, float]) -> np.ndarray:
-    """Float64 HSV gains through :mod:`colorsys`, pixel by pixel: ``[3, H, W]`` in [0, 1]."""
+def _reference_hsv(rgb: np.ndarray, hsv: tuple[float, float, float]) -> np.ndarray:
+    """Float64 HSV shift and gains through :mod:`colorsys`, pixel by pixel: ``[3, H, W]`` in [0, 1]."""
     out = np.empty_like(rgb, dtype=np.float64)
     for y in range(rgb.shape[1]):
         for x in range(rgb.shape[2]):
             hue, sat, val = colorsys.rgb_to_hsv(*rgb[:, y, x].astype(np.float64))
-            out[:, y, x] = colorsys.hsv_to_rgb((hue * gains[0]) % 1.0, min(sat * gains[1], 1.0), min(val * gains[2], 1.0))
+            out[:, y, x] = colorsys.hsv_to_rgb((hue + hsv[0]) % 1.0, min(sat * hsv[1], 1.0), min(val * hsv[2], 1.0))
     return out
 
 
@@ -95,10 +88,10 @@ def _test_pixels(count: int = 4, size: int = 16, seed: int = 0) -> torch.Tensor:
 
 def test_hsv_matches_float64_colorsys_within_float32_rounding():
     images = _test_pixels().float() / 255
-    ops = [PixelOps(*gains) for gains in GAINS[1:]]
+    ops = [PixelOps(*hsv) for hsv in HSV_SETS[1:]]
     out = apply_pixel_ops(images, ops)
     for image, result, op in zip(images, out, ops):
-        expected = _reference_hsv(image.double().numpy(), op.gains)
+        expected = _reference_hsv(image.double().numpy(), op.hsv)
         assert np.abs(result.double().numpy() - expected).max() <= FLOAT32_TOLERANCE, op
 
 
@@ -106,14 +99,14 @@ def test_hsv_matches_opencv_uint8_path_within_its_quantisation():
     rng = np.random.default_rng(0)
     photos = [make_image(rng, 32)[0] for _ in range(2)]  # smooth gradients, noise and antialiased shapes
     random = [image.permute(1, 2, 0).numpy() for image in _test_pixels(count=2, size=32)]
-    for gains in GAINS:
+    for hsv in HSV_SETS:
         for image in photos + random:
             source = torch.from_numpy(image).permute(2, 0, 1)[None].float() / 255
-            device = apply_pixel_ops(source, [PixelOps(*gains)])
-            expected = torch.from_numpy(augment_hsv(image, gains)).permute(2, 0, 1)[None].float()
+            device = apply_pixel_ops(source, [PixelOps(*hsv)])
+            expected = torch.from_numpy(augment_hsv(image, hsv)).permute(2, 0, 1)[None].float()
             error = (device * 255 - expected).abs()
-            bound = _opencv_bound(source, device * 255, torch.tensor([gains]))
-            assert (error <= bound).all(), (gains, (error - bound).max().item())
+            bound = _opencv_bound(device * 255, torch.tensor([hsv]))
+            assert (error <= bound).all(), (hsv, (error - bound).max().item())
 
 
 def test_flips_equal_torch_flip_per_image_and_keep_the_memory_format():
@@ -125,9 +118,9 @@ def test_flips_equal_torch_flip_per_image_and_keep_the_memory_format():
         dims = [dim for dim, on in ((2, lr), (1, ud)) if on]
         assert torch.equal(result, image.flip(dims) if dims else image)
     assert torch.equal(images, _test_pixels(count=5).float() / 255), "the input batch must not change"
-    # With gains too: the flips move the HSV result's pixels, nothing else.
-    gained = apply_pixel_ops(images, [PixelOps(*GAINS[2], flip_lr=lr, flip_ud=ud) for lr, ud in flips])
-    unflipped = apply_pixel_ops(images, [PixelOps(*GAINS[2])] * len(flips))
+    # With HSV too: the flips move the HSV result's pixels, nothing else.
+    gained = apply_pixel_ops(images, [PixelOps(*HSV_SETS[2], flip_lr=lr, flip_ud=ud) for lr, ud in flips])
+    unflipped = apply_pixel_ops(images, [PixelOps(*HSV_SETS[2])] * len(flips))
     for result, plain, (lr, ud) in zip(gained, unflipped, flips):
         dims = [dim for dim, on in ((2, lr), (1, ud)) if on]
         torch.testing.assert_close(result, plain.flip(dims) if dims else plain, rtol=0, atol=FLOAT32_TOLERANCE)
@@ -165,15 +158,13 @@ def test_device_path_pixels_after_apply_match_the_worker_path(tmp_path):
     out = apply_pixel_ops(source, ops)
     assert out.min() >= 0 and out.max() <= 1
     error = (out * 255 - worker_images.float()).abs()
-    # The source's hue decides the wrap term; flipped or not, the pixel is the same one.
-    flipped_source = apply_pixel_ops(source, [PixelOps(flip_lr=op.flip_lr, flip_ud=op.flip_ud) for op in ops])
-    bound = _opencv_bound(flipped_source, out * 255, torch.tensor([op.gains for op in ops]))
+    bound = _opencv_bound(out * 255, torch.tensor([op.hsv for op in ops]))
     assert (error <= bound).all(), (error - bound).max().item()
 
 
 def test_step_input_applies_pixel_ops_before_the_resize_on_a_cpu_tensor():
     images = _test_pixels(count=2, size=64).contiguous(memory_format=torch.channels_last)
-    ops = [PixelOps(*GAINS[2], flip_lr=True), PixelOps(*GAINS[1], flip_ud=True)]
+    ops = [PixelOps(*HSV_SETS[2], flip_lr=True), PixelOps(*HSV_SETS[1], flip_ud=True)]
     out = step_input(images, 96, torch.device("cpu"), channels_last=True, pixel_ops=ops)
     assert out.shape == (2, 3, 96, 96) and out.dtype == torch.float32
     assert out.is_contiguous(memory_format=torch.channels_last)
@@ -226,7 +217,7 @@ def test_train_one_epoch_on_the_device_path_gives_finite_losses(tmp_path):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_matches_cpu():
     images = _test_pixels(count=4, size=32).float().div(255).contiguous(memory_format=torch.channels_last)
-    ops = [PixelOps(*gains, flip_lr=index % 2 == 0, flip_ud=index == 3) for index, gains in enumerate(GAINS[1:])]
+    ops = [PixelOps(*hsv, flip_lr=index % 2 == 0, flip_ud=index == 3) for index, hsv in enumerate(HSV_SETS[1:])]
     on_cuda = apply_pixel_ops(images.cuda(), ops)
     assert on_cuda.is_contiguous(memory_format=torch.channels_last)
     torch.testing.assert_close(on_cuda.cpu(), apply_pixel_ops(images, ops), rtol=0, atol=2 * FLOAT32_TOLERANCE)

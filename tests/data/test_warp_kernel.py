@@ -33,11 +33,11 @@ DEVICES = [pytest.param("interpreter", marks=pytest.mark.skipif(not INTERPRETED,
            pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED,
                                                          reason="needs CUDA"))]
 
-# Saturation and value gains, flips in every combination, one image left as it is. Hue gain 1 here: with any
-# other, hue x gain is discontinuous where the hue wraps from 1 to 0 (a red with green just under blue), so two
-# roundings of one sample may land either side (PyTorch's own CPU and CUDA can); the hue gain has its own test.
-OPS = [PixelOps(1.0, 1.5, 0.7, flip_lr=True), PixelOps(1.0, 0.4, 1.35, flip_ud=True),
-       PixelOps(1.0, 1.0, 1.0, flip_lr=True, flip_ud=True), PixelOps()]
+# Hue shifts, saturation and value gains, flips in every combination, one image left as it is. A shifted hue is
+# continuous where the hue wraps from 1 to 0 (the channels are continuous around the wrap), so samples rounded
+# either side of it stay close.
+OPS = [PixelOps(0.015, 1.5, 0.7, flip_lr=True), PixelOps(-0.01, 0.4, 1.35, flip_ud=True),
+       PixelOps(0.0, 1.0, 1.0, flip_lr=True, flip_ud=True), PixelOps()]
 
 
 @pytest.fixture
@@ -56,19 +56,20 @@ def test_the_kernel_checks_pass_under_the_interpreter():
     )
     summary = child.stdout.strip().splitlines()[-1] if child.stdout.strip() else child.stderr[-2000:]
     assert child.returncode == 0, child.stdout[-4000:] + child.stderr[-2000:]
-    # 3 sizes and layouts, the hue gain, a given buffer, a half-precision one, two failures
+    # 3 sizes and layouts, the hue shift, a given buffer, a half-precision one, two failures
     assert summary.startswith("8 passed"), summary
 
 
 def hsv_lipschitz(ops: list[PixelOps]) -> float:
-    """How much the HSV round trip with gains (h, s, v) can magnify a change of the input RGB (max over channels).
+    """How much the HSV round trip with a hue shift and gains (gs, gv) can magnify a change of the input RGB (max
+    over channels).
 
-    Output channel = v' - v's' f(k), v' = clamp(v gv), s' = clamp(s gs), k = 6 h gh + n, f 1-Lipschitz. A change d
-    of the input moves v' by gv d; v s is the chroma (max - min, moves by 2d), so v's' moves by 2 gs gv d; the hue
-    (g - b) / (6 chroma) moves by at most 4d / (6 chroma), so f(k) moves by 4 gh d / chroma, times v's' <= chroma
-    gs gv. Sum: gv + 2 gs gv + 4 gh gs gv. Continuous only where the hue does not wrap, or with gh = 1.
+    Output channel = v' - v's' f(k), v' = clamp(v gv), s' = clamp(s gs), k = 6 (h + shift) + n, f 1-Lipschitz and
+    continuous around the hue's wrap. A change d of the input moves v' by gv d; v s is the chroma (max - min, moves
+    by 2d), so v's' moves by 2 gs gv d; the hue (g - b) / (6 chroma) moves by at most 4d / (6 chroma), so f(k) moves
+    by 4 d / chroma, times v's' <= chroma gs gv. Sum: gv + 2 gs gv + 4 gs gv.
     """
-    return max(v + 2 * s * v + 4 * h * s * v for h, s, v in (op.gains for op in ops))
+    return max(v + 2 * s * v + 4 * s * v for _, s, v in (op.hsv for op in ops))
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
@@ -90,7 +91,7 @@ def test_fused_kernel_matches_render_then_pixel_ops(device, size, channels_last)
     torch.testing.assert_close(fused.cpu(), expected.cpu(), rtol=0, atol=tolerance)
     # The flips are exact mirrors, not a coincidence of symmetric content: unflipped, image 0 differs.
     plain = render_fused(batch, device, size=size, channels_last=channels_last,
-                         pixel_ops=[PixelOps(*OPS[0].gains)] + OPS[1:])
+                         pixel_ops=[PixelOps(*OPS[0].hsv)] + OPS[1:])
     assert (plain[0] - fused[0].flip(2)).abs().max() <= tolerance < (plain[0] - fused[0]).abs().max()
 
 
@@ -216,13 +217,13 @@ def block_atlas(size: int, count: int, rng: np.random.Generator) -> tuple[WarpBa
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
-def test_fused_kernel_applies_the_hue_gain_as_the_pytorch_path_does(device):
+def test_fused_kernel_applies_the_hue_shift_as_the_pytorch_path_does(device):
     batch, images = block_atlas(64, 4, np.random.default_rng(3))
     # The matrices put each sample on its own pixel: the render reproduces the images (float32 positions only).
     rendered = render(batch, device, size=64, channels_last=True).cpu()
     torch.testing.assert_close(rendered, images, rtol=0, atol=1e-4)
-    ops = [PixelOps(1.015, 1.3, 0.8), PixelOps(0.985, 0.6, 1.2, flip_lr=True), PixelOps(1.01, 1.0, 1.0),
-           PixelOps(0.99, 1.69, 1.39, flip_ud=True)]
+    ops = [PixelOps(0.015, 1.3, 0.8), PixelOps(-0.015, 0.6, 1.2, flip_lr=True), PixelOps(0.01, 1.0, 1.0),
+           PixelOps(-0.01, 1.69, 1.39, flip_ud=True)]
     fused = render_fused(batch, device, size=64, channels_last=True, pixel_ops=ops).cpu()
     expected = apply_pixel_ops(images, ops)
     # Each sample sits within device_position_px of its pixel centre (8 px blocks: a neighbour's weight is at
@@ -230,8 +231,8 @@ def test_fused_kernel_applies_the_hue_gain_as_the_pytorch_path_does(device):
     before_hsv = (device_position_px(batch) * 255 + DEVICE_WEIGHTS_LEVELS) / 255
     tolerance = hsv_lipschitz(ops) * before_hsv + 30 * 6 * 2 * EPS  # as above
     torch.testing.assert_close(fused, expected, rtol=0, atol=tolerance)
-    # The gain is applied, not dropped: with the hue left alone the result is measurably different.
-    unhued = apply_pixel_ops(images, [PixelOps(1.0, *op.gains[1:], flip_lr=op.flip_lr, flip_ud=op.flip_ud)
+    # The shift is applied, not dropped: with the hue left alone the result is measurably different.
+    unhued = apply_pixel_ops(images, [PixelOps(0.0, *op.hsv[1:], flip_lr=op.flip_lr, flip_ud=op.flip_ud)
                                       for op in ops])
     assert (unhued - fused).abs().amax((1, 2, 3)).min() > 3 * tolerance
 
