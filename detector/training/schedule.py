@@ -10,8 +10,12 @@ A ``--time`` budget changes the run's length while it trains (detector/training/
 0.0033 -> 0.0093 for VOC with ``--time 3h``. So a re-plan goes through :meth:`StepSchedule.replan`, which
 changes only what lies ahead: the decay continues from the point it has reached at that step (same
 progress along the curve, so the same LR and momentum), stretched or compressed to end at the new last
-step, and the warm-up keeps its length once the run has started. The next step's LR then differs from
-the previous step's by the old schedule's own slope, never more::
+step. A started warm-up is never made longer; one that a shorter run caps (a quarter of the run: the plan passes the
+capped length) ends early: its ramp is re-anchored at the re-plan's step, from the fraction reached there to 1, over
+the fewest steps that rise no faster than a fresh ramp of the capped length (a 95-step warm-up re-planned at step 40
+to a 68-step run: 40 % done, the rest over 10 steps, warm-up ends at step 50; kept, the run was all warm-up and its LR
+peaked at 0.31 x lr0). The next step's LR then differs from the previous step's by the old schedule's own slope,
+never more::
 
     schedule = schedule.replan(at_step=steps_done, epochs=new_total)
     lr = schedule.values(steps_done).weight_lr  # == the old schedule's value at steps_done
@@ -61,6 +65,10 @@ class StepSchedule:
     clip_grad: float
     anchor_step: int = 0
     anchor_progress: float = 0.0
+    # A warm-up shortened mid-ramp (see replan): the ramp's fraction runs 0 -> warmup_anchor_fraction over steps
+    # 0 -> warmup_anchor_step, then linearly to 1 at warmup_steps. (0, 0): the plain ramp step / warmup_steps.
+    warmup_anchor_step: int = 0
+    warmup_anchor_fraction: float = 0.0
 
     @property
     def total_steps(self) -> int:
@@ -81,37 +89,64 @@ class StepSchedule:
             return final + (1 - final) * 0.5 * (1 + math.cos(math.pi * progress))
         return (1 - progress) * (1.0 - final) + final
 
+    def warmup_fraction(self, step: int) -> float:
+        """How far along the warm-up ramp ``step`` is, in [0, 1] (1: warm-up over)."""
+        if step >= self.warmup_steps:
+            return 1.0
+        if self.warmup_anchor_step <= 0:
+            return float(np.interp(step, [0, self.warmup_steps], [0.0, 1.0]))
+        return float(np.interp(step, [0, self.warmup_anchor_step, self.warmup_steps],
+                               [0.0, self.warmup_anchor_fraction, 1.0]))
+
     def values(self, step: int) -> StepValues:
         """Weight LR, bias LR, momentum and accumulation at ``step`` (0-based, counted over the whole run)."""
         target = self.base_lr * self.lr_factor(step)
         full_accumulation = max(round(self.nominal_batch / self.batch_size), 1)
         if step >= self.warmup_steps:
             return StepValues(target, target, self.momentum, full_accumulation)
-        points = [0, self.warmup_steps]
+        ramp = self.warmup_fraction(step)
         return StepValues(
-            weight_lr=float(np.interp(step, points, [0.0, target])),
-            bias_lr=float(np.interp(step, points, [self.warmup_bias_lr, target])),
-            momentum=float(np.interp(step, points, [self.warmup_momentum, self.momentum])),
-            accumulate=max(1, round(float(np.interp(step, points, [1, full_accumulation])))),
+            weight_lr=ramp * target,
+            bias_lr=self.warmup_bias_lr + ramp * (target - self.warmup_bias_lr),
+            momentum=self.warmup_momentum + ramp * (self.momentum - self.warmup_momentum),
+            accumulate=max(1, round(1 + ramp * (full_accumulation - 1))),
         )
 
     def replan(self, *, at_step: int, epochs: int, warmup_steps: int | None = None) -> StepSchedule:
         """The schedule for a run re-planned to ``epochs`` when ``at_step`` steps are done.
 
-        Equal to this one at ``at_step``; only the rest changes (see the module docstring). ``warmup_steps``
-        replaces the warm-up only before the first step: once the ramp has started, changing its length
-        would move the next step's LR, momentum and accumulation off the ramp.
+        Equal to this one at ``at_step``; only the rest changes (see the module docstring). ``warmup_steps`` (the
+        warm-up a plan of ``epochs`` gets, capped) replaces the warm-up before the first step; after it, a shorter one
+        ends a ramp still under way early (:meth:`_warmup_ended_early`), and a longer one is ignored.
         """
         if epochs < 1 or at_step < 0:
             raise ValueError(f"replan needs epochs >= 1 and at_step >= 0 (got {epochs}, {at_step})")
-        warmup = warmup_steps if warmup_steps is not None and at_step == 0 else self.warmup_steps
-        return dataclasses.replace(self, epochs=epochs, warmup_steps=warmup, anchor_step=at_step,
-                                   anchor_progress=self.progress(at_step))
+        if at_step == 0 and warmup_steps is not None:
+            warmup = {"warmup_steps": warmup_steps, "warmup_anchor_step": 0, "warmup_anchor_fraction": 0.0}
+        else:
+            warmup = self._warmup_ended_early(at_step, warmup_steps)
+        return dataclasses.replace(self, epochs=epochs, anchor_step=at_step, anchor_progress=self.progress(at_step),
+                                   **warmup)
+
+    def _warmup_ended_early(self, at_step: int, capped: int | None) -> dict[str, float | int]:
+        """The warm-up fields after a re-plan at ``at_step`` (> 0) whose plan caps the warm-up at ``capped`` steps:
+        the ramp, if still under way and longer, re-anchored at ``at_step`` (same fraction there, so the same LR,
+        momentum and accumulation) and finished as soon as a ramp no steeper than ``capped`` steps' allows."""
+        kept = {"warmup_steps": self.warmup_steps, "warmup_anchor_step": self.warmup_anchor_step,
+                "warmup_anchor_fraction": self.warmup_anchor_fraction}
+        if capped is None or capped >= self.warmup_steps or at_step >= self.warmup_steps:
+            return kept
+        reached = self.warmup_fraction(at_step)
+        ends = max(capped, at_step + math.ceil((1.0 - reached) * max(capped, 1)))
+        if ends >= self.warmup_steps:  # the old ramp ends sooner anyway
+            return kept
+        return {"warmup_steps": ends, "warmup_anchor_step": at_step, "warmup_anchor_fraction": reached}
 
     def state(self) -> dict[str, float | int]:
         """What a checkpoint keeps so that ``--resume`` continues this very schedule (see :meth:`restored`)."""
         return {"epochs": self.epochs, "warmup_steps": self.warmup_steps, "anchor_step": self.anchor_step,
-                "anchor_progress": self.anchor_progress, "steps_per_epoch": self.steps_per_epoch}
+                "anchor_progress": self.anchor_progress, "steps_per_epoch": self.steps_per_epoch,
+                "warmup_anchor_step": self.warmup_anchor_step, "warmup_anchor_fraction": self.warmup_anchor_fraction}
 
     def restored(self, state: dict[str, float | int]) -> StepSchedule:
         """This schedule continued from ``state``. Its steps (warm-up, the re-plan's anchor) are counted in the saved
@@ -123,7 +158,9 @@ class StepSchedule:
         return dataclasses.replace(self, epochs=int(state["epochs"]),
                                    warmup_steps=round(int(state["warmup_steps"]) * scale),
                                    anchor_step=round(int(state["anchor_step"]) * scale),
-                                   anchor_progress=float(state["anchor_progress"]))
+                                   anchor_progress=float(state["anchor_progress"]),
+                                   warmup_anchor_step=round(int(state.get("warmup_anchor_step", 0)) * scale),
+                                   warmup_anchor_fraction=float(state.get("warmup_anchor_fraction", 0.0)))
 
 
 @dataclass(frozen=True)

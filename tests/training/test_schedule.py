@@ -58,11 +58,11 @@ def test_a_replan_changes_only_what_lies_ahead(cosine: bool, at_epoch: int, new_
     at_step = at_epoch * old.steps_per_epoch
     if new_epochs * old.steps_per_epoch <= at_step:
         new_epochs = at_epoch  # a plan never ends before the epochs already done
-    new = old.replan(at_step=at_step, epochs=new_epochs, warmup_steps=7)
+    new = old.replan(at_step=at_step, epochs=new_epochs, warmup_steps=2 * old.warmup_steps)
     # The next step's values are the old schedule's: the same LRs, momentum and accumulation ...
     assert dataclasses.astuple(new.values(at_step)) == pytest.approx(dataclasses.astuple(old.values(at_step)),
                                                                      abs=ROUND_OFF)
-    assert new.warmup_steps == old.warmup_steps  # ... because the started warm-up keeps its length
+    assert new.warmup_steps == old.warmup_steps  # ... and a started warm-up is never made longer
     # ... so the step from the last old LR to the first new one is one of the old schedule's own steps.
     lived = lrs(old, range(at_step)) + lrs(new, range(at_step, new.total_steps + 1))
     jump = abs(lived[at_step] - lived[at_step - 1])
@@ -103,6 +103,38 @@ def test_state_round_trip_continues_the_same_schedule():
     plan = schedule().replan(at_step=100, epochs=30).replan(at_step=400, epochs=12)
     fresh = schedule()  # as a resumed run builds it from the config
     assert fresh.restored(plan.state()) == plan
+    shortened = schedule(warmup_steps=1000).replan(at_step=100, epochs=12, warmup_steps=140)  # ends at 226
+    assert shortened.warmup_anchor_step == 100 and fresh.restored(shortened.state()) == shortened
+    for steps in (25, 100):  # another world size: the re-anchored ramp is carried over by epochs too
+        resumed = schedule(steps_per_epoch=steps).restored(shortened.state())
+        for epoch in (2, 3, 5):
+            assert resumed.values(epoch * steps).weight_lr == pytest.approx(shortened.values(epoch * 50).weight_lr,
+                                                                            rel=ROUND_OFF, abs=ROUND_OFF)
+
+
+def test_a_shorter_run_ends_a_started_warmup_early():
+    """The review's --time 50s run on 4 busy cores: planned 95 epochs of 4 steps (warm-up 95 steps, a quarter of 380),
+    re-planned at step 40 to 17 epochs (68 steps). Keeping 95 warm-up steps, the run never left warm-up and its LR
+    peaked at 0.31 x lr0; the capped warm-up (17 steps) now ends the ramp early, without a jump."""
+    old = schedule(epochs=95, steps_per_epoch=4, warmup_steps=95)
+    new = old.replan(at_step=40, epochs=17, warmup_steps=17)
+    assert dataclasses.astuple(new.values(40)) == pytest.approx(dataclasses.astuple(old.values(40)), abs=ROUND_OFF)
+    # 40/95 of the ramp done; the rest at no more than a 17-step ramp's rise per step: ceil(55/95 * 17) = 10 steps.
+    assert new.warmup_steps == 50 < new.total_steps
+    ramp = [new.warmup_fraction(step) for step in range(40, 51)]
+    assert max_slope(ramp) <= 1 / 17 + ROUND_OFF and ramp[-1] == 1.0
+    lived = lrs(old, range(40)) + lrs(new, range(40, new.total_steps + 1))
+    assert abs(lived[40] - lived[39]) <= max_slope(lrs(old, range(old.total_steps + 1))) + ROUND_OFF
+    kept = dataclasses.replace(old, epochs=17, anchor_step=40, anchor_progress=old.progress(40))  # the old re-plan
+    assert max(lived) > 0.5 * old.base_lr > 0.4 * old.base_lr > max(lrs(kept, range(69)))  # 0.58 x lr0, not 0.39
+    assert new.values(new.total_steps).weight_lr == pytest.approx(old.base_lr * old.final_lr_fraction)
+    # Re-planned again, shorter still: re-anchored where the shortened ramp is.
+    again = new.replan(at_step=44, epochs=14, warmup_steps=14)
+    assert again.values(44) == new.values(44) and 44 < again.warmup_steps < new.warmup_steps
+    # A warm-up already over, or one the new plan does not cap, is left as it is.
+    assert old.replan(at_step=96, epochs=30, warmup_steps=30).warmup_steps == 95
+    assert old.replan(at_step=40, epochs=90, warmup_steps=95) == dataclasses.replace(
+        old, epochs=90, anchor_step=40, anchor_progress=old.progress(40))
 
 
 def test_replan_rejects_nonsense():
