@@ -41,7 +41,7 @@ def run_train(config: TrainConfig) -> dict[str, Any]:
 
         from detector.training.trainer import train
 
-    return train(config, process_start=True)  # the time account counts the imports before the run
+    return train(config, process_start=True)  # the time account and --time count the imports before the run
 
 
 def parse_args(argv: list[str] | None = None, prog: str = PROG) -> argparse.Namespace:

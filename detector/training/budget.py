@@ -287,12 +287,14 @@ class RunClock:
     follows it (results row, plots, checkpoints) is the epoch's *tail*, measured when the next epoch starts
     and counted with the next re-plan, so the sum over epochs is the wall time between epoch starts. Without
     ``--time`` (``budget`` None) the clock still runs: a checkpoint saves it, and a resumed budget covers the
-    whole run.
+    whole run (each process's start-up included).
     """
 
-    def __init__(self, budget: TimeBudget | None = None) -> None:
+    def __init__(self, budget: TimeBudget | None = None, *, before: float = 0.0) -> None:
         self.budget = budget
-        self.start = time.monotonic()  # set-up, the AMP check and evaluation count too
+        # set-up, the AMP check and evaluation count too; ``before``: seconds the process spent before the clock
+        # existed (a command's interpreter start and imports: 1.5-3 s, which --time 12s overran by)
+        self.start = time.monotonic() - before
         self.epoch_seconds: list[float] = []
         self.val_seconds: list[float | None] = []
         self.prior_val_seconds: float | None = None  # the probe's estimate, until a validation is timed

@@ -59,11 +59,11 @@ class Trainer(RunPlans):
     """Holds the objects of one run; ``fit()`` runs it. Built only from the config, in reading order."""
 
     def __init__(self, config: TrainConfig, *, progress: bool = True, process_start: bool = False) -> None:
-        # First: the account (and a --time budget) count set-up, the AMP check and evaluation too; a command's
-        # run (process_start) also counts the interpreter's start and the imports before it.
-        self.account = TimeAccount(before=process_age() if process_start else 0.0)
+        # First: the account and the --time clock count set-up, the AMP check and evaluation too; a command's run
+        # (process_start) also counts the interpreter's start and the imports before it.
+        before = process_age() if process_start else 0.0
+        self.account, self.clock = TimeAccount(before=before), RunClock(before=before)
         self.account.watch_collections()
-        self.clock = RunClock()
         asked = config.changed()  # before the defaults fill in: a resumed run names what it ignores
         self.config = config.with_defaults().validate()
         self.progress = progress

@@ -248,3 +248,12 @@ def test_the_end_of_the_run_plans_best_pt_s_pass_the_report_and_an_fp32_pass() -
     assert clock.final_seconds(report=False, fp32_again=False) == 5.0
     assert clock.final_seconds(report=True, fp32_again=False) == 5.0 + FINAL_REPORT_SECONDS
     assert clock.final_seconds(report=True, fp32_again=True) == 5.0 + FINAL_REPORT_SECONDS + 2 * 5.0
+
+
+def test_the_clock_counts_what_the_process_spent_before_it() -> None:
+    """A command's --time clock starts at the process's start (imports: 1.5-3 s, by which --time 12s ran over), and a
+    resumed run's clock adds the time the run had spent before."""
+    assert RunClock().elapsed() < 5.0 <= RunClock(before=5.0).elapsed()
+    resumed = RunClock(before=5.0)
+    resumed.restore(100.0, [], [])
+    assert resumed.elapsed() >= 105.0

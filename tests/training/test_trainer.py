@@ -415,6 +415,18 @@ def test_resume_of_a_time_budget_run_continues_its_schedule_and_optimizer(yolo_y
     assert resumed.optimizer_name == "AdamW" and resumed.step.schedule.base_lr == state["optimizer_choice"]["lr"]
 
 
+def test_a_commands_time_budget_starts_at_the_process_start(yolo_yaml: Path, tmp_path: Path, monkeypatch):
+    """--time covers the imports before the Trainer, as the time account does: they overran --time 12s by 2 s."""
+    from detector.training import trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "process_age", lambda: 1000.0)  # far above any set-up here
+    command = trainer_module.Trainer(_config(yolo_yaml, tmp_path, time="1h", name="command"), progress=False,
+                                     process_start=True)
+    assert command.clock.elapsed() >= 1000.0
+    api = trainer_module.Trainer(_config(yolo_yaml, tmp_path, time="1h", name="api"), progress=False)
+    assert api.clock.elapsed() < 1000.0  # from Python the run starts with the Trainer, not the caller's process
+
+
 def test_a_full_disk_during_a_checkpoint_keeps_the_previous_one_and_stops_with_one_line(
         yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
     """ENOSPC in the checkpoint writer's second last.pt: the first stays whole, the run ends with one line."""
