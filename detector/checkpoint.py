@@ -304,6 +304,7 @@ class RunState:
         time_spent, epoch_seconds, val_seconds: the run's clock (detector/training/budget.py, ``RunClock``).
         mosaic_closed_at: the epoch mosaic was turned off at, if it was.
         best_fitness, best_epoch: the best evaluation so far (best.pt's).
+        patience_epoch: the epoch ``--patience`` counts from (detector/training/verdicts.py); None in older checkpoints.
         metrics: the last evaluation's metrics; names: class names; config: ``TrainConfig.to_dict()``.
         precision: the precision the run trains in; ``precision_fell_back``: it is not what the run's device
             resolved (the AMP check or a fallback during training chose it), so a resume keeps it where it is safer.
@@ -326,6 +327,7 @@ class RunState:
     mosaic_closed_at: int | None = None
     best_fitness: float = -1.0
     best_epoch: int = -1
+    patience_epoch: int | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     unjudged: dict[str, Any] | None = None
 
@@ -349,6 +351,7 @@ def run_checkpoint(trained: Trained, state: RunState) -> dict[str, Any]:
         "mosaic_closed_at": state.mosaic_closed_at,
         "best_fitness": state.best_fitness,
         "best_epoch": state.best_epoch,
+        "patience_epoch": state.patience_epoch,
         "metrics": state.metrics,
         "unjudged": state.unjudged,
         "model_args": model.rebuild_args(),
@@ -418,6 +421,7 @@ def restore_run(checkpoint: dict[str, Any], trained: Trained) -> RunState:
         mosaic_closed_at=checkpoint.get("mosaic_closed_at"),
         best_fitness=checkpoint.get("best_fitness", -1.0),
         best_epoch=checkpoint.get("best_epoch", -1),
+        patience_epoch=checkpoint.get("patience_epoch"),
         metrics=dict(checkpoint.get("metrics") or {}),
         unjudged=checkpoint.get("unjudged"),
     )

@@ -423,8 +423,7 @@ class Trainer(RunPlans):
             optimizer_choice={"name": self.optimizer_name, "lr": self.step.schedule.base_lr},
             time_spent=self.clock.elapsed(), epoch_seconds=self.clock.epoch_seconds,
             val_seconds=self.clock.val_seconds, mosaic_closed_at=self.mosaic_closed_at,
-            best_fitness=self.verdicts.best_fitness, best_epoch=self.verdicts.best_epoch, metrics=metrics,
-            unjudged=self.verdicts.unjudged(epoch),
+            **self.verdicts.state(), metrics=metrics, unjudged=self.verdicts.unjudged(epoch),
         )
 
     def _preflight(self, batch: tuple) -> None:

@@ -52,6 +52,11 @@ class Verdicts:
                  record: Callable[[int, dict[str, float], Validation | None, str], None]) -> None:
         self.patience, self.log, self.record = patience, log, record
         self.best_fitness, self.best_epoch = -1.0, -1
+        # --patience counts from this epoch: the best one, or while every score has been 0 (no box found yet, as in
+        # the first epochs of a short run's warm-up), the latest scored, as Ultralytics' EarlyStopping allows for "an
+        # early zero-fitness stage of training". Counted from the first 0, --patience 3 stopped a 30-epoch run at 64
+        # px after epoch 4, its learning rate still rising. best.pt is not affected: the first 0 is still written.
+        self.patience_epoch = -1
         self.pending: Pending | None = None
         self.saved: tuple[int, dict[str, Any]] | None = None  # a resumed run's epoch that last.pt left unjudged
 
@@ -59,6 +64,7 @@ class Verdicts:
         """A resumed run's verdicts so far, from its last.pt; an epoch still being scored when that was written is
         :attr:`saved` for the trainer to score and judge first."""
         self.best_fitness, self.best_epoch = state.best_fitness, state.best_epoch
+        self.patience_epoch = state.best_epoch if state.patience_epoch is None else state.patience_epoch
         self.saved = (state.epoch, state.unjudged) if state.unjudged else None
 
     def keep_best_on_disk(self, best: Path) -> None:
@@ -81,6 +87,12 @@ class Verdicts:
         fitness = saved.get("best_fitness")
         if isinstance(fitness, (int, float)) and fitness > self.best_fitness:
             self.best_fitness, self.best_epoch = float(fitness), int(saved.get("best_epoch", -1))
+            self.patience_epoch = max(self.patience_epoch, self.best_epoch)
+
+    def state(self) -> dict[str, float | int]:
+        """What a checkpoint keeps of the verdicts (detector/checkpoint.py, ``RunState``)."""
+        return {"best_fitness": self.best_fitness, "best_epoch": self.best_epoch,
+                "patience_epoch": self.patience_epoch}
 
     def unjudged(self, epoch: int) -> dict[str, Any] | None:
         """What a checkpoint of ``epoch`` keeps of it when its verdict is still pending (None: it was judged)."""
@@ -99,6 +111,8 @@ class Verdicts:
                      f"waiting for data{graph_costs_text(stats)} | val {validation.seconds:.1f}s")
             if (score := fitness(validation.metrics)) > self.best_fitness:
                 self.best_fitness, self.best_epoch = score, epoch
+            if self.best_epoch == epoch or self.best_fitness <= 0:
+                self.patience_epoch = epoch
         self.record(epoch, stats, validation, precision)
 
     def defer(self, pending: Pending) -> None:
@@ -117,8 +131,9 @@ class Verdicts:
                                               "best_epoch": self.best_epoch}
 
     def patience_ran_out(self, judged: int) -> bool:
-        """Whether ``--patience`` epochs have passed since the best one, as of epoch ``judged``."""
-        return bool(self.patience) and judged - self.best_epoch >= self.patience
+        """Whether ``--patience`` epochs have passed since the best one (or the latest scored while all scored 0), as of
+        epoch ``judged``."""
+        return bool(self.patience) and judged - self.patience_epoch >= self.patience
 
     def improved(self, epoch: int) -> bool:
         """Whether ``epoch`` (judged) is the best so far."""

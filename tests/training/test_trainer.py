@@ -328,7 +328,8 @@ def test_resume_re_resolves_the_precision_on_this_device(saved, fell_back, yolo_
 def test_early_stop_ends_with_the_final_report(background, yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
     import detector.training.verdicts
 
-    monkeypatch.setattr(detector.training.verdicts, "fitness", lambda metrics: 0.0)  # epoch 1 is the best there will be
+    # Epoch 1 is the best there will be: a constant above 0 (while all score 0, --patience waits, as Ultralytics' does)
+    monkeypatch.setattr(detector.training.verdicts, "fitness", lambda metrics: 0.5)
     summary = train(_config(yolo_yaml, tmp_path, epochs=4, patience=1, plots=True, val_background=background),
                     progress=False)
     # Scored in the background, epoch 2 is judged at once all the same (patience runs out there if it does not

@@ -1,0 +1,49 @@
+"""The run's verdicts on its epochs (detector/training/verdicts.py): the best fitness, best.pt's epoch, --patience."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from detector.checkpoint import RunState
+from detector.training.verdicts import Verdicts
+
+STATS = {"images_per_s": 100.0, "data_wait": 0.0}
+
+
+def scored(map50_95: float) -> SimpleNamespace:
+    """What ``judge`` reads of a validation: its metrics and seconds."""
+    return SimpleNamespace(metrics={"mAP50-95": map50_95, "mAP50": map50_95, "mAP75": map50_95}, seconds=0.1)
+
+
+def verdicts(patience: int) -> Verdicts:
+    return Verdicts(patience, log=lambda line: None, record=lambda *row: None)
+
+
+def test_patience_waits_while_every_score_is_zero_as_ultralytics_does():
+    """--epochs 30 --patience 3 at 64 px stopped after epoch 4, mAP 0 throughout, its warm-up still under way. As
+    Ultralytics' EarlyStopping does, the epochs patience counts from move on while the best fitness is 0."""
+    judge = verdicts(3)
+    for epoch in range(8):
+        judge.judge(epoch, STATS, scored(0.0), "fp32")
+        assert not judge.patience_ran_out(epoch)
+        assert judge.improved(epoch) == (epoch == 0)  # best.pt as before: written for the first 0, not again
+    judge.judge(8, STATS, scored(0.01), "fp32")  # the first box found: counted from here
+    assert judge.improved(8)
+    for epoch in (9, 10):
+        judge.judge(epoch, STATS, scored(0.005), "fp32")
+        assert not judge.patience_ran_out(epoch)
+    judge.judge(11, STATS, scored(0.005), "fp32")
+    assert judge.patience_ran_out(11) and judge.best_epoch == 8
+
+
+def test_a_resumed_run_counts_patience_from_where_it_was():
+    judge = verdicts(3)
+    for epoch in range(5):
+        judge.judge(epoch, STATS, scored(0.0), "fp32")
+    resumed = verdicts(3)
+    resumed.restore(RunState(epoch=4, config={}, names=[], precision="fp32", **judge.state()))
+    assert resumed.state() == judge.state() == {"best_fitness": 0.0, "best_epoch": 0, "patience_epoch": 4}
+    assert not resumed.patience_ran_out(6) and resumed.patience_ran_out(7)
+    older = verdicts(3)  # a checkpoint from before patience_epoch: counted from its best epoch, as it was
+    older.restore(RunState(epoch=4, config={}, names=[], precision="fp32", best_fitness=0.0, best_epoch=0))
+    assert older.patience_ran_out(3)
