@@ -102,6 +102,11 @@ class RunReporter:
             self._results_plot_cost = self._results_plotted_at - start
         self._rows_undrawn = False
 
+    def figure_seconds(self) -> float | None:
+        """The slowest figure drawn so far, in seconds (None: none timed yet, or plots are off): what the final
+        report's figures are planned from (detector/training/budget.py, ``report_seconds``)."""
+        return max(self.figures.seconds.values(), default=None) if self.plots else None
+
     def on_final(self, validation: Validation, val: SplitData) -> str:
         """PR curves, confusion matrix, prediction images; returns the per-class table. The figures a helper draws
         are on disk once :meth:`close` returns."""

@@ -23,7 +23,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["EpochPlan", "RunClock", "RunSettings", "RunSoFar", "TimeBudget", "format_duration", "parse_duration"]
+__all__ = ["EpochPlan", "RunClock", "RunSettings", "RunSoFar", "TimeBudget", "format_duration", "parse_duration",
+           "report_seconds"]
 
 _NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
 _DURATION = re.compile(
@@ -251,11 +252,11 @@ class TimeBudget:
                 return extra * epoch_cost + validations * val_estimate + final_seconds
 
             extra = _largest_fitting(cost, usable, upper=int(max(usable, 0) // epoch_cost) + 1)
-            epochs = epochs_done + extra
-            if epochs < 1:
-                epochs, over_budget = 1, True
-            elif extra == 0 and cost(0) > usable:
-                over_budget = True
+            epochs = max(epochs_done + extra, 1)
+            # Over budget: even the minimum run (one epoch, or stopping now) does not fit. The end-of-run allowance is
+            # not part of that: an estimate held back, whose not fitting said "over budget" of a 12-s run that then
+            # ended at 6.9 s.
+            over_budget = extra == 0 and cost(epochs - epochs_done) - final_seconds > usable
         if settings.max_epochs is not None:
             epochs = max(min(epochs, settings.max_epochs), epochs_done, 1)
         return EpochPlan(
@@ -273,10 +274,25 @@ class TimeBudget:
 
 
 
-# The end of a run beyond one more validation: the per-class table, PR curves, confusion matrix and
-# prediction images. An allowance, not a measurement; the demo runs in docs/training.md ended inside their
-# budgets.
-FINAL_REPORT_SECONDS = 10.0
+# The final report beyond one more validation: its matplotlib figures (PR curves, confusion matrix, results.png; the
+# prediction images are OpenCV's, far cheaper) at what a figure has been timed at on this host (labels.png, drawn before
+# the first step, then each results.png), and a floor for the rest (per-class table, predictions.json, the prediction
+# images). Before, a fixed 10 s, while the whole report took 0.6-0.9 s on an idle CPU: a --time 12s run planned one
+# epoch of 0.3 s and ended at 6.9 s, and --time 40s left 22% unused.
+REPORT_FIGURES = 3
+# Until a figure is timed: matplotlib's 0.6-0.9 s per figure on a 2-core CPU, rounded up.
+UNTIMED_FIGURE_SECONDS = 1.0
+# Twice the figures' time: the host can slow after a figure was timed (the review's run with 4 busy loops started
+# after the probe: 4.4 s at its end, against ~0.7 s idle, of which the figures are under half).
+REPORT_MARGIN = 2.0
+# The report's floor: the review's whole end of run took 0.6-0.9 s on an idle CPU, figures included.
+REPORT_FLOOR_SECONDS = 1.0
+
+
+def report_seconds(figure_seconds: float | None) -> float:
+    """What the final report's plots are planned to take, from what one figure took (None: not timed yet)."""
+    figure = UNTIMED_FIGURE_SECONDS if figure_seconds is None else figure_seconds
+    return max(REPORT_FLOOR_SECONDS, REPORT_MARGIN * REPORT_FIGURES * figure)
 
 
 class RunClock:
@@ -320,14 +336,15 @@ class RunClock:
     def replanned(self) -> None:
         self._replanned_at = time.monotonic()
 
-    def final_seconds(self, *, report: bool, fp32_again: bool) -> float:
+    def final_seconds(self, *, report: bool, fp32_again: bool, figure_seconds: float | None = None) -> float:
         """What the end of the run costs beyond the last epoch's validation: best.pt's pass (the final report's,
         where an earlier epoch was the best: whether it will be is not known before the last epoch, so it is
-        always planned; the slowest validation so far), the report's plots, and a ``--final-fp32`` evaluation (FP32
-        runs at about half the reduced-precision speed, so twice the slowest validation)."""
+        always planned; the slowest validation so far), the report's plots (:func:`report_seconds`, from
+        ``figure_seconds``, the slowest figure timed so far), and a ``--final-fp32`` evaluation (FP32 runs at about
+        half the reduced-precision speed, so twice the slowest validation)."""
         measured = [seconds for seconds in self.val_seconds if seconds is not None] or [self.prior_val_seconds or 0.0]
         slowest = max(measured)
-        return slowest + (FINAL_REPORT_SECONDS if report else 0.0) + (2 * slowest if fp32_again else 0.0)
+        return slowest + (report_seconds(figure_seconds) if report else 0.0) + (2 * slowest if fp32_again else 0.0)
 
     def refit(self, settings: RunSettings, *, epochs_done: int, mosaic_closed_at: int | None) -> EpochPlan | None:
         """The plan for the rest of the run after ``epochs_done`` epochs; None without a budget."""

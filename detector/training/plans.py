@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from detector.data.build import SplitData
 from detector.distributed import DistInfo, decide_on_main, unwrap
+from detector.plots.reporter import RunReporter
 from detector.precision import Precision
 from detector.training.budget import RunClock, RunSettings
 from detector.training.builders import build_optimization, warmup_steps
@@ -45,6 +46,7 @@ class RunPlans:
     sampler: object  # the training sampler: its len() is the images of a pass
     train_loader: DataLoader
     validator: Validator | None
+    reporter: RunReporter | None  # rank 0's: what a figure takes here sizes the final report's allowance
     val_data: SplitData | None
     optimizer_name: str
     start_epoch: int
@@ -63,8 +65,10 @@ class RunPlans:
     def _settings(self, *, warmup_epochs: float) -> RunSettings:
         config = self.config
         # --val-interval 0 validates after the last epoch alone: an interval no run reaches.
+        figure_seconds = self.reporter.figure_seconds() if self.reporter is not None else None
         return RunSettings(config.epochs, config.close_mosaic, warmup_epochs, val_interval=config.val_interval or 2**62,
-                           final_seconds=self.clock.final_seconds(report=config.plots, fp32_again=config.final_fp32))
+                           final_seconds=self.clock.final_seconds(report=config.plots, fp32_again=config.final_fp32,
+                                                                  figure_seconds=figure_seconds))
 
     def _fit_to_budget(self, epoch: int) -> tuple[int, int, float]:
         """(epochs, close-mosaic, warm-up epochs) for the rest of the run: as they are, or fitted to ``--time``."""

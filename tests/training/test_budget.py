@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from detector.training.budget import (FINAL_REPORT_SECONDS, MAX_WARMUP_SHARE, EpochPlan, RunClock, RunSettings,
-                                      RunSoFar, TimeBudget, format_duration, parse_duration)
+from detector.training.budget import (MAX_WARMUP_SHARE, REPORT_FLOOR_SECONDS, EpochPlan, RunClock, RunSettings,
+                                      RunSoFar, TimeBudget, format_duration, parse_duration, report_seconds)
 
 
 @pytest.mark.parametrize(
@@ -199,7 +199,9 @@ def test_bad_arguments() -> None:
 def test_stopping_after_an_unvalidated_epoch_reserves_its_validation() -> None:
     common = dict(epoch_seconds=[30.0] * 4, val_seconds=[None, None, 5.0, None], epochs_done=4, val_interval=3,
                   final_seconds=5.0)
-    assert fit("8m", elapsed_seconds=480 - 9.0, **common).over_budget  # 5 s final + 5 s validation > 9 s left
+    # 9 s left, less 5% and a tenth of an epoch: 5.05 s. The validation fits (the allowance does not: no "over budget")
+    assert fit("8m", elapsed_seconds=480 - 9.0, **common).epochs == 4
+    assert fit("8m", elapsed_seconds=480 - 6.0, **common).over_budget  # 2.1 s: not even the 5-s validation fits
     assert not fit("8m", elapsed_seconds=480 - 16.0, **common).over_budget
 
 
@@ -246,8 +248,30 @@ def test_the_end_of_the_run_plans_best_pt_s_pass_the_report_and_an_fp32_pass() -
     assert clock.final_seconds(report=False, fp32_again=False) == 2.0
     clock.val_seconds = [3.0, None, 5.0, 4.0]  # None: an epoch without validation
     assert clock.final_seconds(report=False, fp32_again=False) == 5.0
-    assert clock.final_seconds(report=True, fp32_again=False) == 5.0 + FINAL_REPORT_SECONDS
-    assert clock.final_seconds(report=True, fp32_again=True) == 5.0 + FINAL_REPORT_SECONDS + 2 * 5.0
+    assert clock.final_seconds(report=True, fp32_again=False) == 5.0 + report_seconds(None)
+    assert clock.final_seconds(report=True, fp32_again=True, figure_seconds=0.4) == 5.0 + report_seconds(0.4) + 2 * 5.0
+
+
+def test_the_report_allowance_follows_what_a_figure_takes_here() -> None:
+    """Three figures at twice their timed cost, at least the floor: no longer a fixed 10 s."""
+    assert report_seconds(0.3) == pytest.approx(2 * 3 * 0.3) and report_seconds(1.5) == pytest.approx(9.0)
+    assert report_seconds(0.01) == REPORT_FLOOR_SECONDS and report_seconds(None) == pytest.approx(6.0)
+
+
+def test_a_short_budget_is_not_spent_on_the_report_allowance() -> None:
+    """The review's --time 12s at 64 px: 5.6 s of start-up, epochs of 0.3 s, validations of 0.06 s, labels.png
+    drawn in 0.3 s. The fixed 10-s allowance planned 1 epoch "over budget"; the run ended at 6.9 s."""
+    clock = RunClock()
+    clock.prior_val_seconds = 0.06
+    final = clock.final_seconds(report=True, fp32_again=False, figure_seconds=0.3)
+    plan = fit(12.0 / 3600, elapsed_seconds=5.6, epoch_seconds=[], val_seconds=[], epochs_done=0,
+               prior_epoch_seconds=0.3, prior_val_seconds=0.06, final_seconds=final)
+    assert plan.epochs >= 5 and not plan.over_budget
+    assert planned_seconds(plan, elapsed=5.6, done=0, train=0.3, val=0.06, final=final) <= 12.0
+    # An allowance that does not fit is no "over budget": one epoch and its validation fit, the estimate does not.
+    squeezed = fit(12.0 / 3600, elapsed_seconds=9.0, epoch_seconds=[], val_seconds=[], epochs_done=0,
+                   prior_epoch_seconds=0.3, prior_val_seconds=0.06, final_seconds=10.0)
+    assert squeezed.epochs == 1 and not squeezed.over_budget
 
 
 def test_the_clock_counts_what_the_process_spent_before_it() -> None:
