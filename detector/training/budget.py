@@ -109,8 +109,12 @@ class EpochPlan:
     over_budget: bool = False
     budget_text: str = ""
 
-    def describe(self) -> str:
-        """One line for the run header / the log after a re-fit."""
+    def describe(self, *, warmup_epochs: float | None = None) -> str:
+        """One line for the run header / the log after a re-fit. ``warmup_epochs``: the warm-up the schedule gets (its
+        steps over the steps per epoch: the trainer's 100-step floor can make it longer than the plan's, and a warm-up
+        under way is not rescaled); without it, the plan's, capped at a quarter of the run."""
+        if warmup_epochs is None:
+            warmup_epochs = min(self.warmup_epochs, MAX_WARMUP_SHARE * self.epochs)
         budget = self.budget_text or format_duration(self.budget_seconds)
         if self.epoch_seconds is None:
             return (f"time budget {budget}: epoch time not measured yet, planning {self.epochs} epochs "
@@ -119,7 +123,7 @@ class EpochPlan:
         val = f" (+{self.val_seconds:.0f} s val)" if self.val_seconds > 0 else ""
         line = (f"time budget {budget}: {self.epochs} epoch{'s' if self.epochs != 1 else ''} fit at "
                 f"~{self.epoch_seconds:.0f} s each{val}, close-mosaic {self.close_mosaic}, "
-                f"warm-up {min(self.warmup_epochs, MAX_WARMUP_SHARE * self.epochs):.2g} epochs")
+                f"warm-up {warmup_epochs:.2g} epochs")
         if self.over_budget:
             line += " (over budget: the budget is smaller than the minimum run)"
         return line + estimated

@@ -26,6 +26,7 @@ from detector.training.decision import EpochDecision
 from detector.training.engine import TrainStep
 from detector.training.multiscale import MultiScale, images_per_step
 from detector.training.probe import ProbeResult, plan_from_probe, size_factor, time_training_steps
+from detector.training.schedule import StepSchedule
 from detector.training.validator import Validator
 from detector.tuning import autotune_convolutions
 
@@ -77,7 +78,8 @@ class RunPlans:
         if plan is None:
             return self.epochs, self.close_mosaic, self.warmup_epochs
         if plan.epochs != self.epochs or epoch == 0:
-            self.log(plan.describe())
+            at_step = (epoch + 1) * self.step.schedule.steps_per_epoch
+            self.log(plan.describe(warmup_epochs=self._warmup_epochs(plan.epochs, plan.warmup_epochs, at_step)))
         return plan.epochs, plan.close_mosaic, plan.warmup_epochs
 
     def _plan_before_first_step(self, first: tuple, batches: Iterator) -> None:
@@ -101,7 +103,8 @@ class RunPlans:
             plan = plan_from_probe(self.clock, self._settings(warmup_epochs=config.warmup_epochs), probe,
                                    steps_per_epoch=len(self.train_loader), size_factor=size_factor(sizes, config.imgsz),
                                    val_images=val_images)
-            self.log(f"{probe.describe()}\n{plan.describe()}")
+            warmup = self._warmup_epochs(plan.epochs, plan.warmup_epochs, at_step=0)
+            self.log(f"{probe.describe()}\n{plan.describe(warmup_epochs=warmup)}")
             return plan.epochs, plan.close_mosaic, plan.warmup_epochs, probe.val_seconds(val_images)
 
         epochs, close_mosaic, warmup_epochs, self.clock.prior_val_seconds = decide_on_main(plan, self.dist)
@@ -127,7 +130,17 @@ class RunPlans:
     def _plan_epochs(self, epochs: int, close_mosaic: int, warmup_epochs: float, *, at_step: int) -> None:
         """Follow a new plan from step ``at_step`` on; the schedule changes only ahead (training/schedule.py)."""
         self.epochs, self.close_mosaic, self.warmup_epochs = epochs, close_mosaic, warmup_epochs
-        schedule = self.step.schedule
-        self.step.schedule = schedule.replan(at_step=at_step, epochs=epochs,
-                                             warmup_steps=warmup_steps(warmup_epochs, schedule.steps_per_epoch, epochs))
+        self.step.schedule = self._replanned(epochs, warmup_epochs, at_step)
         self.multi_scale = dataclasses.replace(self.multi_scale, epochs=epochs, fixed_last_epochs=close_mosaic)
+
+    def _replanned(self, epochs: int, warmup_epochs: float, at_step: int) -> StepSchedule:
+        """The schedule re-planned at ``at_step`` for ``epochs`` (its warm-up capped for that length)."""
+        schedule = self.step.schedule
+        return schedule.replan(at_step=at_step, epochs=epochs,
+                               warmup_steps=warmup_steps(warmup_epochs, schedule.steps_per_epoch, epochs))
+
+    def _warmup_epochs(self, epochs: int, warmup_epochs: float, at_step: int) -> float:
+        """The warm-up, in epochs, that the schedule would get from this plan: what the plan's line says (the plan's own
+        figure left out the 100-step floor: "2.2 epochs" for a 73-step warm-up of 4-step epochs)."""
+        schedule = self._replanned(epochs, warmup_epochs, at_step)
+        return schedule.warmup_steps / schedule.steps_per_epoch
