@@ -205,6 +205,8 @@ class TimeBudget:
     def parse(cls, value: str | float, **margins: float) -> TimeBudget:
         """``TimeBudget.parse("8m")``; see :func:`parse_duration` for the forms accepted."""
         text = value.strip() if isinstance(value, str) else format_duration(parse_duration(value))
+        if re.fullmatch(_NUMBER, text):  # a bare number is hours: the plan's line says so ("0.01h", not "0.01")
+            text += "h"
         return cls(parse_duration(value), text=text, **margins)
 
     def fit(

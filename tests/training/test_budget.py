@@ -281,3 +281,9 @@ def test_the_clock_counts_what_the_process_spent_before_it() -> None:
     resumed = RunClock(before=5.0)
     resumed.restore(100.0, [], [])
     assert resumed.elapsed() >= 105.0
+
+
+def test_a_bare_number_budget_is_shown_in_hours() -> None:
+    """Ultralytics' time=0.01 is hours; the plan's line said "time budget 0.01" without a unit."""
+    assert TimeBudget.parse("0.01").text == "0.01h" and TimeBudget.parse("8m").text == "8m"
+    assert fit("0.01").describe().startswith("time budget 0.01h:")
