@@ -102,7 +102,15 @@ def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
         if payload.get(key) is not None and not all_finite(payload[key]):
             raise CheckpointError(f"{path}: refusing to save non-finite '{key}' weights")
     with atomic_file(path) as file:
-        torch.save(payload, file)
+        try:
+            torch.save(payload, file)
+        except RuntimeError as error:
+            # torch's zip writer reports a failed write (a full disk, a file-size limit) as "unexpected pos ...",
+            # the OSError that says why only chained inside it: raised as that OSError, it is one line that says so.
+            cause = error.__cause__ or error.__context__
+            if isinstance(cause, OSError):
+                raise cause from None
+            raise
 
 
 # The oldest torch whose ``weights_only`` loader has no published bypass: CVE-2025-32434 (GHSA-53q9-r3pm-6pq6,

@@ -77,7 +77,7 @@ class CheckpointWriter:
         self.in_background = background  # False: each write happens at submit, on the caller's thread
         self._pending: dict[Path, tuple[dict[str, Any], bool]] = {}  # path -> (snapshot, strip), in order
         self._busy = False
-        self._error: CheckpointError | None = None
+        self._error: Exception | None = None  # a CheckpointError line, or what no write should raise
         self._closed = False
         self._condition = threading.Condition()
         self.write_seconds = 0.0  # time the writer spent writing (off the training thread when in the background)
@@ -161,7 +161,10 @@ class CheckpointWriter:
                 error = failure
             except OSError as failure:  # a full disk, a lost mount, no permission: the old file is still whole
                 reason = failure.strerror or type(failure).__name__
-                error = CheckpointError(f"{path}: could not write the checkpoint ({reason}); the previous one is intact")
+                kept = "the previous one is intact" if path.exists() else "there is no previous one"
+                error = CheckpointError(f"{path}: could not write the checkpoint ({reason}); {kept}")
+            except Exception as failure:  # noqa: BLE001 - anything else too: a writer thread that died of it left
+                error = failure  # the run going on without checkpoints; raised on the training thread, traceback kept
             with self._condition:
                 self._busy = False
                 self.write_seconds += time.perf_counter() - start

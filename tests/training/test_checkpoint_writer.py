@@ -91,6 +91,39 @@ def test_a_full_disk_leaves_the_previous_checkpoint_and_stops_with_one_line(tmp_
     assert not writer._thread.is_alive()
 
 
+@pytest.mark.parametrize("background", [True, False])
+def test_a_write_torch_fails_is_one_line_and_never_a_silent_thread_death(tmp_path: Path, monkeypatch, background: bool):
+    """A full disk inside torch.save came out as torch's "RuntimeError: [enforce fail at inline_container.cc] unexpected
+    pos", the OSError saying why only chained inside it: a traceback on the CPU, and on a GPU (the writer in the
+    background) a thread that died of it, its run going on without checkpoints. A file-size limit fails the same
+    write, for real, without a small disk."""
+    resource = pytest.importorskip("resource", reason="no file-size limit here (not a Unix)")
+
+    writer = CheckpointWriter(background=background)
+    writer.submit(tmp_path / "last.pt", payload(0))
+    writer.drain()
+    big = {**payload(1), "model": {"w": torch.zeros(1 << 20)}}  # 4 MB, over the limit below
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))  # Python ignores SIGXFSZ: the write fails, EFBIG
+    try:
+        with pytest.raises(CheckpointError, match=r"last.pt: could not write the checkpoint \(File too large\); "
+                                                  r"the previous one is intact$"):
+            writer.submit(tmp_path / "last.pt", big)
+            writer.drain()
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
+    # Any other failure of a write reaches the training thread too, as it is (a bug keeps its traceback).
+    failing = CheckpointWriter(lambda payload, path: 1 / 0, background=background)
+    with pytest.raises(ZeroDivisionError):
+        failing.submit(tmp_path / "best.pt", payload(2))
+        failing.drain()
+    with pytest.raises(ZeroDivisionError):
+        failing.close()
+    assert not failing._busy and (failing._thread is None or not failing._thread.is_alive())
+
+
 def test_synchronous_mode_writes_on_the_callers_thread(tmp_path: Path):
     threads = []
 
