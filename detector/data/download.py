@@ -17,6 +17,9 @@ entry is never run. For each archive the dataset still lacks:
    then delete the zip;
 4. where the dataset has a ``convert`` step (VOC: XML -> YOLO txt, :mod:`detector.data.voc`), run it.
 
+All of it runs under ``<root>/<name>.lock`` (:mod:`detector.data.lock`): a second download of the same dataset
+stops at once, naming the first one's pid, instead of truncating its ``.part``.
+
 It ends by loading the shipped YAML against the root, which proves the layout is what training reads.
 ``$DETECTOR_DOWNLOAD_URL`` (or ``base_url``) fetches every archive from ``<base>/<file name>`` instead:
 a mirror, or a local server in the tests; the same digests and caps apply. docs/security.md has the policy.
@@ -35,11 +38,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 
 from tqdm import tqdm
 
 from detector.data.catalog import DOWNLOADS, Archive, Download, human_size, shipped_yaml_dir
+from detector.data.lock import Busy, exclusive
 from detector.data.spec import load_dataset_spec, load_split
 
 BASE_URL_ENV = "DETECTOR_DOWNLOAD_URL"
@@ -161,13 +167,26 @@ def _transfer(url: str, part: Path, size: int | None, *, timeout: float, label: 
     return total or received
 
 
+@contextmanager
+def one_download(lock: Path, what: str) -> Iterator[None]:
+    """Run the ``with`` block as the only download of ``what`` (its lock file: ``lock``); else one line, at once."""
+    try:
+        with exclusive(lock):
+            yield
+    except Busy as busy:
+        pid = f" (pid {busy.pid})" if busy.pid else ""
+        raise DownloadError(f"{lock}: another download of {what} is running{pid}; let it finish (or stop it), "
+                            "then run the command again") from None
+
+
 def fetch(url: str, target: Path, size: int | None, *, max_bytes: int | None = None, allow_http: bool = False,
           timeout: float = 30.0, attempts: int = 3, retry_wait: float = 2.0) -> Path:
     """Download ``url`` to ``target`` through ``target.part``, resuming cut transfers; returns ``target``.
 
     ``size``: the exact size when known (a server announcing another is refused before anything is fetched);
     ``max_bytes``: the most bytes the file may have (default ``size``; one of the two is required), counted as
-    they arrive. Over https only unless ``allow_http``. The caller verifies the digest of the whole file.
+    they arrive. Over https only unless ``allow_http``. The caller verifies the digest of the whole file, and holds
+    :func:`one_download`'s lock: two fetches of one file would write the same ``.part``.
     """
     limit = max_bytes if max_bytes is not None else size
     if limit is None:
@@ -178,18 +197,22 @@ def fetch(url: str, target: Path, size: int | None, *, max_bytes: int | None = N
     part = target.with_name(target.name + ".part")
     if size is not None and part.exists() and part.stat().st_size > size:
         part.unlink()  # longer than the published file: not a prefix of it
-    for attempt in range(1, attempts + 1):
-        if size is not None and part.exists() and part.stat().st_size == size:
-            break  # complete from an earlier run that stopped before the rename
-        try:
-            _transfer(url, part, size, timeout=timeout, label=target.name, limit=limit, allow_http=allow_http)
-            break
-        except CutTransfer as cut:
-            if attempt == attempts:
-                raise DownloadError(f"{url}: {cut}; run the command again to resume") from None
-            print(f"{target.name}: {cut}; resuming ({attempt}/{attempts - 1})", file=sys.stderr)
-            time.sleep(retry_wait)
-    part.replace(target)
+    try:
+        for attempt in range(1, attempts + 1):
+            if size is not None and part.exists() and part.stat().st_size == size:
+                break  # complete from an earlier run that stopped before the rename
+            try:
+                _transfer(url, part, size, timeout=timeout, label=target.name, limit=limit, allow_http=allow_http)
+                break
+            except CutTransfer as cut:
+                if attempt == attempts:
+                    raise DownloadError(f"{url}: {cut}; run the command again to resume") from None
+                print(f"{target.name}: {cut}; resuming ({attempt}/{attempts - 1})", file=sys.stderr)
+                time.sleep(retry_wait)
+        part.replace(target)
+    except FileNotFoundError:  # the lock keeps our own downloads apart; something else deleted it
+        raise DownloadError(f"{part}: deleted while it was being written (by another program?); "
+                            "run the command again") from None
     return target
 
 
@@ -334,20 +357,21 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
     spec = DOWNLOADS[dataset] if isinstance(dataset, str) else dataset
     root.mkdir(parents=True, exist_ok=True)
     destination = root / spec.extract_to
-    if destination.is_dir():
-        convert(spec, destination)  # finishes what an interrupted run extracted but did not convert
-    for archive in spec.missing(root, split):
-        url = archive_url(archive, base_url)
-        check_transport(url, allow_http=allow_http)  # before saying "fetching"
-        approx = "" if archive.exact_size else "about "
-        print(f"{spec.name}: fetching {url} ({approx}{human_size(archive.size)}) into {root}")
-        path = fetch(url, root / archive.filename, archive.size if archive.exact_size else None,
-                     max_bytes=archive.size * (1 if archive.exact_size else APPROXIMATE_SIZE_MARGIN),
-                     allow_http=allow_http, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
-        verify(path, archive, url)
-        extract(path, destination, root)
-        path.unlink()  # the extracted files are what training reads; the zip would double the disk use
-        convert(spec, destination)
+    with one_download(root / f"{spec.name}.lock", f"{spec.name} into {root}"):
+        if destination.is_dir():
+            convert(spec, destination)  # finishes what an interrupted run extracted but did not convert
+        for archive in spec.missing(root, split):
+            url = archive_url(archive, base_url)
+            check_transport(url, allow_http=allow_http)  # before saying "fetching"
+            approx = "" if archive.exact_size else "about "
+            print(f"{spec.name}: fetching {url} ({approx}{human_size(archive.size)}) into {root}")
+            path = fetch(url, root / archive.filename, archive.size if archive.exact_size else None,
+                         max_bytes=archive.size * (1 if archive.exact_size else APPROXIMATE_SIZE_MARGIN),
+                         allow_http=allow_http, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
+            verify(path, archive, url)
+            extract(path, destination, root)
+            path.unlink()  # the extracted files are what training reads; the zip would double the disk use
+            convert(spec, destination)
     folder = root / spec.folder_name
     print(f"{spec.name}: ready in {folder} ({prove(spec, root, split)})")
     return folder

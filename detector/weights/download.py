@@ -6,7 +6,8 @@ a plain-http mirror), never more bytes than the file's exact size, a progress ba
 transfer resumes with an HTTP ``Range`` request, and an atomic rename into place. The checks: the exact size
 and the SHA-256 pinned in :mod:`detector.weights.catalog` (of the whole file, resumed or not), then a read
 through the restricted unpickler, which must find YOLOv8 detection weights of the expected scale; a file that
-fails any of them is deleted. A file already in ``weights/`` is checked the same way.
+fails any of them is deleted. A file already in ``weights/`` is checked the same way. All of it runs under
+``<file>.lock`` (:func:`detector.data.download.one_download`): a second download of the same file stops at once.
 
 ``$DETECTOR_DOWNLOAD_URL`` (or ``base_url``) fetches from ``<base>/<file name>`` instead: a mirror, or a
 local server in the tests (the same variable the dataset downloads read).
@@ -18,7 +19,8 @@ import pickle
 from pathlib import Path
 
 from detector.data.catalog import human_size
-from detector.data.download import BASE_URL_ENV, DownloadError, check_transport, digest_problem, fetch, mirrored_url
+from detector.data.download import (BASE_URL_ENV, DownloadError, check_transport, digest_problem, fetch, mirrored_url,
+                                     one_download)
 from detector.weights.catalog import LICENCE_NOTE, PRETRAINED, PretrainedWeights
 from detector.paths import default_weights_dir
 from detector.weights.ultralytics import read_ultralytics_checkpoint
@@ -56,14 +58,18 @@ def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path | No
     url = mirrored_url(spec.url, base_url)
     target = weights_dir / spec.filename
     print(LICENCE_NOTE)
-    if target.is_file():
-        print(f"{spec.name}: already in {target}; checking it")
-    else:
+    if not target.is_file():
         check_transport(url, allow_http=allow_http)  # before making the folder or saying "fetching"
         weights_dir.mkdir(parents=True, exist_ok=True)
-        print(f"{spec.name}: fetching {url} ({human_size(spec.size)}) into {weights_dir}")
-        fetch(url, target, spec.size, allow_http=allow_http, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
+    with one_download(target.with_name(target.name + ".lock"), f"{spec.filename} into {weights_dir}"):
+        if target.is_file():
+            print(f"{spec.name}: already in {target}; checking it")
+        else:
+            print(f"{spec.name}: fetching {url} ({human_size(spec.size)}) into {weights_dir}")
+            fetch(url, target, spec.size, allow_http=allow_http, timeout=timeout, attempts=attempts,
+                  retry_wait=retry_wait)
+        summary = check_weights(target, spec, url)
     name = spec.filename if weights_dir.resolve() == default_weights_dir().resolve() else target  # by bare name?
-    print(f"{spec.name}: ready in {target} ({check_weights(target, spec, url)}); "
+    print(f"{spec.name}: ready in {target} ({summary}); "
           f"train from it: python -m detector train --weights {name} --data YOUR.yaml")
     return target

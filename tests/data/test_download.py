@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import socket
 import struct
 import threading
@@ -22,6 +23,7 @@ import pytest
 
 from detector.cli import download as download_command
 from detector.data import download as downloader
+from detector.data import lock
 from detector.data.catalog import DOWNLOADS, Download
 from detector.data.download import DownloadError, _CheckedRedirects, check_transport, download
 from detector.data.spec import load_dataset_spec
@@ -40,6 +42,7 @@ class Served:
     ignore_range: bool = False
     no_length: bool = False  # send no Content-Length: the client cannot know the size in advance
     redirects: dict[str, str] = field(default_factory=dict)  # name -> Location of a 302
+    hold_first: threading.Event | None = None  # the first response to each file sends half, then waits for this
     requests: list[tuple[str, str | None]] = field(default_factory=list)
 
 
@@ -71,6 +74,12 @@ def _handler(served: Served) -> type[BaseHTTPRequestHandler]:
             if not served.no_length:
                 self.send_header("Content-Length", str(len(body) - start))
             self.end_headers()
+            if served.hold_first is not None and first:
+                self.wfile.write(body[start:start + len(body) // 2])
+                self.wfile.flush()
+                served.hold_first.wait(TIMEOUT_S)
+                self.wfile.write(body[start + len(body) // 2:])
+                return
             if served.cut_first and first:
                 self.wfile.write(body[start:start + len(body) // 2])
                 self.wfile.flush()
@@ -165,6 +174,66 @@ def test_a_partial_file_from_an_earlier_run_is_resumed(tmp_path: Path, server: t
     (root / "coco128.zip.part").write_bytes(body[:1000])
     download("coco128", root=root, **fetch_options(base))
     assert served.requests == [("coco128.zip", "bytes=1000-")] and (root / "coco128/images/train2017").is_dir()
+
+
+@pytest.mark.usefixtures("watchdog")
+def test_a_second_download_of_the_same_dataset_stops_at_once_and_the_first_completes(tmp_path: Path,
+                                                                                      server: tuple[str, Served]):
+    """The second used to truncate the first's .part: both failed (a CRC error, a vanished .part)."""
+    base, served = server
+    served.files["coco128.zip"] = coco128_zip(tmp_path)
+    served.hold_first = threading.Event()
+    root = tmp_path / "datasets"
+    outcome: list[object] = []
+    first = threading.Thread(target=lambda: outcome.append(download("coco128", root=root, **fetch_options(base))))
+    first.start()
+    try:
+        part = root / "coco128.zip.part"
+        for _ in range(int(TIMEOUT_S / 0.01)):  # until the first is in its transfer (held halfway by the server)
+            if part.exists():
+                break
+            threading.Event().wait(0.01)
+        with pytest.raises(DownloadError) as error:
+            download("coco128", root=root, **fetch_options(base))
+    finally:
+        served.hold_first.set()
+        first.join(TIMEOUT_S)
+    message = str(error.value)
+    assert "\n" not in message and f"another download of coco128 into {root} is running (pid {os.getpid()})" in message
+    assert outcome == [root / "coco128"] and len(served.requests) == 1
+    assert sorted(p.name for p in root.iterdir()) == ["coco128"]  # no lock file, .part or zip left
+    assert len(load_dataset_spec("coco128.yaml", datasets_dir=root).train.images) == 6
+
+
+def test_a_lock_left_by_a_killed_download_locks_nothing(tmp_path: Path, server: tuple[str, Served]):
+    base, served = server
+    served.files["coco128.zip"] = coco128_zip(tmp_path)
+    root = tmp_path / "datasets"
+    root.mkdir()
+    (root / "coco128.lock").write_text("999999\n")  # its process is gone: the kernel dropped its flock
+    download("coco128", root=root, **fetch_options(base))
+    assert sorted(p.name for p in root.iterdir()) == ["coco128"]
+    with lock.exclusive(root / "coco128.lock"), pytest.raises(lock.Busy):
+        with lock.exclusive(root / "coco128.lock"):
+            pass
+
+
+def test_a_part_file_deleted_by_another_program_is_one_line(tmp_path: Path, server: tuple[str, Served],
+                                                           monkeypatch: pytest.MonkeyPatch):
+    base, served = server
+    served.files["coco128.zip"] = coco128_zip(tmp_path)
+    original = downloader._transfer
+
+    def then_deleted(url: str, part: Path, *args: object, **kwargs: object) -> int:
+        total = original(url, part, *args, **kwargs)
+        part.unlink()
+        return total
+
+    monkeypatch.setattr(downloader, "_transfer", then_deleted)
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError, match="coco128.zip.part: deleted while it was being written") as error:
+        download("coco128", root=root, **fetch_options(base))
+    assert "\n" not in str(error.value)
 
 
 def test_checksum_mismatch_is_refused_in_one_line_and_nothing_is_extracted(tmp_path: Path, server: tuple[str, Served]):

@@ -16,6 +16,7 @@ import torch
 
 from detector.cli import download as download_command
 from detector.data import download as downloader
+from detector.data import lock
 from detector.data.download import DownloadError
 from detector.weights import resolve_weights
 from detector.weights.catalog import PRETRAINED, PretrainedWeights
@@ -144,3 +145,16 @@ def test_every_catalogued_file_is_pinned_and_fetched_over_https():
     for weights in PRETRAINED.values():
         assert len(weights.sha256) == 64 and int(weights.sha256, 16) >= 0 and weights.size > 1_000_000
         assert weights.url.startswith("https://") and weights.url.endswith(f"/{weights.filename}")
+
+
+def test_a_second_download_of_the_same_weights_stops_at_once(tmp_path: Path, served_weights: tuple[str, Served]):
+    _, served = served_weights
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    with lock.exclusive(folder / "yolov8n.pt.lock"):  # what a first download holds while it runs
+        with pytest.raises(DownloadError) as error:
+            download_weights("yolov8n", weights_dir=folder, **OPTIONS)
+    message = str(error.value)
+    assert "\n" not in message
+    assert f"another download of yolov8n.pt into {folder} is running (pid {os.getpid()})" in message
+    assert served.requests == [] and not any(folder.iterdir())
