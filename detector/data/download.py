@@ -255,13 +255,17 @@ def _zip_problem(path: Path) -> str | None:
         return f"not a readable zip ({error})"
 
 
-def verify(path: Path, archive: Archive, url: str) -> None:
-    """Size, then the pinned digest (:func:`digest_problem`), then the zip's own CRCs; a file that fails is deleted."""
+def verify(path: Path, archive: Archive, url: str, *, fetched: bool = True) -> None:
+    """Size, then the pinned digest (:func:`digest_problem`), then the zip's own CRCs. A file that fails is deleted
+    when this run ``fetched`` it; one that was there before (the user's, perhaps) is left as it is."""
     size = path.stat().st_size
     if archive.exact_size and size != archive.size:
         problem = f"{size} bytes, expected {archive.size}"
     else:
         problem = digest_problem(path, sha256=archive.sha256, md5=archive.md5) or _zip_problem(path)
+    if problem and not fetched:
+        raise DownloadError(f"{path}: {problem}; it was there before this run, so it is left as it is: move it away "
+                            "and run the command again to fetch it anew")
     if problem:
         path.unlink()
         raise DownloadError(f"{path} (from {url}): {problem}; deleted it, run the command again to fetch it anew")
@@ -365,10 +369,11 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
             check_transport(url, allow_http=allow_http)  # before saying "fetching"
             approx = "" if archive.exact_size else "about "
             print(f"{spec.name}: fetching {url} ({approx}{human_size(archive.size)}) into {root}")
+            fetched = not (root / archive.filename).exists()  # else kept by an earlier run, or put there by hand
             path = fetch(url, root / archive.filename, archive.size if archive.exact_size else None,
                          max_bytes=archive.size * (1 if archive.exact_size else APPROXIMATE_SIZE_MARGIN),
                          allow_http=allow_http, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
-            verify(path, archive, url)
+            verify(path, archive, url, fetched=fetched)
             extract(path, destination, root)
             path.unlink()  # the extracted files are what training reads; the zip would double the disk use
             convert(spec, destination)

@@ -6,7 +6,8 @@ a plain-http mirror), never more bytes than the file's exact size, a progress ba
 transfer resumes with an HTTP ``Range`` request, and an atomic rename into place. The checks: the exact size
 and the SHA-256 pinned in :mod:`detector.weights.catalog` (of the whole file, resumed or not), then a read
 through the restricted unpickler, which must find YOLOv8 detection weights of the expected scale; a file that
-fails any of them is deleted. A file already in ``weights/`` is checked the same way. All of it runs under
+fails any of them is deleted. A file already in ``weights/`` is checked the same way but never deleted (it may be
+the user's own, fine-tuned say): the command refuses in one line and leaves it. All of it runs under
 ``<file>.lock`` (:func:`detector.data.download.one_download`): a second download of the same file stops at once.
 
 ``$DETECTOR_DOWNLOAD_URL`` (or ``base_url``) fetches from ``<base>/<file name>`` instead: a mirror, or a
@@ -28,9 +29,9 @@ from detector.weights.ultralytics import read_ultralytics_checkpoint
 __all__ = ["BASE_URL_ENV", "check_weights", "download_weights"]
 
 
-def check_weights(path: Path, weights: PretrainedWeights, url: str) -> str:
+def check_weights(path: Path, weights: PretrainedWeights, url: str, *, fetched: bool = True) -> str:
     """Size, the pinned SHA-256, then a safe read of the file; returns a one-line summary. A file that fails is
-    deleted."""
+    deleted when this run ``fetched`` it; one that was there before is left as it is."""
     size = path.stat().st_size
     problem = f"{size} bytes, expected {weights.size}" if size != weights.size else None
     problem = problem or digest_problem(path, sha256=weights.sha256)  # the whole file, resumed or not
@@ -40,6 +41,9 @@ def check_weights(path: Path, weights: PretrainedWeights, url: str) -> str:
             problem = None if checkpoint.scale == weights.scale else f"holds YOLOv8{checkpoint.scale} weights"
         except (ValueError, KeyError, pickle.UnpicklingError, RuntimeError, EOFError) as error:
             problem = f"does not load ({str(error).splitlines()[0] if str(error) else type(error).__name__})"
+    if problem and not fetched:
+        raise DownloadError(f"{path}: {problem}, not the {weights.name} release detector pins; left it as it is: "
+                            f"move it away and run the command again to fetch the release")
     if problem:
         path.unlink()
         raise DownloadError(f"{path} (from {url}): {problem}; deleted it, run the command again to fetch it anew")
@@ -62,13 +66,14 @@ def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path | No
         check_transport(url, allow_http=allow_http)  # before making the folder or saying "fetching"
         weights_dir.mkdir(parents=True, exist_ok=True)
     with one_download(target.with_name(target.name + ".lock"), f"{spec.filename} into {weights_dir}"):
-        if target.is_file():
+        fetched = not target.is_file()
+        if not fetched:
             print(f"{spec.name}: already in {target}; checking it")
         else:
             print(f"{spec.name}: fetching {url} ({human_size(spec.size)}) into {weights_dir}")
             fetch(url, target, spec.size, allow_http=allow_http, timeout=timeout, attempts=attempts,
                   retry_wait=retry_wait)
-        summary = check_weights(target, spec, url)
+        summary = check_weights(target, spec, url, fetched=fetched)
     name = spec.filename if weights_dir.resolve() == default_weights_dir().resolve() else target  # by bare name?
     print(f"{spec.name}: ready in {target} ({summary}); "
           f"train from it: python -m detector train --weights {name} --data YOUR.yaml")

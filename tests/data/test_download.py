@@ -262,6 +262,21 @@ def test_corrupt_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_path: P
     assert_nothing_extracted(root)
 
 
+def test_a_zip_already_in_the_root_that_fails_is_kept(tmp_path: Path, server: tuple[str, Served]):
+    """Not fetched by this run (put there by hand, perhaps): refused in one line, never deleted."""
+    base, served = server
+    body, corrupted = corrupt_first_jpeg(coco128_zip(tmp_path))
+    root = tmp_path / "datasets"
+    root.mkdir()
+    (root / "coco128.zip").write_bytes(body)
+    with pytest.raises(DownloadError) as error:
+        download("coco128", root=root, **fetch_options(base))
+    message = str(error.value)
+    assert "\n" not in message and corrupted in message
+    assert "it was there before this run, so it is left as it is: move it away" in message
+    assert (root / "coco128.zip").read_bytes() == body and served.requests == []
+
+
 def test_failed_extraction_leaves_nothing_half_extracted(tmp_path: Path, server: tuple[str, Served],
                                                          monkeypatch: pytest.MonkeyPatch):
     base, served = server

@@ -158,3 +158,22 @@ def test_a_second_download_of_the_same_weights_stops_at_once(tmp_path: Path, ser
     assert "\n" not in message
     assert f"another download of yolov8n.pt into {folder} is running (pid {os.getpid()})" in message
     assert served.requests == [] and not any(folder.iterdir())
+
+
+@pytest.mark.parametrize("change", ["size", "sha256"])
+def test_a_file_the_user_already_had_is_never_deleted(change: str, tmp_path: Path, served_weights: tuple[str, Served],
+                                                      body: bytes, capsys: pytest.CaptureFixture):
+    """A fine-tuned yolov8n.pt, say: the command used to delete it for not being the pinned release."""
+    _, served = served_weights
+    folder = tmp_path / "weights"
+    folder.mkdir()
+    theirs = body[:-1] if change == "size" else body[:-1] + bytes([body[-1] ^ 1])
+    (folder / "yolov8n.pt").write_bytes(theirs)
+    assert download_command.main(["yolov8n", "--weights-dir", str(folder), "--allow-http"]) == 1
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    expected = f"{len(theirs)} bytes, expected {len(body)}" if change == "size" else "SHA-256"
+    assert str(folder / "yolov8n.pt") in lines[0] and expected in lines[0]
+    assert "left it as it is: move it away" in lines[0] and "deleted" not in lines[0]
+    assert (folder / "yolov8n.pt").read_bytes() == theirs and served.requests == []
+    assert sorted(p.name for p in folder.iterdir()) == ["yolov8n.pt"]
