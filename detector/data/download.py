@@ -255,6 +255,21 @@ def _zip_problem(path: Path) -> str | None:
         return f"not a readable zip ({error})"
 
 
+def layout_problem(path: Path, archive: Archive) -> str | None:
+    """What the zip's top level lacks of ``archive.provides`` (for a dataset without a ``convert`` step), or None.
+
+    Checked before extracting: a zip with another top folder (``coco128-main/``) used to be extracted and deleted,
+    after which the dataset was still missing and the hint named the same command again, for ever.
+    """
+    expected = sorted({PurePosixPath(entry).parts[0] for entry in archive.provides})
+    with zipfile.ZipFile(path) as bundle:
+        tops = sorted({PurePosixPath(name).parts[0] for name in bundle.namelist() if PurePosixPath(name).parts})
+    if set(expected) <= set(tops):
+        return None
+    held = ", ".join(tops[:3]) + (f" and {len(tops) - 3} more" if len(tops) > 3 else "") if tops else "nothing"
+    return f"holds {held} at its top level, not {', '.join(expected)}"
+
+
 def verify(path: Path, archive: Archive, url: str, *, fetched: bool = True) -> None:
     """Size, then the pinned digest (:func:`digest_problem`), then the zip's own CRCs. A file that fails is deleted
     when this run ``fetched`` it; one that was there before (the user's, perhaps) is left as it is."""
@@ -374,6 +389,9 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
                          max_bytes=archive.size * (1 if archive.exact_size else APPROXIMATE_SIZE_MARGIN),
                          allow_http=allow_http, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
             verify(path, archive, url, fetched=fetched)
+            if spec.convert is None and (problem := layout_problem(path, archive)):
+                raise DownloadError(f"{path} (from {url}): {problem}, so it is not {spec.name}'s archive; kept it and "
+                                    "extracted nothing: delete it, and check the mirror if one is set")
             extract(path, destination, root)
             path.unlink()  # the extracted files are what training reads; the zip would double the disk use
             convert(spec, destination)

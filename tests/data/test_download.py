@@ -277,6 +277,22 @@ def test_a_zip_already_in_the_root_that_fails_is_kept(tmp_path: Path, server: tu
     assert (root / "coco128.zip").read_bytes() == body and served.requests == []
 
 
+def test_a_zip_with_another_top_folder_is_refused_before_extraction_and_kept(tmp_path: Path,
+                                                                              server: tuple[str, Served]):
+    """coco128-main/ instead of coco128/: it used to be extracted, deleted, and the same command suggested again."""
+    base, served = server
+    source = tmp_path / "zip-source" / "coco128-main"
+    write_yolo_split(source, "train2017", 2, 64, 0)
+    served.files["coco128.zip"] = stored_zip(source, names_from=source.parent)
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError) as error:
+        download("coco128", root=root, **fetch_options(base))
+    message = str(error.value)
+    assert "\n" not in message and str(root / "coco128.zip") in message
+    assert "holds coco128-main at its top level, not coco128" in message and "kept it" in message
+    assert sorted(p.name for p in root.iterdir()) == ["coco128.zip"]  # nothing extracted, no staging folder
+
+
 def test_failed_extraction_leaves_nothing_half_extracted(tmp_path: Path, server: tuple[str, Served],
                                                          monkeypatch: pytest.MonkeyPatch):
     base, served = server
