@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from detector.data.voc import convert_voc
 from detector.paths import default_datasets_dir
@@ -69,8 +69,9 @@ class Archive:
     ``sha256`` is what a download is checked against; where none could be pinned, the ``md5`` its publisher gives;
     with neither, the file is checked by size and zip CRCs and its SHA-256 is printed (detector.data.download).
 
-    ``provides`` names the zip's top-level entries, or for a dataset with a ``convert`` step the folders
-    the conversion makes from it; all present = already done, so the archive is not fetched again.
+    ``provides`` names what the zip leaves that the YAML reads (its first part: the zip's top-level entries), or for
+    a dataset with a ``convert`` step the folders the conversion makes from it; all present (a file, or a folder
+    that is not empty) = already done, so the archive is not fetched again.
     """
 
     url: str
@@ -105,7 +106,28 @@ class Download:
 
     def missing(self, root: Path, split: str = "all") -> tuple[Archive, ...]:
         folder = root / self.extract_to
-        return tuple(a for a in self.archives_for(split) if not all((folder / p).exists() for p in a.provides))
+        return tuple(a for a in self.archives_for(split) if not all(_present(folder / p) for p in a.provides))
+
+    def incomplete(self, root: Path, split: str = "all") -> tuple[Path, str] | None:
+        """A top-level folder that a missing archive would extract but that exists all the same (made by hand,
+        emptied, half copied), and what it lacks; None when there is none. Extraction renames whole folders into
+        place and would refuse to overwrite it, so nothing can be fetched until it is moved away. A dataset with a
+        ``convert`` step converts what it finds instead."""
+        if self.convert is not None:
+            return None
+        folder = root / self.extract_to
+        for archive in self.missing(root, split):
+            for entry in archive.provides:
+                top = PurePosixPath(entry).parts[0]
+                if (folder / top).exists() and not _present(folder / entry):
+                    lacks = "it is empty" if entry == top else f"no {PurePosixPath(entry).relative_to(top)}"
+                    return folder / top, lacks
+        return None
+
+
+def _present(path: Path) -> bool:
+    """A file, or a folder with something in it (an empty one is what ``mkdir -p`` leaves, not a dataset)."""
+    return path.is_file() or (path.is_dir() and any(path.iterdir()))
 
 
 # Sizes and MD5s are the ones published with COCO 2017 and quoted by torchvision, mmdetection and others. COCO
@@ -117,7 +139,8 @@ ULTRALYTICS_ASSETS = "https://github.com/ultralytics/assets/releases/download/v0
 DOWNLOADS = {
     "coco": Download("coco", "coco.yaml", "coco", (
         Archive(f"{COCO_ZIPS}/annotations/annotations_trainval2017.zip", 252_907_541,
-                "f4bbac642086de4f52a3fdda2de5fa2c", ("train", "val"), ("annotations",)),
+                "f4bbac642086de4f52a3fdda2de5fa2c", ("train", "val"),
+                ("annotations/instances_train2017.json", "annotations/instances_val2017.json")),
         Archive(f"{COCO_ZIPS}/zips/val2017.zip", 815_585_330, "442b8da7639aecaf257c1dceb8ba8c80",
                 ("val",), ("val2017",)),
         Archive(f"{COCO_ZIPS}/zips/train2017.zip", 19_336_861_798, "cced6f7f71b7629ddf16f17bbcfab6b2",
@@ -128,7 +151,7 @@ DOWNLOADS = {
     # zipfile's CRC test before anything is extracted, and its SHA-256 printed with a warning.
     "coco128": Download("coco128", "coco128.yaml", "", (
         Archive(f"{ULTRALYTICS_ASSETS}/coco128.zip", 7_000_000, None,
-                ("train", "val"), ("coco128",), exact_size=False),
+                ("train", "val"), ("coco128/images/train2017", "coco128/labels/train2017"), exact_size=False),
     )),
     # Pascal VOC 2007 + 2012, the zips Ultralytics' VOC.yaml fetches (the official tars, re-packed). UNPINNED:
     # no checksum is published for them and none could be found from this machine: sizes are the approximate
@@ -159,9 +182,11 @@ def download_hint(folder: Path, root: Path) -> str:
         return ""
     missing = download.missing(root) or download.archives
     approx = "" if all(a.exact_size for a in missing) else "about "
+    found = download.incomplete(root)
+    move = f"; {found[0]} exists but is incomplete ({found[1]}): move it away, then" if found else ""
     command = f"python -m detector download {download.name}"
     if root != datasets_root(None).resolve():  # the user named another root: the command must name it too
         command += f" --datasets-dir {root}"
     if any(archive.url.startswith("http://") for archive in missing):  # COCO's zips: checked by size and MD5
         command += " --allow-http"
-    return f"; fetch it ({approx}{human_size(sum(a.size for a in missing))}): {command}"
+    return f"{move or ';'} fetch it ({approx}{human_size(sum(a.size for a in missing))}): {command}"

@@ -379,6 +379,9 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
     with one_download(root / f"{spec.name}.lock", f"{spec.name} into {root}"):
         if destination.is_dir():
             convert(spec, destination)  # finishes what an interrupted run extracted but did not convert
+        if found := spec.incomplete(root, split):  # checked before a fetch that could never be extracted
+            raise DownloadError(f"{found[0]}: exists but is incomplete ({found[1]}): move it away and run the command "
+                                "again")
         for archive in spec.missing(root, split):
             url = archive_url(archive, base_url)
             check_transport(url, allow_http=allow_http)  # before saying "fetching"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from detector.cli import download as download_command
 from detector.cli import train as train_command
 from detector.data.catalog import (
     DATASETS_ENV,
@@ -103,15 +104,38 @@ def test_coco_val_split_alone_loads_and_training_names_the_missing_archive(tmp_p
     write_coco_dataset(tmp_path / "coco")
     (tmp_path / "coco/annotations").mkdir()
     shutil.move(tmp_path / "coco/instances.json", tmp_path / "coco/annotations/instances_val2017.json")
+    # What download coco --split val leaves: the annotations zip holds the train JSON too
+    annotations = tmp_path / "coco/annotations"
+    shutil.copy(annotations / "instances_val2017.json", annotations / "instances_train2017.json")
     (tmp_path / "coco/images").rename(tmp_path / "coco/val2017")
     split = load_split("coco.yaml", "val", datasets_dir=tmp_path)
     assert split.coco_json == tmp_path / "coco/annotations/instances_val2017.json"
     with pytest.raises(DatasetError) as error:
         load_dataset_spec("coco.yaml", datasets_dir=tmp_path)
     train_size = DOWNLOADS["coco"].archives[-1].size
-    assert "'train.json'" in str(error.value) and f"({train_size / 1e9:.1f} GB)" in str(error.value)
+    assert "'train.images'" in str(error.value) and f"({train_size / 1e9:.1f} GB)" in str(error.value)
     # COCO's zips are served over plain http (checked by size and MD5): the command says --allow-http, or it is refused
     assert f"python -m detector download coco --datasets-dir {tmp_path} --allow-http" in str(error.value)
+
+
+def test_an_incomplete_dataset_folder_is_named_with_what_it_lacks(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch):
+    """mkdir -p X/coco128: training said to download, and download fetched nothing and said the same, for ever."""
+    monkeypatch.setenv("DETECTOR_DOWNLOAD_URL", "https://127.0.0.1:9")  # were anything fetched: no network
+    root = tmp_path / "datasets"
+    (root / "coco128/images").mkdir(parents=True)
+    with pytest.raises(DatasetError) as error:
+        load_dataset_spec("coco128.yaml", datasets_dir=root)
+    expected = f"{root / 'coco128'} exists but is incomplete (no images/train2017): move it away, then fetch it"
+    assert expected in str(error.value) and "\n" not in str(error.value)
+    assert download_command.main(["coco128", "--datasets-dir", str(root)]) == 1  # refused before any fetch
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0] == (f"error: {root / 'coco128'}: exists but is incomplete "
+                                            "(no images/train2017): move it away and run the command again"), lines
+    assert DOWNLOADS["coco128"].missing(root) and (root / "coco128/images").is_dir()
+    (root / "coco128/images/train2017").mkdir()
+    (root / "coco128/labels/train2017").mkdir(parents=True)  # empty folders: still not the dataset
+    assert DOWNLOADS["coco128"].incomplete(root) == (root / "coco128", "no images/train2017")
 
 
 def test_train_on_a_missing_dataset_prints_one_line_and_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture):
