@@ -5,6 +5,10 @@ detector/paths.py."""
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from detector.cli.errors import run_command
@@ -51,19 +55,38 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return parser
 
 
+def _terminated(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def _sigterm_as_ctrl_c() -> Iterator[None]:
+    """SIGTERM (``kill``, ``docker stop``, a job's time limit) unwinds like Ctrl-C: Python leaves it fatal, which
+    skipped the ``finally`` that removes an extraction's staging folder (tens of GB for COCO) and the lock."""
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
 def fetch(args: argparse.Namespace) -> None:
     """Download what ``args.name`` names: weights into ``--weights-dir``, a dataset into the datasets root."""
     weights = args.name in PRETRAINED
     where = (args.weights_dir or default_weights_dir()) if weights else datasets_root(args.datasets_dir or None)
     try:
-        if weights:
-            from detector.weights.download import download_weights  # imports torch: only for weights
+        with _sigterm_as_ctrl_c():
+            if weights:
+                from detector.weights.download import download_weights  # imports torch: only for weights
 
-            download_weights(args.name, weights_dir=where, allow_http=args.allow_http)
-        else:
-            from detector.data.download import download  # imports OpenCV (~0.4 s): not for --help
+                download_weights(args.name, weights_dir=where, allow_http=args.allow_http)
+            else:
+                from detector.data.download import download  # imports OpenCV (~0.4 s): not for --help
 
-            download(args.name, root=where, split=args.split, allow_http=args.allow_http)
+                download(args.name, root=where, split=args.split, allow_http=args.allow_http)
     except KeyboardInterrupt:
         # run_command prints this instead of a bare 'interrupted' (exit 130): a second run resumes the download.
         raise KeyboardInterrupt(f"interrupted; run the command again to resume (partial files in {where})") from None

@@ -27,6 +27,7 @@ a mirror, or a local server in the tests; the same digests and caps apply. docs/
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import http.client
 import os
@@ -346,6 +347,16 @@ def extract(path: Path, destination: Path, root: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def remove_stale_staging(download: Download, root: Path) -> None:
+    """Delete the staging folders an extraction of ``download``'s archives left when its process was killed (tens of
+    GB for COCO, hidden, for ever). Called under the dataset's lock, so no live extraction owns them."""
+    for archive in download.archives:
+        for left in sorted(root.glob(f".{glob.escape(Path(archive.filename).stem)}-*.extracting")):
+            if left.is_dir():
+                shutil.rmtree(left, ignore_errors=True)
+                print(f"{download.name}: removed {left}, left by an interrupted extraction", file=sys.stderr)
+
+
 def convert(download: Download, folder: Path) -> None:
     """Run the dataset's conversion step on ``folder``, if it has one; an OS error becomes one line."""
     if download.convert is None:
@@ -377,6 +388,7 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
     root.mkdir(parents=True, exist_ok=True)
     destination = root / spec.extract_to
     with one_download(root / f"{spec.name}.lock", f"{spec.name} into {root}"):
+        remove_stale_staging(spec, root)
         if destination.is_dir():
             convert(spec, destination)  # finishes what an interrupted run extracted but did not convert
         if found := spec.incomplete(root, split):  # checked before a fetch that could never be extracted

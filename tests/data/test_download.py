@@ -10,6 +10,8 @@ import io
 import os
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -315,6 +317,49 @@ def test_failed_extraction_leaves_nothing_half_extracted(tmp_path: Path, server:
     monkeypatch.undo()
     download("coco128", root=root, **fetch_options(base))  # the kept zip is verified and extracted, not fetched
     assert len(served.requests) == 1 and sorted(p.name for p in root.iterdir()) == ["coco128"]
+
+
+def test_staging_folders_left_by_a_killed_extraction_are_removed_at_the_next_start(
+        tmp_path: Path, server: tuple[str, Served], capsys: pytest.CaptureFixture):
+    base, served = server
+    served.files["coco128.zip"] = coco128_zip(tmp_path)
+    root = tmp_path / "datasets"
+    (root / ".coco128-k1ll3d_x.extracting/coco128/images").mkdir(parents=True)
+    (root / ".val2017-k1ll3d_x.extracting").mkdir()  # another dataset's: its own download cleans it
+    download("coco128", root=root, **fetch_options(base))
+    assert sorted(p.name for p in root.iterdir()) == [".val2017-k1ll3d_x.extracting", "coco128"]
+    removed = f"removed {root / '.coco128-k1ll3d_x.extracting'}, left by an interrupted extraction"
+    assert removed in capsys.readouterr().err
+
+
+# Run as a command; its second zip member's extraction is met by a SIGTERM (kill, docker stop, a job's time limit).
+SIGTERM_DURING_EXTRACTION = """
+import os, signal, sys
+from detector.cli import download as command
+from detector.data import download as downloader
+original, calls = downloader._copy_member, []
+def then_terminated(*args):
+    calls.append(args)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return original(*args)
+downloader._copy_member = then_terminated
+sys.exit(command.main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_during_extraction_unwinds_like_ctrl_c_and_leaves_no_staging_folder(tmp_path: Path,
+                                                                                    server: tuple[str, Served]):
+    """SIGTERM used to kill the command outright: a hidden .coco128-*.extracting stayed in the root for ever."""
+    base, served = server
+    served.files["coco128.zip"] = coco128_zip(tmp_path)
+    root = tmp_path / "datasets"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), downloader.BASE_URL_ENV: base}
+    done = subprocess.run([sys.executable, "-c", SIGTERM_DURING_EXTRACTION, "coco128", "--datasets-dir", str(root),
+                           "--allow-http"], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
+    assert "interrupted; run the command again to resume" in done.stderr
+    assert sorted(p.name for p in root.iterdir()) == ["coco128.zip"]  # the verified zip: no staging folder, no lock
 
 
 def test_unreachable_host_is_named_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture,
