@@ -64,7 +64,12 @@ class DownloadError(RuntimeError):
 
 
 class CutTransfer(Exception):
-    """The connection ended before the whole body arrived; what came is kept in the ``.part`` file."""
+    """The connection ended before the whole body arrived; what came is kept in the ``.part`` file. ``resumable``
+    is False when the server answered a Range request with the whole file: it cannot continue a ``.part``."""
+
+    def __init__(self, message: str, *, resumable: bool = True) -> None:
+        super().__init__(message)
+        self.resumable = resumable
 
 
 def mirrored_url(url: str, base_url: str | None = None) -> str:
@@ -131,12 +136,17 @@ def _transfer(url: str, part: Path, size: int | None, *, timeout: float, label: 
     """Append the rest of ``url`` to ``part``, never past ``limit`` bytes in all; returns the expected total size.
     Raises :class:`CutTransfer`, or :class:`DownloadError` when the file outgrows ``limit``."""
     start = part.stat().st_size if part.exists() else 0
+    resumable = True
     with _open(url, start, timeout, allow_http) as response:
         if start and not _resumes_at(response, start):
             if response.status == 206:  # some other byte range: useless here, so start over without Range
                 part.unlink()
                 raise CutTransfer(f"server sent {response.headers.get('Content-Range')!r} for bytes={start}-")
-            start = 0  # the server ignored Range and is sending the whole file: start over
+            # The server ignored Range and is sending the whole file: start over, and say so (the log said
+            # "resuming" while every try began again at byte 0)
+            print(f"{label}: the server does not support resuming (it sent the whole file for bytes={start}-); "
+                  "restarting from the start", file=sys.stderr)
+            start, resumable = 0, False
         length = response.headers.get("Content-Length")
         announced = start + int(length) if length else None
         if size is not None and announced is not None and announced != size:  # another file, not a cut
@@ -159,12 +169,13 @@ def _transfer(url: str, part: Path, size: int | None, *, timeout: float, label: 
                     file.write(chunk)
                     bar.update(len(chunk))
             except (http.client.IncompleteRead, OSError) as error:
-                raise CutTransfer(f"connection lost at {part.stat().st_size} bytes ({type(error).__name__})") from None
+                raise CutTransfer(f"connection lost at {part.stat().st_size} bytes ({type(error).__name__})",
+                                  resumable=resumable) from None
         if received > limit:
             raise _too_many(url, part, limit)
     received = part.stat().st_size
     if total is not None and received < total:
-        raise CutTransfer(f"connection closed at {received} of {total} bytes")
+        raise CutTransfer(f"connection closed at {received} of {total} bytes", resumable=resumable)
     return total or received
 
 
@@ -198,6 +209,7 @@ def fetch(url: str, target: Path, size: int | None, *, max_bytes: int | None = N
     part = target.with_name(target.name + ".part")
     if size is not None and part.exists() and part.stat().st_size > size:
         part.unlink()  # longer than the published file: not a prefix of it
+    resumable = True  # until the server answers a Range request with the whole file
     try:
         for attempt in range(1, attempts + 1):
             if size is not None and part.exists() and part.stat().st_size == size:
@@ -206,9 +218,12 @@ def fetch(url: str, target: Path, size: int | None, *, max_bytes: int | None = N
                 _transfer(url, part, size, timeout=timeout, label=target.name, limit=limit, allow_http=allow_http)
                 break
             except CutTransfer as cut:
+                resumable = resumable and cut.resumable
                 if attempt == attempts:
-                    raise DownloadError(f"{url}: {cut}; run the command again to resume") from None
-                print(f"{target.name}: {cut}; resuming ({attempt}/{attempts - 1})", file=sys.stderr)
+                    how = "to resume" if resumable else "(this server cannot resume: each try starts over)"
+                    raise DownloadError(f"{url}: {cut}; run the command again {how}") from None
+                again = "resuming" if resumable else "starting over"
+                print(f"{target.name}: {cut}; {again} ({attempt}/{attempts - 1})", file=sys.stderr)
                 time.sleep(retry_wait)
         part.replace(target)
     except FileNotFoundError:  # the lock keeps our own downloads apart; something else deleted it

@@ -41,6 +41,7 @@ class Served:
 
     files: dict[str, bytes] = field(default_factory=dict)
     cut_first: bool = False  # close the first response to each file halfway through its body
+    cut_all: bool = False  # close every response halfway through its body
     ignore_range: bool = False
     no_length: bool = False  # send no Content-Length: the client cannot know the size in advance
     redirects: dict[str, str] = field(default_factory=dict)  # name -> Location of a 302
@@ -82,7 +83,7 @@ def _handler(served: Served) -> type[BaseHTTPRequestHandler]:
                 served.hold_first.wait(TIMEOUT_S)
                 self.wfile.write(body[start + len(body) // 2:])
                 return
-            if served.cut_first and first:
+            if (served.cut_first and first) or served.cut_all:
                 self.wfile.write(body[start:start + len(body) // 2])
                 self.wfile.flush()
                 self.close_connection = True
@@ -158,13 +159,33 @@ def test_cut_transfer_resumes_with_range_and_the_yaml_loads(tmp_path: Path, serv
     assert len(served.requests) == 2
 
 
-def test_a_server_that_ignores_range_restarts_the_file(tmp_path: Path, server: tuple[str, Served]):
+def test_a_server_that_ignores_range_restarts_the_file(tmp_path: Path, server: tuple[str, Served],
+                                                       capsys: pytest.CaptureFixture):
     base, served = server
     served.files["coco128.zip"] = coco128_zip(tmp_path)
     served.cut_first = served.ignore_range = True
     root = tmp_path / "datasets"
     download("coco128", root=root, **fetch_options(base))
     assert (root / "coco128/labels/train2017").is_dir() and len(served.requests) == 2
+    assert "coco128.zip: the server does not support resuming" in capsys.readouterr().err
+
+
+def test_a_server_that_ignores_range_is_not_promised_a_resume(tmp_path: Path, server: tuple[str, Served],
+                                                              capsys: pytest.CaptureFixture):
+    """The log said "resuming" and the last line "run the command again to resume": neither could happen."""
+    base, served = server
+    served.files["coco128.zip"] = coco128_zip(tmp_path)
+    served.cut_all = served.ignore_range = True
+    with pytest.raises(DownloadError) as error:
+        download("coco128", root=tmp_path / "datasets", **{**fetch_options(base), "attempts": 3})
+    message = str(error.value)
+    assert "\n" not in message and "to resume" not in message
+    assert message.endswith("run the command again (this server cannot resume: each try starts over)")
+    err = capsys.readouterr().err
+    size = len(served.files["coco128.zip"])
+    assert f"the server does not support resuming (it sent the whole file for bytes={size // 2}-); " \
+           "restarting from the start" in err
+    assert "resuming (1/2)" in err and "starting over (2/2)" in err  # the first try could not know yet
 
 
 def test_a_partial_file_from_an_earlier_run_is_resumed(tmp_path: Path, server: tuple[str, Served]):
