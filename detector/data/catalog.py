@@ -169,6 +169,19 @@ DOWNLOADS = {
 }
 
 
+def fetching_command(filename: str) -> tuple[str, str] | None:
+    """The download command for the dataset a URL's or an archive's file name belongs to (``coco128.zip``,
+    ``val2017.zip``, ``VOC.yaml``), and the shipped YAML to pass once it is fetched; else None."""
+    name = filename.lower()
+    for download in DOWNLOADS.values():
+        if name in (download.name + ".zip", download.yaml.lower()) or any(
+                name == archive.filename.lower() for archive in download.archives):
+            insecure = any(archive.url.startswith("http://") for archive in download.archives)
+            command = f"python -m detector download {download.name}" + (" --allow-http" if insecure else "")
+            return command, download.yaml
+    return None
+
+
 def human_size(size: int) -> str:
     return f"{size / 1e9:.1f} GB" if size >= 1e9 else f"{max(1, round(size / 1e6))} MB"
 

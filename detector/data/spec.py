@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from detector.data.catalog import (
     DATASETS_ENV,
     datasets_root,
     download_hint,
+    fetching_command,
     resolve_data_yaml,
     shipped_yaml_dir,
     shipped_yaml_names,
@@ -236,6 +238,34 @@ def _parse_split(raw: object, root: Path, source: Path, field_name: str, hint: s
     return Split(images=images, sources=sources)
 
 
+ARCHIVE_SUFFIXES = (".zip", ".tar", ".tar.gz", ".tgz")
+# scheme:// as RFC 3986 spells a scheme, two letters at least so that C:/data.yaml stays a path (Path() folds the
+# double slash: https:/host/...)
+URL_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
+
+
+def _refuse_url_or_archive(typed: str | Path) -> None:
+    """One line for a URL or an archive given as the data YAML: the URL's lost slash ("https:/host...: data YAML
+    not found") and the zip's bytes ("not UTF-8 text") said nothing useful."""
+    text = str(typed)
+    url = URL_PREFIX.match(text) is not None
+    if not url and not text.lower().endswith(ARCHIVE_SUFFIXES):
+        return
+    filename = text.rstrip("/").rsplit("/", 1)[-1]
+    known = fetching_command(filename)
+    if url:
+        what = "a URL; data is read from local files only, nothing is downloaded"
+        instead = ("download it and pass the file" if filename.lower().endswith((".yaml", ".yml"))
+                   else "download and unzip it, then pass the data YAML it holds")
+    else:
+        what = "an archive; data is not read from inside one"
+        instead = "unzip it and pass the data YAML it holds"
+    if known is not None:
+        where = " (it reads an archive already in the datasets root instead of fetching it)" if not url else ""
+        instead = f"fetch the dataset with {known[0]}{where}, then pass --data {known[1]}"
+    raise DatasetError(f"{text}: {what}: {instead}")
+
+
 def _read_yaml(source: Path) -> dict:
     if not source.is_file():
         # Ultralytics' quick-start sets have a shipped neighbour here.
@@ -301,6 +331,7 @@ def load_dataset_spec(yaml_path: str | Path, *, datasets_dir: str | Path | None 
     ``datasets_dir`` is the datasets root for ``relative_to: datasets`` YAMLs (default: see
     :func:`detector.data.catalog.datasets_root`). Every error is one line naming the file and field.
     """
+    _refuse_url_or_archive(yaml_path)
     source = resolve_data_yaml(yaml_path)
     raw = _read_yaml(source)
     root, hint = _dataset_root(raw, source, datasets_dir)
@@ -346,6 +377,7 @@ def load_dataset_spec(yaml_path: str | Path, *, datasets_dir: str | Path | None 
 
 def load_split(yaml_path: str | Path, split: str, *, datasets_dir: str | Path | None = None) -> Split:
     """One split of a data YAML, for checking part of a dataset (``download coco --split val``)."""
+    _refuse_url_or_archive(yaml_path)
     source = resolve_data_yaml(yaml_path)
     raw = _read_yaml(source)
     root, hint = _dataset_root(raw, source, datasets_dir)

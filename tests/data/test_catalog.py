@@ -171,3 +171,26 @@ def test_ultralytics_quick_start_names_point_at_the_shipped_neighbour():
         load_dataset_spec("coco8.yaml")
     with pytest.raises(DatasetError, match=r"not found \(nor a shipped one in .*\)$"):
         load_dataset_spec("objects365.yaml")
+
+
+def test_a_url_or_an_archive_as_data_is_one_line_naming_what_to_do(tmp_path: Path, capsys: pytest.CaptureFixture):
+    """A URL lost a slash to Path ("https:/github.com/...: data YAML not found"); a zip was "not UTF-8 text"."""
+    url = "https://github.com/ultralytics/assets/releases/download/v0.0.0/coco128.zip"
+    code = train_command.main(["--data", url, "--device", "cpu", "--epochs", "1"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1, lines
+    assert lines[0] == (f"error: {url}: a URL; data is read from local files only, nothing is downloaded: fetch the "
+                        "dataset with python -m detector download coco128, then pass --data coco128.yaml")
+    zipped = tmp_path / "mine.zip"
+    zipped.write_bytes(b"PK\x03\x04" + bytes(range(256)))
+    with pytest.raises(DatasetError) as error:
+        load_dataset_spec(zipped)
+    assert str(error.value) == f"{zipped}: an archive; data is not read from inside one: unzip it and pass the " \
+                               "data YAML it holds"
+    with pytest.raises(DatasetError, match=r"^http://images.cocodataset.org/zips/val2017.zip: a URL; .* python -m "
+                                           r"detector download coco --allow-http, then pass --data coco.yaml$"):
+        load_split("http://images.cocodataset.org/zips/val2017.zip", "val")
+    with pytest.raises(DatasetError, match=r"^https://example.org/d.yaml: a URL; .*: download it and pass the file$"):
+        load_dataset_spec("https://example.org/d.yaml")
+    with pytest.raises(DatasetError, match="data YAML not found"):  # a Windows drive is no URL scheme
+        load_dataset_spec("C:/data/my.yaml")
