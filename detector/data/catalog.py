@@ -15,6 +15,7 @@ so the loader can say in one line what is missing and which command fetches it.
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -199,7 +200,7 @@ def download_hint(folder: Path, root: Path) -> str:
     move = f"; {found[0]} exists but is incomplete ({found[1]}): move it away, then" if found else ""
     command = f"python -m detector download {download.name}"
     if root != datasets_root(None).resolve():  # the user named another root: the command must name it too
-        command += f" --datasets-dir {root}"
+        command += f" --datasets-dir {shlex.quote(str(root))}"  # a copy-paste command: quote spaces
     if any(archive.url.startswith("http://") for archive in missing):  # COCO's zips: checked by size and MD5
         command += " --allow-http"
     return f"{move or ';'} fetch it ({approx}{human_size(sum(a.size for a in missing))}): {command}"

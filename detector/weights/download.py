@@ -17,6 +17,7 @@ local server in the tests (the same variable the dataset downloads read).
 from __future__ import annotations
 
 import pickle
+import shlex
 from pathlib import Path
 
 from detector.data.catalog import human_size
@@ -76,5 +77,5 @@ def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path | No
         summary = check_weights(target, spec, url, fetched=fetched)
     name = spec.filename if weights_dir.resolve() == default_weights_dir().resolve() else target  # by bare name?
     print(f"{spec.name}: ready in {target} ({summary}); "
-          f"train from it: python -m detector train --weights {name} --data YOUR.yaml")
+          f"train from it: python -m detector train --weights {shlex.quote(str(name))} --data YOUR.yaml")
     return target

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 from detector.paths import default_weights_dir
@@ -32,7 +33,7 @@ def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None
     if is_bare_name and (name := pretrained_name(path.name)):
         hint = f"fetch it: python -m detector download {name}"
         if weights_dir.resolve() != default.resolve():
-            hint += f" --weights-dir {weights_dir}"
+            hint += f" --weights-dir {shlex.quote(str(weights_dir))}"  # a copy-paste command: quote spaces
     elif is_bare_name and (family := _other_ultralytics_family(path.name)):
         hint = (f"{family} weights would not load here either: only YOLOv8 detection weights are (yolov8n.pt ... "
                 "yolov8x.pt, python -m detector download yolov8n)")

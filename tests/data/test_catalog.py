@@ -194,3 +194,11 @@ def test_a_url_or_an_archive_as_data_is_one_line_naming_what_to_do(tmp_path: Pat
         load_dataset_spec("https://example.org/d.yaml")
     with pytest.raises(DatasetError, match="data YAML not found"):  # a Windows drive is no URL scheme
         load_dataset_spec("C:/data/my.yaml")
+
+
+def test_suggested_commands_quote_a_datasets_root_with_spaces(tmp_path: Path):
+    root = tmp_path / "my data"
+    root.mkdir()
+    with pytest.raises(DatasetError) as error:
+        load_dataset_spec("coco128.yaml", datasets_dir=root)
+    assert str(error.value).endswith(f"python -m detector download coco128 --datasets-dir '{root}'")

@@ -177,3 +177,13 @@ def test_a_file_the_user_already_had_is_never_deleted(change: str, tmp_path: Pat
     assert "left it as it is: move it away" in lines[0] and "deleted" not in lines[0]
     assert (folder / "yolov8n.pt").read_bytes() == theirs and served.requests == []
     assert sorted(p.name for p in folder.iterdir()) == ["yolov8n.pt"]
+
+
+def test_suggested_commands_quote_a_weights_folder_with_spaces(tmp_path: Path, served_weights: tuple[str, Served],
+                                                               capsys: pytest.CaptureFixture):
+    folder = tmp_path / "my weights"
+    with pytest.raises(FileNotFoundError) as error:
+        resolve_weights("yolov8n.pt", weights_dir=folder)
+    assert str(error.value).endswith(f"python -m detector download yolov8n --weights-dir '{folder}'")
+    download_weights("yolov8n", weights_dir=folder, **OPTIONS)
+    assert f"python -m detector train --weights '{folder / 'yolov8n.pt'}' --data" in capsys.readouterr().out
