@@ -19,8 +19,9 @@ from detector.paths import HOME_ENV, default_weights_dir
 
 
 def _name(text: str) -> str:
-    """Case-free; ``yolov8n.pt`` is accepted for ``yolov8n``."""
-    return pretrained_name(text) or text.lower()
+    """Case-free; ``yolov8n.pt`` is accepted for ``yolov8n``, and a dataset's YAML (``coco.yaml``, ``VOC.yaml``) for
+    the dataset, as ``--data`` takes them."""
+    return pretrained_name(text) or text.strip().lower().removesuffix(".yaml")
 
 
 PROG = "python -m detector download"  # detector.cli.main passes how the command was started
@@ -38,7 +39,8 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                "fetches every file from that base URL (a mirror); the same checks apply. See docs/security.md.",
     )
     parser.add_argument("name", type=_name, choices=sorted(DOWNLOADS) + sorted(PRETRAINED),
-                        help="dataset, or weights (yolov8n ... yolov8x; yolov8n.pt also works)")
+                        help="dataset (coco.yaml, VOC.yaml ... also work), or weights (yolov8n ... yolov8x; "
+                             "yolov8n.pt also works)")
     parser.add_argument("--split", choices=("all", "val"), default="all",
                         help="datasets: val: only what the val split needs "
                              "(COCO: annotations + val2017, 1.1 GB; VOC: the 2007 test zip)")

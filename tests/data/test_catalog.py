@@ -202,3 +202,9 @@ def test_suggested_commands_quote_a_datasets_root_with_spaces(tmp_path: Path):
     with pytest.raises(DatasetError) as error:
         load_dataset_spec("coco128.yaml", datasets_dir=root)
     assert str(error.value).endswith(f"python -m detector download coco128 --datasets-dir '{root}'")
+
+
+@pytest.mark.parametrize("typed,name", [("coco.yaml", "coco"), ("coco128.yaml", "coco128"), ("VOC.yaml", "voc"),
+                                        ("VOC", "voc"), ("yolov8n.pt", "yolov8n")])
+def test_download_takes_a_dataset_by_its_yaml_name_as_data_does(typed: str, name: str):
+    assert download_command.build_parser().parse_args([typed]).name == name

@@ -485,7 +485,7 @@ def test_voc_downloads_converts_to_yolo_labels_and_loads(tmp_path: Path, server:
     assert [p.name for p in spec.train.images] == ["000005.jpg", "000007.jpg", "2008_000002.jpg"]
     assert [p.name for p in spec.val.images] == ["000001.jpg"]
     before = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
-    assert download_command.main(["VOC", "--datasets-dir", str(root), "--allow-http"]) == 0  # again: nothing to do
+    assert download_command.main(["VOC.yaml", "--datasets-dir", str(root), "--allow-http"]) == 0  # again: nothing to do
     assert len(served.requests) == 3 and {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == before
 
 
