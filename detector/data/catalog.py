@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from detector.data.voc import convert_voc
-from detector.paths import default_datasets_dir
+from detector.paths import HOME_ENV, default_datasets_dir, source_checkout
 
 DATASETS_ENV = "DETECTOR_DATASETS"
 PACKAGE_DIR = Path(__file__).resolve().parents[1]
@@ -61,6 +61,18 @@ def datasets_root(explicit: str | Path | None = None) -> Path:
     """The folder that ``relative_to: datasets`` YAMLs resolve their ``path`` against (absolute)."""
     chosen = explicit or os.environ.get(DATASETS_ENV) or default_datasets_dir()
     return Path(chosen).expanduser().absolute()
+
+
+def datasets_root_source(explicit: str | Path | None = None) -> str:
+    """What chose :func:`datasets_root`, as the missing-dataset line says it: the flag, a variable, or a default."""
+    if explicit:
+        return "set by --datasets-dir"
+    if os.environ.get(DATASETS_ENV):
+        return f"set by ${DATASETS_ENV}"
+    others = f"--datasets-dir or ${DATASETS_ENV} choose another"
+    if os.environ.get(HOME_ENV):
+        return f"from ${HOME_ENV}; {others}"
+    return f"the {'checkout' if source_checkout() else 'user data folder'}'s default; {others}"
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,7 @@ from detector.data.containment import lexically_inside
 from detector.data.catalog import (
     DATASETS_ENV,
     datasets_root,
+    datasets_root_source,
     download_hint,
     fetching_command,
     resolve_data_yaml,
@@ -315,7 +316,7 @@ def _dataset_root(raw: dict, source: Path, datasets_dir: str | Path | None) -> t
                   "as Ultralytics does (add 'relative_to: datasets' to the YAML to say so)", file=sys.stderr)
             return elsewhere, download_hint(elsewhere, datasets_root(datasets_dir).resolve())
     if not root.is_dir():
-        where = f" (datasets root {base}, set by --datasets-dir or ${DATASETS_ENV})" if in_datasets else ""
+        where = f" (datasets root {base}, {datasets_root_source(datasets_dir)})" if in_datasets else ""
         if not in_datasets and not typed.is_absolute():
             where = (f" (a relative 'path' is read from the YAML's folder, then under the datasets root "
                      f"{datasets_root(datasets_dir)}, not from the folder the command runs in")

@@ -208,3 +208,17 @@ def test_suggested_commands_quote_a_datasets_root_with_spaces(tmp_path: Path):
                                         ("VOC", "voc"), ("yolov8n.pt", "yolov8n")])
 def test_download_takes_a_dataset_by_its_yaml_name_as_data_does(typed: str, name: str):
     assert download_command.build_parser().parse_args([typed]).name == name
+
+
+def test_the_missing_dataset_line_names_what_chose_the_datasets_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """It said "set by --datasets-dir or $DETECTOR_DATASETS" when $DETECTOR_HOME had chosen it."""
+    monkeypatch.delenv(DATASETS_ENV, raising=False)
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    with pytest.raises(DatasetError, match=rf"\(datasets root {tmp_path / 'home' / 'datasets'}, from \$DETECTOR_HOME; "
+                                           r"--datasets-dir or \$DETECTOR_DATASETS choose another\)"):
+        load_dataset_spec("coco128.yaml")
+    monkeypatch.setenv(DATASETS_ENV, str(tmp_path / "env"))
+    with pytest.raises(DatasetError, match=r"\(datasets root .*env, set by \$DETECTOR_DATASETS\)"):
+        load_dataset_spec("coco128.yaml")
+    with pytest.raises(DatasetError, match=r"\(datasets root .*flag, set by --datasets-dir\)"):
+        load_dataset_spec("coco128.yaml", datasets_dir=tmp_path / "flag")
