@@ -5,8 +5,8 @@
 * ``--data NAME`` is a path first, then a shipped YAML (``coco`` and ``coco.yaml`` both work; case does
   not matter, so ``voc``, ``VOC`` and ``VOC.yaml`` all name ``VOC.yaml``).
 * The datasets root holds downloaded datasets and the generated built-in one: ``--datasets-dir``, else
-  ``$DETECTOR_DATASETS``, else ``datasets/`` in the data folder (:func:`detector.paths.data_home`: a
-  checkout's own folder, else ``$DETECTOR_HOME`` or ``~/.local/share/detector``), never the installed package.
+  ``$DETECTOR_DATASETS``, else ``datasets/`` in the data folder (:func:`detector.paths.data_home`:
+  ``$DETECTOR_HOME``, else a checkout's own folder, else ``~/.local/share/detector``), never the installed package.
 
 No network code here: :mod:`detector.data.download` does the fetching; this module only describes it,
 so the loader can say in one line what is missing and which command fetches it.
