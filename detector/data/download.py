@@ -242,19 +242,22 @@ def file_digest(path: Path, algorithm: str = "sha256") -> str:
 
 
 def digest_problem(path: Path, *, sha256: str | None, md5: str | None = None) -> str | None:
-    """Compare ``path`` with its pinned SHA-256 (else the published MD5); -> the mismatch, or None.
-
-    With neither pinned, one warning line says so and gives the file's SHA-256, to compare with a trusted copy.
-    """
+    """Compare ``path`` with its pinned SHA-256 (else the published MD5); -> the mismatch, or None (also when
+    neither is pinned: :func:`warn_unpinned` says so once the file has passed its other checks)."""
     if sha256:
         digest = file_digest(path)
         return None if digest == sha256.lower() else f"SHA-256 {digest}, expected {sha256.lower()}"
     if md5:
         digest = file_digest(path, "md5")
         return None if digest == md5 else f"MD5 {digest}, expected {md5}"
+    return None
+
+
+def warn_unpinned(path: Path) -> None:
+    """One warning line for an accepted file that no digest is pinned for, with its SHA-256 to compare with a trusted
+    copy. Printed only once the file is accepted: it came first for a corrupt zip about to be deleted."""
     print(f"warning: {path.name}: no digest is pinned for this file, so only its size and zip CRCs are checked; "
           f"its SHA-256 is {file_digest(path)}", file=sys.stderr)
-    return None
 
 
 def _zip_problem(path: Path) -> str | None:
@@ -422,6 +425,8 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
             if spec.convert is None and (problem := layout_problem(path, archive)):
                 raise DownloadError(f"{path} (from {url}): {problem}, so it is not {spec.name}'s archive; kept it and "
                                     "extracted nothing: delete it, and check the mirror if one is set")
+            if not archive.sha256 and not archive.md5:
+                warn_unpinned(path)  # accepted now: its SHA-256 is worth comparing
             extract(path, destination, root)
             path.unlink()  # the extracted files are what training reads; the zip would double the disk use
             convert(spec, destination)

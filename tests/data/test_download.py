@@ -274,7 +274,8 @@ def test_checksum_mismatch_is_refused_in_one_line_and_nothing_is_extracted(tmp_p
     assert_nothing_extracted(root)
 
 
-def test_corrupt_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_path: Path, server: tuple[str, Served]):
+def test_corrupt_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_path: Path, server: tuple[str, Served],
+                                                                     capsys: pytest.CaptureFixture):
     base, served = server
     served.files["coco128.zip"], corrupted = corrupt_first_jpeg(coco128_zip(tmp_path))
     root = tmp_path / "datasets"
@@ -283,6 +284,7 @@ def test_corrupt_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_path: P
     message = str(error.value)
     assert "\n" not in message and "CRC" in message and corrupted in message and base in message
     assert_nothing_extracted(root)
+    assert "no digest is pinned" not in capsys.readouterr().err  # not accepted, so no SHA-256 to trust
 
 
 def test_a_zip_already_in_the_root_that_fails_is_kept(tmp_path: Path, server: tuple[str, Served]):
@@ -301,7 +303,8 @@ def test_a_zip_already_in_the_root_that_fails_is_kept(tmp_path: Path, server: tu
 
 
 def test_a_zip_with_another_top_folder_is_refused_before_extraction_and_kept(tmp_path: Path,
-                                                                              server: tuple[str, Served]):
+                                                                              server: tuple[str, Served],
+                                                                              capsys: pytest.CaptureFixture):
     """coco128-main/ instead of coco128/: it used to be extracted, deleted, and the same command suggested again."""
     base, served = server
     source = tmp_path / "zip-source" / "coco128-main"
@@ -314,6 +317,7 @@ def test_a_zip_with_another_top_folder_is_refused_before_extraction_and_kept(tmp
     assert "\n" not in message and str(root / "coco128.zip") in message
     assert "holds coco128-main at its top level, not coco128" in message and "kept it" in message
     assert sorted(p.name for p in root.iterdir()) == ["coco128.zip"]  # nothing extracted, no staging folder
+    assert "no digest is pinned" not in capsys.readouterr().err  # refused: no SHA-256 offered to trust
 
 
 def test_failed_extraction_leaves_nothing_half_extracted(tmp_path: Path, server: tuple[str, Served],
@@ -507,8 +511,8 @@ def test_a_corrupt_voc_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_p
     monkeypatch.setenv(downloader.BASE_URL_ENV, base)
     root = tmp_path / "datasets"
     assert download_command.main(["voc", "--datasets-dir", str(root), "--allow-http"]) == 1
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "no digest is pinned" not in line]
-    assert len(lines) == 1 and "CRC" in lines[0] and corrupted in lines[0], lines
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "CRC" in lines[0] and corrupted in lines[0], lines  # no warning for the refused zip
     assert_nothing_extracted(root)
 
 
