@@ -114,6 +114,8 @@ def _open(url: str, start: int, timeout: float, allow_http: bool = False) -> htt
         if error.code == 416 and start:  # the .part is no prefix the server can continue: start over
             return _open(url, 0, timeout, allow_http)
         raise DownloadError(f"{url}: HTTP {error.code} {error.reason}") from None
+    except TimeoutError:  # raised bare while waiting for the answer; a connect timeout comes as a URLError below
+        raise DownloadError(f"{url}: connected, but no answer in {timeout:g} s") from None
     except (urllib.error.URLError, OSError) as error:
         reason = getattr(error, "reason", error)
         raise DownloadError(f"{url}: cannot connect ({reason})") from None

@@ -399,6 +399,17 @@ def test_unreachable_host_is_named_in_one_line(tmp_path: Path, capsys: pytest.Ca
     assert f"http://127.0.0.1:{port}/coco128.zip" in lines[0] and "cannot connect" in lines[0]
 
 
+def test_a_server_that_connects_but_never_answers_is_not_called_unreachable(tmp_path: Path):
+    """It said "cannot connect (timed out)", though it had connected."""
+    with socket.socket() as silent:  # the kernel accepts the connection into the backlog; nothing ever answers
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(1)
+        base = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        with pytest.raises(DownloadError) as error:
+            download("coco128", root=tmp_path / "datasets", **{**fetch_options(base), "timeout": 0.5})
+    assert str(error.value) == f"{base}/coco128.zip: connected, but no answer in 0.5 s"
+
+
 def test_a_missing_file_is_named_with_its_http_status(tmp_path: Path, server: tuple[str, Served]):
     base, _ = server
     with pytest.raises(DownloadError, match=f"{base}/coco128.zip: HTTP 404"):
