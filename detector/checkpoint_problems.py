@@ -89,7 +89,12 @@ def load_problem(error: BaseException, path: str | Path | None = None) -> str:
     if start is not None and (problem := start_problem(start)) is not None:
         return problem
     if is_refusal(error):
-        if match := _BLOCKED_GLOBAL.search(text):
+        if (match := _BLOCKED_GLOBAL.search(text)) and match.group(1).startswith("ultralytics."):
+            # Not said as a refusal on security grounds: the weights of such a file are read, by --weights.
+            return (f"an Ultralytics checkpoint (it names {match.group(1)}): its weights are read with --weights "
+                    f"{path or 'FILE'} (train starts a fine-tune from them; val, predict and export take them), but "
+                    "an Ultralytics run cannot be resumed here")
+        if match:
             return (f"refused: it names the Python global {match.group(1)}, which loading would import and run; "
                     "checkpoints are read as tensors and plain values only")
         advice = ("weights_only", "Weights only", "documentation", "file an issue")

@@ -12,12 +12,24 @@ from pathlib import Path
 from detector.files import write_text_atomically
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a run folder under ``--project``, in one line; None when it can. ``a/b`` failed as
+    "[Errno 2] No such file or directory", naming no flag; "" and "." made folders "2" and ".2"; "../x" and "/x" one
+    outside --project."""
+    if name in ("", ".", "..") or Path(name).name != name or "/" in name or "\\" in name:
+        return (f"--name {name!r}: a run's name is one folder name (not empty, '.', '..' or a path); put the folders "
+                "above it in --project")
+    return None
+
+
 def claim_run_dir(project: str | Path, name: str) -> Path:
     """Create and return ``project/name``, or ``name2``, ``name3``... when taken.
 
     ``os.mkdir`` without ``exist_ok`` either creates the folder or fails because it exists, in one step: two
     runs started at the same moment never share a folder (checking ``exists()`` first would let both pass).
     """
+    if problem := name_problem(name):
+        raise ValueError(problem)
     base = Path(project)
     if base.exists() and not base.is_dir():  # mkdir would say only "File exists"
         raise NotADirectoryError(f"{base}: --project names a file, not a folder for run folders")

@@ -71,6 +71,19 @@ def test_a_refusal_stays_a_refusal(tmp_path: Path) -> None:
     assert "not a PyTorch checkpoint" not in str(refused.value)
 
 
+def test_an_ultralytics_checkpoint_where_ours_is_expected_says_what_reads_it(tmp_path: Path) -> None:
+    """``--resume`` of an Ultralytics run's last.pt read as a refusal on security grounds ("it names the Python global
+    ultralytics.nn.tasks.DetectionModel, which loading would import and run"), though --weights reads such a file."""
+    path = tmp_path / "last.pt"
+    path.write_bytes(b"\x80\x02cultralytics.nn.tasks\nDetectionModel\n)\x81.")  # what names Ultralytics' model
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(path)
+    assert str(refused.value) == (
+        f"{path}: an Ultralytics checkpoint (it names ultralytics.nn.tasks.DetectionModel): its weights are read with "
+        f"--weights {path} (train starts a fine-tune from them; val, predict and export take them), but an Ultralytics "
+        "run cannot be resumed here")
+
+
 def test_the_readers_that_tried_are_named_once() -> None:
     assert not_a_checkpoint(b"<!DOCTYPE html>", which="neither A nor B") == (
         "not a PyTorch checkpoint (neither A nor B); it is an HTML page: a download that fetched an error or login "

@@ -98,3 +98,14 @@ def test_a_project_that_is_a_file_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "photo.jpg").write_bytes(b"...")
     with pytest.raises(NotADirectoryError, match=r"photo.jpg: --project names a file, not a folder"):
         claim_run_dir(tmp_path / "photo.jpg", "exp")  # was "[Errno 17] File exists: '.../photo.jpg'"
+
+
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "../escaped", "/abs"])
+def test_a_name_that_is_not_one_folder_name_is_one_line(tmp_path: Path, name: str) -> None:
+    """``--name a/b`` failed as "[Errno 2] No such file or directory"; "" and "." made folders "2" and ".2"; "../x"
+    and "/x" wrote outside --project."""
+    with pytest.raises(ValueError, match=r"--name .*: a run's name is one folder name .*put the folders above it in "
+                                         r"--project$"):
+        claim_run_dir(tmp_path / "runs", name)
+    assert not (tmp_path / "runs").exists()
+    assert claim_run_dir(tmp_path / "runs", "exp.v2 (final)") == tmp_path / "runs" / "exp.v2 (final)"

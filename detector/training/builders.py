@@ -18,7 +18,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, load_matching, model_args
+from detector.checkpoint import CheckpointError, damage, is_stripped, load_checkpoint, load_matching, model_args
 from detector.data.augment import AugmentConfig
 from detector.data.batch_augment import resolve_pixel_augment
 from detector.data.build import SplitData, build_split
@@ -298,6 +298,9 @@ def load_resume(config: TrainConfig, asked: dict[str, Any] | None = None) -> tup
                 else "it holds no optimizer state (stripped: a best.pt, or a finished run's last.pt)")
         raise CheckpointError(f"{path}: {what}, so it cannot be resumed; to train on from it, start a fine-tune: "
                               f"--weights {path}")
+    if problem := damage(path, checkpoint):
+        raise CheckpointError(f"{path}: damaged ({problem}); resume from another checkpoint of the run (a "
+                              "--save-period epoch<N>.pt) or start again")
     saved = TrainConfig.from_dict({**BEFORE_THEIR_TIME, **checkpoint["config"]})
     asked = dict(asked or {})
     if saved.data and (problem := data_problem(saved)):  # the dataset moved since (as Ultralytics allows)
@@ -306,15 +309,36 @@ def load_resume(config: TrainConfig, asked: dict[str, Any] | None = None) -> tup
                                   "with --data NEW.yaml")
         warnings.warn(f"{path}: its run's data YAML {saved.data} {problem}; resuming on {asked['data']}")
         saved.data = asked.pop("data")
+        same_classes(path, saved, list(checkpoint.get("names") or []))
     if ignored := ignored_on_resume(asked, saved):
         warnings.warn(f"{path}: a resumed run keeps its own settings; ignored: {', '.join(ignored)}. To train with "
                       f"other settings, start a new run from its weights: --weights {path}")
-    saved.device, saved.workers, saved.resume = config.device, config.workers, str(path)
+    # --project too: a checkpoint outside a run's weights/ folder resumes into a new run under it (make_run_dir); the
+    # saved one may be another machine's path.
+    saved.device, saved.workers, saved.resume, saved.project = config.device, config.workers, str(path), config.project
     for name in sorted(RESUME_MAY_SET & asked.keys()):
         if asked[name] != getattr(saved, name) and (name, asked[name]) != ("batch", -1):  # said: not the run's own
             print(f"note: the resumed run takes {name}={asked[name]} (it had {getattr(saved, name)})")
             setattr(saved, name, asked[name])
     return saved.with_defaults().validate(), path, checkpoint
+
+
+def same_classes(path: Path, saved: TrainConfig, names: list[str]) -> None:
+    """A run resumed on a moved dataset (``--data NEW.yaml``) keeps its model: another number of classes is refused
+    in one line (it was torch's size-mismatch traceback), other names are said in a warning (they were taken
+    silently)."""
+    if not names:  # a checkpoint that does not say
+        return
+    spec = resolve_data(saved)
+    new = single_class(spec).names if saved.single_cls else spec.names
+    if len(new) != len(names):
+        raise CheckpointError(f"{path}: its run trains {len(names)} classes and {saved.data} names {len(new)}; a "
+                              f"resumed run keeps its model: to train on {saved.data}, start a fine-tune: --weights "
+                              f"{path}")
+    if new != names:
+        changed = [f"{old} -> {name}" for old, name in zip(names, new) if old != name]
+        warnings.warn(f"{saved.data}: its classes are named otherwise than the run's ({', '.join(changed[:5])}"
+                      f"{' ...' if len(changed) > 5 else ''}); the resumed run takes the new names")
 
 
 def wrap_distributed(model: YOLO, config: TrainConfig, dist: DistInfo, device: torch.device) -> torch.nn.Module:

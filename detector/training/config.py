@@ -19,6 +19,7 @@ from detector.choices import PRECISION as PRECISION_CHOICES
 from detector.choices import RECOMPUTE as RECOMPUTE_CHOICES
 from detector.choices import VAL_BACKGROUND as VAL_BACKGROUND_CHOICES
 from detector.options import option
+from detector.runs import name_problem
 from detector.training.budget import parse_duration
 
 # Defaults for the built-in shapes dataset, chosen so `python train.py` finishes in minutes on a 2-core CPU.
@@ -194,6 +195,8 @@ class TrainConfig:
             problems.append(f"--freeze must be in [0, {FREEZABLE_LAYERS}] (22 = all but the head; got {self.freeze})")
         if self.patience < 0:
             problems.append(f"--patience must be >= 0 (got {self.patience})")
+        if problem := name_problem(self.name):  # here too: every rank checks it, not only the one that claims
+            problems.append(problem)
         if self.val_interval < 0:
             problems.append(f"--val-interval must be 0 or more (got {self.val_interval})")
         if not 0.0 < self.fraction <= 1.0:

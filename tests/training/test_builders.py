@@ -112,6 +112,67 @@ def test_a_run_whose_dataset_moved_resumes_on_the_data_given(tmp_path) -> None:
     assert resumed.data == moved and resumed.epochs == 3
 
 
+def test_a_run_resumed_on_a_dataset_of_other_classes_says_so_in_one_line(tmp_path, yolo_yaml) -> None:
+    """``--resume --data NEW.yaml`` with another number of classes ended in torch's size-mismatch traceback; other
+    names were taken without a word."""
+    from detector.checkpoint import CheckpointError, save_checkpoint
+    from detector.training.builders import load_resume
+
+    path = tmp_path / "exp" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True)
+    config = TrainConfig(data=str(tmp_path / "gone.yaml"), project=str(tmp_path), epochs=3).to_dict()
+
+    def resume_with(names: list[str]) -> TrainConfig:
+        save_checkpoint({"model": {}, "ema": None, "optimizer": {"state": {}}, "epoch": 0, "config": config,
+                         "names": names}, path)
+        return load_resume(TrainConfig(resume=str(path), data=str(yolo_yaml)), {"data": str(yolo_yaml)})[0]
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the data YAML is gone: said, and tested above
+        with pytest.raises(CheckpointError, match=rf"its run trains 2 classes and .*data.yaml names 3; a resumed run "
+                                                  rf"keeps its model: .* start a fine-tune: --weights {path}$"):
+            resume_with(["circle", "square"])
+    with pytest.warns(UserWarning, match=r"classes are named otherwise than the run's \(star -> triangle\)"):
+        assert resume_with(["circle", "square", "star"]).data == str(yolo_yaml)
+
+
+def test_a_damaged_last_pt_is_refused_before_it_trains(tmp_path) -> None:
+    """torch.load does not check the zip's CRCs: a last.pt with flipped bits loaded, trained an epoch on NaN weights,
+    then refused to save them, blaming the save."""
+    from detector.checkpoint import CheckpointError, save_checkpoint
+    from detector.training.builders import load_resume
+
+    path = tmp_path / "exp" / "weights" / "last.pt"
+    path.parent.mkdir(parents=True)
+    config = TrainConfig(data="shapes", project=str(tmp_path), epochs=3).to_dict()
+    state = {"model": {"w": torch.zeros(1 << 18)}, "ema": None, "optimizer": {"state": {}}, "epoch": 0,
+             "config": config}
+    save_checkpoint(state, path)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = b"\xff" * 64  # inside the tensor's bytes: still loads
+    path.write_bytes(bytes(data))
+    assert torch.load(path, weights_only=True)["model"]["w"].isnan().any()
+    with pytest.raises(CheckpointError, match=r"last.pt: damaged \(its part .*/data/0 does not match its checksum\)"):
+        load_resume(TrainConfig(resume=str(path)))
+    torch.save({**state, "model": {"w": torch.full((4,), float("inf"))}}, path)  # save_checkpoint would refuse
+    with pytest.raises(CheckpointError, match=r"damaged \(its 'model' weights are not finite\)"):
+        load_resume(TrainConfig(resume=str(path)))
+
+
+def test_a_checkpoint_out_of_its_run_resumes_under_the_project_given(tmp_path) -> None:
+    """The new run folder of a checkpoint out of its run's weights/ went under the project saved in it (another
+    machine's path, perhaps), whatever --project said."""
+    from detector.checkpoint import save_checkpoint
+    from detector.training.builders import load_resume
+
+    path = tmp_path / "Downloads" / "last.pt"
+    path.parent.mkdir(parents=True)
+    config = TrainConfig(data="shapes", project="/elsewhere/runs", epochs=3).to_dict()
+    save_checkpoint({"model": {}, "ema": None, "optimizer": {"state": {}}, "epoch": 0, "config": config}, path)
+    resumed, _, _ = load_resume(TrainConfig(resume=str(path), project=str(tmp_path / "new")))
+    assert resumed.project == str(tmp_path / "new")
+
+
 def test_a_resume_names_the_settings_it_ignores_in_one_warning(tmp_path) -> None:
     """``--resume --epochs 200`` used to go on for the run's own 3 epochs without a word."""
     from detector.checkpoint import save_checkpoint
