@@ -343,7 +343,6 @@ def load(weights: str | Path, *, device: str = "", imgsz: int | None = None, hal
     from detector.inference import load_backend
     from detector.inference.torch_backend import half_precision
     from detector.weights.locate import located
-
     from detector.workflows.predict import input_size
 
     path, resolved = located(weights), resolve_device(device)  # yolov8n.pt: the weights folder's

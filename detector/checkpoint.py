@@ -94,28 +94,28 @@ def all_finite(state_dict: dict[str, torch.Tensor]) -> bool:
     return all(math.isfinite(peak) for peak in peak_magnitudes(floats))
 
 
+def non_finite_weights(checkpoint: dict[str, Any]) -> str | None:
+    """``"model"`` or ``"ema"``, the first of a checkpoint's weights that are not finite; None when both are."""
+    found = [k for k in ("model", "ema") if isinstance(checkpoint.get(k), dict) and not all_finite(checkpoint[k])]
+    return found[0] if found else None
+
+
 def damage(path: Path, checkpoint: dict[str, Any]) -> str | None:
-    """What is wrong with a run checkpoint that loaded (None: nothing found): a member whose CRC does not match (torch
-    does not check them: a flipped bit loads), or non-finite weights. Resume checks it: a damaged last.pt trained a
-    whole epoch on, then refused to save its non-finite weights, blaming the save."""
+    """What is wrong with a run checkpoint that loaded (None: nothing found), checked at resume: a part failing its zip
+    CRC (torch does not check them: a flipped bit loads, and trained an epoch on NaN weights), or non-finite weights."""
     if zipfile.is_zipfile(path):  # torch.save's format since 1.6; reading it again costs ~0.1 s for 50 MB
         with zipfile.ZipFile(path) as bundle:
             if (bad := bundle.testzip()) is not None:
                 return f"its part {bad} does not match its checksum"
-    for key in ("model", "ema"):
-        if isinstance(checkpoint.get(key), dict) and not all_finite(checkpoint[key]):
-            return f"its '{key}' weights are not finite"
-    return None
+    return f"its '{key}' weights are not finite" if (key := non_finite_weights(checkpoint)) else None
 
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
     """Write atomically (:func:`detector.files.atomic_file`): a crash at any moment leaves either the old
-    file or the new one, never half of one. Refuses to write non-finite weights, which would poison a resume.
-    """
+    file or the new one, never half of one. Refuses to write non-finite weights, which would poison a resume."""
     path = Path(path)
-    for key in ("model", "ema"):
-        if payload.get(key) is not None and not all_finite(payload[key]):
-            raise CheckpointError(f"{path}: refusing to save non-finite '{key}' weights")
+    if key := non_finite_weights(payload):
+        raise CheckpointError(f"{path}: refusing to save non-finite '{key}' weights")
     with atomic_file(path) as file:
         try:
             torch.save(payload, file)

@@ -16,7 +16,7 @@ def name_problem(name: str) -> str | None:
     """Why ``name`` cannot name a run folder under ``--project``, in one line; None when it can. ``a/b`` failed as
     "[Errno 2] No such file or directory", naming no flag; "" and "." made folders "2" and ".2"; "../x" and "/x" one
     outside --project."""
-    if name in ("", ".", "..") or Path(name).name != name or "/" in name or "\\" in name:
+    if name in ("", ".", "..") or Path(name).name != name or "\\" in name:  # a Windows separator, on any system
         return (f"--name {name!r}: a run's name is one folder name (not empty, '.', '..' or a path); put the folders "
                 "above it in --project")
     return None
