@@ -113,6 +113,17 @@ class Download:
     def folder_name(self) -> str:
         return self.folder or self.name
 
+    def command(self, archives: tuple[Archive, ...], root: Path | None = None) -> str:
+        """The command that fetches ``archives``: ``--datasets-dir`` where ``root`` is not the default (the user
+        named another: the command must name it too, quoted for copy and paste), ``--allow-http`` where one is
+        served over plain http (COCO's zips: checked by size and MD5)."""
+        command = f"python -m detector download {self.name}"
+        if root is not None and root != datasets_root(None).resolve():
+            command += f" --datasets-dir {shlex.quote(str(root))}"
+        if any(archive.url.startswith("http://") for archive in archives):
+            command += " --allow-http"
+        return command
+
     def archives_for(self, split: str) -> tuple[Archive, ...]:
         """``all``: every archive; ``val``: only those the val split needs."""
         return self.archives if split == "all" else tuple(a for a in self.archives if split in a.splits)
@@ -189,9 +200,7 @@ def fetching_command(filename: str) -> tuple[str, str] | None:
     for download in DOWNLOADS.values():
         if name in (download.name + ".zip", download.yaml.lower()) or any(
                 name == archive.filename.lower() for archive in download.archives):
-            insecure = any(archive.url.startswith("http://") for archive in download.archives)
-            command = f"python -m detector download {download.name}" + (" --allow-http" if insecure else "")
-            return command, download.yaml
+            return download.command(download.archives), download.yaml
     return None
 
 
@@ -210,9 +219,5 @@ def download_hint(folder: Path, root: Path) -> str:
     approx = "" if all(a.exact_size for a in missing) else "about "
     found = download.incomplete(root)
     move = f"; {found[0]} exists but is incomplete ({found[1]}): move it away, then" if found else ""
-    command = f"python -m detector download {download.name}"
-    if root != datasets_root(None).resolve():  # the user named another root: the command must name it too
-        command += f" --datasets-dir {shlex.quote(str(root))}"  # a copy-paste command: quote spaces
-    if any(archive.url.startswith("http://") for archive in missing):  # COCO's zips: checked by size and MD5
-        command += " --allow-http"
-    return f"{move or ';'} fetch it ({approx}{human_size(sum(a.size for a in missing))}): {command}"
+    return (f"{move or ';'} fetch it ({approx}{human_size(sum(a.size for a in missing))}): "
+            f"{download.command(missing, root)}")
