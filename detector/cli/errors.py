@@ -54,7 +54,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         import torch
 
         from detector.checkpoint import CheckpointError
-        from detector.data.download import DownloadError
+        from detector.data.transfer import DownloadError
         from detector.data.spec import DatasetError
         from detector.distributed import DistributedSetupError
         from detector.exporting import ExportError

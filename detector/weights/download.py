@@ -1,14 +1,14 @@
 """``python -m detector download yolov8n``: fetch pretrained weights into the weights folder, check them, prove they
 load.
 
-The same downloader as the datasets (:func:`detector.data.download.fetch`): https only (``--allow-http`` for
+The same downloader as the datasets (:func:`detector.data.transfer.fetch`): https only (``--allow-http`` for
 a plain-http mirror), never more bytes than the file's exact size, a progress bar, a ``<file>.part`` that a cut
 transfer resumes with an HTTP ``Range`` request, and an atomic rename into place. The checks: the exact size
 and the SHA-256 pinned in :mod:`detector.weights.catalog` (of the whole file, resumed or not), then a read
 through the restricted unpickler, which must find YOLOv8 detection weights of the expected scale; a file that
 fails any of them is deleted. A file already in ``weights/`` is checked the same way but never deleted (it may be
 the user's own, fine-tuned say): the command refuses in one line and leaves it. All of it runs under
-``<file>.lock`` (:func:`detector.data.download.one_download`): a second download of the same file stops at once.
+``<file>.lock`` (:func:`detector.data.transfer.one_download`): a second download of the same file stops at once.
 
 ``$DETECTOR_DOWNLOAD_URL`` (or ``base_url``) fetches from ``<base>/<file name>`` instead: a mirror, or a
 local server in the tests (the same variable the dataset downloads read).
@@ -21,7 +21,7 @@ import shlex
 from pathlib import Path
 
 from detector.data.catalog import human_size
-from detector.data.download import (BASE_URL_ENV, DownloadError, check_transport, digest_problem, fetch, mirrored_url,
+from detector.data.transfer import (BASE_URL_ENV, DownloadError, check_transport, digest_problem, fetch, mirrored_url,
                                      one_download)
 from detector.weights.catalog import LICENCE_NOTE, PRETRAINED, PretrainedWeights
 from detector.paths import default_weights_dir

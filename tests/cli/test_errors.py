@@ -13,7 +13,7 @@ from detector.checkpoint import CheckpointError
 from detector.cli import download as download_command
 from detector.cli.errors import CommandFailed, run_command, uncollected_imports
 from detector.data import download as dataset_download
-from detector.data.download import DownloadError
+from detector.data.transfer import DownloadError
 from detector.data.spec import DatasetError
 from detector.exporting import ExportError
 from detector.extras import Unavailable

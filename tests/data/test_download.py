@@ -25,10 +25,11 @@ import pytest
 
 from detector.cli import download as download_command
 from detector.data import download as downloader
-from detector.data import lock
+from detector.data import lock, transfer
 from detector.data.catalog import DOWNLOADS, Download
-from detector.data.download import DownloadError, _CheckedRedirects, check_transport, download
+from detector.data.download import download
 from detector.data.spec import load_dataset_spec
+from detector.data.transfer import DownloadError, _CheckedRedirects, check_transport
 from detector.data.synthetic import make_image, write_yolo_split
 from tests.conftest import voc_xml, write_voc_devkit
 
@@ -245,14 +246,14 @@ def test_a_part_file_deleted_by_another_program_is_one_line(tmp_path: Path, serv
                                                            monkeypatch: pytest.MonkeyPatch):
     base, served = server
     served.files["coco128.zip"] = coco128_zip(tmp_path)
-    original = downloader._transfer
+    original = transfer._transfer
 
     def then_deleted(url: str, part: Path, *args: object, **kwargs: object) -> int:
         total = original(url, part, *args, **kwargs)
         part.unlink()
         return total
 
-    monkeypatch.setattr(downloader, "_transfer", then_deleted)
+    monkeypatch.setattr(transfer, "_transfer", then_deleted)
     root = tmp_path / "datasets"
     with pytest.raises(DownloadError, match="coco128.zip.part: deleted while it was being written") as error:
         download("coco128", root=root, **fetch_options(base))
@@ -379,7 +380,7 @@ def test_sigterm_during_extraction_unwinds_like_ctrl_c_and_leaves_no_staging_fol
     base, served = server
     served.files["coco128.zip"] = coco128_zip(tmp_path)
     root = tmp_path / "datasets"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), downloader.BASE_URL_ENV: base}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), transfer.BASE_URL_ENV: base}
     done = subprocess.run([sys.executable, "-c", SIGTERM_DURING_EXTRACTION, "coco128", "--datasets-dir", str(root),
                            "--allow-http"], env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 130, (done.returncode, done.stderr[-2000:])
@@ -392,7 +393,7 @@ def test_unreachable_host_is_named_in_one_line(tmp_path: Path, capsys: pytest.Ca
     with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    monkeypatch.setenv(downloader.BASE_URL_ENV, f"http://127.0.0.1:{port}")
+    monkeypatch.setenv(transfer.BASE_URL_ENV, f"http://127.0.0.1:{port}")
     code = download_command.main(["coco128", "--datasets-dir", str(tmp_path / "datasets"), "--allow-http"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 1 and len(lines) == 1, lines
@@ -479,7 +480,7 @@ def test_voc_downloads_converts_to_yolo_labels_and_loads(tmp_path: Path, server:
                                                          monkeypatch: pytest.MonkeyPatch):
     base, served = server
     served.files.update(voc_zips(tmp_path))
-    monkeypatch.setenv(downloader.BASE_URL_ENV, base)
+    monkeypatch.setenv(transfer.BASE_URL_ENV, base)
     root = tmp_path / "datasets"
     assert download_command.main(["voc", "--datasets-dir", str(root), "--allow-http"]) == 0
     folder = root / "VOC"
@@ -519,7 +520,7 @@ def test_a_corrupt_voc_zip_is_refused_in_one_line_and_nothing_is_extracted(tmp_p
     base, served = server
     served.files.update(voc_zips(tmp_path))
     served.files["VOCtrainval_06-Nov-2007.zip"], corrupted = corrupt_first_jpeg(served.files["VOCtrainval_06-Nov-2007.zip"])
-    monkeypatch.setenv(downloader.BASE_URL_ENV, base)
+    monkeypatch.setenv(transfer.BASE_URL_ENV, base)
     root = tmp_path / "datasets"
     assert download_command.main(["voc", "--datasets-dir", str(root), "--allow-http"]) == 1
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from detector.cli import download as download_command
-from detector.data import download as downloader
+from detector.data import transfer
 from detector.data import lock
-from detector.data.download import DownloadError
+from detector.data.transfer import DownloadError
 from detector.weights import resolve_weights
 from detector.weights.catalog import PRETRAINED, PretrainedWeights
 from detector.weights.download import download_weights
@@ -43,7 +43,7 @@ def served_weights(server: tuple[str, Served], body: bytes, monkeypatch: pytest.
     base, served = server
     served.files["yolov8n.pt"] = body
     monkeypatch.setitem(PRETRAINED, "yolov8n", pinned(body))
-    monkeypatch.setenv(downloader.BASE_URL_ENV, base)
+    monkeypatch.setenv(transfer.BASE_URL_ENV, base)
     return base, served
 
 
