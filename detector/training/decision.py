@@ -35,13 +35,13 @@ def fitness(metrics: dict[str, float]) -> float:
 
 
 def fallback_after_epoch(precision: Precision, stats: dict[str, float], device_type: str) -> tuple[str, str] | None:
-    """``(safer precision, message)`` when most optimizer steps were unstable; None when all is well.
+    """``(safer precision, message)`` when half the optimizer steps or more were unstable; None when all is well.
 
     Counts ``unstable_steps``, not every skipped step: GradScaler's normal calibration skips are not a
     reason to leave FP16 (see detector/training/engine.py). Raises FloatingPointError when FP32 itself diverged.
     """
     unstable, steps = stats["unstable_steps"], stats["optimizer_steps"]
-    if not unstable or unstable < max(steps // 2, 1):
+    if not unstable or 2 * unstable < steps:
         return None
     message = f"{unstable}/{steps} optimizer steps had non-finite gradients"
     safer = safer_precision(precision.name, device_type)

@@ -146,6 +146,9 @@ def test_fallback_waits_for_unstable_steps_and_stops_in_fp32():
     assert fallback_after_epoch(fp16, {"unstable_steps": 0, "skipped_steps": 4, "optimizer_steps": 8}, "cpu") is None
     safer, message = fallback_after_epoch(fp16, {"unstable_steps": 5, "skipped_steps": 5, "optimizer_steps": 8}, "cpu")
     assert safer == ("bf16" if cpu_has_native_bf16() else "fp32") and "5/8" in message
+    # The threshold is half the steps, as the docs say: 4 of 9 is under it, 4 of 8 is not.
+    assert fallback_after_epoch(fp16, {"unstable_steps": 4, "skipped_steps": 4, "optimizer_steps": 9}, "cpu") is None
+    assert fallback_after_epoch(fp16, {"unstable_steps": 4, "skipped_steps": 4, "optimizer_steps": 8}, "cpu")
     with _pytest.raises(FloatingPointError, match="diverged"):
         fallback_after_epoch(Precision("fp32", "cpu", "t"), {"unstable_steps": 8, "optimizer_steps": 8}, "cpu")
 
