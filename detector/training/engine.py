@@ -104,6 +104,11 @@ def optimizer_step(
     return step_outcome(finite, scale, loss_was_finite, precision)
 
 
+def finite_parts(parts: dict[str, torch.Tensor], finite_loss: torch.Tensor) -> torch.Tensor:
+    """``[box, cls, dfl]`` of one step for the epoch's sums, zeros where its loss was not finite (not counted)."""
+    return torch.where(finite_loss, torch.stack([parts["box"], parts["cls"], parts["dfl"]]).nan_to_num(0.0), 0.0)
+
+
 def unscale_and_clip(
     optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler, parameters: list[torch.Tensor], clip_grad: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,8 +205,7 @@ def graphed_body(step: TrainStep, parameters: list[torch.Tensor], ema: DeviceEMA
         loss, parts = step.criterion(outputs, batch.targets, batch.images.shape[2:], across_ranks=False)
         finite_loss = torch.isfinite(loss)
         step.scaler.scale(loss).backward()  # one process: no world-size factor
-        result = {"parts": torch.stack([parts["box"], parts["cls"], parts["dfl"]]).nan_to_num(0.0),
-                  "finite_loss": finite_loss}
+        result = {"parts": finite_parts(parts, finite_loss), "finite_loss": finite_loss}
         if with_optimizer:
             finite, scale = unscale_and_clip(step.optimizer, step.scaler, parameters, step.schedule.clip_grad)
             if step.precision.uses_scaler:
@@ -346,12 +350,13 @@ def train_one_epoch(
                 # The loss runs in FP32 outside autocast; x world_size because DDP averages gradients over ranks.
                 # Targets stay on the host: the loss pads them there, so it need not wait for the GPU to count them.
                 loss, parts = criterion(outputs, targets, images.shape[2:])
-                nonfinite_losses += ~torch.isfinite(loss)
+                finite_loss = torch.isfinite(loss)
+                nonfinite_losses += ~finite_loss
                 scaler.scale(loss * world_size).backward()
             # Nothing may hold this step's graph into the next one: its parameters' AccumulateGrad nodes would live
             # on, and a CUDA graph's capture (on its own stream) fails on nodes made on the default stream.
             del outputs, loss
-            loss_sums += torch.stack([parts["box"], parts["cls"], parts["dfl"]]).nan_to_num(0.0)
+            loss_sums += finite_parts(parts, finite_loss)
         else:
             nonfinite_losses += ~captured["finite_loss"]
             loss_sums += captured["parts"]
@@ -374,7 +379,7 @@ def train_one_epoch(
             last_step = step
         # The progress line reads the losses (a host sync): about once a second, not every few steps.
         if progress and (time.perf_counter() - last_shown >= 1.0 or index == steps - 1):
-            means = (loss_sums / (index + 1)).tolist()
+            means = (loss_sums / (index + 1 - nonfinite_losses).clamp(min=1)).tolist()
             bar.set_postfix(box=f"{means[0]:.3f}", cls=f"{means[1]:.3f}", dfl=f"{means[2]:.3f}", size=sizes[index])
             last_shown = time.perf_counter()
     if world_size > 1:  # each rank holds its share of the global loss: the sum is the whole
@@ -383,7 +388,10 @@ def train_one_epoch(
         worst = torch.stack([nonfinite_losses, unstable])
         torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
         nonfinite_losses, unstable = worst[0], worst[1]
-    means = (loss_sums / max(steps, 1)).tolist()  # waits for the device, so the time below includes the last step
+    # The mean over the steps whose loss was finite (NaN when none was): a non-finite one counted as 0 showed a broken
+    # epoch as a low loss. Under DDP the count is the worst rank's. Waits for the device, so the time below includes
+    # the last step.
+    means = (loss_sums / (steps - nonfinite_losses)).tolist()
     seconds = time.perf_counter() - start
     scales = (scale_min.item(), scale_max.item()) if optimizer_steps else (1.0, 1.0)
     if guard.restore_if_not_finite():

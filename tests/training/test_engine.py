@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -175,6 +177,34 @@ def test_statistics_a_forward_pass_made_non_finite_are_put_back_at_the_epochs_en
     train_one_epoch(step, _loader(), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0, progress=False)
     after = buffers()
     assert all(torch.isfinite(b).all() for b in after) and not all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_the_epochs_mean_loss_leaves_out_non_finite_steps_and_is_nan_when_none_was_finite():
+    """A non-finite loss counted as 0 halved the reported mean when half the steps overflowed, and showed an epoch
+    that broke entirely as a perfect 0: the mean is over the finite steps, NaN when there were none."""
+    torch.manual_seed(0)
+    step = make_train_step(build_model(num_classes=2), steps_per_epoch=4)
+    criterion, seen = step.criterion, []
+
+    def every_other_broken(outputs, targets, size):
+        loss, parts = criterion(outputs, targets, size)
+        if len(seen) % 2:
+            loss, parts = loss * float("nan"), {k: v * float("inf") for k, v in parts.items()}
+        seen.append(torch.stack([parts["box"], parts["cls"], parts["dfl"]]).detach())
+        return loss, parts
+
+    step.criterion = every_other_broken
+    stats = train_one_epoch(step, _loader(4), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
+                            progress=False)
+    finite_mean = torch.stack(seen[0::2]).mean(0)
+    assert stats["nonfinite_losses"] == 2
+    assert [stats["train/box"], stats["train/cls"], stats["train/dfl"]] == pytest.approx(finite_mean.tolist())
+
+    step.criterion = lambda outputs, targets, size: (lambda loss, parts: (loss * float("nan"), parts))(
+        *criterion(outputs, targets, size))
+    stats = train_one_epoch(step, _loader(2), multi_scale=MultiScale(64, enabled=False), epoch=1, seed=0,
+                            progress=False)
+    assert stats["nonfinite_losses"] == 2 and all(math.isnan(stats[f"train/{part}"]) for part in ("box", "cls", "dfl"))
 
 
 def _accumulator(parameter: torch.Tensor):
