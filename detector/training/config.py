@@ -195,6 +195,8 @@ class TrainConfig:
             problems.append(f"--freeze must be in [0, {FREEZABLE_LAYERS}] (22 = all but the head; got {self.freeze})")
         if self.patience < 0:
             problems.append(f"--patience must be >= 0 (got {self.patience})")
+        if self.unamp and self.precision not in ("auto", "fp32"):  # --unamp silently won over the other one
+            problems.append(f"--unamp is true FP32 and --precision {self.precision} asks otherwise; give one")
         if problem := name_problem(self.name):  # here too: every rank checks it, not only the one that claims
             problems.append(problem)
         if self.val_interval < 0:

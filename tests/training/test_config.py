@@ -51,3 +51,11 @@ def test_a_relative_data_path_is_kept_as_a_path_from_anywhere(tmp_path, monkeypa
     monkeypatch.chdir(tmp_path)
     assert TrainConfig(data="sets/d.yaml").with_defaults().data == str(tmp_path / "sets" / "d.yaml")
     assert TrainConfig(data="coco128").with_defaults().data == "coco128"
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_unamp_beside_another_precision_is_refused(precision: str) -> None:
+    # --unamp won silently: "--unamp --precision bf16" trained FP32 without a word about the other flag.
+    with pytest.raises(ValueError, match=f"--unamp is true FP32 and --precision {precision} asks otherwise; give one"):
+        TrainConfig(epochs=1, imgsz=64, unamp=True, precision=precision).validate()
+    TrainConfig(epochs=1, imgsz=64, unamp=True, precision="fp32").validate()
