@@ -391,12 +391,29 @@ def hold_run_lock(run_dir: Path) -> None:
         return
     if run_dir.resolve() in _RUN_LOCKS:  # this process's own earlier run of it (a resume in the same process)
         return
-    handle = open(run_dir / ".lock", "w")  # noqa: SIM115 - held open on purpose until the process exits
+    handle = open(run_dir / ".lock", "a+")  # noqa: SIM115 - held open on purpose until the process exits
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip()
         handle.close()
-        raise CheckpointError(f"{run_dir}: another process is training this run now; wait for it, or stop it "
+        pid = f" (pid {holder})" if holder.isdigit() else ""
+        raise CheckpointError(f"{run_dir}: another process{pid} is training this run now; wait for it, or stop it "
                               "first") from None
+    handle.truncate(0)
+    handle.write(str(os.getpid()))
+    handle.flush()
+    if not _RUN_LOCKS:
+        os.register_at_fork(after_in_child=_drop_inherited_run_locks)
     _RUN_LOCKS[run_dir.resolve()] = handle
     atexit.register(handle.close)  # closed (and so released) at exit, not left to the garbage collector
+
+
+def _drop_inherited_run_locks() -> None:
+    """In a forked child (a loader worker, a helper): close its copies of the run locks. A flock belongs to the open
+    file, which a fork shares: workers outliving a killed trainer by seconds held the run locked, and an immediate
+    ``--resume`` (a retry loop, a scheduler's requeue) was told another process was training it."""
+    for handle in _RUN_LOCKS.values():
+        handle.close()
+    _RUN_LOCKS.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import warnings
 from pathlib import Path
 
@@ -285,10 +286,40 @@ def test_a_run_folder_is_trained_by_one_process_at_a_time(tmp_path) -> None:
               "make_run_dir(TrainConfig(epochs=1), DistInfo(), resumed=Path(sys.argv[1]))")
     other = subprocess.run([sys.executable, "-c", script, str(run_dir / "weights" / "last.pt")], capture_output=True,
                            text=True, timeout=120)
-    assert other.returncode != 0 and "another process is training this run now" in other.stderr
+    assert other.returncode != 0 and f"another process (pid {os.getpid()}) is training this run now" in other.stderr
     assert stale.exists()  # the refused process touched nothing
     assert make_run_dir(config, DistInfo(), resumed=run_dir / "weights" / "last.pt") == run_dir  # this process: fine
     assert not stale.exists()
+
+
+def test_a_killed_runs_loader_workers_do_not_keep_its_run_locked(tmp_path) -> None:
+    """A flock belongs to the open file, which a fork shares: the loader workers of a trainer killed with SIGKILL
+    outlive it by seconds, and held the run locked, so an immediate --resume was told another process was training
+    it. Forked children drop their copies of the lock."""
+    import signal
+    import subprocess
+    import sys
+
+    trainer = ("import multiprocessing, os, sys, time; from detector.distributed import DistInfo; "
+               "from detector.training.builders import make_run_dir; from detector.training.config import TrainConfig; "
+               "make_run_dir(TrainConfig(project=sys.argv[1], name='exp', epochs=1), DistInfo(), resumed=None); "
+               "worker = multiprocessing.get_context('fork').Process(target=time.sleep, args=(120,)); worker.start(); "
+               "print(worker.pid, flush=True); os._exit(0)")  # dies as a killed trainer does; its worker lives on
+    # Popen and one line read, not run(): the worker holds the pipe open after the trainer has gone
+    with subprocess.Popen([sys.executable, "-c", trainer, str(tmp_path)], stdout=subprocess.PIPE, text=True) as started:
+        worker = int(started.stdout.readline())
+        started.wait(timeout=120)
+    try:
+        resume = ("import sys; from pathlib import Path; from detector.distributed import DistInfo; "
+                  "from detector.training.builders import make_run_dir; "
+                  "from detector.training.config import TrainConfig; "
+                  "make_run_dir(TrainConfig(epochs=1), DistInfo(), resumed=Path(sys.argv[1]))")
+        os.kill(worker, 0)  # still running: the case in question
+        other = subprocess.run([sys.executable, "-c", resume, str(tmp_path / "exp" / "weights" / "last.pt")],
+                               capture_output=True, text=True, timeout=120)
+        assert other.returncode == 0, other.stderr
+    finally:
+        os.kill(worker, signal.SIGKILL)
 
 
 def test_a_resume_takes_what_does_not_change_the_weights_and_keeps_the_rest(tmp_path, capsys) -> None:
