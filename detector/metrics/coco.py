@@ -15,6 +15,7 @@ images x 300 detections) a Python dict per box costs seconds before the evaluato
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import importlib.metadata
 import io
@@ -137,7 +138,14 @@ def resolve_backend(requested: str) -> str:
 def evaluator_name(backend: str) -> str:
     """The library that ``backend`` runs and its version, e.g. ``faster-coco-eval 1.8.0``: what results name."""
     package = "faster-coco-eval" if resolve_backend(backend) == "faster" else "pycocotools"
-    return f"{package} {importlib.metadata.version(package)}"
+    return f"{package} {installed_version(package)}"
+
+
+@functools.cache
+def installed_version(package: str) -> str:
+    """``importlib.metadata.version``, read once: it scans the installed distributions (~2 ms), and a 30-epoch run
+    asked ~60 times (0.12 s)."""
+    return importlib.metadata.version(package)
 
 
 def results_annotations(detections: np.ndarray) -> list[dict]:
