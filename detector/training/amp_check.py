@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -165,5 +166,10 @@ def check_first_batch(step: TrainStep, batch: tuple, *, channels_last: bool, sav
 
 
 def save_preflight(result: PreflightResult, path: Path) -> None:
-    write_text_atomically(path, json.dumps({"requested": result.requested, "chosen": result.chosen,
-                                "checks": [asdict(c) for c in result.checks]}, indent=2))
+    """The evidence as strict JSON: a failed check's non-finite loss or cosine is ``null`` (``NaN``/``Infinity``, what
+    json writes by default, are not JSON and strict parsers refuse the file). ``requested``: the precision checked
+    first (under ``--precision auto``, the one auto chose)."""
+    checks = [{key: value if not isinstance(value, float) or math.isfinite(value) else None
+               for key, value in asdict(check).items()} for check in result.checks]
+    write_text_atomically(path, json.dumps({"requested": result.requested, "chosen": result.chosen, "checks": checks},
+                                           indent=2, allow_nan=False))

@@ -49,7 +49,13 @@ def test_planted_fp16_overflow_is_detected_and_falls_back(tmp_path):
     assert result.checks[0].precision == "fp16" and not result.checks[0].passed
     assert "falling back" in result.line()
     save_preflight(result, tmp_path / "amp_check.json")
-    assert json.loads((tmp_path / "amp_check.json").read_text())["chosen"] == chosen.name
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"not JSON: {token}")
+
+    # Strict JSON: the overflowed loss is null, not NaN/Infinity (which strict parsers refuse)
+    evidence = json.loads((tmp_path / "amp_check.json").read_text(), parse_constant=refuse)
+    assert evidence["chosen"] == chosen.name and evidence["checks"][0]["loss_amp"] is None
 
 
 def test_the_check_steps_on_the_first_images_of_the_batch_with_their_targets():
