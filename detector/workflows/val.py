@@ -87,6 +87,13 @@ def exported_image_size(requested: int | None, backend: Backend) -> int:
     return resolve_image_size(requested or info.imgsz, None)
 
 
+def trained_in(checkpoint: dict, precision: Precision) -> str:
+    """``"; trained in FP32"`` where the checkpoint says it trained in another precision than this pass runs in (the
+    score may differ slightly from training's: ``--fp32`` / ``--half`` choose), else ``""``."""
+    trained = str(checkpoint.get("precision") or "")
+    return f"; trained in {trained.upper()}" if trained and trained != precision.name else ""
+
+
 def run_val(options: ValOptions) -> dict[str, float]:
     """Score ``options.weights`` on a split; returns the metrics (``mAP50-95``, ``mAP50``, ...).
 
@@ -119,7 +126,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
         else:  # BatchNorm folded and channels-last, as training's validation runs it (detector/inference/fusion.py)
             folded = fuse_conv_bn(model.eval()).to(memory_format=torch.channels_last)
             infer = make_torch_infer(folded, precision=precision, nms=nms, device=device, channels_last=True)
-        runtime = f"{device.type} {precision.name.upper()} ({precision.reason})"
+        runtime = f"{device.type} {precision.name.upper()} ({precision.reason}{trained_in(checkpoint, precision)})"
     else:
         backend = load_backend(options.weights, device=str(device), nms=nms)
         if note := exported_precision_note(options.weights, backend, half=options.half, fp32=options.fp32):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from detector.workflows.val import resolve_image_size
+from detector.precision import Precision
+from detector.workflows.val import resolve_image_size, trained_in
 
 
 def test_image_size_resolution() -> None:
@@ -103,3 +104,10 @@ def test_a_model_trained_on_some_classes_is_scored_on_them(yolo_yaml, tmp_path, 
             if line.split()[:1] in (["circle"], ["square"], ["triangle"])}
     assert rows["square"][1:] == ["0", "-", "-", "-", "-"]  # no instance of class 1 scored
     assert int(rows["circle"][1]) > 0 and int(rows["triangle"][1]) > 0
+
+
+def test_the_runtime_line_names_a_training_precision_other_than_its_own() -> None:
+    # val's default (auto: BF16 on a CPU with native BF16) scored an --unamp run without saying it trained in FP32
+    bf16 = Precision("bf16", "cpu", "auto")
+    assert trained_in({"precision": "fp32"}, bf16) == "; trained in FP32"
+    assert trained_in({"precision": "bf16"}, bf16) == "" and trained_in({}, bf16) == ""
