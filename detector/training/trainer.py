@@ -299,8 +299,9 @@ class Trainer(RunPlans):
             self.verdicts.defer(Pending(epoch, stats, validation, self.step.precision.name))
         else:  # before the final report, whose results.png shows this row too
             self.verdicts.judge(epoch, stats, self._scored(validation), self.step.precision.name)
-        patience_ran_out = bool(validation and not (defer or interrupted or last)
-                                and self.verdicts.patience_ran_out(epoch))
+        # Where patience runs out, a stop asked in the same epoch changes nothing: the run ends as it would have.
+        patience_ran_out = bool(validation and not (defer or last) and self.verdicts.patience_ran_out(epoch))
+        interrupted &= not patience_ran_out
         if (last or patience_ran_out) and validation:  # an early stop gets the final report too
             with self.account.phase("final evaluation"):
                 self._final_report(epoch, validation)
@@ -310,7 +311,7 @@ class Trainer(RunPlans):
             precision, reason = fallback
             self.log(f"warning: {reason}")
         stop = f"interrupted: saved {self.run_dir / 'weights/last.pt'} after epoch {epoch + 1}" if interrupted else ""
-        if patience_ran_out:  # never with interrupted (above)
+        if patience_ran_out:
             stop = (f"early stop: no better fitness for {self.config.patience} epochs (best at epoch "
                     f"{self.verdicts.best_epoch + 1}); --patience 0 turns this off")
         decision = EpochDecision(precision, reason, epochs, close_mosaic, warmup, stop, metrics, self.final)

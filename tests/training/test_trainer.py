@@ -640,3 +640,27 @@ def test_a_run_resumed_with_a_smaller_batch_goes_on_at_the_same_point_of_its_sch
     summary = train(_config(yolo_yaml, tmp_path, epochs=3, batch=2, warmup_epochs=0.0, resume=str(last)),
                     progress=False)
     assert summary["epochs_done"] == 3 and not summary["interrupted"]
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "stop_after_epochs"])
+def test_a_stop_asked_in_the_epoch_where_patience_runs_out_ends_as_the_early_stop(
+        yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys, stop: str):
+    """Patience 1 runs out at epoch 2 (epoch 1 the best); a Ctrl-C seen there (or the API's stop_after_epochs, the
+    same path) ended the run as interrupted: an unstripped last.pt whose --resume then trained epoch 3, one more
+    than the run that was not interrupted. The early stop wins: the final report, a stripped last.pt, the done line."""
+    import detector.training.verdicts as verdicts
+    from detector.checkpoint import is_stripped
+    from detector.training import trainer as trainer_module
+
+    scores = iter([0.5, 0.1, 0.1, 0.1])
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics: next(scores))
+    seen = iter([False, True, True, True])  # the Ctrl-C arrives in epoch 2
+    if stop == "ctrl-c":
+        monkeypatch.setattr(trainer_module, "any_rank", lambda value, dist: next(seen))
+    summary = train(_config(yolo_yaml, tmp_path, epochs=4, patience=1), progress=False,
+                    stop_after_epochs=2 if stop == "stop_after_epochs" else None)
+    printed = capsys.readouterr().out
+    assert summary["epochs_done"] == 2 and not summary["interrupted"] and summary["best_epoch"] == 0
+    assert "early stop: no better fitness for 1 epochs (best at epoch 1)" in printed and "interrupted" not in printed
+    assert "done in" in printed and "Average Precision" in printed
+    assert is_stripped(load_checkpoint(summary["run_dir"] / "weights" / "last.pt"))
