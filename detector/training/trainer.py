@@ -175,7 +175,7 @@ class Trainer(RunPlans):
 
     # ------------------------------------------------------------------------------------- the run
     def fit(self, *, stop_after_epochs: int | None = None) -> dict[str, Any]:
-        """Run the remaining epochs; ``stop_after_epochs`` ends early as an interruption would (for tests)."""
+        """Run the remaining epochs; ``stop_after_epochs`` ends early as a Ctrl-C in that epoch would (for tests)."""
         decision, epoch = None, self.start_epoch
         try:  # the loaders' workers start in before_train: the finally stops them, whatever happens after
             self.before_train()
@@ -185,12 +185,12 @@ class Trainer(RunPlans):
             while epoch < self.epochs:
                 with self.account.phase("training"):
                     stats = self.train_in_epoch(epoch)
-                # A Ctrl-C seen by any rank stops all; one in the last epoch lets the run finish as it would.
-                interrupted = any_rank(self.ctrl_c.requested, self.dist) and epoch + 1 < self.epochs
-                interrupted |= stop_after_epochs is not None and epoch + 1 >= stop_after_epochs
-                if self.clock.budget is None and epoch + 1 < self.epochs and not interrupted:  # begun as it validates
-                    self.feed.begin(epoch + 1, use_mosaic=self.uses_mosaic(epoch + 1))
-                decision = decide_on_main(lambda: self.after_epoch(epoch, stats, interrupted=interrupted), self.dist)
+                # A Ctrl-C seen by any rank stops all.
+                stop_asked = any_rank(self.ctrl_c.requested, self.dist)
+                stop_asked |= stop_after_epochs is not None and epoch + 1 >= stop_after_epochs
+                if self.clock.budget is None and epoch + 1 < self.epochs and not stop_asked:
+                    self.feed.begin(epoch + 1, use_mosaic=self.uses_mosaic(epoch + 1))  # begun as it validates
+                decision = decide_on_main(lambda: self.after_epoch(epoch, stats, stop_asked=stop_asked), self.dist)
                 if not self.dist.is_main:  # rank 0 applied it in after_epoch, before its checkpoint
                     self._apply(decision, epochs_done=epoch + 1)
                     self.final = decision.final or self.final  # every rank's train() returns best.pt's report
@@ -276,20 +276,23 @@ class Trainer(RunPlans):
         return train_one_epoch(self.step, self.feed.epoch(epoch, use_mosaic=use_mosaic), multi_scale=self.multi_scale,
                                epoch=epoch, seed=self.config.seed, progress=self.progress and self.dist.is_main)
 
-    def after_epoch(self, epoch: int, stats: dict[str, float], *, interrupted: bool) -> EpochDecision:
+    def after_epoch(self, epoch: int, stats: dict[str, float], *, stop_asked: bool) -> EpochDecision:
         """Rank 0: evaluate, log, decide what happens next, checkpoint. Returns the decision for all ranks. A pass
         scored in the background is judged at the next epoch's end (detector/training/verdicts.py), or at once where
-        the run ends or may stop here (patience ran out as of the last judged epoch)."""
+        the run ends or may stop here (patience ran out as of the last judged epoch). ``stop_asked``: a Ctrl-C was seen
+        in this epoch (or ``fit``'s ``stop_after_epochs`` ends the run here, as one would)."""
         if self.verdicts.pending is not None:  # best.pt's candidate gets its verdict too
             self._scored(self.verdicts.pending.validation)
             self.checkpoints.judged(*self.verdicts.judge_pending())
         interval = self.config.val_interval  # 0: only after the last epoch
         validation = self._evaluate_if_due(epoch, stats, due=bool(interval) and (epoch + 1) % interval == 0,
-                                           background=not interrupted and epoch + 1 < self.epochs)
+                                           background=not stop_asked and epoch + 1 < self.epochs)
         self.clock.epoch_ends(validation.seconds if validation else None)
         epochs, close_mosaic, warmup = self._fit_to_budget(epoch)
         self.clock.replanned()
         last = epoch + 1 >= epochs
+        # Against the plan as re-fitted: a Ctrl-C in the last epoch lets the run finish as it would.
+        interrupted = stop_asked and not last
         if last:  # the last epoch is always evaluated, and ends with the final report
             validation = validation or self._evaluate_if_due(epoch, stats, due=True)
         # Judged at once where the run stops here or may (patience: it stops at the same epoch as scored inline).

@@ -3,6 +3,7 @@ import errno
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -79,23 +80,24 @@ def test_pixel_augment_on_the_device_trains_and_says_so(yolo_yaml: Path, tmp_pat
 
 
 def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
+    from detector.training.trainer import Trainer
+
     sizes = dict(multi_scale_min=0.5, multi_scale_hold=1, close_mosaic=0)  # 32 or 64 px: resume replays them
-    # stop_after_epochs=3 ends both runs as an interruption after their last epoch would: last.pt keeps the
-    # raw weights and FP32 (a finished run strips it), so they are compared at full precision.
-    full = train(_config(yolo_yaml, tmp_path / "a", epochs=3, **sizes), progress=False, stop_after_epochs=3)
+    # Both runs finish (their last.pt stripped to FP16), so the weights are compared in memory, at full precision.
+    full = Trainer(_config(yolo_yaml, tmp_path / "a", epochs=3, **sizes), progress=False)
+    assert full.fit()["epochs_done"] == 3
     partial = train(_config(yolo_yaml, tmp_path / "b", epochs=3, **sizes), progress=False, stop_after_epochs=2)
     assert partial["epochs_done"] == 2
     last = str(partial["run_dir"] / "weights" / "last.pt")
-    resumed = train(_config(yolo_yaml, tmp_path / "c", epochs=3, **sizes, resume=last), progress=False,
-                    stop_after_epochs=3)
-    assert resumed["run_dir"] == partial["run_dir"] and resumed["epochs_done"] == 3
-    expected = load_checkpoint(full["run_dir"] / "weights" / "last.pt")
-    actual = load_checkpoint(resumed["run_dir"] / "weights" / "last.pt")
-    assert actual["epoch"] == expected["epoch"] == 2
-    for key in ("model", "ema"):
-        for name, tensor in expected[key].items():
+    resumed = Trainer(_config(yolo_yaml, tmp_path / "c", epochs=3, **sizes, resume=last), progress=False)
+    summary = resumed.fit()
+    assert summary["run_dir"] == partial["run_dir"] and summary["epochs_done"] == 3 and not summary["interrupted"]
+    for name, expected, actual in (("model", full.step.model, resumed.step.model),
+                                   ("ema", full.step.ema.module, resumed.step.ema.module)):
+        actual_state = actual.state_dict()
+        for key, tensor in expected.state_dict().items():
             if tensor.is_floating_point():
-                torch.testing.assert_close(actual[key][name], tensor, rtol=1e-4, atol=1e-5, msg=f"{key}.{name}")
+                torch.testing.assert_close(actual_state[key], tensor, rtol=1e-4, atol=1e-5, msg=f"{name}.{key}")
 
 
 def test_cli_rejects_bad_values_with_exit_code_1(capsys):
@@ -663,4 +665,37 @@ def test_a_stop_asked_in_the_epoch_where_patience_runs_out_ends_as_the_early_sto
     assert summary["epochs_done"] == 2 and not summary["interrupted"] and summary["best_epoch"] == 0
     assert "early stop: no better fitness for 1 epochs (best at epoch 1)" in printed and "interrupted" not in printed
     assert "done in" in printed and "Average Precision" in printed
+    assert is_stripped(load_checkpoint(summary["run_dir"] / "weights" / "last.pt"))
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "stop_after_epochs"])
+def test_a_ctrl_c_in_the_epoch_a_time_refit_makes_the_last_lets_the_run_finish(yolo_yaml: Path, tmp_path: Path,
+                                                                               monkeypatch, capsys, stop: str):
+    """--time planned more epochs, and the re-fit after epoch 3 (the host slowed) makes it the last: a Ctrl-C seen
+    in that epoch (or the API's stop_after_epochs, the same path) was judged against the plan from before the re-fit,
+    so the run said "interrupted", kept an unstripped last.pt and no done line, and its --resume failed "run already
+    finished all 3 epochs". Judged against the re-fitted plan, the run finished: it ends as one."""
+    import dataclasses
+
+    from detector.checkpoint import is_stripped
+    from detector.training import budget
+    from detector.training import trainer as trainer_module
+
+    real_fit = budget.TimeBudget.fit
+
+    def slowed(self, so_far, settings, **kwargs):
+        plan = real_fit(self, so_far, settings, **kwargs)
+        return dataclasses.replace(plan, epochs=3) if so_far.epochs_done == 3 else plan
+
+    monkeypatch.setattr(budget.TimeBudget, "fit", slowed)
+    seen = iter([False, False, True])  # the Ctrl-C arrives in epoch 3
+    if stop == "ctrl-c":
+        monkeypatch.setattr(trainer_module, "any_rank", lambda value, dist: next(seen))
+    trainer = trainer_module.Trainer(_config(yolo_yaml, tmp_path, epochs=50, time="10m"), progress=False)
+    summary = trainer.fit(stop_after_epochs=3 if stop == "stop_after_epochs" else None)
+    printed = capsys.readouterr().out
+    planned = [int(count) for count in re.findall(r"time budget 10m: (\d+) epochs? fit", printed)]
+    assert planned[0] > 3 and planned[-1] == 3  # more planned before the re-fit after epoch 3
+    assert summary["epochs_done"] == trainer.epochs == 3 and not summary["interrupted"]
+    assert "interrupted" not in printed and "done in" in printed
     assert is_stripped(load_checkpoint(summary["run_dir"] / "weights" / "last.pt"))
