@@ -142,7 +142,8 @@ class TrainConfig:
                                          "then come at the next epoch's end (at once where the run ends or may "
                                          "stop); auto = on CUDA after epochs under a minute, on 4+ cores",
                                  choices=VAL_BACKGROUND_CHOICES)
-    final_fp32: bool = option(False, "run the final evaluation in FP32 regardless of the training precision")
+    final_fp32: bool = option(False, "after training, evaluate best.pt again in true FP32 (TF32 off) whatever the "
+                                     "training precision; its predictions go to predictions_fp32.json")
     plots: bool = option(True, "write PNG plots into the run folder")
     tensorboard: bool = option(False, "log scalars and plots to TensorBoard in the run folder")
     project: str = option("runs/train", "parent folder of run folders")

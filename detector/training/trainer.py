@@ -4,7 +4,8 @@
 ``--time`` probe), then per epoch :meth:`~Trainer.train_in_epoch` and :meth:`~Trainer.after_epoch` (evaluate,
 decide, checkpoint), then :meth:`~Trainer.after_train`. The step's state is one :class:`TrainStep`
 (detector/training/engine.py), the ``--time`` bookkeeping one :class:`RunClock` (detector/training/budget.py), the
-plan it fits its base class :class:`RunPlans` (detector/training/plans.py), the verdict on each epoch one
+plan it fits its base class :class:`RunPlans` (detector/training/plans.py), the final report on best.pt its base
+class :class:`FinalReports` (detector/training/final_report.py), the verdict on each epoch one
 :class:`Verdicts` (detector/training/verdicts.py), and a checkpoint's payload and its restore one pair in
 detector/checkpoint.py.
 
@@ -23,13 +24,12 @@ from detector.checkpoint import CheckpointError, RunState, Trained, restore_run,
 from detector.data.workers import default_workers, usable_cores
 from detector.distributed import agreed_precision, any_rank, decide_on_main, group_ended_on_error
 from detector.distributed import init_distributed, local_main_first, unwrap
-from detector.metrics.coco import write_results_json
 from detector.metrics.loop import Validation
 from detector.model.recompute import recompute_activations, recompute_wanted
 from detector.plots.batches import PLOTTED_IMAGES
 from detector.plots.reporter import RunReporter
 from detector.plots.worker import figures_in_background
-from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest, set_strict_fp32
+from detector.precision import Precision, fp32_settings_kept, resolve_precision, safest
 from detector.runs import append_results, keep_results_through
 from detector.training.amp_check import CHECK_IMAGES, check_first_batch
 from detector.training.autobatch import AUTO_BATCH, batch_for
@@ -42,6 +42,7 @@ from detector.training.checkpoint_writer import RunCheckpoints
 from detector.training.config import TrainConfig
 from detector.training.decision import EpochDecision, fallback_after_epoch
 from detector.training.feed import EpochFeed
+from detector.training.final_report import FinalReports
 from detector.training.ema import ModelEMA
 from detector.training.engine import TrainStep, train_one_epoch
 from detector.training.step_input import as_trained
@@ -55,7 +56,7 @@ from detector.training.validator import Validator, scores_in_background
 from detector.training.verdicts import Pending, Verdicts
 from detector.tuning import autotune_convolutions, tune_process
 
-class Trainer(RunPlans):
+class Trainer(RunPlans, FinalReports):
     """Holds the objects of one run; ``fit()`` runs it. Built only from the config, in reading order."""
 
     def __init__(self, config: TrainConfig, *, progress: bool = True, process_start: bool = False) -> None:
@@ -325,47 +326,18 @@ class Trainer(RunPlans):
 
     def after_train(self, summary: dict[str, Any]) -> None:
         """Rank 0, a run that finished (its last.pt was written stripped: see _checkpoint): the final FP32
-        evaluation when asked for, and the last line."""
+        evaluation of best.pt when asked for (detector/training/final_report.py), and the last line."""
         if self.config.final_fp32:
-            # True FP32, as --unamp trains: on Ampere and newer GPUs cuDNN's FP32 convolutions otherwise run in TF32
-            # (a 10-bit mantissa, FP16's), and this pass would not be the FP32 it says it is.
-            with self.account.phase("final evaluation"), fp32_settings_kept():
-                set_strict_fp32()
-                try:
-                    validation = self.evaluate(force_fp32=True)
-                finally:  # workers it started again if it kept no batches (see fit)
-                    self.validator.close()
-                write_results_json(self.run_dir / "predictions.json", validation.detections,
-                                   self.val_data.ground_truth)
-            self.log(f"final FP32 evaluation: mAP50-95 {validation.metrics['mAP50-95']:.4f} "
-                     f"({validation.result.evaluator})")
-            summary["metrics_fp32"] = validation.metrics
+            self._final_fp32(summary)
         metrics, best = summary["metrics"], summary.get("best_epoch")
         self.log(f"done in {summary['seconds'] / 60:.1f} min: mAP50-95 {metrics.get('mAP50-95', float('nan')):.4f} "
                  f"mAP50 {metrics.get('mAP50', float('nan')):.4f} | best "
                  f"{'' if best is None else f'(epoch {best + 1}) '}{self.run_dir / 'weights' / 'best.pt'}")
 
-    def _final_report(self, epoch: int, validation: Validation) -> None:
-        """best.pt's report (the file a user takes away, as Ultralytics' final validation is): this epoch's
-        validation when it is the best, else a pass of best.pt's weights as written (EMA, FP16)."""
-        best, state = self.verdicts.best_epoch, None
-        if 0 <= best != epoch and (state := self.checkpoints.best_state()) is not None and self.validator:
-            self.log(f"final report: best.pt, epoch {best + 1} (the last epoch: mAP50-95 "
-                     f"{validation.metrics['mAP50-95']:.4f})")
-            validation = self.validator.run_weights(self.step.ema.module, state["model"], self.checkpoints.best,
-                                                    self.step.precision)
-        self.final = {"metrics": validation.metrics, "best_epoch": epoch if state is None else state.get("epoch", best)}
-        write_results_json(self.run_dir / "predictions.json", validation.detections, self.val_data.ground_truth)
-        if self.reporter is not None:
-            self.log(f"{self.reporter.on_final(validation, self.val_data)}\n{validation.result.evaluator}:\n"
-                     f"{validation.result.summary}")
-
     # ------------------------------------------------------------------------------------- evaluation
-    def evaluate(self, *, force_fp32: bool = False, keep_predictions: bool = False,
-                 background: bool = False) -> Validation:
+    def evaluate(self, *, keep_predictions: bool = False, background: bool = False) -> Validation:
         assert self.validator is not None
-        precision = Precision("fp32", self.device.type, "final FP32 evaluation") if force_fp32 else self.step.precision
-        return self.validator.run(self.step.ema.module, precision, keep_predictions=keep_predictions,
+        return self.validator.run(self.step.ema.module, self.step.precision, keep_predictions=keep_predictions,
                                   background=background)
 
     def _evaluate_if_due(self, epoch: int, stats: dict[str, float], *, due: bool,

@@ -111,32 +111,6 @@ def test_cli_reports_missing_data_yaml(tmp_path: Path, capsys):
     assert "none.yaml" in capsys.readouterr().err
 
 
-def test_the_final_fp32_evaluation_is_true_fp32_and_its_settings_end_with_it(yolo_yaml: Path, tmp_path: Path,
-                                                                           monkeypatch, capsys):
-    """--final-fp32's pass runs with TF32 off (on an Ampere+ GPU cuDNN's FP32 convolutions are TF32 otherwise: here
-    the flags are read, which holds on any device), then the session's settings are back, and its mAP is reported."""
-    from detector.precision import fp32_settings_kept
-    from detector.training.trainer import Trainer
-
-    seen = []
-    real_evaluate = Trainer.evaluate
-
-    def evaluate(self, *, force_fp32: bool = False, **kwargs):
-        seen.append((force_fp32, torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-                     torch.get_float32_matmul_precision()))
-        return real_evaluate(self, force_fp32=force_fp32, **kwargs)
-
-    monkeypatch.setattr(Trainer, "evaluate", evaluate)
-    with fp32_settings_kept():
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-        summary = train(_config(yolo_yaml, tmp_path, epochs=1, final_fp32=True), progress=False)
-        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
-    assert seen[-1] == (True, False, False, "highest") and not any(forced for forced, *_ in seen[:-1])
-    assert all(cudnn for _, cudnn, _, _ in seen[:-1])  # the training run's own evaluations keep the session's
-    assert 0 <= summary["metrics_fp32"]["mAP50-95"] <= 1
-    assert "final FP32 evaluation: mAP50-95" in capsys.readouterr().out
-
-
 @pytest.mark.parametrize("flag", ["--unamp", "--precision=fp32"])
 def test_training_runs_in_fp32(flag, yolo_yaml: Path, tmp_path: Path):
     """And --unamp's TF32-off ends with its run: a later train() or val() in the same session gets the settings
