@@ -53,7 +53,7 @@ from detector.training.plans import RunPlans
 from detector.training.results import results_row
 from detector.training.time_account import TimeAccount, process_age
 from detector.training.validator import Validator, scores_in_background
-from detector.training.verdicts import Pending, Verdicts
+from detector.training.verdicts import Pending, Verdicts, patience_note
 from detector.tuning import autotune_convolutions, tune_process
 
 class Trainer(RunPlans, FinalReports):
@@ -80,6 +80,8 @@ class Trainer(RunPlans, FinalReports):
         if self.clock.budget is not None and "epochs" in asked and checkpoint is None:
             self.log(f"--time {config.time} sets the number of epochs (as Ultralytics' time= does); --epochs "
                      f"{config.epochs} only sets how close-mosaic ({config.close_mosaic}) and warm-up scale with it")
+        if note := patience_note(config.patience, config.val_interval):
+            self.log(note)
         seed_everything(config.seed + self.dist.rank)
         self._build_data()
         torch.manual_seed(config.seed)  # identical initial weights on every rank
@@ -316,8 +318,7 @@ class Trainer(RunPlans, FinalReports):
             self.log(f"warning: {reason}")
         stop = f"interrupted: saved {self.run_dir / 'weights/last.pt'} after epoch {epoch + 1}" if interrupted else ""
         if patience_ran_out:
-            stop = (f"early stop: no better fitness for {self.config.patience} epochs (best at epoch "
-                    f"{self.verdicts.best_epoch + 1}); --patience 0 turns this off")
+            stop = self.verdicts.early_stop_text(epoch)
         decision = EpochDecision(precision, reason, epochs, close_mosaic, warmup, stop, metrics, self.final)
         self._apply(decision, epochs_done=epoch + 1)  # before the checkpoint: a resume continues as the run would
         self._checkpoint(epoch, metrics, improved=None if defer else self.verdicts.improved(epoch),

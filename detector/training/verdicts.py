@@ -29,6 +29,15 @@ def graph_costs_text(stats: dict[str, float]) -> str:
             f"{eager} eager step{'s' * (eager != 1)}")
 
 
+def patience_note(patience: int, val_interval: int) -> str:
+    """The run's note at its start where ``--patience`` is shorter than ``--val-interval`` (empty otherwise): patience
+    counts epochs, as Ultralytics' does, so the first validation that does not improve stops the run."""
+    if not 0 < patience < val_interval:
+        return ""
+    return (f"note: --patience {patience} counts epochs (as Ultralytics' patience does) and --val-interval "
+            f"{val_interval} validates every {val_interval}: the first validation that does not improve stops the run")
+
+
 @dataclass
 class Pending:
     """An epoch whose validation is being scored in the background, with what its verdict will need."""
@@ -134,6 +143,13 @@ class Verdicts:
         """Whether ``--patience`` epochs have passed since the best one (or the latest scored while all scored 0), as of
         epoch ``judged``."""
         return bool(self.patience) and judged - self.patience_epoch >= self.patience
+
+    def early_stop_text(self, judged: int) -> str:
+        """The run's last line where patience ran out at epoch ``judged``: the epochs since the best one as they were
+        (with --val-interval above --patience, more than --patience: it said "for 2 epochs" when 3 had passed)."""
+        gap = judged - self.best_epoch
+        return (f"early stop: no better fitness for {gap} epoch{'s' * (gap != 1)} (best at epoch "
+                f"{self.best_epoch + 1}, --patience {self.patience}); --patience 0 turns this off")
 
     def improved(self, epoch: int) -> bool:
         """Whether ``epoch`` (judged) is the best so far."""

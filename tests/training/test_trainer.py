@@ -312,7 +312,7 @@ def test_early_stop_ends_with_the_final_report(background, yolo_yaml: Path, tmp_
     # improve): the run stops where it stops with the scoring inline.
     assert summary["epochs_done"] == 2 and not summary["interrupted"]
     printed = capsys.readouterr().out
-    assert "early stop: no better fitness for 1 epochs (best at epoch 1)" in printed
+    assert "early stop: no better fitness for 1 epoch (best at epoch 1, --patience 1)" in printed
     assert "Average Precision" in printed  # the pycocotools summary of the final report
     for name in ("PR_curve", "confusion_matrix", "val_batch0_pred"):
         assert (summary["run_dir"] / f"{name}.png").is_file(), name
@@ -637,7 +637,7 @@ def test_a_stop_asked_in_the_epoch_where_patience_runs_out_ends_as_the_early_sto
                     stop_after_epochs=2 if stop == "stop_after_epochs" else None)
     printed = capsys.readouterr().out
     assert summary["epochs_done"] == 2 and not summary["interrupted"] and summary["best_epoch"] == 0
-    assert "early stop: no better fitness for 1 epochs (best at epoch 1)" in printed and "interrupted" not in printed
+    assert "early stop: no better fitness for 1 epoch (best at epoch 1" in printed and "interrupted" not in printed
     assert "done in" in printed and "Average Precision" in printed
     assert is_stripped(load_checkpoint(summary["run_dir"] / "weights" / "last.pt"))
 
@@ -673,3 +673,18 @@ def test_a_ctrl_c_in_the_epoch_a_time_refit_makes_the_last_lets_the_run_finish(y
     assert summary["epochs_done"] == trainer.epochs == 3 and not summary["interrupted"]
     assert "interrupted" not in printed and "done in" in printed
     assert is_stripped(load_checkpoint(summary["run_dir"] / "weights" / "last.pt"))
+
+
+def test_patience_under_the_val_interval_is_noted_and_its_stop_says_the_epochs_that_passed(
+        yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
+    """--val-interval 3 --patience 2: validated after epochs 3 and 6, the run stops at the first that does not improve
+    (patience counts epochs, as Ultralytics' does: said at the start) and says the 3 epochs that passed, not 2."""
+    import detector.training.verdicts as verdicts
+
+    scores = iter([0.5, 0.4])
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics: next(scores))
+    summary = train(_config(yolo_yaml, tmp_path, epochs=9, val_interval=3, patience=2), progress=False)
+    printed = capsys.readouterr().out
+    assert summary["epochs_done"] == 6 and summary["best_epoch"] == 2
+    assert printed.count("note: --patience 2 counts epochs (as Ultralytics' patience does) and --val-interval 3") == 1
+    assert "early stop: no better fitness for 3 epochs (best at epoch 3, --patience 2)" in printed

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from detector.checkpoint import RunState
-from detector.training.verdicts import Verdicts
+from detector.training.verdicts import Verdicts, patience_note
 
 STATS = {"images_per_s": 100.0, "data_wait": 0.0}
 
@@ -47,3 +47,23 @@ def test_a_resumed_run_counts_patience_from_where_it_was():
     older = verdicts(3)  # a checkpoint from before patience_epoch: counted from its best epoch, as it was
     older.restore(RunState(epoch=4, config={}, names=[], precision="fp32", best_fitness=0.0, best_epoch=0))
     assert older.patience_ran_out(3)
+
+
+def test_the_early_stop_says_the_epochs_that_passed_and_a_patience_under_the_val_interval_is_noted():
+    """--val-interval 3 --patience 2: validated at epochs 3 and 6 (0-based 2, 5), the first that does not improve
+    stops the run, and the line says the 3 epochs since the best, not --patience's 2. Such a run says at its start
+    that patience counts epochs (as Ultralytics' does), so it stops at the first validation without a better one."""
+    judge = verdicts(2)
+    judge.judge(2, STATS, scored(0.5), "fp32")
+    judge.judge(5, STATS, scored(0.4), "fp32")
+    assert judge.patience_ran_out(5)
+    assert judge.early_stop_text(5).startswith("early stop: no better fitness for 3 epochs (best at epoch 3, "
+                                               "--patience 2)")
+    one = verdicts(1)
+    one.judge(0, STATS, scored(0.5), "fp32")
+    one.judge(1, STATS, scored(0.4), "fp32")
+    assert "no better fitness for 1 epoch (best at epoch 1, --patience 1)" in one.early_stop_text(1)
+    assert patience_note(2, 3) == ("note: --patience 2 counts epochs (as Ultralytics' patience does) and "
+                                   "--val-interval 3 validates every 3: the first validation that does not improve "
+                                   "stops the run")
+    assert patience_note(3, 3) == patience_note(0, 3) == patience_note(2, 0) == patience_note(100, 1) == ""
