@@ -60,11 +60,14 @@ class Verdicts:
     def __init__(self, patience: int, *, log: Callable[[str], None],
                  record: Callable[[int, dict[str, float], Validation | None, str], None]) -> None:
         self.patience, self.log, self.record = patience, log, record
+        # best.pt's: of equal fitnesses the latest, as Ultralytics rewrites best.pt on a tie (kept the first, a run
+        # that scored 0 throughout took away its first validated, nearly untrained, epoch).
         self.best_fitness, self.best_epoch = -1.0, -1
-        # --patience counts from this epoch: the best one, or while every score has been 0 (no box found yet, as in
-        # the first epochs of a short run's warm-up), the latest scored, as Ultralytics' EarlyStopping allows for "an
-        # early zero-fitness stage of training". Counted from the first 0, --patience 3 stopped a 30-epoch run at 64
-        # px after epoch 4, its learning rate still rising. best.pt is not affected: the first 0 is still written.
+        # --patience counts from this epoch: the last that raised the best fitness (a tie does not, as in Ultralytics'
+        # EarlyStopping: "fitness > self.best_fitness"), or while every score has been 0 (no box found yet, as in the
+        # first epochs of a short run's warm-up) the latest scored, as that EarlyStopping allows for "an early
+        # zero-fitness stage of training". Counted from the first 0, --patience 3 stopped a 30-epoch run at 64 px
+        # after epoch 4, its learning rate still rising.
         self.patience_epoch = -1
         self.pending: Pending | None = None
         self.saved: tuple[int, dict[str, Any]] | None = None  # a resumed run's epoch that last.pt left unjudged
@@ -93,10 +96,11 @@ class Verdicts:
                          "epoch evaluated writes best.pt anew")
             self.best_fitness, self.best_epoch = -1.0, -1
             return
-        fitness = saved.get("best_fitness")
-        if isinstance(fitness, (int, float)) and fitness > self.best_fitness:
-            self.best_fitness, self.best_epoch = float(fitness), int(saved.get("best_epoch", -1))
-            self.patience_epoch = max(self.patience_epoch, self.best_epoch)
+        fitness, epoch = saved.get("best_fitness"), int(saved.get("best_epoch", -1))
+        if isinstance(fitness, (int, float)) and (fitness, epoch) > (self.best_fitness, self.best_epoch):
+            if fitness > self.best_fitness:  # a tie does not restart patience (see __init__)
+                self.patience_epoch = max(self.patience_epoch, epoch)
+            self.best_fitness, self.best_epoch = float(fitness), epoch
 
     def state(self) -> dict[str, float | int]:
         """What a checkpoint keeps of the verdicts (detector/checkpoint.py, ``RunState``)."""
@@ -118,9 +122,10 @@ class Verdicts:
             shown = "  ".join(f"{key} {validation.metrics[key]:.4f}" for key in ("mAP50-95", "mAP50", "mAP75"))
             self.log(f"epoch {epoch + 1}: {shown} | {stats['images_per_s']:.1f} img/s, {stats['data_wait']:.0%} "
                      f"waiting for data{graph_costs_text(stats)} | val {validation.seconds:.1f}s")
-            if (score := fitness(validation.metrics)) > self.best_fitness:
+            score, before = fitness(validation.metrics), self.best_fitness
+            if score >= before:  # a tie too: best.pt is the latest of equal epochs (see __init__)
                 self.best_fitness, self.best_epoch = score, epoch
-            if self.best_epoch == epoch or self.best_fitness <= 0:
+            if score > before or self.best_fitness <= 0:  # patience: only a better one (see __init__)
                 self.patience_epoch = epoch
         self.record(epoch, stats, validation, precision)
 
@@ -145,11 +150,13 @@ class Verdicts:
         return bool(self.patience) and judged - self.patience_epoch >= self.patience
 
     def early_stop_text(self, judged: int) -> str:
-        """The run's last line where patience ran out at epoch ``judged``: the epochs since the best one as they were
-        (with --val-interval above --patience, more than --patience: it said "for 2 epochs" when 3 had passed)."""
-        gap = judged - self.best_epoch
-        return (f"early stop: no better fitness for {gap} epoch{'s' * (gap != 1)} (best at epoch "
-                f"{self.best_epoch + 1}, --patience {self.patience}); --patience 0 turns this off")
+        """The run's last line where patience ran out at epoch ``judged``: the epochs since the fitness last rose, as
+        they were (with --val-interval above --patience, more than --patience: it said "for 2 epochs" when 3 had
+        passed), and best.pt's epoch (a later one of equal fitness: said so)."""
+        gap, best = judged - self.patience_epoch, self.best_epoch
+        tie = f", equal to epoch {self.patience_epoch + 1}'s" if best != self.patience_epoch else ""
+        return (f"early stop: no better fitness for {gap} epoch{'s' * (gap != 1)} (best at epoch {best + 1}{tie}, "
+                f"--patience {self.patience}); --patience 0 turns this off")
 
     def improved(self, epoch: int) -> bool:
         """Whether ``epoch`` (judged) is the best so far."""

@@ -304,8 +304,9 @@ def test_resume_re_resolves_the_precision_on_this_device(saved, fell_back, yolo_
 def test_early_stop_ends_with_the_final_report(background, yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
     import detector.training.verdicts
 
-    # Epoch 1 is the best there will be: a constant above 0 (while all score 0, --patience waits, as Ultralytics' does)
-    monkeypatch.setattr(detector.training.verdicts, "fitness", lambda metrics: 0.5)
+    # Epoch 1 is the best there will be, above 0 (while all score 0, --patience waits, as Ultralytics' does)
+    scores = iter([0.5, 0.4, 0.4, 0.4])
+    monkeypatch.setattr(detector.training.verdicts, "fitness", lambda metrics: next(scores))
     summary = train(_config(yolo_yaml, tmp_path, epochs=4, patience=1, plots=True, val_background=background),
                     progress=False)
     # Scored in the background, epoch 2 is judged at once all the same (patience runs out there if it does not
@@ -688,3 +689,13 @@ def test_patience_under_the_val_interval_is_noted_and_its_stop_says_the_epochs_t
     assert summary["epochs_done"] == 6 and summary["best_epoch"] == 2
     assert printed.count("note: --patience 2 counts epochs (as Ultralytics' patience does) and --val-interval 3") == 1
     assert "early stop: no better fitness for 3 epochs (best at epoch 3, --patience 2)" in printed
+
+
+def test_a_run_that_scores_0_throughout_takes_away_its_last_epoch(yolo_yaml: Path, tmp_path: Path, monkeypatch):
+    """Ties keep the latest for best.pt, as Ultralytics' do (tests/training/test_verdicts.py): best.pt was the first
+    validated epoch, nearly untrained, of a run whose every score was 0."""
+    import detector.training.verdicts as verdicts
+
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics: 0.0)
+    summary = train(_config(yolo_yaml, tmp_path, epochs=3), progress=False)
+    assert summary["best_epoch"] == 2 and load_checkpoint(summary["run_dir"] / "weights" / "best.pt")["epoch"] == 2

@@ -26,7 +26,7 @@ def test_patience_waits_while_every_score_is_zero_as_ultralytics_does():
     for epoch in range(8):
         judge.judge(epoch, STATS, scored(0.0), "fp32")
         assert not judge.patience_ran_out(epoch)
-        assert judge.improved(epoch) == (epoch == 0)  # best.pt as before: written for the first 0, not again
+        assert judge.improved(epoch)  # best.pt: the latest of equal fitnesses (test_ties_below)
     judge.judge(8, STATS, scored(0.01), "fp32")  # the first box found: counted from here
     assert judge.improved(8)
     for epoch in (9, 10):
@@ -42,7 +42,7 @@ def test_a_resumed_run_counts_patience_from_where_it_was():
         judge.judge(epoch, STATS, scored(0.0), "fp32")
     resumed = verdicts(3)
     resumed.restore(RunState(epoch=4, config={}, names=[], precision="fp32", **judge.state()))
-    assert resumed.state() == judge.state() == {"best_fitness": 0.0, "best_epoch": 0, "patience_epoch": 4}
+    assert resumed.state() == judge.state() == {"best_fitness": 0.0, "best_epoch": 4, "patience_epoch": 4}
     assert not resumed.patience_ran_out(6) and resumed.patience_ran_out(7)
     older = verdicts(3)  # a checkpoint from before patience_epoch: counted from its best epoch, as it was
     older.restore(RunState(epoch=4, config={}, names=[], precision="fp32", best_fitness=0.0, best_epoch=0))
@@ -67,3 +67,22 @@ def test_the_early_stop_says_the_epochs_that_passed_and_a_patience_under_the_val
                                    "--val-interval 3 validates every 3: the first validation that does not improve "
                                    "stops the run")
     assert patience_note(3, 3) == patience_note(0, 3) == patience_note(2, 0) == patience_note(100, 1) == ""
+
+
+def test_ties_keep_the_latest_for_best_pt_and_do_not_restart_patience_as_in_ultralytics():
+    """Of equal fitnesses best.pt is the latest, as Ultralytics rewrites best.pt when ``best_fitness == fitness``: it
+    was the first, so a run that scored 0 throughout took away its first validated, nearly untrained, epoch. Patience
+    counts from the last epoch that raised the best, as Ultralytics' EarlyStopping (``fitness > self.best_fitness``):
+    a tie is no improvement there."""
+    zeros = verdicts(0)
+    for epoch in range(4):
+        zeros.judge(epoch, STATS, scored(0.0), "fp32")
+    assert zeros.best_epoch == 3
+    judge = verdicts(2)
+    for epoch, score in enumerate([0.5, 0.5, 0.5]):
+        judge.judge(epoch, STATS, scored(score), "fp32")
+        assert judge.improved(epoch) and judge.patience_ran_out(epoch) == (epoch == 2)
+    assert judge.early_stop_text(2).startswith("early stop: no better fitness for 2 epochs (best at epoch 3, equal "
+                                               "to epoch 1's, --patience 2)")
+    judge.judge(3, STATS, scored(0.4), "fp32")
+    assert not judge.improved(3) and judge.best_epoch == 2
