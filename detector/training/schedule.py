@@ -47,8 +47,8 @@ class StepSchedule:
     """Warm-up, decay and accumulation of a run of ``epochs * steps_per_epoch`` steps.
 
     ``anchor_step`` and ``anchor_progress`` place the decay after a re-plan: from ``anchor_step`` on, the
-    progress along the decay curve runs linearly from ``anchor_progress`` to 1 at :attr:`total_steps`.
-    A run that was never re-planned has (0, 0): progress is ``step / total_steps``.
+    progress along the decay curve runs linearly from ``anchor_progress`` to 1 at the run's last step,
+    ``total_steps - 1``. A run that was never re-planned has (0, 0): progress is ``step / (total_steps - 1)``.
     """
 
     epochs: int
@@ -75,9 +75,12 @@ class StepSchedule:
         return self.epochs * self.steps_per_epoch
 
     def progress(self, step: int) -> float:
-        """Fraction of the decay done at ``step``, in [0, 1]."""
-        remaining = self.total_steps - self.anchor_step
-        if remaining <= 0:  # re-planned to end at (or before) the anchor: the decay stops where it was
+        """Fraction of the decay done at ``step``, in [0, 1]: 1 at the run's last step, ``total_steps - 1`` (it was
+        ``step / total_steps``, 1 a step after the last: 4 epochs of 2 steps ended at 13x lr0 * lrf)."""
+        remaining = self.total_steps - 1 - self.anchor_step
+        # A run of one step, or re-planned to end at (or before) the anchor: the decay stops where it was (a jump to
+        # the final rate would be a step the schedule never takes elsewhere).
+        if remaining <= 0:
             return min(max(self.anchor_progress, 0.0), 1.0)
         progress = self.anchor_progress + (1.0 - self.anchor_progress) * (step - self.anchor_step) / remaining
         return min(max(progress, 0.0), 1.0)
@@ -148,19 +151,30 @@ class StepSchedule:
                 "anchor_progress": self.anchor_progress, "steps_per_epoch": self.steps_per_epoch,
                 "warmup_anchor_step": self.warmup_anchor_step, "warmup_anchor_fraction": self.warmup_anchor_fraction}
 
-    def restored(self, state: dict[str, float | int]) -> StepSchedule:
+    def restored(self, state: dict[str, float | int], *, at_epoch: int | None = None) -> StepSchedule:
         """This schedule continued from ``state``. Its steps (warm-up, the re-plan's anchor) are counted in the saved
-        run's steps per epoch: a resume under torchrun with another number of processes has other epochs' worth
-        of steps, so they are carried over by the epochs they stand for (the same progress at the same epoch; mixed,
-        the learning rate jumped by ~40% at the first resumed step). Older checkpoints: as saved."""
+        run's steps per epoch: a resume under torchrun with another number of processes (or ``--batch``) has other
+        epochs' worth of steps, so they are carried over by the epochs they stand for (mixed, the learning rate
+        jumped by ~40% at the first resumed step). The decay by epochs still differs by up to one step of the
+        coarser run, as its last step, where the decay ends, lies at epoch ``epochs - 1 / steps_per_epoch``; given
+        ``at_epoch``, the epoch the run resumes at, it is re-anchored there (as a re-plan is) so that the first
+        resumed step has the saved run's decay exactly. Older checkpoints: as saved."""
         saved = int(state.get("steps_per_epoch", self.steps_per_epoch)) or self.steps_per_epoch
         scale = self.steps_per_epoch / saved
-        return dataclasses.replace(self, epochs=int(state["epochs"]),
-                                   warmup_steps=round(int(state["warmup_steps"]) * scale),
-                                   anchor_step=round(int(state["anchor_step"]) * scale),
-                                   anchor_progress=float(state["anchor_progress"]),
-                                   warmup_anchor_step=round(int(state.get("warmup_anchor_step", 0)) * scale),
-                                   warmup_anchor_fraction=float(state.get("warmup_anchor_fraction", 0.0)))
+
+        def carried(factor: float) -> StepSchedule:
+            return dataclasses.replace(self, epochs=int(state["epochs"]), steps_per_epoch=round(saved * factor),
+                                       warmup_steps=round(int(state["warmup_steps"]) * factor),
+                                       anchor_step=round(int(state["anchor_step"]) * factor),
+                                       anchor_progress=float(state["anchor_progress"]),
+                                       warmup_anchor_step=round(int(state.get("warmup_anchor_step", 0)) * factor),
+                                       warmup_anchor_fraction=float(state.get("warmup_anchor_fraction", 0.0)))
+
+        restored = carried(scale)
+        if at_epoch is None or saved == self.steps_per_epoch:
+            return restored
+        reached = carried(1.0).progress(at_epoch * saved)  # the saved run's decay at that epoch
+        return dataclasses.replace(restored, anchor_step=at_epoch * self.steps_per_epoch, anchor_progress=reached)
 
 
 @dataclass(frozen=True)

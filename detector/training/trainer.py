@@ -172,7 +172,7 @@ class Trainer(RunPlans, FinalReports):
         self._plan_epochs(plan.get("epochs", self.epochs), plan.get("close_mosaic", self.close_mosaic),
                           plan.get("warmup_epochs", self.warmup_epochs), at_step=0)
         if state.schedule is not None:  # the schedule as re-planned so far (older checkpoints: rebuilt from the plan)
-            self.step.schedule = self.step.schedule.restored(state.schedule)
+            self.step.schedule = self.step.schedule.restored(state.schedule, at_epoch=self.start_epoch)
         if self.start_epoch >= self.epochs:
             raise CheckpointError(f"{self.resume_path}: run already finished all {self.epochs} epochs")
 
