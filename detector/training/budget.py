@@ -76,6 +76,12 @@ def format_duration(seconds: float) -> str:
     return "".join(parts)
 
 
+def seconds_text(seconds: float) -> str:
+    """A plan's figure in seconds: whole seconds from 1 s on, two significant digits below (a short epoch's "~0 s
+    each (+0 s val)" said nothing): ``31``, ``5``, ``0.3``, ``0.04``."""
+    return f"{seconds:.0f}" if seconds >= 1 else f"{seconds:.2g}"
+
+
 # The warm-up takes at most this share of the run's steps (detector.training.builders.warmup_steps). Without a cap,
 # "3 epochs, at least 100 steps" was the whole of a short run: 2 epochs of 4,096 images at batch 64 (128 steps)
 # never left it, and the decay towards the final rate ran at the same time, so the learning rate never got above a
@@ -83,6 +89,8 @@ def format_duration(seconds: float) -> str:
 # cap, Ultralytics 0.199; BCCD, 10 epochs at 320 (130 steps), seeds 0 and 1: 0.100 / 0.156 uncapped, 0.214 / 0.160
 # capped. Runs of 12 epochs or more and 400 steps or more are unchanged.
 MAX_WARMUP_SHARE = 0.25
+# ... and at least this many steps, as Ultralytics' trainer takes max(round(warmup_epochs * nb), 100), before the cap.
+MIN_WARMUP_STEPS = 100
 
 
 @dataclass(frozen=True)
@@ -120,9 +128,9 @@ class EpochPlan:
             return (f"time budget {budget}: epoch time not measured yet, planning {self.epochs} epochs "
                     f"until the first one is timed")
         estimated = "" if self.measured else " (estimated from timed steps; re-fitted after every epoch)"
-        val = f" (+{self.val_seconds:.0f} s val)" if self.val_seconds > 0 else ""
+        val = f" (+{seconds_text(self.val_seconds)} s val)" if self.val_seconds > 0 else ""
         line = (f"time budget {budget}: {self.epochs} epoch{'s' if self.epochs != 1 else ''} fit at "
-                f"~{self.epoch_seconds:.0f} s each{val}, close-mosaic {self.close_mosaic}, "
+                f"~{seconds_text(self.epoch_seconds)} s each{val}, close-mosaic {self.close_mosaic}, "
                 f"warm-up {warmup_epochs:.2g} epochs")
         if self.over_budget:
             line += " (over budget: the budget is smaller than the minimum run)"

@@ -32,7 +32,7 @@ from detector.files import write_text_atomically
 from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
 from detector.runs import claim_run_dir
-from detector.training.budget import MAX_WARMUP_SHARE
+from detector.training.budget import MAX_WARMUP_SHARE, MIN_WARMUP_STEPS
 from detector.training.config import TrainConfig
 from detector.training.optim import OptimizerChoice, build_optimizer
 from detector.training.schedule import StepSchedule
@@ -145,12 +145,12 @@ def build_optimization(
 
 
 def warmup_steps(warmup_epochs: float, steps_per_epoch: int, epochs: int) -> int:
-    """Warm-up length in steps: ``warmup_epochs`` of them, at least 100, at most a quarter of the run's
-    ``epochs`` (none when ``warmup_epochs`` is 0)."""
+    """Warm-up length in steps: ``warmup_epochs`` of them, at least :data:`MIN_WARMUP_STEPS` (as Ultralytics'), at
+    most a quarter of the run's ``epochs`` (none when ``warmup_epochs`` is 0)."""
     if warmup_epochs <= 0:
         return 0
     cap = max(1, int(MAX_WARMUP_SHARE * epochs * steps_per_epoch))
-    return min(max(round(warmup_epochs * steps_per_epoch), 100), cap)
+    return min(max(round(warmup_epochs * steps_per_epoch), MIN_WARMUP_STEPS), cap)
 
 
 def build_run_model(config: TrainConfig, names: list[str], log, resumed: tuple[dict, Path] | None) -> YOLO:

@@ -10,7 +10,7 @@ import torch
 from detector.data.build import SplitData
 from detector.distributed import DistInfo, unwrap
 from detector.metrics.coco import evaluator_name
-from detector.training.budget import RunClock
+from detector.training.budget import MIN_WARMUP_STEPS, RunClock
 from detector.training.config import TrainConfig
 from detector.training.engine import TrainStep
 from detector.training.multiscale import MultiScale
@@ -60,7 +60,8 @@ def run_header(trainer: Run) -> str:
         f"precision {step.precision.name}: {step.precision.reason} | {augment} | "
         f"{cache_text(trainer)} | COCO eval {evaluator_name(config.coco_eval)}"
         f"{background_text(config.val_background, trainer.device)} | "
-        f"{trainer.optimizer_name} lr {step.schedule.base_lr:g}{lr_text(trainer)} | {epochs_text(trainer)} | "
+        f"{trainer.optimizer_name} lr {step.schedule.base_lr:g}{lr_text(trainer)} | {epochs_text(trainer)}"
+        f"{warmup_text(trainer)} | "
         f"{trainer.multi_scale.describe(len(trainer.input_shapes()))} | run {trainer.run_dir}"
     )
 
@@ -93,3 +94,15 @@ def epochs_text(trainer: Run) -> str:
     if budget is None:
         return count
     return f"{count} fitted to the time budget {budget.text}, re-fitted after every epoch"
+
+
+def warmup_text(trainer: Run) -> str:
+    """``, warm-up 100 steps (12.5 epochs: ...)`` where the schedule's warm-up is not ``--warmup-epochs``' steps (the
+    floor of :data:`~detector.training.budget.MIN_WARMUP_STEPS` raised it, or the cap at a quarter of the run lowered
+    it), so the run says what it does; empty otherwise, and under ``--time``, whose plan line says the warm-up."""
+    schedule, asked = trainer.step.schedule, trainer.config.warmup_epochs
+    steps, per_epoch = schedule.warmup_steps, schedule.steps_per_epoch
+    if trainer.clock.budget is not None or asked <= 0 or steps == round(asked * per_epoch):
+        return ""
+    return (f", warm-up {steps} step{'s' * (steps != 1)} ({steps / per_epoch:.3g} epochs: --warmup-epochs {asked:g}, "
+            f"at least {MIN_WARMUP_STEPS} steps, at most a quarter of the run)")

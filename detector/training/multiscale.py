@@ -98,8 +98,10 @@ class MultiScale:
             return f"multi-scale off: {count}"
         ladder = self.ladder()
         if self.fixed_last_epochs >= self.epochs:  # a short run: every epoch is a close-mosaic epoch
-            return (f"no mosaic or multi-scale: all {self.epochs} epochs are close-mosaic epochs, at {self.image_size} "
-                    f"px (--close-mosaic {self.fixed_last_epochs}; 0 keeps both on): {count}")
+            every = "its 1 epoch is a close-mosaic epoch" if self.epochs == 1 else (
+                f"all {self.epochs} epochs are close-mosaic epochs")
+            return (f"no mosaic or multi-scale: {every}, at {self.image_size} px (--close-mosaic "
+                    f"{self.fixed_last_epochs}; 0 keeps both on): {count}")
         end = (f"; no mosaic and {self.image_size} px for the last {self.fixed_last_epochs} epochs"
                if self.fixed_last_epochs > 0 else "")
         if len(ladder) == 1:  # --imgsz too small for the factors to reach another multiple of the stride

@@ -77,6 +77,9 @@ def test_fit_eight_minutes_and_header_line() -> None:
     assert plan.describe() == (
         "time budget 8m: 13 epochs fit at ~30 s each (+5 s val), close-mosaic 6, warm-up 1.9 epochs"
     )
+    # Sub-second figures keep two digits: a short epoch's line said "~0 s each (+0 s val)".
+    short = fit("20s", elapsed_seconds=2.0, epoch_seconds=[0.3], val_seconds=[0.04], epochs_done=1)
+    assert "fit at ~0.3 s each (+0.04 s val)" in short.describe()
 
 
 def test_fit_before_any_measurement_keeps_configured_epochs_or_uses_the_prior() -> None:

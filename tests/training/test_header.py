@@ -4,7 +4,7 @@ from types import SimpleNamespace
 import pytest
 
 from detector.training.config import TrainConfig
-from detector.training.header import epochs_text, lr_text
+from detector.training.header import epochs_text, lr_text, warmup_text
 
 
 @pytest.mark.parametrize(("optimizer", "chosen", "lr0", "said"), [
@@ -31,3 +31,22 @@ def test_a_resumed_run_says_where_it_goes_on_from():
     run = SimpleNamespace(clock=SimpleNamespace(budget=None), epochs=40, start_epoch=12,
                           resume_path=Path("runs/train/exp/weights/last.pt"))
     assert epochs_text(run) == "40 epochs, resumed at epoch 13 from runs/train/exp/weights/last.pt"
+
+
+@pytest.mark.parametrize(("warmup_epochs", "epochs", "budget", "said"), [
+    (3.0, 50, None, ", warm-up 100 steps (12.5 epochs: --warmup-epochs 3, at least 100 steps, at most a quarter of "
+                    "the run)"),  # 24 steps asked: the floor raised it
+    (3.0, 5, None, ", warm-up 10 steps (1.25 epochs: --warmup-epochs 3, at least 100 steps, at most a quarter of "
+                   "the run)"),  # 40 steps: a quarter of 5 epochs is 10
+    (20.0, 100, None, ""),  # 160 steps, as asked
+    (0.0, 50, None, ""),  # no warm-up
+    (3.0, 50, "1h", ""),  # --time: the plan's line says the warm-up
+])
+def test_the_header_says_a_warmup_the_floor_or_the_cap_changed(warmup_epochs: float, epochs: int, budget: str | None,
+                                                               said: str):
+    from detector.training.builders import warmup_steps
+
+    schedule = SimpleNamespace(warmup_steps=warmup_steps(warmup_epochs, 8, epochs), steps_per_epoch=8)
+    run = SimpleNamespace(config=TrainConfig(warmup_epochs=warmup_epochs, epochs=epochs),
+                          step=SimpleNamespace(schedule=schedule), clock=SimpleNamespace(budget=budget))
+    assert warmup_text(run) == said

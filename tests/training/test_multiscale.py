@@ -98,6 +98,8 @@ def test_the_header_says_when_a_run_is_all_close_mosaic_epochs():
     and how to keep both on; a longer run names its close-mosaic tail."""
     short = MultiScale(640, epochs=2, fixed_last_epochs=10).describe(1)
     assert short.startswith("no mosaic or multi-scale: all 2 epochs are close-mosaic epochs, at 640 px")
+    one = MultiScale(640, epochs=1, fixed_last_epochs=10).describe(1)  # it said "all 1 epochs are"
+    assert one.startswith("no mosaic or multi-scale: its 1 epoch is a close-mosaic epoch, at 640 px")
     assert "--close-mosaic 10; 0 keeps both on" in short
     long = MultiScale(640, epochs=30, fixed_last_epochs=10).describe(5)
     assert long == ("multi-scale 576-704 px (5 sizes, each held 10 steps; no mosaic and 640 px for the last 10 "
