@@ -58,6 +58,9 @@ class RunReporter:
         self._final = False  # the final report was made: TensorBoard gets its figures at close
         self._results_plotted_at, self._results_plot_cost = clock(), 0.0
         self._rows_undrawn = False  # results.csv has rows results.png does not show yet
+        # TensorBoard's step is the epoch as results.csv and the console count it, from 1 (Ultralytics' too); the
+        # final report's figures go at the last epoch logged.
+        self._step = 0
         if tensorboard:
             from detector.plots.tensorboard import TensorBoardLogger  # optional dependency: imported when asked for
 
@@ -83,7 +86,8 @@ class RunReporter:
 
     def on_epoch_end(self, row: dict[str, object], epoch: int) -> None:
         if self.board is not None:
-            self.board.scalars({k: v for k, v in row.items() if isinstance(v, (int, float))}, epoch)
+            self._step = epoch + 1
+            self.board.scalars({k: v for k, v in row.items() if isinstance(v, (int, float))}, self._step)
         if self.figures.in_background:  # the helper's time for the last redraw, once it has answered
             self._results_plot_cost = self.figures.seconds.get("plot_results", self._results_plot_cost)
         # Before the first redraw, labels.png's time says what a figure costs on this host (0.8 s on a 2-core Xeon:
@@ -135,6 +139,6 @@ class RunReporter:
                 try:
                     if self._final:
                         for png in sorted(self.run_dir.glob("*.png")):
-                            board.image(png.stem, png, 0)
+                            board.image(png.stem, png, self._step)
                 finally:
                     board.close()

@@ -118,3 +118,47 @@ def test_the_per_class_table_without_figures_never_imports_the_figure_code(tiny_
                                 keep_predictions=True)
     table = validation_report(validation, tiny_split, ["a", "b"], plot_dir=None)
     assert table.splitlines()[1].split()[0] == "all"
+
+
+def _board(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """What TensorBoard shows of a run folder: each tag's (step, value) points, images as (step, 0.0)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run_dir), size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    shown = {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    shown.update({tag: [(e.step, 0.0) for e in events.Images(tag)] for tag in events.Tags()["images"]})
+    return shown
+
+
+def _tiny_validation(split):
+    import torch
+
+    from detector.data.dataset import collate
+    from detector.metrics.loop import run_validation
+
+    batch = collate([split.dataset[i] for i in range(len(split.dataset))])
+    ones = {"boxes": torch.tensor([[8.0, 8.0, 40.0, 40.0]]), "scores": torch.ones(1), "labels": torch.zeros(1).long()}
+    return run_validation(lambda images: [ones] * len(images), split, [batch], progress=False, keep_predictions=True)
+
+
+def test_tensorboard_counts_epochs_from_1_and_puts_the_final_figures_at_the_last(tmp_path: Path, tiny_split):
+    """Epoch 1 was logged at step 0 while the console and results.csv call it 1 (Ultralytics logs at epoch + 1),
+    and the final report's figures went to step 0, before the first epoch."""
+    import cv2
+    import numpy as np
+    import pytest
+
+    pytest.importorskip("tensorboard")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    reporter = RunReporter(run_dir, ["a", "b"], plots=False, tensorboard=True)
+    for epoch in range(3):
+        reporter.on_epoch_end({"epoch": epoch + 1, "train/box": 1.0 / (epoch + 1)}, epoch)
+    cv2.imwrite(str(run_dir / "PR_curve.png"), np.zeros((8, 8, 3), np.uint8))  # as the final report's figures are
+    reporter.on_final(_tiny_validation(tiny_split), tiny_split)
+    reporter.close()
+    shown = _board(run_dir)
+    assert [step for step, _ in shown["train/box"]] == [1, 2, 3]
+    assert [value for _, value in shown["epoch"]] == [1.0, 2.0, 3.0]  # the step is the row's epoch
+    assert shown["PR_curve"] == [(3, 0.0)]
