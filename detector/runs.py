@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -90,6 +91,11 @@ def append_results(csv_path: Path, row: dict[str, object]) -> None:
         writer.writeheader()
     writer.writerow(values)
     write_text_atomically(csv_path, previous + buffer.getvalue())
+
+
+def last_results_epoch(csv_path: Path) -> int:
+    """The last epoch (1-based) ``results.csv`` holds; 0 where it holds none or is missing."""
+    return keep_results_through(csv_path, sys.maxsize)  # drops nothing: only reads
 
 
 def keep_results_through(csv_path: Path, epochs: int) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from detector.runs import append_results, claim_run_dir, keep_results_through, run_folder
+from detector.runs import append_results, claim_run_dir, keep_results_through, last_results_epoch, run_folder
 
 
 def test_threads_started_at_once_get_different_folders(tmp_path: Path) -> None:
@@ -92,6 +92,7 @@ def test_a_resume_drops_the_rows_of_epochs_it_trains_again(tmp_path: Path) -> No
     assert path.read_bytes() == before[: before.index(b"\r\n4,")] + b"\r\n"  # the first rows, byte for byte
     append_results(path, {"epoch": 4, "loss": 0.3, "evaluator": "faster-coco-eval 1.8.0"})
     assert [row["epoch"] for row in csv.DictReader(path.open())] == ["1", "2", "3", "4"]
+    assert last_results_epoch(path) == 4 and last_results_epoch(tmp_path / "missing.csv") == 0
 
 
 def test_a_project_that_is_a_file_is_one_line(tmp_path: Path) -> None:

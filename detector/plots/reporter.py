@@ -15,6 +15,7 @@ from pathlib import Path
 from detector.data.build import SplitData
 from detector.metrics.loop import Validation
 from detector.plots.worker import FigureWorker, Inherited
+from detector.runs import last_results_epoch
 
 
 def validation_report(validation: Validation, split: SplitData, names: list[str], *, plot_dir: Path | None,
@@ -64,7 +65,11 @@ class RunReporter:
         if tensorboard:
             from detector.plots.tensorboard import TensorBoardLogger  # optional dependency: imported when asked for
 
-            self.board = TensorBoardLogger(run_dir)
+            # A resumed run's results.csv keeps the rows of the epochs it does not train again (the trainer drops the
+            # others before the reporter exists); TensorBoard hides the killed process's events after them too, which
+            # this one logs anew. A new run's folder has no results.csv: step 1 on, there is nothing to hide.
+            self._step = last_results_epoch(run_dir / "results.csv")
+            self.board = TensorBoardLogger(run_dir, purge_step=self._step + 1)
 
     def start(self, train: SplitData) -> None:
         """Fork the figures' helper, if it draws them: before the run's loaders fork their workers, so that it maps

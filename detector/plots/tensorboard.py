@@ -26,15 +26,17 @@ class TensorBoardLogger:
     """Thin wrapper over ``torch.utils.tensorboard.SummaryWriter`` writing event files into ``log_dir``.
 
     Use as a context manager or call :meth:`close`. ``tensorboard --logdir runs/train`` shows the runs.
+    ``purge_step``: TensorBoard hides the events that earlier event files in ``log_dir`` hold at this step and after
+    (a resumed run's: the killed process logged epochs that this one trains and logs again).
     """
 
-    def __init__(self, log_dir: str | Path) -> None:
+    def __init__(self, log_dir: str | Path, *, purge_step: int | None = None) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # torch raises ImportError (or ModuleNotFoundError) when tensorboard is absent
             raise TensorBoardUnavailable(INSTALL_HINT) from None
         self.log_dir = Path(log_dir)
-        self._writer = SummaryWriter(log_dir=str(self.log_dir))
+        self._writer = SummaryWriter(log_dir=str(self.log_dir), purge_step=purge_step)
 
     def scalars(self, values: dict[str, float | None], step: int) -> None:
         """Log each finite number under its own tag (``train/box``, ``mAP50``...); empty or NaN values

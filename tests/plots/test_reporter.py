@@ -162,3 +162,28 @@ def test_tensorboard_counts_epochs_from_1_and_puts_the_final_figures_at_the_last
     assert [step for step, _ in shown["train/box"]] == [1, 2, 3]
     assert [value for _, value in shown["epoch"]] == [1.0, 2.0, 3.0]  # the step is the row's epoch
     assert shown["PR_curve"] == [(3, 0.0)]
+
+
+def test_a_resumed_run_replaces_the_tensorboard_epochs_it_trains_again(tmp_path: Path):
+    """The killed process had logged epochs 4 and 5 after its last.pt (epoch 3); the resumed one trains them again.
+    Its event file repeated those steps and the curves doubled back: TensorBoard now shows each epoch once, the
+    resumed process's value where both logged it, as results.csv keeps one row per epoch."""
+    import pytest
+
+    from detector.runs import append_results, keep_results_through
+
+    pytest.importorskip("tensorboard")
+    killed = RunReporter(tmp_path, ["a"], plots=False, tensorboard=True)
+    for epoch in range(5):
+        row = {"epoch": epoch + 1, "train/box": float(epoch + 1)}
+        append_results(tmp_path / "results.csv", row)
+        killed.on_epoch_end(row, epoch)
+    killed.close()  # the kill's lost tail aside, what a killed process leaves on disk
+    time.sleep(1.1)  # the event file's name holds its second: the resumed file sorts after the killed one
+    assert keep_results_through(tmp_path / "results.csv", 3) == 3  # as the trainer does before the reporter exists
+    resumed = RunReporter(tmp_path, ["a"], plots=False, tensorboard=True)
+    for epoch in range(3, 6):
+        resumed.on_epoch_end({"epoch": epoch + 1, "train/box": 10.0 * (epoch + 1)}, epoch)
+    resumed.close()
+    assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 2
+    assert _board(tmp_path)["train/box"] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 40.0), (5, 50.0), (6, 60.0)]
