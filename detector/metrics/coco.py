@@ -341,6 +341,25 @@ def write_results_json(path: Path, detections: np.ndarray, ground_truth: COCO | 
     write_atomically(path, text.encode())
 
 
+def _without_detections(ground_truth: COCO, image_ids: list[int] | None) -> tuple[dict[str, float], np.ndarray]:
+    """The metrics and per-class AP that COCOeval gives as its detections go to none, for a pass without any: an AP is
+    0 where there is ground truth to find and undefined where there is none, as with detections. Before, every metric
+    was 0 (results.csv's mAP_large too where the split has no large box) and every class's AP undefined (the table's
+    "-" beside an "all" row of 0). What COCOeval counts: the scored images' boxes that are not crowd regions, by
+    category (``getCatIds``' order, the per-class arrays') and by its own area ranges, bounds included."""
+    params = Params(iouType="bbox")
+    images = set(ground_truth.getImgIds() if image_ids is None else image_ids)
+    boxes = [(ann["category_id"], ann["area"]) for ann in ground_truth.dataset["annotations"]
+             if ann["image_id"] in images and not ann.get("iscrowd", 0)]
+    metrics = dict.fromkeys(METRIC_NAMES[:3], 0.0)  # the overall ones stay numbers, as with detections
+    for name, (low, high) in zip(METRIC_NAMES[3:], params.areaRng[1:]):  # small, medium, large
+        if any(low <= area <= high for _, area in boxes):
+            metrics[name] = 0.0
+    found = {category for category, area in boxes if area <= params.areaRng[0][1]}  # "all": [0, 1e10]
+    per_class = np.array([0.0 if category in found else np.nan for category in sorted(ground_truth.getCatIds())])
+    return metrics, per_class
+
+
 def evaluate_coco(
     ground_truth: COCO,
     detections: np.ndarray,
@@ -359,8 +378,8 @@ def evaluate_coco(
         write_results_json(results_json, detections, ground_truth)
     evaluator = evaluator_name(backend)
     if not len(detections):  # pycocotools cannot load an empty result list
-        nan = np.full(num_classes, np.nan)
-        return EvalResult({name: 0.0 for name in METRIC_NAMES}, nan, nan.copy(), "no detections", evaluator)
+        metrics, per_class = _without_detections(ground_truth, image_ids)
+        return EvalResult(metrics, per_class, per_class.copy(), "no detections", evaluator)
     # The results JSON above holds every detection; the evaluator gets only those it would read.
     output = cocoeval_stats(ground_truth, scored_detections(detections), image_ids=image_ids, backend=backend,
                             processes=processes)

@@ -260,6 +260,32 @@ def test_no_detections_scores_zero_and_names_the_evaluator() -> None:
     assert result.metrics == dict.fromkeys(METRIC_NAMES, 0.0) and result.evaluator.startswith("pycocotools ")
 
 
+@pytest.mark.parametrize("backend", ["pycocotools", "faster"])
+@pytest.mark.parametrize("scored", ["all images", "some"])
+def test_no_detections_is_what_cocoeval_gives_for_one_that_finds_nothing(backend: str, scored: str) -> None:
+    """Without detections every metric was 0 and every class's AP undefined: results.csv's mAP_large read 0 where the
+    split has no large box, and the table's classes "-" beside an "all" row of 0. COCOeval itself, scoring one
+    detection that finds nothing (on an image without boxes), gives the limit: AP 0 where there is ground truth to
+    find, undefined (left out, NaN) where there is none: no large boxes here, a class of crowd regions alone (not
+    ground truth to find), and a class never in the ground truth."""
+    data = synthetic_ground_truth(10, seed=5)
+    data["annotations"] = [ann for ann in data["annotations"] if ann["area"] <= 96**2]  # no large box
+    for ann in data["annotations"]:
+        ann["iscrowd"] = int(ann["category_id"] == 2)  # class 2: crowd regions only
+    assert {ann["category_id"] for ann in data["annotations"]} == {1, 2, 3, 4}  # class 5 has none
+    image_ids = None if scored == "all images" else [1, 2, 3]
+    ground_truth = load_coco(data)
+    assert not ground_truth.getAnnIds(imgIds=[1])  # the detection's image: nothing to find there
+    nothing = np.array([[1, 10.0, 10.0, 50.0, 50.0, 0.5, 1]])
+    limit = evaluate_coco(ground_truth, nothing, image_ids=image_ids, backend=backend)
+    assert "mAP_large" not in limit.metrics and limit.metrics["mAP_small"] == 0.0  # COCOeval's, as a check
+    result = evaluate_coco(ground_truth, np.zeros((0, 7)), image_ids=image_ids, backend=backend)
+    assert result.metrics == limit.metrics
+    np.testing.assert_array_equal(result.per_class_ap, limit.per_class_ap)  # NaN where NaN
+    np.testing.assert_array_equal(result.per_class_ap50, limit.per_class_ap50)
+    assert np.isnan(result.per_class_ap[[1, 4]]).all() and (result.per_class_ap[[0, 2, 3]] == 0).all()
+
+
 def test_to_coco_detections_is_unletterbox_per_box() -> None:
     """The batch-vectorised conversion gives, to the bit, what unletterbox_boxes gives image by image."""
     rng = np.random.default_rng(3)
