@@ -374,7 +374,10 @@ def make_run_dir(config: TrainConfig, dist: DistInfo, *, resumed: Path | None) -
         if resumed is not None:  # what a run killed while writing a checkpoint left: never to be renamed now
             for stale in (run_dir / "weights").glob(".*.pt.*.tmp"):
                 stale.unlink(missing_ok=True)
-        write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(config.to_dict(), sort_keys=False))
+        # config.yaml starts the run anew (``cfg=config.yaml``): it names the folder claimed (``full8`` taken, the run
+        # is ``full82``), and holds no resume (a resumed run's pointed at its last.pt, finished once the run is).
+        settings = {**config.to_dict(), "project": str(run_dir.parent), "name": run_dir.name, "resume": ""}
+        write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(settings, sort_keys=False))
     return broadcast_from_main(run_dir, dist)
 
 

@@ -224,6 +224,28 @@ def test_a_resumed_checkpoint_outside_a_runs_weights_folder_gets_a_run_folder_of
     assert not (tmp_path / "weights").exists() and "is not in a run's weights/ folder" in capsys.readouterr().out
 
 
+def test_config_yaml_names_the_folder_claimed_and_holds_no_resume(tmp_path) -> None:
+    """A run that landed in ``exp2`` (``exp`` taken) recorded ``name: exp``, and a resumed run ``resume: <its
+    last.pt>``, so ``train.py cfg=config.yaml`` said its run had finished instead of starting it anew."""
+    import yaml
+
+    from detector.distributed import DistInfo
+    from detector.training.builders import make_run_dir
+
+    (tmp_path / "exp").mkdir()
+    config = TrainConfig(project=str(tmp_path), name="exp", epochs=3)
+    run_dir = make_run_dir(config, DistInfo(), resumed=None)
+    assert run_dir == tmp_path / "exp2"
+    written = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert (written["project"], written["name"], written["resume"], written["epochs"]) == (str(tmp_path), "exp2", "", 3)
+    last = run_dir / "weights" / "last.pt"
+    resumed = TrainConfig(project="elsewhere", name="exp", epochs=3, resume=str(last))  # as a resume's config is
+    assert make_run_dir(resumed, DistInfo(), resumed=last) == run_dir
+    written = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert (written["project"], written["name"], written["resume"]) == (str(tmp_path), "exp2", "")
+    assert TrainConfig.from_dict(written).resume == ""
+
+
 def test_a_run_whose_images_moved_but_yaml_stayed_resumes_on_the_data_given(tmp_path) -> None:
     """The YAML still there, its 'path' folder moved: --data NEW.yaml is taken (it was ignored, and the run could not
     go on without editing the old YAML); without it the error says to give it."""
