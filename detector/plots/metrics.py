@@ -52,12 +52,13 @@ def plot_pr_curves(curves: PRCurves, names: list[str], out_png: str | Path) -> P
 
 
 def plot_confusion_matrix(
-    matrix: np.ndarray, names: list[str], out_png: str | Path, *, normalize: bool = True
+    matrix: np.ndarray, names: list[str], out_png: str | Path, normalize: bool = True
 ) -> Path:
     """Draw a ``[C + 1, C + 1]`` confusion matrix (rows predicted, columns true, last = background).
 
     With ``normalize`` each column is divided by its total, so a cell reads "share of true class j
     predicted as i"; the background column (false positives) is scaled the same way. Returns ``out_png``.
+    ``normalize`` may be given by position: a figure helper's jobs (detector/plots/worker.py) carry no keywords.
     """
     labels = [*names, "background"]
     values = matrix.astype(np.float64)

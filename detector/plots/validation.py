@@ -29,7 +29,8 @@ def plot_all_validation(
     max_images: int = 16,
     draw: Callable[..., None] = draw_here,
 ) -> ValidationStats:
-    """Write ``PR_curve.png``, ``confusion_matrix.png`` (through ``draw``) and ``val_batch0_pred.png`` into
+    """Write ``PR_curve.png``, ``confusion_matrix.png`` (counts) and ``confusion_matrix_normalized.png`` (each true
+    class's column as shares), as Ultralytics names them (through ``draw``), and ``val_batch0_pred.png`` into
     ``out_dir``.
 
     ``val_batch0_pred.png`` shows the first ``max_images`` images of the split (ground truth left,
@@ -38,9 +39,11 @@ def plot_all_validation(
     """
     out_dir = Path(out_dir)
     stats = validation_stats(predictions, split, len(names))
-    for name, data, file in (("plot_pr_curves", stats.curves, "PR_curve.png"),
-                             ("plot_confusion_matrix", stats.matches.confusion, "confusion_matrix.png")):
-        draw(name, data, names, out_dir / file)
+    for name, data, file, *options in (
+            ("plot_pr_curves", stats.curves, "PR_curve.png"),
+            ("plot_confusion_matrix", stats.matches.confusion, "confusion_matrix.png", False),
+            ("plot_confusion_matrix", stats.matches.confusion, "confusion_matrix_normalized.png", True)):
+        draw(name, data, names, out_dir / file, *options)
         stats.files.append(out_dir / file)
     count = min(max_images, len(split.dataset), len(predictions))
     if count:

@@ -17,7 +17,7 @@ from detector.cli.val import main
 from detector.model import build_model
 
 NAMES = ["cat", "dog"]
-PNG_FILES = ("PR_curve.png", "confusion_matrix.png", "val_batch0_pred.png")
+PNG_FILES = ("PR_curve.png", "confusion_matrix.png", "confusion_matrix_normalized.png", "val_batch0_pred.png")
 
 
 def write_dataset(root: Path) -> Path:

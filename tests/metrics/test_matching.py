@@ -173,9 +173,20 @@ def test_perfect_predictions_give_full_precision_and_recall(tiny_split, tmp_path
     stats = plot_all_validation(predictions, tiny_split, ["square", "bar"], tmp_path / "val")
     np.testing.assert_allclose(stats.precision, [1, 1])
     np.testing.assert_allclose(stats.recall, [1, 1])
-    assert {p.name for p in stats.files} == {"PR_curve.png", "confusion_matrix.png", "val_batch0_pred.png"}
+    assert {p.name for p in stats.files} == {"PR_curve.png", "confusion_matrix.png", "confusion_matrix_normalized.png",
+                                             "val_batch0_pred.png"}
     for path in stats.files:
         assert_png(path)
+
+
+def test_the_confusion_matrix_is_drawn_in_counts_and_normalised_under_ultralytics_names(tiny_split, tmp_path) -> None:
+    """Only the normalised matrix was drawn, under the name Ultralytics gives its counts (confusion_matrix.png)."""
+    drawn = {}
+    plot_all_validation(perfect_predictions(tiny_split), tiny_split, ["square", "bar"], tmp_path, max_images=0,
+                        draw=lambda name, *args: drawn.update({Path(args[2]).name: (name, args[3:])}))
+    assert drawn == {"PR_curve.png": ("plot_pr_curves", ()),
+                     "confusion_matrix.png": ("plot_confusion_matrix", (False,)),  # counts
+                     "confusion_matrix_normalized.png": ("plot_confusion_matrix", (True,))}
 
 
 def test_images_without_predictions_count_as_misses(tiny_split) -> None:

@@ -54,7 +54,8 @@ def test_a_run_with_a_helper_gets_every_figure_and_never_imports_matplotlib(tmp_
     table_first, imported = done.stdout.splitlines()[-2:]
     assert table_first == "all"  # the per-class table, made here
     assert imported == ("False ['plot_confusion_matrix', 'plot_label_stats', 'plot_pr_curves', 'plot_results']")
-    for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "val_batch0_pred"):
+    for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "confusion_matrix_normalized",
+                 "val_batch0_pred"):
         assert (tmp_path / f"{name}.png").read_bytes()[:8] == PNG, name
 
 
@@ -192,6 +193,7 @@ def test_a_run_whose_helper_draws_has_every_figure_and_tensorboard_them(yolo_yam
                          close_mosaic=0, seed=0)
     run_dir = train(config, progress=False)["run_dir"]
     assert closed and closed[0] is True  # drawn by the helper
-    for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "val_batch0_pred"):
+    for name in ("labels", "train_batch0", "results", "PR_curve", "confusion_matrix", "confusion_matrix_normalized",
+                 "val_batch0_pred"):
         assert (run_dir / f"{name}.png").read_bytes()[:8] == PNG, name
-    assert logged == [PNG] * 6  # every figure, each complete when TensorBoard read it
+    assert logged == [PNG] * 7  # every figure, each complete when TensorBoard read it
