@@ -82,6 +82,13 @@ def test_details_belong_to_their_part_and_garbage_collection_to_the_part_it_inte
     assert written["garbage collection"] == {**dict.fromkeys(PARTS, 0.0), "checkpoints": 1.25}
 
 
+def test_garbage_collection_spread_over_the_parts_says_so():
+    """0.1 s of collections, none of its parts reaching the table's 0.1 s, read "no part 0.1 s"."""
+    account = TimeAccount(clock=FakeClock(now=100.0))
+    account.collections.update({"start-up": 0.04, "training": 0.04, "validation": 0.02})
+    assert account.table().splitlines()[-1] == "  (garbage collection 0.1 s, under 0.05 s in each part)"
+
+
 def test_real_collections_are_timed_until_the_account_closes_or_another_watches():
     first, second = TimeAccount(), TimeAccount()
     first.watch_collections()
