@@ -33,7 +33,7 @@ from detector.precision import Precision, fp32_settings_kept, resolve_precision,
 from detector.runs import append_results, keep_results_through
 from detector.training.amp_check import CHECK_IMAGES, check_first_batch
 from detector.training.autobatch import AUTO_BATCH, batch_for
-from detector.training.budget import RunClock, TimeBudget
+from detector.training.budget import RunClock, TimeBudget, format_duration
 from detector.training.builders import (build_criterion, build_data, build_optimization, build_run_model,
                                         freeze_layers)
 from detector.training.builders import build_train_loader, load_resume, make_run_dir, seed_everything
@@ -331,7 +331,7 @@ class Trainer(RunPlans, FinalReports):
         if self.config.final_fp32:
             self._final_fp32(summary)
         metrics, best = summary["metrics"], summary.get("best_epoch")
-        self.log(f"done in {summary['seconds'] / 60:.1f} min: mAP50-95 {metrics.get('mAP50-95', float('nan')):.4f} "
+        self.log(f"done in {format_duration(summary['seconds'])}: mAP50-95 {metrics.get('mAP50-95', float('nan')):.4f} "
                  f"mAP50 {metrics.get('mAP50', float('nan')):.4f} | best "
                  f"{'' if best is None else f'(epoch {best + 1}) '}{self.run_dir / 'weights' / 'best.pt'}")
 

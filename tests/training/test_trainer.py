@@ -595,6 +595,8 @@ def test_a_ctrl_c_in_the_last_epoch_lets_the_run_finish(yolo_yaml: Path, tmp_pat
     summary = train(_config(yolo_yaml, tmp_path, epochs=1), progress=False)
     printed = capsys.readouterr().out
     assert not summary["interrupted"] and "interrupted" not in printed and "done in" in printed
+    # A run under a minute says its seconds ("done in 0.0 min" before); longer ones 7m44s, as --time is written.
+    assert re.search(r"^done in \d+(\.\d+)?s: mAP50-95 ", printed, re.MULTILINE)
     assert is_stripped(load_checkpoint(summary["run_dir"] / "weights" / "last.pt"))
 
 
