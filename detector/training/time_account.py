@@ -8,7 +8,8 @@ out and waiting for the GPU) are measured beside their part, not added to it. So
 charged to the part it interrupted (:meth:`TimeAccount.watch_collections`): a full pass over a run's live objects
 takes a second or more, wherever an allocation happens to trigger it.
 
-At the end of a run the account is printed as a table and written to ``time.json`` in the run folder::
+At the end of a run the account is printed as a table and written to ``time.json`` in the run folder (a resumed
+run's keeps the earlier processes' accounts beside its own: :meth:`TimeAccount.save`)::
 
     time account (wall 30.7 s)
       start-up           4.1 s  13.4%   (imports 2.0 s, data 0.6 s, AMP check 0.9 s)
@@ -159,12 +160,32 @@ class TimeAccount:
 
     def save(self, path: Path, totals: dict[str, float] | None = None) -> dict[str, float]:
         """Write ``{"seconds": totals, "details": {part: ...}, "start-up details": ..., "background": ...,
-        "garbage collection": {part: seconds}}`` as JSON, atomically ("start-up details" as before "details")."""
+        "garbage collection": {part: seconds}}`` as JSON, atomically ("start-up details" as before "details").
+
+        A resumed run's folder already has the account of the process before (each process of a run accounts for
+        its own wall clock): that one and those it kept go to ``"earlier processes"``, oldest first, each in the
+        same form, so the file's top level stays this process's (what its table printed) and no account is lost.
+        """
         totals = totals or self.totals()
         document = {"seconds": totals, "details": self.details, "start-up details": self.details["start-up"],
                     "background": self.background, "garbage collection": self.collections}
+        if earlier := _earlier_processes(path):
+            document["earlier processes"] = earlier
         write_text_atomically(path, json.dumps(document, indent=2) + "\n")
         return totals
+
+
+def _earlier_processes(path: Path) -> list[dict]:
+    """The accounts an existing ``time.json`` holds, oldest first; none where there is no readable one (written
+    atomically, a file is whole or absent, but a hand-edited one is not ours to refuse a run over)."""
+    try:
+        previous = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(previous, dict) or "seconds" not in previous:
+        return []
+    earlier = previous.pop("earlier processes", [])
+    return [*(earlier if isinstance(earlier, list) else []), previous]
 
 
 _watched: weakref.ref[TimeAccount] | None = None  # the account timing garbage collections (watch_collections)

@@ -89,6 +89,21 @@ def test_garbage_collection_spread_over_the_parts_says_so():
     assert account.table().splitlines()[-1] == "  (garbage collection 0.1 s, under 0.05 s in each part)"
 
 
+def test_a_resumed_runs_time_json_keeps_every_processs_account(tmp_path: Path):
+    """The resumed process overwrote the first one's account: now the file's top level is the newest process's (what
+    its table printed; readers of ["seconds"] unchanged) and the earlier ones follow, oldest first."""
+    path = tmp_path / "time.json"
+    for wall in (10.0, 20.0, 30.0):  # the first process, then two resumes
+        clock = FakeClock(now=0.0)
+        account = TimeAccount(clock=clock)
+        clock.now = wall
+        account.save(path)
+    written = json.loads(path.read_text())
+    assert written["seconds"]["wall"] == 30.0
+    assert [process["seconds"]["wall"] for process in written["earlier processes"]] == [10.0, 20.0]
+    assert all("earlier processes" not in process and "details" in process for process in written["earlier processes"])
+
+
 def test_real_collections_are_timed_until_the_account_closes_or_another_watches():
     first, second = TimeAccount(), TimeAccount()
     first.watch_collections()
