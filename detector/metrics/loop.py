@@ -6,6 +6,7 @@ in letterboxed-input pixels; this module handles batching, letterbox undo and th
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -123,7 +124,10 @@ def run_validation(
     predictions = []
     start = time.perf_counter()
     loading = 0.0
-    batches = iter(tqdm(loader, desc="val", leave=False, disable=not progress))
+    # On a terminal the bar vanishes when done. In a log (stderr not a terminal) its clearing left no newline, so the
+    # line printed next (a run's "epoch N: mAP...", the per-class table) began after the bar's leftover and
+    # ``grep '^epoch'`` missed it: there the bar stays, ending its line.
+    batches = iter(tqdm(loader, desc="val", leave=not sys.stderr.isatty(), disable=not progress))
     while True:
         waited = time.perf_counter()
         batch = next(batches, None)

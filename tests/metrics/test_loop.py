@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import cv2
@@ -11,6 +12,7 @@ import torch
 
 from detector.boxes import cxcywh_to_xyxy
 from detector.data.build import SplitData, build_split
+from detector.data.dataset import collate
 from detector.data.letterbox import unletterbox_boxes
 from detector.data.spec import load_dataset_spec
 from detector.metrics.loop import make_val_loader, run_validation
@@ -154,3 +156,22 @@ def test_the_ground_truth_fed_back_as_detections_scores_one_whatever_the_roundin
 
         metrics = run_validation(infer, split_data, batches, progress=False, coco_eval="pycocotools").metrics
         assert metrics["mAP50-95"] == pytest.approx(1.0, abs=1e-9), (rect, metrics)
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_the_val_bar_ends_its_line_in_a_log_and_vanishes_on_a_terminal(tiny_split, monkeypatch, terminal: bool):
+    """In a log (training's output piped to a file) the bar's clearing left no newline: the "epoch N: mAP..." line
+    printed next began after the bar's leftover, and ``grep '^epoch'`` on the log missed it."""
+    import io
+
+    class Stream(io.StringIO):
+        def isatty(self) -> bool:
+            return terminal
+
+    stream = Stream()
+    monkeypatch.setattr(sys, "stderr", stream)  # where tqdm writes
+    batch = collate([tiny_split.dataset[i] for i in range(len(tiny_split.dataset))])
+    empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.long)}
+    run_validation(lambda images: [empty] * len(images), tiny_split, [batch], progress=True)
+    written = stream.getvalue()
+    assert written.endswith("\r") if terminal else written.endswith("\n") and "val: 100%" in written.splitlines()[-1]
