@@ -12,6 +12,7 @@ from detector.plots.canvas import panel_grid, save_figure
 
 LOSS_PREFIXES = ("train/", "val/")  # loss columns, e.g. train/box, train/cls, train/dfl
 METRIC_PREFIX = "mAP"  # metric columns, e.g. mAP50-95, mAP50, mAP75
+LEARNING_RATE = "lr"  # the weights' learning rate at the epoch's end: drawn after the losses, as it drives them
 SMOOTH_MIN_POINTS = 10  # draw a smoothed trend only when there are enough points for it to mean something
 
 
@@ -52,25 +53,24 @@ def _smooth(values: np.ndarray, fraction: float = 0.1) -> np.ndarray:
 def plot_results(csv_path: str | Path, out_png: str | Path) -> Path:
     """Plot a training ``results.csv`` and return ``out_png``.
 
-    Top row: one panel per loss column (``train/*``, ``val/*``); bottom row: one panel per ``mAP*``
-    column. The x axis is the ``epoch`` column (row number when absent). Cells that are empty or not
-    numbers (epochs without evaluation) are skipped, not drawn as zeros.
+    Top row: one panel per loss column (``train/*``, ``val/*``), then the learning rate (``lr``); bottom row: one
+    panel per ``mAP*`` column. The x axis is the ``epoch`` column (row number when absent). Cells that are empty or
+    not numbers (epochs without evaluation) are skipped, not drawn as zeros.
     """
     columns = read_numeric_columns(csv_path)
     epochs = columns.get("epoch")
-    losses = [name for name in columns if name.startswith(LOSS_PREFIXES)]
-    metrics = [name for name in columns if name.startswith(METRIC_PREFIX)]
     rows_count = max((len(v) for v in columns.values()), default=0)
     if epochs is None or np.isnan(epochs).all():
         epochs = np.arange(rows_count, dtype=np.float64)
-    panel_rows = [group for group in (losses, metrics) if group] or [[]]
+    panel_rows = results_panels(list(columns))
     panel_cols = max(len(group) for group in panel_rows) or 1
     figure, axes = panel_grid(len(panel_rows), panel_cols, panel_in=(2.6, 2.0))
     for axis in axes.flat:
         axis.set_visible(False)
     for row, group in enumerate(panel_rows):
         for col, name in enumerate(group):
-            _plot_series(axes[row, col], epochs, columns[name], name)
+            # The learning rate is a schedule, not a noisy measurement: no trend line over it.
+            _plot_series(axes[row, col], epochs, columns[name], name, smooth=name != LEARNING_RATE)
     if panel_rows == [[]]:
         axes[0, 0].set_visible(True)
         axes[0, 0].text(0.5, 0.5, "no loss or mAP columns", ha="center", va="center")
@@ -78,7 +78,17 @@ def plot_results(csv_path: str | Path, out_png: str | Path) -> Path:
     return save_figure(figure, out_png)
 
 
-def _plot_series(axis, epochs: np.ndarray, values: np.ndarray, name: str) -> None:
+def results_panels(names: list[str]) -> list[list[str]]:
+    """results.png's panels, row by row, of a results.csv with columns ``names``: the losses and the learning rate
+    (Ultralytics' three lr/pg columns are one here: the biases' warm-up ends at the weights' rate), then the mAPs.
+    The learning rate took none, while the top row left three of the bottom row's six places empty."""
+    losses = [name for name in names if name.startswith(LOSS_PREFIXES)]
+    metrics = [name for name in names if name.startswith(METRIC_PREFIX)]
+    top = losses + [LEARNING_RATE] * (LEARNING_RATE in names)
+    return [group for group in (top, metrics) if group] or [[]]
+
+
+def _plot_series(axis, epochs: np.ndarray, values: np.ndarray, name: str, *, smooth: bool = True) -> None:
     axis.set_visible(True)
     keep = ~np.isnan(values) & ~np.isnan(epochs)
     x, y = epochs[keep], values[keep]
@@ -90,5 +100,5 @@ def _plot_series(axis, epochs: np.ndarray, values: np.ndarray, name: str) -> Non
         axis.text(0.5, 0.5, "no values", ha="center", va="center", transform=axis.transAxes, fontsize=8)
         return
     axis.plot(x, y, marker=".", linewidth=1.5, markersize=4, label="value")
-    if len(y) >= SMOOTH_MIN_POINTS:
+    if smooth and len(y) >= SMOOTH_MIN_POINTS:
         axis.plot(x, _smooth(y), ":", linewidth=1.5, label="smooth")

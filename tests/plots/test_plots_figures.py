@@ -40,6 +40,23 @@ def test_results_csv_with_empty_metric_cells(tmp_path: Path, assert_png) -> None
     assert_png(out, min_side=200)
 
 
+def test_results_png_draws_the_learning_rate_beside_the_losses(tmp_path: Path, monkeypatch) -> None:
+    """The top row held the three losses and left three places of the bottom row's six empty; the learning rate, a
+    results.csv column Ultralytics' results.png draws, had no panel."""
+    import detector.plots.curves as curves
+
+    csv_path = tmp_path / "results.csv"
+    csv_path.write_text(RESULTS_CSV)
+    drawn = []
+    monkeypatch.setattr(curves, "_plot_series", lambda axis, epochs, values, name, smooth=True: drawn.append(
+        (name, axis.get_subplotspec().rowspan.start, values.tolist(), smooth)))
+    curves.plot_results(csv_path, tmp_path / "results.png")
+    assert [(name, row) for name, row, _, _ in drawn] == [("train/box", 0), ("train/cls", 0), ("train/dfl", 0),
+                                                          ("lr", 0), ("mAP50-95", 1), ("mAP50", 1), ("mAP75", 1)]
+    assert drawn[3][2:] == ([0.01, 0.01, 0.009, 0.008], False)  # the column as written, without a trend line
+    assert curves.results_panels(["epoch", "lr"]) == [["lr"]]
+
+
 def test_results_csv_padded_headers_and_header_only(tmp_path: Path, assert_png) -> None:
     padded = tmp_path / "padded.csv"
     padded.write_text("  epoch,  train/box,  mAP50\n 0, 1.0,\n 1, 0.9, 0.5\n")
