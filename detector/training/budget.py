@@ -288,12 +288,12 @@ class TimeBudget:
 
 
 
-# The final report beyond one more validation: its matplotlib figures (PR curves, confusion matrix, results.png; the
-# prediction images are OpenCV's, far cheaper) at what a figure has been timed at on this host (labels.png, drawn before
-# the first step, then each results.png), and a floor for the rest (per-class table, predictions.json, the prediction
+# The final report beyond one more validation: its matplotlib figures (PR curves, the confusion matrix in counts and
+# normalised, results.png; the prediction images are OpenCV's, far cheaper) at what a figure has been timed at on this
+# host (labels.png, drawn before the first step, then each results.png), and a floor for the rest (per-class table, predictions.json, the prediction
 # images). Before, a fixed 10 s, while the whole report took 0.6-0.9 s on an idle CPU: a --time 12s run planned one
 # epoch of 0.3 s and ended at 6.9 s, and --time 40s left 22% unused.
-REPORT_FIGURES = 3
+REPORT_FIGURES = 4
 # Until a figure is timed: matplotlib's 0.6-0.9 s per figure on a 2-core CPU, rounded up.
 UNTIMED_FIGURE_SECONDS = 1.0
 # Twice the figures' time: the host can slow after a figure was timed (the review's run with 4 busy loops started

@@ -257,8 +257,8 @@ def test_the_end_of_the_run_plans_best_pt_s_pass_the_report_and_an_fp32_pass() -
 
 def test_the_report_allowance_follows_what_a_figure_takes_here() -> None:
     """Three figures at twice their timed cost, at least the floor: no longer a fixed 10 s."""
-    assert report_seconds(0.3) == pytest.approx(2 * 3 * 0.3) and report_seconds(1.5) == pytest.approx(9.0)
-    assert report_seconds(0.01) == REPORT_FLOOR_SECONDS and report_seconds(None) == pytest.approx(6.0)
+    assert report_seconds(0.3) == pytest.approx(2 * 4 * 0.3) and report_seconds(1.5) == pytest.approx(12.0)
+    assert report_seconds(0.01) == REPORT_FLOOR_SECONDS and report_seconds(None) == pytest.approx(8.0)
 
 
 def test_a_short_budget_is_not_spent_on_the_report_allowance() -> None:
