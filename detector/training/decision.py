@@ -34,8 +34,10 @@ def fitness(metrics: dict[str, float]) -> float:
     return 0.9 * metrics.get("mAP50-95", 0.0) + 0.1 * metrics.get("mAP50", 0.0)
 
 
-def fallback_after_epoch(precision: Precision, stats: dict[str, float], device_type: str) -> tuple[str, str] | None:
+def fallback_after_epoch(precision: Precision, stats: dict[str, float], device_type: str, *,
+                         ending: bool = False) -> tuple[str, str] | None:
     """``(safer precision, message)`` when half the optimizer steps or more were unstable; None when all is well.
+    ``ending``: the run ends with this epoch, so the precision stays and the message says there is nothing to switch.
 
     Counts ``unstable_steps``, not every skipped step: GradScaler's normal calibration skips are not a
     reason to leave FP16 (see detector/training/engine.py). Raises FloatingPointError when FP32 itself diverged.
@@ -47,4 +49,6 @@ def fallback_after_epoch(precision: Precision, stats: dict[str, float], device_t
     safer = safer_precision(precision.name, device_type)
     if safer is None:
         raise FloatingPointError(f"{message} in FP32: training diverged; lower --lr0 or check the data")
+    if ending:
+        return precision.name, f"{message} in the run's last epoch (no epoch left to train in {safer})"
     return safer, f"{message}; switching {precision.name} -> {safer}"

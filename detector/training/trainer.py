@@ -314,7 +314,8 @@ class Trainer(RunPlans, FinalReports):
                 self._final_report(epoch, validation)
         metrics = validation.metrics if validation and not defer else {}
         precision, reason = self.step.precision.name, self.step.precision.reason
-        if (fallback := fallback_after_epoch(self.step.precision, stats, self.device.type)) is not None:
+        if (fallback := fallback_after_epoch(self.step.precision, stats, self.device.type,
+                                             ending=last or patience_ran_out)) is not None:
             precision, reason = fallback
             self.log(f"warning: {reason}")
         stop = f"interrupted: saved {self.run_dir / 'weights/last.pt'} after epoch {epoch + 1}" if interrupted else ""

@@ -151,6 +151,9 @@ def test_fallback_waits_for_unstable_steps_and_stops_in_fp32():
     # The threshold is half the steps, as the docs say: 4 of 9 is under it, 4 of 8 is not.
     assert fallback_after_epoch(fp16, {"unstable_steps": 4, "skipped_steps": 4, "optimizer_steps": 9}, "cpu") is None
     assert fallback_after_epoch(fp16, {"unstable_steps": 4, "skipped_steps": 4, "optimizer_steps": 8}, "cpu")
+    # After the run's last epoch there is nothing to switch: the precision stays, the line says so
+    kept, message = fallback_after_epoch(fp16, {"unstable_steps": 5, "optimizer_steps": 8}, "cpu", ending=True)
+    assert kept == "fp16" and "5/8" in message and "last epoch" in message and "switching" not in message
     with _pytest.raises(FloatingPointError, match="diverged"):
         fallback_after_epoch(Precision("fp32", "cpu", "t"), {"unstable_steps": 8, "optimizer_steps": 8}, "cpu")
 
