@@ -41,8 +41,9 @@ from detector.data.spec import Split
 from detector.data.workers import usable_cores
 from detector.files import write_atomically
 
-VERSION = 3  # 2: polygon lines read as their boxes, a byte-order mark ignored; 3: an unreadable label line skips
-# its image, a box centred inside and reaching past the edge is clipped (label files read anew)
+VERSION = 4  # 2: polygon lines read as their boxes, a byte-order mark ignored; 3: an unreadable label line skips
+# its image, a box centred inside and reaching past the edge is clipped (label files read anew); 4: a PNG turned by
+# an EXIF chunk after its pixels is recorded at its turned size (it was the stored one)
 SUFFIX = ".records.npz"
 CHUNK = 256  # paths per task: large enough that the pool's overhead is small, small enough to balance
 # A COCO JSON at least this large is parsed in a child process (see _read_coco_listing); COCO val2017's 25 MB

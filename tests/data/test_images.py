@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
 import warnings
+import zlib
 from pathlib import Path
 
 import cv2
@@ -118,6 +120,41 @@ def test_every_exif_orientation_decodes_upright(tmp_path: Path, orientation: int
     # while a wrong turn moves the stripes and the gradients by far more.
     difference = np.abs(image.astype(np.int16) - expected).max()
     assert difference <= (0 if suffix == ".png" else JPEG_LEVELS), (orientation, difference)
+
+
+def _png_with_chunk_after_pixels(path: Path, pixels: np.ndarray, kind: bytes, data: bytes) -> None:
+    """A PNG of ``pixels`` with one ``kind`` chunk between its last IDAT and IEND, where the PNG specification
+    allows an eXIf or a text chunk and Pillow reads it only as it decodes the pixels."""
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    png = buffer.getvalue()
+    chunk = len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+    end = png.rindex(b"IEND") - 4  # IEND's length field
+    path.write_bytes(png[:end] + chunk + png[end:])
+
+
+@pytest.mark.parametrize("orientation", sorted(UPRIGHT))
+def test_a_png_turned_by_an_exif_chunk_after_its_pixels_is_checked_at_the_size_it_decodes_to(
+    tmp_path: Path, orientation: int
+):
+    """The check's size is the one the boxes are scaled by: it must be the decoded image's (it was the stored one,
+    and a sideways dataset scored 0 mAP without a word)."""
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    path = tmp_path / "late.png"
+    _png_with_chunk_after_pixels(path, BASE, b"eXIf", exif.tobytes().removeprefix(b"Exif\x00\x00"))
+    image = read_image_rgb(path)
+    assert np.array_equal(image, UPRIGHT[orientation](BASE))
+    assert check_image(path) == (image.shape[:2], "")
+
+
+def test_a_png_turned_by_xmp_after_its_pixels_is_checked_at_the_size_it_decodes_to(tmp_path: Path):
+    path = tmp_path / "xmp.png"
+    xmp = b'<x:xmpmeta><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
+    _png_with_chunk_after_pixels(path, BASE, b"iTXt", b"XML:com.adobe.xmp\x00\x00\x00\x00\x00" + xmp)
+    image = read_image_rgb(path)
+    assert np.array_equal(image, UPRIGHT[6](BASE))
+    assert check_image(path) == (image.shape[:2], "")
 
 
 JPEG_FLAVOURS = {  # Pillow's save options: the kinds of JPEG that datasets hold
