@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -104,16 +105,30 @@ def publish(staged: Path, final: Path) -> Path:
 
 def folder_files(folder: Path) -> list[Path]:
     """Every file under ``folder``, as Ultralytics' recursive glob finds them: through linked folders too (a
-    dataset's split linked in), each real folder once, the first way there in sorted order (a link back up the
-    tree, or two links to each other, cannot loop; a folder linked twice is not read twice); names that start
-    with a dot left out (macOS's ``._photo.jpg`` metadata, hidden caches and copies). Each path keeps the folder
-    names it was found under (a label is looked for beside those, not beside a link's target)."""
+    dataset's split linked in), each real folder once, the first way there in sorted order (two links to each
+    other, or a folder linked twice, are read once); names that start with a dot left out (macOS's
+    ``._photo.jpg`` metadata, hidden caches and copies). Each path keeps the folder names it was found under (a
+    label is looked for beside those, not beside a link's target).
+
+    A link to ``folder`` itself or to a folder above it is not followed, with one warning line naming it: the
+    folders beside ``folder`` would be read through it (``images/train/loop -> ..`` pulled ``images/val`` into
+    training as unlabelled backgrounds).
+    """
     files: list[Path] = []
+    root = os.path.realpath(folder)
+    above = {root, *(str(parent) for parent in Path(root).parents)}
     seen: set[str] = set()
     for current, subfolders, names in os.walk(folder, followlinks=True):
         seen.add(os.path.realpath(current))
-        subfolders[:] = sorted(name for name in subfolders if not name.startswith(".")
-                               and os.path.realpath(os.path.join(current, name)) not in seen)
+        kept = []
+        for name in sorted(name for name in subfolders if not name.startswith(".")):
+            real = os.path.realpath(os.path.join(current, name))
+            if real in above:
+                print(f"warning: {os.path.join(current, name)} links to {real}, which holds it: not followed (it would "
+                      f"read the folders beside {folder} too)", file=sys.stderr)
+            elif real not in seen:
+                kept.append(name)
+        subfolders[:] = kept
         seen.update(os.path.realpath(os.path.join(current, name)) for name in subfolders)
         files += [Path(current, name) for name in names if not name.startswith(".") and Path(current, name).is_file()]
     return files

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from detector.files import atomic_file, write_image, write_text_atomically
+from detector.files import atomic_file, folder_files, write_image, write_text_atomically
 
 
 def test_an_error_inside_the_block_keeps_the_old_file(tmp_path: Path) -> None:
@@ -48,3 +48,20 @@ def test_an_export_folder_that_cannot_be_written_is_named_not_its_hidden_staging
     with pytest.raises(OSError, match=r"^cannot write the export into .*weights.inner \(Not a directory\): copy the weights into a writable"):
         with staging_folder(tmp_path / "weights" / "inner"):
             pass
+
+
+def test_a_link_up_the_tree_is_not_followed_and_is_named_once(tmp_path: Path, capsys) -> None:
+    """``images/train/loop -> ..`` read images/val through the link (another split trained as backgrounds, without a
+    word); a link to the folder itself or above it is left out with one line naming it, one beside it still read."""
+    train, val, more = tmp_path / "images/train", tmp_path / "images/val", tmp_path / "more"
+    for folder in (train, val, more):
+        folder.mkdir(parents=True)
+        (folder / f"{folder.name}.jpg").write_bytes(b"x")
+    (train / "loop").symlink_to("..", target_is_directory=True)
+    (train / "top").symlink_to(tmp_path, target_is_directory=True)
+    (train / "itself").symlink_to(".", target_is_directory=True)
+    (train / "linked").symlink_to(more, target_is_directory=True)
+    assert folder_files(train) == [train / "train.jpg", train / "linked" / "more.jpg"]
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["warning"] * 3
+    assert [line.split()[1] for line in lines] == [str(train / name) for name in ("itself", "loop", "top")]

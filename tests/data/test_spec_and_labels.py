@@ -322,7 +322,8 @@ def test_a_linked_image_in_a_list_keeps_the_label_beside_its_listed_path(yolo_ya
 
 
 def test_a_folder_split_follows_linked_folders_once_and_leaves_hidden_names_out(yolo_yaml: Path):
-    """As Ultralytics' glob: linked folders are read (a loop back to an ancestor once), dot-names are not."""
+    """As Ultralytics' glob: linked folders are read (a link back to the split's own folder is not), dot-names
+    are not."""
     root = yolo_yaml.parent
     train = root / "images/train"
     before = load_dataset_spec(yolo_yaml).train.images
