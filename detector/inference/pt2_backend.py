@@ -25,6 +25,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import inspect
+import json
 import logging
 import os
 import shutil
@@ -87,6 +88,27 @@ def load_unpacking_into(folder: str, path: str | Path, **options: Any) -> AOTICo
                 os.environ["TMPDIR"] = previous
 
 
+METADATA_SUFFIX = "_metadata.json"  # AOTInductor's copy of the compile's metadata, beside the .so in the package
+METADATA_MAX_BYTES = 2**20  # ours is ~400 bytes: a larger member is not read
+
+
+def packaged_metadata(path: str | Path) -> dict[str, str]:
+    """Our export's metadata as the package's ``*_metadata.json`` holds it (without AOTInductor's own keys), read
+    from the zip without loading anything; ``{}`` where there is none to read (``read_model_info`` then says so)."""
+    with zipfile.ZipFile(path) as archive:
+        members = [member for member in archive.infolist() if "/data/aotinductor/" in member.filename
+                   and member.filename.endswith(METADATA_SUFFIX) and member.file_size <= METADATA_MAX_BYTES]
+        for member in members:
+            try:
+                props = json.loads(archive.read(member))
+            except (ValueError, zipfile.BadZipFile, OSError):
+                continue
+            if isinstance(props, dict):
+                return {str(key): str(value) for key, value in props.items()
+                        if not str(key).startswith(AOTI_KEY_PREFIX)}
+    return {}
+
+
 def release_unpacked(graphs: list[Any], loaded: list[Any], folder: str) -> None:
     """Drop the CUDA graphs (they launch the package's kernels), then the loader (``loaded`` holds the only
     reference: its destructor removes the folder it unpacked into), then ``folder`` with anything left in it: a load
@@ -112,6 +134,9 @@ class Pt2Backend(Backend):
             raise FileNotFoundError(f"{path}: no such pt2 package")
         if not zipfile.is_zipfile(path):  # before torch, which logs a misleading "outdated pt2 file" warning first
             raise ValueError(f"{path}: not a loadable pt2 package (not a zip archive)")
+        # Before the loader, which dlopens the package's .so (running its constructors): a package without our
+        # export's metadata, a foreign or replaced one, is refused unloaded. A forged one passes (docs/security.md).
+        read_model_info(packaged_metadata(path), source=str(path))
         # Without the runner's own thread synchronisation where it can go, which a CUDA graph's capture cannot hold
         # (torch's advice for CUDA graphs); an older torch's loader may lack the switch.
         options = ({"run_single_threaded": True} if self.device.type == "cuda" and "run_single_threaded"

@@ -8,6 +8,7 @@ session, is checked the same way in tests/exporting/test_export_pt2.py.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from detector.inference.pt2_backend import Pt2Backend
-from tests.inference.aoti_stand_in import IMGSZ, StandInLoader
+from tests.inference.aoti_stand_in import IMGSZ, StandInLoader, package_metadata
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,10 +38,12 @@ def temp_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @pytest.fixture
 def package(tmp_path: Path) -> Path:
-    """A zip file: the backend checks that much before it calls the loader."""
+    """A zip file with our metadata where AOTInductor packages it: the backend checks that much before it calls the
+    loader."""
     path = tmp_path / "best.pt2"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr("best/data/aotinductor/model/stand-in.txt", "")
+        archive.writestr("best/data/aotinductor/model/cstandin.wrapper_metadata.json", json.dumps(package_metadata()))
     return path
 
 
@@ -80,6 +83,25 @@ def test_nothing_stays_unpacked(temp_root: Path, package: Path, monkeypatch: pyt
         with pytest.raises(ValueError, match="compiled for cuda" if how == "device mismatch" else "not a loadable"):
             Pt2Backend(package)
     assert left_in(temp_root) == []
+
+
+@pytest.mark.parametrize("metadata", ["none", "foreign"])
+def test_a_package_without_our_metadata_is_refused_before_the_loader_opens_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metadata: str
+) -> None:
+    """The loader dlopens the package's .so, whose constructors run then: a replaced .so ran before the "not a
+    loadable pt2 package" line. A package our export did not make is refused from its zip, the loader never called."""
+    path = tmp_path / "other.pt2"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("other/data/aotinductor/model/c.wrapper.so", b"\x7fELF")
+        if metadata == "foreign":  # what a package compiled by someone else holds: AOTInductor's keys only
+            archive.writestr("other/data/aotinductor/model/c.wrapper_metadata.json", '{"AOTI_DEVICE_KEY": "cpu"}')
+    opened = []
+    monkeypatch.setattr(torch._inductor, "aoti_load_package", lambda *args, **options: opened.append(args))
+    with pytest.raises(ValueError) as error:
+        Pt2Backend(path)
+    assert str(error.value).startswith(f"{path}: missing or malformed detector metadata")
+    assert opened == []
 
 
 def test_exit_removes_it_though_the_commands_skip_the_teardown(temp_root: Path, package: Path) -> None:
