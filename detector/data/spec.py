@@ -116,18 +116,40 @@ def _text(value: object, source: Path, key: str) -> str:
     raise DatasetError(f"{source}: '{key}' must be a path (text), got {type(value).__name__} {value!r:.60}")
 
 
+def _first_few(values: Sequence[object], limit: int) -> str:
+    """``a, b, c, ...``: the first ``limit`` values, the dots only where some are left out."""
+    return ", ".join(map(str, values[:limit])) + (", ..." if len(values) > limit else "")
+
+
+def _class_id(key: object) -> int | None:
+    """A ``names`` mapping's key as a class id: a whole number, or its digits as text (Ultralytics reads both with
+    ``int(k)``); None for anything else (``1.5``, which int() would cut to 1, text that is not digits, a bool)."""
+    if isinstance(key, int) and not isinstance(key, bool):
+        return key
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        return int(key)
+    return None
+
+
 def _parse_names(raw: object, source: Path) -> list[str]:
     if isinstance(raw, list) and raw:
-        return [str(n) for n in raw]
-    if isinstance(raw, dict) and raw:
-        try:
-            keys = sorted(int(k) for k in raw)
-        except (TypeError, ValueError):
-            raise DatasetError(f"{source}: 'names' keys must be class ids 0, 1, ..., got {list(raw)[:5]}") from None
-        if keys != list(range(len(keys))):
-            raise DatasetError(f"{source}: 'names' keys must be 0..{len(keys) - 1}, got {keys[:5]}...")
-        return [str(raw[k] if k in raw else raw[str(k)]) for k in keys]
-    raise DatasetError(f"{source}: 'names' is missing or empty (a list or a {{id: name}} mapping is needed)")
+        names = [str(name) for name in raw]
+    elif isinstance(raw, dict) and raw:
+        by_id: dict[int, object] = {}
+        for key, value in raw.items():
+            class_id = _class_id(key)
+            if class_id is None:
+                raise DatasetError(f"{source}: 'names' key {key!r:.40} is not a class id (0, 1, 2, ...)")
+            if class_id in by_id:
+                raise DatasetError(f"{source}: 'names' gives class {class_id} twice (keys {class_id} and {key!r:.40})")
+            by_id[class_id] = value
+        if missing := sorted(set(range(len(by_id))) - set(by_id)):
+            raise DatasetError(f"{source}: 'names' keys must be the class ids 0..{len(by_id) - 1} without gaps; no "
+                               f"name for {_first_few(missing, 5)} (keys given: {_first_few(sorted(by_id), 10)})")
+        names = [str(by_id[index]) for index in range(len(by_id))]
+    else:
+        raise DatasetError(f"{source}: 'names' is missing or empty (a list or a {{id: name}} mapping is needed)")
+    return names
 
 
 def _coco_names(splits: Sequence[Split], source: Path) -> list[str]:

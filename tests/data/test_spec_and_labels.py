@@ -46,6 +46,32 @@ def test_names_as_dict_and_list_file(tmp_path: Path, yolo_yaml: Path):
     assert spec.names == ["a", "b", "c"] and len(spec.train.images) == 8 and len(spec.val.images) == 12
 
 
+def _names_yaml(root: Path, names: str) -> Path:
+    yaml = root / "names.yaml"
+    yaml.write_text(f"path: .\ntrain: images/train\nval: images/val\nnames: {names}\n")
+    return yaml
+
+
+@pytest.mark.parametrize("names, message", [
+    ("{0: a, 1.5: b, 2: c}", "'names' key 1.5 is not a class id (0, 1, 2, ...)"),  # int() would cut it to 1
+    ("{0: a, ' 1': b, 2: c}", "'names' key ' 1' is not a class id (0, 1, 2, ...)"),
+    ("{0: a, one: b}", "'names' key 'one' is not a class id (0, 1, 2, ...)"),
+    ("{0: a, '0': b}", "'names' gives class 0 twice (keys 0 and '0')"),
+    ("{0: a, 2: c}", "'names' keys must be the class ids 0..1 without gaps; no name for 1 (keys given: 0, 2)"),
+])
+def test_names_mapping_keys_that_are_not_class_ids_are_one_line(yolo_yaml: Path, names: str, message: str):
+    """Keys were made ints to sort, then looked up as written: '01', 1.5 or ' 1' was a KeyError traceback."""
+    yaml = _names_yaml(yolo_yaml.parent, names)
+    with pytest.raises(DatasetError) as error:
+        load_dataset_spec(yaml)
+    assert str(error.value) == f"{yaml}: {message}"
+
+
+def test_names_mapping_keys_may_be_written_as_text(yolo_yaml: Path):
+    yaml = _names_yaml(yolo_yaml.parent, "{0: circle, '01': square, '2': triangle}")
+    assert load_dataset_spec(yaml).names == ["circle", "square", "triangle"]
+
+
 def test_nc_without_names_names_the_classes_as_ultralytics_does(yolo_yaml: Path, capsys):
     yaml = yolo_yaml.parent / "nc.yaml"
     yaml.write_text("path: .\ntrain: images/train\nval: images/val\nnc: 3\n")
