@@ -21,6 +21,7 @@ YAMLs are read with ``yaml.safe_load``; a ``download:`` entry is never executed.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import os
@@ -131,9 +132,21 @@ def _class_id(key: object) -> int | None:
     return None
 
 
+def _class_name(value: object, source: Path, index: int) -> str:
+    """A class name as text: YAML text or a number (``names: [2020, 2021]``); a list, a mapping or null (an alias
+    bomb's lists made 25 MB names once turned into text; ``[a, null, b]`` named class 1 'None') is refused."""
+    if isinstance(value, bool):  # YAML reads yes/no/on/off/true/false as booleans: 'True' is not what was written
+        raise DatasetError(f"{source}: 'names' class {index} is the boolean {value} (YAML reads yes, no, on, off, "
+                           "true and false so): put the name in quotes")
+    if isinstance(value, (str, int, float)):
+        return str(value)
+    kind = "null" if value is None else {list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+    raise DatasetError(f"{source}: 'names' class {index} is {kind}, not a name: each class name must be text")
+
+
 def _parse_names(raw: object, source: Path) -> list[str]:
     if isinstance(raw, list) and raw:
-        names = [str(name) for name in raw]
+        names = [_class_name(name, source, index) for index, name in enumerate(raw)]
     elif isinstance(raw, dict) and raw:
         by_id: dict[int, object] = {}
         for key, value in raw.items():
@@ -146,9 +159,12 @@ def _parse_names(raw: object, source: Path) -> list[str]:
         if missing := sorted(set(range(len(by_id))) - set(by_id)):
             raise DatasetError(f"{source}: 'names' keys must be the class ids 0..{len(by_id) - 1} without gaps; no "
                                f"name for {_first_few(missing, 5)} (keys given: {_first_few(sorted(by_id), 10)})")
-        names = [str(by_id[index]) for index in range(len(by_id))]
+        names = [_class_name(by_id[index], source, index) for index in range(len(by_id))]
     else:
         raise DatasetError(f"{source}: 'names' is missing or empty (a list or a {{id: name}} mapping is needed)")
+    if repeated := sorted(name for name, count in collections.Counter(names).items() if count > 1):
+        print(f"warning: {source}: 'names' gives {_first_few([repr(name)[:40] for name in repeated], 3)} to several "
+              "classes: their results are told apart only by class id", file=sys.stderr)
     return names
 
 

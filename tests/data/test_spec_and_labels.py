@@ -72,6 +72,38 @@ def test_names_mapping_keys_may_be_written_as_text(yolo_yaml: Path):
     assert load_dataset_spec(yaml).names == ["circle", "square", "triangle"]
 
 
+# An alias bomb in small: each level's list holds the one before it ten times over (YAML shares them, so the file
+# reads in microseconds); turned into text, the top name was 10**4 copies of 'lol'. Nine levels made 25 MB names.
+ALIAS_BOMB = "[a, &b1 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol], &b2 [" + ", ".join(["*b1"] * 10) + \
+    "], &b3 [" + ", ".join(["*b2"] * 10) + "], &b4 [" + ", ".join(["*b3"] * 10) + "]]"
+
+
+@pytest.mark.parametrize("names, message", [
+    ("[a, null, b]", "'names' class 1 is null, not a name: each class name must be text"),  # was named 'None'
+    ("[a, [b, c]]", "'names' class 1 is a list, not a name: each class name must be text"),
+    ("{0: a, 1: {b: c}}", "'names' class 1 is a mapping, not a name: each class name must be text"),
+    ("[a, yes]", "'names' class 1 is the boolean True (YAML reads yes, no, on, off, true and false so): put the "
+                 "name in quotes"),
+    (ALIAS_BOMB, "'names' class 1 is a list, not a name: each class name must be text"),
+])
+def test_class_names_that_are_not_text_or_numbers_are_one_line(yolo_yaml: Path, names: str, message: str):
+    """Names of any type were turned into text: a null became 'None', an alias bomb's lists names of megabytes
+    (a 232 MB best.pt)."""
+    yaml = _names_yaml(yolo_yaml.parent, names)
+    with pytest.raises(DatasetError) as error:
+        load_dataset_spec(yaml)
+    assert str(error.value) == f"{yaml}: {message}"
+
+
+def test_numbers_name_classes_and_a_name_given_twice_is_one_warning(yolo_yaml: Path, capsys):
+    assert load_dataset_spec(_names_yaml(yolo_yaml.parent, "[2020, 1.5, c]")).names == ["2020", "1.5", "c"]
+    assert capsys.readouterr().err == ""
+    yaml = _names_yaml(yolo_yaml.parent, "[a, a, b, b, a]")
+    assert load_dataset_spec(yaml).names == ["a", "a", "b", "b", "a"]
+    assert capsys.readouterr().err == (f"warning: {yaml}: 'names' gives 'a', 'b' to several classes: their results "
+                                       "are told apart only by class id\n")
+
+
 def test_nc_without_names_names_the_classes_as_ultralytics_does(yolo_yaml: Path, capsys):
     yaml = yolo_yaml.parent / "nc.yaml"
     yaml.write_text("path: .\ntrain: images/train\nval: images/val\nnc: 3\n")
