@@ -157,6 +157,28 @@ class Records(Sequence[ImageRecord]):
         np.cumsum(counts, out=label_offsets[1:])
         return Records.from_arrays({**self.arrays(), "labels": self.labels[keep], "label_offsets": label_offsets})
 
+    def inconsistency(self, num_classes: int) -> str:
+        """What in these arrays the scan could not have written, in a few words; "" when nothing. The records cache
+        is checked so when it is read back (:mod:`detector.data.scan`): the label parser's own guarantees (class ids
+        that the names hold, finite boxes inside the image) and offsets that cut the flat arrays into images."""
+        for what, offsets, total in (("path", self.path_offsets, len(self.path_bytes)),
+                                     ("label", self.label_offsets, len(self.labels))):
+            if offsets[0] != 0 or offsets[-1] != total or bool((np.diff(offsets) < 0).any()):
+                return f"its {what} offsets do not cut its {what}s into images"
+        labels = self.labels
+        if not np.isfinite(labels).all():
+            return "a box that is not finite"
+        classes = labels[:, 0]
+        if bool(((classes != np.floor(classes)) | (classes < 0) | (classes >= num_classes)).any()):
+            return f"a class id outside 0..{num_classes - 1}"
+        if bool((labels[:, 1:] < 0).any() or (labels[:, 1:] > 1).any() or (labels[:, 3:] <= 0).any()):
+            return "a box outside the image or of no size"
+        if not bool(((self.image_hw == -1).all(1) | (self.image_hw >= 1).all(1)).all()):
+            return "an image size that is neither unknown nor positive"
+        if len(np.unique(self.image_ids)) != len(self):
+            return "an image id given twice"
+        return ""
+
     def hw_list(self) -> list[tuple[int, int]]:
         """Upright ``(height, width)`` per image, as Python ints."""
         return [(int(h), int(w)) for h, w in self.image_hw]

@@ -12,7 +12,10 @@ The file is written atomically (a temporary file and a rename), so torchrun rank
 file system read one whole file: each node's local rank 0 scans, the others read what it wrote
 (:func:`detector.distributed.local_main_first`). A read-only dataset folder keeps its cache under
 ``$XDG_CACHE_HOME/detector/records`` (``~/.cache/...``) instead; a cache that is corrupt, of another
-version or of other settings is rebuilt, never trusted.
+version or of other settings is rebuilt, never trusted. A cache of this version is checked as it is read, as the
+label parser checks labels (class ids the names hold, finite boxes inside the image, offsets that cut the arrays
+into images: :meth:`Records.inconsistency`): one that fails (forged or damaged) is named in one warning line and
+rebuilt.
 """
 
 from __future__ import annotations
@@ -177,9 +180,44 @@ def _read_cache(locations: list[Path], settings: dict) -> tuple[dict[str, np.nda
             meta = json.loads(arrays.pop("meta").tobytes())
         except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile):
             continue  # missing, corrupt or foreign: rebuilt below
-        if meta.get("version") == VERSION and meta.get("settings") == settings:
-            return arrays, meta, location
+        if meta.get("version") != VERSION or meta.get("settings") != settings:
+            continue  # another version's or other settings': rebuilt below
+        if reason := _cache_inconsistency(arrays, meta, settings["classes"]):
+            print(f"warning: {location}: records cache not trusted ({reason}): the split is scanned anew",
+                  file=sys.stderr)
+            continue
+        return arrays, meta, location
     return None
+
+
+def _cache_inconsistency(arrays: dict[str, np.ndarray], meta: dict, num_classes: int) -> str:
+    """What in a cache of this version the scan could not have written (a forged or damaged file), or "": the
+    parser's checks over the records (:meth:`Records.inconsistency`), then the stamps' and the problems' shapes."""
+    try:
+        records = Records.from_arrays(arrays)
+        count = len(records)
+        if reason := records.inconsistency(num_classes):
+            return reason
+        stamps = arrays["stamps"]
+        image_problems, listing_problems = meta["image_problems"], meta["listing_problems"]
+        category_ids = meta["category_ids"]
+    except (KeyError, TypeError, ValueError, IndexError):
+        return "arrays missing or of the wrong shape"
+    if stamps.shape != (count, 4) or not np.issubdtype(stamps.dtype, np.integer):
+        return "file stamps of the wrong shape"
+    if not (isinstance(category_ids, list) and len(category_ids) == num_classes
+            and all(type(category) is int for category in category_ids)):
+        return "category ids that are not one whole number per class"
+    entries_ok = isinstance(image_problems, list) and isinstance(listing_problems, list) and all(
+        isinstance(entry, list) and len(entry) == 4 and type(entry[0]) is int and 0 <= entry[0] < count
+        and _problem_entry(entry[1:]) for entry in image_problems) and all(map(_problem_entry, listing_problems))
+    return "" if entries_ok else "problem entries of the wrong shape"
+
+
+def _problem_entry(entry: object) -> bool:
+    """``[kind, where, count]`` as :class:`Problems` holds one."""
+    return (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str) and isinstance(entry[1], str)
+            and type(entry[2]) is int)
 
 
 def _write_cache(locations: list[Path], arrays: dict[str, np.ndarray], meta: dict) -> Path | None:

@@ -79,6 +79,51 @@ def test_corrupt_or_foreign_cache_is_rebuilt(tmp_path: Path, counted_checks: lis
     assert len(counted_checks) == 3 and len(other_classes.records) == 3
 
 
+def _forge(cache_file: Path, change: str) -> None:
+    """Rewrite one array or entry of a records cache, its structure, version and stamps left valid."""
+    with np.load(cache_file) as content:
+        arrays = {key: content[key] for key in content.files}
+    meta = json.loads(arrays["meta"].tobytes())
+    labels = arrays["labels"]  # float32 [N, 5]: class, cx, cy, w, h
+    if change == "class 99":
+        labels[0, 0] = 99
+    elif change == "nan box":
+        labels[0, 1] = np.nan
+    elif change == "box past the edge":
+        labels[0, 3] = 1.5
+    elif change == "offsets past the end":
+        arrays["label_offsets"][-1] += 5
+    elif change == "offsets out of order":
+        arrays["label_offsets"][1], arrays["label_offsets"][2] = arrays["label_offsets"][2], arrays["label_offsets"][1]
+    elif change == "problem of image 7":
+        meta["image_problems"].append([7, "forged", "x", 1])
+    arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)
+    np.savez(cache_file, **arrays)
+
+
+@pytest.mark.parametrize("change", ["class 99", "nan box", "box past the edge", "offsets past the end",
+                                    "offsets out of order", "problem of image 7"])
+def test_a_cache_whose_contents_the_scan_could_not_have_written_is_scanned_anew(
+    tmp_path: Path, counted_checks: list[Path], capsys, change: str
+):
+    """A forged cache of the right version and shape was trusted: class 99 and NaN boxes trained without a word, and
+    val died on an IndexError. It is checked as the parser checks labels, named in one line and rebuilt."""
+    spec = load_dataset_spec(write_yolo_dataset(tmp_path / "d", train=3, val=1))
+    first = scan.scan_split(spec.train, spec.names)
+    assert first.records.box_counts()[:2].min() > 0  # the forgeries need boxes in the first two images
+    _forge(first.cache_file, change)
+    capsys.readouterr()
+    counted_checks.clear()
+    again = scan.scan_split(spec.train, spec.names)
+    assert len(counted_checks) == 3  # every image scanned anew
+    for name in ("labels", "label_offsets", "image_hw", "image_ids"):
+        np.testing.assert_array_equal(getattr(again.records, name), getattr(first.records, name))
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"warning: {first.cache_file}: records cache not trusted (")
+    counted_checks.clear()
+    assert scan.scan_split(spec.train, spec.names).cached_images == 3 and counted_checks == []  # the rebuilt one
+
+
 def test_read_only_dataset_folder_caches_in_the_user_cache(tmp_path: Path, monkeypatch, counted_checks: list[Path]):
     spec = load_dataset_spec(write_yolo_dataset(tmp_path / "d", train=3, val=1))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "user-cache"))
