@@ -139,7 +139,7 @@ def test_val_with_a_bad_checkpoint_is_one_line_and_leaves_nothing(name: str, tmp
     ("foreign", "only 0/355 tensors fit the model"),
     ("other-scale", "tensors fit the model (under 50%)"),
     ("empty.pt", "empty or cut short"),
-    ("hostile.pt", "refuse"),
+    ("hostile.pt", "refused: it names the Python global"),
 ])
 def test_train_from_weights_that_do_not_fit_is_one_line(weights: str, says: str, tmp_path: Path,
                                                         capsys: pytest.CaptureFixture[str],

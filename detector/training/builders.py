@@ -173,14 +173,16 @@ def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO
     """
     if not config.weights:
         return build_model(num_classes=len(names), scale=config.model)
+    from detector.inference.pt_model import read_foreign_weights
     from detector.weights import load_pretrained, read_ultralytics_checkpoint, resolve_weights
     from detector.weights.class_rows import moved_class_rows
 
     path = resolve_weights(config.weights)
+    refused: CheckpointError | None = None
     try:
         ours = load_checkpoint(path)
-    except CheckpointError:
-        ours = None  # not one of ours: try the Ultralytics reader, which gives its own clear errors
+    except CheckpointError as error:
+        ours, refused = None, error  # not one of ours: the Ultralytics reader's turn, then both reasons if it fails
     if ours is not None and "model_args" in ours:
         scale, weights = model_args(ours, path)["scale"], ours.get("ema") or ours["model"]
         width = weights.get("head.cv3.0.0.conv.weight") if isinstance(weights, dict) else None
@@ -195,7 +197,8 @@ def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO
                  "fresh") if moved else ""
         log(f"weights: {copied + len(moved)}/{total} tensors from {path} (scale {scale}){named}")
         return model
-    checkpoint = read_ultralytics_checkpoint(path)
+    # As val and predict say it: our reader's refusal (naming the global the file would run) was dropped here.
+    checkpoint = read_ultralytics_checkpoint(path) if refused is None else read_foreign_weights(path, refused)
     if checkpoint.scale != config.model:
         log(f"weights: {path.name} is YOLOv8{checkpoint.scale}; building scale {checkpoint.scale} instead of --model {config.model}")
     model = build_model(num_classes=len(names), scale=checkpoint.scale, class_channels=checkpoint.class_channels)

@@ -1,4 +1,5 @@
-"""detector/training/builders.py: ``--freeze N`` (which modules, and what training then does) and the warm-up length."""
+"""detector/training/builders.py: ``--freeze N`` (which modules, and what training then does), the warm-up length and
+what ``--weights`` says of a file it cannot read."""
 
 from __future__ import annotations
 
@@ -6,11 +7,14 @@ import os
 import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from detector.checkpoint import CheckpointError
+from detector.inference.pt_model import model_from_pt
 from detector.model import build_model
-from detector.training.builders import build_run_model, freeze_layers, warmup_steps
+from detector.training.builders import build_model_from_weights, build_run_model, freeze_layers, warmup_steps
 from detector.training.config import TrainConfig
 from detector.training.optim import build_optimizer
 
@@ -396,3 +400,24 @@ def test_a_fine_tune_from_our_checkpoint_keeps_its_class_width_and_rows_by_name(
     save_checkpoint({"model": state, "ema": None, "model_args": model.rebuild_args(), "names": ["a", "b", "c"],
                      "config": {}}, tmp_path / "tuned.pt")
     assert model_args(load_checkpoint(tmp_path / "tuned.pt"), "tuned.pt")["class_channels"] == 80
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("echo pwned > pwned.txt",))
+
+
+@pytest.mark.parametrize("content", ["code", "numpy"])
+def test_train_weights_refused_by_both_readers_are_said_as_val_says_them(tmp_path: Path, monkeypatch, content: str):
+    """train showed only the Ultralytics reader's reason: "refuses to load global 'posix.system'" where val gave the
+    full sentence, and "not an Ultralytics checkpoint" for a NumPy pickle, hiding that ours had refused a global."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / f"{content}.pt"
+    torch.save({"model": _Exploit() if content == "code" else np.zeros(3), "model_args": {"num_classes": 2}}, path)
+    with pytest.raises(CheckpointError) as in_train:
+        build_model_from_weights(TrainConfig(weights=str(path)), ["a", "b"], lambda line: None)
+    with pytest.raises(CheckpointError) as in_val:
+        model_from_pt(path)
+    assert str(in_train.value) == str(in_val.value)
+    assert str(in_train.value).startswith(f"{path}: refused: it names the Python global ")
+    assert not (tmp_path / "pwned.txt").exists()
