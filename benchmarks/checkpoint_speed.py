@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from detector.checkpoint import RunState, Trained, all_finite, run_checkpoint, save_checkpoint, strip_checkpoint
+from detector.checkpoint import RunState, Trained, run_checkpoint, save_checkpoint, strip_checkpoint
+from detector.checkpoint_integrity import all_finite
 from detector.model import build_model
 from detector.training.checkpoint_writer import snapshot, stripped_snapshot
 

@@ -18,9 +18,7 @@ A checkpoint is a plain dict of tensors and builtin types. Two kinds exist:
 
 from __future__ import annotations
 
-import math
 import re
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from detector.checkpoint_integrity import non_finite_weights, peak_magnitudes
 from detector.checkpoint_problems import load_problem
 from detector.files import atomic_file
 from detector.model import YOLO, build_model
@@ -37,16 +36,6 @@ from detector.model.yolo import SCALES
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file."""
-
-
-def peak_magnitudes(tensors: list[torch.Tensor]) -> list[float]:
-    """The largest absolute value of each tensor (NaN where it holds a NaN, inf where an inf; 0.0 when empty), read
-    back to the host once for all of them. Checking tensor by tensor synchronised each one: the finiteness check of
-    an 80-class nano model's weights took 15-17 ms on a 2-core Xeon, against 7-8 ms (benchmarks/checkpoint_speed.py)."""
-    peaks = [t.detach().abs().amax() if t.numel() else t.new_zeros(()) for t in tensors]  # amax propagates NaN
-    if len({peak.device for peak in peaks}) != 1:  # none, or a state dict across devices: one sync each
-        return [float(peak) for peak in peaks]
-    return torch.stack([peak.double() for peak in peaks]).tolist()  # float64: a float64 weight's peak stays finite
 
 
 # The most bytes gathered into one flat tensor on a GPU for one copy: a whole checkpoint of the x model (its weights,
@@ -87,27 +76,6 @@ def host_copies(tensors: list[torch.Tensor], *,
             tensor = tensors[index]  # flattened in its logical order; copy_ puts it back in the tensor's layout
             copies[index] = torch.empty_like(tensor, device="cpu").copy_(piece.view(tensor.shape))  # memory of its own
     return copies  # type: ignore[return-value]
-
-
-def all_finite(state_dict: dict[str, torch.Tensor]) -> bool:
-    floats = [t for t in state_dict.values() if t.is_floating_point()]
-    return all(math.isfinite(peak) for peak in peak_magnitudes(floats))
-
-
-def non_finite_weights(checkpoint: dict[str, Any]) -> str | None:
-    """``"model"`` or ``"ema"``, the first of a checkpoint's weights that are not finite; None when both are."""
-    found = [k for k in ("model", "ema") if isinstance(checkpoint.get(k), dict) and not all_finite(checkpoint[k])]
-    return found[0] if found else None
-
-
-def damage(path: Path, checkpoint: dict[str, Any]) -> str | None:
-    """What is wrong with a run checkpoint that loaded (None: nothing found), checked at resume: a part failing its zip
-    CRC (torch does not check them: a flipped bit loads, and trained an epoch on NaN weights), or non-finite weights."""
-    if zipfile.is_zipfile(path):  # torch.save's format since 1.6; reading it again costs ~0.1 s for 50 MB
-        with zipfile.ZipFile(path) as bundle:
-            if (bad := bundle.testzip()) is not None:
-                return f"its part {bad} does not match its checksum"
-    return f"its '{key}' weights are not finite" if (key := non_finite_weights(checkpoint)) else None
 
 
 def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:

@@ -16,7 +16,6 @@ from torch import nn
 
 from detector.checkpoint import (
     CheckpointError,
-    all_finite,
     is_stripped,
     load_checkpoint,
     load_matching,
@@ -26,6 +25,7 @@ from detector.checkpoint import (
     to_half,
     torch_floor_problem,
 )
+from detector.checkpoint_integrity import all_finite
 from detector.exporting.parity import synthetic_images
 from detector.model import build_model
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "detector"
 LAYERS: list[set[str]] = [
     {"choices", "defaults", "version"},
     {"boxes", "nms", "files", "device", "precision", "tuning", "options", "paths", "extras", "aliases", "forked",
-     "checkpoint_problems"},
+     "checkpoint_problems", "checkpoint_integrity"},
     {"distributed", "postprocess", "assigner", "runs"},
     {"model", "loss"},
     {"checkpoint", "data"},

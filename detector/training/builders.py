@@ -18,7 +18,8 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from detector.checkpoint import CheckpointError, damage, is_stripped, load_checkpoint, load_matching, model_args
+from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, load_matching, model_args
+from detector.checkpoint_integrity import damage
 from detector.data.augment import AugmentConfig
 from detector.data.batch_augment import resolve_pixel_augment
 from detector.data.build import SplitData, build_split
