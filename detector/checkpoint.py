@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from detector.checkpoint_integrity import non_finite_weights, peak_magnitudes
-from detector.checkpoint_problems import load_problem
+from detector.checkpoint_problems import load_problem, torchscript_problem
 from detector.files import atomic_file
 from detector.model import YOLO, build_model
 from detector.model.yolo import SCALES
@@ -128,14 +128,17 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
     """Load without unpickling arbitrary objects (``weights_only=True``), on a torch at :data:`TORCH_FLOOR` or later.
 
     Raises:
-        CheckpointError: one line naming the file: missing, refused (it names code to run, or torch is too
-            old to read files from others safely), empty, truncated, no PyTorch checkpoint at all, or not a dict
+        CheckpointError: one line naming the file: missing, refused (it names code to run, is a TorchScript
+            archive, or torch is too old to read files from others safely), empty, truncated, no PyTorch checkpoint
+            at all, or not a dict
             (:func:`detector.checkpoint_problems.load_problem` words it).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"{path}: checkpoint not found")
     refuse_on_old_torch(path)
+    if problem := torchscript_problem(path):  # before torch.load, whose warning advises the load that runs its code
+        raise CheckpointError(f"{path}: {problem}")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for corrupt or foreign files; none is a bug of ours

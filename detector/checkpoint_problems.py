@@ -77,6 +77,26 @@ def zip_problem(path: str | Path) -> str | None:
     return None
 
 
+# What torch.jit.save writes beside data.pkl: torch.load hands such a zip to torch.jit.load, which runs the code it
+# holds, and first warns advising to call torch.jit.load directly.
+TORCHSCRIPT_MEMBER = "constants.pkl"
+TORCHSCRIPT = ("refused: a TorchScript archive (torch.jit.save), whose loading would run the code it holds; "
+               "checkpoints are read as tensors and plain values only")
+
+
+def torchscript_problem(path: str | Path) -> str | None:
+    """:data:`TORCHSCRIPT` where ``path`` is a zip holding a TorchScript archive's ``constants.pkl``, told from its
+    member names before torch opens it; None otherwise, or when it is no readable zip (the loader's error says so)."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return None
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+        return None
+    return TORCHSCRIPT if any(Path(name).name == TORCHSCRIPT_MEMBER for name in names) else None
+
+
 def load_problem(error: BaseException, path: str | Path | None = None) -> str:
     """What ``error``, raised by ``torch.load(path)``, says about the file, in our words: never torch's advice to
     retry with ``weights_only=False`` (which would run the code a malicious file carries), and one sentence at most.

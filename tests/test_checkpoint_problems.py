@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -15,6 +16,8 @@ import torch
 
 from detector.checkpoint import CheckpointError, load_checkpoint
 from detector.checkpoint_problems import is_torch_file, not_a_checkpoint
+from detector.inference.pt_model import model_from_pt
+from detector.weights.safe_pickle import UnsafeCheckpointError
 from detector.weights.safe_pickle import load_checkpoint as load_foreign
 
 
@@ -88,3 +91,20 @@ def test_the_readers_that_tried_are_named_once() -> None:
     assert not_a_checkpoint(b"<!DOCTYPE html>", which="neither A nor B") == (
         "not a PyTorch checkpoint (neither A nor B); it is an HTML page: a download that fetched an error or login "
         "page?")
+
+
+@pytest.mark.parametrize("load", [load_checkpoint, load_foreign, model_from_pt],
+                         ids=["ours", "restricted unpickler", "val and predict"])
+def test_a_torchscript_archive_is_refused_in_one_line_without_torchs_advice(tmp_path: Path, load, recwarn) -> None:
+    """torch.load warned, advising torch.jit.load (which runs the archive's code), before our line; the archive is now
+    told by its constants.pkl before torch opens it, and every reader says the same sentence."""
+    path = tmp_path / "scripted.pt"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.save's own deprecation warning, not the load's
+        torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), path)
+    recwarn.clear()
+    with pytest.raises((ValueError, UnsafeCheckpointError)) as refused:
+        load(path)
+    assert str(refused.value) == (f"{path}: refused: a TorchScript archive (torch.jit.save), whose loading would run "
+                                  "the code it holds; checkpoints are read as tensors and plain values only")
+    assert [str(warning.message) for warning in recwarn] == []
