@@ -33,7 +33,9 @@ SCORE_COLUMN = ("label line(s) of 6 columns, a box and a score (predict --save-t
                 "image(s) skipped; labels for training are written without --save-conf")
 NOT_NUMERIC = "label line(s) with a non-numeric or non-finite value: their image(s) skipped"
 CLASS_OUT_OF_RANGE = "label line(s) with a class id outside the YAML's names: their image(s) skipped"
-FAR_OUTSIDE = ("box(es) centred outside the image, larger than it or with a negative size: their image(s) skipped")
+# Pixel coordinates (a converter that did not divide by the image's size) land here too: the hint says what to fix.
+FAR_OUTSIDE = ("box(es) centred outside the image, larger than it or with a negative size (a YOLO label's centre and "
+               "size are fractions 0-1 of the image's width and height, not pixels): their image(s) skipped")
 CLIPPED = "box(es) slightly outside [0, 1], clipped"
 # A COCO JSON box more than CLIP_TOLERANCE outside its image: kept, clipped to what is inside (pycocotools scores the
 # JSON's own box); one wholly outside is clipped to nothing and dropped as zero-area.

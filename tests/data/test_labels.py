@@ -362,3 +362,10 @@ def test_classes_keep_only_their_boxes_in_labels_and_ground_truth(tmp_path: Path
     assert [ann["bbox"] for ann in some.ground_truth.dataset["annotations"]] == kept_boxes
     with pytest.raises(DatasetError, match=r"--classes 3: its names hold class ids 0 to 2"):
         only_classes(spec, (0, 3))
+
+
+def test_boxes_in_pixels_are_told_that_labels_are_fractions_of_the_image():
+    """A label in pixels (a converter that did not divide by the image's size) was only "centred outside the image"."""
+    labels, problems = parse_yolo_label_text("0 320 240 64 48\n", num_classes=1, source="px.txt")
+    assert len(labels) == 0 and _found(problems) == {kinds.FAR_OUTSIDE: 1}
+    assert "fractions 0-1 of the image's width and height, not pixels" in problems.lines()[0]
