@@ -103,7 +103,7 @@ def publish(staged: Path, final: Path) -> Path:
     return final
 
 
-def folder_files(folder: Path) -> list[Path]:
+def folder_files(folder: Path, not_files: list[Path] | None = None) -> list[Path]:
     """Every file under ``folder``, as Ultralytics' recursive glob finds them: through linked folders too (a
     dataset's split linked in), each real folder once, the first way there in sorted order (two links to each
     other, or a folder linked twice, are read once); names that start with a dot left out (macOS's
@@ -113,6 +113,9 @@ def folder_files(folder: Path) -> list[Path]:
     A link to ``folder`` itself or to a folder above it is not followed, with one warning line naming it: the
     folders beside ``folder`` would be read through it (``images/train/loop -> ..`` pulled ``images/val`` into
     training as unlabelled backgrounds).
+
+    ``not_files``, when given, collects the entries left out for being neither a file nor a folder (a link whose
+    target is gone, a socket), so that a caller can name the ones it would have read.
     """
     files: list[Path] = []
     root = os.path.realpath(folder)
@@ -130,5 +133,9 @@ def folder_files(folder: Path) -> list[Path]:
                 kept.append(name)
         subfolders[:] = kept
         seen.update(os.path.realpath(os.path.join(current, name)) for name in subfolders)
-        files += [Path(current, name) for name in names if not name.startswith(".") and Path(current, name).is_file()]
+        for name in (name for name in names if not name.startswith(".")):
+            if Path(current, name).is_file():
+                files.append(Path(current, name))
+            elif not_files is not None:
+                not_files.append(Path(current, name))
     return files

@@ -201,7 +201,11 @@ def list_images(entry: str | Path, root: Path, source: Path, field_name: str) ->
         # reads such a path inside the dataset folder when it is not found above it, and so does this.
         path = root / entry[3:]
     if path.is_dir():
-        files = [p for p in folder_files(path) if p.suffix.lower() in IMAGE_SUFFIXES | UNREAD_IMAGE_SUFFIXES]
+        not_files: list[Path] = []
+        files = [p for p in folder_files(path, not_files) if p.suffix.lower() in IMAGE_SUFFIXES | UNREAD_IMAGE_SUFFIXES]
+        if broken := [p for p in not_files if p.suffix.lower() in IMAGE_SUFFIXES]:
+            print(f"warning: {source.name} '{field_name}': {len(broken)} image name(s) in {path} that are not files (a "
+                  f"link whose target is gone?) left out: {_first_few(broken, 3)}", file=sys.stderr)
         if unread := sorted({p.suffix.lower() for p in files} & UNREAD_IMAGE_SUFFIXES):
             count = sum(p.suffix.lower() in UNREAD_IMAGE_SUFFIXES for p in files)
             print(f"warning: {source.name} '{field_name}': {count} {'/'.join(unread)} image(s) in {path} left out "

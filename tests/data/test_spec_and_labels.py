@@ -397,6 +397,19 @@ def test_a_folder_split_follows_linked_folders_once_and_leaves_hidden_names_out(
     assert sorted(images) == sorted([*before, train / "linked" / "linked.png"])
 
 
+def test_image_names_that_are_not_files_are_named_in_one_line(yolo_yaml: Path, capsys):
+    """A link whose target is gone was left out without a word; other names that are not images still are."""
+    train = yolo_yaml.parent / "images/train"
+    before = load_dataset_spec(yolo_yaml).train.images
+    capsys.readouterr()
+    (train / "gone.jpg").symlink_to(yolo_yaml.parent / "nowhere.jpg")
+    (train / "gone.txt").symlink_to(yolo_yaml.parent / "nowhere.txt")
+    assert load_dataset_spec(yolo_yaml).train.images == before
+    lines = [line for line in capsys.readouterr().err.splitlines() if "not files" in line]
+    assert lines == [f"warning: {yolo_yaml.name} 'train': 1 image name(s) in {train} that are not files (a link whose "
+                     f"target is gone?) left out: {train / 'gone.jpg'}"]
+
+
 def test_a_split_naming_another_kind_of_file_says_what_it_may_be(yolo_yaml: Path):
     root = yolo_yaml.parent
     (root / "train.json").write_text("{}")
