@@ -34,7 +34,7 @@ from detector.loss import DetectionLoss, LossGains
 from detector.model import YOLO, build_model
 from detector.runs import claim_run_dir
 from detector.training.budget import MAX_WARMUP_SHARE, MIN_WARMUP_STEPS
-from detector.training.config import TrainConfig
+from detector.training.config import SEED_MAX, TrainConfig
 from detector.training.optim import OptimizerChoice, build_optimizer
 from detector.training.schedule import StepSchedule
 
@@ -354,7 +354,9 @@ def wrap_distributed(model: YOLO, config: TrainConfig, dist: DistInfo, device: t
 
 
 def seed_everything(seed: int) -> None:
-    """Python's, NumPy's and torch's generators from one seed (data order, augmentation, initial weights)."""
+    """Python's, NumPy's and torch's generators from one seed (data order, augmentation, initial weights). Taken
+    modulo 2**32, NumPy's legacy range: each rank seeds with ``--seed`` + its rank, which passed the largest seed."""
+    seed %= SEED_MAX + 1
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)

@@ -31,6 +31,7 @@ BUILTIN_TIME = "8m"
 # --freeze N freezes YOLOv8 layers 0..N-1 (detector.training.builders.freeze_layers maps them to our modules);
 # layer 22 is the head, so 22 leaves only the head to train and more would leave nothing.
 FREEZABLE_LAYERS = 22
+SEED_MAX = 2**32 - 1  # --seed's largest: NumPy's legacy generator (np.random.seed) takes no more
 
 
 @dataclass
@@ -221,6 +222,8 @@ class TrainConfig:
                             ("seed", 0)):
             if getattr(self, name) < least:
                 problems.append(f"--{name.replace('_', '-')} must be at least {least} (got {getattr(self, name)})")
+        if self.seed > SEED_MAX:  # NumPy's legacy generator's range: it refused larger ones in its own words
+            problems.append(f"--seed must be at most 2**32 - 1 = {SEED_MAX} (got {self.seed})")
         if problems:
             raise ValueError("; ".join(problems))
         if self.weights and not self.resume:  # before the data scan, minutes on COCO, that a bad file would waste

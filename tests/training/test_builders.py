@@ -421,3 +421,16 @@ def test_train_weights_refused_by_both_readers_are_said_as_val_says_them(tmp_pat
     assert str(in_train.value) == str(in_val.value)
     assert str(in_train.value).startswith(f"{path}: refused: it names the Python global ")
     assert not (tmp_path / "pwned.txt").exists()
+
+
+def test_each_ranks_seed_stays_in_numpys_range() -> None:
+    """Rank r seeds with --seed + r: the largest valid --seed crashed rank 1 of a torchrun job with NumPy's 'Seed must
+    be between 0 and 2**32 - 1'. Seeds wrap round instead."""
+    import numpy as np
+
+    from detector.training.builders import seed_everything
+
+    seed_everything(2**32 - 1 + 1)  # rank 1 of --seed 4294967295
+    after_wrap = np.random.rand()
+    seed_everything(0)
+    assert np.random.rand() == after_wrap

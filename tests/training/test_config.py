@@ -23,6 +23,7 @@ from detector.training.config import TrainConfig
     ({"warmup_epochs": -1.0}, "--warmup-epochs must be at least 0 (got -1.0)"),
     ({"seed": -1}, "--seed must be at least 0 (got -1)"),
     ({"mixup": 1.5}, "--mixup is a probability in [0, 1] (got 1.5)"),
+    ({"seed": 2**32}, "--seed must be at most 2**32 - 1 = 4294967295 (got 4294967296)"),  # NumPy's words before
 ])
 def test_values_that_cannot_work_are_refused_naming_the_flag(flags: dict, message: str) -> None:
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
