@@ -255,7 +255,10 @@ TRAIN: dict[str, Alias] = {
                  "the last epoch is still evaluated, as Ultralytics evaluates its final epoch"),
     "rect": unsupported("training batches are square letterboxes with mosaic", False),
     # Label lines whose class id is not in the YAML's names are dropped, not merged: one name alone loses boxes.
-    "deterministic": unsupported("runs are seeded (--seed); bitwise-deterministic kernels are not forced", True),
+    # False is what runs here do, so it asks for nothing either (it was refused: a common Ultralytics speed setting).
+    "deterministic": unsupported("runs are seeded (--seed); bitwise-deterministic kernels are not forced (on a CPU a "
+                                 "seeded run repeats exactly; on a GPU it does not: docs/training.md, "
+                                 "reproducibility)", True, False),
     "profile": unsupported("time the backends with detector benchmark", False),
     "compile": unsupported("torch.compile is not used", False),
     "dropout": unsupported("classification only", 0.0),

@@ -48,6 +48,8 @@ def test_unset_and_harmless_values_ask_for_nothing() -> None:
     assert quiet("predict", {"embed": None, "show_boxes": None}) == ({}, [])  # Ultralytics' "unset"
     converted, notes = quiet("train", {"deterministic": True, "rect": False, "exist_ok": True})
     assert converted == {} and len(notes) == 3 and all("changes nothing" in line for line in notes)
+    # deterministic=False is what runs do here (it was refused): accepted with the same note
+    assert quiet("train", {"deterministic": False})[0] == {}
     with pytest.raises(TypeError, match="rect=0 has no equivalent"):  # 0 is not False: a bool is expected
         quiet("train", {"rect": 0})
     with pytest.raises(TypeError, match=r"^predict: Ultralytics' show=True has no equivalent here: save annotated"):
