@@ -32,6 +32,7 @@ from detector.checkpoint_problems import load_problem, torchscript_problem
 from detector.files import atomic_file
 from detector.model import YOLO, build_model
 from detector.model.yolo import SCALES
+from detector.version import __version__
 
 
 class CheckpointError(ValueError):
@@ -149,7 +150,8 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 
 # What a stripped checkpoint keeps besides the weights (:func:`strip_checkpoint`).
-STRIPPED_KEYS = ("epoch", "model_args", "names", "metrics", "config", "precision", "best_fitness", "best_epoch")
+STRIPPED_KEYS = ("epoch", "model_args", "names", "metrics", "config", "precision", "best_fitness", "best_epoch",
+                 "versions")
 FP16_MAX = torch.finfo(torch.float16).max
 
 
@@ -353,7 +355,14 @@ def run_checkpoint(trained: Trained, state: RunState) -> dict[str, Any]:
         "config": state.config,
         "precision": state.precision,
         "precision_fell_back": state.precision_fell_back,
+        "versions": software_versions(),
     }
+
+
+def software_versions() -> dict[str, str]:
+    """What wrote a checkpoint: detector's and torch's versions (Ultralytics keeps its version in each checkpoint too).
+    No date: a run repeated with the same seed writes the same bytes."""
+    return {"detector": __version__, "torch": str(torch.__version__)}  # a str subclass would pickle as a global
 
 
 def matched_to_parameters(optimizer: torch.optim.Optimizer) -> int:

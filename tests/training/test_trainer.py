@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import detector
 from detector.checkpoint import CheckpointError, load_checkpoint
 from detector.cli.train import main as train_main
 from detector.training.config import TrainConfig
@@ -45,6 +46,7 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys,
         stripped = load_checkpoint(path)
         assert "optimizer" not in stripped and "scaler" not in stripped and stripped["ema"] is None, name
         assert {"model_args", "names", "metrics", "config", "precision"} <= stripped.keys(), name
+        assert stripped["versions"] == {"detector": detector.__version__, "torch": torch.__version__}, name  # who wrote it
         assert {t.dtype for t in stripped["model"].values() if t.is_floating_point()} == {torch.float16}, name
         assert path.stat().st_size <= 7e6, (name, path.stat().st_size)
     with pytest.raises(CheckpointError, match=r"last.pt: its run finished all 2 epochs, so it cannot be resumed; .* "
