@@ -70,8 +70,15 @@ def cache(value: Any) -> dict[str, Any]:
 
 
 def device(value: Any) -> dict[str, Any]:
-    """``device=0`` (or ``'0'``) -> ``cuda:0``; ``'0,1'`` -> use torchrun (one process per GPU); else as given."""
+    """``device=0`` (or ``'0'``) -> ``cuda:0``; ``-1`` -> ``''``; ``'0,1'`` -> use torchrun (one process per GPU);
+    else as given.
+
+    Ultralytics reads ``-1`` as "the most idle GPU, else the CPU": our ``''`` (a GPU when one is visible, else the
+    CPU) is that on one process. It was taken for the index ``cuda:-1``, a note naming a device that cannot exist.
+    """
     text = str(value).strip()
+    if text == "-1":
+        return {"device": ""}
     if isinstance(value, int) and not isinstance(value, bool) or text.isdigit():
         return {"device": f"cuda:{int(text)}"}
     if "," in text or isinstance(value, (list, tuple)):

@@ -36,6 +36,8 @@ def test_our_own_names_pass_through_silently() -> None:
     ("train", {"multi_scale": 0.0}, {"multi_scale": False}),
     ("train", {"resume": True}, {"resume": "auto"}),
     ("train", {"device": 1}, {"device": "cuda:1"}),
+    ("train", {"device": -1}, {"device": ""}),  # Ultralytics' "an idle GPU, else the CPU", not cuda:-1
+    ("val", {"device": "-1"}, {"device": ""}),
     ("val", {"model": "yolov8n"}, {"weights": "yolov8n.pt"}),
     ("predict", {"model": "best.onnx"}, {"weights": "best.onnx"}),
 ])
