@@ -87,7 +87,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = CommandParser(prog=prog, description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--data", default="", help="data YAML; empty = built-in shapes dataset")
     parser.add_argument("--epochs", type=int, default=10, help="epochs per variant")
-    parser.add_argument("--device", default="", help="cpu, cuda or cuda:N; empty = cuda if available")
+    parser.add_argument("--device", default="", help="cpu, cuda, cuda:N or N; empty = cuda if available")
     parser.add_argument("--project", default="runs/ablate", help="parent folder of the report")
     parser.add_argument("--name", default="exp", help="report folder name")
     return parser

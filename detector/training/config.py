@@ -66,7 +66,7 @@ class TrainConfig:
     cache: str = option("auto", "cache decoded images: auto (in RAM when they fit), ram, disk (a file kept with the "
                                 "dataset, built once, read by later runs), none",
                         choices=("auto", "ram", "disk", "none"))
-    device: str = option("", "cpu, cuda, cuda:N; empty = cuda if available else cpu")
+    device: str = option("", "cpu, cuda, cuda:N or N (= cuda:N); empty = cuda if available else cpu")
     seed: int = option(0, "random seed (data order, augmentation, multi-scale sizes, initial weights)")
     # Precision
     precision: str = option("auto", "auto: FP16 on CUDA, BF16 on CPUs with native BF16, else FP32", choices=PRECISION_CHOICES)

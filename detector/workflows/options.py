@@ -45,7 +45,7 @@ class ValOptions(Options):
     split: str = option("val", "dataset split to score", choices=("val", "test", "train"))
     coco_eval: str = option("faster", "COCO mAP evaluator: faster (faster-coco-eval; pycocotools when not installed) "
                                       "or pycocotools (the same numbers, slower)", choices=COCO_EVAL)
-    device: str = option("", "cpu, cuda or cuda:N (default: cuda when available)")
+    device: str = option("", "cpu, cuda, cuda:N or N (default: cuda when available)")
     fp32: bool = option(False, "run the model in FP32 (no FP16/BF16 autocast)")
     half: bool = option(False, "a prepared copy: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, "
                                "else FP32 (default: off, autocast); BatchNorm is folded either way")
@@ -87,7 +87,7 @@ class PredictOptions(Options):
     line_width: int | None = option(None, "with --save: box lines in pixels (default: scaled to the image)")
     show_labels: bool = option(True, "with --save: each box's class name (default: on)")
     show_conf: bool = option(True, "with --save: each box's score (default: on)")
-    device: str = option("", "cpu, cuda or cuda:N (default: cuda if available, else cpu)")
+    device: str = option("", "cpu, cuda, cuda:N or N (default: cuda if available, else cpu)")
     half: bool = option(False, ".pt: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, else FP32 "
                                "(default: off)")
     verbose: bool = option(True, "print a line per image or frame and one at the end (default: on)")
