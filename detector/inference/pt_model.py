@@ -18,6 +18,8 @@ if TYPE_CHECKING:
     from detector.weights.ultralytics import UltralyticsCheckpoint
 
 BOTH_READERS = "neither this project's nor Ultralytics' YOLOv8 weights"
+# How our reader's refusal of a file naming Ultralytics' classes starts (detector.checkpoint_problems.load_problem).
+ULTRALYTICS_FILE = ": an Ultralytics checkpoint (it names ultralytics."
 
 
 def read_foreign_weights(path: str | Path, ours: CheckpointError) -> UltralyticsCheckpoint:
@@ -42,6 +44,8 @@ def read_foreign_weights(path: str | Path, ours: CheckpointError) -> Ultralytics
         reason = (str(error).splitlines()[0] if str(error) else type(error).__name__).removeprefix(prefix)
         if reason == str(ours).removeprefix(prefix):  # the same bytes failed both the same way (damaged, empty)
             raise ours from None
+        if ULTRALYTICS_FILE in str(ours):  # ours says "read with --weights": what was just tried, and failed
+            raise CheckpointError(f"{prefix}an Ultralytics checkpoint, but {reason}") from None
         raise CheckpointError(f"{ours}; nor is it Ultralytics YOLOv8 weights ({reason})") from None
 
 

@@ -140,9 +140,10 @@ def read_ultralytics_checkpoint(path: str | Path) -> UltralyticsCheckpoint:
         first = next((i for i, (a, b) in enumerate(zip(layer_types, expected)) if a != b), len(expected))
         found = layer_types[first] if first < len(layer_types) else "nothing"
         want = expected[first] if first < len(expected) else "nothing"
+        built_from = _yaml_file(network)
         raise ValueError(
-            f"{path}: not a YOLOv8 detection model (layer {first} is {found}, expected {want}); "
-            "only yolov8n/s/m/l/x detection weights are supported"
+            f"{path}: not a YOLOv8 detection model ({f'built from {built_from}: ' if built_from else ''}layer {first} "
+            f"is {found}, expected {want}); only yolov8n/s/m/l/x detection weights are supported"
         )
 
     try:
@@ -159,6 +160,14 @@ def read_ultralytics_checkpoint(path: str | Path) -> UltralyticsCheckpoint:
     num_classes = state_dict["model.22.cv3.0.2.bias"].shape[0]  # the tensors, not metadata, decide what loads
     names = _read_names(network.state.get("names"))
     return UltralyticsCheckpoint(path, state_dict, layer_types, num_classes, names, source)
+
+
+def _yaml_file(network: StandIn) -> str:
+    """The architecture file the model was built from (``yolo11n.yaml``), as Ultralytics records it in the model's
+    ``yaml`` dict: what tells a user which family the file is; "" when it has none."""
+    spec = network.state.get("yaml")
+    name = spec.get("yaml_file") if isinstance(spec, dict) else None
+    return Path(name).name if isinstance(name, str) else ""
 
 
 def _read_names(names: object) -> dict[int, str]:

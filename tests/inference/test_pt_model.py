@@ -54,3 +54,17 @@ def test_a_file_that_would_run_code_is_still_refused(tmp_path: Path, monkeypatch
     message = str(refused.value)
     assert message.startswith(f"{path}: refused: it names the Python global ") and message.count(str(path)) == 1
     assert "not a PyTorch checkpoint" not in message and not (tmp_path / "pwned.txt").exists()
+
+
+def test_an_ultralytics_file_of_another_architecture_names_it_without_advice_to_do_what_failed(tmp_path: Path) -> None:
+    """A YOLO11 file (what Ultralytics trains by default now) said "its weights are read with --weights FILE ...;
+    nor is it Ultralytics YOLOv8 weights": the user had given --weights FILE. Now: what it is, what loads here."""
+    from tests.weights.lookalike import yolo11_lookalike_bytes
+
+    path = tmp_path / "yolo11n.pt"
+    path.write_bytes(yolo11_lookalike_bytes())
+    with pytest.raises(CheckpointError) as failed:
+        model_from_pt(path)
+    assert str(failed.value) == (f"{path}: an Ultralytics checkpoint, but not a YOLOv8 detection model (built from "
+                                 "yolo11n.yaml: layer 2 is C3k2, expected C2f); only yolov8n/s/m/l/x detection weights "
+                                 "are supported")

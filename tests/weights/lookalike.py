@@ -25,6 +25,10 @@ class DetectionModel(nn.Module):
     """Stands for ``ultralytics.nn.tasks.DetectionModel``: ``.model`` is the layer list."""
 
 
+class C3k2(C2f):
+    """Stands for ``ultralytics.nn.modules.block.C3k2``, YOLO11's layer 2 (where YOLOv8 has a C2f)."""
+
+
 class Concat(nn.Module):
     """Stands for ``ultralytics.nn.modules.conv.Concat`` (parameter-free)."""
 
@@ -34,6 +38,7 @@ CLASS_PATHS = {
     Concat: "ultralytics.nn.modules.conv",
     Conv: "ultralytics.nn.modules.conv",
     C2f: "ultralytics.nn.modules.block",
+    C3k2: "ultralytics.nn.modules.block",
     Bottleneck: "ultralytics.nn.modules.block",
     SPPF: "ultralytics.nn.modules.block",
     DFL: "ultralytics.nn.modules.block",
@@ -62,6 +67,24 @@ def yolov8_lookalike_bytes(scale: str = "n", num_classes: int = 80, seed: int = 
     network = DetectionModel()
     network.model = nn.Sequential(*layers)
     network.nc, network.names = num_classes, {i: f"class{i}" for i in range(num_classes)}
+    buffer = io.BytesIO()
+    pickle_module = types.SimpleNamespace(__name__="pickle", Pickler=_UltralyticsPathPickler)
+    torch.save({"model": network.half(), "ema": None, "license": "AGPL-3.0"}, buffer, pickle_module=pickle_module)
+    return buffer.getvalue()
+
+
+def yolo11_lookalike_bytes() -> bytes:
+    """``torch.save`` bytes laid out as a YOLO11n file where they differ from YOLOv8n first: layer 2 a ``C3k2``,
+    and the model's ``yaml`` naming ``yolo11n.yaml`` (as ``YOLO('yolo11n.yaml').save(...)`` writes it)."""
+    torch.manual_seed(0)
+    ours = build_model(num_classes=80, scale="n")
+    stage2 = C3k2(ours.stage2.cv1.conv.in_channels, ours.stage2.cv2.conv.out_channels, 1, shortcut=True)
+    parameter_free = {"Upsample": lambda: nn.Upsample(scale_factor=2.0), "Concat": Concat}
+    layers = [getattr(ours, attribute) if attribute else parameter_free[kind]() for kind, attribute in YOLOV8_LAYERS]
+    layers[2] = stage2
+    network = DetectionModel()
+    network.model = nn.Sequential(*layers)
+    network.nc, network.names, network.yaml = 80, {i: f"class{i}" for i in range(80)}, {"yaml_file": "yolo11n.yaml"}
     buffer = io.BytesIO()
     pickle_module = types.SimpleNamespace(__name__="pickle", Pickler=_UltralyticsPathPickler)
     torch.save({"model": network.half(), "ema": None, "license": "AGPL-3.0"}, buffer, pickle_module=pickle_module)

@@ -236,7 +236,8 @@ def test_wrong_scale_and_other_architectures_are_named(saved_checkpoint) -> None
         load_pretrained(build_model(num_classes=80, scale="n"), path)
 
     path = saved_checkpoint("yolo11n")
-    with pytest.raises(ValueError, match=r"yolo11n\.pt: not a YOLOv8 detection model \(layer 2 is C3k2"):
+    with pytest.raises(ValueError, match=r"yolo11n\.pt: not a YOLOv8 detection model \(built from yolo11n\.yaml: "
+                                         r"layer 2 is C3k2"):
         read_ultralytics_checkpoint(path)
 
 
