@@ -91,8 +91,8 @@ def train_model(value: Any) -> dict[str, Any]:
     """``model=yolov8n.pt`` (or ``yolov8n``, or any ``.pt`` path) -> ``--weights`` with its scale;
     ``yolov8n.yaml`` -> ``--model n`` from scratch; our scale letters pass through."""
     text = str(value)
-    if text in ("n", "s", "m", "l", "x"):
-        return {"model": text}
+    if text.lower() in ("n", "s", "m", "l", "x"):
+        return {"model": text.lower()}
     match = YOLOV8_NAME.fullmatch(text.rsplit("/", 1)[-1].lower())
     if match and match.group(2) == ".yaml":
         return {"model": match.group(1)}
@@ -100,7 +100,22 @@ def train_model(value: Any) -> dict[str, Any]:
         return {"weights": text if match.group(2) else f"{text}.pt", "model": match.group(1)}
     if text.lower().endswith(".pt"):
         return {"weights": text}  # our own checkpoint or another YOLOv8 file: the file decides the scale
-    raise ValueError("expected a scale (n, s, m, l, x), yolov8n...yolov8x (.pt or .yaml), or a .pt file")
+    family = other_ultralytics_family(text.rsplit("/", 1)[-1])
+    built = f"{family} is not built here, only YOLOv8 detection: " if family else ""
+    raise ValueError(f"{built}expected a scale (n, s, m, l, x), yolov8n...yolov8x (.pt or .yaml), or a .pt file")
+
+
+def other_ultralytics_family(name: str) -> str | None:
+    """``"yolo11n.pt"`` -> ``"YOLO11"``, ``"yolov8n-seg.pt"`` -> ``"YOLOv8 segmentation"``: Ultralytics' names of
+    weights this project cannot read; None for any other name."""
+    match = re.fullmatch(r"(yolo)(v?\d+)([nsmlxbc]u?6?)?(-(seg|pose|cls|obb|world\w*|oiv7|p2|p6|ghost))?"
+                         r"(\.pt|\.ya?ml)?", name.lower())
+    if match is None or (match.group(2) == "v8" and match.group(5) is None):
+        return None
+    family = "YOLO" + match.group(2)
+    tasks = {"seg": "segmentation", "pose": "pose", "cls": "classification", "obb": "oriented-box",
+             "p2": "with a P2 head", "p6": "with a P6 head", "ghost": "Ghost"}
+    return f"{family} {tasks.get(match.group(5), match.group(5))}" if match.group(5) else family
 
 
 def multi_scale(value: Any) -> dict[str, Any]:

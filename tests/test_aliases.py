@@ -95,6 +95,19 @@ def test_resume_true_beside_a_weights_file_resumes_it() -> None:
         quiet("train", {"resume": "a/last.pt", "weights": "b.pt"})
 
 
+@pytest.mark.parametrize(("model", "family"), [("yolo11n.yaml", "YOLO11"), ("yolo11n", "YOLO11"),
+                                               ("yolov8n-p2.yaml", "YOLOv8 with a P2 head"),
+                                               ("yolov8n-seg.yaml", "YOLOv8 segmentation")])
+def test_a_model_name_of_another_architecture_says_it_is_not_built(model: str, family: str) -> None:
+    said = rf"^train: model={model!r}: {family} is not built here, only YOLOv8 detection: expected a scale"
+    with pytest.raises(ValueError, match=said):
+        quiet("train", {"model": model})
+
+
+def test_a_scale_letter_reads_in_any_case() -> None:
+    assert quiet("train", {"model": "N"})[0] == {"model": "n"}
+
+
 def test_pretrained_false_is_refused_only_beside_weights() -> None:
     assert quiet("train", {"pretrained": False, "model": "s"})[0] == {"model": "s"}
     with pytest.raises(TypeError, match=r"^train: Ultralytics' pretrained=False beside weights='yolov8n.pt'"):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 
+from detector.aliases import other_ultralytics_family
 from detector.paths import default_weights_dir
 from detector.weights.catalog import pretrained_name
 
@@ -34,7 +34,12 @@ def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None
         hint = f"fetch it: python -m detector download {name}"
         if weights_dir.resolve() != default.resolve():
             hint += f" --weights-dir {shlex.quote(str(weights_dir))}"  # a copy-paste command: quote spaces
-    elif is_bare_name and (family := _other_ultralytics_family(path.name)):
+    elif path.suffix.lower() in (".yaml", ".yml"):  # an architecture file: "obtain it by hand" sent users astray
+        family = other_ultralytics_family(path.name)
+        hint = (f"{family} is not built here: only YOLOv8 detection is (--model n ... x)" if family else
+                "a .yaml names an architecture, not weights: --model n ... x (or model=yolov8n.yaml) trains YOLOv8 "
+                "from scratch")
+    elif is_bare_name and (family := other_ultralytics_family(path.name)):
         hint = (f"{family} weights would not load here either: only YOLOv8 detection weights are (yolov8n.pt ... "
                 "yolov8x.pt, python -m detector download yolov8n)")
     else:
@@ -50,18 +55,7 @@ def located(name_or_path: str | Path) -> Path:
     path = Path(name_or_path).expanduser()
     if path.is_file() or path.name != str(name_or_path):
         return path
-    if (default_weights_dir() / path.name).is_file() or pretrained_name(path.name) or _other_ultralytics_family(
+    if (default_weights_dir() / path.name).is_file() or pretrained_name(path.name) or other_ultralytics_family(
             path.name):
         return resolve_weights(path.name)  # found there, or one line: how to fetch it, or that it cannot load
     return path
-
-
-def _other_ultralytics_family(name: str) -> str | None:
-    """``"yolo11n.pt"`` -> ``"YOLO11"``, ``"yolov8n-seg.pt"`` -> ``"YOLOv8 segmentation"``: Ultralytics' names of
-    weights this project cannot read; None for any other name."""
-    match = re.fullmatch(r"(yolo)(v?\d+)([nsmlxbc]u?6?)?(-(seg|pose|cls|obb|world\w*|oiv7))?\.pt", name.lower())
-    if match is None or (match.group(2) == "v8" and match.group(5) is None):
-        return None
-    family = "YOLO" + match.group(2)
-    tasks = {"seg": "segmentation", "pose": "pose", "cls": "classification", "obb": "oriented-box"}
-    return f"{family} {tasks.get(match.group(5), match.group(5))}" if match.group(5) else family

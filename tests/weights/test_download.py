@@ -187,3 +187,14 @@ def test_suggested_commands_quote_a_weights_folder_with_spaces(tmp_path: Path, s
     assert str(error.value).endswith(f"python -m detector download yolov8n --weights-dir '{folder}'")
     download_weights("yolov8n", weights_dir=folder, **OPTIONS)
     assert f"python -m detector train --weights '{folder / 'yolov8n.pt'}' --data" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("name", "hint"), [
+    ("yolov8n.yaml", "a .yaml names an architecture, not weights: --model n ... x"),  # was: "obtain the file by hand"
+    ("yolo11n.yaml", "YOLO11 is not built here: only YOLOv8 detection is (--model n ... x)"),
+    ("yolov8n-p2.yaml", "YOLOv8 with a P2 head is not built here"),
+])
+def test_an_architecture_yaml_given_as_weights_says_what_to_do(tmp_path: Path, name: str, hint: str) -> None:
+    with pytest.raises(FileNotFoundError) as missing:
+        resolve_weights(name, weights_dir=tmp_path)
+    assert hint in str(missing.value) and "by hand" not in str(missing.value)
