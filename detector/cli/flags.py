@@ -177,11 +177,45 @@ def parse_command(parser: argparse.ArgumentParser, options_class: type, command:
         ordered = settings_tokens(parser, options_class, command, str(settings_file), set(values) | dests(parser, rest),
                                   notes) + ordered
     args = parser.parse_args(ordered)
+    mark_overridden(parser, notes, rest, {name: slots[source] for name, source in came_from.items() if source in slots},
+                    came_from)
     if command == "train":
         settle_resume(parser, args, given)
     for line in notes:
         say(line)
     return args
+
+
+def mark_overridden(parser: argparse.ArgumentParser, notes: list[str], rest: list[str], at: dict[str, int],
+                    came_from: dict[str, str]) -> None:
+    """Each alias's note in ``notes`` that a later ``--flag`` overrode ends saying so (``amp=False --precision bf16``
+    trains BF16: its note "amp=False is precision='fp32'" alone would contradict the run). ``at``: each field's
+    slot, the number of ``rest`` tokens before the ``key=value`` that set it."""
+    later: dict[str, dict[str, str]] = {}  # alias -> {field: the later flag's text}
+    for field, name in came_from.items():
+        flag = last_flag_for(parser, rest[at[field]:], field) if field in at else None
+        if flag is not None:
+            later.setdefault(name, {})[field] = flag
+    for name, flags in later.items():
+        prefix = f"note: Ultralytics' {name}="
+        fields = [field for field, source in came_from.items() if source == name]
+        if len(flags) == len(fields):
+            suffix = f"; overridden by the later {' '.join(dict.fromkeys(flags.values()))}"
+        else:
+            suffix = "; " + ", ".join(f"{field} overridden by the later {flag}" for field, flag in flags.items())
+        notes[:] = [line + suffix if line.startswith(prefix) else line for line in notes]
+
+
+def last_flag_for(parser: argparse.ArgumentParser, tokens: list[str], field: str) -> str | None:
+    """The last ``--flag [value]`` in ``tokens`` that sets ``field``, as typed; None when none does."""
+    found = None
+    for index, token in enumerate(tokens):
+        action = parser._option_string_actions.get(token.split("=", 1)[0]) if token.startswith("-") else None
+        if action is None or action.dest != field:
+            continue
+        takes_value = action.nargs != 0 and "=" not in token and index + 1 < len(tokens)
+        found = f"{token} {tokens[index + 1]}" if takes_value else token
+    return found
 
 
 def settings_tokens(parser: argparse.ArgumentParser, options_class: type, command: str, path: str, given: set[str],

@@ -88,6 +88,20 @@ def test_a_later_alias_beats_an_earlier_flag() -> None:
     assert parse(["amp=False", "--precision", "bf16"]).precision == "bf16"
 
 
+def test_an_alias_overridden_by_a_later_flag_says_so(capsys: pytest.CaptureFixture) -> None:
+    """The note of an alias a later flag overrode must not contradict the run: amp=False --precision bf16 is BF16."""
+    assert parse(["amp=False", "--precision", "bf16"]).precision == "bf16"
+    assert capsys.readouterr().err.splitlines() == [
+        "note: Ultralytics' amp=False is precision='fp32' here; overridden by the later --precision bf16"]
+    config = parse(["multi_scale=0.25", "--no-multi-scale", "cos_lr=True", "--cosine"])
+    assert config.multi_scale is False and config.multi_scale_min == 0.75
+    notes = capsys.readouterr().err.splitlines()
+    assert notes[0].endswith("; multi_scale overridden by the later --no-multi-scale")
+    assert notes[1] == "note: Ultralytics' cos_lr=True is cosine=True here; overridden by the later --cosine"
+    parse(["--precision", "bf16", "amp=False"])  # the alias is the later one: its note stands as is
+    assert capsys.readouterr().err.splitlines() == ["note: Ultralytics' amp=False is precision='fp32' here"]
+
+
 @pytest.mark.parametrize("argv", [
     ["model=runs/train/x/weights/last.pt", "resume=True"],
     ["resume=True", "model=runs/train/x/weights/last.pt"],
