@@ -22,6 +22,7 @@ from typing import Any
 
 COMMANDS = ("train", "val", "predict", "export", "benchmark")
 YOLOV8_NAME = re.compile(r"yolov8([nsmlx])(\.pt|\.yaml)?")
+NOTE = "_note"  # a key an alias's mapping may hold: what its note adds for this value (not a field)
 
 
 @dataclass(frozen=True)
@@ -89,10 +90,17 @@ def device(value: Any) -> dict[str, Any]:
 
 def train_model(value: Any) -> dict[str, Any]:
     """``model=yolov8n.pt`` (or ``yolov8n``, or any ``.pt`` path) -> ``--weights`` with its scale;
-    ``yolov8n.yaml`` -> ``--model n`` from scratch; our scale letters pass through."""
+    ``yolov8n.yaml`` -> ``--model n`` from scratch; our scale letters pass through. A model YAML that exists is
+    read: only the standard YOLOv8 architecture is accepted (detector/architecture.py)."""
     text = str(value)
     if text.lower() in ("n", "s", "m", "l", "x"):
         return {"model": text.lower()}
+    if text.lower().endswith((".yaml", ".yml")) and Path(text).is_file() and not other_ultralytics_family(
+            text.rsplit("/", 1)[-1]):  # the file's architecture, not its name: an edited one is refused
+        from detector.architecture import standard_scale
+
+        scale, says = standard_scale(text)
+        return {"model": scale, NOTE: f"the file's architecture is YOLOv8{scale}'s{says}"}
     match = YOLOV8_NAME.fullmatch(text.rsplit("/", 1)[-1].lower())
     if match and match.group(2) == ".yaml":
         return {"model": match.group(1)}
@@ -417,10 +425,11 @@ def translate_with_sources(command: str, values: dict[str, Any], *,
                 mapped = alias.means(value)
             except ValueError as error:
                 raise ValueError(f"{command}: {name}={value!r}: {error}") from None
+            says = ", ".join(filter(None, (alias.says, mapped.pop(NOTE, ""))))
             if not mapped:
                 note(f"note: Ultralytics' {name}={value!r} changes nothing here")
             elif set(mapped) != {name} or type(mapped[name]) is not type(value) or mapped[name] != value:
-                extra = f" ({alias.says})" if alias.says else ""
+                extra = f" ({says})" if says else ""
                 note(f"note: Ultralytics' {name}={value!r} is {describe(mapped)} here{extra}")
         for ours, converted in mapped.items():
             if ours in out and out[ours] != converted:

@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "detector"
 # Lowest first. A package or top-level module may import only from layers below its own, never from its own
 # layer or above (inside one package, modules import each other freely). docs/development.md draws this map.
 LAYERS: list[set[str]] = [
-    {"choices", "defaults", "version"},
+    {"choices", "defaults", "version", "architecture"},
     {"boxes", "nms", "files", "device", "precision", "tuning", "options", "paths", "extras", "aliases", "forked",
      "checkpoint_problems", "checkpoint_integrity"},
     {"distributed", "postprocess", "assigner", "runs"},

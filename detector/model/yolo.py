@@ -7,17 +7,10 @@ import math
 import torch
 from torch import nn
 
+from detector.architecture import SCALES
 from detector.model.blocks import SPPF, C2f, Conv, concat
 from detector.model.head import Detect
 
-# scale -> (depth multiplier, width multiplier, max channels), as in YOLOv8.
-SCALES: dict[str, tuple[float, float, int]] = {
-    "n": (0.33, 0.25, 1024),
-    "s": (0.33, 0.50, 1024),
-    "m": (0.67, 0.75, 768),
-    "l": (1.00, 1.00, 512),
-    "x": (1.00, 1.25, 512),
-}
 STRIDES = (8, 16, 32)
 INPUT_MULTIPLE = max(STRIDES)  # input sides must divide by the largest stride
 

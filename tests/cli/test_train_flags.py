@@ -3,6 +3,8 @@ fill the same config fields as ours, each saying once what our name is."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from detector.cli.flags import options_from_args, parse_command
@@ -151,3 +153,18 @@ def test_conflicting_weights_and_refused_names_answer_in_one_line(argv: list[str
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1, lines  # no note first about an argument the error then refuses
     assert exit_info.value.code == 2 and message in lines[0] and lines[0].startswith("train.py: error: ")
+
+
+def test_model_flag_with_an_edited_yaml_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--model PATH reads the file: an edited architecture is a usage error, not a standard YOLOv8 under its name."""
+    from tests.test_architecture import YOLOV8_YAML
+
+    path = tmp_path / "yolov8s.yaml"
+    path.write_text(YOLOV8_YAML.replace("[-1, 1, SPPF, [1024, 5]]", "[-1, 1, SPPF, [1024, 9]]"))
+    with pytest.raises(SystemExit) as exit_info:
+        parse(["--model", str(path)])
+    assert exit_info.value.code == 2
+    assert (f"{path}: a custom architecture (layer 9 differs); only the standard YOLOv8 n/s/m/l/x is built here"
+            in capsys.readouterr().err.splitlines()[-1])
+    path.write_text(YOLOV8_YAML)
+    assert parse(["--model", str(path)]).model == "s"

@@ -1,0 +1,138 @@
+"""The YOLOv8 architecture as Ultralytics' yolov8.yaml writes it (its scales and layers), and a model YAML
+(``model=my/yolov8n.yaml``) checked against it.
+
+Only the standard YOLOv8 detector is built (detector/model/yolo.py, from :data:`SCALES`), at a scale letter. A
+file a user edited (another backbone, head, activation or scale multipliers) would otherwise train a standard
+YOLOv8 under its name, so a file is read and accepted only where it describes that model; its ``nc`` is not read
+(the data YAML's names set the classes). The layers below are Ultralytics' ``cfg/models/v8/yolov8.yaml`` as
+``yaml.safe_load`` reads it. Imports nothing of the package: the alias table (layer 1) reads it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+# scale -> (depth multiplier, width multiplier, max channels), as in YOLOv8.
+SCALES: dict[str, tuple[float, float, int]] = {
+    "n": (0.33, 0.25, 1024),
+    "s": (0.33, 0.50, 1024),
+    "m": (0.67, 0.75, 768),
+    "l": (1.00, 1.00, 512),
+    "x": (1.00, 1.25, 512),
+}
+BACKBONE: list[list[Any]] = [
+    [-1, 1, "Conv", [64, 3, 2]],
+    [-1, 1, "Conv", [128, 3, 2]],
+    [-1, 3, "C2f", [128, True]],
+    [-1, 1, "Conv", [256, 3, 2]],
+    [-1, 6, "C2f", [256, True]],
+    [-1, 1, "Conv", [512, 3, 2]],
+    [-1, 6, "C2f", [512, True]],
+    [-1, 1, "Conv", [1024, 3, 2]],
+    [-1, 3, "C2f", [1024, True]],
+    [-1, 1, "SPPF", [1024, 5]],
+]
+HEAD: list[list[Any]] = [
+    [-1, 1, "nn.Upsample", ["None", 2, "nearest"]],
+    [[-1, 6], 1, "Concat", [1]],
+    [-1, 3, "C2f", [512]],
+    [-1, 1, "nn.Upsample", ["None", 2, "nearest"]],
+    [[-1, 4], 1, "Concat", [1]],
+    [-1, 3, "C2f", [256]],
+    [-1, 1, "Conv", [256, 3, 2]],
+    [[-1, 12], 1, "Concat", [1]],
+    [-1, 3, "C2f", [512]],
+    [-1, 1, "Conv", [512, 3, 2]],
+    [[-1, 9], 1, "Concat", [1]],
+    [-1, 3, "C2f", [1024]],
+    [[15, 18, 21], 1, "Detect", ["nc"]],
+]
+# Other top-level keys Ultralytics reads that change the model, at the values that leave it standard.
+STANDARD_KEYS: dict[str, tuple[Any, ...]] = {"activation": (None, "nn.SiLU()"), "ch": (None, 3),
+                                             "reg_max": (None, 16), "end2end": (None, False)}
+SCALE_IN_NAME = re.compile(r"yolo(e-)?v?\d+([nslmx])")  # Ultralytics' guess_model_scale
+
+
+def custom(path: str, what: str) -> ValueError:
+    return ValueError(f"{path}: a custom architecture ({what}); only the standard YOLOv8 n/s/m/l/x is built here")
+
+
+def effective(depth: float, width: float, max_channels: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The repeats and channel counts a ``[depth, width, max_channels]`` gives the YOLOv8 layers (as
+    detector/model/yolo.py and Ultralytics' parse_model both compute them)."""
+    repeats = tuple(max(round(n * depth), 1) for n in (3, 6))
+    channels = tuple(int(math.ceil(min(c, max_channels) * width / 8) * 8) for c in (64, 128, 256, 512, 1024))
+    return repeats, channels
+
+
+def normalised(layer: Any) -> Any:
+    """The Detect layer's class count as ``nc`` whatever the file writes there: the data YAML sets it here."""
+    if isinstance(layer, list) and len(layer) == 4 and layer[2] == "Detect" and isinstance(layer[3], list) \
+            and len(layer[3]) == 1 and (layer[3][0] == "nc" or isinstance(layer[3][0], int)):
+        return [*layer[:3], ["nc"]]
+    return layer
+
+
+def standard_scale(path: str) -> tuple[str, str]:
+    """``(scale letter, note)`` of the YOLOv8 model YAML at ``path``: the scale as Ultralytics picks it (the letter
+    in the file's name, else the first of its ``scales``, else the one its ``depth_multiple``/``width_multiple``
+    give), and what the note should add (its ``nc`` is not read; a scale picked without a letter in the name).
+
+    Raises:
+        ValueError: the file cannot be read, or describes another architecture; one line naming the file.
+    """
+    import yaml
+
+    try:
+        spec = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
+        raise ValueError(f"{path}: cannot be read as a model YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(spec, dict) or not isinstance(spec.get("backbone"), list) \
+            or not isinstance(spec.get("head"), list):
+        raise ValueError(f"{path}: not a model YAML (expected backbone: and head: lists, as in yolov8.yaml)")
+    layers = [normalised(layer) for layer in spec["backbone"] + spec["head"]]
+    for index, (theirs, ours) in enumerate(zip(layers, BACKBONE + HEAD)):
+        if theirs != ours:
+            raise custom(path, f"layer {index} differs")
+    if len(layers) != len(BACKBONE + HEAD):
+        raise custom(path, f"{len(layers)} layers, not {len(BACKBONE + HEAD)}")
+    if len(spec["backbone"]) != len(BACKBONE):
+        raise custom(path, f"a backbone of {len(spec['backbone'])} layers, not {len(BACKBONE)}")
+    for key, standard in STANDARD_KEYS.items():
+        if spec.get(key) not in standard:
+            raise custom(path, f"{key}: {spec[key]!r}")
+    scale, note = scale_of(path, spec)
+    nc = spec.get("nc")
+    return scale, note + (f"; its nc: {nc} is not read, the data YAML's names set the classes" if nc else "")
+
+
+def scale_of(path: str, spec: dict[str, Any]) -> tuple[str, str]:
+    """The YOLOv8 scale whose repeats and widths ``spec``'s multipliers give, and a note on how it was chosen."""
+    named = SCALE_IN_NAME.search(Path(path).stem.lower())
+    scales = spec.get("scales")
+    if scales:
+        if not isinstance(scales, dict) or not all(isinstance(v, list) and len(v) == 3 for v in scales.values()):
+            raise ValueError(f"{path}: scales: expected letter: [depth, width, max_channels] entries")
+        letter = named.group(2) if named else str(next(iter(scales)))
+        how = "" if named else f"; no scale letter in its name: the first of its scales, {letter}, as in Ultralytics"
+        if letter not in scales:
+            raise ValueError(f"{path}: its name asks for scale {letter}, which its scales do not list")
+        multipliers = tuple(scales[letter])
+    else:
+        letter, how = "", ""
+        multipliers = (spec.get("depth_multiple", 1.0), spec.get("width_multiple", 1.0), math.inf)
+    try:
+        built = effective(*(float(value) for value in multipliers))
+    except (TypeError, ValueError):
+        raise ValueError(f"{path}: scale multipliers {list(multipliers)} are not numbers") from None
+    if letter:
+        if letter not in SCALES or built != effective(*SCALES[letter]):
+            raise custom(path, f"scale {letter}: {list(multipliers)}, not YOLOv8{letter}'s {list(SCALES[letter])}")
+        return letter, how
+    matching = [scale for scale, standard in SCALES.items() if built == effective(*standard)]
+    if not matching:
+        raise custom(path, f"depth_multiple {multipliers[0]}, width_multiple {multipliers[1]} match no YOLOv8 scale")
+    return matching[0], ""
