@@ -50,6 +50,7 @@ from detector.training.header import run_header
 from detector.training.interrupt import CtrlC
 from detector.training.multiscale import MultiScale
 from detector.training.plans import RunPlans
+from detector.training.resolved import write_resolved
 from detector.training.results import results_row
 from detector.training.time_account import TimeAccount, process_age
 from detector.training.validator import Validator, scores_in_background
@@ -257,6 +258,8 @@ class Trainer(RunPlans, FinalReports):
                 torch.cuda.synchronize(self.device)  # graphs' warm-up steps on their own stream could not reuse it
                 torch.cuda.empty_cache()
         self.log(run_header(self))
+        if self.dist.is_main:  # what auto chose, now the AMP check has settled the precision (config.yaml keeps auto)
+            write_resolved(self)
         if self.verdicts.saved is not None and self.dist.is_main:
             self._judge_saved(*self.verdicts.saved)
 

@@ -1,0 +1,67 @@
+"""``resolved.yaml``: what a run's ``auto`` settings became on this host.
+
+``config.yaml`` keeps what was asked (``--precision auto``, ``--optimizer auto``, ``--pixel-augment auto``, ``--cache
+auto``, ``--workers -1``, ``--batch -1``, ``--device ''``) so that ``cfg=config.yaml`` asks the same again; on another
+host those resolve differently (BF16 or FP32 on a CPU, AdamW or SGD by run length). This file records the choices
+once they are known, after the AMP check, beside the versions that made them, so a run can be compared or repeated
+with every choice named (its keys are our flags' names).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from detector.distributed import unwrap
+from detector.files import write_text_atomically
+from detector.training.header import Run
+from detector.version import __version__
+
+RESOLVED_FILE = "resolved.yaml"
+
+
+def pixel_augment_path(run: Run) -> str:
+    """Where augmentation runs, as ``--pixel-augment`` names it: ``device``, ``pixels`` or ``workers``."""
+    dataset = run.train_data.dataset
+    if dataset.geometry_on_device:
+        return "device"
+    return "pixels" if dataset.pixel_ops_on_device else "workers"
+
+
+def cache_used(run: Run) -> str:
+    """The image cache the run holds (``ram``, ``disk`` or ``none``), which ``--cache auto`` decides by memory."""
+    if run.train_data.dataset.image_cache is None:
+        return "none"
+    return "disk" if run.config.cache == "disk" else "ram"
+
+
+def resolved_settings(run: Run) -> dict[str, Any]:
+    """The run's settings as this host resolved them, under our flags' names (plus the versions)."""
+    step, config = run.step, run.config
+    return {
+        "precision": step.precision.name,
+        "precision_reason": step.precision.reason,
+        "optimizer": run.optimizer_name,
+        "lr0": step.schedule.base_lr,
+        "momentum": config.momentum,  # SGD/RMSprop momentum, the Adam family's beta1
+        "pixel_augment": pixel_augment_path(run),
+        "cache": cache_used(run),
+        "workers": config.workers,
+        "device": str(run.device),
+        "world_size": run.dist.world_size,
+        "batch": config.batch,  # per process
+        "model": unwrap(step.model).scale,
+        "detector": __version__,
+        "torch": str(torch.__version__),  # a str subclass safe_dump refuses
+        "cuda": torch.version.cuda and str(torch.version.cuda),  # None: a CPU build
+    }
+
+
+def write_resolved(run: Run) -> Path:
+    """Write ``<run>/resolved.yaml`` (rank 0 alone calls it; a resumed run rewrites it with this host's choices)."""
+    path = run.run_dir / RESOLVED_FILE
+    write_text_atomically(path, yaml.safe_dump(resolved_settings(run), sort_keys=False))
+    return path
