@@ -210,7 +210,7 @@ def last_flag_for(parser: argparse.ArgumentParser, tokens: list[str], field: str
     """The last ``--flag [value]`` in ``tokens`` that sets ``field``, as typed; None when none does."""
     found = None
     for index, token in enumerate(tokens):
-        action = parser._option_string_actions.get(token.split("=", 1)[0]) if token.startswith("-") else None
+        action = flag_action(parser, token)
         if action is None or action.dest != field:
             continue
         takes_value = action.nargs != 0 and "=" not in token and index + 1 < len(tokens)
@@ -234,8 +234,13 @@ def settings_tokens(parser: argparse.ArgumentParser, options_class: type, comman
 
 def dests(parser: argparse.ArgumentParser, tokens: list[str]) -> set[str]:
     """The fields ``--flag`` tokens set (``--no-plots`` -> plots)."""
-    actions = (parser._option_string_actions.get(token.split("=", 1)[0]) for token in tokens if token.startswith("-"))
+    actions = (flag_action(parser, token) for token in tokens)
     return {action.dest for action in actions if action is not None}
+
+
+def flag_action(parser: argparse.ArgumentParser, token: str) -> argparse.Action | None:
+    """The parser's action for a ``--flag`` or ``--flag=value`` token; None for a value or an unknown flag."""
+    return parser._option_string_actions.get(token.split("=", 1)[0]) if token.startswith("-") else None
 
 
 def settle_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, given: dict[str, Any]) -> None:
