@@ -43,9 +43,7 @@ def run_header(trainer: Run) -> str:
     model = unwrap(step.model)
     params = sum(p.numel() for p in model.parameters())
     val_count = len(trainer.val_data.records) if trainer.val_data else "?"
-    dataset = trainer.train_data.dataset
-    on_device = ("mosaic/affine/HSV/flips" if dataset.geometry_on_device else "HSV/flips"
-                 ) if dataset.pixel_ops_on_device else ""
+    on_device = {"device": "mosaic/affine/HSV/flips", "pixels": "HSV/flips"}.get(pixel_augment_path(trainer), "")
     augment = f"{on_device} on the device" if on_device else "augmentation in the workers"
     if config.mixup:
         augment += f", MixUp {config.mixup:g} (in the workers)"
@@ -75,11 +73,27 @@ def lr_text(trainer: Run) -> str:
     return f" (--optimizer auto chose AdamW and its own lr, not --lr0 {config.lr0:g}: name an optimizer to use it)"
 
 
+def pixel_augment_path(run: Run) -> str:
+    """Where augmentation runs, as ``--pixel-augment`` names it: ``device``, ``pixels`` or ``workers``."""
+    dataset = run.train_data.dataset
+    if dataset.geometry_on_device:
+        return "device"
+    return "pixels" if dataset.pixel_ops_on_device else "workers"
+
+
+def cache_used(run: Run) -> str:
+    """The image cache the run holds (``ram``, ``disk`` or ``none``), which ``--cache auto`` decides by memory."""
+    if run.train_data.dataset.image_cache is None:
+        return "none"
+    return "disk" if run.config.cache == "disk" else "ram"
+
+
 def cache_text(trainer: Run) -> str:
     cache = trainer.train_data.dataset.image_cache
-    if cache is None:
+    used = cache_used(trainer)
+    if used == "none":
         return f"image cache off (--cache {trainer.config.cache})"
-    if trainer.config.cache == "disk":
+    if used == "disk":
         return f"disk cache {cache.nbytes / 2**20:.1f} MiB, {cache.path}"
     processes = trainer.dist.local_world_size
     where = f"shared by the {processes} processes of this node" if processes > 1 else "in this process"

@@ -17,25 +17,10 @@ import yaml
 
 from detector.distributed import unwrap
 from detector.files import write_text_atomically
-from detector.training.header import Run
+from detector.training.header import Run, cache_used, pixel_augment_path
 from detector.version import __version__
 
 RESOLVED_FILE = "resolved.yaml"
-
-
-def pixel_augment_path(run: Run) -> str:
-    """Where augmentation runs, as ``--pixel-augment`` names it: ``device``, ``pixels`` or ``workers``."""
-    dataset = run.train_data.dataset
-    if dataset.geometry_on_device:
-        return "device"
-    return "pixels" if dataset.pixel_ops_on_device else "workers"
-
-
-def cache_used(run: Run) -> str:
-    """The image cache the run holds (``ram``, ``disk`` or ``none``), which ``--cache auto`` decides by memory."""
-    if run.train_data.dataset.image_cache is None:
-        return "none"
-    return "disk" if run.config.cache == "disk" else "ram"
 
 
 def resolved_settings(run: Run) -> dict[str, Any]:
