@@ -15,10 +15,10 @@ from typing import Any
 import torch
 import yaml
 
+from detector.checkpoint import software_versions
 from detector.distributed import unwrap
 from detector.files import write_text_atomically
 from detector.training.header import Run, cache_used, pixel_augment_path
-from detector.version import __version__
 
 RESOLVED_FILE = "resolved.yaml"
 
@@ -39,8 +39,7 @@ def resolved_settings(run: Run) -> dict[str, Any]:
         "world_size": run.dist.world_size,
         "batch": config.batch,  # per process
         "model": unwrap(step.model).scale,
-        "detector": __version__,
-        "torch": str(torch.__version__),  # a str subclass safe_dump refuses
+        **software_versions(),  # detector's and torch's, as each checkpoint names them
         "cuda": torch.version.cuda and str(torch.version.cuda),  # None: a CPU build
     }
 
