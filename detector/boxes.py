@@ -7,6 +7,8 @@ Units are whatever the caller passes (grid cells or pixels); nothing here rescal
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 
@@ -61,6 +63,28 @@ def box_iou(boxes1: torch.Tensor, boxes2: torch.Tensor, eps: float = 0.0) -> tor
     area2 = (boxes2[..., 2] - boxes2[..., 0]) * (boxes2[..., 3] - boxes2[..., 1])
     union = area1[..., :, None] + area2[..., None, :] - inter
     return inter / (union + eps if eps else union)
+
+
+def complete_iou_pairs(boxes1: torch.Tensor, boxes2: torch.Tensor, eps: float = 1e-7) -> torch.Tensor:
+    """xyxy ``[..., N, 4]`` x ``[..., M, 4]`` -> complete IoU (CIoU) ``[..., N, M]``, defined as in the task-aligned
+    assigner of Ultralytics' YOLOv8 (tests/test_loss_oracle.py compares them): ``eps`` added to each box's height, to
+    the union and to the enclosing box's squared diagonal, and the aspect term weighted by ``v / (1 - iou + v + eps)``.
+    Unclamped: it is negative where the boxes are apart. Each box's aspect angle is taken once, not once a pair, and
+    the pair tensors are reused in place: the assigner holds a few ``[B, M, A]`` tensors at its peak, not nine."""
+    x1, y1, x2, y2 = boxes1[..., :, None, :].unbind(-1)  # [..., N, 1] each
+    x1g, y1g, x2g, y2g = boxes2[..., None, :, :].unbind(-1)  # [..., 1, M] each
+    width1, height1 = x2 - x1, y2 - y1 + eps
+    width2, height2 = x2g - x1g, y2g - y1g + eps
+    intersection = box_intersection(boxes1, boxes2)
+    iou = intersection.div_((width1 * height1 + width2 * height2).sub_(intersection).add_(eps))
+    diagonal = torch.maximum(x2, x2g).sub_(torch.minimum(x1, x1g)).square_()
+    diagonal.add_(torch.maximum(y2, y2g).sub_(torch.minimum(y1, y1g)).square_()).add_(eps)
+    # Centre distance squared: the sums of both sides' coordinates differ by twice the centres' offset.
+    distance = (x1g + x2g - x1 - x2).square_().add_((y1g + y2g - y1 - y2).square_()).div_(4).div_(diagonal)
+    del diagonal
+    v = (torch.atan(width2 / height2) - torch.atan(width1 / height1)).square_().mul_(4 / math.pi**2)
+    alpha = v / (1 - iou).add_(v).add_(eps)
+    return iou.sub_(distance.add_(alpha.mul_(v)))
 
 
 def box_intersection(boxes1: torch.Tensor, boxes2: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,12 @@
+import math
+
 import torch
 import torchvision.ops
 
 from detector.boxes import (
     box_iou,
     boxes_to_distances,
+    complete_iou_pairs,
     cxcywh_to_xyxy,
     dfl_expectation,
     distances_to_boxes,
@@ -68,3 +71,24 @@ def test_box_iou_is_torchvisions_to_the_bit_and_batches():
     assert torch.equal(stacked[1], box_iou(first.flip(0), second.flip(0)))
     empty = torch.tensor([[5.0, 5.0, 5.0, 9.0]])  # no area: 0/0 without eps, 0 with it
     assert torch.isnan(box_iou(empty, empty)).all() and box_iou(empty, empty, eps=1e-9).item() == 0.0
+
+
+def test_complete_iou_pairs_are_torchvisions_ciou_up_to_where_eps_is_added_and_batch():
+    """Against ``1 - complete_box_iou_loss`` pair by pair (tests/test_loss_oracle.py compares the definition with
+    Ultralytics' itself). The forms differ only where ``e`` = 1e-7 goes: ours adds it to each height too, which
+    lowers the IoU by up to ``e * (w1 + w2 + 1) / union`` and each aspect angle by up to ``e / (2h)``, moving
+    ``v`` by ``4/pi`` times that and ``alpha * v`` by twice ``v``'s change plus the IoU's; rounding adds a few eps
+    (8: the centre distance written in another order)."""
+    first, second = random_boxes(30, seed=5), random_boxes(40, seed=6)
+    pairs = complete_iou_pairs(first, second)
+    a, b = first[:, None].expand(-1, 40, -1).reshape(-1, 4), second[None].expand(30, -1, -1).reshape(-1, 4)
+    reference = (1 - torchvision.ops.complete_box_iou_loss(a, b, reduction="none")).view(30, 40)
+    width1, height1 = (a[:, 2] - a[:, 0]).view(30, 40), (a[:, 3] - a[:, 1]).view(30, 40)
+    width2, height2 = (b[:, 2] - b[:, 0]).view(30, 40), (b[:, 3] - b[:, 1]).view(30, 40)
+    union_at_least = (width1 * height1 + width2 * height2) / 2  # the larger area
+    iou_gap = 1e-7 * (width1 + width2 + 1) / union_at_least
+    bound = 2 * iou_gap + 3 * 4 / math.pi * 1e-7 * (1 / (2 * height1) + 1 / (2 * height2))
+    assert ((pairs - reference).abs() <= bound + 8 * torch.finfo(torch.float32).eps).all()
+    assert (pairs < 0).any() and (pairs > 0.3).any()  # apart and overlapping pairs both
+    stacked = complete_iou_pairs(torch.stack((first, first.flip(0))), torch.stack((second, second.flip(0))))
+    assert torch.equal(stacked[0], pairs) and torch.equal(stacked[1], complete_iou_pairs(first.flip(0), second.flip(0)))
