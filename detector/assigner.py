@@ -12,18 +12,23 @@ from dataclasses import dataclass
 
 import torch
 
-from detector.boxes import complete_iou_pairs
+from detector.boxes import complete_iou_pairs, xyxy_to_cxcywh
 
 EPS = 1e-9
 
 
 @dataclass(frozen=True)
 class AssignerConfig:
-    """``top_k`` candidate anchors per box; the alignment metric is ``score ** alpha * iou ** beta`` (TOOD)."""
+    """``top_k`` candidate anchors per box; the alignment metric is ``score ** alpha * iou ** beta`` (TOOD);
+    ``min_side``: a box side shorter than this (pixels) is widened to it about its centre to find the box's candidate
+    anchors, as Ultralytics does with its second stride (16 for strides 8/16/32), so that a box narrower than a
+    stride still holds anchor centres: without it, a box between two rows of centres had no candidate and trained
+    nothing."""
 
     top_k: int = 10
     alpha: float = 0.5
     beta: float = 6.0
+    min_side: float = 16.0
 
 
 @dataclass
@@ -46,14 +51,22 @@ def empty_targets(class_logits: torch.Tensor) -> AssignedTargets:
     )
 
 
-def candidate_anchors(anchor_points: torch.Tensor, gt_boxes: torch.Tensor, gt_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, M, A]`` bool: the anchor centre ``[A, 2]`` lies strictly inside a real (unpadded) box ``[B, M, 4]``.
+def candidate_anchors(
+    anchor_points: torch.Tensor, gt_boxes: torch.Tensor, gt_mask: torch.Tensor, min_side: float = 0.0
+) -> torch.Tensor:
+    """``[B, M, A]`` bool: the anchor centre ``[A, 2]`` lies strictly inside a real (unpadded) box ``[B, M, 4]``,
+    its sides shorter than ``min_side`` widened to it about its centre (:class:`AssignerConfig`).
 
     Four bool comparisons ANDed, the same answer as ``min(four distances) > EPS`` without the float
     ``[B, M, A, 4]`` stack of distances it took (at 640 px, batch 64 and 256 box slots: 2.2 GB).
     """
     x, y = anchor_points[:, 0], anchor_points[:, 1]
-    gx1, gy1, gx2, gy2 = (gt_boxes[..., i, None] for i in range(4))
+    # Every box goes through centre and size and back, widened or not, as Ultralytics' does: the same corners to
+    # the last bit, so an anchor centre on a corner's rounding is a candidate on both sides or on neither.
+    centre, size = xyxy_to_cxcywh(gt_boxes).split(2, -1)
+    size = torch.where(size < min_side, torch.full_like(size, min_side), size)
+    half = size / 2
+    gx1, gy1, gx2, gy2 = (corner[..., None] for corner in torch.cat((centre - half, centre + half), -1).unbind(-1))
     inside = (x - gx1 > EPS) & (y - gy1 > EPS)
     inside &= gx2 - x > EPS
     inside &= gy2 - y > EPS
@@ -150,7 +163,7 @@ def assign_targets(
         return empty_targets(class_logits)
     class_logits, pred_boxes, gt_boxes = class_logits.float(), pred_boxes.float(), gt_boxes.float()
     gt_labels = gt_labels.long().clamp(0, num_classes - 1)
-    candidates = candidate_anchors(anchor_points, gt_boxes, gt_mask)
+    candidates = candidate_anchors(anchor_points, gt_boxes, gt_mask, config.min_side)
     alignment, iou = alignment_metric(class_logits, pred_boxes, gt_labels, gt_boxes, candidates, alpha=config.alpha,
                                        beta=config.beta)
     positive = select_positives(alignment, iou, candidates, top_k=config.top_k)

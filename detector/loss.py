@@ -241,7 +241,9 @@ class DetectionLoss(torch.nn.Module):
     ) -> None:
         super().__init__()
         self.num_classes, self.strides, self.reg_max, self.gains = num_classes, strides, reg_max, gains
-        self.assigner = AssignerConfig(top_k=top_k, alpha=alpha, beta=beta)
+        # Boxes narrower than the second stride are widened to it to find their anchors, as Ultralytics does.
+        min_side = float(strides[1] if len(strides) > 1 else strides[0])
+        self.assigner = AssignerConfig(top_k=top_k, alpha=alpha, beta=beta, min_side=min_side)
         self.last_assignment: AssignedTargets | None = None  # the last call's, when it asked to keep it
 
     @torch.no_grad()

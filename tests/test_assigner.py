@@ -127,3 +127,17 @@ def test_the_alignment_takes_the_sigmoid_of_each_box_class_logit_only():
     assert result.foreground.any()
     per_class = [name for name, shape in made.shapes if shape == (2, 64, 6)]
     assert len(per_class) == 1, per_class  # the class targets, filled in place
+
+
+def test_a_box_narrower_than_the_second_stride_is_widened_to_find_its_anchors():
+    """A 6-px box between four anchor centres (stride 8: centres at 4, 12, ...) holds none of them; widened to 16 px
+    about its centre, as Ultralytics widens boxes under its second stride, it holds those four."""
+    anchors = torch.stack(torch.meshgrid(torch.arange(8) * 8 + 4.0, torch.arange(8) * 8 + 4.0, indexing="xy"),
+                          -1).view(-1, 2)
+    logits = torch.zeros(1, 64, 1)
+    pred_boxes = torch.cat((anchors - 8, anchors + 8), -1)[None]  # overlapping the box: CIoU above 0
+    gt = (torch.tensor([[0]]), torch.tensor([[[5.0, 5.0, 11.0, 11.0]]]), torch.tensor([[True]]))
+    narrow = assign_targets(logits, pred_boxes, anchors, *gt, num_classes=1, config=AssignerConfig(min_side=0.0))
+    widened = assign_targets(logits, pred_boxes, anchors, *gt, num_classes=1)
+    assert not narrow.foreground.any()
+    assert sorted(widened.foreground[0].nonzero().flatten().tolist()) == [0, 1, 8, 9]

@@ -41,7 +41,6 @@ for case in torch.load(sys.argv[1]):
     model.weight = nn.Parameter(torch.zeros(1))  # the criterion reads its device from a parameter
     criterion = v8DetectionLoss(model)
     assigner, seen = criterion.assigner, {}
-    assigner.stride_val = 0  # no box enlarged to a stride for its candidates: ours does not do that (yet)
     def spy(*args, **kwargs):
         seen["targets"] = assigner(*args, **kwargs)
         return seen["targets"]
@@ -114,7 +113,11 @@ def test_the_assigner_gives_ultralytics_targets(compared, layout: int) -> None:
     assigned = ours["assigned"]
     foreground = assigned.foreground
     assert foreground.any() and not foreground[1].any()  # something assigned, nothing in the empty image
-    assert torch.equal(foreground, theirs["foreground"])
+    # One deliberate difference: an anchor two boxes pick, whose CIoU with every box is 0, goes to the first box row
+    # there (a row that may not hold it, or be padding) and to none here. Its target score is 0 there, so neither
+    # loss sees it.
+    assert not (foreground & ~theirs["foreground"]).any()
+    assert (theirs["scores"][theirs["foreground"] & ~foreground] == 0).all()
     # The assigned box is a gather of the same box: exact.
     assert torch.equal(assigned.boxes[foreground], theirs["boxes"][foreground])
     assert (assigned.scores - theirs["scores"]).abs().max() <= score_tolerance()
