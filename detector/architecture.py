@@ -56,8 +56,8 @@ STANDARD_KEYS: dict[str, tuple[Any, ...]] = {"activation": (None, "nn.SiLU()"), 
 SCALE_IN_NAME = re.compile(r"yolo(e-)?v?\d+([nslmx])")  # Ultralytics' guess_model_scale
 
 
-def custom(path: str, what: str) -> ValueError:
-    return ValueError(f"{path}: a custom architecture ({what}); only the standard YOLOv8 n/s/m/l/x is built here")
+def custom(what: str) -> ValueError:
+    return ValueError(f"a custom architecture ({what}); only the standard YOLOv8 n/s/m/l/x is built here")
 
 
 def effective(depth: float, width: float, max_channels: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -82,28 +82,29 @@ def standard_scale(path: str) -> tuple[str, str]:
     give), and what the note should add (its ``nc`` is not read; a scale picked without a letter in the name).
 
     Raises:
-        ValueError: the file cannot be read, or describes another architecture; one line naming the file.
+        ValueError: the file cannot be read, or describes another architecture; one line that does not name the
+        file: its one caller, the ``model=`` alias, prefixes ``model='PATH':`` (a second mention said it twice).
     """
     import yaml
 
     try:
         spec = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as error:
-        raise ValueError(f"{path}: cannot be read as a model YAML ({str(error).splitlines()[0]})") from None
+        raise ValueError(f"cannot be read as a model YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(spec, dict) or not isinstance(spec.get("backbone"), list) \
             or not isinstance(spec.get("head"), list):
-        raise ValueError(f"{path}: not a model YAML (expected backbone: and head: lists, as in yolov8.yaml)")
+        raise ValueError("not a model YAML (expected backbone: and head: lists, as in yolov8.yaml)")
     layers = [normalised(layer) for layer in spec["backbone"] + spec["head"]]
     for index, (theirs, ours) in enumerate(zip(layers, BACKBONE + HEAD)):
         if theirs != ours:
-            raise custom(path, f"layer {index} differs")
+            raise custom(f"layer {index} differs")
     if len(layers) != len(BACKBONE + HEAD):
-        raise custom(path, f"{len(layers)} layers, not {len(BACKBONE + HEAD)}")
+        raise custom(f"{len(layers)} layers, not {len(BACKBONE + HEAD)}")
     if len(spec["backbone"]) != len(BACKBONE):
-        raise custom(path, f"a backbone of {len(spec['backbone'])} layers, not {len(BACKBONE)}")
+        raise custom(f"a backbone of {len(spec['backbone'])} layers, not {len(BACKBONE)}")
     for key, standard in STANDARD_KEYS.items():
         if spec.get(key) not in standard:
-            raise custom(path, f"{key}: {spec[key]!r}")
+            raise custom(f"{key}: {spec[key]!r}")
     scale, note = scale_of(path, spec)
     nc = spec.get("nc")
     return scale, note + (f"; its nc: {nc} is not read, the data YAML's names set the classes" if nc else "")
@@ -115,11 +116,11 @@ def scale_of(path: str, spec: dict[str, Any]) -> tuple[str, str]:
     scales = spec.get("scales")
     if scales:
         if not isinstance(scales, dict) or not all(isinstance(v, list) and len(v) == 3 for v in scales.values()):
-            raise ValueError(f"{path}: scales: expected letter: [depth, width, max_channels] entries")
+            raise ValueError("scales: expected letter: [depth, width, max_channels] entries")
         letter = named.group(2) if named else str(next(iter(scales)))
         how = "" if named else f"; no scale letter in its name: the first of its scales, {letter}, as in Ultralytics"
         if letter not in scales:
-            raise ValueError(f"{path}: its name asks for scale {letter}, which its scales do not list")
+            raise ValueError(f"its name asks for scale {letter}, which its scales do not list")
         multipliers = tuple(scales[letter])
     else:
         letter, how = "", ""
@@ -127,12 +128,12 @@ def scale_of(path: str, spec: dict[str, Any]) -> tuple[str, str]:
     try:
         built = effective(*(float(value) for value in multipliers))
     except (TypeError, ValueError):
-        raise ValueError(f"{path}: scale multipliers {list(multipliers)} are not numbers") from None
+        raise ValueError(f"scale multipliers {list(multipliers)} are not numbers") from None
     if letter:
         if letter not in SCALES or built != effective(*SCALES[letter]):
-            raise custom(path, f"scale {letter}: {list(multipliers)}, not YOLOv8{letter}'s {list(SCALES[letter])}")
+            raise custom(f"scale {letter}: {list(multipliers)}, not YOLOv8{letter}'s {list(SCALES[letter])}")
         return letter, how
     matching = [scale for scale, standard in SCALES.items() if built == effective(*standard)]
     if not matching:
-        raise custom(path, f"depth_multiple {multipliers[0]}, width_multiple {multipliers[1]} match no YOLOv8 scale")
+        raise custom(f"depth_multiple {multipliers[0]}, width_multiple {multipliers[1]} match no YOLOv8 scale")
     return matching[0], ""
