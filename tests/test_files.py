@@ -65,3 +65,14 @@ def test_a_link_up_the_tree_is_not_followed_and_is_named_once(tmp_path: Path, ca
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(":")[0] for line in lines] == ["warning"] * 3
     assert [line.split()[1] for line in lines] == [str(train / name) for name in ("itself", "loop", "top")]
+
+
+def test_a_folder_named_like_an_image_is_read_as_a_folder(tmp_path: Path, capsys) -> None:
+    """``images/train/odd.jpg/`` is a subfolder like any other: its images are read (Ultralytics' recursive glob
+    reads them too, and also counts the folder itself as one corrupt image), the folder is not listed as an image."""
+    (tmp_path / "odd.jpg").mkdir()
+    (tmp_path / "odd.jpg" / "inside.jpg").write_bytes(b"x")
+    (tmp_path / "a.jpg").write_bytes(b"x")
+    not_files: list[Path] = []
+    assert folder_files(tmp_path, not_files) == [tmp_path / "a.jpg", tmp_path / "odd.jpg" / "inside.jpg"]
+    assert not_files == [] and capsys.readouterr().err == ""

@@ -79,6 +79,10 @@ def check_image(path: Path) -> tuple[tuple[int, int] | None, str]:
                 width, height = height, width
     except FileNotFoundError:
         return None, "file not found"
+    except IsADirectoryError:
+        # A .txt list's line naming a folder (images/odd.jpg/): the OS's "[Errno 21] Is a directory:" said it
+        # less plainly. A split's folder walk reads such a folder as any subfolder and never lists it here.
+        return None, "a folder, not an image file"
     except READ_ERRORS as error:
         return None, error_reason(error, path)
     if width < 1 or height < 1:

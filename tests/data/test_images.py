@@ -219,6 +219,12 @@ def test_a_zero_byte_image_is_said_alike_by_the_scan_and_by_predict(tmp_path: Pa
     assert size is None and reason == "cannot identify image file"  # without the path Pillow puts in it
 
 
+def test_a_folder_named_like_an_image_is_said_to_be_a_folder(tmp_path: Path):
+    """A .txt list may name a folder (images/odd.jpg/): its reason says so, not the OS's errno text."""
+    (tmp_path / "odd.jpg").mkdir()
+    assert check_image(tmp_path / "odd.jpg") == (None, "a folder, not an image file")
+
+
 def test_a_dataset_of_every_mode_scans_clean_and_trains_one_epoch(tmp_path: Path):
     yaml = write_yolo_dataset(tmp_path / "modes", train=2, val=1)
     images, labels = tmp_path / "modes/images/train", tmp_path / "modes/labels/train"
