@@ -14,7 +14,7 @@ entry is never run. For each archive the dataset still lacks:
    anything is extracted; a file that fails is deleted;
 3. extract into a temporary folder in the datasets root, at most :data:`EXTRACT_RATIO` times the zip's size
    (a zip bomb stops there), and rename its entries into place, so a failure leaves nothing half-extracted;
-   then delete the zip;
+   only the top-level entries the dataset reads are unpacked (others are named in a note); then delete the zip;
 4. where the dataset has a ``convert`` step (VOC: XML -> YOLO txt, :mod:`detector.data.voc`), run it.
 
 All of it runs under ``<root>/<name>.lock`` (:mod:`detector.data.lock`): a second download of the same dataset
@@ -32,6 +32,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
+from collections.abc import Collection
 from pathlib import Path, PurePosixPath
 
 from detector.data.catalog import DOWNLOADS, Archive, Download, human_size, shipped_yaml_dir
@@ -65,15 +66,25 @@ def _zip_problem(path: Path) -> str | None:
         return f"not a readable zip ({error})"
 
 
+def expected_tops(archive: Archive) -> list[str]:
+    """The top-level entries of ``archive`` that its dataset reads (the first parts of ``archive.provides``)."""
+    return sorted({PurePosixPath(entry).parts[0] for entry in archive.provides})
+
+
+def top_entries(path: Path) -> list[str]:
+    """The names at the zip's top level, sorted."""
+    with zipfile.ZipFile(path) as bundle:
+        return sorted({PurePosixPath(name).parts[0] for name in bundle.namelist() if PurePosixPath(name).parts})
+
+
 def layout_problem(path: Path, archive: Archive) -> str | None:
     """What the zip's top level lacks of ``archive.provides`` (for a dataset without a ``convert`` step), or None.
 
     Checked before extracting: a zip with another top folder (``coco128-main/``) used to be extracted and deleted,
     after which the dataset was still missing and the hint named the same command again, for ever.
     """
-    expected = sorted({PurePosixPath(entry).parts[0] for entry in archive.provides})
-    with zipfile.ZipFile(path) as bundle:
-        tops = sorted({PurePosixPath(name).parts[0] for name in bundle.namelist() if PurePosixPath(name).parts})
+    expected = expected_tops(archive)
+    tops = top_entries(path)
     if set(expected) <= set(tops):
         return None
     held = ", ".join(tops[:3]) + (f" and {len(tops) - 3} more" if len(tops) > 3 else "") if tops else "nothing"
@@ -121,9 +132,10 @@ class _ExtractionCap(Exception):
     """More bytes came out of the zip than :data:`EXTRACT_RATIO` allows."""
 
 
-def extract(path: Path, destination: Path, root: Path) -> None:
+def extract(path: Path, destination: Path, root: Path, only: Collection[str] | None = None) -> None:
     """Unpack ``path`` into ``destination`` all at once: into a temporary folder in ``root``, then rename.
 
+    ``only``: the top-level entries to unpack (None: all); the others are not written.
     At most :data:`EXTRACT_RATIO` times the zip's size is unpacked: the declared sizes are checked first, the bytes
     actually decompressed while extracting.
     """
@@ -138,7 +150,9 @@ def extract(path: Path, destination: Path, root: Path) -> None:
                 raise DownloadError(cap)
             budget = [limit]
             for member in archive.infolist():
-                _copy_member(archive, member, staging, budget)
+                parts = PurePosixPath(member.filename).parts
+                if only is None or (parts and parts[0] in only):
+                    _copy_member(archive, member, staging, budget)
         entries = sorted(staging.iterdir())
         clashes = [entry.name for entry in entries if (destination / entry.name).exists()]
         if clashes:
@@ -218,7 +232,16 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
                                     "extracted nothing: delete it, and check the mirror if one is set")
             if not archive.sha256 and not archive.md5:
                 warn_unpinned(path)  # accepted now: its SHA-256 is worth comparing
-            extract(path, destination, root)
+            only = None
+            if spec.convert is None:
+                # Only what the dataset reads: a zip's other top-level entries (__MACOSX/, a README) landed in the
+                # shared datasets root, where the next extraction of a zip holding the same name refused to run.
+                only = expected_tops(archive)
+                if extra := sorted(set(top_entries(path)) - set(only)):
+                    print(f"note: {spec.name}: not extracted from {archive.filename}, which {spec.name} does not "
+                          f"read: {', '.join(extra[:5])}{f' and {len(extra) - 5} more' if len(extra) > 5 else ''}",
+                          file=sys.stderr)
+            extract(path, destination, root, only)
             path.unlink()  # the extracted files are what training reads; the zip would double the disk use
             convert(spec, destination)
     folder = root / spec.folder_name

@@ -321,6 +321,28 @@ def test_a_zip_with_another_top_folder_is_refused_before_extraction_and_kept(tmp
     assert "no digest is pinned" not in capsys.readouterr().err  # refused: no SHA-256 offered to trust
 
 
+def test_a_zip_s_extra_top_level_entries_are_not_extracted_into_the_shared_root(tmp_path: Path,
+                                                                                server: tuple[str, Served],
+                                                                                capsys: pytest.CaptureFixture):
+    """coco128 extracts into the datasets root itself: a __MACOSX/ or README.txt beside coco128/ landed there, and the
+    next download of a zip holding the same name (coco128 again, once its folder was moved away) refused to run."""
+    base, served = server
+    source = tmp_path / "zip-source"
+    write_yolo_split(source / "coco128", "train2017", 2, 64, 0)
+    (source / "__MACOSX").mkdir()
+    (source / "__MACOSX" / "._coco128").write_bytes(b"x")
+    (source / "README.txt").write_text("about coco128")
+    served.files["coco128.zip"] = stored_zip(source, names_from=source)
+    root = tmp_path / "datasets"
+    download("coco128", root=root, **fetch_options(base))
+    assert sorted(p.name for p in root.iterdir()) == ["coco128"]
+    assert "note: coco128: not extracted from coco128.zip, which coco128 does not read: README.txt, __MACOSX" \
+        in capsys.readouterr().err.splitlines()
+    (root / "coco128").rename(tmp_path / "moved-away")
+    download("coco128", root=root, **fetch_options(base))  # fetched and extracted again: nothing in the way
+    assert sorted(p.name for p in root.iterdir()) == ["coco128"]
+
+
 def test_failed_extraction_leaves_nothing_half_extracted(tmp_path: Path, server: tuple[str, Served],
                                                          monkeypatch: pytest.MonkeyPatch):
     base, served = server
