@@ -12,6 +12,8 @@ Exit codes, the same for every command:
     1    the command failed on its input (a missing file, a bad value, a failed check): one line ``error: ...``
     2    usage error: argparse's own (an unknown flag, a missing required one), or an unknown command
     130  interrupted (Ctrl-C): one line; a first Ctrl-C in training saves last.pt and exits 0
+    143  terminated (SIGTERM, 128 + 15 as a shell reports a process it killed) where a command unwinds from it
+         (download); training takes a SIGTERM as a first Ctrl-C (last.pt saved, 0), the others die of it (143)
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import sys
 from typing import NoReturn
 
-OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
+OK, FAILED, USAGE, INTERRUPTED, TERMINATED = 0, 1, 2, 130, 143
 
 # command -> (module, help). Each module exposes ``main(argv: list[str] | None) -> int`` and is imported only
 # when its command runs, so ``--help`` stays instant.

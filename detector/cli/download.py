@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from detector.cli.errors import run_command
+from detector.cli.errors import Terminated, run_command
 from detector.cli.parser import CommandParser
 from detector.data.catalog import DOWNLOADS, datasets_root
 from detector.weights.catalog import PRETRAINED, pretrained_name
@@ -58,13 +58,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
 
 
 def _terminated(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+    raise Terminated
 
 
 @contextmanager
 def _sigterm_as_ctrl_c() -> Iterator[None]:
     """SIGTERM (``kill``, ``docker stop``, a job's time limit) unwinds like Ctrl-C: Python leaves it fatal, which
-    skipped the ``finally`` that removes an extraction's staging folder (tens of GB for COCO) and the lock."""
+    skipped the ``finally`` that removes an extraction's staging folder (tens of GB for COCO) and the lock. It
+    exits with 143 (:class:`Terminated`), as a process the signal killed does, not Ctrl-C's 130."""
     if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
         yield
         return
@@ -89,9 +90,11 @@ def fetch(args: argparse.Namespace) -> None:
                 from detector.data.download import download  # imports OpenCV (~0.4 s): not for --help
 
                 download(args.name, root=where, split=args.split, allow_http=args.allow_http)
-    except KeyboardInterrupt:
-        # run_command prints this instead of a bare 'interrupted' (exit 130): a second run resumes the download.
-        raise KeyboardInterrupt(f"interrupted; run the command again to resume (partial files in {where})") from None
+    except KeyboardInterrupt as interrupt:
+        # run_command prints this instead of a bare 'interrupted' (exit 130, 143 when terminated): a second run
+        # resumes the download.
+        what = "terminated (SIGTERM)" if isinstance(interrupt, Terminated) else "interrupted"
+        raise type(interrupt)(f"{what}; run the command again to resume (partial files in {where})") from None
 
 
 def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:

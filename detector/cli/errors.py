@@ -1,6 +1,7 @@
 """How every command ends: :func:`run_command` turns the errors a user can act on into one line and an exit code.
 
-The codes are documented in :mod:`detector.cli` (0 ok, 1 failed on its input, 2 usage, 130 interrupted).
+The codes are documented in :mod:`detector.cli` (0 ok, 1 failed on its input, 2 usage, 130 interrupted, 143
+terminated).
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from detector.cli import FAILED, INTERRUPTED, OK
+from detector.cli import FAILED, INTERRUPTED, OK, TERMINATED
+
+
+class Terminated(KeyboardInterrupt):
+    """A SIGTERM a command unwinds from as from Ctrl-C (download's staging folder and lock are removed on the way
+    out), ending with 143 as a process killed by it does, not Ctrl-C's 130: a job scheduler reads the signal from
+    the code."""
 
 
 class CommandFailed(Exception):
@@ -105,7 +112,8 @@ def one_process(command: str) -> int | None:
 
 def run_command(function: Callable[..., object], *args: object) -> int:
     """Call ``function(*args)``; -> the exit code. A user error prints ``error: ...`` on stderr (1), Ctrl-C
-    ``error: interrupted`` or the interrupt's own message, such as download's how-to-resume (130). Warnings
+    ``error: interrupted`` or the interrupt's own message, such as download's how-to-resume (130; 143 for a
+    :class:`Terminated`). Warnings
     print as ``warning: ...`` lines (:func:`plain_warning`)."""
     warnings.formatwarning = plain_warning
     try:
@@ -121,5 +129,5 @@ def run_command(function: Callable[..., object], *args: object) -> int:
     except KeyboardInterrupt as interrupt:
         # The newline ends the line the terminal echoed ^C on (or a progress bar), so the message stands alone.
         print(f"\nerror: {one_line(interrupt) if str(interrupt) else 'interrupted'}", file=sys.stderr)
-        return INTERRUPTED
+        return TERMINATED if isinstance(interrupt, Terminated) else INTERRUPTED
     return OK

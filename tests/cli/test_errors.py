@@ -59,6 +59,14 @@ def test_ctrl_c_is_one_line_and_exit_130(interrupt: KeyboardInterrupt, message: 
     assert capsys.readouterr().err.strip().splitlines() == [f"error: {message}"]
 
 
+def test_a_sigterm_a_command_unwinds_from_exits_143_not_130(capsys: pytest.CaptureFixture[str]) -> None:
+    """128 + SIGTERM, as a shell reports a process the signal killed: Ctrl-C's 130 told a scheduler the wrong one."""
+    from detector.cli.errors import Terminated
+
+    assert run_command(raise_, Terminated("terminated (SIGTERM); run it again")) == 143
+    assert capsys.readouterr().err.strip().splitlines() == ["error: terminated (SIGTERM); run it again"]
+
+
 def test_ctrl_c_while_torch_imports_is_one_line_too(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """The first second or two of every command import torch (user_errors): a Ctrl-C there was a 30-line
