@@ -2,7 +2,8 @@
 
 Files are built in a hidden staging folder beside the checkpoint and renamed into place
 (``best.pt`` -> ``best.onnx`` / ``best.engine`` / ``best.pt2``) only after the parity check passes, so a failed export
-or check leaves nothing behind.
+or check leaves nothing behind. A bare name found in the weights folder (``--weights yolov8n.pt``) exports into the
+current folder instead (:func:`export_folder`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,19 @@ def resolve_weights(weights: Path | None) -> Path:
     if weights is None:
         print(f"export: using the newest checkpoint {path}")
     return path
+
+
+def export_folder(given: Path | None, weights: Path) -> Path:
+    """Where the exports of ``weights`` go: beside the checkpoint, except for a bare name ``given`` that was found in
+    the weights folder (``--weights yolov8n.pt``, no such file here), which exports into the current folder.
+
+    Ultralytics writes beside the file it loaded, which for a bare name is the current folder (it downloads it
+    there); writing into the weights folder put the export where the user does not look, in a folder shared by
+    every project (and perhaps read-only).
+    """
+    if given is not None and given.name == str(given) and weights != given:
+        return Path.cwd()
+    return weights.parent
 
 
 def model_info(options: ExportOptions, names: list[str], strides: tuple[int, ...], trained: int | None) -> ModelInfo:
@@ -126,13 +140,14 @@ def run_export(options: ExportOptions) -> list[Path]:
     model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8 weights as predict and val read them
     names = list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)])
     info = model_info(options, names, tuple(model.strides), (checkpoint.get("config") or {}).get("imgsz"))
-    with staging_folder(weights.parent) as staging:
+    folder = export_folder(options.weights, weights)
+    with staging_folder(folder) as staging:
         staged = stage_exports(model, info, formats, staging, weights.stem, options, device)
         if not options.no_check:
             check_parity_of(model, info, staged, options, device)
         written = []
         for fmt, path in staged.items():
-            target = weights.with_suffix("." + fmt)
+            target = folder / f"{weights.stem}.{fmt}"
             replacing = target.exists()  # an FP32 export and a --half one share the name: say the earlier one went
             written.append(publish(path, target))
             print(f"export: wrote {written[-1]}{' (replacing the earlier export there)' if replacing else ''}")
