@@ -212,6 +212,16 @@ def test_ctrl_c_to_the_launcher_stops_every_rank_after_the_epoch_and_the_run_res
     assert [row["epoch"] for row in _rows(tmp_path / "exp")] == ["1", "2", "3", "4", "5"]
 
 
+def test_a_bad_input_error_under_torchrun_is_printed_once(tmp_path):
+    """A --data that does not exist was printed by each rank: the node's first prints it, torchrun ends the other
+    while it waits (detector/cli/errors.py)."""
+    result = subprocess.run(_torchrun(str(ROOT / "train.py"), "--data", "missing.yaml", "--device", "cpu"),
+                            cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT)
+    assert result.returncode != 0
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "missing.yaml: data YAML not found" in errors[0], result.stderr[-3000:]
+
+
 def test_more_cuda_processes_than_gpus_stop_in_one_line_before_any_collective(monkeypatch, capsys):
     """Two ranks on one visible GPU would meet NCCL's duplicate-GPU failure (or a hang) at their first collective:
     the node's first rank raises one line, the other exits quietly. Nothing here touches CUDA: the device and the

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import pickle
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -110,6 +112,24 @@ def one_process(command: str) -> int | None:
     return FAILED
 
 
+# How long a torchrun process other than its node's first waits before printing a user error. Such an error (a
+# missing --data) is met by every rank at once: the first prints it and exits, torchrun sees that within its
+# monitor interval (0.1 s) and ends the others with SIGTERM while they wait here, so the line is printed once per
+# node, not once per process. 10 s covers the first's exit many times over (from its line to torchrun's SIGTERM:
+# 0.3-0.5 s measured on 2 CPU ranks, torch 2.14); a rank-specific error (one GPU's out-of-memory) prints that much
+# later, naming its rank. Should the first wait at exit for the others (an NCCL group's teardown), it is two lines
+# after 10 s, as before.
+PEER_ERROR_WAIT_S = 10.0
+
+
+def node_peer() -> int | None:
+    """This process's rank under torchrun when it is not its node's first process (``LOCAL_RANK`` above 0), else
+    None."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or int(os.environ.get("LOCAL_RANK", "0") or 0) == 0:
+        return None
+    return int(os.environ.get("RANK", "0") or 0)
+
+
 def run_command(function: Callable[..., object], *args: object) -> int:
     """Call ``function(*args)``; -> the exit code. A user error prints ``error: ...`` on stderr (1), Ctrl-C
     ``error: interrupted`` or the interrupt's own message, such as download's how-to-resume (130; 143 for a
@@ -124,7 +144,10 @@ def run_command(function: Callable[..., object], *args: object) -> int:
     try:
         function(*args)
     except errors as error:
-        print(f"error: {one_line(error)}", file=sys.stderr)
+        rank = node_peer()
+        if rank is not None:
+            time.sleep(PEER_ERROR_WAIT_S)  # torchrun ends this process here when the node's first failed alike
+        print(f"error: {'' if rank is None else f'rank {rank}: '}{one_line(error)}", file=sys.stderr)
         return FAILED
     except KeyboardInterrupt as interrupt:
         # The newline ends the line the terminal echoed ^C on (or a progress bar), so the message stands alone.

@@ -67,6 +67,26 @@ def test_a_sigterm_a_command_unwinds_from_exits_143_not_130(capsys: pytest.Captu
     assert capsys.readouterr().err.strip().splitlines() == ["error: terminated (SIGTERM); run it again"]
 
 
+def test_under_torchrun_a_node_s_other_ranks_wait_before_their_error_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A --data that is missing was printed once per rank. The node's first rank prints at once; the others wait,
+    for torchrun to end them once the first has failed, and print (naming their rank) only if it did not."""
+    from detector.cli import errors
+
+    waits: list[float] = []
+    monkeypatch.setattr(errors.time, "sleep", waits.append)
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert run_command(raise_, ValueError("missing.yaml: data YAML not found")) == 1
+    assert waits == [] and capsys.readouterr().err == "error: missing.yaml: data YAML not found\n"
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert run_command(raise_, ValueError("missing.yaml: data YAML not found")) == 1
+    assert waits == [errors.PEER_ERROR_WAIT_S]
+    assert capsys.readouterr().err == "error: rank 3: missing.yaml: data YAML not found\n"
+
+
 def test_ctrl_c_while_torch_imports_is_one_line_too(monkeypatch: pytest.MonkeyPatch,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     """The first second or two of every command import torch (user_errors): a Ctrl-C there was a 30-line
