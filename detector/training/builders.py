@@ -393,7 +393,9 @@ _RUN_LOCKS: dict[Path, Any] = {}  # run folder -> its lock file, held by this pr
 def hold_run_lock(run_dir: Path) -> None:
     """Lock ``<run>/.lock`` for this process's life (``flock``: the system releases it when the process ends, however
     it ends), so a second process resuming the same run (or resuming one still training) stops with one line
-    instead of writing the same results.csv and checkpoints at once. No lock where ``fcntl`` is missing (Windows)."""
+    instead of writing the same results.csv and checkpoints at once. No lock where ``fcntl`` is missing (Windows).
+    The file is never deleted: a resume that opened it just before its unlink would lock the unlinked file while a
+    third process created and locked a new one (both training the run); a killed run leaves it anyway."""
     try:
         import fcntl
     except ImportError:
