@@ -43,7 +43,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
                              "yolov8n.pt also works)")
     parser.add_argument("--split", choices=("all", "val"), default="all",
                         help="datasets: val: only what the val split needs "
-                             "(COCO: annotations + val2017, 1.1 GB; VOC: the 2007 test zip)")
+                             "(COCO: annotations + val2017, 1.1 GB; VOC: the 2007 test zip) (default: all)")
     parser.add_argument("--datasets-dir", default="",
                         help=f"datasets root; default $DETECTOR_DATASETS, else ${HOME_ENV}/datasets (in a checkout: "
                              f"its datasets/; installed: ~/.local/share/detector/datasets)")

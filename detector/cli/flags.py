@@ -7,7 +7,7 @@ import difflib
 import re
 import sys
 import typing
-from dataclasses import fields
+from dataclasses import Field, fields
 from typing import Any, TypeVar
 
 from detector.aliases import asks, resume_and_weights, say, translate_with_sources
@@ -25,7 +25,7 @@ def add_flags(parser: argparse.ArgumentParser, options_class: type, *, negatable
     """
     for item in fields(options_class):
         kind, _ = field_type(options_class, item.name)
-        help_text = item.metadata.get("help", "")
+        help_text = with_default(item, item.metadata.get("help", ""), parser)
         if typing.get_origin(kind) is tuple:  # ``--classes 0 2``
             parser.add_argument(flag_name(item.name), dest=item.name, nargs="+", type=typing.get_args(kind)[0],
                                 default=item.default, help=help_text, metavar=item.name.upper())
@@ -39,6 +39,16 @@ def add_flags(parser: argparse.ArgumentParser, options_class: type, *, negatable
             required = {"required": True} if is_required(item) else {"default": item.default}
             parser.add_argument(flag_name(item.name), dest=item.name, type=parse, help=help_text, choices=choices,
                                 **required)
+
+
+def with_default(item: Field, help_text: str, parser: argparse.ArgumentParser) -> str:
+    """``help_text`` naming the field's default, as ``--help`` promises for every option (val's --batch read "images
+    per batch", its 32 nowhere), unless the text already says it, the flag is required, the default is None (the
+    text says what it stands for) or the parser's formatter adds it (train's)."""
+    if ("default" in help_text or is_required(item) or item.default is None
+            or issubclass(parser.formatter_class, argparse.ArgumentDefaultsHelpFormatter)):
+        return help_text
+    return f"{help_text} (default: %(default)s)"
 
 
 def choice_parser(kind: type, choices: tuple) -> Any:

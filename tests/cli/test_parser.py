@@ -6,6 +6,7 @@ Every argv here fails to parse, so nothing runs (no torch import, no training).
 from __future__ import annotations
 
 import importlib.metadata
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,3 +118,21 @@ def test_a_flag_is_never_taken_for_an_abbreviation(capsys) -> None:
     assert stopped.value.code == 2
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and "unrecognized arguments: --epoch 3; did you mean --epochs?" in said[0]
+
+
+@pytest.mark.parametrize("command", ["train", "val", "predict", "export", "benchmark", "download", "ablate-amp"])
+def test_every_optional_flag_s_help_names_its_default(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """README: each command answers --help "with every option and its default" (val's --batch read "images per
+    batch", its 32 nowhere). Required flags have none; --help and --version are not options of the run; an alias
+    ("same as --val-interval") has its flag's."""
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    options = text[text.index("options:"):]
+    entries = re.split(r"\n(?=  -)", options)[1:]  # one entry per flag, its wrapped lines included
+    required = {"val": ("--weights",), "predict": ("--source",)}.get(command, ())
+    missing = [entry.split()[0] for entry in entries
+               if not entry.lstrip().startswith(("-h", "-V", "--version", *required))
+               and "default" not in " ".join(entry.split()) and "same as --" not in entry]
+    assert not missing, f"{command} --help names no default for {missing}"
