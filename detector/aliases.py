@@ -84,7 +84,7 @@ def device(value: Any) -> dict[str, Any]:
         return {"device": f"cuda:{int(text)}"}
     if "," in text or isinstance(value, (list, tuple)):
         raise ValueError("one device per process here; for several GPUs launch with torchrun --nproc_per_node N "
-                         "(docs/training.md)")
+                         "(docs/distributed.md)")
     return {"device": value}
 
 
