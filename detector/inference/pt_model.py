@@ -11,13 +11,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from detector.checkpoint import CheckpointError, model_from_checkpoint
-from detector.checkpoint_problems import file_start, is_torch_file, not_a_checkpoint
+from detector.checkpoint_problems import BOTH_READERS, file_start, is_torch_file, not_a_checkpoint
 from detector.model import YOLO, build_model
 
 if TYPE_CHECKING:
     from detector.weights.ultralytics import UltralyticsCheckpoint
 
-BOTH_READERS = "neither this project's nor Ultralytics' YOLOv8 weights"
 # How our reader's refusal of a file naming Ultralytics' classes starts (detector.checkpoint_problems.load_problem).
 ULTRALYTICS_FILE = ": an Ultralytics checkpoint (it names ultralytics."
 

@@ -227,12 +227,14 @@ class TrainConfig:
         if problems:
             raise ValueError("; ".join(problems))
         if self.weights and not self.resume:  # before the data scan, minutes on COCO, that a bad file would waste
-            from detector.checkpoint_problems import file_start, start_problem
+            from detector.checkpoint_problems import BOTH_READERS, file_start, not_a_checkpoint, start_problem
             from detector.weights.locate import resolve_weights
 
             path = resolve_weights(self.weights)  # a missing file: one line saying where it looked
+            # A file that is no checkpoint at all, in val's and predict's words (read_foreign_weights), as
+            # docs/security.md quotes them; an empty one says so.
             if (start := file_start(path)) is not None and (problem := start_problem(start)) is not None:
-                raise ValueError(f"{path}: --weights is {problem}")
+                raise ValueError(f"{path}: {not_a_checkpoint(start, which=BOTH_READERS) if start else problem}")
         return self
 
     def to_dict(self) -> dict[str, Any]:
