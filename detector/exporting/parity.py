@@ -68,8 +68,10 @@ class ParityReport:
         lines = [line + (f"; {self.sure} detections above {self.sure_floor:.2f}, each with its partner" if self.sure
                          and not self.lost else "")]
         if self.sure == 0 and not self.failures:
+            # The mAP comparison follows when --data was given; without it, the note says how to get one.
+            hint = "" if self.map_reference is not None else " (--data compares mAP on the dataset's val images)"
             lines.append(f"note: the PyTorch model scores no detection above {self.sure_floor:.2f} on these images, so "
-                         "no box was compared (--data compares mAP on the dataset's val images)")
+                         f"no box was compared{hint}")
         if self.map_reference is not None and self.map_exported is not None:
             lines.append(
                 f"mAP50-95 on {self.map_images} val images (NMS conf {self.nms.conf_threshold}, IoU "

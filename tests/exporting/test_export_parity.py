@@ -7,7 +7,7 @@ import copy
 import torch
 
 from detector.model.metadata import ModelInfo
-from detector.exporting.parity import check_parity, match_detections
+from detector.exporting.parity import ParityReport, check_parity, match_detections
 from detector.inference.torch_backend import TorchBackend
 from detector.model import YOLO
 
@@ -105,3 +105,11 @@ def test_a_check_with_nothing_sure_to_compare_says_so(model: YOLO, images: torch
     info = ModelInfo(names=["a", "b", "c"], strides=quiet.strides, imgsz=IMGSZ, dynamic=True)
     report = check_parity(TorchBackend(quiet, info), Halved(quiet, info), images=images)
     assert report.passed and report.sure == 0 and "so no box was compared" in report.summary()
+
+
+def test_the_no_detection_note_suggests_data_only_when_it_was_not_given() -> None:
+    """The note that no box was compared pointed to --data even when the mAP comparison on --data followed it."""
+    without = ParityReport(name="onnx", images=4).summary()
+    assert "no box was compared (--data compares mAP" in without
+    with_data = ParityReport(name="onnx", images=4, map_reference=50.0, map_exported=50.0, map_images=16).summary()
+    assert "no box was compared\n" in with_data and "--data" not in with_data
