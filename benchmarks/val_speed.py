@@ -1,8 +1,10 @@
-"""Where validation's time goes: loader start-up, forward, decode, NMS, COCO results, pycocotools.
+"""Where validation's time goes: loader start-up, forward, decode, the loss, NMS, COCO results, pycocotools.
 
 Runs the same stages as :func:`detector.metrics.loop.run_validation` (the loader, ``decode_images``' network and
-decode, ``non_max_suppression``, ``to_coco_detections``, ``evaluate_coco``) on the model as training's validator
-runs it (BatchNorm folded, channels-last: ``--no-fold``, ``--no-channels-last`` to compare), timing each one, over
+decode, the loss on the batch's targets as training's validation computes it, ``LossMeter``: ``--no-val-loss``
+leaves it out, ``non_max_suppression``, ``to_coco_detections``, ``evaluate_coco``) on the model as training's
+validator runs it (BatchNorm folded, channels-last: ``--no-fold``, ``--no-channels-last`` to compare), timing each
+one, over
 ``--repeats`` passes in one process. The loader is made once and kept, as training keeps it; the first pass's
 first batch is the cold start (worker processes forked), the later passes' first batch the warm one.
 
@@ -37,6 +39,8 @@ from detector.inference.cuda_graph import CudaGraphRunner
 from detector.inference.fusion import FusedCopy
 from detector.training.validator import graphed_forward, validation_dtype
 from detector.inference.preprocess import model_input
+from detector.loss import DetectionLoss
+from detector.metrics.val_loss import LossMeter
 from detector.metrics.coco import evaluate_coco, scored_detections, to_coco_detections
 from detector.metrics.loop import make_val_loader
 from detector.model import build_model
@@ -45,7 +49,7 @@ from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
 from detector.precision import resolve_precision
 from detector.tuning import enlarge_onednn_cache
 
-STAGES = ("loader first batch", "loader other batches", "forward", "decode", "NMS", "COCO results",
+STAGES = ("loader first batch", "loader other batches", "forward", "decode", "loss", "NMS", "COCO results",
           "COCO evaluation (faster-coco-eval)", "COCO evaluation (pycocotools)")
 REFERENCE_STAGE = "COCO evaluation (pycocotools)"  # what --coco-eval pycocotools would cost: not in the total
 
@@ -57,19 +61,20 @@ def lap(device: torch.device) -> float:
 
 
 def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, channels_last: bool,
-             graphs: CudaGraphRunner | None = None) -> dict[str, float]:
+             graphs: CudaGraphRunner | None = None, losses: LossMeter | None = None) -> dict[str, float]:
     """One validation pass; seconds per stage, candidate and detection counts. ``graphs``: the forward and decode
-    replayed from them, as training's validator does on CUDA (timed as "forward"; "decode" is then 0)."""
+    replayed from them, as training's validator does on CUDA (timed as "forward"; "decode" is then 0). ``losses``:
+    the loss of each batch from the same maps, as training's validation computes it (else "loss" is 0)."""
     seconds: dict[str, float] = defaultdict(float)
     detections_all = []
     start = lap(device)
     batches = iter(loader)  # the cold start forks the workers here, and a warm one hands them their indices
-    for index, (images, _targets, metas) in enumerate(batches):
+    for index, (images, targets, metas) in enumerate(batches):
         now = lap(device)
         seconds["loader first batch" if index == 0 else "loader other batches"] += now - start
         with torch.no_grad():
             if graphs is not None:
-                decoded = graphs(images.to(device, non_blocking=True))
+                decoded, *maps = graphs(images.to(device, non_blocking=True))
                 t_forward = t_decode = lap(device)
             else:
                 with precision.autocast():
@@ -77,13 +82,17 @@ def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, channel
                 t_forward = lap(device)
                 decoded = decode_outputs(maps, model.strides, model.reg_max)
                 t_decode = lap(device)
+            if losses is not None:
+                losses.add(maps, targets, tuple(images.shape[2:]))
+            t_loss = lap(device)
             detections = non_max_suppression(decoded, nms)
             t_nms = lap(device)
         detections_all.append(to_coco_detections(detections, metas, split.category_ids))
         t_coco = lap(device)
         seconds["forward"] += t_forward - now
         seconds["decode"] += t_decode - t_forward
-        seconds["NMS"] += t_nms - t_decode
+        seconds["loss"] += t_loss - t_decode
+        seconds["NMS"] += t_nms - t_loss
         seconds["COCO results"] += t_coco - t_nms
         seconds["candidates"] += int((decoded[..., 4:] > nms.conf_threshold).sum())
         start = lap(device)
@@ -136,6 +145,8 @@ def main() -> int:
                         help="BatchNorm folded into the convolutions, as training's validation runs (default: on)")
     parser.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True,
                         help="channels-last weights and inputs, as training's default (default: on)")
+    parser.add_argument("--val-loss", action=argparse.BooleanOptionalAction, default=True,
+                        help="the loss on each batch's targets, as training's validation computes it (default: on)")
     parser.add_argument("--repeats", type=int, default=3, help="passes over the split (the loader is kept)")
     parser.add_argument("--first-pass", type=int, default=None,
                         help="NMS first over each image's best N candidates (default: detector.postprocess's "
@@ -187,14 +198,17 @@ def main() -> int:
     graphs = None
     if args.cuda_graphs and device.type == "cuda":  # as training's validator runs them
         graphs = graphed_forward(model, precision, device, channels_last=args.channels_last)
+    criterion = DetectionLoss(num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max)
     passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms,
-                       channels_last=args.channels_last, graphs=graphs)
+                       channels_last=args.channels_last, graphs=graphs,
+                       losses=LossMeter(criterion) if args.val_loss else None)
               for _ in range(args.repeats)]
     images = len(split.records)
     print(f"\n{images} val images of {args.data}, imgsz {size}, batch {args.batch}, workers {args.workers}, "
           f"{device} {precision.name}, {'folded' if args.fold else 'BatchNorm kept'}, "
           f"{'channels-last' if args.channels_last else 'contiguous'}, {'rectangular' if args.rect else 'square'} "
-          f"batches{', pinned' if device.type == 'cuda' else ''}"
+          f"batches, {'with' if args.val_loss else 'without'} the loss"
+          f"{', pinned' if device.type == 'cuda' else ''}"
           f"{f', forward and decode from {len(graphs.graphs)} CUDA graphs' if graphs is not None else ''}, "
           f"weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
           f"conf {args.conf}, max_det {args.max_det}, NMS first over {postprocess.FIRST_PASS_CANDIDATES} candidates"

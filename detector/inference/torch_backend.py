@@ -37,16 +37,36 @@ def decode_images(
     not rounded to FP16's 0.25-0.5 px step. On CUDA under autocast the input is made in autocast's dtype (the
     same values its cast would give: :func:`~detector.inference.preprocess.model_input`); on the CPU in FP32.
     """
+    return decode_outputs(head_maps(model, images, precision=precision, device=device, channels_last=channels_last),
+                          model.strides, model.reg_max)
+
+
+def decode_images_with_maps(
+    model: YOLO, images: torch.Tensor, *, precision: Precision, device: torch.device, channels_last: bool = False
+) -> tuple[torch.Tensor, ...]:
+    """:func:`decode_images`' output, then the head's raw maps it decoded (one per level, in the network's dtype):
+    training's validation computes its loss from them (detector/metrics/val_loss.py) without a second forward.
+    A flat tuple of tensors, which a :class:`CudaGraphRunner` replays as it is."""
+    maps = head_maps(model, images, precision=precision, device=device, channels_last=channels_last)
+    return decode_outputs(maps, model.strides, model.reg_max), *maps
+
+
+def head_maps(
+    model: YOLO, images: torch.Tensor, *, precision: Precision, device: torch.device, channels_last: bool = False
+) -> list[torch.Tensor]:
+    """The network's raw per-level maps of uint8 ``images``, under ``precision``'s autocast (see
+    :func:`decode_images`)."""
     dtype = precision.dtype if device.type == "cuda" and precision.dtype is not None else torch.float32
     with precision.autocast():
-        maps = model(model_input(images, device, channels_last=channels_last, dtype=dtype))
-    return decode_outputs(maps, model.strides, model.reg_max)
+        return model(model_input(images, device, channels_last=channels_last, dtype=dtype))
 
 
 def make_torch_infer(
-    model: nn.Module, *, precision: Precision, nms: NMSConfig, device: torch.device, channels_last: bool = False
-) -> Callable[[torch.Tensor], Detections]:
-    """``infer(images uint8 [B,3,S,S]) -> detections`` for :func:`detector.metrics.loop.run_validation`.
+    model: nn.Module, *, precision: Precision, nms: NMSConfig, device: torch.device, channels_last: bool = False,
+    with_maps: bool = False,
+) -> Callable[[torch.Tensor], Detections | tuple[Detections, list[torch.Tensor]]]:
+    """``infer(images uint8 [B,3,S,S]) -> detections`` for :func:`detector.metrics.loop.run_validation`;
+    ``with_maps``: ``-> (detections, the head's raw maps)``, for a pass that computes the loss too.
 
     Runs ``model`` itself (unwrapped from DDP, not copied): training's validator hands it the EMA's folded copy
     (detector/training/validator.py), the benchmarks a model.
@@ -54,9 +74,11 @@ def make_torch_infer(
     bare = unwrap(model)
 
     @torch.no_grad()
-    def infer(images: torch.Tensor) -> Detections:
-        decoded = decode_images(bare, images, precision=precision, device=device, channels_last=channels_last)
-        return non_max_suppression(decoded, nms)
+    def infer(images: torch.Tensor) -> Detections | tuple[Detections, list[torch.Tensor]]:
+        decoded, *maps = decode_images_with_maps(bare, images, precision=precision, device=device,
+                                                 channels_last=channels_last)
+        detections = non_max_suppression(decoded, nms)
+        return (detections, maps) if with_maps else detections
 
     return infer
 

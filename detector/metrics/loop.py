@@ -1,7 +1,8 @@
 """Validation loop shared by training, `detector val` and export parity checks.
 
 Any backend plugs in as ``infer(images uint8 [B, 3, S, S]) -> list[{boxes, scores, labels}]`` with boxes
-in letterboxed-input pixels; this module handles batching, letterbox undo and the COCO evaluator.
+in letterboxed-input pixels; this module handles batching, letterbox undo and the COCO evaluator. Training's pass
+also computes the loss: its ``infer`` is an :class:`~detector.metrics.val_loss.InferWithLoss`.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from detector.data.letterbox import ImageMeta, rect_batches
 from detector.data.workers import worker_init
 from detector.metrics.background import BackgroundScorer, PendingScore
 from detector.metrics.coco import DETECTION_COLUMNS, EvalResult, evaluate_coco, to_coco_detections, write_results_json
+from detector.metrics.val_loss import InferWithLoss
 from detector.model.yolo import INPUT_MULTIPLE
 from detector.postprocess import detections_to_host
 
@@ -69,6 +71,8 @@ class Validation:
         detections: the ``[N, 7]`` COCO results array (what predictions.json holds, for writing later).
         predictions: ``(detections, meta)`` per image when asked for (plots, the per-class table), else None.
         in_background: scored by a :class:`BackgroundScorer` (reading :attr:`result` may wait for it).
+        losses: ``{val/box, val/cls, val/dfl}`` of a pass that computed the loss (:class:`InferWithLoss`), else empty;
+            known when the pass returns, also where its scoring runs in the background.
     """
 
     scores: EvalResult | PendingScore
@@ -77,6 +81,7 @@ class Validation:
     detections: np.ndarray
     predictions: list[tuple[dict[str, torch.Tensor], ImageMeta]] | None = None
     in_background: bool = False
+    losses: dict[str, float] = field(default_factory=dict)
     # Seconds of :attr:`seconds` by part: "loading" (blocked on the loader: decoding and letterboxing not yet done
     # by its workers), "inference" (the model, NMS and the detections brought to the host), "scoring" (the COCO
     # evaluation and predictions.json; 0 when scored in the background).
@@ -106,7 +111,7 @@ def in_json_pixels(detections: np.ndarray, scale: dict[int, float]) -> np.ndarra
 
 
 def run_validation(
-    infer: Callable[[torch.Tensor], Detections],
+    infer: Callable[[torch.Tensor], Detections] | InferWithLoss,
     split: SplitData,
     loader: Iterable[tuple],
     *,
@@ -119,7 +124,8 @@ def run_validation(
     """Run ``infer`` over ``loader`` (:func:`make_val_loader` of ``split``, or the batches it yielded before) and
     score it with the ``coco_eval`` evaluator (see detector.metrics.coco); with ``results_json``, write the COCO
     results there too. With ``scorer`` (whose split and evaluator these must be), the scoring runs in its worker
-    and this returns without waiting for it (:attr:`Validation.result` waits)."""
+    and this returns without waiting for it (:attr:`Validation.result` waits). An :class:`InferWithLoss` ``infer`` takes
+    each batch's targets too, and the pass's mean loss is :attr:`Validation.losses`."""
     coco_detections: list[np.ndarray] = []
     predictions = []
     start = time.perf_counter()
@@ -134,11 +140,13 @@ def run_validation(
         loading += time.perf_counter() - waited
         if batch is None:
             break
-        images, _targets, metas = batch
-        detections = infer(images)
+        images, targets, metas = batch
+        detections = infer(images, targets) if isinstance(infer, InferWithLoss) else infer(images)
         coco_detections.append(to_coco_detections(detections, metas, split.category_ids))
         if keep_predictions:  # on the host in one copy: the per-image matching and plots would wait on each image
             predictions.extend(zip(detections_to_host(detections), metas))
+    # Waits for the device: counted in the inference time.
+    mean_losses = infer.meter.means() if isinstance(infer, InferWithLoss) else {}
     inferred = time.perf_counter()
     assert split.ground_truth is not None, "evaluation split was built without ground truth"
     detections = np.concatenate(coco_detections) if coco_detections else np.zeros((0, len(DETECTION_COLUMNS)))
@@ -151,12 +159,13 @@ def run_validation(
         pending = scorer.submit(detections, image_ids)
         parts = timing_parts(start, loading, inferred)
         return Validation(pending, sum(parts.values()), len(split.records), detections,
-                          predictions if keep_predictions else None, in_background=True, parts=parts)
+                          predictions if keep_predictions else None, in_background=True, losses=mean_losses,
+                          parts=parts)
     result = evaluate_coco(split.ground_truth, detections, image_ids=image_ids, results_json=results_json,
                            backend=coco_eval)
     parts = timing_parts(start, loading, inferred)
     return Validation(result, sum(parts.values()), len(split.records), detections,
-                      predictions if keep_predictions else None, parts=parts)
+                      predictions if keep_predictions else None, losses=mean_losses, parts=parts)
 
 
 def timing_parts(start: float, loading: float, inferred: float) -> dict[str, float]:

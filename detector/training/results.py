@@ -1,17 +1,23 @@
-"""An epoch's row of ``results.csv``: losses, learning rate, COCO metrics, precision, validation time, evaluator."""
+"""An epoch's row of ``results.csv``: training and validation losses, learning rate, COCO metrics, precision,
+validation time, evaluator."""
 
 from __future__ import annotations
 
 from detector.metrics.coco import METRIC_NAMES
 from detector.metrics.loop import Validation
+from detector.metrics.val_loss import LOSS_COLUMNS
 
 
 def results_row(epoch: int, stats: dict[str, float], validation: Validation | None, precision: str) -> dict[str, object]:
     """The row for ``epoch`` (0-based; the row says ``epoch + 1``). ``stats`` is what the epoch's training loop
-    returned; its keys beyond the fixed columns follow them. Metrics are empty and ``val_seconds`` NaN where the
+    returned; its keys beyond the fixed columns follow them. The validation losses (``val/box``...) follow the
+    training ones, as Ultralytics' do. Metrics and validation losses are empty and ``val_seconds`` NaN where the
     epoch was not evaluated; ``evaluator`` names the library that produced the row's mAP (empty there)."""
     metrics = validation.metrics if validation else {}
-    row: dict[str, object] = {"epoch": epoch + 1, **{k: stats[k] for k in ("train/box", "train/cls", "train/dfl", "lr")}}
+    losses = validation.losses if validation else {}
+    row: dict[str, object] = {"epoch": epoch + 1, **{k: stats[k] for k in ("train/box", "train/cls", "train/dfl")}}
+    row.update({k: losses.get(k, "") for k in LOSS_COLUMNS})
+    row["lr"] = stats["lr"]
     row.update({k: metrics.get(k, "") for k in METRIC_NAMES})
     row.update({"precision": precision, "val_seconds": validation.seconds if validation else float("nan"),
                 "evaluator": validation.result.evaluator if validation else ""})

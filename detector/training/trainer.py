@@ -344,7 +344,7 @@ class Trainer(RunPlans, FinalReports):
     def evaluate(self, *, keep_predictions: bool = False, background: bool = False) -> Validation:
         assert self.validator is not None
         return self.validator.run(self.step.ema.module, self.step.precision, keep_predictions=keep_predictions,
-                                  background=background)
+                                  background=background, criterion=self.step.criterion)
 
     def _evaluate_if_due(self, epoch: int, stats: dict[str, float], *, due: bool,
                          background: bool = False) -> Validation | None:

@@ -19,13 +19,15 @@ from detector.checkpoint import load_weights
 from detector.data.build import SplitData
 from detector.data.workers import stop_workers, usable_cores
 from detector.distributed import unwrap
+from detector.loss import DetectionLoss
 from detector.inference.fusion import FusedCopy
 from detector.inference.cuda_graph import CudaGraphRunner
-from detector.inference.torch_backend import decode_images, make_torch_infer
+from detector.inference.torch_backend import decode_images_with_maps, make_torch_infer
 from detector.forked import HELPER_MIN_CORES, fork_available
 from detector.metrics.background import BackgroundScorer
 from detector.metrics.coco import resolve_backend
-from detector.metrics.loop import Validation, make_val_loader, run_validation
+from detector.metrics.loop import Detections, Validation, make_val_loader, run_validation
+from detector.metrics.val_loss import InferWithLoss, LossMeter
 from detector.postprocess import NMSConfig, non_max_suppression
 from detector.precision import Precision
 from detector.training.config import TrainConfig
@@ -41,9 +43,11 @@ KEEP_BATCHES_BYTES = 512 * 2**20
 # On CUDA a pass's forward and box decode replay CUDA graphs, one per batch shape, captured in the first pass and
 # kept (the folded copy is refreshed in place, so they read each pass's weights): a nano forward launches ~250
 # kernels a batch, each paid on the host, and a BCCD pass (87 images, batches of 16: two shapes) is six forwards
-# every epoch. At most GRAPHED_SHAPES graphs, whose outputs stay allocated for the run (decoded [B, A, 4 + C] FP32
-# a shape: 2.8 MB for BCCD's batch of 16, 45 MB with 80 classes), at most GRAPHED_OUTPUT_BYTES of them; a split
-# whose rectangular batches take more shapes (COCO val's) runs the others eagerly.
+# every epoch. At most GRAPHED_SHAPES graphs, whose outputs stay allocated for the run, at most GRAPHED_OUTPUT_BYTES
+# of them; a split whose rectangular batches take more shapes (COCO val's) runs the others eagerly. A shape's
+# outputs are the decoded [B, A, 4 + C] FP32 and the raw maps the loss reads ([B, 64 + C, H, W] a level, FP16 under
+# CUDA FP16): 2.8 + 13.5 MB for BCCD's batch of 16 (640x480, 3 classes), 45 + 39 MB at 640x640 with 80 classes
+# (one such shape fits; two did before the maps were kept for the validation loss).
 GRAPHED_SHAPES = 8
 GRAPHED_OUTPUT_BYTES = 128 * 2**20
 # --val-background auto scores a pass in the background (detector/metrics/background.py) on CUDA after epochs whose
@@ -64,9 +68,11 @@ def validation_batch(config: TrainConfig, device: torch.device) -> int:
 def graphed_forward(model: nn.Module, precision: Precision, device: torch.device, *,
                     channels_last: bool, largest_batch: tuple[int, int] = (0, 0)) -> CudaGraphRunner:
     """``model``'s forward and box decode on uint8 CUDA batches, replayed from CUDA graphs (up to
-    :data:`GRAPHED_SHAPES` and :data:`GRAPHED_OUTPUT_BYTES`; other shapes eager), as validation runs them.
+    :data:`GRAPHED_SHAPES` and :data:`GRAPHED_OUTPUT_BYTES`; other shapes eager), as validation runs them: each call
+    returns the decoded boxes and then the head's raw maps (:func:`decode_images_with_maps`; the loss reads them).
     ``largest_batch``: (images, side) of the largest: every shape's input is then a view of one uint8 memory."""
-    forward = functools.partial(decode_images, model, precision=precision, device=device, channels_last=channels_last)
+    forward = functools.partial(decode_images_with_maps, model, precision=precision, device=device,
+                                channels_last=channels_last)
     images, side = largest_batch
     return CudaGraphRunner(forward, max_graphs=GRAPHED_SHAPES, max_output_bytes=GRAPHED_OUTPUT_BYTES,
                            input_bytes=images * 3 * side * side)
@@ -163,10 +169,10 @@ class Validator:
             self._copy = FusedCopy(source, dtype=dtype, channels_last=self.config.channels_last)
         return self._copy.refresh()
 
-    def infer(self, model: nn.Module, precision: Precision, *,
-              graphed: bool = True) -> Callable[[torch.Tensor], list[dict[str, torch.Tensor]]]:
+    def infer(self, model: nn.Module, precision: Precision, *, graphed: bool = True,
+              with_maps: bool = False) -> Callable[[torch.Tensor], Detections | tuple[Detections, list[torch.Tensor]]]:
         """Inference and NMS on a validation batch; the forward and decode from CUDA graphs where they fit
-        (:data:`GRAPHED_SHAPES`; ``graphed=False``: eager)."""
+        (:data:`GRAPHED_SHAPES`; ``graphed=False``: eager). ``with_maps``: the head's raw maps too, for the loss."""
         config = self.config
         nms = NMSConfig(conf_threshold=config.val_conf, iou_threshold=config.val_iou, max_detections=config.max_det,
                         multi_label=True)
@@ -174,11 +180,13 @@ class Validator:
         runner = self._graph_runner(copy, precision) if graphed else None
         if runner is None:
             return make_torch_infer(copy, precision=precision, nms=nms, device=self.device,
-                                    channels_last=config.channels_last)
+                                    channels_last=config.channels_last, with_maps=with_maps)
 
         @torch.no_grad()
-        def infer(images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-            return non_max_suppression(runner(images.to(self.device, non_blocking=True)), nms)
+        def infer(images: torch.Tensor) -> Detections | tuple[Detections, list[torch.Tensor]]:
+            decoded, *maps = runner(images.to(self.device, non_blocking=True))
+            detections = non_max_suppression(decoded, nms)
+            return (detections, maps) if with_maps else detections
 
         return infer
 
@@ -194,17 +202,20 @@ class Validator:
         return self._graphs[2]
 
     def run(self, model: nn.Module, precision: Precision, *, keep_predictions: bool = False,
-            background: bool = False, graphed: bool = True) -> Validation:
+            background: bool = False, graphed: bool = True, criterion: DetectionLoss | None = None) -> Validation:
         """One pass; ``background``: its COCO scoring in the worker process (detector/metrics/background.py), the
-        returned :class:`Validation` waiting for it where its result is read."""
+        returned :class:`Validation` waiting for it where its result is read. ``criterion``: the pass's loss too
+        (:attr:`Validation.losses`), from the forward that gave its detections."""
         # predictions.json is written by the final evaluations only (the trainer's after_epoch and after_train): at
         # COCO size (1.5M detections) its json.dumps costs seconds, every epoch, for a file the next epoch replaces.
         batches = self.batches()
         shapes = 1 if self.canvases is None else len(np.unique(self.canvases, axis=0))
         backend = resolve_backend(self.config.coco_eval)
         with heuristics_over_many_shapes(self.device, shapes, self.config.cudnn_benchmark):
-            return run_validation(self.infer(model, precision, graphed=graphed), self.split, batches,
-                                  progress=self.progress,
+            infer = self.infer(model, precision, graphed=graphed, with_maps=criterion is not None)
+            if criterion is not None:
+                infer = InferWithLoss(infer, LossMeter(criterion))
+            return run_validation(infer, self.split, batches, progress=self.progress,
                                   keep_predictions=keep_predictions, coco_eval=backend,
                                   scorer=self.scorer() if background else None)
 

@@ -57,6 +57,25 @@ def test_results_png_draws_the_learning_rate_beside_the_losses(tmp_path: Path, m
     assert curves.results_panels(["epoch", "lr"]) == [["lr"]]
 
 
+def test_results_png_draws_each_validation_loss_under_its_training_loss(tmp_path: Path, monkeypatch) -> None:
+    """As Ultralytics' results.png: train/box, train/cls, train/dfl on top, val/box, val/cls, val/dfl below them
+    (in that order even where a resumed run's file has them at its end), then the mAPs; a resumed run's older rows,
+    blank there, are left out of the line rather than drawn as zeros."""
+    import detector.plots.curves as curves
+
+    csv_path = tmp_path / "results.csv"
+    csv_path.write_text("epoch,train/box,train/cls,train/dfl,lr,mAP50-95,val_seconds,val/cls,val/box,val/dfl\n"
+                        "1,2.1,3.0,1.5,0.01,0.1,1.0,,,\n2,1.9,2.6,1.4,0.01,0.2,1.0,2.4,1.8,1.3\n")
+    drawn = []
+    monkeypatch.setattr(curves, "_plot_series", lambda axis, epochs, values, name, smooth=True: drawn.append(
+        (name, axis.get_subplotspec().rowspan.start, axis.get_subplotspec().colspan.start, values.tolist())))
+    curves.plot_results(csv_path, tmp_path / "results.png")
+    assert [(name, row, col) for name, row, col, _ in drawn] == [
+        ("train/box", 0, 0), ("train/cls", 0, 1), ("train/dfl", 0, 2), ("lr", 0, 3),
+        ("val/box", 1, 0), ("val/cls", 1, 1), ("val/dfl", 1, 2), ("mAP50-95", 2, 0)]
+    assert np.isnan(drawn[4][3][0]) and drawn[4][3][1] == 1.8  # the older row's blank: skipped where drawn
+
+
 def test_results_csv_padded_headers_and_header_only(tmp_path: Path, assert_png) -> None:
     padded = tmp_path / "padded.csv"
     padded.write_text("  epoch,  train/box,  mAP50\n 0, 1.0,\n 1, 0.9, 0.5\n")

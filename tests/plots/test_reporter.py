@@ -54,6 +54,22 @@ def test_a_run_that_stops_early_still_has_its_tensorboard_events_on_disk(tmp_pat
     assert events and sum(path.stat().st_size for path in events) > size_before
 
 
+def test_tensorboard_shows_the_validation_losses_beside_the_training_ones(tmp_path: Path):
+    """Each numeric results.csv column is a scalar: val/box, val/cls, val/dfl beside train/box...; an epoch not
+    evaluated (its cells empty) has no point there rather than a zero."""
+    import pytest
+
+    pytest.importorskip("tensorboard")
+    reporter = RunReporter(tmp_path, ["a"], plots=False, tensorboard=True)
+    reporter.on_epoch_end({"epoch": 1, "train/box": 2.0, "val/box": "", "val/cls": "", "val/dfl": ""}, 0)
+    reporter.on_epoch_end({"epoch": 2, "train/box": 1.5, "val/box": 1.75, "val/cls": 2.5, "val/dfl": 1.25}, 1)
+    reporter.close()
+    shown = _board(tmp_path)
+    assert [value for _, value in shown["train/box"]] == [2.0, 1.5]
+    assert {tag: [value for _, value in shown[tag]] for tag in ("val/box", "val/cls", "val/dfl")} == {
+        "val/box": [1.75], "val/cls": [2.5], "val/dfl": [1.25]}
+
+
 def test_a_run_stopped_before_its_first_redraw_still_gets_results_png_when_closed(tmp_path: Path, monkeypatch):
     drawn = []
     monkeypatch.setattr(detector.plots, "plot_results", lambda csv, png: drawn.append(png))

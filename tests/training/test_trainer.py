@@ -37,6 +37,10 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys,
         assert rows[-1][column] != ""
     assert all(0 <= float(row["data_wait"]) <= 1 for row in rows)  # the share of each epoch spent waiting for data
     assert all(row["evaluator"].startswith("faster-coco-eval ") for row in rows)  # which library made each mAP
+    # Ultralytics' val/box_loss...: each evaluated epoch's loss on the val split, beside the training losses.
+    assert list(rows[0])[1:7] == ["train/box", "train/cls", "train/dfl", "val/box", "val/cls", "val/dfl"]
+    assert all(math.isfinite(float(row[k])) and float(row[k]) > 0 for row in rows for k in ("val/box", "val/cls",
+                                                                                            "val/dfl"))
     checkpoint = load_checkpoint(run_dir / "weights" / "last.pt")  # weights_only=True inside
     assert checkpoint["epoch"] == 1 and checkpoint["names"] == ["circle", "square", "triangle"]
     assert (run_dir / "weights" / "best.pt").is_file() and (run_dir / "predictions.json").is_file()

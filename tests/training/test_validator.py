@@ -3,8 +3,12 @@ import torch
 
 import detector.training.validator as validator_module
 from detector.data.build import SplitData
+from detector.inference.cuda_graph import output_bytes
+from detector.inference.preprocess import model_input
+from detector.metrics.val_loss import LOSS_COLUMNS
 from detector.model import build_model
 from detector.precision import Precision
+from detector.training.builders import build_criterion
 from detector.training.config import TrainConfig
 from detector.forked import HELPER_MIN_CORES
 from detector.training.validator import BACKGROUND_EPOCH_SECONDS, Validator, scores_in_background
@@ -82,6 +86,34 @@ def test_a_pass_scored_in_the_background_has_the_inline_scores_and_close_ends_it
     assert set(multiprocessing.active_children()) <= children
 
 
+def test_a_pass_computes_the_training_loss_of_the_forward_it_scores_inline_and_in_the_background(
+        tiny_split: SplitData, watchdog):
+    """The losses are those of the folded copy the pass runs, on the batches it scores, from the criterion the run
+    trains with; a pass scored in the background has them when it returns, before its scores."""
+    config = _config(batch=1)  # batches of 2 on a CPU: the tiny split's 4 images are two batches
+    validator = Validator(tiny_split, config, torch.device("cpu"), progress=False)
+    model, precision = _model(), Precision("fp32", "cpu", "test")
+    criterion = build_criterion(config, model)
+    inline = validator.run(model, precision, criterion=criterion)
+    copy, batches = validator.model_for(model, precision), list(validator.batches())
+    assert len(batches) == 2 and all(len(images) == 2 for images, _, _ in batches)
+    expected = torch.zeros(3)
+    with torch.no_grad():
+        for images, targets, _ in batches:
+            maps = copy(model_input(images, torch.device("cpu"), channels_last=config.channels_last))
+            _, parts = criterion(maps, targets, images.shape[2:], across_ranks=False)
+            expected += torch.stack([parts["box"], parts["cls"], parts["dfl"]]) / len(batches)  # equal batches
+    # The same operations on the same maps: each batch's parts to the bit; two FP32 means of two terms, each
+    # rounded at most twice (the sum, the division; x2 and /4 are exact): 2 units of 2**-24 either side.
+    assert [inline.losses[name] for name in LOSS_COLUMNS] == pytest.approx(expected.tolist(), rel=4 * 2**-24)
+    validator.scorer().start()
+    later = validator.run(model, precision, background=True, criterion=criterion)
+    assert later.in_background and later.losses == inline.losses  # known before the worker's scores are read
+    assert later.result.metrics == inline.metrics
+    assert validator.run(model, precision).losses == {}  # no criterion: no loss (the final report's passes)
+    validator.close()
+
+
 def test_validation_runs_at_the_training_batch_on_cuda_and_twice_it_on_a_cpu():
     config = _config(batch=16)
     assert validation_batch(config, torch.device("cuda")) == 16
@@ -134,24 +166,34 @@ def _graphed_against_eager(tiny_split: SplitData) -> None:
     # Varied scores: a fresh model's detections are boxes clipped to the image at the prior's score, which no change
     # of its BatchNorm moves in FP16 (on the first GPU to run this test the two passes were equal).
     model, precision = lively_model(num_classes=2).cuda(), Precision("fp16", "cuda", "test")
-    first = validator.run(model, precision)
+    criterion = build_criterion(validator.config, model)
+    first = validator.run(model, precision, criterion=criterion)
     runner = validator._graphs[2]
     assert runner.graphs and runner.failed is None, (runner.failed, runner.uncaptured)
+    # Each graph returns the decoded boxes and the raw maps the loss reads (one a level), all counted in its cap.
+    for captured in runner.graphs.values():
+        decoded, *maps = captured.static_output
+        assert decoded.dtype == torch.float32 and len(maps) == len(model.strides)
+        assert all(level.dtype == torch.float16 for level in maps)  # the FP16 copy's, cast to FP32 for the loss
+        assert output_bytes(captured.static_output) == decoded.nbytes + sum(level.nbytes for level in maps)
     with torch.no_grad():  # the EMA moves between epochs: every BatchNorm, folded into the copy's convolutions, and
         for module in model.modules():  # the class convolutions' biases, copied as they are
             if isinstance(module, torch.nn.BatchNorm2d):
                 module.weight.mul_(1.05)
         for branch in model.head.cv3:
             branch[-1].bias.add_(0.5)
-    graphed = validator.run(model, precision)
+    graphed = validator.run(model, precision, criterion=criterion)
     assert validator._graphs[2] is runner and not runner.uncaptured  # replayed, nothing captured again
     eager = Validator(tiny_split, _config(device="cuda"), torch.device("cuda"), progress=False)
     eager._graph_runner = lambda copy, precision: None  # the eager path for the same weights
-    expected = eager.run(model, precision)
+    expected = eager.run(model, precision, criterion=criterion)
     assert not (graphed.detections.shape == first.detections.shape and (graphed.detections == first.detections).all())
     # Replay runs the kernels the eager forward launched on the same inputs and weights: equal results.
     assert graphed.detections.shape == expected.detections.shape
     assert (abs(graphed.detections - expected.detections) <= 1e-3).all()
+    # The loss reads the replayed maps, the eager forward's to the bit, with the same (eager, deterministic) kernels.
+    assert graphed.losses == expected.losses and all(value > 0 for value in graphed.losses.values())
+    assert graphed.losses != first.losses  # the changed weights' loss, not the first pass's
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="a worker forked from a process with a CUDA context")
