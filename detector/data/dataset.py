@@ -31,7 +31,7 @@ from detector.data.augment import (
 from detector.data.batch_augment import PixelOps
 from detector.data.device_augment import WarpBatch, WarpSource, canvas_region, pack_warp_batch
 from detector.data.images import READ_ERRORS, read_image_rgb
-from detector.data.letterbox import ImageMeta, letterbox, resized_size
+from detector.data.letterbox import RESIZE_INTERPOLATION, ImageMeta, letterbox, resized_size
 from detector.data.ram_cache import ImageCache
 from detector.data.records import Records
 from detector.data.spec import DatasetError
@@ -114,10 +114,10 @@ class DetectionDataset(Dataset):
         height, width = image.shape[:2]
         ratio = self.image_size / max(height, width)
         if ratio != 1:
-            interpolation = cv2.INTER_AREA if ratio < 1 else cv2.INTER_LINEAR
             # >= 1 pixel a side, as the RAM cache sizes it (ram_cache.resized_shapes): a 4000x1 strip stays 640x1.
+            # Bilinear either way, as predict's letterbox: an evaluation item is the pixels predict makes of the file.
             size = (max(1, round(width * ratio)), max(1, round(height * ratio)))
-            image = cv2.resize(image, size, interpolation=interpolation)
+            image = cv2.resize(image, size, interpolation=RESIZE_INTERPOLATION)
         return image, (height, width)
 
     def load(self, index: int) -> tuple[np.ndarray, tuple[int, int]]:

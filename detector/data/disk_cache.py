@@ -3,8 +3,9 @@ once and mapped by every later run (Ultralytics' ``cache='disk'``, which keeps a
 
 The file holds every image of a split decoded and resized to the run's size, row after row, then one byte per
 image saying whether it failed to decode (the dataset then reads that one from its file, and says so). Its name
-carries a fingerprint of the split's images (paths, recorded sizes, each file's size and modification time) and
-the image size, so a changed image, another ``--imgsz`` or another subset is another file; nothing stale is read.
+carries a fingerprint of the split's images (paths, recorded sizes, each file's size and modification time), the
+image size and :data:`PIXELS_VERSION`, so a changed image, another ``--imgsz``, another subset or another way of
+resizing is another file; nothing stale is read.
 Pages come from the operating system's page cache: a split larger than the RAM is read from the disk image by
 image, still without decoding a JPEG, and every process of the node (torchrun, the loader workers) shares them.
 
@@ -31,17 +32,23 @@ except ImportError:  # Windows: no flock (see filling)
 
 import numpy as np
 
+from detector.data.letterbox import RESIZE_INTERPOLATION
 from detector.data.ram_cache import ImageCache, resized_shapes
 from detector.data.records import Records
 from detector.data.scan import SUFFIX as RECORDS_SUFFIX
 
 SUFFIX = ".images.u8"
+# How the stored pixels are made from a file, in the fingerprint with the interpolation itself: bump it whenever the
+# same image at the same size would be stored with other pixels, so no file of the old kind is read (the new one then
+# replaces it: remove_older). 1 (not in the key): shrunk with INTER_AREA. 2: RESIZE_INTERPOLATION (bilinear).
+PIXELS_VERSION = 2
 
 
 def fingerprint(records: Records, image_size: int) -> str:
     """What the file's content depends on: the images (paths, sizes as recorded, bytes and modification time of
-    each file) and the size they are resized to."""
+    each file), the size they are resized to and how (:data:`PIXELS_VERSION`)."""
     digest = hashlib.sha1(records.path_bytes.tobytes() + records.image_hw.tobytes() + f":{image_size}".encode())
+    digest.update(f"pixels{PIXELS_VERSION}:{RESIZE_INTERPOLATION};".encode())
     for path in records.paths():
         try:
             info = path.stat()

@@ -18,6 +18,12 @@ import torch
 from detector.data.augment import PAD_VALUE
 from detector.data.batch_augment import PixelOps
 
+# Every resize of an image on its way into the model (training, validation, predict) is bilinear,
+# as Ultralytics 8.4 resizes (data/base.py load_image, LetterBox) and as the CUDA letterbox's ``interpolate`` does,
+# so validation scores the very pixels predict feeds the model. INTER_AREA antialiases a strong shrink, but then
+# training and validation would see inputs predict never produces.
+RESIZE_INTERPOLATION = cv2.INTER_LINEAR
+
 
 @dataclass(frozen=True)
 class ImageMeta:
@@ -62,7 +68,7 @@ def letterbox(
     # At least one pixel: a 4000x1 strip scaled to 640 would round its short side to nothing (cv2.resize refuses).
     new_h, new_w = resized_size(height, width, ratio)
     if (new_w, new_h) != (width, height):
-        image = cv2.resize(image, (new_w, new_h), interpolation=cv2.INTER_LINEAR)
+        image = cv2.resize(image, (new_w, new_h), interpolation=RESIZE_INTERPOLATION)
     left, top = (canvas_w - new_w) // 2, (canvas_h - new_h) // 2
     image = cv2.copyMakeBorder(
         image, top, canvas_h - new_h - top, left, canvas_w - new_w - left, cv2.BORDER_CONSTANT,

@@ -102,7 +102,9 @@ class ImageCache:
             if image.shape != expected:  # the header's size and the decoded one disagree: keep the planned shape
                 import cv2
 
-                image = cv2.resize(image, (expected[1], expected[0]), interpolation=cv2.INTER_AREA)
+                from detector.data.letterbox import RESIZE_INTERPOLATION
+
+                image = cv2.resize(image, (expected[1], expected[0]), interpolation=RESIZE_INTERPOLATION)
             self.buffer[self.offsets[index] : self.offsets[index + 1]] = image.reshape(-1)
 
         with ThreadPoolExecutor(max_workers=threads) as pool:

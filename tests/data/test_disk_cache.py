@@ -11,6 +11,7 @@ import pytest
 
 from detector.data.dataset import DetectionDataset
 from detector.data.disk_cache import SUFFIX, open_disk_cache
+from detector.data.ram_cache import resized_shapes
 from tests.conftest import write_records
 
 
@@ -113,3 +114,22 @@ def test_two_runs_starting_at_once_fill_it_once(tmp_path: Path) -> None:
     assert len(caches) == 2 and all(cache is not None for cache in caches)
     assert sorted(calls) == [0, 1, 2, 3]
     assert [path.name for path in (tmp_path / "images").iterdir() if SUFFIX in path.name] == [caches[0].path.name]
+
+
+def test_a_file_of_the_inter_area_kind_is_not_read_but_replaced(tmp_path: Path) -> None:
+    """Files written before PIXELS_VERSION 2 hold images shrunk with INTER_AREA, where training now resizes as
+    predict does (bilinear): a complete one, named as they were named, is neither mapped nor kept once the new
+    one is filled."""
+    import hashlib
+
+    records, dataset, locations = _split(tmp_path)
+    old_key = hashlib.sha1(records.path_bytes.tobytes() + records.image_hw.tobytes() + b":48")
+    for path in records.paths():  # the fingerprint as version 1 computed it: no pixels version in it
+        info = path.stat()
+        old_key.update(f"{info.st_size}:{info.st_mtime_ns};".encode())
+    old = tmp_path / "images" / f"train.48px.{old_key.hexdigest()[:20]}{SUFFIX}"
+    old.write_bytes(bytes(int(resized_shapes(records, 48).prod(1).sum()) + len(records)))  # complete, as sizes go
+    assert open_disk_cache(records, 48, lambda i: 1 / 0, locations=locations, fill=False) is None
+    cache = open_disk_cache(records, 48, lambda i: dataset.load_resized(i)[0], locations=locations, fill=True)
+    assert cache.path != old and not old.exists()
+    np.testing.assert_array_equal(cache.image(1), dataset.load_resized(1)[0])

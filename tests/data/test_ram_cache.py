@@ -110,3 +110,13 @@ def test_a_folder_that_is_not_private_is_not_used(dataset, monkeypatch, tmp_path
     assert rank1() is None
     path.parent.chmod(0o700)  # a folder of ours left by a crashed run, private: reused
     assert rank0() is not None and rank1() is not None
+
+
+def test_an_image_decoded_at_another_size_is_resized_as_predict_resizes(dataset: DetectionDataset):
+    """A file replaced since the scan by one of another size is fitted to its planned slot bilinearly, as every
+    resize on the way into the model (detector.data.letterbox.RESIZE_INTERPOLATION), not with INTER_AREA."""
+    import cv2
+
+    noise = np.random.default_rng(0).integers(0, 256, (96, 80, 3), dtype=np.uint8)  # planned: 48x48
+    cache = ram_cache.build_image_cache(dataset.records, 48, lambda index: noise, mode="ram", threads=1)
+    np.testing.assert_array_equal(cache.image(0), cv2.resize(noise, (48, 48), interpolation=cv2.INTER_LINEAR))
