@@ -37,7 +37,7 @@ def build_optimizer(
 ) -> OptimizerChoice:
     """Three parameter groups: conv/linear weights (decayed), norm weights and biases (not decayed).
 
-    ``auto`` picks AdamW with a class-count-scaled learning rate for short runs (< 10k steps), where it
+    ``auto`` picks AdamW with a class-count-scaled learning rate for short runs (<= 10k steps), where it
     converges faster, and SGD otherwise. It changes only the optimizer and its learning rate: beta1 warms up
     to ``momentum`` and biases warm down from ``warmup_bias_lr`` as with an explicit choice. Ultralytics
     instead sets beta1 0.9 and a bias warm-up from 0 for its auto AdamW; measured on BCCD (320 px, 40 epochs,
@@ -100,18 +100,18 @@ def zero_momentum_buffers(optimizer: torch.optim.Optimizer) -> None:
                 optimizer.state[param]["momentum_buffer"] = torch.zeros_like(param)
 
 
-AUTO_ADAMW_MAX_STEPS = 10_000  # optimizer steps; Ultralytics' threshold
+AUTO_ADAMW_MAX_STEPS = 10_000  # optimizer steps, this many included: Ultralytics' `iterations > 10000` leaves AdamW
 
 
 def resolve_optimizer(name: str, lr: float, *, num_classes: int, total_steps: int) -> tuple[str, float]:
     """``(optimizer, lr)`` for ``--optimizer name``: ``auto`` becomes AdamW with a class-count-scaled learning
-    rate for runs under ``AUTO_ADAMW_MAX_STEPS`` optimizer steps, else SGD; an explicit name is kept.
+    rate for runs of at most ``AUTO_ADAMW_MAX_STEPS`` optimizer steps, else SGD; an explicit name is kept.
 
     ``total_steps`` must be the run's planned length: under ``--time`` the fitted one, not the configured.
     """
     if name != "auto":
         return name, lr
-    if total_steps < AUTO_ADAMW_MAX_STEPS:
+    if total_steps <= AUTO_ADAMW_MAX_STEPS:
         return "AdamW", round(0.002 * 5 / (4 + num_classes), 6)
     return "SGD", lr
 

@@ -7,7 +7,7 @@ import torch
 
 from detector.model import build_model
 from detector.training.engine import StepSchedule, set_learning_rates
-from detector.training.optim import build_optimizer
+from detector.training.optim import AUTO_ADAMW_MAX_STEPS, build_optimizer, resolve_optimizer
 
 
 def _schedule(choice, warmup_steps: int = 10) -> StepSchedule:
@@ -25,6 +25,14 @@ def test_auto_adamw_changes_only_the_optimizer_and_learning_rate():
     assert choice.warmup_bias_lr == 0.1 and choice.momentum == 0.937
     set_learning_rates(choice.optimizer, 0, _schedule(choice))
     assert choice.optimizer.param_groups[2]["lr"] == 0.1 and choice.optimizer.param_groups[0]["lr"] == 0.0
+
+
+@pytest.mark.parametrize(("total_steps", "expected"), [(9_999, "AdamW"), (10_000, "AdamW"), (10_001, "SGD")])
+def test_auto_takes_adamw_up_to_and_including_10000_steps(total_steps: int, expected: str) -> None:
+    """Ultralytics 8.4 (engine/trainer.py build_optimizer) leaves AdamW for ``iterations > 10000``: a run of exactly
+    10,000 optimizer steps is a short one there, and here."""
+    assert AUTO_ADAMW_MAX_STEPS == 10_000
+    assert resolve_optimizer("auto", 0.01, num_classes=80, total_steps=total_steps)[0] == expected
 
 
 def test_sgd_keeps_the_configured_bias_warmup():
