@@ -146,8 +146,9 @@ def build_optimization(
 
 
 def warmup_steps(warmup_epochs: float, steps_per_epoch: int, epochs: int) -> int:
-    """Warm-up length in steps: ``warmup_epochs`` of them, at least :data:`MIN_WARMUP_STEPS` (as Ultralytics'), at
-    most a quarter of the run's ``epochs`` (none when ``warmup_epochs`` is 0)."""
+    """Warm-up length in steps: ``warmup_epochs`` of them, at least :data:`MIN_WARMUP_STEPS` (ours: Ultralytics had
+    that floor up to 8.3, 8.4 has none), at most a quarter of the run's ``epochs`` (none when ``warmup_epochs`` is
+    0)."""
     if warmup_epochs <= 0:
         return 0
     cap = max(1, int(MAX_WARMUP_SHARE * epochs * steps_per_epoch))

@@ -203,6 +203,37 @@ def test_a_resume_names_the_settings_it_ignores_in_one_warning(tmp_path) -> None
     assert resume(data="shapes", epochs=3, batch=-1)[1] == [] and resume()[1] == []
 
 
+# Ultralytics 8.4's warm-up length (engine/trainer.py) for (epochs, batches an epoch), in a child: importing it
+# patches this process for good (tests/test_loss_oracle.py).
+ULTRALYTICS_WARMUP = """
+import types
+from ultralytics.engine.trainer import BaseTrainer
+lengths = []
+for epochs, nb in ((40, 13), (100, 8), (300, 1849)):
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(warmup_epochs=3.0), epochs=epochs)
+    lengths.append(BaseTrainer._get_warmup_iterations(trainer, nb))
+print(*lengths)  # the last line: Ultralytics may print its settings' notice before
+"""
+
+
+def test_the_100_step_floor_is_ours_ultralytics_8_4_has_none(tmp_path: Path) -> None:
+    """docs/training.md "Optimizer and warm-up": Ultralytics up to 8.3 warmed up for at least 100 steps, 8.4 for
+    ``round(min(warmup_epochs, epochs - 1) * nb)``; we keep the floor. BCCD-sized (13 batches, 40 epochs) and
+    coco128-sized (8, 100) runs differ, a COCO-sized one (1849, 300) does not."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("ultralytics") is None:
+        pytest.skip("ultralytics (the dev extra) is not installed")
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", ULTRALYTICS_WARMUP], capture_output=True, text=True, timeout=120,
+                            env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [int(word) for word in result.stdout.splitlines()[-1].split()] == [39, 24, 5547]
+    assert [warmup_steps(3.0, nb, epochs) for epochs, nb in ((40, 13), (100, 8), (300, 1849))] == [100, 100, 5547]
+
+
 def test_the_warm_up_is_3_epochs_at_least_100_steps_and_never_more_than_a_quarter_of_the_run() -> None:
     assert warmup_steps(3.0, steps_per_epoch=64, epochs=100) == 192  # 3 epochs
     assert warmup_steps(3.0, steps_per_epoch=13, epochs=100) == 100  # BCCD at batch 16: the 100-step floor
