@@ -306,7 +306,7 @@ def train_one_epoch(
     scale_min = torch.full((), math.inf, device=device)
     scale_max = torch.full((), -math.inf, device=device)
     optimizer_steps = images_seen = unreadable_images = 0
-    last_step = epoch * steps - 1
+    last_step = epoch * steps - 1  # accumulation starts afresh each epoch (the last one stepped: schedule.step_role)
     losses_before_step = nonfinite_losses.clone()
     parameters = [p for p in model.parameters() if p.requires_grad]
     graphs = step.step_graphs(parameters)

@@ -195,7 +195,10 @@ def step_role(schedule: StepSchedule, step: int, *, accumulate: int, last_optimi
     """The role of ``step`` (counted over the run), whose accumulation is ``accumulate`` (``schedule.values(step)``),
     when the optimizer last stepped at ``last_optimizer_step``; ``last_in_epoch``: the epoch's last batch, which
     always steps (accumulation needs nothing baked into a graph: it only chooses the steps that end with the
-    optimizer)."""
+    optimizer). Ours, not Ultralytics' (which carries accumulation across epochs): an epoch's end, where last.pt is
+    written, then holds no half-accumulated gradients, which no checkpoint stores, so --resume and a Ctrl-C'd run go
+    on as the uninterrupted run does; the cost is one smaller step an epoch (docs/training.md, "Optimizer and
+    warm-up")."""
     stepping = step - last_optimizer_step >= accumulate or last_in_epoch
     return StepRole(stepping=stepping, graphed_optimizer=stepping and step >= schedule.warmup_steps,
                     warmup_ended=step == schedule.warmup_steps and accumulate == 1)

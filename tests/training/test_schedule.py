@@ -186,6 +186,15 @@ def test_step_roles_follow_accumulation_warmup_and_the_epochs_end():
     assert step_role(plan, 3, accumulate=1, last_optimizer_step=2, last_in_epoch=False).stepping
 
 
+def test_each_epoch_ends_with_an_optimizer_step_bccd_at_batch_16_takes_4_an_epoch():
+    """docs/training.md "Optimizer and warm-up": accumulation restarts every epoch (Ultralytics carries it over), so
+    an epoch's end, where last.pt is written, holds no half-accumulated gradients. Its cost on BCCD at batch 16 (13
+    batches, accumulation 4 after warm-up): 4 optimizer steps an epoch, the last on one batch, against 13 / 4."""
+    walked = roles(schedule(epochs=4, steps_per_epoch=13, warmup_steps=0))
+    stepping = [step % 13 for step, steps_here, _, _ in walked if steps_here]
+    assert stepping == [3, 7, 11, 12] * 4
+
+
 def test_a_resume_with_other_steps_per_epoch_continues_at_the_same_epochs_lr():
     """Resumed under torchrun with twice the processes (half the steps an epoch), or half: the saved warm-up and
     re-plan anchor are carried over by the epochs they stand for, so the first resumed step's LR is the saved run's
