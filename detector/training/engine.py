@@ -36,7 +36,7 @@ def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, schedule: St
     values = schedule.values(step)
     for index, group in enumerate(optimizer.param_groups):
         group["lr"] = values.bias_lr if index == 2 else values.weight_lr
-        if "betas" in group:
+        if "betas" in group:  # ours: Ultralytics' warm-up ramps only a "momentum" key, not the Adam family's beta1
             group["betas"] = (values.momentum, group["betas"][1])
         elif "momentum" in group:
             group["momentum"] = values.momentum

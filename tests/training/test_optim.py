@@ -42,6 +42,16 @@ def test_sgd_keeps_the_configured_bias_warmup():
     assert choice.optimizer.param_groups[2]["lr"] == 0.1
 
 
+def test_warm_up_ramps_an_explicit_adamws_beta1_which_ultralytics_leaves_alone():
+    """docs/training.md "Optimizer and warm-up": our warm-up ramps beta1 from --warmup-momentum (0.8) as it ramps
+    SGD's momentum; Ultralytics' sets only groups' ``momentum``, which torch's AdamW groups do not have."""
+    choice = build_optimizer(build_model(num_classes=3), name="AdamW", lr=0.001, momentum=0.937, weight_decay=0.0,
+                             num_classes=3, total_steps=100)
+    assert all("momentum" not in group for group in choice.optimizer.param_groups)  # nothing for Ultralytics to ramp
+    set_learning_rates(choice.optimizer, 0, _schedule(choice))
+    assert all(group["betas"][0] == 0.8 for group in choice.optimizer.param_groups)
+
+
 def test_explicit_adamw_keeps_its_beta1_after_warmup():
     choice = build_optimizer(build_model(num_classes=3), name="AdamW", lr=0.001, momentum=0.937, weight_decay=0.0,
                              num_classes=3, total_steps=100)
