@@ -38,8 +38,9 @@ def build_optimizer(
     """Three parameter groups: conv/linear weights (decayed), norm weights and biases (not decayed).
 
     ``auto`` picks AdamW with a class-count-scaled learning rate for short runs (<= 10k steps), where it
-    converges faster, and SGD otherwise. It changes only the optimizer and its learning rate: beta1 warms up
-    to ``momentum`` and biases warm down from ``warmup_bias_lr`` as with an explicit choice. Ultralytics
+    converges faster, and SGD otherwise (as Ultralytics up to 8.3; 8.4 takes MuSGD there, not implemented here).
+    It changes only the optimizer and its learning rate: beta1 warms up to ``momentum`` and biases warm down from
+    ``warmup_bias_lr`` as with an explicit choice. Ultralytics
     instead sets beta1 0.9 and a bias warm-up from 0 for its auto AdamW; measured on BCCD (320 px, 40 epochs,
     docs/training.md "Optimizer and warm-up") that lost 0.07 mAP50-95 (0.469 against 0.536 at a fixed size,
     seed 0), most of it from the bias warm-up (0.513 with the bias start of 0.1 alone).
