@@ -170,6 +170,9 @@ class DetectionDataset(Dataset):
                 image = image.compact()
         else:
             image = warp_image(canvas(tiles, height, width), matrix, size)
+        # Here HSV, then albumentations; Ultralytics 8.4 runs albumentations first (augment.py v8_transforms), as the
+        # device paths do. Kept: its blur, median blur, gray and CLAHE are drawn 1% each, so the order changes few
+        # items, and only their pixels: the draws, and so the boxes, are the same either way.
         hsv = draw_hsv(config, rng)
         pixels_on_device = self.pixel_ops_on_device or self.geometry_on_device
         if not pixels_on_device:
