@@ -124,8 +124,10 @@ PEER_ERROR_WAIT_S = 10.0
 
 def node_peer() -> int | None:
     """This process's rank under torchrun when it is not its node's first process (``LOCAL_RANK`` above 0), else
-    None."""
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1 or int(os.environ.get("LOCAL_RANK", "0") or 0) == 0:
+    None. Only under torchrun's agent (``TORCHELASTIC_RUN_ID``), which ends a failed job's other processes: another
+    launcher that sets ``LOCAL_RANK`` (an srun recipe) kills none, and each of its processes would wait for nothing."""
+    if ("TORCHELASTIC_RUN_ID" not in os.environ or int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1
+            or int(os.environ.get("LOCAL_RANK", "0") or 0) == 0):
         return None
     return int(os.environ.get("RANK", "0") or 0)
 
@@ -146,7 +148,10 @@ def run_command(function: Callable[..., object], *args: object) -> int:
     except errors as error:
         rank = node_peer()
         if rank is not None:
-            time.sleep(PEER_ERROR_WAIT_S)  # torchrun ends this process here when the node's first failed alike
+            try:
+                time.sleep(PEER_ERROR_WAIT_S)  # torchrun ends this process here when the node's first failed alike
+            except KeyboardInterrupt:  # a Ctrl-C in the wait: the error's line all the same, not a traceback
+                pass
         print(f"error: {'' if rank is None else f'rank {rank}: '}{one_line(error)}", file=sys.stderr)
         return FAILED
     except KeyboardInterrupt as interrupt:

@@ -75,6 +75,7 @@ def test_under_torchrun_a_node_s_other_ranks_wait_before_their_error_line(
 
     waits: list[float] = []
     monkeypatch.setattr(errors.time, "sleep", waits.append)
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("LOCAL_RANK", "0")
@@ -85,6 +86,37 @@ def test_under_torchrun_a_node_s_other_ranks_wait_before_their_error_line(
     assert run_command(raise_, ValueError("missing.yaml: data YAML not found")) == 1
     assert waits == [errors.PEER_ERROR_WAIT_S]
     assert capsys.readouterr().err == "error: rank 3: missing.yaml: data YAML not found\n"
+
+
+def test_a_ctrl_c_in_the_peer_s_wait_still_prints_its_error_line(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A Ctrl-C while a rank waited to print its error (rank 0 blocked in a collective, the user impatient) raised
+    out of the except clause: a chained traceback of both, and the error's line lost."""
+    from detector.cli import errors
+
+    def interrupted(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(errors.time, "sleep", interrupted)
+    for name, value in {"TORCHELASTIC_RUN_ID": "job", "WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert run_command(raise_, ValueError("out of memory on this rank")) == 1
+    assert capsys.readouterr().err == "error: rank 1: out of memory on this rank\n"
+
+
+def test_only_torchrun_s_processes_wait_to_print_an_error(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """Another launcher that sets LOCAL_RANK (an srun recipe) kills no peer when one fails: its processes printed
+    their error 10 s late for nothing. Only torchrun's agent (TORCHELASTIC_RUN_ID) ends them."""
+    from detector.cli import errors
+
+    waits: list[float] = []
+    monkeypatch.setattr(errors.time, "sleep", waits.append)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    for name, value in {"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"}.items():
+        monkeypatch.setenv(name, value)
+    assert run_command(raise_, ValueError("missing.yaml: data YAML not found")) == 1
+    assert waits == [] and capsys.readouterr().err == "error: missing.yaml: data YAML not found\n"
 
 
 def test_ctrl_c_while_torch_imports_is_one_line_too(monkeypatch: pytest.MonkeyPatch,
