@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -301,8 +301,13 @@ def _options(options_class: type, command: str, values: dict[str, Any], ultralyt
 
 def weights_file(values: dict[str, Any]) -> dict[str, Any]:
     """``weights=`` a :func:`load` ed model -> the file it came from (val and export read the file themselves)."""
-    if isinstance(values.get("weights"), Model):
-        values["weights"] = values["weights"].weights
+    model = values.get("weights")
+    if isinstance(model, Model):
+        # A bare name given to load() goes on as that name, so that export() of load("yolov8n.pt") writes into the
+        # current folder as export(weights="yolov8n.pt") does (workflows.export.export_folder), not into the
+        # weights folder the name was found in.
+        bare = model.given is not None and model.given.name == str(model.given)
+        values["weights"] = model.given if bare else model.weights
     return values
 
 
@@ -317,6 +322,7 @@ class Model:
 
     weights: Path
     backend: Backend
+    given: Path | None = field(default=None, repr=False)  # the name load() was given (a bare yolov8n.pt)
 
     @property
     def names(self) -> list[str]:
@@ -349,4 +355,4 @@ def load(weights: str | Path, *, device: str = "", imgsz: int | None = None, hal
     precision = half_precision(resolved) if half else "fp32"
     backend = load_backend(path, device=str(resolved), imgsz=imgsz, precision=precision)
     input_size(backend, imgsz)  # here, not at the first call: an imgsz of 100 or one a fixed export cannot take
-    return Model(path, backend)
+    return Model(path, backend, Path(weights))

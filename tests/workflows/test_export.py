@@ -44,3 +44,15 @@ def test_a_path_given_exports_beside_the_file(weights_folder: Path) -> None:
     weights = weights_folder / "yolov8n.pt"
     written = run_export(ExportOptions(weights=weights, imgsz=MODEL_IMGSZ, device="cpu", no_check=True))
     assert written == [weights_folder / "yolov8n.onnx"] and list(Path.cwd().iterdir()) == []
+
+
+def test_a_model_loaded_by_a_bare_name_exports_into_the_current_folder_too(weights_folder: Path) -> None:
+    """detector.export(weights=detector.load("yolov8n.pt")) went into the weights folder (the loaded model carried
+    the resolved path), where export(weights="yolov8n.pt") writes into the current folder."""
+    pytest.importorskip("onnx", reason="ONNX export needs the 'export' extra")
+    import detector
+
+    model = detector.load("yolov8n.pt", device="cpu")
+    written = detector.export(weights=model, imgsz=MODEL_IMGSZ, device="cpu", no_check=True)
+    assert [Path(path) for path in written] == [Path.cwd() / "yolov8n.onnx"]
+    assert sorted(p.name for p in weights_folder.iterdir()) == ["yolov8n.pt"]
