@@ -14,7 +14,13 @@ import torch
 from detector.checkpoint import CheckpointError
 from detector.inference.pt_model import model_from_pt
 from detector.model import build_model
-from detector.training.builders import build_model_from_weights, build_run_model, freeze_layers, warmup_steps
+from detector.training.builders import (
+    build_model_from_weights,
+    build_optimization,
+    build_run_model,
+    freeze_layers,
+    warmup_steps,
+)
 from detector.training.config import TrainConfig
 from detector.training.optim import build_optimizer
 
@@ -465,3 +471,15 @@ def test_each_ranks_seed_stays_in_numpys_range() -> None:
     after_wrap = np.random.rand()
     seed_everything(0)
     assert np.random.rand() == after_wrap
+
+
+def test_auto_counts_the_optimizer_steps_the_run_takes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """BCCD at batch 16: 13 batches an epoch, accumulation 4, and every epoch ends with a step: 4 steps an epoch, as
+    Ultralytics counts (ceil(205 / 64)). Counted as 13 * epochs // 4, a 2,600-epoch run was 8,450 steps and took
+    AdamW, where it takes 10,400 and Ultralytics picks its long-run optimizer."""
+    model = build_model(num_classes=3, scale="n")
+    config = TrainConfig(data="unused.yaml", batch=16, optimizer="auto")
+    choice, _ = build_optimization(config, model, steps_per_epoch=13, world_size=1, epochs=2600)
+    assert choice.name == "SGD"
+    choice, _ = build_optimization(config, model, steps_per_epoch=13, world_size=1, epochs=2500)  # 10,000 steps
+    assert choice.name == "AdamW"
