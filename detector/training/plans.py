@@ -97,7 +97,7 @@ class RunPlans:
 
         def plan() -> tuple[int, int, float, float | None]:
             probe = ProbeResult(step_seconds, steps_timed, self.validator and self.validator.seconds_per_image(
-                self.step.ema.module, self.step.precision))
+                self.step.ema.module, self.step.precision, self.step.criterion))
             sizes = self.multi_scale.sizes(len(self.train_loader), seed=config.seed, epoch=0)
             val_images = len(self.val_data.records) if self.val_data else 0
             plan = plan_from_probe(self.clock, self._settings(warmup_epochs=config.warmup_epochs), probe,

@@ -50,6 +50,7 @@ KEEP_BATCHES_BYTES = 512 * 2**20
 # and 90 + 77 MB at batch 32. The cap was 128 MB for the decoded outputs alone; with the maps beside them it is
 # 192 MB, which keeps what was graphed then (two such shapes at batch 16, one at batch 32) for 64 MB more at most.
 GRAPHED_SHAPES = 8
+PROBE_IMAGES = 4  # of the first validation batch, timed for the --time probe (detector.training.probe)
 GRAPHED_OUTPUT_BYTES = 192 * 2**20
 # --val-background auto scores a pass in the background (detector/metrics/background.py) on CUDA after epochs whose
 # training took less than this: there the COCO evaluation is a large share of an epoch (BCCD on an H200: ~0.13 s
@@ -227,13 +228,21 @@ class Validator:
         load_weights(copied, weights, path)  # copied into the model's own parameters: their type and layout stay
         return self.run(copied, precision, keep_predictions=True, graphed=False)  # one pass: no graphs to capture
 
-    def seconds_per_image(self, model: nn.Module, precision: Precision) -> float | None:
-        """Inference and NMS on part of the first validation batch, for the ``--time`` probe (None: no images)."""
+    def seconds_per_image(self, model: nn.Module, precision: Precision,
+                          criterion: DetectionLoss | None = None) -> float | None:
+        """Inference and NMS on part of the first validation batch, for the ``--time`` probe (None: no images);
+        with ``criterion``, the loss a pass computes too (:meth:`run`)."""
         if not len(self.split.records):
             return None
-        images = self._kept[0][0] if self._kept else next(iter(self.loader()))[0]
+        images, targets = (self._kept[0] if self._kept else next(iter(self.loader())))[:2]
+        images = images[:PROBE_IMAGES]
         # Eager: its few images are a batch shape no pass has, which would get a graph of its own for the run.
-        seconds = time_validation_images(self.infer(model, precision, graphed=False), images)
+        infer = self.infer(model, precision, graphed=False, with_maps=criterion is not None)
+        if criterion is not None:  # the loss of these images' own boxes, as a pass adds it (a tenth of it on a CPU)
+            with_loss = InferWithLoss(infer, LossMeter(criterion))
+            own = targets[targets[:, 0] < len(images)]
+            infer = functools.partial(InferWithLoss.__call__, with_loss, targets=own)
+        seconds = time_validation_images(infer, images)
         if self.canvases is not None:  # rectangular batches come in aspect order: scale to the mean canvas's pixels
             seconds *= float((self.canvases[:, 0] * self.canvases[:, 1]).mean()) / (images.shape[-2] * images.shape[-1])
         return seconds
