@@ -5,7 +5,9 @@ pycocotools (``detector.metrics.coco``). For P / R, predictions claim ground tru
 the best-overlapping box not yet claimed, as COCO's evaluation and Ultralytics 8.4's validator match them
 (:func:`match_predictions`); the confusion matrix claims boxes class-agnostically by confidence, as Ultralytics 8.4's
 does (:func:`claim_by_confidence`). Each
-prediction and each ground-truth box is used once. All boxes are xyxy pixels of the original image.
+prediction and each ground-truth box is used once. All boxes are xyxy pixels of the original image. P and R are
+Ultralytics 8.4's ``ap_per_class`` values (:func:`pr_curves`): each class's curves against confidence interpolated
+between its detections' scores, read where the smoothed mean F1 peaks.
 """
 
 from __future__ import annotations
@@ -216,7 +218,7 @@ def match_dataset(
 class PRCurves:
     """Per-class curves at IoU 0.5. Classes without ground truth have NaN best P / R and AP50."""
 
-    precision: np.ndarray  # [C, len(CONF_GRID)] precision at each confidence threshold
+    precision: np.ndarray  # [C, len(CONF_GRID)] precision against confidence, interpolated as Ultralytics does
     recall: np.ndarray  # [C, len(CONF_GRID)]
     f1: np.ndarray  # [C, len(CONF_GRID)]
     precision_at_recall: np.ndarray  # [C, len(RECALL_GRID)] interpolated (monotone) precision, for the PR plot
@@ -240,6 +242,10 @@ def pr_curves(
 
     Args: ``correct [N]`` TP flags, ``scores [N]``, ``labels [N]`` predicted classes (all predictions of a
     split), ``gt_labels [M]`` classes of all ground-truth boxes.
+
+    As Ultralytics 8.4's ``ap_per_class``: P and R on :data:`CONF_GRID` by linear interpolation between the scores
+    (tied scores in their given order), the best threshold where the mean F1 over classes with ground truth,
+    smoothed over ``F1_SMOOTH`` of the grid, peaks; a class with ground truth and no detection reads P 0, R 0.
     """
     instances = np.bincount(gt_labels.astype(np.int64), minlength=num_classes)[:num_classes]
     order = np.lexsort((-scores, labels))  # by class, then by descending score
@@ -255,12 +261,12 @@ def pr_curves(
         true_pos = np.cumsum(correct[start:end])
         cls_recall = true_pos / instances[cls]
         cls_precision = true_pos / np.arange(1, end - start + 1)
-        # Step functions of the threshold: keeping detections scoring >= t keeps the first `kept` of them.
-        # Above the highest score nothing is kept: precision 1 by convention, recall 0.
-        kept = np.searchsorted(-scores[start:end], -CONF_GRID, side="right")
-        last = np.maximum(kept - 1, 0)
-        precision[cls] = np.where(kept > 0, cls_precision[last], 1.0)
-        recall[cls] = np.where(kept > 0, cls_recall[last], 0.0)
+        # Ultralytics' ap_per_class: P and R interpolated linearly in the confidence between the detections' scores,
+        # not read as a step of the threshold, so users comparing the P / R columns with its val compare one
+        # definition (the step read P up to 0.023 higher on the oracle test's scenes). Above the highest score:
+        # P 1, R 0; below the lowest, every detection's P and R.
+        precision[cls] = np.interp(-CONF_GRID, -scores[start:end], cls_precision, left=1.0)
+        recall[cls] = np.interp(-CONF_GRID, -scores[start:end], cls_recall, left=0.0)
         envelope = np.maximum.accumulate(cls_precision[::-1])[::-1]
         index = np.searchsorted(cls_recall, RECALL_GRID, side="left")
         reached = index < len(cls_recall)

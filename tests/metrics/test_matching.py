@@ -124,6 +124,74 @@ def random_boxes(count: int, generator: torch.Generator) -> torch.Tensor:
     return torch.cat((corners, corners + 10 + torch.rand(count, 2, generator=generator) * 30), 1)
 
 
+def test_the_table_p_and_r_are_ultralytics_ap_per_class_on_random_scenes(tmp_path: Path) -> None:
+    """P and R per class and for ``all`` against Ultralytics 8.4's own matching and ``ap_per_class`` (a child
+    process, as above) on random scenes. Class 3 has boxes and no detection (P 0, R 0 in both), class 4 detections
+    and no box (ours NaN and out of ``all``; Ultralytics leaves it out). Scores are distinct: the order of tied
+    scores, which Ultralytics' unstable sort leaves open, moves its interpolated P / R."""
+    if importlib.util.find_spec("ultralytics") is None:  # looked for, not imported (see the confusion-matrix test)
+        pytest.skip("ultralytics (the dev extra) is not installed")
+    generator = torch.Generator().manual_seed(1)
+    classes = 5
+    correct, scores, labels, gt_all, scenes = [], [], [], [], []
+    for _ in range(40):
+        gt_boxes = random_boxes(10, generator)
+        gt_labels = torch.randint(0, 4, (10,), generator=generator)
+        source = torch.randint(0, 10, (25,), generator=generator)
+        jitter = torch.randn(25, 4, generator=generator) * 6
+        pred_boxes = gt_boxes[source] + jitter
+        pred_boxes = torch.cat((pred_boxes[:, :2], torch.maximum(pred_boxes[:, 2:], pred_boxes[:, :2] + 1)), 1)
+        guessed = torch.tensor([0, 1, 2, 4])[torch.randint(0, 4, (25,), generator=generator)]
+        right = (torch.rand(25, generator=generator) < 0.7) & (gt_labels[source] != 3)
+        pred_labels = torch.where(right, gt_labels[source], guessed)
+        # Close, rightly labelled boxes score high, so the mean F1 peaks between scores, where the definitions part.
+        # float32, as detections come; float64 in pr_curves, as match_dataset hands them over.
+        pred_scores = torch.exp(-jitter.abs().mean(1) / 4) * (0.5 + 0.5 * torch.rand(25, generator=generator))
+        pred_scores = torch.where(right, pred_scores, pred_scores * 0.5)
+        correct.append(match_predictions(pred_boxes, pred_labels, pred_scores, gt_boxes, gt_labels))
+        scores.append(pred_scores.double().numpy())
+        labels.append(pred_labels.numpy())
+        gt_all.append(gt_labels.numpy())
+        scenes.append((pred_boxes, pred_labels, pred_scores, gt_boxes, gt_labels))
+    scores_all = np.concatenate(scores)
+    assert len(np.unique(scores_all)) == len(scores_all)
+    curves = pr_curves(np.concatenate(correct), scores_all, np.concatenate(labels), np.concatenate(gt_all), classes)
+    torch.save(scenes, tmp_path / "scenes.pt")
+    code = f"""
+import json, numpy as np, torch
+from ultralytics.engine.validator import BaseValidator
+from ultralytics.utils.metrics import ap_per_class, box_iou
+validator = object.__new__(BaseValidator)  # match_predictions reads iouv alone
+validator.iouv = torch.tensor([0.5])
+tp, conf, pred_cls, target_cls = [], [], [], []
+for boxes, labels, scores, gt_boxes, gt_labels in torch.load({str(tmp_path / "scenes.pt")!r}):
+    order = scores.argsort(descending=True)  # Ultralytics' NMS hands over detections by descending score
+    matched = validator.match_predictions(labels[order], gt_labels, box_iou(gt_boxes, boxes[order])).numpy()
+    tp.append(matched[order.argsort()])  # back in the scene's order, beside its scores and classes
+    conf.append(scores.numpy()), pred_cls.append(labels.numpy()), target_cls.append(gt_labels.numpy())
+out = ap_per_class(np.concatenate(tp), np.concatenate(conf), np.concatenate(pred_cls), np.concatenate(target_cls))
+print(json.dumps({{"tp": np.concatenate(tp)[:, 0].tolist(), "p": out[2].tolist(), "r": out[3].tolist(),
+                  "classes": out[6].tolist()}}))
+"""
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    theirs = json.loads(result.stdout.strip().splitlines()[-1])
+    np.testing.assert_array_equal(np.concatenate(correct), theirs["tp"])  # the same true positives go in
+    assert 0.1 < curves.best_confidence < 0.9  # inside the scores' range: read between two of them, not at one end
+    assert theirs["classes"] == [0, 1, 2, 3]
+    # Both evaluate the same float64 operations on the same arrays (tp / n and Ultralytics' tp / (n + 1e-16) round
+    # to one value for n >= 1), so per class they agree exactly; the means differ by summation order at most, which
+    # bounds their gap by classes * eps.
+    np.testing.assert_array_equal(curves.best_precision[:4], theirs["p"])
+    np.testing.assert_array_equal(curves.best_recall[:4], theirs["r"])
+    assert np.isnan(curves.best_precision[4]) and np.isnan(curves.best_recall[4])
+    assert curves.best_recall[3] == 0 and curves.best_precision[3] == 0
+    eps = classes * np.finfo(np.float64).eps
+    assert abs(np.nanmean(curves.best_precision) - np.mean(theirs["p"])) <= eps
+    assert abs(np.nanmean(curves.best_recall) - np.mean(theirs["r"])) <= eps
+
+
 def test_pr_curves_known_values() -> None:
     # Class 0: 2 ground truths; predictions by score: TP (0.9), FP (0.8), TP (0.7).
     # Class 1: 1 ground truth, never predicted. Class 2: no ground truth, one FP.
@@ -136,8 +204,13 @@ def test_pr_curves_known_values() -> None:
     expected_ap = (51 * 1.0 + 50 * 2 / 3) / 101
     assert np.isclose(curves.ap50[0], expected_ap) and curves.ap50[1] == 0 and np.isnan(curves.ap50[2])
     assert np.isnan(curves.best_precision[2]) and np.isnan(curves.best_recall[2])
-    at = lambda conf: int(np.abs(np.linspace(0, 1, 1000) - conf).argmin())  # noqa: E731
-    assert curves.recall[0, at(0.75)] == 0.5 and curves.precision[0, at(0.75)] == 0.5
+    grid = np.linspace(0, 1, 1000)
+    at = lambda conf: int(np.abs(grid - conf).argmin())  # noqa: E731
+    # Between the scores 0.8 (P 1/2, R 1/2) and 0.7 (P 2/3, R 1) P and R are linear in the threshold, as
+    # Ultralytics' ap_per_class interpolates them; below the lowest score they hold, above the highest P 1, R 0.
+    share = (0.8 - grid[at(0.75)]) / (0.8 - 0.7)  # of the way from the 0.8 detection to the 0.7 one
+    assert np.isclose(curves.recall[0, at(0.75)], 0.5 + share * 0.5)
+    assert np.isclose(curves.precision[0, at(0.75)], 0.5 + share * (2 / 3 - 0.5))
     assert curves.recall[0, at(0.5)] == 1.0 and np.isclose(curves.precision[0, at(0.5)], 2 / 3)
     assert curves.recall[0, at(0.95)] == 0 and curves.precision[0, at(0.95)] == 1  # nothing predicted yet
 
