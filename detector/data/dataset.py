@@ -142,23 +142,24 @@ class DetectionDataset(Dataset):
         return image, boxes.astype(np.float32).reshape(-1, 4), labels[:, 0].copy()
 
     def _train_item(
-        self, index: int, epoch: int, use_mosaic: bool
+        self, index: int, epoch: int, use_mosaic: bool, stream: int
     ) -> tuple[np.ndarray | WarpSource, np.ndarray, np.ndarray, PixelOps | None]:
         """Image (or what the step warps into one), xyxy pixel boxes, classes, and the pixel operations left to
-        the device (None: all applied)."""
+        the device (None: all applied); ``stream`` names the random draws (the sampler's key: ``index`` itself, or
+        past the dataset's size for a padded batch's repeat of it, see :class:`~detector.data.sampler.EpochSampler`)."""
         config, size = self.augment, self.image_size
         assert config is not None
         # Augmentation is a pure function of (seed, epoch, index): the same with any number of workers,
         # and a resumed run replays exactly what an uninterrupted one would have drawn. All three paths
         # draw the same numbers in the same order, so their geometry and boxes are identical.
-        rng = np.random.default_rng((self.seed, epoch, index))
+        rng = np.random.default_rng((self.seed, epoch, stream))
         tiles, height, width, matrix, boxes, classes = self._geometry(index, rng, use_mosaic)
         # MixUp (Ultralytics' mixup, off in close-mosaic epochs as there): this image blended with a second one of
         # its own geometry, drawn from a stream of its own; nothing is drawn at 0, so other draws stay as they were.
         mixed = use_mosaic and config.mixup > 0 and rng.random() < config.mixup
         if mixed:
             partner, ratio = int(rng.integers(0, len(self.records))), float(rng.beta(32.0, 32.0))
-            other = self._geometry(partner, np.random.default_rng((self.seed, epoch, index, 1)), use_mosaic)
+            other = self._geometry(partner, np.random.default_rng((self.seed, epoch, stream, 1)), use_mosaic)
             image = mixup(warp_image(canvas(tiles, height, width), matrix, size),
                           warp_image(canvas(*other[:3]), other[3], size), ratio)
             boxes, classes = np.concatenate((boxes, other[4])), np.concatenate((classes, other[5]))
@@ -222,7 +223,8 @@ class DetectionDataset(Dataset):
         failed = ""
         for attempt in range(MAX_REPLACEMENTS):
             try:
-                image, boxes, classes, meta = self._item((index + attempt) % len(self), epoch, use_mosaic)
+                image, boxes, classes, meta = self._item((index + attempt) % len(self), epoch, use_mosaic,
+                                                         stream=index + attempt)
                 break
             except UnreadableImage as error:
                 warnings.warn(f"{error}; {'replaced by another image' if self.augment else 'scored blank'}",
@@ -245,11 +247,13 @@ class DetectionDataset(Dataset):
         image_chw = image if isinstance(image, WarpSource) else torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
         return image_chw, torch.from_numpy(labels), meta
 
-    def _item(self, index: int, epoch: int, use_mosaic: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, ImageMeta]:
-        """Image, xyxy pixel boxes, classes and meta of one item, before conversion to tensors."""
+    def _item(self, index: int, epoch: int, use_mosaic: bool,
+              stream: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, ImageMeta]:
+        """Image, xyxy pixel boxes, classes and meta of one item, before conversion to tensors; ``stream``: its random
+        draws' key (:meth:`_train_item`)."""
         image_id = int(self.records.image_ids[index])
         if self.augment is not None:
-            image, boxes, classes, pixel_ops = self._train_item(index, epoch, use_mosaic)
+            image, boxes, classes, pixel_ops = self._train_item(index, epoch, use_mosaic, stream)
             size = (self.image_size, self.image_size)
             return image, boxes, classes, ImageMeta(image_id, size, 1.0, (0.0, 0.0), pixel_ops)
         resized, original_hw = self.load(index)

@@ -51,8 +51,12 @@ class EpochSampler(Sampler[tuple[int, int, bool]]):
             order = torch.randperm(self.size, generator=generator).tolist()
         else:
             order = list(range(self.size))
-        # Pad by wrapping round the epoch's order, so every rank gets as many, in whole batches.
+        # Pad by wrapping round the epoch's order, so every rank gets as many, in whole batches. A repeat's key is
+        # its index plus the dataset's size per wrap: the dataset reads the same image (index modulo its size) with
+        # draws of its own, where the same key gave the very same augmented item twice in the epoch.
         total = self.per_rank * self.world_size
-        order = (order * math.ceil(total / max(len(order), 1)))[:total]
+        size = max(len(order), 1)
+        order = [index + size * (position // size) for position, index in
+                 enumerate((order * math.ceil(total / size))[:total])]
         for index in order[self.rank :: self.world_size]:
             yield index, epoch, use_mosaic

@@ -65,8 +65,11 @@ def test_sampler_pads_with_the_epochs_own_order_and_covers_every_image():
         shards = [list(EpochSampler(21, seed=0, rank=rank, world_size=world_size, batch=4)) for rank in range(world_size)]
         keys = [key for shard in shards for key in shard]
         assert all(len(shard) % 4 == 0 for shard in shards)
-        assert {index for index, _, _ in keys} == set(range(21))  # every image, every epoch
+        assert {index % 21 for index, _, _ in keys} == set(range(21))  # every image, every epoch
         assert len(keys) - 21 < 4 * world_size  # no more padding than one batch per rank
+        # A repeat's key is its index past the dataset's size (its own draws); each key comes once in the epoch.
+        assert len({index for index, _, _ in keys}) == len(keys)
+        assert sum(index >= 21 for index, _, _ in keys) == len(keys) - 21
 
 
 @pytest.mark.parametrize(("images", "batch", "world_size"), [(21, 4, 1), (21, 4, 2), (3, 4, 1)])
