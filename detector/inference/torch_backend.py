@@ -28,25 +28,18 @@ from detector.precision import Precision, has_native_bf16
 PRECISIONS = ("fp32", "fp16", "bf16")
 
 
-def decode_images(
+def decode_images_with_maps(
     model: YOLO, images: torch.Tensor, *, precision: Precision, device: torch.device, channels_last: bool = False
-) -> torch.Tensor:
-    """uint8 ``[B, 3, S, S]`` letterboxed images -> ``[B, A, 4 + C]`` FP32: xyxy input pixels, class scores.
+) -> tuple[torch.Tensor, ...]:
+    """uint8 ``[B, 3, S, S]`` letterboxed images -> ``[B, A, 4 + C]`` FP32 (xyxy input pixels, class scores), then
+    the head's raw maps it decoded (one per level, in the network's dtype): training's validation computes its loss
+    from them (detector/metrics/val_loss.py) without a second forward. A flat tuple of tensors, which a
+    :class:`CudaGraphRunner` replays as it is.
 
     The network runs under ``precision``'s autocast; the decode runs outside it, in FP32, so box corners are
     not rounded to FP16's 0.25-0.5 px step. On CUDA under autocast the input is made in autocast's dtype (the
     same values its cast would give: :func:`~detector.inference.preprocess.model_input`); on the CPU in FP32.
     """
-    return decode_outputs(head_maps(model, images, precision=precision, device=device, channels_last=channels_last),
-                          model.strides, model.reg_max)
-
-
-def decode_images_with_maps(
-    model: YOLO, images: torch.Tensor, *, precision: Precision, device: torch.device, channels_last: bool = False
-) -> tuple[torch.Tensor, ...]:
-    """:func:`decode_images`' output, then the head's raw maps it decoded (one per level, in the network's dtype):
-    training's validation computes its loss from them (detector/metrics/val_loss.py) without a second forward.
-    A flat tuple of tensors, which a :class:`CudaGraphRunner` replays as it is."""
     maps = head_maps(model, images, precision=precision, device=device, channels_last=channels_last)
     return decode_outputs(maps, model.strides, model.reg_max), *maps
 
@@ -55,7 +48,7 @@ def head_maps(
     model: YOLO, images: torch.Tensor, *, precision: Precision, device: torch.device, channels_last: bool = False
 ) -> list[torch.Tensor]:
     """The network's raw per-level maps of uint8 ``images``, under ``precision``'s autocast (see
-    :func:`decode_images`)."""
+    :func:`decode_images_with_maps`)."""
     dtype = precision.dtype if device.type == "cuda" and precision.dtype is not None else torch.float32
     with precision.autocast():
         return model(model_input(images, device, channels_last=channels_last, dtype=dtype))
