@@ -4,8 +4,9 @@ Runs the same stages as :func:`detector.metrics.loop.run_validation` (the loader
 network and decode, the loss on the batch's targets as training's validation computes it, ``LossMeter``:
 ``--no-val-loss`` leaves it out, ``non_max_suppression``, ``to_coco_detections``, ``evaluate_coco``) on the model
 as training's validator runs it (BatchNorm folded, channels-last: ``--no-fold``, ``--no-channels-last`` to
-compare), timing each one, over ``--repeats`` passes in one process. The loader is made once and kept, as training keeps it; the first pass's
-first batch is the cold start (worker processes forked), the later passes' first batch the warm one.
+compare), timing each one, over ``--repeats`` passes in one process. The loader is made once and kept, as
+training keeps it; the first pass's first batch is the cold start (worker processes forked), the later passes'
+first batch the warm one.
 
     python benchmarks/val_speed.py                                      # built-in shapes, fresh model, --lively
     python benchmarks/val_speed.py --data ../shared/data/bccd/bccd.yaml --weights /tmp/val-runs/bccd/weights/best.pt
