@@ -131,8 +131,11 @@ def time_training_steps(
     return statistics.median(timings), len(timings)
 
 
+PROBE_IMAGES = 4  # of the first validation batch, timed for the --time probe
+
+
 def time_validation_images(
-    infer: Callable[[torch.Tensor], object], images: torch.Tensor, *, max_images: int = 4
+    infer: Callable[[torch.Tensor], object], images: torch.Tensor, *, max_images: int = PROBE_IMAGES
 ) -> float:
     """Seconds per image of ``infer`` (inference and NMS) on up to ``max_images`` of a validation batch.
 

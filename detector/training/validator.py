@@ -31,7 +31,7 @@ from detector.metrics.val_loss import InferWithLoss, LossMeter
 from detector.postprocess import NMSConfig, non_max_suppression
 from detector.precision import Precision
 from detector.training.config import TrainConfig
-from detector.training.probe import time_validation_images
+from detector.training.probe import PROBE_IMAGES, time_validation_images
 from detector.tuning import heuristics_over_many_shapes
 
 # Validation batches are kept in memory after the first pass when the split's letterboxed images take at most this
@@ -50,7 +50,6 @@ KEEP_BATCHES_BYTES = 512 * 2**20
 # and 90 + 77 MB at batch 32. The cap was 128 MB for the decoded outputs alone; with the maps beside them it is
 # 192 MB, which keeps what was graphed then (two such shapes at batch 16, one at batch 32) for 64 MB more at most.
 GRAPHED_SHAPES = 8
-PROBE_IMAGES = 4  # of the first validation batch, timed for the --time probe (detector.training.probe)
 GRAPHED_OUTPUT_BYTES = 192 * 2**20
 # --val-background auto scores a pass in the background (detector/metrics/background.py) on CUDA after epochs whose
 # training took less than this: there the COCO evaluation is a large share of an epoch (BCCD on an H200: ~0.13 s
@@ -172,25 +171,27 @@ class Validator:
         return self._copy.refresh()
 
     def infer(self, model: nn.Module, precision: Precision, *, graphed: bool = True,
-              with_maps: bool = False) -> Callable[[torch.Tensor], Detections | tuple[Detections, list[torch.Tensor]]]:
+              criterion: DetectionLoss | None = None) -> Callable[[torch.Tensor], Detections] | InferWithLoss:
         """Inference and NMS on a validation batch; the forward and decode from CUDA graphs where they fit
-        (:data:`GRAPHED_SHAPES`; ``graphed=False``: eager). ``with_maps``: the head's raw maps too, for the loss."""
+        (:data:`GRAPHED_SHAPES`; ``graphed=False``: eager). With ``criterion``, an :class:`InferWithLoss`: the loss
+        of each batch's targets too, from the head's raw maps of the same forward."""
+        with_maps = criterion is not None
         config = self.config
         nms = NMSConfig(conf_threshold=config.val_conf, iou_threshold=config.val_iou, max_detections=config.max_det,
                         multi_label=True)
         copy = self.model_for(model, precision)
         runner = self._graph_runner(copy, precision) if graphed else None
-        if runner is None:
-            return make_torch_infer(copy, precision=precision, nms=nms, device=self.device,
-                                    channels_last=config.channels_last, with_maps=with_maps)
 
         @torch.no_grad()
-        def infer(images: torch.Tensor) -> Detections | tuple[Detections, list[torch.Tensor]]:
+        def replayed(images: torch.Tensor) -> Detections | tuple[Detections, list[torch.Tensor]]:
             decoded, *maps = runner(images.to(self.device, non_blocking=True))
             detections = non_max_suppression(decoded, nms)
             return (detections, maps) if with_maps else detections
 
-        return infer
+        infer = replayed if runner is not None else make_torch_infer(
+            copy, precision=precision, nms=nms, device=self.device, channels_last=config.channels_last,
+            with_maps=with_maps)
+        return InferWithLoss(infer, LossMeter(criterion)) if criterion is not None else infer
 
     def _graph_runner(self, copy: nn.Module, precision: Precision) -> CudaGraphRunner | None:
         """The graphs of ``copy``'s forward and decode under ``precision`` (made on first use, up to
@@ -214,9 +215,7 @@ class Validator:
         shapes = 1 if self.canvases is None else len(np.unique(self.canvases, axis=0))
         backend = resolve_backend(self.config.coco_eval)
         with heuristics_over_many_shapes(self.device, shapes, self.config.cudnn_benchmark):
-            infer = self.infer(model, precision, graphed=graphed, with_maps=criterion is not None)
-            if criterion is not None:
-                infer = InferWithLoss(infer, LossMeter(criterion))
+            infer = self.infer(model, precision, graphed=graphed, criterion=criterion)
             return run_validation(infer, self.split, batches, progress=self.progress,
                                   keep_predictions=keep_predictions, coco_eval=backend,
                                   scorer=self.scorer() if background else None)
@@ -237,11 +236,9 @@ class Validator:
         images, targets = (self._kept[0] if self._kept else next(iter(self.loader())))[:2]
         images = images[:PROBE_IMAGES]
         # Eager: its few images are a batch shape no pass has, which would get a graph of its own for the run.
-        infer = self.infer(model, precision, graphed=False, with_maps=criterion is not None)
-        if criterion is not None:  # the loss of these images' own boxes, as a pass adds it (a tenth of it on a CPU)
-            with_loss = InferWithLoss(infer, LossMeter(criterion))
-            own = targets[targets[:, 0] < len(images)]
-            infer = functools.partial(InferWithLoss.__call__, with_loss, targets=own)
+        infer = self.infer(model, precision, graphed=False, criterion=criterion)
+        if isinstance(infer, InferWithLoss):  # the loss of these images' own boxes, as a pass adds it
+            infer = functools.partial(infer, targets=targets[targets[:, 0] < len(images)])
         seconds = time_validation_images(infer, images)
         if self.canvases is not None:  # rectangular batches come in aspect order: scale to the mean canvas's pixels
             seconds *= float((self.canvases[:, 0] * self.canvases[:, 1]).mean()) / (images.shape[-2] * images.shape[-1])

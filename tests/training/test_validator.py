@@ -10,6 +10,7 @@ from detector.model import build_model
 from detector.precision import Precision
 from detector.training.builders import build_criterion
 from detector.training.config import TrainConfig
+from detector.training.probe import PROBE_IMAGES
 from detector.forked import HELPER_MIN_CORES
 from detector.training.validator import BACKGROUND_EPOCH_SECONDS, Validator, scores_in_background
 from detector.training.validator import validation_batch
@@ -234,5 +235,5 @@ def test_the_time_probe_times_the_loss_a_pass_computes(tiny_split: SplitData, mo
 
     validator = Validator(tiny_split, config, torch.device("cpu"), progress=False)
     assert validator.seconds_per_image(model, precision, criterion=counted) > 0
-    assert calls and max(calls) <= validator_module.PROBE_IMAGES  # twice (warm, timed), on the probed images' boxes
+    assert calls and max(calls) <= PROBE_IMAGES  # twice (warm, timed), on the probed images' boxes
     assert validator.seconds_per_image(model, precision) > 0 and len(calls) == 2  # no criterion: none
