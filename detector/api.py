@@ -306,7 +306,9 @@ def weights_file(values: dict[str, Any]) -> dict[str, Any]:
         # A bare name given to load() goes on as that name, so that export() of load("yolov8n.pt") writes into the
         # current folder as export(weights="yolov8n.pt") does (workflows.export.export_folder), not into the
         # weights folder the name was found in.
-        bare = model.given is not None and model.given.name == str(model.given)
+        from detector.weights.locate import is_bare_name
+
+        bare = model.given is not None and is_bare_name(model.given)
         values["weights"] = model.given if bare else model.weights
     return values
 

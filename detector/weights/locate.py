@@ -10,6 +10,11 @@ from detector.paths import default_weights_dir
 from detector.weights.catalog import pretrained_name
 
 
+def is_bare_name(name_or_path: str | Path) -> bool:
+    """Whether ``name_or_path`` is a file name alone (``yolov8n.pt``), which the weights folder is searched for."""
+    return Path(name_or_path).expanduser().name == str(name_or_path)
+
+
 def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None) -> Path:
     """An existing file wins; otherwise a bare name (``"yolov8n.pt"``) is looked up in ``weights_dir``.
 
@@ -26,11 +31,11 @@ def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None
     path = Path(name_or_path).expanduser()
     if path.is_file():
         return path
-    is_bare_name = path.name == str(name_or_path)
-    if is_bare_name and (weights_dir / path.name).is_file():
+    bare = is_bare_name(name_or_path)
+    if bare and (weights_dir / path.name).is_file():
         return weights_dir / path.name
-    looked = f"{path.resolve()} or {weights_dir / path.name}" if is_bare_name else str(path.resolve())
-    if is_bare_name and (name := pretrained_name(path.name)):
+    looked = f"{path.resolve()} or {weights_dir / path.name}" if bare else str(path.resolve())
+    if bare and (name := pretrained_name(path.name)):
         hint = f"fetch it: python -m detector download {name}"
         if weights_dir.resolve() != default.resolve():
             hint += f" --weights-dir {shlex.quote(str(weights_dir))}"  # a copy-paste command: quote spaces
@@ -39,7 +44,7 @@ def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None
         hint = (f"{family} is not built here: only YOLOv8 detection is (--model n ... x)" if family else
                 "a .yaml names an architecture, not weights: --model n ... x (or model=yolov8n.yaml) trains YOLOv8 "
                 "from scratch")
-    elif is_bare_name and (family := other_ultralytics_family(path.name)):
+    elif bare and (family := other_ultralytics_family(path.name)):
         hint = (f"{family} weights would not load here either: only YOLOv8 detection weights are (yolov8n.pt ... "
                 "yolov8x.pt, python -m detector download yolov8n)")
     else:
@@ -53,7 +58,7 @@ def located(name_or_path: str | Path) -> Path:
     to fetch it and another Ultralytics family's (``yolo11n.pt``) that it cannot load (:func:`resolve_weights`).
     Anything else comes back as given, for the caller's own checks."""
     path = Path(name_or_path).expanduser()
-    if path.is_file() or path.name != str(name_or_path):
+    if path.is_file() or not is_bare_name(name_or_path):
         return path
     if (default_weights_dir() / path.name).is_file() or pretrained_name(path.name) or other_ultralytics_family(
             path.name):

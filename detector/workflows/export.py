@@ -29,6 +29,7 @@ from detector.model.metadata import ModelInfo
 from detector.postprocess import NMSConfig
 from detector.precision import fp32_settings_kept, set_strict_fp32
 from detector.tuning import enlarge_onednn_cache
+from detector.weights.locate import is_bare_name
 from detector.workflows.options import ExportOptions, parse_formats
 
 
@@ -47,7 +48,7 @@ def export_folder(given: Path | None, weights: Path) -> Path:
     there); writing into the weights folder put the export where the user does not look, in a folder shared by
     every project (and perhaps read-only).
     """
-    if given is not None and given.name == str(given) and weights != given:
+    if given is not None and is_bare_name(given) and weights != given:
         return Path.cwd()
     return weights.parent
 
