@@ -77,14 +77,13 @@ def top_entries(path: Path) -> list[str]:
         return sorted({PurePosixPath(name).parts[0] for name in bundle.namelist() if PurePosixPath(name).parts})
 
 
-def layout_problem(path: Path, archive: Archive) -> str | None:
-    """What the zip's top level lacks of ``archive.provides`` (for a dataset without a ``convert`` step), or None.
+def layout_problem(tops: list[str], expected: list[str]) -> str | None:
+    """What the zip's top level ``tops`` (:func:`top_entries`) lacks of the ``expected`` entries
+    (:func:`expected_tops`: for a dataset without a ``convert`` step), or None.
 
     Checked before extracting: a zip with another top folder (``coco128-main/``) used to be extracted and deleted,
     after which the dataset was still missing and the hint named the same command again, for ever.
     """
-    expected = expected_tops(archive)
-    tops = top_entries(path)
     if set(expected) <= set(tops):
         return None
     held = ", ".join(tops[:3]) + (f" and {len(tops) - 3} more" if len(tops) > 3 else "") if tops else "nothing"
@@ -227,20 +226,19 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
                          max_bytes=archive.size * (1 if archive.exact_size else APPROXIMATE_SIZE_MARGIN),
                          allow_http=allow_http, timeout=timeout, attempts=attempts, retry_wait=retry_wait)
             verify(path, archive, url, fetched=fetched)
-            if spec.convert is None and (problem := layout_problem(path, archive)):
+            # Only what the dataset reads is extracted (None: a converted dataset's zip, all of it): a zip's other
+            # top-level entries (__MACOSX/, a README) landed in the shared datasets root, where the next extraction
+            # of a zip holding the same name refused to run.
+            only, tops = (expected_tops(archive), top_entries(path)) if spec.convert is None else (None, [])
+            if only is not None and (problem := layout_problem(tops, only)):
                 raise DownloadError(f"{path} (from {url}): {problem}, so it is not {spec.name}'s archive; kept it and "
                                     "extracted nothing: delete it, and check the mirror if one is set")
             if not archive.sha256 and not archive.md5:
                 warn_unpinned(path)  # accepted now: its SHA-256 is worth comparing
-            only = None
-            if spec.convert is None:
-                # Only what the dataset reads: a zip's other top-level entries (__MACOSX/, a README) landed in the
-                # shared datasets root, where the next extraction of a zip holding the same name refused to run.
-                only = expected_tops(archive)
-                if extra := sorted(set(top_entries(path)) - set(only)):
-                    print(f"note: {spec.name}: not extracted from {archive.filename}, which {spec.name} does not "
-                          f"read: {', '.join(extra[:5])}{f' and {len(extra) - 5} more' if len(extra) > 5 else ''}",
-                          file=sys.stderr)
+            if extra := sorted(set(tops) - set(only or ())):
+                print(f"note: {spec.name}: not extracted from {archive.filename}, which {spec.name} does not "
+                      f"read: {', '.join(extra[:5])}{f' and {len(extra) - 5} more' if len(extra) > 5 else ''}",
+                      file=sys.stderr)
             extract(path, destination, root, only)
             path.unlink()  # the extracted files are what training reads; the zip would double the disk use
             convert(spec, destination)
