@@ -64,7 +64,7 @@ def candidate_anchors(
     # Every box goes through centre and size and back, widened or not, as Ultralytics' does: the same corners to
     # the last bit, so an anchor centre on a corner's rounding is a candidate on both sides or on neither.
     centre, size = xyxy_to_cxcywh(gt_boxes).split(2, -1)
-    size = torch.where(size < min_side, torch.full_like(size, min_side), size)
+    size = size.clamp(min=min_side)
     half = size / 2
     gx1, gy1, gx2, gy2 = (corner[..., None] for corner in torch.cat((centre - half, centre + half), -1).unbind(-1))
     inside = (x - gx1 > EPS) & (y - gy1 > EPS)
