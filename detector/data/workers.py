@@ -149,6 +149,15 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def capped_workers(asked: int, *, processes_per_node: int = 1, cores: int | None = None) -> int:
+    """``asked`` loader workers, at most the cores each process of this node may claim (at least 1), as Ultralytics
+    caps its ``workers=``: its default of 8, which every args.yaml carries, on a 2-core machine made 8 processes
+    take turns on 2 cores beside the model, and PyTorch warned at every loader built."""
+    if cores is None:
+        cores = usable_cores()
+    return min(asked, max(1, cores // max(processes_per_node, 1)))
+
+
 def default_workers(device_type: str, *, processes_per_node: int = 1, cores: int | None = None) -> int:
     """Loader workers for ``--workers -1`` (auto).
 

@@ -21,7 +21,7 @@ from tqdm import tqdm
 from detector.data.build import SplitData
 from detector.data.dataset import collate
 from detector.data.letterbox import ImageMeta, rect_batches
-from detector.data.workers import worker_init
+from detector.data.workers import capped_workers, worker_init
 from detector.metrics.background import BackgroundScorer, PendingScore
 from detector.metrics.coco import DETECTION_COLUMNS, EvalResult, evaluate_coco, to_coco_detections, write_results_json
 from detector.metrics.val_loss import InferWithLoss
@@ -42,6 +42,7 @@ def make_val_loader(
     model that takes any input shape; the images come in that order, not the split's.
     """
     dataset, order = split.dataset, None
+    workers = capped_workers(workers)  # more than the cores only take turns on them (and PyTorch warns)
     if rect and len(dataset):
         order, canvases = rect_batches(split.records.image_hw, dataset.image_size, batch_size, INPUT_MULTIPLE)
         dataset = dataset.with_canvases(canvases)

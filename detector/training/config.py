@@ -62,7 +62,7 @@ class TrainConfig:
     batch_memory: float = option(0.6, "the share of the GPU's memory --batch -1 fills (Ultralytics' batch=0.7 is "
                                       "--batch -1 --batch-memory 0.7)")
     workers: int = option(-1, "data-loading worker processes; -1 = auto: 2 on the CPU, on CUDA the cores per process "
-                            "minus one (at most 16)")
+                            "minus one (at most 16); more than the cores per process are capped at them")
     cache: str = option("auto", "cache decoded images: auto (in RAM when they fit), ram, disk (a file kept with the "
                                 "dataset, built once, read by later runs), none",
                         choices=("auto", "ram", "disk", "none"))

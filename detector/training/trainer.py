@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from detector.checkpoint import CheckpointError, RunState, Trained, restore_run, run_checkpoint, saved_precision
-from detector.data.workers import default_workers, usable_cores
+from detector.data.workers import capped_workers, default_workers, usable_cores
 from detector.distributed import agreed_precision, any_rank, decide_on_main, group_ended_on_error
 from detector.distributed import init_distributed, local_main_first, unwrap
 from detector.metrics.loop import Validation
@@ -73,6 +73,11 @@ class Trainer(RunPlans, FinalReports):
         tune_process(self.device)  # before the data cache and the workers' fork: see detector/tuning.py
         if self.config.workers < 0:
             self.config.workers = default_workers(self.device.type, processes_per_node=self.dist.local_world_size)
+        elif (workers := capped_workers(self.config.workers, processes_per_node=self.dist.local_world_size)) < (
+                asked_workers := self.config.workers):
+            self.config.workers = workers
+            self.log(f"note: --workers {asked_workers} is more than the {workers} cores each process may use here: "
+                     f"{workers} loader workers (Ultralytics caps workers= the same way)")
         checkpoint = None
         if self.config.resume:
             self.config, self.resume_path, checkpoint = load_resume(self.config, asked)

@@ -36,6 +36,15 @@ def test_auto_workers_fixed_on_cpu_and_scale_with_cores_on_gpu():
     assert default_workers("cuda") >= 1  # this machine's own core count
 
 
+def test_asked_workers_are_capped_at_the_cores_each_process_may_use():
+    from detector.data.workers import capped_workers
+
+    assert capped_workers(8, cores=2) == 2  # Ultralytics' workers=8 on a 2-core machine
+    assert capped_workers(8, cores=16) == 8 and capped_workers(0, cores=2) == 0  # what fits is kept
+    assert capped_workers(8, cores=16, processes_per_node=4) == 4  # torchrun: the node's cores are shared
+    assert capped_workers(8, cores=2, processes_per_node=4) == 1  # never none when some were asked
+
+
 class _SigintDisposition(Dataset):
     def __len__(self) -> int:
         return 1

@@ -119,6 +119,18 @@ def test_the_loader_workers_change_nothing_in_the_weights(yolo_yaml: Path, tmp_p
     assert all(torch.equal(expected[key], actual[key]) for key in expected)
 
 
+def test_more_workers_than_cores_are_capped_with_a_note(yolo_yaml: Path, tmp_path: Path, capsys):
+    """Ultralytics' workers=8 (every args.yaml has it) on a machine of fewer cores: the run takes what the cores
+    hold, says so, and its header names the number it runs."""
+    from detector.data.workers import usable_cores
+    from detector.training.trainer import Trainer
+
+    cores = usable_cores()
+    trainer = Trainer(_config(yolo_yaml, tmp_path, workers=cores + 3), progress=False)
+    assert trainer.config.workers == cores
+    assert f"note: --workers {cores + 3} is more than the {cores} cores" in capsys.readouterr().out
+
+
 def test_cli_rejects_bad_values_with_exit_code_1(capsys):
     assert train_main(["--epochs", "-1", "--imgsz", "100"]) == 1
     message = capsys.readouterr().err
