@@ -323,7 +323,6 @@ VAL: dict[str, Alias] = {
     "save_txt": unsupported("val writes predictions.json; predict --save-txt writes YOLO txt labels", False),
     "save_hybrid": unsupported("no hybrid labels", False),
     "save_conf": unsupported("predict --save-txt --save-conf writes scores", False),
-    "augment": unsupported("no test-time augmentation", False),
     "single_cls": unsupported("a one-class model (train single_cls=True) is scored as one class on its own; a "
                               "model of several classes is scored per class", False),
     "classes": unsupported("every class the data YAML names is scored (a model trained with classes= only those); "
@@ -335,7 +334,6 @@ PREDICT: dict[str, Alias] = {
     "verbose": renamed("verbose"),  # ours too: a line per image or not
     "model": Alias(weights),
     "show": unsupported("save annotated images or video with --save (no window opens)", False),
-    "augment": unsupported("no test-time augmentation", False),
     "visualize": unsupported("no feature-map visualisation", False),
     "retina_masks": unsupported("detection only", False),
     "embed": unsupported("no feature embeddings", None),

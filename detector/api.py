@@ -159,6 +159,7 @@ def val(
     device: str | int = "",
     fp32: bool = False,
     half: bool = False,
+    augment: bool = False,
     plots: bool = True,
     verbose: bool = True,
     project: str | Path = Path("runs/val"),
@@ -171,7 +172,8 @@ def val(
     Returns the metrics (``mAP50-95``, ``mAP50``, ``mAP75``, ...). The table, plots and predictions.json are
     written under ``project/name`` as by the command; ``verbose=False`` prints no table (results.txt has it).
     ``weights`` is required (``None`` here only so that Ultralytics' ``model=`` can stand for it); without ``data``
-    a checkpoint of ours is scored on the dataset it trained on, as Ultralytics' ``val`` does.
+    a checkpoint of ours is scored on the dataset it trained on, as Ultralytics' ``val`` does. ``augment``:
+    test-time augmentation (three views of each image, one NMS; about 2.1x the time).
     """
     from detector.workflows.options import ValOptions
     from detector.workflows.val import run_val
@@ -201,6 +203,7 @@ def predict(
     show_conf: bool = True,
     device: str | int = "",
     half: bool = False,
+    augment: bool = False,
     verbose: bool = True,
     project: str | Path = Path("runs/predict"),
     name: str = "exp",
@@ -218,6 +221,7 @@ def predict(
     ``save_crop`` each box's crop, ``save_frames`` each annotated video frame as an image; unlike the command,
     nothing is written unless one of them is set. ``batch`` images or frames go through the model per call (faster
     on a GPU; a stream waits for a whole batch).
+    ``augment``: test-time augmentation (three views of each image, one NMS; about 2.1x the time).
     ``verbose=False`` prints nothing but warnings and notes (a line per image otherwise).
 
     Returns one dict per image or video frame: ``{"file", "frame"`` (None for images), ``"boxes"`` float32

@@ -15,6 +15,7 @@ from torch import nn
 
 from detector.defaults import DEFAULT_IMGSZ
 from detector.distributed import unwrap
+from detector.inference.augmented import augmented
 from detector.inference.backend import Backend, RawOutputs
 from detector.inference.cuda_graph import CudaGraphRunner
 from detector.inference.fusion import fuse_conv_bn
@@ -56,20 +57,28 @@ def head_maps(
 
 def make_torch_infer(
     model: nn.Module, *, precision: Precision, nms: NMSConfig, device: torch.device, channels_last: bool = False,
-    with_maps: bool = False,
+    with_maps: bool = False, augment: bool = False,
 ) -> Callable[[torch.Tensor], Detections | tuple[Detections, list[torch.Tensor]]]:
     """``infer(images uint8 [B,3,S,S]) -> detections`` for :func:`detector.metrics.loop.run_validation`;
-    ``with_maps``: ``-> (detections, the head's raw maps)``, for a pass that computes the loss too.
+    ``with_maps``: ``-> (detections, the head's raw maps)``, for a pass that computes the loss too; ``augment``:
+    test-time augmentation (:mod:`detector.inference.augmented`; no maps then).
 
     Runs ``model`` itself (unwrapped from DDP, not copied): training's validator hands it the EMA's folded copy
     (detector/training/validator.py), the benchmarks a model.
     """
+    if with_maps and augment:
+        raise ValueError("the head's maps of an augmented pass are three views' own: ask for one or the other")
     bare = unwrap(model)
+
+    def decode(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return decode_images_with_maps(bare, images, precision=precision, device=device, channels_last=channels_last)
 
     @torch.no_grad()
     def infer(images: torch.Tensor) -> Detections | tuple[Detections, list[torch.Tensor]]:
-        decoded, *maps = decode_images_with_maps(bare, images, precision=precision, device=device,
-                                                 channels_last=channels_last)
+        if augment:  # the views made where the model runs
+            decoded, maps = augmented(lambda view: decode(view)[0], images.to(device), bare.strides), []
+        else:
+            decoded, *maps = decode(images)
         detections = non_max_suppression(decoded, nms)
         return (detections, maps) if with_maps else detections
 

@@ -49,6 +49,8 @@ class ValOptions(Options):
     fp32: bool = option(False, "run the model in FP32 (no FP16/BF16 autocast)")
     half: bool = option(False, "a prepared copy: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, "
                                "else FP32 (default: off, autocast); BatchNorm is folded either way")
+    augment: bool = option(False, "test-time augmentation: each batch also run flipped at 0.83 of its size and at 0.67,"
+                                  " one NMS over the three (Ultralytics' augment=True; ~2.1x the time)")
     plots: bool = option(True, "write PR curve, confusion matrix and prediction images")
     verbose: bool = option(True, "print the per-class table and summary (--no-verbose: results.txt only)")
     project: Path = option(Path("runs/val"), "parent folder of the run folder")
@@ -90,6 +92,8 @@ class PredictOptions(Options):
     device: str = option("", "cpu, cuda, cuda:N or N (default: cuda if available, else cpu)")
     half: bool = option(False, ".pt: FP16 weights + CUDA graphs on CUDA, BF16 on CPUs with native BF16, else FP32 "
                                "(default: off)")
+    augment: bool = option(False, "test-time augmentation: each batch also run flipped at 0.83 of its size and at 0.67,"
+                                  " one NMS over the three (Ultralytics' augment=True; ~2.1x the time) (default: off)")
     verbose: bool = option(True, "print a line per image or frame and one at the end (default: on)")
     project: Path = option(Path("runs/predict"), "parent folder of runs (default: runs/predict)")
     name: str = option("exp", "run folder; exp, exp2, ... when taken (default: exp)")

@@ -37,6 +37,7 @@ from detector.inference import (
     prepare_batch,
     weights_or_latest,
 )
+from detector.inference.augmented import AugmentedBackend
 from detector.inference.preprocess import Detections, finish_letterbox, stage_letterbox
 from detector.inference.sources import READ_AHEAD, Frame, is_live, open_source, read_ahead
 from detector.inference.torch_backend import half_precision
@@ -235,6 +236,8 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         if options.half or options.device:
             raise ValueError("half= and device= of a loaded model are chosen when it loads: "
                              "detector.load(weights, device=..., half=True); predict cannot change them")
+    if options.augment:
+        backend = AugmentedBackend(backend)  # ValueError for an export it cannot run: NMS inside, a fixed size
     baked = backend.info.nms
     if baked is not None and options.agnostic_nms:
         raise ValueError("--agnostic-nms: this graph has NMS inside, per class; export it without --nms to choose "

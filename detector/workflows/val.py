@@ -34,6 +34,7 @@ from detector.data.workers import stop_workers
 from detector.defaults import DEFAULT_IMGSZ
 from detector.device import resolve_device
 from detector.inference import Backend, exported_precision_note, load_backend
+from detector.inference.augmented import AugmentedBackend
 from detector.inference.fusion import fuse_conv_bn
 from detector.inference.pt_model import model_from_pt
 from detector.inference.torch_backend import TorchBackend, half_precision, make_torch_infer
@@ -123,10 +124,13 @@ def run_val(options: ValOptions) -> dict[str, float]:
             precision = Precision(half_precision(device), device.type, "--half: weights converted, no autocast")
             info = ModelInfo(names=spec.names, strides=tuple(model.strides), imgsz=image_size, dynamic=True)
             infer = TorchBackend(model, info, device=str(device), precision=precision.name, nms=nms)
+            infer = AugmentedBackend(infer) if options.augment else infer
         else:  # BatchNorm folded and channels-last, as training's validation runs it (detector/inference/fusion.py)
             folded = fuse_conv_bn(model.eval()).to(memory_format=torch.channels_last)
-            infer = make_torch_infer(folded, precision=precision, nms=nms, device=device, channels_last=True)
+            infer = make_torch_infer(folded, precision=precision, nms=nms, device=device, channels_last=True,
+                                     augment=options.augment)
         runtime = f"{device.type} {precision.name.upper()} ({precision.reason}{trained_in(checkpoint, precision)})"
+        runtime += ", augmented" if options.augment else ""
     else:
         backend = load_backend(options.weights, device=str(device), nms=nms)
         if note := exported_precision_note(options.weights, backend, half=options.half, fp32=options.fp32):
@@ -136,7 +140,8 @@ def run_val(options: ValOptions) -> dict[str, float]:
         if backend.info.nms is not None:
             print(f"note: {options.weights} has NMS inside (conf {backend.info.nms.conf_threshold}, one class per box):"
                   " mAP is lower than with the Python NMS at --conf 0.001; export without --nms to evaluate")
-        infer, runtime = backend, backend.name
+        infer = AugmentedBackend(backend) if options.augment else backend
+        runtime = infer.name
     trained_on = ((checkpoint or {}).get("config") or {}).get("classes")
     if trained_on is not None:  # train --classes: scored as training validated (before a --single-cls merge)
         print(f"note: {options.weights} trained on classes {' '.join(map(str, trained_on))} alone: only their boxes "

@@ -64,6 +64,27 @@ def test_predict_folder_writes_images_and_json(model: YOLO, checkpoint: Path, on
     assert_same_detections(as_detections(records), as_detections(again), nms=NMSConfig(0.3, 0.7), tolerance=tolerance)
 
 
+def test_predict_augmented_runs_the_pt_weights_and_refuses_a_fixed_size_export(
+    checkpoint: Path, onnx_fp32: Path, tmp_path: Path, capsys
+) -> None:
+    """``--augment`` (Ultralytics' augment=True): three views of each image, one NMS, boxes still inside each image
+    (predict's own padding is not square on the CPU: the views of a 100 x 60 image are not square either)."""
+    names = write_images(tmp_path / "images")
+    common = ["--source", str(tmp_path / "images"), "--project", str(tmp_path / "runs"), "--conf", "0.3",
+              "--device", "cpu"]
+    assert predict_main(["--weights", str(checkpoint), "--augment", *common]) == 0
+    assert "pytorch fp32, augmented on 3 images/frames" in capsys.readouterr().out
+    records = json.loads((tmp_path / "runs" / "exp" / "predictions.json").read_text())
+    assert [r["file"] for r in records] == names and sum(len(r["boxes"]) for r in records) > 0
+    for record, (height, width) in zip(records, [(80, 100), (100, 60), (64, 64)]):
+        boxes = np.array(record["boxes"]).reshape(-1, 4)
+        assert (boxes[:, 2] <= width).all() and (boxes[:, 3] <= height).all() and (boxes >= 0).all()
+    assert predict_main(["--weights", str(onnx_fp32), "augment=True", *common]) == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == ("error: --augment runs smaller views of each image: this export takes 64 px alone (export with "
+                     "--dynamic, or use the .pt weights)")
+
+
 def test_predict_video_writes_annotated_video(checkpoint: Path, tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     video = tmp_path / "clip.mp4"

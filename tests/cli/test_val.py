@@ -80,6 +80,22 @@ def test_val_command_end_to_end(val_inputs, tmp_path: Path, capsys) -> None:
     assert len(summaries[0]) == 12 and summaries[0] == summaries[1]
 
 
+def test_val_augmented_scores_more_candidates_on_both_pytorch_paths(val_inputs, tmp_path: Path, capsys) -> None:
+    """``--augment`` on the autocast path and on ``--half``'s prepared copy: the three views' boxes meet in one NMS,
+    so at --conf 0 more candidates survive than from the plain pass (per image, capped at 300)."""
+    weights, data = val_inputs
+    common = ["--weights", str(weights), "--data", str(data), "--workers", "0", "--batch", "4", "--device", "cpu",
+              "--project", str(tmp_path / "runs"), "--conf", "0", "--no-plots"]
+    counts = {}
+    runs = (("plain", ["--fp32"]), ("augmented", ["--fp32", "--augment"]), ("half", ["--half", "--augment"]))
+    for name, flags in runs:
+        assert main([*common, "--name", name, *flags]) == 0
+        said = capsys.readouterr().out
+        assert ("), augmented, COCO eval" in said.splitlines()[0]) == (name != "plain"), said.splitlines()[0]
+        counts[name] = len(json.loads((tmp_path / "runs" / name / "predictions.json").read_text()))
+    assert counts["augmented"] > counts["plain"] and counts["half"] > counts["plain"], counts
+
+
 def test_val_errors_are_one_line_and_return_1(val_inputs, tmp_path: Path, capsys) -> None:
     weights, data = val_inputs
     project = ["--project", str(tmp_path / "runs"), "--device", "cpu"]
@@ -140,10 +156,10 @@ def test_val_takes_ultralytics_weights_and_its_key_value_arguments(tmp_path: Pat
 def test_key_value_arguments_with_no_equivalent_answer_in_one_line(val_inputs, tmp_path: Path, capsys) -> None:
     weights, data = val_inputs
     with pytest.raises(SystemExit) as exit_info:
-        main([f"model={weights}", f"data={data}", "augment=True"])
+        main([f"model={weights}", f"data={data}", "save_hybrid=True"])
     assert exit_info.value.code == 2
     said = capsys.readouterr().err
-    assert "val: error: Ultralytics' augment=True has no equivalent here: no test-time augmentation" in said
+    assert "val: error: Ultralytics' save_hybrid=True has no equivalent here: no hybrid labels" in said
     with pytest.raises(SystemExit):
         main([f"weights={weights}", f"data={data}", "confidence=0.3"])
     assert "unknown argument confidence=0.3; did you mean conf?" in capsys.readouterr().err
