@@ -296,7 +296,6 @@ TRAIN: dict[str, Alias] = {
     "cutmix": unsupported("mosaic (--mosaic) and MixUp (--mixup) are the mixing augmentations here", 0.0),
     "copy_paste": unsupported("segmentation only", 0.0),
     "bgr": unsupported("no channel-swap augmentation", 0.0),
-    "cls_pw": unsupported("no class-frequency weights in the loss", 0.0),
     "save": unsupported("checkpoints are always saved (weights/last.pt, best.pt)", True),
     "optimizer": Alias(optimizer),
     "batch": Alias(batch),

@@ -85,6 +85,7 @@ def train(
     box_gain: float = 7.5,
     cls_gain: float = 0.5,
     dfl_gain: float = 1.5,
+    cls_pw: float = 0.0,
     assigner_topk: int = 10,
     assigner_alpha: float = 0.5,
     assigner_beta: float = 6.0,

@@ -29,6 +29,18 @@ class LossGains:
     dfl: float = 1.5
 
 
+def frequency_weights(counts: torch.Tensor, power: float) -> torch.Tensor | None:
+    """Per-class weights of the classification loss against class imbalance (``--cls-pw``, Ultralytics' ``cls_pw``):
+    ``(1 / the class's training boxes) ** power``, a class without training boxes given the others' mean, then
+    scaled to a mean of 1, so ``--cls-gain`` keeps its meaning. None where ``power`` is 0 or no class has a box."""
+    present = counts > 0
+    if power == 0 or not present.any():
+        return None
+    weights = torch.where(present, counts.double(), 1.0).reciprocal() ** power
+    weights = torch.where(present, weights, weights[present].mean())
+    return (weights / weights.mean()).float()
+
+
 class PaddedTargets(NamedTuple):
     """One batch's ground truth per image: labels ``[B, M]`` long, xyxy pixel boxes ``[B, M, 4]``, and ``mask``
     ``[B, M]`` bool (True for a real box; padding rows are zero). ``M`` is the most boxes in one image, or a
@@ -238,9 +250,12 @@ class DetectionLoss(torch.nn.Module):
         top_k: int = 10,
         alpha: float = 0.5,
         beta: float = 6.0,
+        class_weights: torch.Tensor | None = None,
     ) -> None:
         super().__init__()
         self.num_classes, self.strides, self.reg_max, self.gains = num_classes, strides, reg_max, gains
+        # [C] multiplying each class's BCE terms (frequency_weights); a buffer, so it goes where the criterion goes.
+        self.register_buffer("class_weights", class_weights, persistent=False)
         # Boxes narrower than the second stride are widened to it to find their anchors, as Ultralytics does.
         min_side = float(strides[1] if len(strides) > 1 else strides[0])
         self.assigner = AssignerConfig(top_k=top_k, alpha=alpha, beta=beta, min_side=min_side)
@@ -326,7 +341,8 @@ class DetectionLoss(torch.nn.Module):
             torch.distributed.all_reduce(score_sum)
             global_batch = batch * torch.distributed.get_world_size()
         score_sum = score_sum.clamp(min=1)
-        cls_loss = F.binary_cross_entropy_with_logits(cls_logits, assigned.scores, reduction="sum") / score_sum
+        cls_loss = F.binary_cross_entropy_with_logits(cls_logits, assigned.scores, weight=self.class_weights,
+                                                      reduction="sum") / score_sum
 
         box_sum, dfl_sum = foreground_losses(
             box_logits, assigned.boxes / stride, points, assigned.scores.sum(-1), assigned.foreground,

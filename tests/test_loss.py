@@ -5,8 +5,8 @@ from torchvision.ops import complete_box_iou_loss
 from detector.assigner import AssignerConfig, assign_targets
 from detector.boxes import boxes_to_distances, dfl_expectation, distances_to_boxes
 from detector.loss import (DetectionLoss, PaddedTargets, assignment_chunks, box_slots, complete_iou_loss,
-                           distribution_focal_loss, foreground_losses, foreground_slots, most_boxes_per_image,
-                           targets_to_padded)
+                           distribution_focal_loss, foreground_losses, foreground_slots, frequency_weights,
+                           most_boxes_per_image, targets_to_padded)
 from detector.model import build_model
 
 
@@ -31,6 +31,30 @@ def test_loss_with_targets_is_positive_and_reaches_every_head_branch():
     assert all(v > 0 for v in parts.values())
     total.backward()
     assert model.head.cv2[0][-1].weight.grad.abs().sum() > 0
+
+
+def test_class_weights_multiply_each_class_s_classification_terms_alone():
+    """``--cls-pw`` (Ultralytics' cls_pw multiplies its BCE terms by the class's weight): the weighted cls part is the
+    sum over classes of weight times that class's unweighted BCE sum, over the same score sum; box and DFL are
+    untouched. Both sides sum the same FP32 terms (each term's weight product rounded once) in another grouping:
+    each addition rounds by at most eps of its running sum, so n terms are at most about n eps of the part apart."""
+    model, plain = _model_and_loss()
+    weights = frequency_weights(torch.tensor([30, 5, 1]), 1.0)
+    weighted = DetectionLoss(num_classes=3, strides=model.strides, class_weights=weights)
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.4], [1, 2, 0.3, 0.3, 0.2, 0.3], [1, 0, 0.6, 0.6, 0.3, 0.3]])
+    outputs = model(torch.rand(2, 3, 64, 64))
+    _, parts = plain(outputs, targets, (64, 64), keep_assignment=True)
+    assigned = plain.last_assignment
+    _, weighted_parts = weighted(outputs, targets, (64, 64), assigned=assigned)
+    logits = torch.cat([o.flatten(2) for o in outputs], 2).transpose(1, 2)[..., -3:].float()
+    per_class = torch.nn.functional.binary_cross_entropy_with_logits(logits, assigned.scores, reduction="none")
+    expected = (per_class.sum((0, 1)) * weights).sum() / assigned.scores.sum().clamp(min=1) * plain.gains.cls
+    bound = (logits.numel() + 2) * torch.finfo(torch.float32).eps  # the terms, and their weight and gain products
+    torch.testing.assert_close(weighted_parts["cls"], expected, rtol=bound, atol=0)
+    assert weighted_parts["box"] == parts["box"] and weighted_parts["dfl"] == parts["dfl"]
+    assert not torch.isclose(weighted_parts["cls"], parts["cls"])  # the weights changed something
+    assert frequency_weights(torch.tensor([30, 5, 1]), 0.0) is None  # off
+    assert frequency_weights(torch.zeros(3, dtype=torch.long), 1.0) is None  # nothing to weigh by
 
 
 def test_targets_to_padded_groups_boxes_by_image():

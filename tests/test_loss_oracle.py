@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from detector.boxes import boxes_to_distances, dfl_expectation, distances_to_boxes, flatten_head_outputs, make_anchors
-from detector.loss import DetectionLoss, LossGains, complete_iou_loss, distribution_focal_loss
+from detector.loss import DetectionLoss, LossGains, complete_iou_loss, distribution_focal_loss, frequency_weights
 
 FP32_EPS = torch.finfo(torch.float32).eps
 CIOU_EPS = 1e-7  # what both CIoU forms add to heights, unions and diagonals
@@ -183,3 +183,38 @@ def test_each_loss_component_is_ultralytics(compared, layout: int) -> None:
         bound = gain * tau * (float(terms[name].sum()) + count * got / gain) / score_sum + own[name]
         bound += math.sqrt(sizes[name]) * FP32_EPS * expected
         assert abs(got - expected) <= bound, (name, got, expected, bound)
+
+
+# The child: Ultralytics' cls_pw weights (DetectionTrainer.compute_class_weights, then set_class_weights' division by
+# the mean) for each (counts, power).
+WEIGHTS_ORACLE = """
+import sys, types
+import numpy as np
+import torch
+from ultralytics.models.yolo.detect.train import DetectionTrainer
+
+results = []
+for counts, power in torch.load(sys.argv[1]):
+    trainer = types.SimpleNamespace(args=types.SimpleNamespace(cls_pw=power))
+    weights = DetectionTrainer.compute_class_weights(trainer, counts.numpy().astype(np.float32))
+    results.append(torch.from_numpy(weights / weights.mean()))
+torch.save(results, sys.argv[2])
+"""
+
+
+def test_class_weights_are_ultralytics(tmp_path) -> None:
+    """``--cls-pw``'s weights equal Ultralytics' ``cls_pw`` ones: inverse frequency to the power, a class without
+    boxes at the others' mean, a mean of 1. Theirs are FP32 NumPy, ours FP64 rounded once to FP32: a few FP32
+    rounding steps apart (the power, the division, the mean), 8 eps of the weight at most."""
+    if importlib.util.find_spec("ultralytics") is None:  # looked for, not imported (see above)
+        pytest.skip("ultralytics (the dev extra) is not installed")
+    cases = [(torch.tensor([10, 40, 0, 5, 1000]), power) for power in (1.0, 0.5, 0.25)]
+    cases.append((torch.tensor([3, 3, 3]), 1.0))  # balanced: all ones
+    torch.save(cases, tmp_path / "cases.pt")
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", WEIGHTS_ORACLE, str(tmp_path / "cases.pt"),
+                             str(tmp_path / "theirs.pt")], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for (counts, power), theirs in zip(cases, torch.load(tmp_path / "theirs.pt")):
+        ours = frequency_weights(counts, power)
+        torch.testing.assert_close(ours, theirs.float(), rtol=8 * FP32_EPS, atol=0)

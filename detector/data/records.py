@@ -107,6 +107,10 @@ class Records(Sequence[ImageRecord]):
         """Image ``index``'s ``[n, 5]`` labels: a view into the flat array (copy it before changing it)."""
         return self.labels[self.label_offsets[index] : self.label_offsets[index + 1]]
 
+    def class_counts(self, num_classes: int) -> np.ndarray:
+        """int64 ``[num_classes]``: boxes per class id."""
+        return np.bincount(self.labels[:, 0].astype(np.int64), minlength=num_classes)[:num_classes]
+
     def box_counts(self) -> np.ndarray:
         """int64 ``[n]``: boxes per image."""
         return np.diff(self.label_offsets)

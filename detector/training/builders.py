@@ -31,7 +31,7 @@ from detector.data.spec import DatasetError, DatasetSpec, load_dataset_spec, onl
 from detector.data.workers import PREFETCH_FACTOR, worker_init
 from detector.distributed import DistInfo, broadcast_from_main
 from detector.files import write_text_atomically
-from detector.loss import DetectionLoss, LossGains
+from detector.loss import DetectionLoss, LossGains, frequency_weights
 from detector.model import YOLO, build_model
 from detector.runs import claim_run_dir
 from detector.training.budget import MAX_WARMUP_SHARE, MIN_WARMUP_STEPS
@@ -83,11 +83,15 @@ def run_id() -> str:
     return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}:{os.environ.get('MASTER_PORT', '')}"
 
 
-def build_criterion(config: TrainConfig, model: YOLO) -> DetectionLoss:
+def build_criterion(config: TrainConfig, model: YOLO, class_counts: np.ndarray | None = None) -> DetectionLoss:
+    """The run's loss on ``model``'s device; ``class_counts``: the training split's boxes per class, which
+    ``--cls-pw`` weights the classes by (:func:`~detector.loss.frequency_weights`; without them, no weights)."""
+    weights = None if class_counts is None else frequency_weights(torch.from_numpy(class_counts), config.cls_pw)
     return DetectionLoss(
         num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max,
         gains=LossGains(box=config.box_gain, cls=config.cls_gain, dfl=config.dfl_gain),
         top_k=config.assigner_topk, alpha=config.assigner_alpha, beta=config.assigner_beta,
+        class_weights=None if weights is None else weights.to(next(model.parameters()).device),
     )
 
 

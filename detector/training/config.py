@@ -100,6 +100,9 @@ class TrainConfig:
     box_gain: float = option(7.5, "box (CIoU) loss gain")
     cls_gain: float = option(0.5, "classification (BCE) loss gain")
     dfl_gain: float = option(1.5, "distribution focal loss gain")
+    cls_pw: float = option(0.0, "class weights against imbalance: each class's classification loss times (1 / its "
+                                "training boxes) ** cls_pw, normalised to a mean of 1; 0 = off, 1 = inverse frequency "
+                                "(Ultralytics' cls_pw)")
     assigner_topk: int = option(10, "task-aligned assigner: candidates per box")
     assigner_alpha: float = option(0.5, "task-aligned assigner: class-score exponent")
     assigner_beta: float = option(6.0, "task-aligned assigner: IoU exponent")
@@ -211,7 +214,7 @@ class TrainConfig:
         # Fractions, as Ultralytics' settings check refuses them outside [0, 1] (--scale 2 drew negative zooms,
         # --lr0 -1 trained uphill, --momentum 1.5 failed only after the data scan).
         for name in ("lr0", "lrf", "weight_decay", "warmup_bias_lr", "warmup_momentum", "hsv_h", "hsv_s", "hsv_v",
-                     "translate", "scale", "val_conf", "val_iou"):
+                     "translate", "scale", "val_conf", "val_iou", "cls_pw"):
             if not 0 <= getattr(self, name) <= 1:
                 problems.append(f"--{name.replace('_', '-')} must be in [0, 1] (got {getattr(self, name)})")
         for name, low, high in (("momentum", 0.0, 1.0), ("ema_decay", 0.0, 1.0)):  # Adam's beta1 must stay below 1

@@ -131,6 +131,19 @@ def test_more_workers_than_cores_are_capped_with_a_note(yolo_yaml: Path, tmp_pat
     assert f"note: --workers {cores + 3} is more than the {cores} cores" in capsys.readouterr().out
 
 
+def test_cls_pw_weights_the_run_s_classes_by_their_training_boxes(yolo_yaml: Path, tmp_path: Path, capsys):
+    from detector.loss import frequency_weights
+    from detector.training.trainer import Trainer
+
+    trainer = Trainer(_config(yolo_yaml, tmp_path, cls_pw=0.5), progress=False)
+    counts = trainer.train_data.records.class_counts(3)
+    expected = frequency_weights(torch.from_numpy(counts), 0.5)
+    assert counts.sum() == len(trainer.train_data.records.labels) and torch.equal(trainer.step.criterion.class_weights,
+                                                                                  expected)
+    assert "class weights (--cls-pw 0.5): circle " in capsys.readouterr().out
+    assert Trainer(_config(yolo_yaml, tmp_path, name="off"), progress=False).step.criterion.class_weights is None
+
+
 def test_cli_rejects_bad_values_with_exit_code_1(capsys):
     assert train_main(["--epochs", "-1", "--imgsz", "100"]) == 1
     message = capsys.readouterr().err
