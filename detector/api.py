@@ -92,6 +92,7 @@ def train(
     mosaic: float = 1.0,
     close_mosaic: int = 10,
     mixup: float = 0.0,
+    cutmix: float = 0.0,
     degrees: float = 0.0,
     translate: float = 0.1,
     scale: float = 0.5,

@@ -29,6 +29,7 @@ PAD_VALUE = 114  # grey letterbox / mosaic fill, as YOLO tools use
 class AugmentConfig:
     mosaic: float = 1.0  # probability of a 4-image mosaic
     mixup: float = 0.0  # probability of blending with a second augmented image (MixUp), where mosaic is on
+    cutmix: float = 0.0  # probability of pasting a rectangle of a second augmented image (CutMix), where mosaic is on
     degrees: float = 0.0  # max rotation (deg)
     translate: float = 0.1  # max shift as a fraction of the output size
     scale: float = 0.5  # zoom drawn from [1 - scale, 1 + scale]

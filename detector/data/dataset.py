@@ -29,6 +29,7 @@ from detector.data.augment import (
     warp_image,
 )
 from detector.data.batch_augment import PixelOps
+from detector.data.cutmix import boxes_inside, choose_rectangle, draw_rectangles, paste_rectangle
 from detector.data.device_augment import WarpBatch, WarpSource, canvas_region, pack_warp_batch
 from detector.data.images import READ_ERRORS, read_image_rgb
 from detector.data.letterbox import RESIZE_INTERPOLATION, ImageMeta, letterbox, resized_size
@@ -156,14 +157,24 @@ class DetectionDataset(Dataset):
         tiles, height, width, matrix, boxes, classes = self._geometry(index, rng, use_mosaic)
         # MixUp (Ultralytics' mixup, off in close-mosaic epochs as there): this image blended with a second one of
         # its own geometry, drawn from a stream of its own; nothing is drawn at 0, so other draws stay as they were.
-        mixed = use_mosaic and config.mixup > 0 and rng.random() < config.mixup
-        if mixed:
+        image = None  # the item's pixels, once a second image is mixed into them here
+        if use_mosaic and config.mixup > 0 and rng.random() < config.mixup:
             partner, ratio = int(rng.integers(0, len(self.records))), float(rng.beta(32.0, 32.0))
             other = self._geometry(partner, np.random.default_rng((self.seed, epoch, stream, 1)), use_mosaic)
             image = mixup(warp_image(canvas(tiles, height, width), matrix, size),
                           warp_image(canvas(*other[:3]), other[3], size), ratio)
             boxes, classes = np.concatenate((boxes, other[4])), np.concatenate((classes, other[5]))
-            if self.geometry_on_device:  # the blend is made here; the step's warp copies it as it is
+        # CutMix (Ultralytics' cutmix, after MixUp and off in close-mosaic epochs as there): a rectangle of a second
+        # image pasted in, its partner's geometry on a stream of its own; nothing is drawn at 0 either.
+        cut = self._cutmix(rng, boxes, epoch, stream) if (
+            use_mosaic and config.cutmix > 0 and rng.random() < config.cutmix) else None
+        if cut is not None:
+            rectangle, pixels, pasted, pasted_classes = cut
+            first = warp_image(canvas(tiles, height, width), matrix, size) if image is None else image
+            image = paste_rectangle(first, pixels, rectangle)
+            boxes, classes = np.concatenate((boxes, pasted)), np.concatenate((classes, pasted_classes))
+        if image is not None:
+            if self.geometry_on_device:  # the mix is made here; the step's warp copies it as it is
                 image = WarpSource.of_pixels(image, np.eye(3), size)
         elif self.geometry_on_device:
             image = canvas_region(tiles, height, width, matrix, size)  # views of the tiles' parts it covers
@@ -191,6 +202,22 @@ class DetectionDataset(Dataset):
         if pixels_on_device:
             return image, boxes, classes, PixelOps(*hsv, flip_lr=flip_lr, flip_ud=flip_ud)
         return flip_image(image, flip_lr=flip_lr, flip_ud=flip_ud), boxes, classes, None
+
+    def _cutmix(self, rng: np.random.Generator, boxes: np.ndarray, epoch: int,
+                stream: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """CutMix's draws for an item of ``boxes`` (:mod:`detector.data.cutmix`): its rectangle, the partner's
+        warped pixels, and the partner's boxes and classes the rectangle brings; None when it brings none."""
+        size = self.image_size
+        partner = int(rng.integers(0, len(self.records)))
+        rectangle = choose_rectangle(rng, draw_rectangles(rng, size, size), boxes)
+        if rectangle is None:  # every candidate covers a box: the item is left as it is
+            return None
+        tiles, height, width, matrix, other_boxes, other_classes = self._geometry(
+            partner, np.random.default_rng((self.seed, epoch, stream, 2)), True)
+        pasted, pasted_classes = boxes_inside(rectangle, other_boxes, other_classes)
+        if len(pasted) == 0:
+            return None
+        return rectangle, warp_image(canvas(tiles, height, width), matrix, size), pasted, pasted_classes
 
     def _geometry(self, index: int, rng: np.random.Generator, use_mosaic: bool) -> tuple:
         """An item's canvas before its warp, as ``(tiles, height, width, matrix, boxes, classes)``: a mosaic of it

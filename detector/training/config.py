@@ -111,6 +111,9 @@ class TrainConfig:
     close_mosaic: int = option(10, "turn mosaic off for the last N epochs")
     mixup: float = option(0.0, "MixUp probability: blend an item with a second augmented one, boxes of both "
                                "(Ultralytics' mixup; off in close-mosaic epochs, as there)")
+    cutmix: float = option(0.0, "CutMix probability: paste a rectangle of a second augmented item that covers none "
+                                "of this one's boxes, with the boxes it holds (Ultralytics' cutmix; off in "
+                                "close-mosaic epochs, as there)")
     degrees: float = option(0.0, "random rotation (+/- degrees)")
     translate: float = option(0.1, "random translation (+/- fraction of image size)")
     scale: float = option(0.5, "random zoom gain (+/- fraction)")
@@ -208,7 +211,7 @@ class TrainConfig:
             problems.append(f"--val-interval must be 0 or more (got {self.val_interval})")
         if not 0.0 < self.fraction <= 1.0:
             problems.append(f"--fraction must be above 0 and at most 1 (got {self.fraction})")
-        for name in ("mosaic", "mixup", "fliplr", "flipud", "albumentations"):
+        for name in ("mosaic", "mixup", "cutmix", "fliplr", "flipud", "albumentations"):
             if not 0 <= getattr(self, name) <= 1:
                 problems.append(f"--{name} is a probability in [0, 1] (got {getattr(self, name)})")
         # Fractions, as Ultralytics' settings check refuses them outside [0, 1] (--scale 2 drew negative zooms,

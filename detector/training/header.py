@@ -47,6 +47,8 @@ def run_header(trainer: Run) -> str:
     augment = f"{on_device} on the device" if on_device else "augmentation in the workers"
     if config.mixup:
         augment += f", MixUp {config.mixup:g} (in the workers)"
+    if config.cutmix:
+        augment += f", CutMix {config.cutmix:g} (in the workers)"
     only = f", classes {' '.join(map(str, config.classes))} only" if config.classes is not None else ""
     if trainer.recomputed:
         augment += f" | BatchNorm outputs of {', '.join(trainer.recomputed)} recomputed in backward (--recompute)"

@@ -234,16 +234,23 @@ def _datasets(records, **augment):
 KEYS = [(index, epoch, use_mosaic) for index in range(4) for epoch in range(2) for use_mosaic in (True, False)]
 
 
-@pytest.mark.parametrize("mixup", [0.0, 1.0])  # MixUp's blend is made in the workers, and copied by the warp
-def test_device_items_have_the_worker_items_boxes_and_warped_pixels(tmp_path, mixup):
-    workers, pixels, device = _datasets(write_records(tmp_path, 4, seed=1), albumentations=0.0, mixup=mixup)
-    _, worker_targets, _ = collate([workers[key] for key in KEYS])
+# MixUp's blend and CutMix's paste are made in the workers, and copied by the warp. CutMix pastes only where a
+# rectangle misses the item's boxes and holds a partner's: more epochs, so that some items are pasted.
+@pytest.mark.parametrize("mix,epochs", [({}, 2), ({"mixup": 1.0}, 2), ({"cutmix": 1.0}, 12),
+                                        ({"mixup": 1.0, "cutmix": 1.0}, 12)], ids=str)
+def test_device_items_have_the_worker_items_boxes_and_warped_pixels(tmp_path, mix, epochs):
+    keys = [(index, epoch, use_mosaic) for index in range(4) for epoch in range(epochs) for use_mosaic in (True, False)]
+    workers, pixels, device = _datasets(write_records(tmp_path, 4, seed=1), albumentations=0.0, **mix)
+    _, worker_targets, _ = collate([workers[key] for key in keys])
     # The pixels path's images are OpenCV's warp alone (HSV and flips left to the step): the geometry to compare.
-    warped, _, pixel_metas = collate([pixels[key] for key in KEYS])
-    items = [device[key] for key in KEYS]
+    warped, _, pixel_metas = collate([pixels[key] for key in keys])
+    items = [device[key] for key in keys]
+    if "cutmix" in mix:  # some items had a rectangle pasted: more boxes than the same item without CutMix
+        plain = _datasets(workers.records, albumentations=0.0, **{**mix, "cutmix": 0.0})[0]
+        assert any(len(workers[key][1]) > len(plain[key][1]) for key in keys)
     batch, device_targets, metas = collate(items)
     assert torch.equal(device_targets, worker_targets)  # boxes: the same functions of the same draws
-    assert isinstance(batch, WarpBatch) and len(batch) == len(KEYS)
+    assert isinstance(batch, WarpBatch) and len(batch) == len(keys)
     assert [meta.pixel_ops for meta in metas] == [meta.pixel_ops for meta in pixel_metas]
     assert len({(meta.pixel_ops.flip_lr, meta.pixel_ops.flip_ud) for meta in metas}) == 4
     out = render(batch, torch.device("cpu"), size=64, channels_last=True) * 255
