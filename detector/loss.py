@@ -32,9 +32,10 @@ class LossGains:
 def frequency_weights(counts: torch.Tensor, power: float) -> torch.Tensor | None:
     """Per-class weights of the classification loss against class imbalance (``--cls-pw``, Ultralytics' ``cls_pw``):
     ``(1 / the class's training boxes) ** power``, a class without training boxes given the others' mean, then
-    scaled to a mean of 1, so ``--cls-gain`` keeps its meaning. None where ``power`` is 0 or no class has a box."""
+    scaled to a mean of 1, so ``--cls-gain`` keeps its meaning. None where ``power`` is 0, no class has a box, or
+    there is one class (its weight would be 1)."""
     present = counts > 0
-    if power == 0 or not present.any():
+    if power == 0 or not present.any() or len(counts) == 1:
         return None
     weights = torch.where(present, counts.double(), 1.0).reciprocal() ** power
     weights = torch.where(present, weights, weights[present].mean())

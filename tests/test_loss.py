@@ -55,6 +55,7 @@ def test_class_weights_multiply_each_class_s_classification_terms_alone():
     assert not torch.isclose(weighted_parts["cls"], parts["cls"])  # the weights changed something
     assert frequency_weights(torch.tensor([30, 5, 1]), 0.0) is None  # off
     assert frequency_weights(torch.zeros(3, dtype=torch.long), 1.0) is None  # nothing to weigh by
+    assert frequency_weights(torch.tensor([7]), 1.0) is None  # one class: its weight would be 1
 
 
 def test_targets_to_padded_groups_boxes_by_image():

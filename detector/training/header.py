@@ -38,6 +38,15 @@ class Run(Protocol):
     def input_shapes(self) -> list[tuple[int, int]]: ...
 
 
+def mixing_text(config: TrainConfig) -> str:
+    """``", MixUp 0.1 (in the workers), CutMix 0.5 (in the workers)"``, those asked for; nothing where every epoch
+    is a close-mosaic one, whose items are never mixed."""
+    if config.epochs <= config.close_mosaic:
+        return ""
+    mixes = [(name, value) for name, value in (("MixUp", config.mixup), ("CutMix", config.cutmix)) if value]
+    return "".join(f", {name} {value:g} (in the workers)" for name, value in mixes)
+
+
 def run_header(trainer: Run) -> str:
     config, step = trainer.config, trainer.step
     model = unwrap(step.model)
@@ -45,10 +54,7 @@ def run_header(trainer: Run) -> str:
     val_count = len(trainer.val_data.records) if trainer.val_data else "?"
     on_device = {"device": "mosaic/affine/HSV/flips", "pixels": "HSV/flips"}.get(pixel_augment_path(trainer), "")
     augment = f"{on_device} on the device" if on_device else "augmentation in the workers"
-    if config.mixup:
-        augment += f", MixUp {config.mixup:g} (in the workers)"
-    if config.cutmix:
-        augment += f", CutMix {config.cutmix:g} (in the workers)"
+    augment += mixing_text(config)
     only = f", classes {' '.join(map(str, config.classes))} only" if config.classes is not None else ""
     if trainer.recomputed:
         augment += f" | BatchNorm outputs of {', '.join(trainer.recomputed)} recomputed in backward (--recompute)"
@@ -56,7 +62,8 @@ def run_header(trainer: Run) -> str:
         f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} "
         f"class{'es' if model.num_classes != 1 else ''}) | "
         f"data {config.data or 'built-in shapes'} ({len(trainer.train_data.records)} train / {val_count} val{only}) | "
-        f"{trainer.device} x{trainer.dist.world_size}, {config.workers} loader workers | "
+        f"{trainer.device} x{trainer.dist.world_size}, {config.workers} loader "
+        f"worker{'s' if config.workers != 1 else ''} | "
         f"precision {step.precision.name}: {step.precision.reason} | {augment} | "
         f"{cache_text(trainer)} | COCO eval {evaluator_name(config.coco_eval)}"
         f"{background_text(config.val_background, trainer.device)} | "

@@ -71,13 +71,14 @@ class Trainer(RunPlans, FinalReports):
         self.progress = progress
         self.dist, self.device = init_distributed(self.config.device)
         tune_process(self.device)  # before the data cache and the workers' fork: see detector/tuning.py
-        if self.config.workers < 0:
-            self.config.workers = default_workers(self.device.type, processes_per_node=self.dist.local_world_size)
-        elif (workers := capped_workers(self.config.workers, processes_per_node=self.dist.local_world_size)) < (
-                asked_workers := self.config.workers):
-            self.config.workers = workers
-            self.log(f"note: --workers {asked_workers} is more than the {workers} cores each process may use here: "
-                     f"{workers} loader workers (Ultralytics caps workers= the same way)")
+        asked_workers = self.config.workers  # auto's own choice is capped too, without a note
+        workers = default_workers(self.device.type, processes_per_node=self.dist.local_world_size) if (
+            asked_workers < 0) else asked_workers
+        self.config.workers = capped_workers(workers, processes_per_node=self.dist.local_world_size)
+        if self.config.workers < asked_workers:
+            cores = f"{self.config.workers} core{'s' if self.config.workers != 1 else ''}"
+            self.log(f"note: --workers {asked_workers} is more than the {cores} each process may use here: as many "
+                     "loader workers (Ultralytics caps workers= the same way)")
         checkpoint = None
         if self.config.resume:
             self.config, self.resume_path, checkpoint = load_resume(self.config, asked)

@@ -137,10 +137,10 @@ def run_val(options: ValOptions) -> dict[str, float]:
             print(note)
         num_classes, names = len(backend.info.names), backend.info.names
         image_size = exported_image_size(options.imgsz, backend)
+        infer = AugmentedBackend(backend) if options.augment else backend  # refused here, before any note
         if backend.info.nms is not None:
             print(f"note: {options.weights} has NMS inside (conf {backend.info.nms.conf_threshold}, one class per box):"
                   " mAP is lower than with the Python NMS at --conf 0.001; export without --nms to evaluate")
-        infer = AugmentedBackend(backend) if options.augment else backend
         runtime = infer.name
     trained_on = ((checkpoint or {}).get("config") or {}).get("classes")
     if trained_on is not None:  # train --classes: scored as training validated (before a --single-cls merge)

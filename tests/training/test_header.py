@@ -50,3 +50,14 @@ def test_the_header_says_a_warmup_the_floor_or_the_cap_changed(warmup_epochs: fl
     run = SimpleNamespace(config=TrainConfig(warmup_epochs=warmup_epochs, epochs=epochs),
                           step=SimpleNamespace(schedule=schedule), clock=SimpleNamespace(budget=budget))
     assert warmup_text(run) == said
+
+
+@pytest.mark.parametrize(("epochs", "said"), [
+    (30, ", MixUp 0.1 (in the workers), CutMix 0.5 (in the workers)"),
+    (10, ""),  # every epoch a close-mosaic one (--close-mosaic 10): nothing is ever mixed
+])
+def test_the_header_names_mixing_only_where_some_epoch_mixes(epochs: int, said: str):
+    from detector.training.header import mixing_text
+
+    assert mixing_text(TrainConfig(epochs=epochs, close_mosaic=10, mixup=0.1, cutmix=0.5)) == said
+    assert mixing_text(TrainConfig(epochs=epochs, close_mosaic=10)) == ""

@@ -128,7 +128,19 @@ def test_more_workers_than_cores_are_capped_with_a_note(yolo_yaml: Path, tmp_pat
     cores = usable_cores()
     trainer = Trainer(_config(yolo_yaml, tmp_path, workers=cores + 3), progress=False)
     assert trainer.config.workers == cores
-    assert f"note: --workers {cores + 3} is more than the {cores} cores" in capsys.readouterr().out
+    said = f"{cores} core{'s' if cores != 1 else ''}"
+    assert f"note: --workers {cores + 3} is more than the {said} each process may use here" in capsys.readouterr().out
+
+
+def test_auto_workers_are_capped_at_the_cores_too_without_a_note(yolo_yaml: Path, tmp_path: Path, capsys,
+                                                                  monkeypatch):
+    """On one core, auto's 2 CPU workers would take turns with the model on it (and PyTorch warns)."""
+    import detector.data.workers
+    from detector.training.trainer import Trainer
+
+    monkeypatch.setattr(detector.data.workers, "usable_cores", lambda: 1)
+    trainer = Trainer(_config(yolo_yaml, tmp_path, workers=-1), progress=False)
+    assert trainer.config.workers == 1 and "note: --workers" not in capsys.readouterr().out
 
 
 def test_cls_pw_weights_the_run_s_classes_by_their_training_boxes(yolo_yaml: Path, tmp_path: Path, capsys):

@@ -111,3 +111,26 @@ def test_the_runtime_line_names_a_training_precision_other_than_its_own() -> Non
     bf16 = Precision("bf16", "cpu", "auto")
     assert trained_in({"precision": "fp32"}, bf16) == "; trained in FP32"
     assert trained_in({"precision": "bf16"}, bf16) == "" and trained_in({}, bf16) == ""
+
+
+def test_augment_on_an_export_with_nms_inside_is_refused_before_any_note(onnx_fp32, yolo_yaml, tmp_path, capsys,
+                                                                         monkeypatch) -> None:
+    """The refusal alone: the NMS-inside note talks about a pass that will not run."""
+    import dataclasses
+
+    import detector.workflows.val as val_workflow
+    from detector.inference import load_backend
+    from detector.postprocess import NMSConfig
+    from detector.workflows.options import ValOptions
+    from detector.workflows.val import run_val
+
+    def with_nms_inside(*args, **kwargs):
+        backend = load_backend(*args, **kwargs)
+        backend.info = dataclasses.replace(backend.info, nms=NMSConfig(), dynamic=True)  # as an --nms --dynamic export
+        return backend
+
+    monkeypatch.setattr(val_workflow, "load_backend", with_nms_inside)
+    with pytest.raises(ValueError, match=r"^--augment needs the boxes before NMS"):
+        run_val(ValOptions(weights=onnx_fp32, data=yolo_yaml, augment=True, workers=0, device="cpu", plots=False,
+                           project=tmp_path))
+    assert "has NMS inside" not in capsys.readouterr().out
