@@ -4,7 +4,7 @@ A user coming from Ultralytics types ``amp=False``, ``cos_lr=True``, ``nbs=64`` 
 :func:`translate` turns those into our option fields (``precision="fp32"``, ``cosine=True``,
 ``nominal_batch=64``, ``weights="yolov8n.pt", model="n"``) and says so in one line per alias, so the user learns
 our name once. A name that has no equivalent answers in one line with what we do instead: given at
-Ultralytics' own default (a value that asks for nothing, ``perspective=0.0``) it is accepted with a note; any other
+Ultralytics' own default (a value that asks for nothing, ``copy_paste=0.0``) it is accepted with a note; any other
 value raises ``TypeError``, because silently ignoring a setting would train something the user did not ask for.
 
 Names that are spelled the same here (``epochs``, ``lr0``, ``imgsz``, ``mosaic``, ...) are not in the table:
@@ -292,7 +292,6 @@ TRAIN: dict[str, Alias] = {
     "profile": unsupported("time the backends with detector benchmark", False),
     "compile": unsupported("torch.compile is not used", False),
     "dropout": unsupported("classification only", 0.0),
-    "perspective": unsupported("the affine augmentation has no perspective term", 0.0),
     "copy_paste": unsupported("segmentation only", 0.0),
     "bgr": unsupported("no channel-swap augmentation", 0.0),
     "save": unsupported("checkpoints are always saved (weights/last.pt, best.pt)", True),

@@ -97,6 +97,7 @@ def train(
     translate: float = 0.1,
     scale: float = 0.5,
     shear: float = 0.0,
+    perspective: float = 0.0,
     hsv_h: float = 0.015,
     hsv_s: float = 0.7,
     hsv_v: float = 0.4,

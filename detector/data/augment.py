@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,6 +35,7 @@ class AugmentConfig:
     translate: float = 0.1  # max shift as a fraction of the output size
     scale: float = 0.5  # zoom drawn from [1 - scale, 1 + scale]
     shear: float = 0.0  # max shear (deg)
+    perspective: float = 0.0  # max of each perspective coefficient (per canvas pixel, as Ultralytics' perspective)
     hsv_h: float = 0.015  # hue shift (fraction of a full turn)
     hsv_s: float = 0.7  # saturation gain (fraction)
     hsv_v: float = 0.4  # value gain (fraction)
@@ -139,7 +141,10 @@ def affine_matrix(
 ) -> tuple[np.ndarray, float]:
     """The random affine's float64 ``[3, 3]`` matrix (image pixels -> ``out_size`` square pixels) and its zoom.
 
-    Rotate/scale/shear/translate around the image centre; six draws, in that order.
+    Rotate/scale/shear/translate around the image centre; six draws, in that order. With ``config.perspective``
+    above 0, two more after them: the perspective coefficients ``U(-p, p)`` of x and y, applied first to the centred
+    canvas (Ultralytics' ``M = T @ S @ R @ P @ C``), so the matrix's bottom row is no longer ``[0, 0, 1]``. At 0
+    nothing more is drawn and the matrix is what it was, bit for bit.
     """
     to_origin = np.array([[1, 0, -width / 2], [0, 1, -height / 2], [0, 0, 1]], np.float64)
     angle = rng.uniform(-config.degrees, config.degrees)
@@ -155,12 +160,35 @@ def affine_matrix(
     to_output = np.eye(3)
     to_output[0, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_size
     to_output[1, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_size
-    return to_output @ shear @ rotate @ to_origin, zoom
+    if config.perspective <= 0:
+        return to_output @ shear @ rotate @ to_origin, zoom
+    # In canvas pixels, as Ultralytics applies it: the canvas is its size too (long side --imgsz, mosaic twice).
+    tilt = np.eye(3)
+    tilt[2, 0] = rng.uniform(-config.perspective, config.perspective)
+    tilt[2, 1] = rng.uniform(-config.perspective, config.perspective)
+    return to_output @ shear @ rotate @ tilt @ to_origin, zoom
+
+
+def is_affine(matrix: np.ndarray) -> bool:
+    """True when ``matrix``'s bottom row is ``[0, 0, 1]`` (no perspective term): exactly so, as drawn at 0."""
+    return bool(matrix[2, 0] == 0 and matrix[2, 1] == 0 and matrix[2, 2] == 1)
 
 
 def warp_image(image: np.ndarray, matrix: np.ndarray, out_size: int) -> np.ndarray:
-    """OpenCV's bilinear warp of ``image`` by ``matrix`` into an ``out_size`` square, fill outside."""
-    return cv2.warpAffine(image, matrix[:2], (out_size, out_size), borderValue=(PAD_VALUE,) * 3)
+    """OpenCV's bilinear warp of ``image`` by ``matrix`` into an ``out_size`` square, fill outside: ``warpAffine``,
+    or ``warpPerspective`` where the matrix has a perspective term (as Ultralytics chooses)."""
+    if is_affine(matrix):
+        return cv2.warpAffine(image, matrix[:2], (out_size, out_size), borderValue=(PAD_VALUE,) * 3)
+    return cv2.warpPerspective(image, matrix, (out_size, out_size), borderValue=(PAD_VALUE,) * 3)
+
+
+# |w| below which a point counts as on the horizon, the line a perspective matrix sends to infinity. Not a tuned
+# value: any positive one far below 1 does. A point on an edge at w = HORIZON_W projects to its affine coordinates
+# times 1e9, outside any output square (unless those lie within 1e-6 px of its origin), so its part of the box
+# reaches the output's edge in that direction, as the image of an edge running to infinity does, once clipped.
+HORIZON_W = 1e-9
+# The corners as warp_boxes orders them, (x1 y1), (x2 y2), (x1 y2), (x2 y1), taken round the box: the edges.
+EDGES = ((0, 3), (3, 1), (1, 2), (2, 0))
 
 
 def warp_boxes(
@@ -169,13 +197,62 @@ def warp_boxes(
     """Boxes moved by ``matrix`` (the enclosing box of their four corners), clipped and filtered."""
     if len(boxes) == 0:
         return boxes, classes
-    corners = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(-1, 2)  # 4 corners per box
-    corners = np.concatenate((corners, np.ones((len(corners), 1))), 1) @ matrix.T
-    corners = corners[:, :2].reshape(-1, 8)
-    xs, ys = corners[:, 0::2], corners[:, 1::2]
-    moved = np.stack((xs.min(1), ys.min(1), xs.max(1), ys.max(1)), 1).astype(np.float32)
     scaled_before = boxes * np.float32(zoom)
-    return filter_boxes(moved, classes, out_size, out_size, before=scaled_before)
+    return filter_boxes(warped_extent(boxes, matrix, out_size), classes, out_size, out_size, before=scaled_before)
+
+
+def warped_extent(boxes: np.ndarray, matrix: np.ndarray, out_size: int) -> np.ndarray:
+    """float32 ``[n, 4]``: the enclosing box of each xyxy box's corners mapped by ``matrix`` and divided by their
+    homogeneous coordinate w (Ultralytics' ``apply_bboxes``; w is exactly 1 for an affine matrix, so the division
+    changes nothing there). Not clipped to the ``out_size`` square, except where a box meets the horizon:
+
+    a box that a perspective matrix cuts with its horizon (w of both signs among its corners: at --imgsz 640 and
+    --perspective 0.001, w at a mosaic canvas's corner goes down to 1 - 0.001 * (640 + 640) = -0.28) is not bounded
+    by its corners: its image runs out to infinity on both sides. Ultralytics' box of the divided corners can then
+    span the output the wrong way (a box in one corner of it could come out as the whole image); here each side's
+    part is bounded on its own and clipped to the output, and the box encloses those that reach it
+    (:func:`_split_extent`)."""
+    corners = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(-1, 2)  # 4 corners per box
+    mapped = (np.concatenate((corners, np.ones((len(corners), 1))), 1) @ matrix.T).reshape(-1, 4, 3)
+    with np.errstate(divide="ignore", invalid="ignore"):  # w = 0 only on a cut box, replaced below
+        points = mapped[..., :2] / mapped[..., 2:]
+    extent = np.concatenate((points.min(1), points.max(1)), 1)
+    w = mapped[..., 2]
+    cut = ~((w >= HORIZON_W).all(1) | (w <= -HORIZON_W).all(1))
+    if cut.any():
+        extent[cut] = _split_extent(mapped[cut], out_size)
+    return extent.astype(np.float32)
+
+
+def _split_extent(mapped: np.ndarray, out_size: int) -> np.ndarray:
+    """``[n, 4]`` boxes of quadrilaterals whose homogeneous corners ``mapped`` (``[n, 4, 3]``) lie on both sides of
+    the horizon. Each side's part is the polygon of its own corners and the points where its edges cross
+    ``|w| = HORIZON_W``, which project to finite points; its enclosing box, clipped to the ``out_size`` square, is
+    kept where it is not empty, and the result encloses the kept ones. None kept: an empty box, which the filter
+    drops."""
+    parts: list[np.ndarray] = []
+    with np.errstate(divide="ignore", invalid="ignore"):  # the corners of the other side divide too, then dropped
+        for side in (1.0, -1.0):  # the part with w > 0, then the part with w < 0 (which OpenCV draws too)
+            homogeneous = mapped * side
+            w = homogeneous[..., 2]
+            found = [np.where((w >= HORIZON_W)[..., None], homogeneous[..., :2] / w[..., None], np.nan)]
+            for start, end in EDGES:
+                w0, w1 = w[:, start], w[:, end]
+                crosses = (w0 - HORIZON_W) * (w1 - HORIZON_W) < 0
+                t = np.where(crosses, (HORIZON_W - w0) / np.where(crosses, w1 - w0, 1.0), 0.0)
+                start_xy, end_xy = homogeneous[:, start, :2], homogeneous[:, end, :2]
+                point = (start_xy + t[:, None] * (end_xy - start_xy)) / HORIZON_W  # on the edge, at w = HORIZON_W
+                found.append(np.where(crosses[:, None], point, np.nan)[:, None])
+            points = np.concatenate(found, 1)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: no part on this side
+                part = np.concatenate((np.nanmin(points, 1), np.nanmax(points, 1)), 1).clip(0, out_size)
+            empty = ~((part[:, 2] > part[:, 0]) & (part[:, 3] > part[:, 1]))  # NaN compares False: empty too
+            part[empty] = (np.inf, np.inf, -np.inf, -np.inf)  # the identity of the union below
+            parts.append(part)
+    first, second = parts
+    union = np.concatenate((np.minimum(first[:, :2], second[:, :2]), np.maximum(first[:, 2:], second[:, 2:])), 1)
+    return np.where(np.isfinite(union), union, 0.0)
 
 
 def random_affine(
@@ -186,7 +263,8 @@ def random_affine(
     config: AugmentConfig,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Rotate/scale/shear/translate around the image centre into an ``out_size`` square, in one warp."""
+    """Rotate/scale/shear/translate (and tilt, with ``config.perspective``) around the image centre into an
+    ``out_size`` square, in one warp."""
     matrix, zoom = affine_matrix(image.shape[0], image.shape[1], out_size, config, rng)
     new_boxes, new_classes = warp_boxes(boxes, classes, matrix, zoom, out_size)
     return warp_image(image, matrix, out_size), new_boxes, new_classes

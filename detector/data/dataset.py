@@ -21,6 +21,7 @@ from detector.data.augment import (
     draw_hsv,
     flip_boxes,
     flip_image,
+    is_affine,
     mosaic_boxes,
     mosaic_placements,
     mosaic_tiles,
@@ -61,7 +62,8 @@ class DetectionDataset(Dataset):
     step: ``meta.pixel_ops`` carries them there
     (:mod:`detector.data.batch_augment`). With ``geometry_on_device`` too, mosaic and the random affine are
     drawn and the boxes moved, but the item's image is a :class:`WarpSource` (the source pixels the warp
-    reads, and its matrix) that the training step warps (:mod:`detector.data.device_augment`).
+    reads, and its matrix) that the training step warps (:mod:`detector.data.device_augment`); the step's warp is
+    affine, so an item with a perspective term, like one with MixUp or CutMix, is warped here and sent as its pixels.
     """
 
     def __init__(
@@ -173,15 +175,15 @@ class DetectionDataset(Dataset):
             first = warp_image(canvas(tiles, height, width), matrix, size) if image is None else image
             image = paste_rectangle(first, pixels, rectangle)
             boxes, classes = np.concatenate((boxes, pasted)), np.concatenate((classes, pasted_classes))
-        if image is not None:
-            if self.geometry_on_device:  # the mix is made here; the step's warp copies it as it is
-                image = WarpSource.of_pixels(image, np.eye(3), size)
-        elif self.geometry_on_device:
+        if image is None and self.geometry_on_device and is_affine(matrix):
             image = canvas_region(tiles, height, width, matrix, size)  # views of the tiles' parts it covers
             if self.image_cache is None:  # views would keep each decoded image whole until collate
                 image = image.compact()
         else:
-            image = warp_image(canvas(tiles, height, width), matrix, size)
+            if image is None:  # the device warp is affine: a perspective term (--perspective) is warped here
+                image = warp_image(canvas(tiles, height, width), matrix, size)
+            if self.geometry_on_device:  # a mix or a perspective warp made here; the step's warp copies it as it is
+                image = WarpSource.of_pixels(image, np.eye(3), size)
         # Here HSV, then albumentations; Ultralytics 8.4 runs albumentations first (augment.py v8_transforms), as the
         # device paths do. Kept: its blur, median blur, gray and CLAHE are drawn 1% each, so the order changes few
         # items, and only their pixels: the draws, and so the boxes, are the same either way.

@@ -118,6 +118,8 @@ class TrainConfig:
     translate: float = option(0.1, "random translation (+/- fraction of image size)")
     scale: float = option(0.5, "random zoom gain (+/- fraction)")
     shear: float = option(0.0, "random shear (+/- degrees)")
+    perspective: float = option(0.0, "random perspective: each coefficient in +/- this, per canvas pixel "
+                                     "(Ultralytics' perspective, 0-0.001 typical; warped in the workers)")
     hsv_h: float = option(0.015, "hue shift (fraction of a full turn)")
     hsv_s: float = option(0.7, "saturation augmentation (fraction)")
     hsv_v: float = option(0.4, "value augmentation (fraction)")
@@ -217,7 +219,7 @@ class TrainConfig:
         # Fractions, as Ultralytics' settings check refuses them outside [0, 1] (--scale 2 drew negative zooms,
         # --lr0 -1 trained uphill, --momentum 1.5 failed only after the data scan).
         for name in ("lr0", "lrf", "weight_decay", "warmup_bias_lr", "warmup_momentum", "hsv_h", "hsv_s", "hsv_v",
-                     "translate", "scale", "val_conf", "val_iou", "cls_pw"):
+                     "translate", "scale", "perspective", "val_conf", "val_iou", "cls_pw"):
             if not 0 <= getattr(self, name) <= 1:
                 problems.append(f"--{name.replace('_', '-')} must be in [0, 1] (got {getattr(self, name)})")
         for name, low, high in (("momentum", 0.0, 1.0), ("ema_decay", 0.0, 1.0)):  # Adam's beta1 must stay below 1

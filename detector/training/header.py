@@ -55,6 +55,8 @@ def run_header(trainer: Run) -> str:
     on_device = {"device": "mosaic/affine/HSV/flips", "pixels": "HSV/flips"}.get(pixel_augment_path(trainer), "")
     augment = f"{on_device} on the device" if on_device else "augmentation in the workers"
     augment += mixing_text(config)
+    if config.perspective:  # the device warp is affine: these items come to it warped
+        augment += f", perspective {config.perspective:g} (in the workers)"
     only = f", classes {' '.join(map(str, config.classes))} only" if config.classes is not None else ""
     if trainer.recomputed:
         augment += f" | BatchNorm outputs of {', '.join(trainer.recomputed)} recomputed in backward (--recompute)"

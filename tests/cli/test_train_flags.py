@@ -26,9 +26,10 @@ def test_val_period_is_val_interval() -> None:
 
 def test_key_value_arguments_are_flags(capsys: pytest.CaptureFixture) -> None:
     config = parse(["data=coco128.yaml", "epochs=3", "imgsz=320", "--batch", "8", "lr0=0.02", "name=run=1",
-                    "plots=False", "channels_last=false", "time=1.5", "cutmix=0.5"])
+                    "plots=False", "channels_last=false", "time=1.5", "cutmix=0.5", "perspective=0.0005"])
     assert (config.data, config.epochs, config.imgsz, config.batch, config.lr0) == ("coco128.yaml", 3, 320, 8, 0.02)
     assert config.cutmix == 0.5 and parse(["--cutmix", "0.25"]).cutmix == 0.25  # Ultralytics' cutmix, the same name
+    assert config.perspective == 0.0005 and parse(["--perspective", "0.001"]).perspective == 0.001  # and perspective
     assert config.name == "run=1" and config.plots is False and config.channels_last is False and config.time == "1.5"
     assert capsys.readouterr().err == ""  # our own names: nothing to say
     assert parse(["--name", "a=b"]).name == "a=b"  # a flag's value is never read as key=value
@@ -36,7 +37,7 @@ def test_key_value_arguments_are_flags(capsys: pytest.CaptureFixture) -> None:
 
 def test_ultralytics_names_say_once_what_ours_are(capsys: pytest.CaptureFixture) -> None:
     config = parse(["amp=False", "cos_lr=True", "nbs=32", "box=5", "cls=1.0", "dfl=2", "cache=True", "device=cpu",
-                    "multi_scale=0.25", "perspective=0.0", "resume=False"])
+                    "multi_scale=0.25", "copy_paste=0.0", "resume=False"])
     assert (config.precision, config.cosine, config.nominal_batch) == ("fp32", True, 32)
     assert (config.box_gain, config.cls_gain, config.dfl_gain, config.cache) == (5.0, 1.0, 2.0, "ram")
     assert (config.multi_scale, config.multi_scale_min, config.multi_scale_max) == (True, 0.75, 1.25)
@@ -44,7 +45,7 @@ def test_ultralytics_names_say_once_what_ours_are(capsys: pytest.CaptureFixture)
     assert "note: Ultralytics' amp=False is precision='fp32' here" in notes
     assert "note: Ultralytics' cos_lr=True is cosine=True here" in notes
     assert "note: Ultralytics' nbs=32 is nominal_batch=32 here" in notes
-    assert any(line.startswith("note: Ultralytics' perspective=0.0 has no equivalent here and changes nothing")
+    assert any(line.startswith("note: Ultralytics' copy_paste=0.0 has no equivalent here and changes nothing")
                for line in notes)
     assert "note: Ultralytics' resume=False is resume='' here" in notes
     assert len(notes) == 10  # one line per alias whose name or value differs from ours (device=cpu does not)
@@ -60,7 +61,7 @@ def test_model_as_a_weights_file_means_weights_with_its_scale(capsys: pytest.Cap
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["perspective=0.2"], "train.py: error: Ultralytics' perspective=0.2 has no equivalent here: the affine"),
+    (["bgr=0.2"], "train.py: error: Ultralytics' bgr=0.2 has no equivalent here: no channel-swap augmentation"),
     (["amp=maybe"], "train.py: error: amp='maybe': expected True or False"),
     (["device=0,1"], "train.py: error: device='0,1': one device per process here; for several GPUs launch with"),
     (["epoch=3"], "unknown argument epoch=3; did you mean epochs?"),

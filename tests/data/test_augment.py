@@ -1,3 +1,6 @@
+import dataclasses
+import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -10,12 +13,18 @@ import torch
 
 from detector.data.augment import (
     HSV_UNCHANGED,
+    PAD_VALUE,
     AugmentConfig,
     PixelTransforms,
+    affine_matrix,
     augment_hsv,
     draw_hsv,
+    is_affine,
     mosaic,
     random_affine,
+    warp_boxes,
+    warp_image,
+    warped_extent,
 )
 from detector.data.dataset import DetectionDataset, collate
 from detector.data.letterbox import letterbox
@@ -192,3 +201,173 @@ def test_hsv_shifts_every_hue_alike_and_leaves_an_unchanged_image_alone():
     draws = np.array([draw_hsv(config, np.random.default_rng(seed)) for seed in range(200)])
     assert (np.abs(draws[:, 0]) <= 0.015).all() and (draws[:, 0] < 0).any() and (draws[:, 0] > 0).any()
     assert (np.abs(draws[:, 1] - 1) <= 0.7).all() and (np.abs(draws[:, 2] - 1) <= 0.4).all()
+
+
+def _affine_before_perspective(height, width, out_size, config, rng):
+    """affine_matrix as it was before --perspective (its six draws, in order): what p = 0 must still give."""
+    to_origin = np.array([[1, 0, -width / 2], [0, 1, -height / 2], [0, 0, 1]], np.float64)
+    angle = rng.uniform(-config.degrees, config.degrees)
+    zoom = rng.uniform(1 - config.scale, 1 + config.scale) * out_size / max(height, width) * (
+        2 if height >= 2 * out_size else 1)
+    rotate = np.eye(3)
+    rotate[:2] = cv2.getRotationMatrix2D((0, 0), angle, zoom)
+    shear = np.eye(3)
+    shear[0, 1] = math.tan(math.radians(rng.uniform(-config.shear, config.shear)))
+    shear[1, 0] = math.tan(math.radians(rng.uniform(-config.shear, config.shear)))
+    to_output = np.eye(3)
+    to_output[0, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_size
+    to_output[1, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_size
+    return to_output @ shear @ rotate @ to_origin, zoom
+
+
+def _boxes_before_perspective(boxes, matrix):
+    """warp_boxes' corner arithmetic as it was before --perspective (no division), before the clip."""
+    corners = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(-1, 2)
+    corners = (np.concatenate((corners, np.ones((len(corners), 1))), 1) @ matrix.T)[:, :2].reshape(-1, 8)
+    xs, ys = corners[:, 0::2], corners[:, 1::2]
+    return np.stack((xs.min(1), ys.min(1), xs.max(1), ys.max(1)), 1).astype(np.float32)
+
+
+SHAPES = [(128, 128), (48, 64), (64, 40)]  # a 2x mosaic canvas of 64, and single images of either orientation
+
+
+def _random_boxes(rng, height, width, count=6):
+    xy = rng.uniform(0, [width, height], (count, 2))
+    return np.concatenate((xy, xy + rng.uniform(3, 30, (count, 2))), 1).astype(np.float32)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_perspective_draws_warps_and_moves_boxes_bit_for_bit_as_before(seed):
+    config = AugmentConfig(degrees=10, shear=3, translate=0.2, scale=0.5, perspective=0.0)
+    for height, width in SHAPES:
+        ours, before = np.random.default_rng(seed), np.random.default_rng(seed)
+        matrix, zoom = affine_matrix(height, width, 64, config, ours)
+        expected, expected_zoom = _affine_before_perspective(height, width, 64, config, before)
+        assert np.array_equal(matrix, expected) and zoom == expected_zoom and is_affine(matrix)
+        assert ours.random() == before.random()  # nothing more drawn: every later draw stays where it was
+        image = ours.integers(0, 256, (height, width, 3), dtype=np.uint8)
+        assert np.array_equal(warp_image(image, matrix, 64), cv2.warpAffine(image, matrix[:2], (64, 64),
+                                                                              borderValue=(PAD_VALUE,) * 3))
+        boxes = _random_boxes(ours, height, width)
+        assert np.array_equal(warped_extent(boxes, matrix, 64), _boxes_before_perspective(boxes, matrix))
+
+
+def test_perspective_draws_two_more_numbers_after_the_six_and_tilts_the_centred_canvas():
+    """M = T S R P C (Ultralytics' order) with P's x and y coefficients the 7th and 8th draws, U(-p, p)."""
+    config = AugmentConfig(degrees=10, shear=3, perspective=0.001)
+    for seed, (height, width) in enumerate(SHAPES):
+        ours, plain = np.random.default_rng(seed), np.random.default_rng(seed)
+        matrix, zoom = affine_matrix(height, width, 64, config, ours)
+        affine, affine_zoom = affine_matrix(height, width, 64, dataclasses.replace(config, perspective=0.0), plain)
+        tilt = np.eye(3)
+        tilt[2, 0], tilt[2, 1] = plain.uniform(-0.001, 0.001), plain.uniform(-0.001, 0.001)
+        assert ours.random() == plain.random() and zoom == affine_zoom
+        centre = np.array([[1, 0, -width / 2], [0, 1, -height / 2], [0, 0, 1]])
+        expected = affine @ np.linalg.inv(centre) @ tilt @ centre
+        # Entries below 1e3 in magnitude (translations up to the 64-px output, or the canvas half-size); each side
+        # is a few 3x3 products and an exact inverse of a translation: about 16 float64 roundings of such values.
+        assert np.abs(matrix - expected).max() <= 16 * 1e3 * np.finfo(np.float64).eps
+        assert not is_affine(matrix) and np.all(np.abs(matrix[2, :2]) <= 0.001 * (1 + 1e-12))
+
+
+# OpenCV's warp places a sample within 1/64 px (its 1/32-px table: INTER_BITS = 5) plus 2/2048 px of its own
+# rounding of each coordinate (see tests/data/test_device_augment.py, OPENCV_POSITION_PX); its uint8 result is
+# rounded by at most half a level, moving a threshold at half of 255 by 0.5 / 255 px of an edge. All in source
+# pixels, times the warp's local scale: below 1.5 in the test below (zoom 1; the rectangle lies within 36 px of
+# the centre on each axis, so at p = 0.002 w = 1 + a x + b y is within 1 +/- 0.14, and the derivative of X / w,
+# 1 / w + |X a| / w**2 with |X| < 40, below 1 / 0.86 + 40 * 0.002 / 0.74 = 1.27). A pixel read as inside the
+# rectangle lies within WHITE_TOLERANCE_PX of its exact image.
+WHITE_TOLERANCE_PX = 1.5 * (1 / 64 + 2 / 2048 + 0.5 / 255)
+
+
+def _white_rectangle(rectangle: tuple[int, int, int, int], size: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """A black ``size`` square with a white rectangle of pixels ``[x1, x2) x [y1, y2)``, and its box: in OpenCV's
+    coordinates (pixel i at i) those pixels cover ``[x1 - 0.5, x2 - 0.5]``, the box a warp moves."""
+    x1, y1, x2, y2 = rectangle
+    image = np.zeros((size, size, 3), np.uint8)
+    image[y1:y2, x1:x2] = 255
+    return image, np.array([[x1 - 0.5, y1 - 0.5, x2 - 0.5, y2 - 0.5]], np.float32)
+
+
+def _white_pixels(image: np.ndarray, matrix: np.ndarray, size: int = 128) -> tuple[np.ndarray, np.ndarray]:
+    """(x, y) of the output pixels at least half white: their source point lies inside the rectangle."""
+    warped = cv2.warpPerspective(image, matrix, (size, size), borderValue=(0, 0, 0))
+    ys, xs = np.nonzero(warped[..., 0] >= 128)
+    return xs, ys
+
+
+def test_a_perspective_warp_is_opencvs_and_boxes_enclose_their_corners_divided_by_w():
+    config = AugmentConfig(degrees=5, scale=0.0, perspective=0.002)  # twice Ultralytics' 0.001: more to see
+    for seed in range(3):
+        matrix, zoom = affine_matrix(128, 128, 128, config, np.random.default_rng(seed))
+        image, box = _white_rectangle((30, 40, 90, 100))
+        assert np.array_equal(warp_image(image, matrix, 128), cv2.warpPerspective(image, matrix, (128, 128),
+                                                                                  borderValue=(PAD_VALUE,) * 3))
+        corners = cv2.perspectiveTransform(box[:, [0, 1, 2, 1, 2, 3, 0, 3]].reshape(1, 4, 2).astype(np.float64), matrix)
+        expected = np.concatenate((corners[0].min(0), corners[0].max(0)))
+        # Both in float64 (OpenCV's own code there), a few roundings of 1e-16 apart, then ours rounded once to
+        # float32: at most half an ulp, eps / 2 relative; eps leaves room for a value at a rounding boundary.
+        np.testing.assert_allclose(warped_extent(box, matrix, 128)[0], expected, rtol=np.finfo(np.float32).eps)
+        xs, ys = _white_pixels(image, matrix)
+        x1, y1, x2, y2 = expected
+        tol = WHITE_TOLERANCE_PX
+        assert x1 - tol <= xs.min() and xs.max() <= x2 + tol and y1 - tol <= ys.min() and ys.max() <= y2 + tol
+        # Tight too: a pixel whose source point is 0.5 px inside both edges is all white, and the lattice has one
+        # within a pixel of that point in each axis; 0.5 px source is under 0.75 px here (local scale < 1.5).
+        assert xs.min() <= x1 + 1.75 and xs.max() >= x2 - 1.75 and ys.min() <= y1 + 1.75 and ys.max() >= y2 - 1.75
+        kept, _ = warp_boxes(box, np.zeros(1, np.float32), matrix, zoom, 128)
+        np.testing.assert_array_equal(kept, warped_extent(box, matrix, 128).clip(0, 128))
+
+
+def test_a_box_the_horizon_cuts_is_bounded_by_the_part_in_the_output():
+    """A tilt strong enough for the line w = 0 to cross a box (the canvas corner of a 1280-px mosaic at p = 0.001
+    and zoom 0.5 sees it too): Ultralytics' box of the divided corners covers the whole output, though the object
+    lies in its lower right; here the part with w > 0 bounds it, and the part with w < 0 lands outside."""
+    centre, tilt = np.array([[1, 0, -64], [0, 1, -64], [0, 0, 1.0]]), np.eye(3)
+    tilt[2, :2] = -0.012  # w = 0 on x + y = 83 from the centre
+    matrix = np.linalg.inv(centre) @ tilt @ centre
+    image, box = _white_rectangle((60, 60, 128, 128))
+    mapped = np.concatenate((box[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(4, 2), np.ones((4, 1))), 1) @ matrix.T
+    assert mapped[:, 2].min() < 0 < mapped[:, 2].max()
+    divided = mapped[:, :2] / mapped[:, 2:]
+    assert (divided.min(0) < 0).all() and (divided.max(0) > 128).all()  # Ultralytics' box: all of the output
+    xs, ys = _white_pixels(image, matrix)
+    x1, y1, x2, y2 = warped_extent(box, matrix, 128)[0]
+    # Its w > 0 part runs to infinity towards the lower right (the output's edge, once clipped); up and left, its
+    # corners with w > 0 bound it. Near w = 0 the warp magnifies 10x and more, so no pixel tolerance applies:
+    # the white pixels start 8 px inside the box (57 against 48.6), far beyond any rounding.
+    assert (x2, y2) == (128, 128)
+    assert np.array_equal((x1, y1), divided[mapped[:, 2] > 0].min(0).astype(np.float32))
+    assert x1 < xs.min() and y1 < ys.min() and xs.min() - x1 > 8
+
+
+# The child: Ultralytics' RandomPerspective.apply_bboxes on the saved boxes and matrices (perspective on, so it
+# divides by w as ours does).
+BOX_ORACLE = """
+import sys
+import numpy as np
+from ultralytics.data.augment import RandomPerspective
+
+cases = np.load(sys.argv[1])
+transform = RandomPerspective(perspective=0.001)
+np.save(sys.argv[2], np.stack([transform.apply_bboxes(cases["boxes"], matrix) for matrix in cases["matrices"]]))
+"""
+
+
+def test_boxes_move_as_ultralytics_moves_them(tmp_path):
+    if importlib.util.find_spec("ultralytics") is None:  # looked for, not imported: it patches the process
+        pytest.skip("ultralytics (the dev extra) is not installed")
+    rng = np.random.default_rng(0)
+    config = AugmentConfig(degrees=10, shear=3, translate=0.2, perspective=0.001)
+    matrices = np.stack([affine_matrix(128, 128, 64, config, rng)[0] for _ in range(8)])
+    boxes = _random_boxes(rng, 128, 128, count=20)
+    np.savez(tmp_path / "cases.npz", boxes=boxes, matrices=matrices)
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(tmp_path)}
+    command = [sys.executable, "-c", BOX_ORACLE, str(tmp_path / "cases.npz"), str(tmp_path / "theirs.npy")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    theirs = np.load(tmp_path / "theirs.npy")
+    for matrix, expected in zip(matrices, theirs):
+        # No box here meets the horizon (w stays within 1 +/- 0.13 on a 128 canvas). Both multiply the same float64
+        # rows by the same float64 matrix, divide, take the extremes and round to float32: the same numbers.
+        np.testing.assert_array_equal(warped_extent(boxes, matrix, 64), expected)

@@ -234,10 +234,10 @@ def _datasets(records, **augment):
 KEYS = [(index, epoch, use_mosaic) for index in range(4) for epoch in range(2) for use_mosaic in (True, False)]
 
 
-# MixUp's blend and CutMix's paste are made in the workers, and copied by the warp. CutMix pastes only where a
-# rectangle misses the item's boxes and holds a partner's: more epochs, so that some items are pasted.
+# MixUp's blend, CutMix's paste and a perspective warp are made in the workers, and copied by the warp. CutMix
+# pastes only where a rectangle misses the item's boxes and holds a partner's: more epochs, so that some are pasted.
 @pytest.mark.parametrize("mix,epochs", [({}, 2), ({"mixup": 1.0}, 2), ({"cutmix": 1.0}, 12),
-                                        ({"mixup": 1.0, "cutmix": 1.0}, 12)], ids=str)
+                                        ({"mixup": 1.0, "cutmix": 1.0}, 12), ({"perspective": 0.001}, 2)], ids=str)
 def test_device_items_have_the_worker_items_boxes_and_warped_pixels(tmp_path, mix, epochs):
     keys = [(index, epoch, use_mosaic) for index in range(4) for epoch in range(epochs) for use_mosaic in (True, False)]
     workers, pixels, device = _datasets(write_records(tmp_path, 4, seed=1), albumentations=0.0, **mix)
@@ -248,6 +248,8 @@ def test_device_items_have_the_worker_items_boxes_and_warped_pixels(tmp_path, mi
     if "cutmix" in mix:  # some items had a rectangle pasted: more boxes than the same item without CutMix
         plain = _datasets(workers.records, albumentations=0.0, **{**mix, "cutmix": 0.0})[0]
         assert any(len(workers[key][1]) > len(plain[key][1]) for key in keys)
+    if "perspective" in mix:  # every item tilted: each one warped in the workers, its warp on the device a copy
+        assert all(np.array_equal(source.to_region, np.eye(3)) and len(source.tiles) == 1 for source, _, _ in items)
     batch, device_targets, metas = collate(items)
     assert torch.equal(device_targets, worker_targets)  # boxes: the same functions of the same draws
     assert isinstance(batch, WarpBatch) and len(batch) == len(keys)

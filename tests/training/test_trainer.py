@@ -625,22 +625,22 @@ def test_val_interval_0_evaluates_the_last_epoch_alone_and_fraction_trains_on_pa
 
 
 def test_ultralytics_data_options_train_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys):
-    """--classes 0 2 --single-cls --mixup 1 --cutmix 1 --save-period 1 together (each unit-tested in detector/data):
-    a run of one class 'item' from classes 0 and 2's boxes, MixUp then CutMix in its mosaic epochs, a kept
-    checkpoint per epoch, and the header saying so."""
+    """--classes 0 2 --single-cls --mixup 1 --cutmix 1 --perspective 0.001 --save-period 1 together (each
+    unit-tested in detector/data): a run of one class 'item' from classes 0 and 2's boxes, MixUp then CutMix in its
+    mosaic epochs, every item tilted, a kept checkpoint per epoch, and the header saying so."""
     from detector.checkpoint import load_checkpoint
 
     summary = train(_config(yolo_yaml, tmp_path, epochs=3, classes=(0, 2), single_cls=True, mixup=1.0, cutmix=1.0,
-                            save_period=1, close_mosaic=1), progress=False)
+                            perspective=0.001, save_period=1, close_mosaic=1), progress=False)
     weights = summary["run_dir"] / "weights"
     assert sorted(path.name for path in weights.glob("epoch*.pt")) == ["epoch1.pt", "epoch2.pt", "epoch3.pt"]
     best = load_checkpoint(weights / "best.pt")
     assert best["names"] == ["item"] and best["model_args"]["num_classes"] == 1
     assert list(best["config"]["classes"]) == [0, 2] and best["config"]["single_cls"] and best["config"]["mixup"] == 1.0
-    assert best["config"]["cutmix"] == 1.0
+    assert best["config"]["cutmix"] == 1.0 and best["config"]["perspective"] == 0.001
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("detector:"))
     assert "1 class)" in header and "classes 0 2 only" in header and "MixUp 1 (in the workers)" in header
-    assert "CutMix 1 (in the workers)" in header
+    assert "CutMix 1 (in the workers)" in header and "perspective 0.001 (in the workers)" in header
 
 
 def test_a_ctrl_c_in_the_last_epoch_lets_the_run_finish(yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):
