@@ -36,6 +36,7 @@ COMMANDS = {
     "predict": ("detector.cli.predict", "run a .pt/.onnx/.engine/.pt2 model on images, folders or videos"),
     "benchmark": ("detector.cli.benchmark", "time pre-process / inference / post-process per backend"),
     "export": ("detector.cli.export", "export to ONNX / TensorRT / pt2 (same as export.py)"),
+    "tune": ("detector.cli.tune", "evolve train's hyperparameters over many short runs (Ultralytics' tune)"),
     "ablate-amp": ("detector.cli.ablate", "train with AMP and with --unamp, and report the difference"),
     "download": ("detector.cli.download", "fetch a dataset (coco, coco128, voc) or YOLOv8 weights (yolov8n...x)"),
 }

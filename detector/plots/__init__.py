@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from detector.plots.curves import plot_results
     from detector.plots.labels import plot_label_stats
     from detector.plots.metrics import plot_confusion_matrix, plot_pr_curves
+    from detector.plots.tune import plot_tune_fitness
     from detector.plots.validation import plot_all_validation
 
 _MODULES = {
@@ -27,6 +28,7 @@ _MODULES = {
     "plot_label_stats": "labels",
     "plot_pr_curves": "metrics",
     "plot_results": "curves",
+    "plot_tune_fitness": "tune",
     "plot_val_predictions": "batches",
 }
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "plot_label_stats",
     "plot_pr_curves",
     "plot_results",
+    "plot_tune_fitness",
     "plot_val_predictions",
 ]
 

@@ -22,6 +22,7 @@ from detector.defaults import (
     SCORE_TOLERANCE,
 )
 from detector.options import Options, option
+from detector.runs import name_problem
 
 
 @dataclass(kw_only=True)
@@ -222,3 +223,26 @@ def at_least(*checks: tuple[str, int, int]) -> None:
 def skipped(text: str) -> set[str]:
     """``--skip`` text -> the backend kinds it names; ``ValueError`` naming the flag for an unknown one."""
     return set(comma_separated(text, "--skip", BENCHMARK_SKIP))
+
+
+@dataclass(kw_only=True)
+class TuneOptions(Options):
+    """The flags of ``python -m detector tune`` that are its own; every other flag is train's, for each iteration."""
+
+    # 300 as Ultralytics' model.tune: a script moves over unchanged. A tune is meant to be stopped (Ctrl-C) when its
+    # best stops improving: every finished iteration is on disk, and --resume continues.
+    iterations: int = option(300, "training runs to evolve the hyperparameters over (the first trains the given "
+                                  "values)")
+    space: Path | None = option(None, "search space YAML, 'name: [low, high]' or '[low, high, gain]' per line, our "
+                                      "names or Ultralytics' (default: Ultralytics 8.4's space, the settings it tunes "
+                                      "that this trainer has)")
+    project: Path = option(Path("runs/tune"), "parent folder of tune folders")
+    name: str = option("exp", "tune folder name (a number is appended if it exists)")
+    resume: bool = option(False, "continue the tune in --project/--name from its next iteration, with the settings "
+                                 "it recorded")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(("--iterations", self.iterations, 1))
+        if problem := name_problem(self.name):  # before any training, not when the folder is claimed
+            raise ValueError(problem)

@@ -1,0 +1,252 @@
+"""``detector tune``: hyperparameter evolution, as Ultralytics' ``model.tune`` / ``yolo tune``.
+
+Each iteration trains in a process of its own (``python -m detector train ... --project <tune folder> --name iterN
+--no-plots``, the same seed every time) with settings mutated from the fittest so far
+(detector/workflows/tune_mutation.py); its fitness is the best epoch's mAP50-95 in its results.csv. The child's output
+streams through as it is: its progress, and the one line that says why it failed, are what a user watching a long
+iteration needs, and filtering them would tie this loop to the training's output. After each iteration the records
+(detector/workflows/tune_records.py) are rewritten atomically and one summary line is printed.
+
+The fittest iteration's weights are kept in ``<tune folder>/weights`` (best.pt, last.pt); every iteration's own
+weights are deleted once it is recorded (a tune of 300 iterations would keep 300 pairs), its results.csv and
+config.yaml kept. A first iteration that fails stops the tune (exit 1): the data or flags are wrong, and every
+iteration would fail alike. A later one is recorded with fitness 0 and the tune goes on. Ctrl-C kills the training
+child and leaves the finished iterations' records; ``--resume`` continues from the next iteration.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import detector
+from detector.options import flag_name
+from detector.runs import claim_run_dir
+from detector.training.config import TrainConfig
+from detector.workflows.options import TuneOptions
+from detector.workflows.tune_mutation import mutate
+from detector.workflows.tune_records import (
+    BEST,
+    RESULTS,
+    append_row,
+    best_row,
+    read_rows,
+    read_settings,
+    run_metrics,
+    value_text,
+    write_best,
+    write_settings,
+)
+from detector.workflows.tune_space import DEFAULT_SPACE, Bounds, check_against_train, read_space, space_from, \
+    space_to_dict
+
+# The tune's own: each iteration's folder is the tune's, and its figures are the tune's one plot.
+OWNED = ("project", "name", "resume")
+# How long one iteration's training may run; None = as long as it takes (tests set a limit: a hang fails them).
+ITERATION_TIMEOUT_S: float | None = None
+
+
+class FirstIterationFailed(ValueError):
+    """The first iteration's training failed: its own error line is above; this one says the tune stopped."""
+
+
+@dataclass
+class Tune:
+    """A tune under way: its folder, space, the run's settings (and as train's flags), iteration 1's values."""
+
+    folder: Path
+    space: dict[str, Bounds]
+    config: TrainConfig
+    fixed: list[str]
+    baseline: dict[str, Any]
+    iterations: int
+
+
+def say(line: str) -> None:
+    print(f"tune: {line}", flush=True)
+
+
+def recorded_train_settings(config: TrainConfig) -> dict[str, Any]:
+    """The run's settings away from train's defaults, as tune_args.yaml holds them (lists, not tuples)."""
+    changed = config.changed()
+    return {name: list(value) if isinstance(value, tuple) else value
+            for name, value in changed.items() if name not in OWNED}
+
+
+def train_flags(settings: dict[str, Any]) -> list[str]:
+    """Our field values -> train's flags (its parser is generated from TrainConfig, every switch with a --no- form);
+    the plots switch is left to the tune (each iteration trains with --no-plots)."""
+    tokens: list[str] = []
+    for name, value in settings.items():
+        flag = flag_name(name)
+        if name == "plots":
+            continue
+        if isinstance(value, bool):
+            tokens.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (list, tuple)):
+            tokens += [flag, *map(str, value)]
+        else:
+            tokens += [flag, value_text(value) if isinstance(value, (int, float)) else str(value)]
+    return tokens
+
+
+def child_environment() -> dict[str, str]:
+    """The environment with this package first on the path: each iteration runs the code this process runs (a
+    checkout on PYTHONPATH, or the installed one), whatever the working folder holds."""
+    root = str(Path(detector.__file__).resolve().parents[1])
+    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
+
+
+def train_once(command: list[str]) -> int:
+    """Run one training child; on Ctrl-C (or anything else) it is killed before the error goes up."""
+    process = subprocess.Popen(command, env=child_environment())
+    try:
+        return process.wait(timeout=ITERATION_TIMEOUT_S)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+
+
+def settings_for(options: TuneOptions, config: TrainConfig, space_values: dict[Any, Any] | None
+                 ) -> tuple[Path, dict[str, Bounds], TrainConfig, bool]:
+    """-> (the tune folder, its space, the run's settings, whether the folder is new), checked before any training.
+
+    A new tune claims ``project/name`` (``name2``... when taken). ``--resume`` continues ``project/name`` with the
+    settings it recorded; train flags or a space given beside it must be those (or none)."""
+    config = config.with_defaults().validate()
+    if config.resume:
+        raise ValueError("tune: train's resume is not a tune's; continue a tune with --resume (resume=True)")
+    space = (space_from(space_values, "space") if space_values is not None
+             else read_space(options.space) if options.space is not None else dict(DEFAULT_SPACE))
+    if not options.resume:
+        check_against_train(space, config)
+        folder = claim_run_dir(options.project, options.name)
+        write_settings(folder, {"train": recorded_train_settings(config), "space": space_to_dict(space)})
+        return folder, space, config, True
+    folder = Path(options.project) / options.name
+    if not (folder / RESULTS).is_file():
+        raise ValueError(f"--resume: {folder} holds no {RESULTS}: no tune to continue there (check --project and "
+                         f"--name)")
+    recorded = read_settings(folder)
+    given = recorded_train_settings(config)
+    if given and given != recorded.get("train"):
+        different = sorted(set(given.items() ^ (recorded.get("train") or {}).items()), key=str)[0][0]
+        raise ValueError(f"--resume continues {folder} with the train settings it recorded ({folder / 'tune_args.yaml'}"
+                         f"); {different} differs: give the same ones or none, or start a new tune")
+    if (options.space is not None or space_values is not None) and space_to_dict(space) != recorded.get("space"):
+        raise ValueError(f"--resume continues {folder} with the space it recorded; give the same or none")
+    config = TrainConfig.from_dict(recorded.get("train") or {}).with_defaults().validate()
+    space = space_from(recorded.get("space") or {}, f"{folder / 'tune_args.yaml'}: space")
+    return folder, space, config, False
+
+
+def keep_weights(run_dir: Path, folder: Path, fittest: bool) -> None:
+    """Move the iteration's weights into ``folder/weights`` when it is the fittest so far (a rename: the same disk);
+    delete them otherwise."""
+    if fittest:
+        (folder / "weights").mkdir(exist_ok=True)
+        for name in ("best.pt", "last.pt"):
+            if (run_dir / "weights" / name).is_file():
+                os.replace(run_dir / "weights" / name, folder / "weights" / name)
+    shutil.rmtree(run_dir / "weights", ignore_errors=True)
+
+
+def draw_fitness(folder: Path, rows: list[dict[str, Any]]) -> None:
+    """tune_fitness.png, drawn here: the tune waits on nothing else between iterations. A figure that fails is one
+    warning line, never the tune's end."""
+    try:
+        from detector.plots import draw
+
+        draw("plot_tune_fitness", [row["iteration"] for row in rows], [row["fitness"] for row in rows],
+             folder / "tune_fitness.png")
+    except Exception as error:  # noqa: BLE001 - said; the records are what matters
+        print(f"warning: tune_fitness.png not drawn ({type(error).__name__}: {error})", file=sys.stderr)
+
+
+def changes(settings: dict[str, Any], baseline: dict[str, Any]) -> str:
+    moved = [f"{name}={value_text(value)}" for name, value in settings.items() if value != baseline.get(name)]
+    return " ".join(moved) if moved else "the run's own settings"
+
+
+def run_iteration(folder: Path, iteration: int, command: list[str]) -> tuple[int, float]:
+    """Train iteration ``iteration`` into ``folder/iterN``; -> (exit code, seconds). An unrecorded folder of that
+    name (a tune killed mid-iteration) is replaced; an interrupted one is removed."""
+    run_dir = folder / f"iter{iteration}"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    start = time.perf_counter()
+    try:
+        code = train_once(command)
+    except BaseException:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    return code, time.perf_counter() - start
+
+
+def run_tune(options: TuneOptions, config: TrainConfig, space_values: dict[Any, Any] | None = None
+             ) -> dict[str, Any]:
+    """Evolve ``config``'s hyperparameters over ``options.iterations`` training runs; -> the fittest settings.
+
+    ``space_values``: a space given from Python (a dict), instead of ``options.space``'s file."""
+    folder, space, config, new = settings_for(options, config, space_values)
+    rows = read_rows(folder)
+    tune = Tune(folder, space, config, train_flags(recorded_train_settings(config)),
+                {name: getattr(config, name) for name in space}, options.iterations)
+    if "lr0" in space and config.optimizer == "auto":
+        print("note: --optimizer auto picks AdamW, with its own learning rate, for runs under 10k steps: lr0 then "
+              "changes nothing; name the optimizer (--optimizer SGD) for lr0 to count", file=sys.stderr)
+    if rows:
+        say(f"resuming {folder} after iteration {rows[-1]['iteration']} ({len(rows)} recorded)")
+    try:
+        for iteration in range(len(rows) + 1, options.iterations + 1):
+            rows = tune_step(tune, iteration, rows)
+    except BaseException as error:
+        if new and not rows:  # nothing recorded: no tune folder left to resume or to mistake for one
+            shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(error, KeyboardInterrupt) and rows:
+            raise KeyboardInterrupt(f"interrupted: {len(rows)} iterations recorded in {folder}; continue with "
+                                    f"--resume --project {options.project} --name {folder.name}") from None
+        raise
+    best = best_row(rows)
+    if len(rows) >= options.iterations and best is not None:
+        say(f"done: best fitness {best['fitness']:.4f} at iteration {best['iteration']}; {folder / BEST}, "
+            f"{folder / 'weights'}")
+    return dict(best["settings"]) if best else {}
+
+
+def tune_step(tune: Tune, iteration: int, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Draw, train and record iteration ``iteration``; -> the records with its row."""
+    folder = tune.folder
+    history = [(row["fitness"], row["settings"]) for row in rows]
+    settings = mutate(tune.space, history, tune.baseline, seed=tune.config.seed, iteration=iteration)
+    say(f"iteration {iteration}/{tune.iterations}: {changes(settings, tune.baseline)}")
+    command = [sys.executable, "-m", "detector", "train", *tune.fixed, *train_flags(settings),
+               "--project", str(folder), "--name", f"iter{iteration}", "--no-plots"]
+    code, seconds = run_iteration(folder, iteration, command)
+    run_dir = folder / f"iter{iteration}"
+    metrics = run_metrics(run_dir / "results.csv") if code == 0 else None
+    if metrics is None and iteration == 1:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise FirstIterationFailed(f"tune: the first iteration's training failed (exit code {code}, its error above): "
+                                   "the data or the flags are wrong, and every iteration would fail alike")
+    previous = best_row(rows)
+    keep_weights(run_dir, folder, metrics is not None and (previous is None or metrics[0] > previous["fitness"]))
+    append_row(folder, iteration, metrics, seconds, settings)
+    rows = read_rows(folder)
+    best = best_row(rows)
+    if best is not None:
+        write_best(folder, best, len(rows), tune.iterations, tune.fixed)
+    if tune.config.plots:
+        draw_fitness(folder, rows)
+    result = (f"fitness {metrics[0]:.4f} (mAP50-95; mAP50 {metrics[1]:.4f})" if metrics is not None
+              else f"failed (exit code {code}): fitness 0 recorded")
+    best_text = f"best {best['fitness']:.4f} at iteration {best['iteration']}" if best else "none trained yet"
+    say(f"iteration {iteration}/{tune.iterations}: {result} in {seconds:.0f} s; {best_text}")
+    return rows
