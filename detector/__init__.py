@@ -2,7 +2,7 @@
 
 The Python API (detector/api.py)::
 
-    from detector import train, val, predict, export, load
+    from detector import train, val, predict, export, load, tune
 
 Those names are imported on first use, so ``import detector`` stays cheap (no torch). No subpackage shares a
 name with them (training lives in ``detector.training``, export formats in ``detector.exporting``): importing
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from detector.version import __version__
 
-__all__ = ["__version__", "export", "load", "predict", "train", "val"]
-_API = ("export", "load", "predict", "train", "val")
+__all__ = ["__version__", "export", "load", "predict", "train", "tune", "val"]
+_API = ("export", "load", "predict", "train", "tune", "val")
 
 if TYPE_CHECKING:
-    from detector.api import export, load, predict, train, val
+    from detector.api import export, load, predict, train, tune, val
 
 
 def __getattr__(name: str) -> Any:

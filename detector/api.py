@@ -1,4 +1,4 @@
-"""The five verbs from Python: ``from detector import train, val, predict, export, load``.
+"""The verbs from Python: ``from detector import train, val, predict, export, load, tune``.
 
 Each takes its command's flags as named, typed, defaulted parameters, spelled as Python names (``--max-det`` ->
 ``max_det``, ``--no-plots`` -> ``plots=False``), so an editor and ``help()`` show them; each runs the same
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 
     from detector.inference import Backend
 
-__all__ = ["Model", "export", "load", "predict", "train", "val"]
+__all__ = ["Model", "export", "load", "predict", "train", "tune", "val"]
 
 
 def train(
@@ -280,6 +280,38 @@ def export(
     from detector.workflows.options import ExportOptions
 
     return run_export(_options(ExportOptions, "export", weights_file(given(export, locals())), ultralytics))
+
+
+def tune(
+    *,
+    iterations: int = 300,
+    space: str | Path | dict[str, Any] | None = None,
+    project: str | Path = Path("runs/tune"),
+    name: str = "exp",
+    resume: bool = False,
+    **train_settings: Any,
+) -> dict[str, float | int]:
+    """Evolve training's hyperparameters (``python -m detector tune``), as Ultralytics' ``model.tune(data=...,
+    epochs=30, iterations=300)``: each iteration trains with settings mutated from the fittest so far.
+
+    ``train_settings``: :func:`train`'s keywords (our names or Ultralytics'), the same for every iteration, checked
+    once before the first: ``data``, ``epochs``, ``imgsz``, ``model``, ``seed``... ``space``: a search space
+    ``{"lr0": (1e-5, 1e-2), "momentum": (0.7, 0.98, 0.3)}`` or a YAML file of one (default: Ultralytics 8.4's, the
+    settings it tunes that this trainer has). ``resume``: continue the tune in ``project/name``.
+
+    Returns the fittest iteration's hyperparameters (our names); ``project/name`` holds tune_results.csv,
+    best_hyperparameters.yaml and that iteration's weights.
+    """
+    from detector.options import build_options
+    from detector.training.config import TrainConfig
+    from detector.workflows.options import TuneOptions
+    from detector.workflows.tune import run_tune
+
+    values = given(tune, locals())
+    space_values = values.pop("space") if isinstance(values.get("space"), dict) else None
+    options = build_options(TuneOptions, values, command="tune")
+    config = _options(TrainConfig, "train", {}, train_settings)
+    return run_tune(options, config, space_values)
 
 
 def given(function: Callable, values: dict[str, Any]) -> dict[str, Any]:

@@ -21,10 +21,10 @@ import torch
 import detector.model
 
 import detector.api
-from detector import export, load, predict, train, val
+from detector import export, load, predict, train, tune, val
 from detector.checkpoint import is_stripped, load_checkpoint
 from detector.training.config import TrainConfig
-from detector.workflows.options import ExportOptions, PredictOptions, ValOptions
+from detector.workflows.options import ExportOptions, PredictOptions, TuneOptions, ValOptions
 from detector.cli.predict import main as predict_main
 from tests.conftest import write_yolo_dataset
 
@@ -61,6 +61,16 @@ def test_keywords_are_the_option_objects_fields():
         train(optimizer="Lion")
     with pytest.raises(ValueError, match=r"^--conf: expected float, got 'high'$"):
         predict("x.jpg", conf="high")
+
+
+def test_tune_checks_its_space_and_trains_settings_before_any_training(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"^space: optimizer: 'optimizer' is not a number train takes"):
+        tune(data="x.yaml", space={"box": (1, 10), "optimizer": (0, 1)}, project=tmp_path)
+    with pytest.raises(TypeError, match=r"^train: unknown argument 'epoch'; known: .*\bepochs\b"):
+        tune(epoch=3, project=tmp_path)
+    with pytest.raises(ValueError, match=r"^--iterations must be at least 1"):
+        tune(iterations=0, project=tmp_path)
+    assert not list(tmp_path.iterdir())
 
 
 def test_train_returns_metrics_the_run_folder_and_a_stripped_best(run: dict):
@@ -205,11 +215,12 @@ def test_the_verbs_stay_functions_after_every_subpackage_is_imported():
     import detector.training.trainer  # noqa: F401
 
     assert detector.export is export and detector.train is train
-    assert all(callable(getattr(detector, verb)) for verb in ("train", "val", "predict", "export", "load"))
+    assert all(callable(getattr(detector, verb)) for verb in ("train", "val", "predict", "export", "load", "tune"))
 
 
 # ------------------------------------------------------------------------------------ signatures an editor shows
-VERBS = [(train, TrainConfig), (val, ValOptions), (predict, PredictOptions), (export, ExportOptions)]
+VERBS = [(train, TrainConfig), (val, ValOptions), (predict, PredictOptions), (export, ExportOptions),
+         (tune, TuneOptions)]
 # Where a verb's parameter may differ from its field, and why: val's required weights/data are None-defaulted so
 # that Ultralytics' model= can stand for weights (the option object still requires them); predict's source is the
 # first positional parameter and takes arrays, images and lists as well as text.

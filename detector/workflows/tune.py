@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import detector
 from detector.options import flag_name
 from detector.runs import claim_run_dir
 from detector.training.config import TrainConfig
@@ -99,7 +98,7 @@ def train_flags(settings: dict[str, Any]) -> list[str]:
 def child_environment() -> dict[str, str]:
     """The environment with this package first on the path: each iteration runs the code this process runs (a
     checkout on PYTHONPATH, or the installed one), whatever the working folder holds."""
-    root = str(Path(detector.__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])  # the folder holding the detector package
     paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}
 
@@ -121,6 +120,7 @@ def settings_for(options: TuneOptions, config: TrainConfig, space_values: dict[A
 
     A new tune claims ``project/name`` (``name2``... when taken). ``--resume`` continues ``project/name`` with the
     settings it recorded; train flags or a space given beside it must be those (or none)."""
+    gave_train_settings = bool(recorded_train_settings(config))  # before the defaults fill epochs and imgsz
     config = config.with_defaults().validate()
     if config.resume:
         raise ValueError("tune: train's resume is not a tune's; continue a tune with --resume (resume=True)")
@@ -136,9 +136,9 @@ def settings_for(options: TuneOptions, config: TrainConfig, space_values: dict[A
         raise ValueError(f"--resume: {folder} holds no {RESULTS}: no tune to continue there (check --project and "
                          f"--name)")
     recorded = read_settings(folder)
-    given = recorded_train_settings(config)
-    if given and given != recorded.get("train"):
-        different = sorted(set(given.items() ^ (recorded.get("train") or {}).items()), key=str)[0][0]
+    given, before = recorded_train_settings(config), recorded.get("train") or {}
+    if gave_train_settings and given != before:
+        different = next(name for name in sorted({*given, *before}) if given.get(name) != before.get(name))
         raise ValueError(f"--resume continues {folder} with the train settings it recorded ({folder / 'tune_args.yaml'}"
                          f"); {different} differs: give the same ones or none, or start a new tune")
     if (options.space is not None or space_values is not None) and space_to_dict(space) != recorded.get("space"):

@@ -76,7 +76,7 @@ def read_rows(folder: Path) -> list[dict[str, Any]]:
             row["settings"] = {name: int(text) if is_integer(name) else float(text)
                                for name, text in raw.items() if name not in FIXED_COLUMNS and text not in ("", None)}
         except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"{path}: row {len(rows) + 1} cannot be read ({error}); it is not a tune's record") from None
+            raise ValueError(f"{path}: row {len(rows) + 1} cannot be read ({error}); not a tune's record") from None
         rows.append(row)
     return rows
 

@@ -1,0 +1,136 @@
+"""``detector tune`` end to end on a tiny dataset (each iteration a real training child), and what it refuses."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from detector.cli.tune import main
+from detector.workflows import tune as workflow
+from detector.workflows.tune_mutation import mutate
+from detector.workflows.tune_space import DEFAULT_SPACE
+
+TINY = ["--epochs", "1", "--imgsz", "64", "--batch", "4", "--workers", "0", "--cache", "none", "--device", "cpu",
+        "--no-amp-check"]
+
+
+@pytest.fixture(autouse=True)
+def bounded_children(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Each iteration trains in a child process: one that hangs must fail the test, not stall the suite.
+    monkeypatch.setattr(workflow, "ITERATION_TIMEOUT_S", 300)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # 64 px steps: two threads on 2 shared cores only wait on each other
+
+
+def rows_of(folder: Path) -> list[dict[str, str]]:
+    return list(csv.DictReader((folder / "tune_results.csv").open()))
+
+
+def test_a_tune_records_each_iteration_keeps_one_weights_folder_and_resumes(yolo_yaml: Path, tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture):
+    argv = ["--data", str(yolo_yaml), *TINY, "--project", str(tmp_path), "--name", "t"]
+    assert main([*argv, "--iterations", "2"]) == 0
+    folder = tmp_path / "t"
+    rows = rows_of(folder)
+    assert [row["iteration"] for row in rows] == ["1", "2"]
+    assert all(0 <= float(row["fitness"]) <= 1 and float(row["seconds"]) > 0 for row in rows)
+    assert rows[0]["lr0"] == "0.01" and rows[0]["close_mosaic"] == "10"  # iteration 1: train's own values
+    assert rows[0] != rows[1]
+    assert sorted(p.name for p in (folder / "weights").iterdir()) == ["best.pt", "last.pt"]
+    assert not list(folder.glob("iter*/weights")) and (folder / "iter2" / "results.csv").is_file()
+    assert (folder / "tune_fitness.png").read_bytes()[:4] == b"\x89PNG"
+    best = yaml.safe_load((folder / "best_hyperparameters.yaml").read_text())
+    fittest = max(rows, key=lambda row: float(row["fitness"]))  # the first of equals
+    assert set(best) == set(DEFAULT_SPACE) and best["close_mosaic"] == int(fittest["close_mosaic"])
+    assert best["lr0"] == float(fittest["lr0"])
+    out = capsys.readouterr().out
+    assert "tune: iteration 2/2: fitness " in out and f"best {float(fittest['fitness']):.4f} at iteration" in out
+
+    before = (folder / "tune_results.csv").read_text()
+    assert main(["--project", str(tmp_path), "--name", "t", "--iterations", "3", "--resume"]) == 0
+    after = rows_of(folder)
+    assert len(after) == 3 and (folder / "tune_results.csv").read_text().startswith(before)
+    # The resumed draw is the one an uninterrupted tune makes from the same results.
+    history = [(float(row["fitness"]), {name: (int if name == "close_mosaic" else float)(row[name])
+                                       for name in DEFAULT_SPACE}) for row in after[:2]]
+    baseline = history[0][1]
+    drawn = mutate(DEFAULT_SPACE, history, baseline, seed=0, iteration=3)
+    assert {name: after[2][name] for name in DEFAULT_SPACE} == {name: str(v) for name, v in drawn.items()}
+    assert not list(folder.glob("iter*/weights")) and not list(tmp_path.glob("t2"))
+
+
+def test_a_bad_train_flag_is_refused_before_any_training(tmp_path: Path, capsys: pytest.CaptureFixture):
+    with pytest.raises(SystemExit) as exited:
+        main(["--data", "x.yaml", "--epochs", "1", "--bogus", "--project", str(tmp_path / "runs")],
+             prog="detector tune")
+    assert exited.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("detector tune: error: unrecognized arguments: --bogus") and "\n" not in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_bad_space_or_value_or_resume_is_one_line_and_leaves_no_folder(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture):
+    space = tmp_path / "space.yaml"
+    space.write_text("box: [1, 10]\noptimizer: [0, 1]\n")
+    project = tmp_path / "runs"
+    assert main(["--data", "x.yaml", "--space", str(space), "--project", str(project)]) == 1
+    assert main(["--data", "x.yaml", "lr0=2", "--project", str(project)]) == 1
+    assert main(["--project", str(project), "--name", "none", "resume=True"]) == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 3 and "optimizer" in errors[0] and "--lr0 must be in [0, 1]" in errors[1]
+    assert "--resume: " in errors[2] and "holds no tune_results.csv" in errors[2]
+    assert not project.exists() or not list(project.iterdir())
+
+
+def test_a_failed_first_iteration_stops_the_tune_with_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture):
+    assert main(["--data", str(tmp_path / "missing.yaml"), *TINY, "--project", str(tmp_path / "runs")]) == 1
+    err = capsys.readouterr().err
+    assert "error: tune: the first iteration's training failed (exit code 1" in err
+    assert not list((tmp_path / "runs").iterdir())  # nothing recorded: no tune folder to mistake for one
+
+
+def test_ctrl_c_kills_the_child_and_keeps_the_finished_iterations(yolo_yaml: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture):
+    started: list[subprocess.Popen] = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, command: list[str], **kwargs: object) -> None:
+            if len(started) == 1:  # iteration 2: a child that would run for a minute, then Ctrl-C while it runs
+                command = [sys.executable, "-c", "import time; time.sleep(60)"]
+            super().__init__(command, **kwargs)
+            started.append(self)
+
+        def wait(self, timeout: float | None = None) -> int:
+            if len(started) == 2 and self.returncode is None and timeout is not None:
+                raise KeyboardInterrupt
+            return super().wait(timeout)
+
+    monkeypatch.setattr(workflow.subprocess, "Popen", Recorded)
+    argv = ["--data", str(yolo_yaml), *TINY, "--project", str(tmp_path), "--name", "t", "--iterations", "3"]
+    assert main(argv) == 130
+    assert started[1].poll() is not None  # killed, not left running
+    folder = tmp_path / "t"
+    assert len(rows_of(folder)) == 1 and not (folder / "iter2").exists()
+    assert "interrupted: 1 iterations recorded" in capsys.readouterr().err
+
+
+def test_resume_refuses_train_flags_other_than_the_recorded_ones(tmp_path: Path, capsys: pytest.CaptureFixture):
+    from detector.workflows.tune_records import append_row, write_settings
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    data = tmp_path / "data.yaml"
+    data.write_text("names: [a]\n")  # with_defaults resolves an existing file: the record holds the absolute path
+    write_settings(folder, {"train": {"data": str(data), "imgsz": 640, "epochs": 3},
+                            "space": {"lr0": [0.001, 0.01, 1.0]}})
+    append_row(folder, 1, (0.1, 0.2), 1.0, {"lr0": 0.01})
+    assert main(["--data", str(data), "--epochs", "4", "--project", str(tmp_path), "--name", "t", "--resume"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --resume continues") and "epochs differs" in err and "\n" not in err
+    assert len(rows_of(folder)) == 1
