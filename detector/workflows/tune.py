@@ -216,7 +216,7 @@ def run_tune(options: TuneOptions, config: TrainConfig, space_values: dict[Any, 
         raise
     best = best_row(rows)
     if len(rows) >= options.iterations and best is not None:
-        say(f"done: best fitness {best['fitness']:.4f} at iteration {best['iteration']}; {folder / BEST}, "
+        say(f"done: best fitness {best['fitness']:.4g} at iteration {best['iteration']}; {folder / BEST}, "
             f"{folder / 'weights'}")
     return dict(best["settings"]) if best else {}
 
@@ -245,8 +245,8 @@ def tune_step(tune: Tune, iteration: int, rows: list[dict[str, Any]]) -> list[di
         write_best(folder, best, len(rows), tune.iterations, tune.fixed)
     if tune.config.plots:
         draw_fitness(folder, rows)
-    result = (f"fitness {metrics[0]:.4f} (mAP50-95; mAP50 {metrics[1]:.4f})" if metrics is not None
+    result = (f"fitness {metrics[0]:.4g} (mAP50-95; mAP50 {metrics[1]:.4g})" if metrics is not None
               else f"failed (exit code {code}): fitness 0 recorded")
-    best_text = f"best {best['fitness']:.4f} at iteration {best['iteration']}" if best else "none trained yet"
+    best_text = f"best {best['fitness']:.4g} at iteration {best['iteration']}" if best else "none trained yet"
     say(f"iteration {iteration}/{tune.iterations}: {result} in {seconds:.0f} s; {best_text}")
     return rows

@@ -48,7 +48,7 @@ def test_a_tune_records_each_iteration_keeps_one_weights_folder_and_resumes(yolo
     assert set(best) == set(DEFAULT_SPACE) and best["close_mosaic"] == int(fittest["close_mosaic"])
     assert best["lr0"] == float(fittest["lr0"])
     out = capsys.readouterr().out
-    assert "tune: iteration 2/2: fitness " in out and f"best {float(fittest['fitness']):.4f} at iteration" in out
+    assert "tune: iteration 2/2: fitness " in out and f"best {float(fittest['fitness']):.4g} at iteration" in out
 
     before = (folder / "tune_results.csv").read_text()
     assert main(["--project", str(tmp_path), "--name", "t", "--iterations", "3", "--resume"]) == 0

@@ -31,7 +31,7 @@ def test_the_first_iteration_trains_the_given_values_as_given():
 def test_mutations_keep_the_bounds_and_integers_stay_integers():
     rng = np.random.default_rng(1)
     moved = Counter()
-    for iteration in range(2, 200):
+    for iteration in range(2, 120):
         values = mutate(SPACE, random_history(rng, 4), BASELINE, seed=3, iteration=iteration)
         assert set(values) == set(SPACE)
         for name, bounds in SPACE.items():
@@ -39,7 +39,7 @@ def test_mutations_keep_the_bounds_and_integers_stay_integers():
             moved[name] += values[name] != BASELINE[name]
         assert type(values["close_mosaic"]) is int and all(type(values[n]) is float for n in ("lr0", "momentum"))
         assert all(round(values[name], 5) == values[name] for name in ("lr0", "momentum", "box_gain"))
-    assert all(count > 50 for count in moved.values()), moved  # every setting does move
+    assert all(count > 30 for count in moved.values()), moved  # every setting does move
 
 
 def test_the_draw_depends_on_the_seed_the_iteration_and_the_history_alone():
