@@ -32,7 +32,7 @@ def test_a_space_file_in_ultralytics_names_is_translated(tmp_path: Path):
     ("bogus: [0, 1]", r"bogus: 'bogus' is not a number"),
     ("epochs: [1, 10]", r"epochs: 'epochs' is not a number"),
     ("iou: [0.5, 0.8]", r"iou: 'iou' \(val_iou\) is not a number"),
-    ("perspective: [0.0, 0.001]", r"perspective: Ultralytics' 'perspective' has no equivalent here"),
+    ("bgr: [0.0, 1.0]", r"bgr: Ultralytics' 'bgr' has no equivalent here"),
     ("lr0: [0.1, 0.01]", r"lr0: expected low <= high"),
     ("lr0: 0.01", r"lr0: expected \[low, high\] or \[low, high, gain\], got 0.01"),
     ("close_mosaic: [0.2, 0.8]", r"close_mosaic: no whole number lies in \[0.2, 0.8\]"),
