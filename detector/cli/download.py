@@ -5,13 +5,9 @@ detector/paths.py."""
 from __future__ import annotations
 
 import argparse
-import signal
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
-from detector.cli.errors import Terminated, run_command
+from detector.cli.errors import Terminated, run_command, sigterm_as_ctrl_c
 from detector.cli.parser import CommandParser
 from detector.data.catalog import DOWNLOADS, datasets_root
 from detector.weights.catalog import PRETRAINED, pretrained_name
@@ -57,31 +53,14 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     return parser
 
 
-def _terminated(signum: int, frame: object) -> None:
-    raise Terminated
-
-
-@contextmanager
-def _sigterm_as_ctrl_c() -> Iterator[None]:
-    """SIGTERM (``kill``, ``docker stop``, a job's time limit) unwinds like Ctrl-C: Python leaves it fatal, which
-    skipped the ``finally`` that removes an extraction's staging folder (tens of GB for COCO) and the lock. It
-    exits with 143 (:class:`Terminated`), as a process the signal killed does, not Ctrl-C's 130."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
 def fetch(args: argparse.Namespace) -> None:
     """Download what ``args.name`` names: weights into ``--weights-dir``, a dataset into the datasets root."""
     weights = args.name in PRETRAINED
     where = (args.weights_dir or default_weights_dir()) if weights else datasets_root(args.datasets_dir or None)
     try:
-        with _sigterm_as_ctrl_c():
+        # SIGTERM unwinds: Python leaves it fatal, which skipped the finally that removes an extraction's
+        # staging folder (tens of GB for COCO) and the lock.
+        with sigterm_as_ctrl_c():
             if weights:
                 from detector.weights.download import download_weights  # imports torch: only for weights
 

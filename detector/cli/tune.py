@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from detector.cli.errors import run_command
+from detector.cli.errors import run_command, sigterm_as_ctrl_c
 from detector.cli.flags import KEY_VALUE, add_flags, options_from_args, parse_value
 from detector.cli.parser import CommandParser
 from detector.cli.train import parse_args as parse_train_args
@@ -67,6 +67,7 @@ def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
     def tune() -> None:
         from detector.workflows.tune import run_tune
 
-        run_tune(options, config)
+        with sigterm_as_ctrl_c():  # a job's time limit: the child killed, the finished iterations kept, exit 143
+            run_tune(options, config)
 
     return run_command(tune)

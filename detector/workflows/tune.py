@@ -210,9 +210,9 @@ def run_tune(options: TuneOptions, config: TrainConfig, space_values: dict[Any, 
     except BaseException as error:
         if new and not rows:  # nothing recorded: no tune folder left to resume or to mistake for one
             shutil.rmtree(folder, ignore_errors=True)
-        if isinstance(error, KeyboardInterrupt) and rows:
-            raise KeyboardInterrupt(f"interrupted: {len(rows)} iterations recorded in {folder}; continue with "
-                                    f"--resume --project {options.project} --name {folder.name}") from None
+        if isinstance(error, KeyboardInterrupt) and rows:  # its type kept: a SIGTERM's (Terminated) exits 143
+            raise type(error)(f"interrupted: {len(rows)} iterations recorded in {folder}; continue with "
+                              f"--resume --project {options.project} --name {folder.name}") from None
         raise
     best = best_row(rows)
     if len(rows) >= options.iterations and best is not None:

@@ -94,9 +94,15 @@ def test_a_failed_first_iteration_stops_the_tune_with_exit_1(tmp_path: Path, cap
     assert not list((tmp_path / "runs").iterdir())  # nothing recorded: no tune folder to mistake for one
 
 
+@pytest.mark.parametrize("signal_name,code", [("SIGINT", 130), ("SIGTERM", 143)])
 def test_ctrl_c_kills_the_child_and_keeps_the_finished_iterations(yolo_yaml: Path, tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch,
-                                                                  capsys: pytest.CaptureFixture):
+                                                                  capsys: pytest.CaptureFixture, signal_name: str,
+                                                                  code: int):
+    """Ctrl-C, or SIGTERM (a job's time limit, ``kill``): 130 or 143, as a process the signal ended."""
+    import os
+    import signal
+
     started: list[subprocess.Popen] = []
 
     class Recorded(subprocess.Popen):
@@ -108,12 +114,12 @@ def test_ctrl_c_kills_the_child_and_keeps_the_finished_iterations(yolo_yaml: Pat
 
         def wait(self, timeout: float | None = None) -> int:
             if len(started) == 2 and self.returncode is None and timeout is not None:
-                raise KeyboardInterrupt
+                os.kill(os.getpid(), getattr(signal, signal_name))  # its handler runs in the wait below
             return super().wait(timeout)
 
     monkeypatch.setattr(workflow.subprocess, "Popen", Recorded)
     argv = ["--data", str(yolo_yaml), *TINY, "--project", str(tmp_path), "--name", "t", "--iterations", "3"]
-    assert main(argv) == 130
+    assert main(argv) == code
     assert started[1].poll() is not None  # killed, not left running
     folder = tmp_path / "t"
     assert len(rows_of(folder)) == 1 and not (folder / "iter2").exists()
