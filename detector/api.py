@@ -31,6 +31,7 @@ heavy modules are imported when a verb runs, so ``import detector`` stays cheap.
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,7 +285,7 @@ def export(
 
 def tune(
     *,
-    iterations: int = 300,
+    iterations: int | None = None,
     space: str | Path | dict[str, Any] | None = None,
     project: str | Path = Path("runs/tune"),
     name: str = "exp",
@@ -297,7 +298,8 @@ def tune(
     ``train_settings``: :func:`train`'s keywords (our names or Ultralytics'), the same for every iteration, checked
     once before the first: ``data``, ``epochs``, ``imgsz``, ``model``, ``seed``... ``space``: a search space
     ``{"lr0": (1e-5, 1e-2), "momentum": (0.7, 0.98, 0.3)}`` or a YAML file of one (default: Ultralytics 8.4's, the
-    settings it tunes that this trainer has). ``resume``: continue the tune in ``project/name``.
+    settings it tunes that this trainer has). ``iterations``: 300 by default, as Ultralytics'; ``resume``: continue
+    the tune in ``project/name`` (to the iterations it was started with, unless given).
 
     Returns the fittest iteration's hyperparameters (our names); ``project/name`` holds tune_results.csv,
     best_hyperparameters.yaml and that iteration's weights.
@@ -307,6 +309,9 @@ def tune(
     from detector.workflows.options import TuneOptions
     from detector.workflows.tune import run_tune
 
+    if "save" in train_settings:  # Ultralytics' own tune example passes save=False
+        print(f"note: Ultralytics' save={train_settings.pop('save')} is not needed here: a tune deletes each "
+              "iteration's weights once it is recorded, keeping the fittest's", file=sys.stderr)
     values = given(tune, locals())
     space_values = values.pop("space") if isinstance(values.get("space"), dict) else None
     options = build_options(TuneOptions, values, command="tune")

@@ -8,8 +8,9 @@ and Ultralytics' names as train takes them), so a bad flag is one line and exit 
 from __future__ import annotations
 
 import argparse
+import sys
 
-from detector.cli.errors import run_command, sigterm_as_ctrl_c
+from detector.cli.errors import one_process, run_command, sigterm_as_ctrl_c
 from detector.cli.flags import KEY_VALUE, add_flags, options_from_args, parse_value
 from detector.cli.parser import CommandParser
 from detector.cli.train import parse_args as parse_train_args
@@ -37,6 +38,9 @@ def own_key_values(argv: list[str]) -> list[str]:
         is_value = index > 0 and argv[index - 1].startswith("-") and "=" not in argv[index - 1]
         if token == "resume" and not is_value:
             out.append("--resume")
+        elif match and match.group(1) == "save" and not is_value:  # Ultralytics' own tune example passes save=False
+            print(f"note: Ultralytics' {token} is not needed here: a tune deletes each iteration's weights once it is "
+                  "recorded, keeping the fittest's", file=sys.stderr)
         elif match and match.group(1) in own and not is_value:
             name, text = match.groups()
             if name == "resume":
@@ -60,8 +64,8 @@ def parse_args(argv: list[str] | None, prog: str = PROG) -> tuple[TuneOptions, T
 
 
 def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
-    import sys
-
+    if (refused := one_process("tune")) is not None:  # each iteration is a process of its own: launch it alone
+        return refused
     options, config = parse_args(sys.argv[1:] if argv is None else argv, prog)
 
     def tune() -> None:

@@ -404,7 +404,7 @@ def make_run_dir(config: TrainConfig, dist: DistInfo, *, resumed: Path | None) -
 _RUN_LOCKS: dict[Path, Any] = {}  # run folder -> its lock file, held by this process until it exits
 
 
-def hold_run_lock(run_dir: Path) -> None:
+def hold_run_lock(run_dir: Path, doing: str = "training this run") -> None:
     """Lock ``<run>/.lock`` for this process's life (``flock``: the system releases it when the process ends, however
     it ends), so a second process resuming the same run (or resuming one still training) stops with one line
     instead of writing the same results.csv and checkpoints at once. No lock where ``fcntl`` is missing (Windows).
@@ -424,7 +424,7 @@ def hold_run_lock(run_dir: Path) -> None:
         holder = handle.read().strip()
         handle.close()
         pid = f" (pid {holder})" if holder.isdigit() else ""
-        raise CheckpointError(f"{run_dir}: another process{pid} is training this run now; wait for it, or stop it "
+        raise CheckpointError(f"{run_dir}: another process{pid} is {doing} now; wait for it, or stop it "
                               "first") from None
     handle.truncate(0)
     handle.write(str(os.getpid()))

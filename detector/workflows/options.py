@@ -225,14 +225,18 @@ def skipped(text: str) -> set[str]:
     return set(comma_separated(text, "--skip", BENCHMARK_SKIP))
 
 
+DEFAULT_ITERATIONS = 300  # Ultralytics' model.tune default: a script moves over unchanged
+
+
 @dataclass(kw_only=True)
 class TuneOptions(Options):
     """The flags of ``python -m detector tune`` that are its own; every other flag is train's, for each iteration."""
 
     # 300 as Ultralytics' model.tune: a script moves over unchanged. A tune is meant to be stopped (Ctrl-C) when its
     # best stops improving: every finished iteration is on disk, and --resume continues.
-    iterations: int = option(300, "training runs to evolve the hyperparameters over (the first trains the given "
-                                  "values)")
+    iterations: int | None = option(None, "training runs to evolve the hyperparameters over, the first training the "
+                                          f"given values (default: {DEFAULT_ITERATIONS}; with --resume, the count the "
+                                          "tune was started with)")
     space: Path | None = option(None, "search space YAML, 'name: [low, high]' or '[low, high, gain]' per line, our "
                                       "names or Ultralytics' (default: Ultralytics 8.4's space, the settings it tunes "
                                       "that this trainer has)")
@@ -243,6 +247,7 @@ class TuneOptions(Options):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least(("--iterations", self.iterations, 1))
+        if self.iterations is not None:
+            at_least(("--iterations", self.iterations, 1))
         if problem := name_problem(self.name):  # before any training, not when the folder is claimed
             raise ValueError(problem)

@@ -50,7 +50,11 @@ def test_a_tune_records_each_iteration_keeps_one_weights_folder_and_resumes(yolo
     out = capsys.readouterr().out
     assert "tune: iteration 2/2: fitness " in out and f"best {float(fittest['fitness']):.4g} at iteration" in out
 
+    assert not list(folder.glob("iter*/predictions.json"))  # ~190 MB an iteration on COCO: not kept
     before = (folder / "tune_results.csv").read_text()
+    # A resume goes to the iterations the tune was started with (2: done, nothing trains), unless given more.
+    assert main(["--project", str(tmp_path), "--name", "t", "--resume"]) == 0
+    assert (folder / "tune_results.csv").read_text() == before
     assert main(["--project", str(tmp_path), "--name", "t", "--iterations", "3", "--resume"]) == 0
     after = rows_of(folder)
     assert len(after) == 3 and (folder / "tune_results.csv").read_text().startswith(before)
@@ -123,7 +127,7 @@ def test_ctrl_c_kills_the_child_and_keeps_the_finished_iterations(yolo_yaml: Pat
     assert started[1].poll() is not None  # killed, not left running
     folder = tmp_path / "t"
     assert len(rows_of(folder)) == 1 and not (folder / "iter2").exists()
-    assert "interrupted: 1 iterations recorded" in capsys.readouterr().err
+    assert "interrupted: the iteration under way discarded, 1 iteration recorded" in capsys.readouterr().err
 
 
 def test_resume_refuses_train_flags_other_than_the_recorded_ones(tmp_path: Path, capsys: pytest.CaptureFixture):
@@ -140,3 +144,62 @@ def test_resume_refuses_train_flags_other_than_the_recorded_ones(tmp_path: Path,
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: --resume continues") and "epochs differs" in err and "\n" not in err
     assert len(rows_of(folder)) == 1
+
+
+def test_weights_are_the_recorded_best_s_even_after_an_interrupted_move(tmp_path: Path):
+    """The record comes first, then the moves: a tune stopped between them (a SIGTERM at the wrong millisecond) left
+    weights/ from an unrecorded iteration; now a resume finishes the move, and every other recorded iteration loses
+    its weights and predictions.json."""
+    from detector.workflows.tune_records import append_row, read_rows
+
+    folder = tmp_path / "t"
+    for iteration, fitness in ((1, 0.1), (2, 0.3), (3, 0.2)):
+        run = folder / f"iter{iteration}"
+        (run / "weights").mkdir(parents=True)
+        for name in ("best.pt", "last.pt"):
+            (run / "weights" / name).write_text(f"iter{iteration}")
+        (run / "predictions.json").write_text("[]")
+        append_row(folder, iteration, (fitness, fitness), 1.0, {"lr0": 0.01 * iteration})
+    (folder / "weights").mkdir()
+    (folder / "weights" / "best.pt").write_text("iter1")  # iteration 2 recorded, its move not made
+    workflow.keep_weights(folder, read_rows(folder))
+    assert [(folder / "weights" / name).read_text() for name in ("best.pt", "last.pt")] == ["iter2", "iter2"]
+    assert not list(folder.glob("iter*/weights")) and not list(folder.glob("iter*/predictions.json"))
+
+
+def test_a_second_tune_of_one_folder_stops_in_one_line(yolo_yaml: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture):
+    """A scheduler's requeue while the first still runs: both wrote the records (rows 1, 2, 2, 3, 3) and one read
+    the other's results."""
+    from detector.workflows.tune_records import append_row, write_settings
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    write_settings(folder, {"train": {"data": str(yolo_yaml)}, "space": {"lr0": [0.001, 0.01, 1.0]},
+                            "iterations": 3})
+    append_row(folder, 1, (0.1, 0.2), 1.0, {"lr0": 0.01})
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); "
+                               "fcntl.flock(f, fcntl.LOCK_EX); f.write('4242'); f.flush(); print('held', flush=True); "
+                               "time.sleep(60)", str(folder / ".lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(["--project", str(tmp_path), "--name", "t", "--resume"]) == 1
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error == (f"error: {folder}: another process (pid 4242) is running this tune now; wait for it, or stop it "
+                     "first")
+
+
+def test_under_torchrun_a_tune_is_refused_and_save_false_is_a_note(monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["--data", "x.yaml"]) == 1
+    assert "error: tune runs in one process" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    from detector.cli.tune import own_key_values
+
+    assert own_key_values(["save=False", "--epochs", "3"]) == ["--epochs", "3"]  # Ultralytics' own tune example
+    assert "note: Ultralytics' save=False is not needed here" in capsys.readouterr().err
