@@ -211,7 +211,9 @@ def warped_extent(boxes: np.ndarray, matrix: np.ndarray, out_size: int) -> np.nd
     by its corners: its image runs out to infinity on both sides. Ultralytics' box of the divided corners can then
     span the output the wrong way (a box in one corner of it could come out as the whole image); here each side's
     part is bounded on its own and clipped to the output, and the box encloses those that reach it
-    (:func:`_split_extent`)."""
+    (:func:`_split_extent`). It never misses the object, but may be loose: a part running out to infinity is clipped
+    as a box, not as a polygon (a review found 106 of 142 such boxes over 4 px too large at --perspective 0.002 and
+    640 px, the geometry of 1280 px at 0.001; at 640 px and 0.001 one box in its sample met the horizon)."""
     corners = boxes[:, [0, 1, 2, 3, 0, 3, 2, 1]].reshape(-1, 2)  # 4 corners per box
     mapped = (np.concatenate((corners, np.ones((len(corners), 1))), 1) @ matrix.T).reshape(-1, 4, 3)
     with np.errstate(divide="ignore", invalid="ignore"):  # w = 0 only on a cut box, replaced below
