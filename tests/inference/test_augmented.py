@@ -156,3 +156,23 @@ def test_an_augmented_backend_runs_the_backend_on_each_view_and_keeps_its_nms(ch
     assert torch.equal(boxes[:, :kept], plain_boxes[:, :kept]) and torch.equal(scores[:, :kept], plain_scores[:, :kept])
     assert [len(d["boxes"]) for d in wrapped(images)] == [5, 5]  # the wrapped backend's NMS settings
     assert wrapped.name == "pytorch fp32, augmented"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="FP16 weights and CUDA graphs run on a GPU")
+def test_augmented_fp16_cuda_graphs_match_the_cpu_s_fp32_views(model, checkpoint: Path):
+    """On CUDA with --half each view's shape is a graph of its own, replayed on the next call;
+    the detections are the CPU FP32 augmented pass's within FP16's rounding (as the plain backend's test bounds it)."""
+    from detector.inference import load_backend
+    from tests.tolerances import assert_same_detections, fp32_tolerance_on, rounded_relative_error
+
+    nms = NMSConfig(conf_threshold=0.01)
+    images = torch.randint(0, 256, (3, 3, 128, 128), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    fast = AugmentedBackend(load_backend(checkpoint, device="cuda", precision="fp16", nms=nms, imgsz=128))
+    assert fast.name == "pytorch fp16 cuda graph, augmented"
+    expected = AugmentedBackend(load_backend(checkpoint, nms=nms, imgsz=128))(images)
+    first, again = fast(images), fast(images)
+    assert len(fast.backend.forward.graphs) == 2  # 128 px (the batch, and its 0.83 view padded up to 128) and 96
+    tolerance = fp32_tolerance_on(model, images, relative=rounded_relative_error(model, 2**-10))
+    assert_same_detections(expected, first, nms=nms, tolerance=tolerance)
+    for got, want in zip(again, first):
+        assert all(torch.equal(got[key], want[key]) for key in ("boxes", "scores", "labels"))

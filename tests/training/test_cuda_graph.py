@@ -15,7 +15,7 @@ import torch
 
 import detector.loss
 from detector.data.letterbox import ImageMeta
-from detector.loss import DetectionLoss, box_slots, most_boxes_per_image, targets_to_padded
+from detector.loss import DetectionLoss, box_slots, frequency_weights, most_boxes_per_image, targets_to_padded
 from detector.model import build_model
 from detector.model.recompute import recompute_activations
 from detector.precision import Precision, fp32_settings_kept, set_strict_fp32
@@ -36,7 +36,7 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph
 def _train_step(device: str, *, precision: str = "fp32", cuda_graphs: str = "off", optimizer: str = "SGD",
                 warmup_steps: int = 0, steps_per_epoch: int = 6, warmup_momentum: float = 0.9,
                 nominal_batch: int = 2, num_classes: int = 2, channels_last: bool = False,
-                recompute: bool = False) -> TrainStep:
+                recompute: bool = False, class_weights: torch.Tensor | None = None) -> TrainStep:
     """A small run's TrainStep on ``device``: the nano model, 2 images per step, no accumulation (unless
     ``nominal_batch`` asks for it); ``channels_last`` and ``recompute`` as the trainer's CUDA defaults have them."""
     torch.manual_seed(0)
@@ -51,7 +51,8 @@ def _train_step(device: str, *, precision: str = "fp32", cuda_graphs: str = "off
                             warmup_momentum=warmup_momentum, momentum=0.9, batch_size=2, nominal_batch=nominal_batch,
                             clip_grad=10.0)
     chosen = Precision(precision, torch.device(device).type, "test")
-    criterion = DetectionLoss(num_classes=num_classes, strides=model.strides, reg_max=model.reg_max)
+    criterion = DetectionLoss(num_classes=num_classes, strides=model.strides, reg_max=model.reg_max,
+                              class_weights=None if class_weights is None else class_weights.to(device))
     return TrainStep(model, criterion, choice.optimizer, chosen.make_scaler(), ModelEMA(model), chosen, schedule,
                      torch.device(device), channels_last=channels_last, cuda_graphs=cuda_graphs)
 
@@ -234,23 +235,27 @@ def test_the_graph_body_reads_nothing_on_the_host(optimizer, precision, chunked,
 
 
 @cuda_only
-@pytest.mark.parametrize("precision,optimizer,warmup_steps,chunked,cuda_defaults", [
-    ("fp16", "SGD", 0, False, False), ("fp32", "AdamW", 0, False, False), ("fp16", "AdamW", 5, False, False),
-    ("fp32", "SGD", 5, False, False), ("fp16", "SGD", 0, True, False), ("fp16", "AdamW", 3, False, True)])
-def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_steps, chunked, cuda_defaults,
+@pytest.mark.parametrize("precision,optimizer,warmup_steps,chunked,cuda_defaults,weighted", [
+    ("fp16", "SGD", 0, False, False, False), ("fp32", "AdamW", 0, False, False, False),
+    ("fp16", "AdamW", 5, False, False, False), ("fp32", "SGD", 5, False, False, False),
+    ("fp16", "SGD", 0, True, False, False), ("fp16", "AdamW", 3, False, True, False),
+    ("fp16", "AdamW", 0, False, True, True)])
+def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_steps, chunked, cuda_defaults, weighted,
                                                 monkeypatch):
     """Graphs are captured and replayed (not failed), and train to the eager run's weights and losses; in warm-up,
     whose momentum ramps (0.8 -> 0.9 here), graphs of the forward and backward passes with eager optimizer steps.
     ``chunked``: the assigner one image at a time, as at batch 64 (detector.loss.assignment_chunks).
     ``cuda_defaults``: what a CUDA run trains with by default besides FP16 and AdamW (short runs): a channels-last
-    model and input, and BatchNorm's largest outputs recomputed in the backward pass (detector/model/recompute.py)."""
+    model and input, and BatchNorm's largest outputs recomputed in the backward pass (detector/model/recompute.py).
+    ``weighted``: --cls-pw's class weights, a buffer on the device multiplied into the captured BCE."""
     if chunked:
         monkeypatch.setattr(detector.loss, "ASSIGNER_CHUNK_ELEMENTS", 1)
     results = []
     for choice in ("on", "off"):
         step = _train_step("cuda", precision=precision, optimizer=optimizer, cuda_graphs=choice, steps_per_epoch=10,
                            warmup_steps=warmup_steps, warmup_momentum=0.8 if warmup_steps else 0.9,
-                           channels_last=cuda_defaults, recompute=cuda_defaults)
+                           channels_last=cuda_defaults, recompute=cuda_defaults,
+                           class_weights=frequency_weights(torch.tensor([30, 5]), 1.0) if weighted else None)
         with same_kernels():
             stats = train_one_epoch(step, _batches(10), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
                                     progress=False)
