@@ -293,7 +293,6 @@ TRAIN: dict[str, Alias] = {
     "compile": unsupported("torch.compile is not used", False),
     "dropout": unsupported("classification only", 0.0),
     "copy_paste": unsupported("segmentation only", 0.0),
-    "bgr": unsupported("no channel-swap augmentation", 0.0),
     "save": unsupported("checkpoints are always saved (weights/last.pt, best.pt)", True),
     "optimizer": Alias(optimizer),
     "batch": Alias(batch),

@@ -104,6 +104,7 @@ def train(
     hsv_v: float = 0.4,
     fliplr: float = 0.5,
     flipud: float = 0.0,
+    bgr: float = 0.0,
     albumentations: float = 0.01,
     pixel_augment: str = "auto",
     multi_scale: bool | float = True,

@@ -278,8 +278,8 @@ def test_ultralytics_names_become_the_config_and_say_so(monkeypatch: pytest.Monk
     assert len(notes) == 7 and "note: Ultralytics' amp=False is precision='fp32' here" in notes
     with pytest.raises(TypeError, match=r"^train: cosine and cos_lr both set cosine \(True vs False\)"):
         train(cosine=True, cos_lr=False)
-    with pytest.raises(TypeError, match=r"^train: Ultralytics' bgr=0.5 has no equivalent here: no channel-swap"):
-        train(bgr=0.5)
+    with pytest.raises(TypeError, match=r"^train: Ultralytics' copy_paste=0.5 has no equivalent here: segmentation"):
+        train(copy_paste=0.5)
     with pytest.raises(TypeError, match=r"^val: missing argument 'weights'"):
         val(data="coco128.yaml")
 

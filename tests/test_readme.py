@@ -141,7 +141,7 @@ def test_a_wrong_command_is_refused() -> None:
     assert refusal("python -m detector ablate-amp --epochs 2 --no-such-flag") is not None
     assert refusal("OMP_NUM_THREADS=1 python train.py --data my.yaml --epochs 3") is None
     assert refusal("detector train data=my.yaml epochs=3 amp=False") is None  # key=value, Ultralytics' names too
-    assert refusal("detector train data=my.yaml bgr=0.3") is not None  # no equivalent: refused
+    assert refusal("detector train data=my.yaml copy_paste=0.3") is not None  # no equivalent: refused
     assert refusal("detector predict source=0 conf=high") is not None
 
 

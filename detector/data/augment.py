@@ -1,4 +1,4 @@
-"""Per-image augmentation in OpenCV/NumPy: mosaic, random affine, HSV, flip, albumentations.
+"""Per-image augmentation in OpenCV/NumPy: mosaic, random affine, HSV, flip, albumentations, channel swap.
 
 Images are ``uint8 [H, W, 3]`` RGB; boxes are ``float32 [n, 4]`` xyxy pixels with classes ``[n]`` beside them.
 Every geometric step clips boxes to the image and drops those that shrink to slivers.
@@ -41,6 +41,7 @@ class AugmentConfig:
     hsv_v: float = 0.4  # value gain (fraction)
     fliplr: float = 0.5  # horizontal flip probability
     flipud: float = 0.0  # vertical flip probability
+    bgr: float = 0.0  # probability of feeding the image with its channels reversed (RGB as BGR), after all else
     albumentations: float = 0.01  # probability of each albumentations pixel transform
 
 
@@ -304,6 +305,19 @@ def draw_flips(config: AugmentConfig, rng: np.random.Generator) -> tuple[bool, b
     flip_lr = bool(rng.random() < config.fliplr)
     flip_ud = bool(rng.random() < config.flipud)
     return flip_lr, flip_ud
+
+
+def draw_channel_swap(config: AugmentConfig, rng: np.random.Generator) -> bool:
+    """Whether to reverse the image's channel order (Ultralytics' ``bgr``): one draw, and none at all when
+    ``config.bgr`` is 0, so that a run without it draws, and so augments, exactly what it did before it existed.
+    Drawn after every other draw of the item, for the same reason."""
+    return config.bgr > 0 and bool(rng.random() < config.bgr)
+
+
+def swap_channels(image: np.ndarray, swap: bool) -> np.ndarray:
+    """``image`` (``[H, W, 3]``) with its channels reversed when ``swap``, else itself. Ultralytics' ``bgr`` feeds the
+    image in the order it was not decoded to: the model sees some images in BGR, and learns to take either."""
+    return np.ascontiguousarray(image[:, :, ::-1]) if swap else image
 
 
 def flip_boxes(boxes: np.ndarray, width: int, height: int, *, flip_lr: bool, flip_ud: bool) -> np.ndarray:

@@ -1,5 +1,5 @@
-"""Pixel augmentation of a whole batch as tensors: HSV (a hue shift, saturation and value gains) and flips, on
-whatever device the batch is on.
+"""Pixel augmentation of a whole batch as tensors: HSV (a hue shift, saturation and value gains), flips and the
+channel swap (``--bgr``), on whatever device the batch is on.
 
 The loader workers draw each image's operations (:class:`PixelOps`, from the same random numbers as the
 OpenCV path in :mod:`detector.data.augment`) and flip its boxes; the training step applies the pixel side
@@ -21,13 +21,15 @@ from detector.data.augment import HSV_UNCHANGED
 
 @dataclass(frozen=True)
 class PixelOps:
-    """One image's pixel augmentation: HSV (detector.data.augment.draw_hsv) and flips, applied in that order."""
+    """One image's pixel augmentation: HSV (detector.data.augment.draw_hsv), flips and the channel swap
+    (detector.data.augment.draw_channel_swap), applied in that order."""
 
     hue_shift: float = 0.0  # added to the hue, in turns, modulo a full turn
     saturation_gain: float = 1.0  # multiplies the saturation, clipped to [0, 1]
     value_gain: float = 1.0  # multiplies the value (max channel), clipped to [0, 1]
     flip_lr: bool = False  # mirror left-right
     flip_ud: bool = False  # mirror top-bottom
+    swap_channels: bool = False  # reverse the channel order (RGB -> BGR), last
 
     @property
     def hsv(self) -> tuple[float, float, float]:
@@ -88,16 +90,20 @@ def hsv_to_rgb(hsv: torch.Tensor) -> torch.Tensor:
     return value - value * saturation * torch.minimum(k, 4 - k).clamp(0, 1)
 
 
+TABLE_COLUMNS = 6  # a row of pixel_ops_table: hue shift, saturation gain, value gain, flip_lr, flip_ud, swap_channels
+
+
 def pixel_ops_table(
     ops: Sequence[PixelOps], device: torch.device, dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
-    """``[B, 5]`` on ``device``: each image's hue shift, saturation and value gains, then its left-right and top-bottom
-    flip flags (1 or 0): what :func:`apply_pixel_ops` and the fused kernel (detector/data/warp_kernel.py) read.
+    """``[B, 6]`` on ``device``: each image's hue shift, saturation and value gains, then its left-right and top-bottom
+    flip flags and its channel-swap flag (1 or 0): what :func:`apply_pixel_ops` and the fused kernel
+    (detector/data/warp_kernel.py, which reads a row as :data:`TABLE_COLUMNS` numbers) read.
 
     One small copy per batch. From pageable memory with non_blocking, CUDA stages it at once instead of waiting
     for the queued work of the previous step.
     """
-    table = torch.tensor([(*op.hsv, op.flip_lr, op.flip_ud) for op in ops], dtype=dtype)
+    table = torch.tensor([(*op.hsv, op.flip_lr, op.flip_ud, op.swap_channels) for op in ops], dtype=dtype)
     return table.to(device, non_blocking=True)
 
 
@@ -107,7 +113,8 @@ def changes_colour(ops: Sequence[PixelOps]) -> bool:
 
 
 def apply_pixel_ops(images: torch.Tensor, ops: Sequence[PixelOps]) -> torch.Tensor:
-    """Apply each image's HSV operations, then its flips, to float ``[B, 3, H, W]`` RGB in [0, 1].
+    """Apply each image's HSV operations, then its flips, then its channel swap, to float ``[B, 3, H, W]`` RGB in
+    [0, 1].
 
     Returns a new batch in [0, 1] with the input's dtype, device and memory format; the input is unchanged.
     """
@@ -126,4 +133,6 @@ def apply_pixel_ops(images: torch.Tensor, ops: Sequence[PixelOps]) -> torch.Tens
         out = torch.where(params[:, 3:4] > 0, out.flip(3), out)
     if any(op.flip_ud for op in ops):
         out = torch.where(params[:, 4:5] > 0, out.flip(2), out)
+    if any(op.swap_channels for op in ops):
+        out = torch.where(params[:, 5:6] > 0, out.flip(1), out)
     return out.clone(memory_format=layout) if out is images else out.contiguous(memory_format=layout)

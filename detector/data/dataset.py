@@ -17,6 +17,7 @@ from detector.data.augment import (
     affine_matrix,
     augment_hsv,
     build_albumentations,
+    draw_channel_swap,
     draw_flips,
     draw_hsv,
     flip_boxes,
@@ -26,6 +27,7 @@ from detector.data.augment import (
     mosaic_placements,
     mosaic_tiles,
     paste,
+    swap_channels,
     warp_boxes,
     warp_image,
 )
@@ -56,10 +58,10 @@ class DetectionDataset(Dataset):
     """Images and labels for one split.
 
     Training items are ``(image uint8 [3, S, S], labels [n, 5] (class, cx, cy, w, h normalised), meta)``
-    after mosaic/affine/HSV/albumentations/flip; evaluation items are letterboxed to ``S x S`` (or to their
-    rectangular batch's canvas: :meth:`with_canvases`) with no augmentation. With ``pixel_ops_on_device`` the
-    HSV operations and flips are drawn as always and the boxes flipped, but the pixels are left to the training
-    step: ``meta.pixel_ops`` carries them there
+    after mosaic/affine/HSV/albumentations/flip/channel swap; evaluation items are letterboxed to ``S x S`` (or to
+    their rectangular batch's canvas: :meth:`with_canvases`) with no augmentation. With ``pixel_ops_on_device`` the
+    HSV operations, flips and channel swap are drawn as always and the boxes flipped, but the pixels are left to the
+    training step: ``meta.pixel_ops`` carries them there
     (:mod:`detector.data.batch_augment`). With ``geometry_on_device`` too, mosaic and the random affine are
     drawn and the boxes moved, but the item's image is a :class:`WarpSource` (the source pixels the warp
     reads, and its matrix) that the training step warps (:mod:`detector.data.device_augment`); the step's warp is
@@ -201,9 +203,11 @@ class DetectionDataset(Dataset):
                 image = self.albumentations.apply(image, drawn)
         flip_lr, flip_ud = draw_flips(config, rng)
         boxes = flip_boxes(boxes, size, size, flip_lr=flip_lr, flip_ud=flip_ud)
+        # The channel swap (--bgr) last, as Ultralytics' Format: it changes no box, and at 0 nothing is drawn.
+        swap = draw_channel_swap(config, rng)
         if pixels_on_device:
-            return image, boxes, classes, PixelOps(*hsv, flip_lr=flip_lr, flip_ud=flip_ud)
-        return flip_image(image, flip_lr=flip_lr, flip_ud=flip_ud), boxes, classes, None
+            return image, boxes, classes, PixelOps(*hsv, flip_lr=flip_lr, flip_ud=flip_ud, swap_channels=swap)
+        return swap_channels(flip_image(image, flip_lr=flip_lr, flip_ud=flip_ud), swap), boxes, classes, None
 
     def _cutmix(self, rng: np.random.Generator, boxes: np.ndarray, epoch: int,
                 stream: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:

@@ -1,4 +1,5 @@
-"""The device path's augmentation in one pass on CUDA: warp, HSV, flips and the scaling to [0, 1], fused.
+"""The device path's augmentation in one pass on CUDA: warp, HSV, flips, channel swap and the scaling to [0, 1],
+fused.
 
 :func:`detector.data.device_augment.render` and :func:`detector.data.batch_augment.apply_pixel_ops` are
 plain PyTorch: about 50 kernels a batch, each reading and writing the whole float batch. At batch 64 and
@@ -9,7 +10,8 @@ finished float pixel once: ~0.4 GB.
 
 It computes what the two PyTorch functions compute, in the same order and with the same formulas: the output
 pixel's flipped position, its sample point (``affine_grid``, the clamp to the image's region, ``grid_sample``'s
-bilinear weights and zero padding), then ``rgb_to_hsv``, the hue shift and gains, ``hsv_to_rgb``. Only float32 rounding
+bilinear weights and zero padding), then ``rgb_to_hsv``, the hue shift and gains, ``hsv_to_rgb``, and the channel
+swap (``--bgr``) as the order of its stores, which moves values without changing them. Only float32 rounding
 differs: the order of the coordinate arithmetic, and compiled for a GPU, Triton's divisions (within 2 ulp, not
 correctly rounded) and fused multiply-adds (tests/data/test_warp_kernel.py derives the bound).
 
@@ -28,7 +30,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from detector.data.batch_augment import PixelOps, changes_colour, pixel_ops_table
+from detector.data.batch_augment import TABLE_COLUMNS, PixelOps, changes_colour, pixel_ops_table
 from detector.data.device_augment import WarpBatch
 
 BLOCK = 1024  # output pixels per program
@@ -107,7 +109,8 @@ def render_fused(
 
     def launch() -> None:
         _kernel(interpreting())[(-(-pixels // BLOCK),)](
-            atlas, theta, bounds, table, out, height, width, size, pixels, *out.stride(), HSV=hsv, BLOCK=BLOCK,
+            atlas, theta, bounds, table, out, height, width, size, pixels, *out.stride(), HSV=hsv,
+            COLUMNS=TABLE_COLUMNS, BLOCK=BLOCK,
         )
 
     try:
@@ -143,18 +146,21 @@ def _kernel(interpret: bool):  # noqa: ARG001 - the cache key: an interpreted ke
 
     @triton.jit(do_not_specialize=["height", "width", "size", "pixels"])
     def warp_augment(atlas, theta, bounds, table, out, height, width, size, pixels,
-                     stride_b, stride_c, stride_y, stride_x, HSV: tl.constexpr, BLOCK: tl.constexpr):
+                     stride_b, stride_c, stride_y, stride_x, HSV: tl.constexpr, COLUMNS: tl.constexpr,
+                     BLOCK: tl.constexpr):
         index = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
         live = index < pixels
         per_image = size.to(tl.int64) * size
         image = index // per_image
         y = (index % per_image) // size
         x = index % size
-        hue_shift = tl.load(table + image * 5, mask=live, other=0.0)
-        saturation_gain = tl.load(table + image * 5 + 1, mask=live, other=1.0)
-        value_gain = tl.load(table + image * 5 + 2, mask=live, other=1.0)
-        flip_lr = tl.load(table + image * 5 + 3, mask=live, other=0.0)
-        flip_ud = tl.load(table + image * 5 + 4, mask=live, other=0.0)
+        ops = table + image * COLUMNS  # the image's row of batch_augment.pixel_ops_table
+        hue_shift = tl.load(ops, mask=live, other=0.0)
+        saturation_gain = tl.load(ops + 1, mask=live, other=1.0)
+        value_gain = tl.load(ops + 2, mask=live, other=1.0)
+        flip_lr = tl.load(ops + 3, mask=live, other=0.0)
+        flip_ud = tl.load(ops + 4, mask=live, other=0.0)
+        swap = tl.load(ops + 5, mask=live, other=0.0)
         # A flip mirrors the finished image, and everything before it is per pixel: sample the mirrored pixel.
         x = tl.where(flip_lr > 0, size - 1 - x, x)
         y = tl.where(flip_ud > 0, size - 1 - y, y)
@@ -219,11 +225,13 @@ def _kernel(interpret: bool):  # noqa: ARG001 - the cache key: an interpreted ke
         out_x = index % size
         out_y = (index % per_image) // size
         target = out + image * stride_b + out_y * stride_y + out_x * stride_x
-        tl.store(target, red, mask=live)
-        # Blue one channel step past green, not 2 * stride_c past red: the step is a 32-bit argument while it
-        # fits, and twice it may not (a channel-outermost view of 2**30 pixels and more wrapped to negative).
+        # The channel swap, last as in apply_pixel_ops: blue stored first and red last, the values untouched.
+        tl.store(target, tl.where(swap > 0, blue, red), mask=live)
+        # The last channel one step past the middle one, not 2 * stride_c past the first: the step is a 32-bit
+        # argument while it fits, and twice it may not (a channel-outermost view of 2**30 pixels and more wrapped
+        # to negative).
         green_at = target + stride_c
         tl.store(green_at, green, mask=live)
-        tl.store(green_at + stride_c, blue, mask=live)
+        tl.store(green_at + stride_c, tl.where(swap > 0, red, blue), mask=live)
 
     return warp_augment

@@ -45,7 +45,7 @@ def build_augment(config: TrainConfig) -> AugmentConfig:
         mosaic=config.mosaic, mixup=config.mixup, cutmix=config.cutmix, degrees=config.degrees,
         translate=config.translate, scale=config.scale, shear=config.shear, perspective=config.perspective,
         hsv_h=config.hsv_h, hsv_s=config.hsv_s, hsv_v=config.hsv_v, fliplr=config.fliplr, flipud=config.flipud,
-        albumentations=config.albumentations,
+        bgr=config.bgr, albumentations=config.albumentations,
     )
 
 

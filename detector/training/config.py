@@ -125,6 +125,8 @@ class TrainConfig:
     hsv_v: float = option(0.4, "value augmentation (fraction)")
     fliplr: float = option(0.5, "horizontal flip probability")
     flipud: float = option(0.0, "vertical flip probability")
+    bgr: float = option(0.0, "channel-swap probability: feed a training image with its channels reversed (RGB as "
+                             "BGR), the last pixel operation (Ultralytics' bgr)")
     albumentations: float = option(0.01, "probability of each albumentations pixel transform (blur, CLAHE, gray)")
     pixel_augment: str = option("auto", "where augmentation runs: workers (loader processes, OpenCV), pixels (HSV "
                                       "and flips batched on the training device), device (mosaic, affine, HSV and "
@@ -213,7 +215,7 @@ class TrainConfig:
             problems.append(f"--val-interval must be 0 or more (got {self.val_interval})")
         if not 0.0 < self.fraction <= 1.0:
             problems.append(f"--fraction must be above 0 and at most 1 (got {self.fraction})")
-        for name in ("mosaic", "mixup", "cutmix", "fliplr", "flipud", "albumentations"):
+        for name in ("mosaic", "mixup", "cutmix", "fliplr", "flipud", "bgr", "albumentations"):
             if not 0 <= getattr(self, name) <= 1:
                 problems.append(f"--{name} is a probability in [0, 1] (got {getattr(self, name)})")
         # Fractions, as Ultralytics' settings check refuses them outside [0, 1] (--scale 2 drew negative zooms,

@@ -53,7 +53,8 @@ def run_header(trainer: Run) -> str:
     params = sum(p.numel() for p in model.parameters())
     val_count = len(trainer.val_data.records) if trainer.val_data else "?"
     on_device = {"device": "mosaic/affine/HSV/flips", "pixels": "HSV/flips"}.get(pixel_augment_path(trainer), "")
-    augment = f"{on_device} on the device" if on_device else "augmentation in the workers"
+    swap = f", channel swap {config.bgr:g}" if config.bgr else ""  # --bgr: the last pixel operation, where they run
+    augment = f"{on_device}{swap} on the device" if on_device else f"augmentation in the workers{swap}"
     augment += mixing_text(config)
     if config.perspective:  # the device warp is affine: these items come to it warped
         augment += f", perspective {config.perspective:g} (in the workers)"

@@ -25,8 +25,8 @@ class Bounds(NamedTuple):
     gain: float = 1.0
 
 
-# Ultralytics 8.4's default space (engine/tuner.py), in our names. Left out, as this trainer has no equivalent: bgr
-# (no channel swap), copy_paste (segmentation only).
+# Ultralytics 8.4's default space (engine/tuner.py), in our names. Left out, as this trainer has no equivalent:
+# copy_paste (segmentation only).
 DEFAULT_SPACE: dict[str, Bounds] = {
     "lr0": Bounds(1e-5, 1e-2),
     "lrf": Bounds(0.01, 1.0),
@@ -48,6 +48,7 @@ DEFAULT_SPACE: dict[str, Bounds] = {
     "perspective": Bounds(0.0, 0.001),
     "flipud": Bounds(0.0, 1.0),
     "fliplr": Bounds(0.0, 1.0),
+    "bgr": Bounds(0.0, 1.0),
     "mosaic": Bounds(0.0, 1.0),
     "mixup": Bounds(0.0, 1.0),
     "cutmix": Bounds(0.0, 1.0),

@@ -26,10 +26,11 @@ def test_val_period_is_val_interval() -> None:
 
 def test_key_value_arguments_are_flags(capsys: pytest.CaptureFixture) -> None:
     config = parse(["data=coco128.yaml", "epochs=3", "imgsz=320", "--batch", "8", "lr0=0.02", "name=run=1",
-                    "plots=False", "channels_last=false", "time=1.5", "cutmix=0.5", "perspective=0.0005"])
+                    "plots=False", "channels_last=false", "time=1.5", "cutmix=0.5", "perspective=0.0005", "bgr=0.05"])
     assert (config.data, config.epochs, config.imgsz, config.batch, config.lr0) == ("coco128.yaml", 3, 320, 8, 0.02)
     assert config.cutmix == 0.5 and parse(["--cutmix", "0.25"]).cutmix == 0.25  # Ultralytics' cutmix, the same name
     assert config.perspective == 0.0005 and parse(["--perspective", "0.001"]).perspective == 0.001  # and perspective
+    assert config.bgr == 0.05 and parse(["--bgr", "0.5"]).bgr == 0.5  # and bgr: no longer refused
     assert config.name == "run=1" and config.plots is False and config.channels_last is False and config.time == "1.5"
     assert capsys.readouterr().err == ""  # our own names: nothing to say
     assert parse(["--name", "a=b"]).name == "a=b"  # a flag's value is never read as key=value
@@ -61,7 +62,7 @@ def test_model_as_a_weights_file_means_weights_with_its_scale(capsys: pytest.Cap
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["bgr=0.2"], "train.py: error: Ultralytics' bgr=0.2 has no equivalent here: no channel-swap augmentation"),
+    (["dropout=0.2"], "train.py: error: Ultralytics' dropout=0.2 has no equivalent here: classification only"),
     (["amp=maybe"], "train.py: error: amp='maybe': expected True or False"),
     (["device=0,1"], "train.py: error: device='0,1': one device per process here; for several GPUs launch with"),
     (["epoch=3"], "unknown argument epoch=3; did you mean epochs?"),

@@ -18,10 +18,12 @@ from detector.data.augment import (
     PixelTransforms,
     affine_matrix,
     augment_hsv,
+    draw_channel_swap,
     draw_hsv,
     is_affine,
     mosaic,
     random_affine,
+    swap_channels,
     warp_boxes,
     warp_image,
     warped_extent,
@@ -226,6 +228,23 @@ def _boxes_before_perspective(boxes, matrix):
     corners = (np.concatenate((corners, np.ones((len(corners), 1))), 1) @ matrix.T)[:, :2].reshape(-1, 8)
     xs, ys = corners[:, 0::2], corners[:, 1::2]
     return np.stack((xs.min(1), ys.min(1), xs.max(1), ys.max(1)), 1).astype(np.float32)
+
+
+def test_the_channel_swap_draws_nothing_at_0_and_one_number_with_its_probability_above():
+    """--bgr 0 (the default) leaves the generator where it was, so items augment as before the option existed;
+    above 0 one uniform draw, the swap where it falls below --bgr (Ultralytics' bgr)."""
+    for bgr, swaps, draws in ((0.0, False, 0), (1.0, True, 1), (1e-9, False, 1)):
+        ours, plain = np.random.default_rng(0), np.random.default_rng(0)
+        assert draw_channel_swap(AugmentConfig(bgr=bgr), ours) is swaps
+        plain.random(draws)
+        assert ours.random() == plain.random(), bgr  # exactly `draws` numbers taken
+    rng = np.random.default_rng(1)
+    share = np.mean([draw_channel_swap(AugmentConfig(bgr=0.3), rng) for _ in range(4000)])
+    assert abs(share - 0.3) <= 4 * math.sqrt(0.3 * 0.7 / 4000)  # four binomial standard deviations
+    image = rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)
+    swapped = swap_channels(image, True)
+    assert swapped.flags.c_contiguous and np.array_equal(swapped, image[:, :, [2, 1, 0]])
+    assert swap_channels(image, False) is image
 
 
 SHAPES = [(128, 128), (48, 64), (64, 40)]  # a 2x mosaic canvas of 64, and single images of either orientation

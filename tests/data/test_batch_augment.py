@@ -8,9 +8,11 @@ from torch.utils.data import DataLoader
 
 from detector.data.augment import AugmentConfig, augment_hsv
 from detector.data.batch_augment import (
+    TABLE_COLUMNS,
     PixelOps,
     apply_pixel_ops,
     carried_pixel_ops,
+    pixel_ops_table,
     resolve_pixel_augment,
 )
 from detector.data.dataset import DetectionDataset, collate
@@ -126,6 +128,21 @@ def test_flips_equal_torch_flip_per_image_and_keep_the_memory_format():
         torch.testing.assert_close(result, plain.flip(dims) if dims else plain, rtol=0, atol=FLOAT32_TOLERANCE)
 
 
+def test_the_channel_swap_reverses_the_channels_last_per_image_and_exactly():
+    """--bgr's swap after HSV and the flips: the image's channels in the other order, values untouched."""
+    images = (_test_pixels(count=4).float() / 255).contiguous(memory_format=torch.channels_last)
+    ops = [PixelOps(*HSV_SETS[2], flip_lr=True), PixelOps(*HSV_SETS[1], flip_ud=True), PixelOps(),
+           PixelOps(*HSV_SETS[3])]
+    swapped = [PixelOps(*op.hsv, flip_lr=op.flip_lr, flip_ud=op.flip_ud, swap_channels=index != 2)
+               for index, op in enumerate(ops)]
+    plain, out = apply_pixel_ops(images, ops), apply_pixel_ops(images, swapped)
+    assert out.is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(out[[0, 1, 3]], plain[[0, 1, 3]].flip(1)) and torch.equal(out[2], plain[2])
+    assert torch.equal(images, (_test_pixels(count=4).float() / 255)), "the input batch must not change"
+    table = pixel_ops_table(swapped, torch.device("cpu"))
+    assert table.shape == (4, TABLE_COLUMNS) and table[:, 5].tolist() == [1.0, 1.0, 0.0, 1.0]
+
+
 def _datasets(records, **augment):
     config = AugmentConfig(flipud=0.5, **augment)
     workers = DetectionDataset(records, image_size=64, augment=config, seed=3)
@@ -148,12 +165,14 @@ def test_device_path_items_have_the_worker_paths_labels_exactly(tmp_path):
     assert len(flips) == 4, "every flip combination should occur among these keys"
 
 
-def test_device_path_pixels_after_apply_match_the_worker_path(tmp_path):
+@pytest.mark.parametrize("bgr", [0.0, 0.5])  # at 0.5, items with the channel swap and items without
+def test_device_path_pixels_after_apply_match_the_worker_path(tmp_path, bgr):
     # No albumentations here: on the device path they run before HSV instead of after.
-    workers, device = _datasets(write_records(tmp_path, 4, seed=1), albumentations=0.0)
+    workers, device = _datasets(write_records(tmp_path, 4, seed=1), albumentations=0.0, bgr=bgr)
     worker_images, _, _ = collate([workers[key] for key in KEYS])
     device_images, _, metas = collate([device[key] for key in KEYS])
     ops = carried_pixel_ops([meta.pixel_ops for meta in metas])
+    assert {op.swap_channels for op in ops} == ({False, True} if bgr else {False})
     source = device_images.float() / 255
     out = apply_pixel_ops(source, ops)
     assert out.min() >= 0 and out.max() <= 1

@@ -8,7 +8,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from detector.data.augment import PAD_VALUE, AugmentConfig, mosaic_placements, mosaic_tiles, paste
-from detector.data.batch_augment import apply_pixel_ops
+from detector.data.batch_augment import PixelOps, apply_pixel_ops
 from detector.data.dataset import DetectionDataset, collate
 from detector.data.device_augment import WarpBatch, WarpSource, canvas_region, pack_warp_batch, render, render_uint8, shelf_pack
 from detector.data.synthetic import make_image
@@ -236,8 +236,10 @@ KEYS = [(index, epoch, use_mosaic) for index in range(4) for epoch in range(2) f
 
 # MixUp's blend, CutMix's paste and a perspective warp are made in the workers, and copied by the warp. CutMix
 # pastes only where a rectangle misses the item's boxes and holds a partner's: more epochs, so that some are pasted.
+# --bgr: half the items carry the channel swap, applied to both paths' warped pixels before they are compared.
 @pytest.mark.parametrize("mix,epochs", [({}, 2), ({"mixup": 1.0}, 2), ({"cutmix": 1.0}, 12),
-                                        ({"mixup": 1.0, "cutmix": 1.0}, 12), ({"perspective": 0.001}, 2)], ids=str)
+                                        ({"mixup": 1.0, "cutmix": 1.0}, 12), ({"perspective": 0.001}, 2),
+                                        ({"bgr": 0.5, "mixup": 0.5}, 2)], ids=str)
 def test_device_items_have_the_worker_items_boxes_and_warped_pixels(tmp_path, mix, epochs):
     keys = [(index, epoch, use_mosaic) for index in range(4) for epoch in range(epochs) for use_mosaic in (True, False)]
     workers, pixels, device = _datasets(write_records(tmp_path, 4, seed=1), albumentations=0.0, **mix)
@@ -256,6 +258,11 @@ def test_device_items_have_the_worker_items_boxes_and_warped_pixels(tmp_path, mi
     assert [meta.pixel_ops for meta in metas] == [meta.pixel_ops for meta in pixel_metas]
     assert len({(meta.pixel_ops.flip_lr, meta.pixel_ops.flip_ud) for meta in metas}) == 4
     out = render(batch, torch.device("cpu"), size=64, channels_last=True) * 255
+    swaps = [PixelOps(swap_channels=meta.pixel_ops.swap_channels) for meta in metas]
+    assert {op.swap_channels for op in swaps} == ({False, True} if "bgr" in mix else {False})
+    # The swap alone (a permutation of the channels, the values untouched), on levels: the error bound below is the
+    # largest over a pixel's channels, so it holds as it is for a swapped pair.
+    out, warped = apply_pixel_ops(out, swaps), apply_pixel_ops(warped.float(), swaps)
     position = device_position_px(batch)
     for image, expected, (source, _, _) in zip(out, warped, items):
         error = (image - expected.float()).abs().amax(0).numpy()

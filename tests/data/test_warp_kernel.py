@@ -6,6 +6,7 @@ starts with it set (:func:`test_the_kernel_checks_pass_under_the_interpreter`); 
 GPU the same checks run compiled (they skip without CUDA).
 """
 
+import dataclasses
 import importlib
 import os
 import subprocess
@@ -19,7 +20,7 @@ import torch
 
 from detector.data import warp_kernel
 from detector.data.augment import PAD_VALUE
-from detector.data.batch_augment import PixelOps, apply_pixel_ops
+from detector.data.batch_augment import TABLE_COLUMNS, PixelOps, apply_pixel_ops
 from detector.data.device_augment import WarpBatch, pack_warp_batch, render
 from detector.data.warp_kernel import fused_unavailable, render_fused
 from detector.training.step_input import step_input
@@ -33,10 +34,10 @@ DEVICES = [pytest.param("interpreter", marks=pytest.mark.skipif(not INTERPRETED,
            pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available() or INTERPRETED,
                                                          reason="needs CUDA"))]
 
-# Hue shifts, saturation and value gains, flips in every combination, one image left as it is. A shifted hue is
-# continuous where the hue wraps from 1 to 0 (the channels are continuous around the wrap), so samples rounded
-# either side of it stay close.
-OPS = [PixelOps(0.015, 1.5, 0.7, flip_lr=True), PixelOps(-0.01, 0.4, 1.35, flip_ud=True),
+# Hue shifts, saturation and value gains, flips in every combination, the channel swap (--bgr) after HSV and a
+# flip, one image left as it is. A shifted hue is continuous where the hue wraps from 1 to 0 (the channels are
+# continuous around the wrap), so samples rounded either side of it stay close.
+OPS = [PixelOps(0.015, 1.5, 0.7, flip_lr=True), PixelOps(-0.01, 0.4, 1.35, flip_ud=True, swap_channels=True),
        PixelOps(0.0, 1.0, 1.0, flip_lr=True, flip_ud=True), PixelOps()]
 
 
@@ -93,6 +94,11 @@ def test_fused_kernel_matches_render_then_pixel_ops(device, size, channels_last)
     plain = render_fused(batch, device, size=size, channels_last=channels_last,
                          pixel_ops=[PixelOps(*OPS[0].hsv)] + OPS[1:])
     assert (plain[0] - fused[0].flip(2)).abs().max() <= tolerance < (plain[0] - fused[0]).abs().max()
+    # The swap reorders the stores and nothing else: image 1 unswapped, the same values in the other channel order.
+    unswapped = render_fused(batch, device, size=size, channels_last=channels_last,
+                             pixel_ops=[OPS[0], dataclasses.replace(OPS[1], swap_channels=False), *OPS[2:]])
+    assert torch.equal(fused[1], unswapped[1].flip(0)) and not torch.equal(fused[1], unswapped[1])
+    assert torch.equal(fused[[0, 2, 3]], unswapped[[0, 2, 3]])  # a flag of its own image only
 
 
 @pytest.mark.parametrize("device", DEVICES, indirect=True)
@@ -143,7 +149,7 @@ def test_the_kernel_compiles_for_an_h100_without_one(hsv, out, unit_stride):
 
     kernel = warp_kernel._kernel(False)
     pointers = {"atlas": "*u8", "theta": "*fp32", "bounds": "*fp32", "table": "*fp32", "out": f"*{out}"}
-    constants = {"HSV": hsv, "BLOCK": warp_kernel.BLOCK, unit_stride: 1}
+    constants = {"HSV": hsv, "COLUMNS": TABLE_COLUMNS, "BLOCK": warp_kernel.BLOCK, unit_stride: 1}
     signature = {name: pointers.get(name, "constexpr" if name in constants else "i32") for name in kernel.arg_names}
     compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
                               target=GPUTarget("cuda", 90, 32))
@@ -179,7 +185,7 @@ def test_a_launch_binds_what_render_fused_passes(monkeypatch):
     assert len(bound) == 1 and not warp_kernel._failed
     kinds = dict(zip(kernel.arg_names, (kind for kind, _ in bound[0])))
     assert [kinds[name] for name in ("atlas", "theta", "bounds", "table", "out")] == ["*u8"] + ["*fp32"] * 4
-    assert kinds["HSV"] == kinds["BLOCK"] == "constexpr"
+    assert kinds["HSV"] == kinds["COLUMNS"] == kinds["BLOCK"] == "constexpr"
 
 
 def block_atlas(size: int, count: int, rng: np.random.Generator) -> tuple[WarpBatch, torch.Tensor]:

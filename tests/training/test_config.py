@@ -24,6 +24,7 @@ from detector.training.config import TrainConfig
     ({"seed": -1}, "--seed must be at least 0 (got -1)"),
     ({"mixup": 1.5}, "--mixup is a probability in [0, 1] (got 1.5)"),
     ({"cutmix": -0.5}, "--cutmix is a probability in [0, 1] (got -0.5)"),
+    ({"bgr": 1.5}, "--bgr is a probability in [0, 1] (got 1.5)"),
     ({"perspective": -0.001}, "--perspective must be in [0, 1] (got -0.001)"),  # Ultralytics' range check
     ({"seed": 2**32}, "--seed must be at most 2**32 - 1 = 4294967295 (got 4294967296)"),  # NumPy's words before
 ])
@@ -35,7 +36,7 @@ def test_values_that_cannot_work_are_refused_naming_the_flag(flags: dict, messag
 def test_the_defaults_and_ultralytics_recipes_pass() -> None:
     TrainConfig(epochs=1, imgsz=64).validate()
     TrainConfig(epochs=1, imgsz=64, scale=0.9, mixup=0.15, cutmix=0.5, lr0=0.01, momentum=0.937,
-                degrees=180.0, perspective=0.001).validate()
+                degrees=180.0, perspective=0.001, bgr=1.0).validate()
 
 
 def test_classes_travel_through_config_yaml_and_checkpoints_as_the_tuple_given() -> None:

@@ -75,14 +75,15 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys,
 
 
 def test_pixel_augment_on_the_device_trains_and_says_so(yolo_yaml: Path, tmp_path: Path, capsys):
-    """Mosaic, affine, HSV and flips in the training step (what CUDA gets by default), here on the CPU; the plot and the
-    AMP check see the batch with them applied (detector/training/step_input.py as_trained)."""
+    """Mosaic, affine, HSV, flips and the channel swap (--bgr 0.5) in the training step (what CUDA gets by default),
+    here on the CPU; the plot and the AMP check see the batch with them applied (detector/training/step_input.py
+    as_trained)."""
     summary = train(_config(yolo_yaml, tmp_path, epochs=1, close_mosaic=0, plots=True, amp_check=True,
-                            pixel_augment="device"), progress=False)
+                            pixel_augment="device", bgr=0.5), progress=False)
     rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
     assert all(math.isfinite(float(rows[-1][k])) for k in ("train/box", "train/cls", "train/dfl"))
     assert (summary["run_dir"] / "train_batch0.png").is_file()
-    assert "| mosaic/affine/HSV/flips on the device |" in capsys.readouterr().out
+    assert "| mosaic/affine/HSV/flips, channel swap 0.5 on the device |" in capsys.readouterr().out
 
 
 def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
@@ -625,22 +626,23 @@ def test_val_interval_0_evaluates_the_last_epoch_alone_and_fraction_trains_on_pa
 
 
 def test_ultralytics_data_options_train_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys):
-    """--classes 0 2 --single-cls --mixup 1 --cutmix 1 --perspective 0.001 --save-period 1 together (each
+    """--classes 0 2 --single-cls --mixup 1 --cutmix 1 --perspective 0.001 --bgr 0.5 --save-period 1 together (each
     unit-tested in detector/data): a run of one class 'item' from classes 0 and 2's boxes, MixUp then CutMix in its
-    mosaic epochs, every item tilted, a kept checkpoint per epoch, and the header saying so."""
+    mosaic epochs, every item tilted, half of them in BGR, a kept checkpoint per epoch, and the header saying so."""
     from detector.checkpoint import load_checkpoint
 
     summary = train(_config(yolo_yaml, tmp_path, epochs=3, classes=(0, 2), single_cls=True, mixup=1.0, cutmix=1.0,
-                            perspective=0.001, save_period=1, close_mosaic=1), progress=False)
+                            perspective=0.001, bgr=0.5, save_period=1, close_mosaic=1), progress=False)
     weights = summary["run_dir"] / "weights"
     assert sorted(path.name for path in weights.glob("epoch*.pt")) == ["epoch1.pt", "epoch2.pt", "epoch3.pt"]
     best = load_checkpoint(weights / "best.pt")
     assert best["names"] == ["item"] and best["model_args"]["num_classes"] == 1
     assert list(best["config"]["classes"]) == [0, 2] and best["config"]["single_cls"] and best["config"]["mixup"] == 1.0
-    assert best["config"]["cutmix"] == 1.0 and best["config"]["perspective"] == 0.001
+    assert best["config"]["cutmix"] == 1.0 and best["config"]["perspective"] == 0.001 and best["config"]["bgr"] == 0.5
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("detector:"))
     assert "1 class)" in header and "classes 0 2 only" in header and "MixUp 1 (in the workers)" in header
     assert "CutMix 1 (in the workers)" in header and "perspective 0.001 (in the workers)" in header
+    assert "| augmentation in the workers, channel swap 0.5, MixUp 1 (in the workers)" in header
 
 
 def test_a_ctrl_c_in_the_last_epoch_lets_the_run_finish(yolo_yaml: Path, tmp_path: Path, monkeypatch, capsys):

@@ -16,6 +16,7 @@ def test_the_default_space_is_tunable_holds_trains_defaults_and_train_takes_its_
         assert tunable(name) and bounds.low <= getattr(config, name) <= bounds.high, name
     check_against_train(DEFAULT_SPACE, config)
     assert type(DEFAULT_SPACE["close_mosaic"].low) is int
+    assert DEFAULT_SPACE["bgr"] == Bounds(0.0, 1.0)  # Ultralytics 8.4's, now that train has the channel swap
 
 
 def test_a_space_file_in_ultralytics_names_is_translated(tmp_path: Path):
@@ -32,7 +33,7 @@ def test_a_space_file_in_ultralytics_names_is_translated(tmp_path: Path):
     ("bogus: [0, 1]", r"bogus: 'bogus' is not a number"),
     ("epochs: [1, 10]", r"epochs: 'epochs' is not a number"),
     ("iou: [0.5, 0.8]", r"iou: 'iou' \(val_iou\) is not a number"),
-    ("bgr: [0.0, 1.0]", r"bgr: Ultralytics' 'bgr' has no equivalent here"),
+    ("copy_paste: [0.0, 1.0]", r"copy_paste: Ultralytics' 'copy_paste' has no equivalent here"),
     ("lr0: [0.1, 0.01]", r"lr0: expected low <= high"),
     ("lr0: 0.01", r"lr0: expected \[low, high\] or \[low, high, gain\], got 0.01"),
     ("close_mosaic: [0.2, 0.8]", r"close_mosaic: no whole number lies in \[0.2, 0.8\]"),
