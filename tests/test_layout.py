@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "detector"
 LAYERS: list[set[str]] = [
     {"choices", "defaults", "version", "architecture"},
     {"boxes", "nms", "files", "device", "precision", "tuning", "options", "paths", "extras", "aliases", "forked",
-     "checkpoint_problems", "checkpoint_integrity"},
+     "checkpoint_problems", "checkpoint_integrity", "signals"},
     {"distributed", "postprocess", "assigner", "runs"},
     {"model", "loss"},
     {"checkpoint", "data"},

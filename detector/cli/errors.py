@@ -10,40 +10,14 @@ import functools
 import gc
 import os
 import pickle
-import signal
 import sys
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from detector.cli import FAILED, INTERRUPTED, OK, TERMINATED
-
-
-class Terminated(KeyboardInterrupt):
-    """A SIGTERM a command unwinds from as from Ctrl-C (download's staging folder and lock are removed on the way
-    out), ending with 143 as a process killed by it does, not Ctrl-C's 130: a job scheduler reads the signal from
-    the code."""
-
-
-def _terminated(signum: int, frame: object) -> None:
-    raise Terminated
-
-
-@contextmanager
-def sigterm_as_ctrl_c() -> Iterator[None]:
-    """SIGTERM (``kill``, ``docker stop``, a job's time limit) unwinds the block like Ctrl-C, its ``finally`` clauses
-    run (Python leaves the signal fatal), and the command exits with 143 (:class:`Terminated`), as a process the signal
-    killed does, not Ctrl-C's 130."""
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, _terminated)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+from detector.signals import Terminated, sigterm_as_ctrl_c  # noqa: F401 - the commands' (download's) names for them
 
 
 class CommandFailed(Exception):

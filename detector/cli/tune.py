@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from detector.cli.errors import one_process, run_command, sigterm_as_ctrl_c
+from detector.cli.errors import one_process, run_command
 from detector.cli.flags import KEY_VALUE, add_flags, options_from_args, parse_value
 from detector.cli.parser import CommandParser
 from detector.cli.train import parse_args as parse_train_args
@@ -38,9 +38,10 @@ def own_key_values(argv: list[str]) -> list[str]:
         is_value = index > 0 and argv[index - 1].startswith("-") and "=" not in argv[index - 1]
         if token == "resume" and not is_value:
             out.append("--resume")
-        elif match and match.group(1) == "save" and not is_value:  # Ultralytics' own tune example passes save=False
-            print(f"note: Ultralytics' {token} is not needed here: a tune deletes each iteration's weights once it is "
-                  "recorded, keeping the fittest's", file=sys.stderr)
+        elif token in ("--save", "--no-save") or (match and match.group(1) == "save" and not is_value):
+            # Ultralytics' own tune example passes save=False; train refuses it (checkpoints are always saved)
+            print(f"note: Ultralytics' {token.lstrip('-')} is not needed here: a tune deletes each iteration's weights "
+                  "once it is recorded, keeping the fittest's", file=sys.stderr)
         elif match and match.group(1) in own and not is_value:
             name, text = match.groups()
             if name == "resume":
@@ -71,7 +72,6 @@ def main(argv: list[str] | None = None, *, prog: str = PROG) -> int:
     def tune() -> None:
         from detector.workflows.tune import run_tune
 
-        with sigterm_as_ctrl_c():  # a job's time limit: the child killed, the finished iterations kept, exit 143
-            run_tune(options, config)
+        run_tune(options, config)
 
     return run_command(tune)

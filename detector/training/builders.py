@@ -4,7 +4,6 @@ see the whole config): data, loss, loader, optimizer with its schedule, the mode
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import math
 import os
@@ -37,6 +36,7 @@ from detector.runs import claim_run_dir
 from detector.training.budget import MAX_WARMUP_SHARE, MIN_WARMUP_STEPS
 from detector.training.config import SEED_MAX, TrainConfig
 from detector.training.optim import OptimizerChoice, build_optimizer
+from detector.training.run_lock import hold_run_lock
 from detector.training.schedule import StepSchedule
 
 
@@ -399,46 +399,3 @@ def make_run_dir(config: TrainConfig, dist: DistInfo, *, resumed: Path | None) -
         settings = {**config.to_dict(), "project": str(run_dir.parent), "name": run_dir.name, "resume": ""}
         write_text_atomically(run_dir / "config.yaml", yaml.safe_dump(settings, sort_keys=False))
     return broadcast_from_main(run_dir, dist)
-
-
-_RUN_LOCKS: dict[Path, Any] = {}  # run folder -> its lock file, held by this process until it exits
-
-
-def hold_run_lock(run_dir: Path, doing: str = "training this run") -> None:
-    """Lock ``<run>/.lock`` for this process's life (``flock``: the system releases it when the process ends, however
-    it ends), so a second process resuming the same run (or resuming one still training) stops with one line
-    instead of writing the same results.csv and checkpoints at once. No lock where ``fcntl`` is missing (Windows).
-    The file is never deleted: a resume that opened it just before its unlink would lock the unlinked file while a
-    third process created and locked a new one (both training the run); a killed run leaves it anyway."""
-    try:
-        import fcntl
-    except ImportError:
-        return
-    if run_dir.resolve() in _RUN_LOCKS:  # this process's own earlier run of it (a resume in the same process)
-        return
-    handle = open(run_dir / ".lock", "a+")  # noqa: SIM115 - held open on purpose until the process exits
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip()
-        handle.close()
-        pid = f" (pid {holder})" if holder.isdigit() else ""
-        raise CheckpointError(f"{run_dir}: another process{pid} is {doing} now; wait for it, or stop it "
-                              "first") from None
-    handle.truncate(0)
-    handle.write(str(os.getpid()))
-    handle.flush()
-    if not _RUN_LOCKS:
-        os.register_at_fork(after_in_child=_drop_inherited_run_locks)
-    _RUN_LOCKS[run_dir.resolve()] = handle
-    atexit.register(handle.close)  # closed (and so released) at exit, not left to the garbage collector
-
-
-def _drop_inherited_run_locks() -> None:
-    """In a forked child (a loader worker, a helper): close its copies of the run locks. A flock belongs to the open
-    file, which a fork shares: workers outliving a killed trainer by seconds held the run locked, and an immediate
-    ``--resume`` (a retry loop, a scheduler's requeue) was told another process was training it."""
-    for handle in _RUN_LOCKS.values():
-        handle.close()
-    _RUN_LOCKS.clear()

@@ -27,13 +27,15 @@ from typing import Any
 
 from detector.options import flag_name
 from detector.runs import claim_run_dir
+from detector.signals import sigterm_as_ctrl_c
+from detector.training.run_lock import hold_run_lock, release_run_lock
 from detector.training.config import TrainConfig
-from detector.training.builders import hold_run_lock
 from detector.workflows.options import DEFAULT_ITERATIONS, TuneOptions
 from detector.workflows.tune_mutation import mutate
 from detector.workflows.tune_records import (
     BEST,
     RESULTS,
+    SETTINGS,
     append_row,
     best_row,
     read_rows,
@@ -153,7 +155,12 @@ def settings_for(options: TuneOptions, config: TrainConfig, space_values: dict[A
         raise ValueError(f"--resume continues {folder} with the space it recorded; give the same or none")
     config = TrainConfig.from_dict(recorded.get("train") or {}).with_defaults().validate()
     space = space_from(recorded.get("space") or {}, f"{folder / 'tune_args.yaml'}: space")
-    return folder, space, config, False, options.iterations or int(recorded.get("iterations") or DEFAULT_ITERATIONS)
+    if options.iterations is not None and options.iterations != recorded.get("iterations"):
+        # Recorded: the resume line a later interrupt prints (without --iterations) goes on to this count.
+        write_settings(folder, {**recorded, "iterations": options.iterations})
+    elif recorded.get("iterations") is None:
+        raise ValueError(f"--resume: {folder / SETTINGS} records no iteration count; give --iterations")
+    return folder, space, config, False, int(options.iterations or recorded["iterations"])
 
 
 # What an iteration's folder loses once it is recorded: its weights (the fittest's move to <tune>/weights) and its
@@ -215,7 +222,20 @@ def run_tune(options: TuneOptions, config: TrainConfig, space_values: dict[Any, 
     """Evolve ``config``'s hyperparameters over ``options.iterations`` training runs; -> the fittest settings.
 
     ``space_values``: a space given from Python (a dict), instead of ``options.space``'s file."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # each rank would run the whole tune (the CLI says it once)
+        raise ValueError("tune runs in one process: start it with python (or detector tune), not torchrun; each "
+                         "iteration is a training process of its own")
     folder, space, config, new, iterations = settings_for(options, config, space_values)
+    try:
+        with sigterm_as_ctrl_c():  # a job's time limit: the child killed, the finished iterations kept, exit 143
+            return evolve(options, folder, space, config, new, iterations)
+    finally:
+        release_run_lock(folder)  # a tune from Python ends before its process: a shell may resume it then
+
+
+def evolve(options: TuneOptions, folder: Path, space: dict[str, Bounds], config: TrainConfig, new: bool,
+           iterations: int) -> dict[str, Any]:
+    """:func:`run_tune`'s iterations, in its claimed and locked ``folder``."""
     rows = read_rows(folder)
     keep_weights(folder, rows)  # a tune interrupted between a record and its weights' move: finished here
     tune = Tune(folder, space, config, train_flags(recorded_train_settings(config)),

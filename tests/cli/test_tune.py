@@ -51,6 +51,10 @@ def test_a_tune_records_each_iteration_keeps_one_weights_folder_and_resumes(yolo
     assert "tune: iteration 2/2: fitness " in out and f"best {float(fittest['fitness']):.4g} at iteration" in out
 
     assert not list(folder.glob("iter*/predictions.json"))  # ~190 MB an iteration on COCO: not kept
+    # The tune's lock goes when it ends, not when its process does (a notebook's tune resumed from a shell).
+    probe = subprocess.run([sys.executable, "-c", "import fcntl, sys; fcntl.flock(open(sys.argv[1], 'a+'), "
+                            "fcntl.LOCK_EX | fcntl.LOCK_NB)", str(folder / ".lock")], capture_output=True, timeout=60)
+    assert probe.returncode == 0, probe.stderr
     before = (folder / "tune_results.csv").read_text()
     # A resume goes to the iterations the tune was started with (2: done, nothing trains), unless given more.
     assert main(["--project", str(tmp_path), "--name", "t", "--resume"]) == 0
@@ -65,6 +69,9 @@ def test_a_tune_records_each_iteration_keeps_one_weights_folder_and_resumes(yolo
     drawn = mutate(DEFAULT_SPACE, history, baseline, seed=0, iteration=3)
     assert {name: after[2][name] for name in DEFAULT_SPACE} == {name: str(v) for name, v in drawn.items()}
     assert not list(folder.glob("iter*/weights")) and not list(tmp_path.glob("t2"))
+    # --iterations given to a resume is recorded: the plain resume a later interrupt suggests goes on to it.
+    assert yaml.safe_load((folder / "tune_args.yaml").read_text())["iterations"] == 3
+    assert main(["--project", str(tmp_path), "--name", "t", "--resume"]) == 0 and len(rows_of(folder)) == 3
 
 
 def test_a_bad_train_flag_is_refused_before_any_training(tmp_path: Path, capsys: pytest.CaptureFixture):
@@ -201,5 +208,23 @@ def test_under_torchrun_a_tune_is_refused_and_save_false_is_a_note(monkeypatch: 
     monkeypatch.setenv("WORLD_SIZE", "1")
     from detector.cli.tune import own_key_values
 
-    assert own_key_values(["save=False", "--epochs", "3"]) == ["--epochs", "3"]  # Ultralytics' own tune example
-    assert "note: Ultralytics' save=False is not needed here" in capsys.readouterr().err
+    assert own_key_values(["save=False", "--epochs", "3", "--no-save"]) == ["--epochs", "3"]  # Ultralytics' example
+    err = capsys.readouterr().err
+    assert "note: Ultralytics' save=False is not needed here" in err and "Ultralytics' no-save is not needed" in err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    from detector import tune
+
+    with pytest.raises(ValueError, match="^tune runs in one process"):  # from Python too: each rank would tune
+        tune(data="x.yaml", iterations=1)
+
+
+def test_a_resume_of_a_tune_that_recorded_no_iteration_count_asks_for_one(tmp_path: Path,
+                                                                            capsys: pytest.CaptureFixture):
+    from detector.workflows.tune_records import append_row, write_settings
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    write_settings(folder, {"train": {}, "space": {"lr0": [0.001, 0.01, 1.0]}})
+    append_row(folder, 1, (0.1, 0.2), 1.0, {"lr0": 0.01})
+    assert main(["--project", str(tmp_path), "--name", "t", "--resume"]) == 1
+    assert capsys.readouterr().err.strip().endswith("tune_args.yaml records no iteration count; give --iterations")
