@@ -273,6 +273,11 @@ def tune_step(tune: Tune, iteration: int, rows: list[dict[str, Any]]) -> list[di
                "--project", str(folder), "--name", f"iter{iteration}", "--no-plots"]
     code, seconds = run_iteration(folder, iteration, command)
     run_dir = folder / f"iter{iteration}"
+    if code == 0 and not (run_dir / "predictions.json").is_file():
+        # Stopped (a Ctrl-C or SIGTERM to the training alone): it saved last.pt and exited 0 short of its epochs,
+        # without the final report a finished run writes. Its fitness would be a shorter run's: not recorded.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise KeyboardInterrupt
     metrics = run_metrics(run_dir / "results.csv") if code == 0 else None
     if metrics is None and iteration == 1:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -153,6 +153,28 @@ def test_resume_refuses_train_flags_other_than_the_recorded_ones(tmp_path: Path,
     assert len(rows_of(folder)) == 1
 
 
+def test_a_training_stopped_on_its_own_is_not_recorded_as_finished(yolo_yaml: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture):
+    """A SIGTERM to the training alone ends it after its epoch with exit 0 and last.pt, but no final report
+    (predictions.json): the tune records nothing of it and stops as interrupted, for a --resume to run it again."""
+    started: list[subprocess.Popen] = []
+
+    class Stopped(subprocess.Popen):
+        def __init__(self, command: list[str], **kwargs: object) -> None:
+            if started:  # iteration 2: exits 0 having written no final report, as a stopped training does
+                command = [sys.executable, "-c", "pass"]
+            super().__init__(command, **kwargs)
+            started.append(self)
+
+    monkeypatch.setattr(workflow.subprocess, "Popen", Stopped)
+    argv = ["--data", str(yolo_yaml), *TINY, "--project", str(tmp_path), "--name", "t", "--iterations", "3"]
+    assert main(argv) == 130
+    folder = tmp_path / "t"
+    assert len(rows_of(folder)) == 1 and not (folder / "iter2").exists() and len(started) == 2
+    assert "interrupted: the iteration under way discarded, 1 iteration recorded" in capsys.readouterr().err
+
+
 def test_weights_are_the_recorded_best_s_even_after_an_interrupted_move(tmp_path: Path):
     """The record comes first, then the moves: a tune stopped between them (a SIGTERM at the wrong millisecond) left
     weights/ from an unrecorded iteration; now a resume finishes the move, and every other recorded iteration loses
