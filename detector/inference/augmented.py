@@ -21,8 +21,6 @@ import torch
 import torch.nn.functional as F
 
 from detector.inference.backend import Backend, RawOutputs
-from detector.inference.preprocess import Detections
-from detector.postprocess import NMSConfig
 
 # Ultralytics' _predict_augment: (scale, flipped left-right) per view, the first the batch itself.
 VIEWS: tuple[tuple[float, bool], ...] = ((1.0, False), (0.83, True), (0.67, False))
@@ -122,10 +120,6 @@ class AugmentedBackend(Backend):
         images = images.to(getattr(self, "device", images.device))  # the views are made where the model runs
         decoded = augmented(lambda view: torch.cat(self.backend.infer(view), -1), images, self.info.strides)
         return decoded[..., :4], decoded[..., 4:]
-
-    def postprocess(self, raw: RawOutputs, classes: Sequence[int] | None = None,
-                    nms: NMSConfig | None = None) -> Detections:
-        return self.backend.postprocess(raw, classes, nms or self.nms)
 
     def close(self) -> None:
         self.backend.close()
