@@ -103,10 +103,13 @@ class Trainer(RunPlans, FinalReports):
         self.recomputed = recompute_activations(model, recompute_wanted(config.recompute, self.device) and not sync_bn)
         precision = agreed_precision(resolve_precision(config.precision, self.device, unamp=config.unamp), self.dist)
         self.resolved_precision = precision.name  # what this device gives the run; anything else was a fallback
-        class_counts = self.train_data.records.class_counts(model.num_classes)
+        # One criterion for the batch's sizing and the run: it keeps nothing from a call (no assignment is kept).
+        criterion = build_criterion(config, model, self.train_data.records.class_counts(model.num_classes))
+        if criterion.class_weights is not None:  # as Ultralytics prints its cls_pw weights
+            self.log(f"class weights (--cls-pw {config.cls_pw:g}): " + ", ".join(
+                f"{name} {weight:.3g}" for name, weight in zip(self.spec.names, criterion.class_weights.tolist())))
         if config.batch == AUTO_BATCH:  # rank 0 measures, every rank follows
             most_boxes = int(self.train_data.records.box_counts().max(initial=0))
-            criterion = build_criterion(config, model, class_counts)
             config.batch = decide_on_main(lambda: batch_for(config, model, criterion, most_boxes,
                 precision, self.device, self.log, world_size=self.dist.world_size), self.dist)
         self.sampler, self.train_loader = build_train_loader(self.train_data, config, self.dist, self.device)
@@ -115,10 +118,6 @@ class Trainer(RunPlans, FinalReports):
         choice, schedule = build_optimization(
             config, model, steps_per_epoch=len(self.train_loader), world_size=self.dist.world_size,
             resolved=(saved_choice["name"], saved_choice["lr"]) if saved_choice else None)
-        criterion = build_criterion(config, model, class_counts)
-        if criterion.class_weights is not None:  # as Ultralytics prints its cls_pw weights
-            self.log(f"class weights (--cls-pw {config.cls_pw:g}): " + ", ".join(
-                f"{name} {weight:.3g}" for name, weight in zip(self.spec.names, criterion.class_weights.tolist())))
         self.step = TrainStep(model, criterion, choice.optimizer, precision.make_scaler(),
                               ModelEMA(model, decay=config.ema_decay), precision, schedule, self.device,
                               channels_last=config.channels_last, world_size=self.dist.world_size,
