@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from detector.plots.canvas import new_figure, save_figure
@@ -11,10 +12,7 @@ def plot_tune_fitness(iterations: list[int], fitness: list[float], out_png: str 
     """Fitness (mAP50-95) per iteration as points, the best so far as a step line."""
     figure = new_figure(8, 4.5)
     axis = figure.add_subplot(1, 1, 1)
-    best, running = [], float("-inf")
-    for value in fitness:
-        running = max(running, value)
-        best.append(running)
+    best = list(itertools.accumulate(fitness, max))
     axis.plot(iterations, fitness, "o", color="tab:blue", alpha=0.6, label="iteration")
     axis.step(iterations, best, where="post", color="tab:orange", label="best so far")
     axis.set_xlabel("iteration")

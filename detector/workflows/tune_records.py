@@ -4,7 +4,7 @@
                                each hyperparameter (our names); rewritten whole, atomically, after every iteration
     best_hyperparameters.yaml  the fittest iteration's settings, in our names: ``detector train
                                cfg=best_hyperparameters.yaml --data D`` trains them
-    tune_args.yaml             the tune's settings (train's flags, the space, the seed): --resume continues with them
+    tune_args.yaml             the tune's settings (train's, the space, the iterations): --resume continues with them
 
 Hyperparameters are written as the text Python gives the rounded value (``0.00123``, ``12.34567``), not to a fixed
 number of significant digits: a resumed tune reads back exactly the values that were trained, so it draws what an
