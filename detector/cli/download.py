@@ -7,11 +7,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from detector.cli.errors import Terminated, run_command, sigterm_as_ctrl_c
+from detector.cli.errors import run_command
 from detector.cli.parser import CommandParser
 from detector.data.catalog import DOWNLOADS, datasets_root
 from detector.weights.catalog import PRETRAINED, pretrained_name
 from detector.paths import HOME_ENV, default_weights_dir
+from detector.signals import Terminated, sigterm_as_ctrl_c
 
 
 def _name(text: str) -> str:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from detector.cli import FAILED, INTERRUPTED, OK, TERMINATED
-from detector.signals import Terminated, sigterm_as_ctrl_c  # noqa: F401 - the commands' (download's) names for them
+from detector.signals import Terminated
 
 
 class CommandFailed(Exception):
