@@ -23,6 +23,46 @@ SCALES: dict[str, tuple[float, float, int]] = {
     "l": (1.00, 1.00, 512),
     "x": (1.00, 1.25, 512),
 }
+# YOLO11's, as Ultralytics' cfg/models/11/yolo11.yaml writes them.
+YOLO11_SCALES: dict[str, tuple[float, float, int]] = {
+    "n": (0.50, 0.25, 1024),
+    "s": (0.50, 0.50, 1024),
+    "m": (0.50, 1.00, 512),
+    "l": (1.00, 1.00, 512),
+    "x": (1.00, 1.50, 512),
+}
+# What --model takes (and checkpoints keep as model_args' "scale"): a YOLOv8 scale letter alone, as before YOLO11
+# was built (files written since stay readable by older versions), or YOLO11's "11" and a letter. An older version
+# refuses "11n" in one line (its check of model_args' scale) instead of building the wrong network.
+YOLO11_PREFIX = "11"
+MODEL_NAMES: tuple[str, ...] = (*SCALES, *(YOLO11_PREFIX + letter for letter in YOLO11_SCALES))
+
+
+def family_and_scale(name: str) -> tuple[str, str]:
+    """``"n"`` -> ``("v8", "n")``, ``"11s"`` -> ``("11", "s")``: a model name's family and scale letter.
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`MODEL_NAMES`.
+    """
+    if name not in MODEL_NAMES:
+        raise ValueError(f"unknown model {name!r}; choose one of {' '.join(MODEL_NAMES)}")
+    return ("11", name[len(YOLO11_PREFIX):]) if name.startswith(YOLO11_PREFIX) else ("v8", name)
+
+
+def display_name(name: str) -> str:
+    """``"n"`` -> ``"YOLOv8n"``, ``"11n"`` -> ``"YOLO11n"``: as Ultralytics names the model."""
+    family, scale = family_and_scale(name)
+    return f"YOLO{family}{scale}"
+
+
+def model_name(text: str) -> str | None:
+    """What a user may type for ``--model`` -> its name here: ``n``, ``11n``, ``yolov8n``, ``YOLO11n`` (any case);
+    ``None`` when it names no model built here."""
+    lowered = text.strip().lower()
+    match = re.fullmatch(r"(?:yolo)?(v8|11)?([nsmlx])", lowered)
+    if not match or (lowered.startswith("yolo") and not match.group(1)):
+        return None
+    return (YOLO11_PREFIX if match.group(1) == "11" else "") + match.group(2)
 BACKBONE: list[list[Any]] = [
     [-1, 1, "Conv", [64, 3, 2]],
     [-1, 1, "Conv", [128, 3, 2]],

@@ -1,7 +1,8 @@
-"""Building blocks of the YOLOv8 family: Conv-BN-SiLU, Bottleneck, C2f and SPPF.
+"""Building blocks of the YOLOv8 and YOLO11 families: Conv-BN-SiLU, Bottleneck, the CSP blocks (C2f; YOLO11's C3k2
+and the C3k inside it) and SPPF.
 
-Attribute names (``conv``, ``bn``, ``cv1``, ``cv2``, ``m``) follow the YOLOv8 layout on purpose, so a
-pretrained YOLOv8 state dict maps onto these modules tensor for tensor.
+Attribute names (``conv``, ``bn``, ``cv1``, ``cv2``, ``m``) follow Ultralytics' layout on purpose, so a
+pretrained YOLOv8 or YOLO11 state dict maps onto these modules tensor for tensor.
 """
 
 from __future__ import annotations
@@ -44,32 +45,35 @@ def concat(tensors: list[torch.Tensor] | tuple[torch.Tensor, ...], dim: int = 1)
 class Conv(nn.Module):
     """Conv2d (no bias) -> BatchNorm -> SiLU, with 'same' padding for odd kernels."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int = 1, stride: int = 1, groups: int = 1) -> None:
+    def __init__(self, c_in: int, c_out: int, kernel: int = 1, stride: int = 1, groups: int = 1,
+                 act: bool = True) -> None:
         super().__init__()
         self.conv = nn.Conv2d(c_in, c_out, kernel, stride, kernel // 2, groups=groups, bias=False)
         # YOLO's BN settings: a small eps and a slow running-stat momentum suit small, noisy batches.
         self.bn = nn.BatchNorm2d(c_out, eps=1e-3, momentum=0.03)
-        self.act = nn.SiLU(inplace=True)
+        # act=False: YOLO11's attention projections end linear (Ultralytics' Conv(..., act=False))
+        self.act = nn.SiLU(inplace=True) if act else nn.Identity()
         # True: in training, BatchNorm's output is recomputed in backward, not kept (detector/model/recompute.py)
         self.recompute = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # type(...) is: a SyncBatchNorm (--sync-bn) subclasses BatchNorm but computes its statistics across ranks;
-        # momentum None (a cumulative average) would need the counter on the host.
+        # momentum None (a cumulative average) would need the counter on the host. The recomputed path applies SiLU.
         bn = self.bn
         if (self.recompute and type(bn) is nn.BatchNorm2d and bn.training and bn.momentum is not None
-                and torch.is_grad_enabled()):
+                and type(self.act) is nn.SiLU and torch.is_grad_enabled()):
             return batch_norm_silu(self.conv(x), bn)
         return self.act(bn(self.conv(x)))
 
 
 class Bottleneck(nn.Module):
-    """Two 3x3 convs with an optional residual connection."""
+    """Two 3x3 convs with an optional residual connection; the first narrows to ``expansion`` of ``c_out``."""
 
-    def __init__(self, c_in: int, c_out: int, shortcut: bool = True) -> None:
+    def __init__(self, c_in: int, c_out: int, shortcut: bool = True, expansion: float = 1.0) -> None:
         super().__init__()
-        self.cv1 = Conv(c_in, c_out, 3)
-        self.cv2 = Conv(c_out, c_out, 3)
+        hidden = int(c_out * expansion)
+        self.cv1 = Conv(c_in, hidden, 3)
+        self.cv2 = Conv(hidden, c_out, 3)
         self.add = shortcut and c_in == c_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -80,9 +84,9 @@ class Bottleneck(nn.Module):
 class C2f(nn.Module):
     """CSP block with two convolutions and ``n`` bottlenecks whose every output is concatenated."""
 
-    def __init__(self, c_in: int, c_out: int, n: int = 1, shortcut: bool = False) -> None:
+    def __init__(self, c_in: int, c_out: int, n: int = 1, shortcut: bool = False, expansion: float = 0.5) -> None:
         super().__init__()
-        self.c = c_out // 2  # hidden channels per branch
+        self.c = int(c_out * expansion)  # hidden channels per branch
         self.cv1 = Conv(c_in, 2 * self.c, 1)
         self.cv2 = Conv((2 + n) * self.c, c_out, 1)
         self.m = nn.ModuleList(Bottleneck(self.c, self.c, shortcut) for _ in range(n))
@@ -99,6 +103,32 @@ class C2f(nn.Module):
         # buffer. From the two halves (slices) it built the concatenation channels-first and transposed it back
         # for the next convolution: 6.7 ms of a 97 ms pt2 forward pass (nano, 640 px, 2-core AVX2 CPU).
         return self.cv2(torch.cat([y, *parts[2:]], 1))
+
+
+class C3k2(C2f):
+    """YOLO11's C2f: its ``n`` blocks are either bottlenecks narrowed to half their width, or (``c3k``, at the m/l/x
+    scales and the deepest stages) :class:`C3k` blocks; shortcuts everywhere, as Ultralytics' C3k2 defaults."""
+
+    def __init__(self, c_in: int, c_out: int, n: int = 1, c3k: bool = False, expansion: float = 0.5) -> None:
+        super().__init__(c_in, c_out, n, shortcut=True, expansion=expansion)
+        self.m = nn.ModuleList(C3k(self.c, self.c, 2) if c3k else Bottleneck(self.c, self.c, True, expansion=0.5)
+                               for _ in range(n))
+
+
+class C3k(nn.Module):
+    """CSP block with three convolutions (Ultralytics' C3 with 3x3 bottleneck kernels): ``n`` bottlenecks on one half,
+    a 1x1 convolution on the other, then both joined by a third."""
+
+    def __init__(self, c_in: int, c_out: int, n: int = 2, shortcut: bool = True) -> None:
+        super().__init__()
+        hidden = c_out // 2
+        self.cv1 = Conv(c_in, hidden, 1)
+        self.cv2 = Conv(c_in, hidden, 1)
+        self.cv3 = Conv(2 * hidden, c_out, 1)
+        self.m = nn.Sequential(*(Bottleneck(hidden, hidden, shortcut) for _ in range(n)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.cv3(concat((self.m(self.cv1(x)), self.cv2(x)), 1))
 
 
 class SPPF(nn.Module):

@@ -21,13 +21,15 @@ class Detect(nn.Module):
     ``forward`` returns the raw per-level maps ``[B, 4*reg_max + num_classes, H_i, W_i]``; decoding
     lives in :mod:`detector.postprocess`, and the loss in :mod:`detector.loss`.
 
-    ``class_channels`` (default :func:`default_class_channels`) is the class branch's hidden width. A model
+    ``depthwise``: YOLO11's class branch (Ultralytics' ``legacy=False``), each 3x3 convolution a depthwise 3x3 then a
+    1x1; YOLOv8's is plain 3x3 convolutions. ``class_channels`` (default :func:`default_class_channels`) is the class
+    branch's hidden width. A model
     fine-tuned from weights keeps the width of those weights, as Ultralytics 8.4 does, so that the branch's hidden
     layers carry over: a YOLOv8n fine-tuned from ``yolov8n.pt`` on 3 classes is 80 wide, not 64.
     """
 
     def __init__(self, num_classes: int, channels: tuple[int, ...], strides: tuple[int, ...], reg_max: int = 16,
-                 class_channels: int | None = None):
+                 class_channels: int | None = None, depthwise: bool = False):
         super().__init__()
         self.num_classes = num_classes
         self.reg_max = reg_max
@@ -41,7 +43,9 @@ class Detect(nn.Module):
             for c in channels
         )
         self.cv3 = nn.ModuleList(
-            nn.Sequential(Conv(c, cls_ch, 3), Conv(cls_ch, cls_ch, 3), nn.Conv2d(cls_ch, num_classes, 1))
+            nn.Sequential(_depthwise_separable(c, cls_ch), _depthwise_separable(cls_ch, cls_ch),
+                          nn.Conv2d(cls_ch, num_classes, 1)) if depthwise
+            else nn.Sequential(Conv(c, cls_ch, 3), Conv(cls_ch, cls_ch, 3), nn.Conv2d(cls_ch, num_classes, 1))
             for c in channels
         )
         # Part of the YOLOv8 layout (and so of its state dict); used by the exportable decode path.
@@ -56,3 +60,8 @@ class Detect(nn.Module):
 
     def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
         return [concat((box(x), cls(x)), 1) for x, box, cls in zip(features, self.cv2, self.cv3)]
+
+
+def _depthwise_separable(c_in: int, c_out: int) -> nn.Sequential:
+    """A depthwise 3x3 then a 1x1 convolution (Ultralytics' ``DWConv(c, c, 3)``, ``Conv(c, c_out, 1)``)."""
+    return nn.Sequential(Conv(c_in, c_in, 3, groups=c_in), Conv(c_in, c_out, 1))

@@ -1,4 +1,9 @@
-"""YOLOv8-style backbone + PAN-FPN neck + head, at the n/s/m/l/x scales."""
+"""YOLOv8- and YOLO11-style backbone + PAN-FPN neck + head, at the n/s/m/l/x scales.
+
+Both families share one topology (five stages down to stride 32, SPPF, a top-down then bottom-up neck, the decoupled
+head) and so one forward pass. YOLO11 differs in its blocks: C3k2 for C2f, wider stage outputs, C2PSA attention after
+SPPF, and a depthwise class branch in the head.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,9 @@ import math
 import torch
 from torch import nn
 
-from detector.architecture import SCALES
-from detector.model.blocks import SPPF, C2f, Conv, concat
+from detector.architecture import MODEL_NAMES, SCALES, YOLO11_SCALES, family_and_scale
+from detector.model.attention import C2PSA
+from detector.model.blocks import SPPF, C2f, C3k2, Conv, concat
 from detector.model.head import Detect
 
 STRIDES = (8, 16, 32)
@@ -37,22 +43,35 @@ class YOLO(nn.Module):
 
     Args:
         num_classes: number of object classes.
-        scale: one of ``n s m l x``.
+        scale: the model's name (:data:`~detector.architecture.MODEL_NAMES`): ``n s m l x`` for YOLOv8, ``11n``
+            ... ``11x`` for YOLO11.
         reg_max: DFL bins per box side.
-        class_channels: the class branch's hidden width; ``None``: YOLOv8's default for the class count
+        class_channels: the class branch's hidden width; ``None``: Ultralytics' default for the class count
             (:func:`~detector.model.head.default_class_channels`).
     """
 
     def __init__(self, num_classes: int = 80, scale: str = "n", reg_max: int = 16,
                  class_channels: int | None = None) -> None:
         super().__init__()
-        if scale not in SCALES:
-            raise ValueError(f"unknown model scale {scale!r}; choose one of {', '.join(SCALES)}")
-        depth, width, max_ch = SCALES[scale]
+        if scale not in MODEL_NAMES:
+            raise ValueError(f"unknown model {scale!r}; choose one of {', '.join(MODEL_NAMES)}")
+        family, letter = family_and_scale(scale)
+        self.num_classes, self.scale, self.reg_max, self.strides = num_classes, scale, reg_max, STRIDES
+        self.family = family
+        # Names stay positional-free; detector.weights maps Ultralytics' layer indices onto them.
+        if family == "11":
+            channels = self._yolo11(letter)
+        else:
+            channels = self._yolov8(letter)
+        self.upsample = nn.Upsample(scale_factor=2, mode="nearest")
+        self.head = Detect(num_classes, channels, STRIDES, reg_max, class_channels, depthwise=family == "11")
+
+    def _yolov8(self, letter: str) -> tuple[int, int, int]:
+        """YOLOv8's layers (Ultralytics' yolov8.yaml); -> the head's input widths."""
+        depth, width, max_ch = SCALES[letter]
         c = {k: _width(k, width, max_ch) for k in (64, 128, 256, 512, 1024)}
         d3, d6 = _depth(3, depth), _depth(6, depth)
-        self.num_classes, self.scale, self.reg_max, self.strides = num_classes, scale, reg_max, STRIDES
-        # Backbone. Names stay positional-free; detector.weights maps YOLOv8 layer indices onto them.
+        # Backbone
         self.stem = Conv(3, c[64], 3, 2)  # P1/2
         self.down2 = Conv(c[64], c[128], 3, 2)  # P2/4
         self.stage2 = C2f(c[128], c[128], d3, shortcut=True)
@@ -63,15 +82,43 @@ class YOLO(nn.Module):
         self.down5 = Conv(c[512], c[1024], 3, 2)  # P5/32
         self.stage5 = C2f(c[1024], c[1024], d3, shortcut=True)
         self.sppf = SPPF(c[1024], c[1024], 5)
+        self.psa = None
         # Neck: top-down (FPN) then bottom-up (PAN).
-        self.upsample = nn.Upsample(scale_factor=2, mode="nearest")
         self.top_down4 = C2f(c[1024] + c[512], c[512], d3)
         self.top_down3 = C2f(c[512] + c[256], c[256], d3)
         self.bottom_up_down3 = Conv(c[256], c[256], 3, 2)
         self.bottom_up4 = C2f(c[256] + c[512], c[512], d3)
         self.bottom_up_down4 = Conv(c[512], c[512], 3, 2)
         self.bottom_up5 = C2f(c[512] + c[1024], c[1024], d3)
-        self.head = Detect(num_classes, (c[256], c[512], c[1024]), STRIDES, reg_max, class_channels)
+        return c[256], c[512], c[1024]
+
+    def _yolo11(self, letter: str) -> tuple[int, int, int]:
+        """YOLO11's layers (Ultralytics' yolo11.yaml, with its parse_model's C3k blocks at m/l/x); -> the head's
+        input widths."""
+        depth, width, max_ch = YOLO11_SCALES[letter]
+        c = {k: _width(k, width, max_ch) for k in (64, 128, 256, 512, 1024)}
+        n = _depth(2, depth)
+        deep = letter in "mlx"  # Ultralytics' parse_model turns every C3k2's C3k blocks on at these scales
+        # Backbone: the first two stages widen their input (and narrow their hidden branches to a quarter).
+        self.stem = Conv(3, c[64], 3, 2)  # P1/2
+        self.down2 = Conv(c[64], c[128], 3, 2)  # P2/4
+        self.stage2 = C3k2(c[128], c[256], n, c3k=deep, expansion=0.25)
+        self.down3 = Conv(c[256], c[256], 3, 2)  # P3/8
+        self.stage3 = C3k2(c[256], c[512], n, c3k=deep, expansion=0.25)
+        self.down4 = Conv(c[512], c[512], 3, 2)  # P4/16
+        self.stage4 = C3k2(c[512], c[512], n, c3k=True)
+        self.down5 = Conv(c[512], c[1024], 3, 2)  # P5/32
+        self.stage5 = C3k2(c[1024], c[1024], n, c3k=True)
+        self.sppf = SPPF(c[1024], c[1024], 5)
+        self.psa = C2PSA(c[1024], c[1024], n)
+        # Neck: top-down (FPN) then bottom-up (PAN).
+        self.top_down4 = C3k2(c[1024] + c[512], c[512], n, c3k=deep)
+        self.top_down3 = C3k2(c[512] + c[512], c[256], n, c3k=deep)
+        self.bottom_up_down3 = Conv(c[256], c[256], 3, 2)
+        self.bottom_up4 = C3k2(c[256] + c[512], c[512], n, c3k=deep)
+        self.bottom_up_down4 = Conv(c[512], c[512], 3, 2)
+        self.bottom_up5 = C3k2(c[512] + c[1024], c[1024], n, c3k=True)
+        return c[256], c[512], c[1024]
 
     def rebuild_args(self) -> dict[str, int | str]:
         """What :func:`build_model` needs to build this model again (kept in checkpoints as ``model_args``). The
@@ -88,6 +135,8 @@ class YOLO(nn.Module):
         p3 = self.stage3(self.down3(x))
         p4 = self.stage4(self.down4(p3))
         p5 = self.sppf(self.stage5(self.down5(p4)))
+        if self.psa is not None:
+            p5 = self.psa(p5)
         n4 = self.top_down4(concat((self.upsample(p5), p4), 1))
         n3 = self.top_down3(concat((self.upsample(n4), p3), 1))
         o4 = self.bottom_up4(concat((self.bottom_up_down3(n3), n4), 1))
