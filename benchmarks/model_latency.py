@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from detector.architecture import MODEL_NAMES
 from detector.device import resolve_device
 from detector.inference.torch_backend import TorchBackend, half_precision
 from detector.model import YOLO, build_model
@@ -27,7 +28,6 @@ from detector.model.metadata import ModelInfo
 from detector.tuning import tune_process
 from detector.workflows.benchmark import device_name
 
-SCALES = ("n", "s", "m", "l", "x")
 
 
 def time_model(model: YOLO, *, imgsz: int, device: torch.device, precision: str, runs: int, warmup: int) -> float:
@@ -48,7 +48,7 @@ def time_model(model: YOLO, *, imgsz: int, device: torch.device, precision: str,
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(SCALES), choices=SCALES)
+    parser.add_argument("--models", nargs="+", default=list(MODEL_NAMES), choices=MODEL_NAMES)
     parser.add_argument("--imgsz", type=int, default=640)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--half", action="store_true", help="FP16 on CUDA, BF16 on a CPU with native BF16")

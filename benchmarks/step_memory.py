@@ -26,6 +26,7 @@ import sys
 
 import torch
 
+from detector.architecture import MODEL_NAMES
 from detector.loss import DetectionLoss, box_slots, targets_to_padded
 from detector.model import build_model
 
@@ -78,7 +79,7 @@ def step_memory(*, scale: str, classes: int, batch: int, size: int, boxes: int, 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="n", choices=("n", "s", "m", "l", "x"))
+    parser.add_argument("--model", default="n", choices=MODEL_NAMES)
     parser.add_argument("--classes", type=int, default=3)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--sizes", default="640,704", help="comma-separated input sizes (default: 640 and the "

@@ -34,6 +34,7 @@ import torch
 from gpu_busy import busy_text
 from isolated import run_isolated
 
+from detector.architecture import MODEL_NAMES
 from detector.precision import resolve_precision
 from detector.training.multiscale import MultiScale
 from detector.tuning import ONEDNN_CACHE_ENV
@@ -255,7 +256,8 @@ def main() -> int:
                              f"{MIN_TIMED_STEPS} (after two warm-up cycles)")
     parser.add_argument("--compile", action="store_true", help="add a torch.compile row (AMP, channels-last, fixed)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    parser.add_argument("--model", default="n", choices=("n", "s", "m", "l", "x"), help="YOLOv8 scale (default: n)")
+    parser.add_argument("--model", default="n", choices=MODEL_NAMES,
+                        help="a YOLOv8 scale or YOLO11's 11n ... 11x (default: n)")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     rows, compile_row = ([*CUDA_ROWS, *CUDA_GRAPH_ROWS], CUDA_COMPILE_ROW) if cuda else (ROWS, COMPILE_ROW)

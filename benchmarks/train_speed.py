@@ -50,6 +50,7 @@ from gpu_busy import busy_text, sampler_for
 from isolated import ROOT, run_isolated
 from step_speed import step_alone
 
+from detector.architecture import MODEL_NAMES, display_name
 from detector.training.config import TrainConfig
 
 ULTRALYTICS_TRAIN = r"""
@@ -60,7 +61,7 @@ args = json.loads(sys.argv[1])
 epochs = []
 def start(trainer): epochs.append([time.perf_counter(), None])
 def end(trainer): epochs[-1][1] = time.perf_counter()
-model = YOLO(f"yolov8{args.get('scale', 'n')}.yaml")
+model = YOLO(args.get("yaml", "yolov8n.yaml"))
 model.add_callback("on_train_epoch_start", start)
 model.add_callback("on_train_epoch_end", end)  # fires after the batches, before validation
 close = {} if args.get("close_mosaic") is None else {"close_mosaic": args["close_mosaic"]}
@@ -200,8 +201,8 @@ def train_ultralytics(args: argparse.Namespace, data: Path, project: Path, *, va
     # Ultralytics names GPUs by index ("0"), not "cuda:0".
     device = args.device if args.device == "cpu" else (args.device.partition(":")[2] or "0")
     payload = {"data": str(data), "epochs": args.epochs, "imgsz": args.imgsz, "batch": args.batch,
-               "workers": args.workers, "project": str(project), "device": device, "val": val, "scale": args.model,
-               "close_mosaic": args.close_mosaic}
+               "workers": args.workers, "project": str(project), "device": device, "val": val,
+               "yaml": f"{display_name(args.model).lower()}.yaml", "close_mosaic": args.close_mosaic}
     start = time.perf_counter()
     trained, busy = busy_while(args.device, lambda: run_isolated(ULTRALYTICS_TRAIN, payload))
     wall = time.perf_counter() - start
@@ -323,8 +324,9 @@ def main() -> int:
     parser.add_argument("--bccd-epochs", type=int, default=BCCD["epochs"], help="epochs of the BCCD rows (smoke tests)")
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all runs; the table gives medians")
     parser.add_argument("--extra", default="", help="extra flags for our runs, e.g. '--no-multi-scale'")
-    parser.add_argument("--model", default="n", choices=("n", "s", "m", "l", "x"),
-                        help="YOLOv8 scale of both trainers (default: n; issue 29 also asks for s)")
+    parser.add_argument("--model", default="n", choices=MODEL_NAMES,
+                        help="both trainers' model: a YOLOv8 scale or YOLO11's 11n ... 11x (default: n; issue 29 "
+                             "also asks for s)")
     parser.add_argument("--step-alone", action="store_true",
                         help="time each of our runs' step alone beside its loop (always on a GPU)")
     parser.add_argument("--close-mosaic", type=int, default=None,

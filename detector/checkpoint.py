@@ -31,7 +31,7 @@ from detector.checkpoint_integrity import non_finite_weights, peak_magnitudes
 from detector.checkpoint_problems import load_problem, torchscript_problem
 from detector.files import atomic_file
 from detector.model import YOLO, build_model
-from detector.model.yolo import SCALES
+from detector.architecture import MODEL_NAMES
 from detector.version import __version__
 
 
@@ -192,9 +192,9 @@ def strip_checkpoint_file(path: str | Path) -> None:
 
 
 def model_args(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any]:
-    """``checkpoint["model_args"]`` checked: ``num_classes`` a positive int, ``scale`` one of ``n s m l x``,
-    ``reg_max`` (optional, 16) and ``class_channels`` (optional, ``None``: the default width) positive ints; anything
-    else is a :class:`CheckpointError` naming the key."""
+    """``checkpoint["model_args"]`` checked: ``num_classes`` a positive int, ``scale`` a model name (``n`` ... ``x``,
+    ``11n`` ... ``11x``), ``reg_max`` (optional, 16) and ``class_channels`` (optional, ``None``: the default width)
+    positive ints; anything else is a :class:`CheckpointError` naming the key."""
     if "model_args" not in checkpoint or "model" not in checkpoint:
         raise CheckpointError(f"{path}: missing 'model_args' or 'model'; not a detector checkpoint")
     args = checkpoint["model_args"]
@@ -211,8 +211,9 @@ def model_args(checkpoint: dict[str, Any], path: str | Path) -> dict[str, Any]:
             continue
         if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= 100_000:
             raise CheckpointError(f"{path}: 'model_args' {key} is {value!r}; expected a positive integer")
-    if checked["scale"] not in SCALES:
-        raise CheckpointError(f"{path}: 'model_args' scale is {checked['scale']!r}; expected one of {' '.join(SCALES)}")
+    if checked["scale"] not in MODEL_NAMES:
+        raise CheckpointError(f"{path}: 'model_args' scale is {checked['scale']!r}; expected one of "
+                              f"{' '.join(MODEL_NAMES)}")
     return checked
 
 

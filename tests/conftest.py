@@ -149,14 +149,16 @@ def coco_yaml(tmp_path: Path) -> Path:
     return write_coco_dataset(tmp_path / "coco")
 
 
-def lively_model(seed: int = 0, *, randomise_boxes: bool = True, num_classes: int = len(NAMES)) -> YOLO:
-    """A nano model with varied scores (and, by default, varied box bins); a fresh one is near-uniform.
+def lively_model(seed: int = 0, *, randomise_boxes: bool = True, num_classes: int = len(NAMES),
+                 scale: str = "n") -> YOLO:
+    """A model (YOLOv8n unless ``scale`` says) with varied scores (and, by default, varied box bins); a fresh one is
+    near-uniform.
 
     BatchNorm statistics are calibrated on a few images (fresh BN stats shrink activations to ~1e-9 by
     the head), then the last class convs (and box convs) get random weights: scores spread over (0, 1).
     """
     torch.manual_seed(seed)
-    model = build_model(num_classes=num_classes, scale="n")
+    model = build_model(num_classes=num_classes, scale=scale)
     for module in model.modules():
         if isinstance(module, torch.nn.BatchNorm2d):
             module.reset_running_stats()

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from torchvision.ops import box_iou
 
+from detector.model.attention import Attention
 from detector.postprocess import NMSConfig
 
 FP32_EPS = torch.finfo(torch.float32).eps  # 1.19e-7: the gap between 1.0 and the next float32
@@ -35,12 +36,21 @@ FP32_EPS = torch.finfo(torch.float32).eps  # 1.19e-7: the gap between 1.0 and th
 Detections = Sequence[dict[str, torch.Tensor]]  # per image: boxes [N, 4] xyxy px, scores [N], labels [N]
 
 
+def summed_layers(model: nn.Module) -> int:
+    """The layers that add up products: every convolution, and YOLO11's attention's two matrix products (queries
+    by keys, weights by values: each a sum as a convolution's is)."""
+    return (sum(isinstance(module, nn.Conv2d) for module in model.modules())
+            + 2 * sum(isinstance(module, Attention) for module in model.modules()))
+
+
 def fp32_relative_error(model: nn.Module) -> float:
     """``depth * sqrt(K) * eps``: the relative change of the outputs that summation order alone can cause."""
     convs = [module for module in model.modules() if isinstance(module, nn.Conv2d)]
-    depth = len(convs)
-    terms = max(conv.weight[0].numel() for conv in convs)  # in_channels / groups * kh * kw
-    return depth * math.sqrt(terms) * FP32_EPS
+    # in_channels / groups * kh * kw; an attention product's sums run over a head's key width (at most its
+    # channels, below the convolution before it) or over the map's positions (400 at 640 px: below YOLO11n's
+    # largest fan-in, 2,304)
+    terms = max(conv.weight[0].numel() for conv in convs)
+    return summed_layers(model) * math.sqrt(terms) * FP32_EPS
 
 
 def rounded_relative_error(model: nn.Module, eps: float) -> float:
@@ -50,7 +60,7 @@ def rounded_relative_error(model: nn.Module, eps: float) -> float:
     every activation to eps/2 relative, so each layer adds at most eps relative (sums still accumulate in
     FP32, whose order error is 1000x smaller); the errors of successive layers add up.
     """
-    return sum(isinstance(module, nn.Conv2d) for module in model.modules()) * eps
+    return summed_layers(model) * eps
 
 
 @dataclass(frozen=True)

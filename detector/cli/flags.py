@@ -11,6 +11,7 @@ from dataclasses import Field, fields
 from typing import Any, TypeVar
 
 from detector.aliases import asks, resume_and_weights, say, translate_with_sources
+from detector.architecture import MODEL_NAMES
 from detector.choices import canonical_choice
 from detector.options import field_type, flag_name, is_required
 
@@ -266,7 +267,8 @@ def settle_resume(parser: argparse.ArgumentParser, args: argparse.Namespace, giv
 
 
 def model_flag_as_alias(argv: list[str]) -> list[str]:
-    """``--model yolov8n.pt`` (anything but a scale letter) -> ``model=yolov8n.pt``, for :func:`parse_command`."""
+    """``--model yolov8n.pt`` (anything but a model name: ``n`` ... ``x``, ``11n`` ... ``11x``) -> ``model=yolov8n.pt``,
+    for :func:`parse_command`."""
     out: list[str] = []
     index = 0
     while index < len(argv):
@@ -278,7 +280,7 @@ def model_flag_as_alias(argv: list[str]) -> list[str]:
             value = token.split("=", 1)[1]
         if value is None:
             out.append(token)
-        elif value in ("n", "s", "m", "l", "x"):
+        elif value in MODEL_NAMES:
             out += ["--model", value]
         else:
             out.append(f"model={value}")

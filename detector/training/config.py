@@ -17,6 +17,7 @@ from detector.choices import PIXEL_AUGMENT as PIXEL_AUGMENT_CHOICES
 from detector.choices import OPTIMIZER as OPTIMIZER_CHOICES
 from detector.choices import PRECISION as PRECISION_CHOICES
 from detector.choices import RECOMPUTE as RECOMPUTE_CHOICES
+from detector.architecture import MODEL_NAMES
 from detector.choices import VAL_BACKGROUND as VAL_BACKGROUND_CHOICES
 from detector.options import option
 from detector.runs import name_problem
@@ -46,7 +47,8 @@ class TrainConfig:
                                      "validation (Ultralytics' single_cls)")
     classes: tuple[int, ...] | None = option(None, "train and validate on these class ids' boxes only, e.g. --classes "
                                                    "0 2; the model keeps every class (Ultralytics' classes)")
-    model: str = option("n", "model scale", choices=("n", "s", "m", "l", "x"))
+    model: str = option("n", "model: YOLOv8 at a scale (n s m l x) or YOLO11 (11n 11s 11m 11l 11x)",
+                        choices=MODEL_NAMES)
     weights: str = option("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
                                 "(bare names look in weights/; python -m detector download yolov8n fetches one)")
     freeze: int = option(0, "freeze the first N layers, numbered as in YOLOv8 (10 = the backbone, 22 = all but the "

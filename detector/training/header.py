@@ -7,6 +7,7 @@ from typing import Protocol
 
 import torch
 
+from detector.architecture import display_name
 from detector.data.build import SplitData
 from detector.distributed import DistInfo, unwrap
 from detector.metrics.coco import evaluator_name
@@ -62,7 +63,7 @@ def run_header(trainer: Run) -> str:
     if trainer.recomputed:
         augment += f" | BatchNorm outputs of {', '.join(trainer.recomputed)} recomputed in backward (--recompute)"
     return (
-        f"detector: YOLO-{model.scale} ({params / 1e6:.2f}M params, {model.num_classes} "
+        f"detector: {display_name(model.scale)} ({params / 1e6:.2f}M params, {model.num_classes} "
         f"class{'es' if model.num_classes != 1 else ''}) | "
         f"data {config.data or 'built-in shapes'} ({len(trainer.train_data.records)} train / {val_count} val{only}) | "
         f"{trainer.device} x{trainer.dist.world_size}, {config.workers} loader "

@@ -15,7 +15,7 @@ from detector.exporting.parity import synthetic_images
 from detector.inference.onnx_backend import OnnxBackend
 from detector.model import YOLO
 from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
-from tests.conftest import write_checkpoint
+from tests.conftest import lively_model, write_checkpoint
 from tests.tolerances import FP32_EPS, assert_same_detections, fp32_tolerance_on, rounded_relative_error
 
 onnx = pytest.importorskip("onnx", reason="ONNX export needs onnx (the 'export' extra)")
@@ -73,6 +73,21 @@ def test_fp16_onnx_close_to_pytorch_fp32(model: YOLO, images: torch.Tensor, tmp_
     tolerance = fp32_tolerance_on(model, images, relative=rounded_relative_error(model, FP16_EPS))
     assert (boxes - ref_boxes).abs().max() <= tolerance.box
     assert (scores - ref_scores).abs().max() <= tolerance.score
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_yolo11_exports_within_the_same_bounds(images: torch.Tensor, tmp_path: Path, precision: str) -> None:
+    """YOLO11's attention (reshapes, two matrix products, a softmax) and depthwise class branch through ONNX: the
+    bounds of the YOLOv8 tests above, whose layer count takes in the attention's products."""
+    model = lively_model(scale="11n")
+    path = export_onnx(model, tmp_path / f"{precision}.onnx", info_for(precision=precision))
+    boxes, scores = OnnxBackend(path).infer(images)
+    ref_boxes, ref_scores = reference(model, images)
+    relative = rounded_relative_error(model, FP16_EPS) if precision == "fp16" else None
+    tolerance = fp32_tolerance_on(model, images, relative=relative)
+    assert (boxes - ref_boxes).abs().max() <= tolerance.box
+    assert (scores - ref_scores).abs().max() <= tolerance.score
+    assert (scores - ref_scores).abs().max() > 0 or precision == "fp32"  # FP16 inside: it did round somewhere
 
 
 def test_dynamic_slimmed_graph_takes_other_batch_and_size(model: YOLO, tmp_path: Path) -> None:

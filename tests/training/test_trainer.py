@@ -107,6 +107,22 @@ def test_resume_matches_uninterrupted_run(yolo_yaml: Path, tmp_path: Path):
                 torch.testing.assert_close(actual_state[key], tensor, rtol=1e-4, atol=1e-5, msg=f"{name}.{key}")
 
 
+def test_a_yolo11_run_resumes_and_its_weights_come_back_as_yolo11(yolo_yaml: Path, tmp_path: Path, capsys):
+    """--model 11n end to end: the header names it, last.pt and best.pt keep its name, a resume rebuilds it (not
+    YOLOv8n at the same letter), and the best weights load for inference as YOLO11 with their attention."""
+    from detector.checkpoint import model_from_checkpoint
+
+    partial = train(_config(yolo_yaml, tmp_path, model="11n"), progress=False, stop_after_epochs=1)
+    last = partial["run_dir"] / "weights" / "last.pt"
+    assert load_checkpoint(last)["model_args"]["scale"] == "11n"
+    summary = train(_config(yolo_yaml, tmp_path, resume=str(last)), progress=False)  # --model left at its default
+    assert summary["epochs_done"] == 2 and math.isfinite(summary["metrics"]["mAP50-95"])
+    model, checkpoint = model_from_checkpoint(summary["run_dir"] / "weights" / "best.pt")
+    assert checkpoint["model_args"]["scale"] == "11n" and model.family == "11" and model.psa is not None
+    assert sum(p.numel() for p in model.parameters()) == 2_590_425  # YOLO11n at 3 classes (2,624,080 at 80)
+    assert capsys.readouterr().out.count("detector: YOLO11n (2.59M params, 3 classes)") == 2
+
+
 def test_the_loader_workers_change_nothing_in_the_weights(yolo_yaml: Path, tmp_path: Path):
     """docs/training.md, reproducibility: augmentation is keyed by seed, epoch and image, not by the worker that draws
     it, so --workers 0 and 2 train the same run bit for bit (mosaic on: close_mosaic=0)."""
