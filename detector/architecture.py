@@ -1,11 +1,13 @@
-"""The YOLOv8 architecture as Ultralytics' yolov8.yaml writes it (its scales and layers), and a model YAML
-(``model=my/yolov8n.yaml``) checked against it.
+"""The YOLOv8 and YOLO11 architectures as Ultralytics' yolov8.yaml and yolo11.yaml write them (their scales and
+layers), the model names built here, and a model YAML (``model=my/yolov8n.yaml``, ``model=yolo11n.yaml``) checked
+against them.
 
-Only the standard YOLOv8 detector is built (detector/model/yolo.py, from :data:`SCALES`), at a scale letter. A
-file a user edited (another backbone, head, activation or scale multipliers) would otherwise train a standard
-YOLOv8 under its name, so a file is read and accepted only where it describes that model; its ``nc`` is not read
-(the data YAML's names set the classes). The layers below are Ultralytics' ``cfg/models/v8/yolov8.yaml`` as
-``yaml.safe_load`` reads it. Imports nothing of the package: the alias table (layer 1) reads it.
+Only the standard detectors are built (detector/model/yolo.py, from :data:`SCALES` and :data:`YOLO11_SCALES`), at a
+scale letter. A file a user edited (another backbone, head, activation or scale multipliers) would otherwise train a
+standard model under its name, so a file is read and accepted only where it describes one of them; its ``nc`` is not
+read (the data YAML's names set the classes). The layers below are Ultralytics' ``cfg/models/v8/yolov8.yaml`` and
+``cfg/models/11/yolo11.yaml`` as ``yaml.safe_load`` reads them. Imports nothing of the package: the alias table
+(layer 1) reads it.
 """
 
 from __future__ import annotations
@@ -90,20 +92,60 @@ HEAD: list[list[Any]] = [
     [-1, 3, "C2f", [1024]],
     [[15, 18, 21], 1, "Detect", ["nc"]],
 ]
+YOLO11_BACKBONE: list[list[Any]] = [
+    [-1, 1, "Conv", [64, 3, 2]],
+    [-1, 1, "Conv", [128, 3, 2]],
+    [-1, 2, "C3k2", [256, False, 0.25]],
+    [-1, 1, "Conv", [256, 3, 2]],
+    [-1, 2, "C3k2", [512, False, 0.25]],
+    [-1, 1, "Conv", [512, 3, 2]],
+    [-1, 2, "C3k2", [512, True]],
+    [-1, 1, "Conv", [1024, 3, 2]],
+    [-1, 2, "C3k2", [1024, True]],
+    [-1, 1, "SPPF", [1024, 5]],
+    [-1, 2, "C2PSA", [1024]],
+]
+YOLO11_HEAD: list[list[Any]] = [
+    [-1, 1, "nn.Upsample", ["None", 2, "nearest"]],
+    [[-1, 6], 1, "Concat", [1]],
+    [-1, 2, "C3k2", [512, False]],
+    [-1, 1, "nn.Upsample", ["None", 2, "nearest"]],
+    [[-1, 4], 1, "Concat", [1]],
+    [-1, 2, "C3k2", [256, False]],
+    [-1, 1, "Conv", [256, 3, 2]],
+    [[-1, 13], 1, "Concat", [1]],
+    [-1, 2, "C3k2", [512, False]],
+    [-1, 1, "Conv", [512, 3, 2]],
+    [[-1, 10], 1, "Concat", [1]],
+    [-1, 2, "C3k2", [1024, True]],
+    [[16, 19, 22], 1, "Detect", ["nc"]],
+]
+# Each family's (backbone, head), by its name in family_and_scale; the head's last layer is Detect, whose index
+# (HEAD_LAYER: 22 in YOLOv8, 23 in YOLO11) --freeze counts up to.
+FAMILY_LAYERS: dict[str, tuple[list[list[Any]], list[list[Any]]]] = {"v8": (BACKBONE, HEAD),
+                                                                      "11": (YOLO11_BACKBONE, YOLO11_HEAD)}
+HEAD_LAYER: dict[str, int] = {family: len(backbone + head) - 1 for family, (backbone, head) in FAMILY_LAYERS.items()}
+FAMILY_SCALES: dict[str, dict[str, tuple[float, float, int]]] = {"v8": SCALES, "11": YOLO11_SCALES}
 # Other top-level keys Ultralytics reads that change the model, at the values that leave it standard.
 STANDARD_KEYS: dict[str, tuple[Any, ...]] = {"activation": (None, "nn.SiLU()"), "ch": (None, 3),
                                              "reg_max": (None, 16), "end2end": (None, False)}
 SCALE_IN_NAME = re.compile(r"yolo(e-)?v?\d+([nslmx])")  # Ultralytics' guess_model_scale
 
 
+def family_name(family: str) -> str:
+    """``"v8"`` -> ``"YOLOv8"``, ``"11"`` -> ``"YOLO11"``."""
+    return f"YOLO{family}"
+
+
 def custom(what: str) -> ValueError:
-    return ValueError(f"a custom architecture ({what}); only the standard YOLOv8 n/s/m/l/x is built here")
+    return ValueError(f"a custom architecture ({what}); only the standard YOLOv8 and YOLO11 n/s/m/l/x are built here")
 
 
-def effective(depth: float, width: float, max_channels: float) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The repeats and channel counts a ``[depth, width, max_channels]`` gives the YOLOv8 layers (as
-    detector/model/yolo.py and Ultralytics' parse_model both compute them)."""
-    repeats = tuple(max(round(n * depth), 1) for n in (3, 6))
+def effective(depth: float, width: float, max_channels: float,
+              family: str = "v8") -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The repeats and channel counts a ``[depth, width, max_channels]`` gives a family's layers (as
+    detector/model/yolo.py and Ultralytics' parse_model both compute them): YOLOv8 repeats 3 and 6 blocks, YOLO11 2."""
+    repeats = tuple(max(round(n * depth), 1) for n in ((3, 6) if family == "v8" else (2,)))
     channels = tuple(int(math.ceil(min(c, max_channels) * width / 8) * 8) for c in (64, 128, 256, 512, 1024))
     return repeats, channels
 
@@ -117,9 +159,10 @@ def normalised(layer: Any) -> Any:
 
 
 def standard_scale(path: str) -> tuple[str, str]:
-    """``(scale letter, note)`` of the YOLOv8 model YAML at ``path``: the scale as Ultralytics picks it (the letter
-    in the file's name, else the first of its ``scales``, else the one its ``depth_multiple``/``width_multiple``
-    give), and what the note should add (its ``nc`` is not read; a scale picked without a letter in the name).
+    """``(model name, note)`` of the model YAML at ``path``: ``n`` ... ``x`` for YOLOv8's layers, ``11n`` ... ``11x``
+    for YOLO11's, at the scale Ultralytics picks (the letter in the file's name, else the first of its ``scales``,
+    else the one its ``depth_multiple``/``width_multiple`` give), and what the note should add (its ``nc`` is not
+    read; a scale picked without a letter in the name).
 
     Raises:
         ValueError: the file cannot be read, or describes another architecture; one line that does not name the
@@ -134,26 +177,44 @@ def standard_scale(path: str) -> tuple[str, str]:
     if not isinstance(spec, dict) or not isinstance(spec.get("backbone"), list) \
             or not isinstance(spec.get("head"), list):
         raise ValueError("not a model YAML (expected backbone: and head: lists, as in yolov8.yaml)")
-    layers = [normalised(layer) for layer in spec["backbone"] + spec["head"]]
-    for index, (theirs, ours) in enumerate(zip(layers, BACKBONE + HEAD)):
-        if theirs != ours:
-            raise custom(f"layer {index} differs")
-    if len(layers) != len(BACKBONE + HEAD):
-        raise custom(f"{len(layers)} layers, not {len(BACKBONE + HEAD)}")
-    if len(spec["backbone"]) != len(BACKBONE):
-        raise custom(f"a backbone of {len(spec['backbone'])} layers, not {len(BACKBONE)}")
+    family = family_of_layers([normalised(layer) for layer in spec["backbone"] + spec["head"]], len(spec["backbone"]))
     for key, standard in STANDARD_KEYS.items():
         if spec.get(key) not in standard:
             raise custom(f"{key}: {spec[key]!r}")
-    scale, note = scale_of(path, spec)
+    letter, note = scale_of(path, spec, family)
     nc = spec.get("nc")
-    return scale, note + (f"; its nc: {nc} is not read, the data YAML's names set the classes" if nc else "")
+    name = (YOLO11_PREFIX if family == "11" else "") + letter
+    return name, note + (f"; its nc: {nc} is not read, the data YAML's names set the classes" if nc else "")
 
 
-def scale_of(path: str, spec: dict[str, Any]) -> tuple[str, str]:
-    """The YOLOv8 scale whose repeats and widths ``spec``'s multipliers give, and a note on how it was chosen."""
+def family_of_layers(layers: list[Any], backbone: int) -> str:
+    """The family whose layers these are (``backbone``: how many of them the file's ``backbone:`` holds).
+
+    Raises:
+        ValueError: they are neither family's, said against the one they follow longest (:func:`custom`).
+    """
+    def agreeing(family: str) -> int:
+        standard = FAMILY_LAYERS[family][0] + FAMILY_LAYERS[family][1]
+        return next((index for index, (theirs, ours) in enumerate(zip(layers, standard)) if theirs != ours),
+                    min(len(layers), len(standard)))
+
+    closest = max(FAMILY_LAYERS, key=agreeing)  # a tie (layers 0-1 alike, 2 neither): YOLOv8, the first
+    standard_backbone, standard_head = FAMILY_LAYERS[closest]
+    if agreeing(closest) < min(len(layers), len(standard_backbone + standard_head)):
+        raise custom(f"layer {agreeing(closest)} differs")
+    if len(layers) != len(standard_backbone + standard_head):
+        raise custom(f"{len(layers)} layers, not {len(standard_backbone + standard_head)}")
+    if backbone != len(standard_backbone):
+        raise custom(f"a backbone of {backbone} layers, not {len(standard_backbone)}")
+    return closest
+
+
+def scale_of(path: str, spec: dict[str, Any], family: str = "v8") -> tuple[str, str]:
+    """The scale letter whose repeats and widths ``spec``'s multipliers give in ``family``, and a note on how it was
+    chosen. YOLO11's C3k blocks come with the scale Ultralytics picked (m, l or x), not with the multipliers."""
     named = SCALE_IN_NAME.search(Path(path).stem.lower())
     scales = spec.get("scales")
+    standards, title = FAMILY_SCALES[family], family_name(family)
     if scales:
         if not isinstance(scales, dict) or not all(isinstance(v, list) and len(v) == 3 for v in scales.values()):
             raise ValueError("scales: expected letter: [depth, width, max_channels] entries")
@@ -166,14 +227,17 @@ def scale_of(path: str, spec: dict[str, Any]) -> tuple[str, str]:
         letter, how = "", ""
         multipliers = (spec.get("depth_multiple", 1.0), spec.get("width_multiple", 1.0), math.inf)
     try:
-        built = effective(*(float(value) for value in multipliers))
+        built = effective(*(float(value) for value in multipliers), family)
     except (TypeError, ValueError):
         raise ValueError(f"scale multipliers {list(multipliers)} are not numbers") from None
     if letter:
-        if letter not in SCALES or built != effective(*SCALES[letter]):
-            raise custom(f"scale {letter}: {list(multipliers)}, not YOLOv8{letter}'s {list(SCALES[letter])}")
+        if letter not in standards or built != effective(*standards[letter], family):
+            raise custom(f"scale {letter}: {list(multipliers)}, not {title}{letter}'s {list(standards[letter])}")
         return letter, how
-    matching = [scale for scale, standard in SCALES.items() if built == effective(*standard)]
+    # Without scales, Ultralytics still takes the letter in the name as the scale, and YOLO11 has C3k blocks then.
+    c3k = bool(named) and named.group(2) in "mlx"
+    matching = [scale for scale, standard in standards.items() if built == effective(*standard, family)
+                and (family == "v8" or (scale in "mlx") == c3k)]
     if not matching:
-        raise custom(f"depth_multiple {multipliers[0]}, width_multiple {multipliers[1]} match no YOLOv8 scale")
+        raise custom(f"depth_multiple {multipliers[0]}, width_multiple {multipliers[1]} match no {title} scale")
     return matching[0], ""

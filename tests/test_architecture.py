@@ -1,4 +1,5 @@
-"""A model YAML given as model=PATH is read: only the standard YOLOv8 architecture is built, whatever the name says."""
+"""A model YAML given as model=PATH is read: only the standard YOLOv8 and YOLO11 architectures are built, whatever the
+name says."""
 
 from __future__ import annotations
 
@@ -44,7 +45,43 @@ head:
   - [-1, 3, C2f, [1024]] # 21 (P5/32-large)
   - [[15, 18, 21], 1, Detect, [nc]] # Detect(P3, P4, P5)
 """
-REFUSED = "a custom architecture ({}); only the standard YOLOv8 n/s/m/l/x is built here"
+# Ultralytics' cfg/models/11/yolo11.yaml, as published.
+YOLO11_YAML = """\
+nc: 80 # number of classes
+scales: # model compound scaling constants, i.e. 'model=yolo11n.yaml' will call yolo11.yaml with scale 'n'
+  n: [0.50, 0.25, 1024]
+  s: [0.50, 0.50, 1024]
+  m: [0.50, 1.00, 512]
+  l: [1.00, 1.00, 512]
+  x: [1.00, 1.50, 512]
+backbone:
+  - [-1, 1, Conv, [64, 3, 2]] # 0-P1/2
+  - [-1, 1, Conv, [128, 3, 2]] # 1-P2/4
+  - [-1, 2, C3k2, [256, False, 0.25]]
+  - [-1, 1, Conv, [256, 3, 2]] # 3-P3/8
+  - [-1, 2, C3k2, [512, False, 0.25]]
+  - [-1, 1, Conv, [512, 3, 2]] # 5-P4/16
+  - [-1, 2, C3k2, [512, True]]
+  - [-1, 1, Conv, [1024, 3, 2]] # 7-P5/32
+  - [-1, 2, C3k2, [1024, True]]
+  - [-1, 1, SPPF, [1024, 5]] # 9
+  - [-1, 2, C2PSA, [1024]] # 10
+head:
+  - [-1, 1, nn.Upsample, [None, 2, "nearest"]]
+  - [[-1, 6], 1, Concat, [1]] # cat backbone P4
+  - [-1, 2, C3k2, [512, False]] # 13
+  - [-1, 1, nn.Upsample, [None, 2, "nearest"]]
+  - [[-1, 4], 1, Concat, [1]] # cat backbone P3
+  - [-1, 2, C3k2, [256, False]] # 16 (P3/8-small)
+  - [-1, 1, Conv, [256, 3, 2]]
+  - [[-1, 13], 1, Concat, [1]] # cat head P4
+  - [-1, 2, C3k2, [512, False]] # 19 (P4/16-medium)
+  - [-1, 1, Conv, [512, 3, 2]]
+  - [[-1, 10], 1, Concat, [1]] # cat head P5
+  - [-1, 2, C3k2, [1024, True]] # 22 (P5/32-large)
+  - [[16, 19, 22], 1, Detect, [nc]] # Detect(P3, P4, P5)
+"""
+REFUSED = "a custom architecture ({}); only the standard YOLOv8 and YOLO11 n/s/m/l/x are built here"
 
 
 def written(folder: Path, name: str, text: str = YOLOV8_YAML) -> str:
@@ -116,3 +153,43 @@ def test_model_alias_reads_an_existing_file_and_keeps_the_name_otherwise(tmp_pat
     assert str(error.value) == f"train: model={edited!r}: " + REFUSED.format("layer 4 differs")  # the path once
     missing = str(tmp_path / "nowhere" / "yolov8x.yaml")  # no file: the name alone, as before
     assert translate("train", {"model": missing}, note=notes.append) == {"model": "x"}
+
+
+@pytest.mark.parametrize("letter", ["n", "s", "m", "l", "x"])
+def test_the_standard_yolo11_file_is_its_named_model(tmp_path: Path, letter: str) -> None:
+    """yolo11n.yaml was refused as a custom architecture ("layer 2 differs"): it is YOLO11n, built here as 11n."""
+    assert standard_scale(written(tmp_path, f"yolo11{letter}.yaml", YOLO11_YAML))[0] == f"11{letter}"
+
+
+def test_the_yolo11_file_as_ultralytics_ships_it(tmp_path: Path) -> None:
+    """The oracle's own copy, when the dev extra has it: the constant above is that file."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("ultralytics")
+    if spec is None or spec.origin is None:
+        pytest.skip("ultralytics is not installed (the dev extra)")
+    shipped = Path(spec.origin).parent / "cfg" / "models" / "11" / "yolo11.yaml"  # read as text: nothing imported
+    assert standard_scale(written(tmp_path, "yolo11m.yaml", shipped.read_text()))[0] == "11m"
+
+
+@pytest.mark.parametrize(("old", "new", "what"), [
+    ("[-1, 2, C3k2, [256, False, 0.25]]", "[-1, 2, C3k2, [256, True, 0.25]]", "layer 2 differs"),  # C3k at n
+    ("[-1, 2, C2PSA, [1024]] # 10", "[-1, 1, C2PSA, [1024]] # 10", "layer 10 differs"),
+    ("x: [1.00, 1.50, 512]", "x: [1.00, 1.25, 512]", "scale x: [1.0, 1.25, 512], not YOLO11x's [1.0, 1.5, 512]"),
+])
+def test_an_edited_yolo11_file_is_refused(tmp_path: Path, old: str, new: str, what: str) -> None:
+    assert old in YOLO11_YAML
+    with pytest.raises(ValueError) as error:
+        standard_scale(written(tmp_path, "yolo11x.yaml", YOLO11_YAML.replace(old, new)))
+    assert str(error.value) == REFUSED.format(what)
+
+
+def test_yolo11_multipliers_without_scales_follow_the_letter_in_the_name(tmp_path: Path) -> None:
+    """Without ``scales``, Ultralytics still takes the name's letter as the scale, and m/l/x turn its C3k blocks on:
+    YOLO11s's multipliers in a file named for m give C3k blocks at s's widths, which is no model built here."""
+    text = "depth_multiple: 0.50\nwidth_multiple: 0.50\n" + YOLO11_YAML[YOLO11_YAML.index("backbone:"):]
+    assert standard_scale(written(tmp_path, "a.yaml", text))[0] == "11s"
+    assert standard_scale(written(tmp_path, "my-yolo11s.yaml", text))[0] == "11s"
+    with pytest.raises(ValueError, match="width_multiple 0.5 match no YOLO11 scale"):
+        standard_scale(written(tmp_path, "my-yolo11m.yaml", text))
+
