@@ -141,6 +141,6 @@ def read_model_info(props: Mapping[str, object], *, source: str) -> ModelInfo:
     if made_by_ultralytics(props):
         raise ValueError(
             f"{source}: an Ultralytics export (author {props.get('author', '?')!r}, task {props.get('task', '?')!r}), "
-            "which detector cannot run; use the Ultralytics yolov8*.pt it came from (detector reads those directly), "
-            f"or export a detector checkpoint with {HOW_TO_EXPORT}")
+            "which detector cannot run; use the Ultralytics yolov8*.pt or yolo11*.pt it came from (detector reads "
+            f"those directly), or export a detector checkpoint with {HOW_TO_EXPORT}")
     return decode_metadata({key: str(value) for key, value in props.items()}, source=source)

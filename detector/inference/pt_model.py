@@ -1,8 +1,8 @@
-"""A ``.pt`` file as a model to run: one of our checkpoints, or Ultralytics YOLOv8 detection weights.
+"""A ``.pt`` file as a model to run: one of our checkpoints, or Ultralytics YOLOv8 or YOLO11 detection weights.
 
-``val`` and ``predict`` take ``yolov8n.pt`` directly, as ``train --weights`` does: the file is read by the
-safe reader of :mod:`detector.weights.ultralytics` (no code from it runs, ``ultralytics`` is never imported)
-and copied into our model, whose layers are YOLOv8's.
+``val`` and ``predict`` take ``yolov8n.pt`` and ``yolo11n.pt`` directly, as ``train --weights`` does: the file is read
+by the safe reader of :mod:`detector.weights.ultralytics` (no code from it runs, ``ultralytics`` is never imported)
+and copied into our model, whose layers are YOLOv8's or YOLO11's.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from detector.architecture import display_name
 from detector.checkpoint import CheckpointError, model_from_checkpoint
 from detector.checkpoint_problems import BOTH_READERS, file_start, is_torch_file, not_a_checkpoint
 from detector.model import YOLO, build_model
@@ -22,7 +23,7 @@ ULTRALYTICS_FILE = ": an Ultralytics checkpoint (it names ultralytics."
 
 
 def read_foreign_weights(path: str | Path, ours: CheckpointError) -> UltralyticsCheckpoint:
-    """``path`` read as Ultralytics YOLOv8 weights once our reader refused it with ``ours`` (val, predict and
+    """``path`` read as Ultralytics YOLOv8 or YOLO11 weights once our reader refused it with ``ours`` (val, predict and
     ``train --weights`` alike).
 
     Raises:
@@ -38,20 +39,20 @@ def read_foreign_weights(path: str | Path, ours: CheckpointError) -> Ultralytics
 
     try:
         return read_ultralytics_checkpoint(path)
-    except Exception as error:  # noqa: BLE001 - the reader's own one-line reasons (unsafe, not YOLOv8, ...)
+    except Exception as error:  # noqa: BLE001 - the reader's own one-line reasons (unsafe, not YOLOv8/YOLO11, ...)
         prefix = f"{Path(path)}: "  # both messages start with the file's name: said once
         reason = (str(error).splitlines()[0] if str(error) else type(error).__name__).removeprefix(prefix)
         if reason == str(ours).removeprefix(prefix):  # the same bytes failed both the same way (damaged, empty)
             raise ours from None
         if ULTRALYTICS_FILE in str(ours):  # ours says "read with --weights": what was just tried, and failed
             raise CheckpointError(f"{prefix}an Ultralytics checkpoint, but {reason}") from None
-        raise CheckpointError(f"{ours}; nor is it Ultralytics YOLOv8 weights ({reason})") from None
+        raise CheckpointError(f"{ours}; nor is it Ultralytics YOLOv8 or YOLO11 weights ({reason})") from None
 
 
 def model_from_pt(path: str | Path) -> tuple[YOLO, dict[str, Any]]:
     """-> (the model in eval mode, FP32, a checkpoint dict: ``"names"``, and ``"config"`` when the file has one).
 
-    Ours first (EMA weights when present); a file that is not ours is tried as Ultralytics YOLOv8 weights.
+    Ours first (EMA weights when present); a file that is not ours is tried as Ultralytics YOLOv8 or YOLO11 weights.
 
     Raises:
         CheckpointError: neither, in one line (:func:`read_foreign_weights`).
@@ -65,6 +66,6 @@ def model_from_pt(path: str | Path) -> tuple[YOLO, dict[str, Any]]:
     model = build_model(num_classes=foreign.num_classes, scale=foreign.scale, class_channels=foreign.class_channels)
     load_pretrained(model, foreign)
     names = [foreign.names.get(index, str(index)) for index in range(foreign.num_classes)]
-    print(f"{path}: Ultralytics YOLOv8{foreign.scale} weights ({foreign.num_classes} classes), read without "
+    print(f"{path}: Ultralytics {display_name(foreign.scale)} weights ({foreign.num_classes} classes), read without "
           "running code from the file")
     return model.eval(), {"names": names, "source": "ultralytics"}

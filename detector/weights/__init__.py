@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from detector.weights.ultralytics import (
         LoadReport,
         UltralyticsCheckpoint,
-        convert_yolov8_state_dict,
-        detect_yolov8_scale,
+        convert_state_dict,
+        detect_scale,
         load_pretrained,
         read_ultralytics_checkpoint,
     )
@@ -25,8 +25,8 @@ __all__ = [
     "LoadReport",
     "UltralyticsCheckpoint",
     "UnsafeCheckpointError",
-    "convert_yolov8_state_dict",
-    "detect_yolov8_scale",
+    "convert_state_dict",
+    "detect_scale",
     "load_pretrained",
     "read_ultralytics_checkpoint",
     "resolve_weights",

@@ -1,13 +1,16 @@
-"""Start from Ultralytics YOLOv8 detection weights (``yolov8n.pt`` ... ``yolov8x.pt``).
+"""Start from Ultralytics YOLOv8 and YOLO11 detection weights (``yolov8n.pt`` ... ``yolov8x.pt``, ``yolo11n.pt`` ...
+``yolo11x.pt``, and models fine-tuned from them).
 
 Those files pickle Ultralytics' own classes. We never import ``ultralytics`` (it is AGPL-3.0) and never
 run code from the file: :mod:`detector.weights.safe_pickle` reads it into inert stand-ins, and this module
-walks them for tensors, renames YOLOv8 layer indices (``model.4.``) to our attribute names
-(``stage3.``) and copies the result into a :class:`~detector.model.YOLO`.
+walks them for tensors, renames the layer indices (``model.4.``) to our attribute names (``stage3.``) by the
+family's layer table (:data:`YOLOV8_LAYERS`, :data:`YOLO11_LAYERS`) and copies the result into a
+:class:`~detector.model.YOLO`. A file is taken only where every tensor has the name and shape of ours at the
+scale its shapes give (a YOLO26 file, whose layer types are YOLO11's, differs in its head and is refused).
 
 Typical use::
 
-    checkpoint = read_ultralytics_checkpoint(resolve_weights("yolov8n.pt"))
+    checkpoint = read_ultralytics_checkpoint(resolve_weights("yolo11n.pt"))
     model = build_model(num_classes=3, scale=checkpoint.scale, class_channels=checkpoint.class_channels)
     report = load_pretrained(model, checkpoint, names=["cat", "dog", "person"])
     print(report.summary())
@@ -23,7 +26,9 @@ from pathlib import Path
 
 import torch
 
-from detector.model.yolo import SCALES, YOLO
+from detector.aliases import other_ultralytics_family
+from detector.architecture import FAMILY_SCALES, HEAD_LAYER, YOLO11_PREFIX, display_name, family_name
+from detector.model.yolo import YOLO, build_model
 from detector.weights.class_rows import moved_class_rows
 from detector.weights.locate import resolve_weights
 from detector.weights.safe_pickle import StandIn, load_checkpoint, stand_in_state_dict
@@ -54,9 +59,51 @@ YOLOV8_LAYERS: tuple[tuple[str, str | None], ...] = (
     ("C2f", "bottom_up5"),
     ("Detect", "head"),
 )
+# YOLO11's (Ultralytics' cfg/models/11/yolo11.yaml): C3k2 blocks, and C2PSA attention as layer 10, which moves the
+# neck and the head (23) one index on.
+YOLO11_LAYERS: tuple[tuple[str, str | None], ...] = (
+    ("Conv", "stem"),  # 0
+    ("Conv", "down2"),
+    ("C3k2", "stage2"),
+    ("Conv", "down3"),
+    ("C3k2", "stage3"),
+    ("Conv", "down4"),  # 5
+    ("C3k2", "stage4"),
+    ("Conv", "down5"),
+    ("C3k2", "stage5"),
+    ("SPPF", "sppf"),
+    ("C2PSA", "psa"),  # 10
+    ("Upsample", None),
+    ("Concat", None),
+    ("C3k2", "top_down4"),
+    ("Upsample", None),
+    ("Concat", None),  # 15
+    ("C3k2", "top_down3"),
+    ("Conv", "bottom_up_down3"),
+    ("Concat", None),
+    ("C3k2", "bottom_up4"),
+    ("Conv", "bottom_up_down4"),  # 20
+    ("Concat", None),
+    ("C3k2", "bottom_up5"),
+    ("Detect", "head"),
+)
+# Each family's table, by its name in detector.architecture.family_and_scale.
+LAYERS: dict[str, tuple[tuple[str, str | None], ...]] = {"v8": YOLOV8_LAYERS, "11": YOLO11_LAYERS}
 _LAYER_KEY = re.compile(r"model\.(\d+)\.(.+)")
-# The classification branch: its widths depend on the class count, so it is re-initialised when that differs.
-_CLASS_BRANCH = re.compile(r"(head\.cv3\.\d+\.\d+)\.")
+# A module of the classification branch: its widths depend on the class count, so it is re-initialised when they
+# differ. The module is the innermost numbered one: ``head.cv3.0.1`` (YOLOv8: a Conv), ``head.cv3.0.0.1`` (YOLO11:
+# the 1x1 Conv after a depthwise one, which keeps its input's width and so loads), ``head.cv3.0.2`` (the logits).
+_CLASS_BRANCH = re.compile(r"(head\.cv3(?:\.\d+)+)\.")
+SUPPORTED = "only YOLOv8 and YOLO11 n/s/m/l/x detection weights are supported"
+
+
+def family_of_keys(ultra_state_dict: dict[str, torch.Tensor]) -> str:
+    """``"11"`` where the Detect layer is layer 23 (after YOLO11's C2PSA), else ``"v8"`` (layer 22)."""
+    return "11" if any(key.startswith(f"model.{HEAD_LAYER['11']}.") for key in ultra_state_dict) else "v8"
+
+
+def _head_key(family: str, rest: str) -> str:
+    return f"model.{HEAD_LAYER[family]}.{rest}"
 
 
 @dataclass(frozen=True)
@@ -71,15 +118,21 @@ class UltralyticsCheckpoint:
     source: str  # "ema" or "model": which entry of the checkpoint the weights came from
 
     @property
+    def family(self) -> str:
+        """``"v8"`` or ``"11"``, from the layers' types."""
+        return next(family for family, layers in LAYERS.items() if self.layer_types == _types(layers))
+
+    @property
     def scale(self) -> str:
-        """YOLOv8 scale (``n s m l x``), read from tensor shapes."""
-        return detect_yolov8_scale(self.state_dict)
+        """Our model name (``n`` ... ``x``, ``11n`` ... ``11x``), read from tensor shapes."""
+        return detect_scale(self.state_dict, self.family)
 
     @property
     def class_channels(self) -> int:
-        """The class branch's hidden width. Not always YOLOv8's default for the class count: Ultralytics 8.4 keeps
-        the width of the weights a model was fine-tuned from (a 3-class nano from ``yolov8n.pt`` is 80 wide)."""
-        return int(self.state_dict["model.22.cv3.0.0.conv.weight"].shape[0])
+        """The class branch's hidden width. Not always the default for the class count: Ultralytics 8.4 keeps the
+        width of the weights a model was fine-tuned from (a 3-class nano from ``yolov8n.pt`` is 80 wide). YOLO11's
+        branch opens with a depthwise conv at its input's width, so the width is that of the 1x1 conv after it."""
+        return _class_width(self.state_dict, self.family)
 
     @property
     def class_names(self) -> list[str]:
@@ -87,12 +140,21 @@ class UltralyticsCheckpoint:
         return [self.names.get(index, str(index)) for index in range(self.num_classes)]
 
 
+def _types(layers: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
+    return tuple(kind for kind, _ in layers)
+
+
+def _class_width(ultra_state_dict: dict[str, torch.Tensor], family: str) -> int:
+    first = "cv3.0.0.1.conv.weight" if family == "11" else "cv3.0.0.conv.weight"
+    return int(ultra_state_dict[_head_key(family, first)].shape[0])
+
+
 @dataclass(frozen=True)
 class LoadReport:
     """What :func:`load_pretrained` did."""
 
     path: Path
-    scale: str
+    scale: str  # our model name: "n", "11n", ...
     matched: int  # tensors copied from the checkpoint
     reinitialised: tuple[str, ...]  # model keys left at their fresh initialisation
     num_classes: int  # the model's
@@ -102,7 +164,8 @@ class LoadReport:
 
     def summary(self) -> str:
         """One line for logs."""
-        line = f"loaded {self.matched} tensors from {self.path} (YOLOv8{self.scale}, {self.source_num_classes} classes)"
+        line = (f"loaded {self.matched} tensors from {self.path} ({display_name(self.scale)}, "
+                f"{self.source_num_classes} classes)")
         if self.named:
             line += (f"; {self.named} of the model's {self.num_classes} classes start from the weights' class of the "
                      f"same name, {self.num_classes - self.named} fresh")
@@ -115,14 +178,15 @@ class LoadReport:
 
 
 def read_ultralytics_checkpoint(path: str | Path) -> UltralyticsCheckpoint:
-    """Read an Ultralytics ``.pt`` detection checkpoint without importing ultralytics or running its code.
+    """Read an Ultralytics ``.pt`` YOLOv8 or YOLO11 detection checkpoint without importing ultralytics or running
+    its code.
 
     Prefers the EMA weights (what Ultralytics evaluates and exports) when the file has them; released
     files keep them under ``"model"`` with ``"ema": None``.
 
     Raises:
         UnsafeCheckpointError: the file would import anything outside the allow-list.
-        ValueError: the file is not a YOLOv8 detection checkpoint.
+        ValueError: the file is not a YOLOv8 or YOLO11 detection checkpoint of a standard scale.
     """
     path = Path(path)
     checkpoint = load_checkpoint(path)
@@ -135,31 +199,62 @@ def read_ultralytics_checkpoint(path: str | Path) -> UltralyticsCheckpoint:
 
     layers = list(network.state["_modules"]["model"].state.get("_modules", {}).values())
     layer_types = tuple(layer.class_name if isinstance(layer, StandIn) else "?" for layer in layers)
-    expected = tuple(name for name, _ in YOLOV8_LAYERS)
-    if layer_types != expected:
-        first = next((i for i, (a, b) in enumerate(zip(layer_types, expected)) if a != b), len(expected))
-        found = layer_types[first] if first < len(layer_types) else "nothing"
-        want = expected[first] if first < len(expected) else "nothing"
-        built_from = _yaml_file(network)
-        raise ValueError(
-            f"{path}: not a YOLOv8 detection model ({f'built from {built_from}: ' if built_from else ''}layer {first} "
-            f"is {found}, expected {want}); only yolov8n/s/m/l/x detection weights are supported"
-        )
-
+    family = next((family for family, table in LAYERS.items() if layer_types == _types(table)), None)
+    if family is None:
+        raise ValueError(f"{path}: {_layout_problem(layer_types, _yaml_file(network))}")
+    title = family_name(family)
     try:
         state_dict = stand_in_state_dict(network)
     except TypeError as error:  # a layer pickled as something other than a module
-        raise ValueError(f"{path}: not a YOLOv8 detection model ({error})") from None
-    for key in ("model.0.conv.weight", "model.22.cv3.0.2.bias"):  # what the scale and the class count come from
+        raise ValueError(f"{path}: not a {title} detection model ({error})") from None
+    for key in ("model.0.conv.weight", _head_key(family, "cv3.0.2.bias")):  # the scale and the class count
         if not isinstance(state_dict.get(key), torch.Tensor) or state_dict[key].ndim < 1:
-            raise ValueError(f"{path}: not YOLOv8 detection weights (no tensor {key})")
+            raise ValueError(f"{path}: not {title} detection weights (no tensor {key})")
     try:
-        detect_yolov8_scale(state_dict)
+        scale = detect_scale(state_dict, family)
     except ValueError as error:  # a custom width or depth: no scale of ours matches it
-        raise ValueError(f"{path}: {error}; only yolov8n/s/m/l/x detection weights are supported") from None
-    num_classes = state_dict["model.22.cv3.0.2.bias"].shape[0]  # the tensors, not metadata, decide what loads
+        raise ValueError(f"{path}: {error}; {SUPPORTED}") from None
+    num_classes = state_dict[_head_key(family, "cv3.0.2.bias")].shape[0]  # the tensors, not metadata, decide
+    if problem := _shape_problem(state_dict, scale, num_classes, family):
+        built_from = _yaml_file(network)  # yolo26n.yaml: "built from yolo26n.yaml, YOLO26: "
+        other = other_ultralytics_family(built_from) if built_from else None
+        built = f"built from {built_from}{f', {other}' if other else ''}: " if built_from else ""
+        raise ValueError(f"{path}: not a standard {display_name(scale)} detection model ({built}{problem}); "
+                         f"{SUPPORTED}")
     names = _read_names(network.state.get("names"))
     return UltralyticsCheckpoint(path, state_dict, layer_types, num_classes, names, source)
+
+
+def _layout_problem(layer_types: tuple[str, ...], built_from: str) -> str:
+    """Why the layers are neither family's: the first that differs from the family they follow longest."""
+    def agreeing(expected: tuple[str, ...]) -> int:
+        return next((index for index, (found, want) in enumerate(zip(layer_types, expected)) if found != want),
+                    min(len(layer_types), len(expected)))
+
+    expected = max((_types(table) for table in LAYERS.values()), key=agreeing)  # a tie: YOLOv8's, the first
+    first = agreeing(expected)
+    found = layer_types[first] if first < len(layer_types) else "nothing"
+    want = expected[first] if first < len(expected) else "nothing"
+    built = f"built from {built_from}: " if built_from else ""
+    return f"not a YOLOv8 or YOLO11 detection model ({built}layer {first} is {found}, expected {want}); {SUPPORTED}"
+
+
+def _shape_problem(ultra_state_dict: dict[str, torch.Tensor], scale: str, num_classes: int, family: str) -> str:
+    """What differs between the file's tensors and our model's at ``scale`` (names and shapes; "" when nothing):
+    the layer types alone let through files whose blocks are configured otherwise (YOLO26's head: one-to-one
+    branches, 4 box channels instead of 64). The model is built on the meta device: no memory, no initialisation."""
+    try:
+        width = _class_width(ultra_state_dict, family)
+        theirs = convert_state_dict(ultra_state_dict)
+    except KeyError as missing:  # no class branch where the family has it
+        return f"no tensor {missing}"
+    except ValueError as error:  # a tensor of a parameter-free layer
+        return str(error)
+    with torch.device("meta"):
+        ours = build_model(num_classes=num_classes, scale=scale, class_channels=width).state_dict()
+    differ = sorted(key for key in ours.keys() | theirs.keys() if _shape(ours, key) != _shape(theirs, key))
+    details = ", ".join(f"{key} {_shape(theirs, key)}, ours {_shape(ours, key)}" for key in differ[:2])
+    return f"{len(differ)} tensors differ from ours: {details}" if differ else ""
 
 
 def _yaml_file(network: StandIn) -> str:
@@ -179,51 +274,62 @@ def _read_names(names: object) -> dict[int, str]:
     return {}
 
 
-def detect_yolov8_scale(ultra_state_dict: dict[str, torch.Tensor]) -> str:
-    """``n s m l x`` from the stem width and the number of bottlenecks in layer 2.
+def detect_scale(ultra_state_dict: dict[str, torch.Tensor], family: str | None = None) -> str:
+    """Our model name (``n`` ... ``x``, ``11n`` ... ``11x``) from the stem width, the number of blocks in layer 2 and
+    (YOLO11) whether they are C3k blocks; ``family`` default: :func:`family_of_keys`.
 
-    The stem width alone tells the scales apart; the depth check catches a custom YAML.
+    The stem width alone tells YOLOv8's scales apart, the depth check catches a custom YAML. YOLO11's m and l share
+    the stem width (64) and differ in depth (1 block, 2); its n and s (Bottleneck blocks) differ from m, l and x
+    (C3k blocks, which hold bottlenecks of their own under ``m``) in the blocks' kind.
     """
+    family = family or family_of_keys(ultra_state_dict)
     stem_width = ultra_state_dict["model.0.conv.weight"].shape[0]
     blocks = {key.split(".")[3] for key in ultra_state_dict if key.startswith("model.2.m.")}
-    for scale, (depth, width, max_channels) in SCALES.items():
+    c3k = any(key.startswith("model.2.m.0.m.") for key in ultra_state_dict)
+    repeats = 3 if family == "v8" else 2  # layer 2's in the family's YAML
+    for letter, (depth, width, max_channels) in FAMILY_SCALES[family].items():
         # Same rounding as detector.model.yolo: widths up to a multiple of 8, depths to the nearest integer.
-        if (stem_width, len(blocks)) == (math.ceil(min(64, max_channels) * width / 8) * 8, max(round(3 * depth), 1)):
-            return scale
-    raise ValueError(f"unrecognised YOLOv8 size: stem width {stem_width}, {len(blocks)} bottlenecks in layer 2")
+        expected = (math.ceil(min(64, max_channels) * width / 8) * 8, max(round(repeats * depth), 1),
+                    family == "11" and letter in "mlx")
+        if (stem_width, len(blocks), c3k) == expected:
+            return (YOLO11_PREFIX if family == "11" else "") + letter
+    kind = "C3k blocks" if c3k else "bottlenecks"
+    raise ValueError(f"unrecognised {family_name(family)} size: stem width {stem_width}, {len(blocks)} {kind} in "
+                     "layer 2")
 
 
-def convert_yolov8_state_dict(
-    ultra_state_dict: dict[str, torch.Tensor], *, scale: str | None = None
-) -> dict[str, torch.Tensor]:
-    """Ultralytics YOLOv8 keys (``model.<i>.rest``) -> our keys (``<attribute>.rest``), floats as float32.
+def convert_state_dict(ultra_state_dict: dict[str, torch.Tensor], *,
+                       scale: str | None = None) -> dict[str, torch.Tensor]:
+    """Ultralytics keys (``model.<i>.rest``) -> our keys (``<attribute>.rest``) by the family's layer table, floats
+    as float32.
 
     Args:
-        ultra_state_dict: a flat Ultralytics state dict, e.g. ``UltralyticsCheckpoint.state_dict``.
-        scale: if given, checked against the scale the tensor shapes imply.
+        ultra_state_dict: a flat Ultralytics YOLOv8 or YOLO11 state dict, e.g. ``UltralyticsCheckpoint.state_dict``.
+        scale: our model name; if given, checked against the one the tensor shapes imply.
     """
-    found = detect_yolov8_scale(ultra_state_dict)
+    family = family_of_keys(ultra_state_dict)
+    found = detect_scale(ultra_state_dict, family)
     if scale is not None and scale != found:
-        raise ValueError(f"the weights are YOLOv8{found}, not YOLOv8{scale}")
+        raise ValueError(f"the weights are {display_name(found)}, not {scale!r}")
+    table = LAYERS[family]
     converted = {}
     for key, tensor in ultra_state_dict.items():
         match = _LAYER_KEY.fullmatch(key)
-        layer = int(match.group(1)) if match else len(YOLOV8_LAYERS)
-        attribute = YOLOV8_LAYERS[layer][1] if layer < len(YOLOV8_LAYERS) else None
+        layer = int(match.group(1)) if match else len(table)
+        attribute = table[layer][1] if layer < len(table) else None
         if attribute is None:
-            raise ValueError(f"unexpected YOLOv8 tensor {key!r}")
+            raise ValueError(f"unexpected {family_name(family)} tensor {key!r}")
         # Released files are FP16; training keeps FP32 masters and autocast decides the compute dtype.
         converted[f"{attribute}.{match.group(2)}"] = tensor.float() if tensor.is_floating_point() else tensor
     return converted
-
-
 def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint,
                     names: Sequence[str] | None = None) -> LoadReport:
-    """Copy YOLOv8 weights into ``model`` in place.
+    """Copy YOLOv8 or YOLO11 weights into ``model`` in place.
 
     With a different class count, every module of the classification branch (``head.cv3``) whose shape
-    depends on it keeps its fresh initialisation: the final ``head.cv3.<i>.2`` convs, and the whole branch
-    where the model's branch width is not the file's (build the model with ``class_channels=
+    depends on it keeps its fresh initialisation: the final ``head.cv3.<i>.2`` convs, and the branch's hidden
+    layers where the model's branch width is not the file's (YOLOv8: the whole branch; YOLO11: all but the depthwise
+    conv on the branch's input) (build the model with ``class_channels=
     weights.class_channels`` to keep its hidden layers, as training does). Everything else must match exactly.
     With ``names`` (the model's classes), the final convs' rows of classes the file names alike are moved to
     those classes (:mod:`detector.weights.class_rows`), as Ultralytics 8.4 does.
@@ -235,16 +341,17 @@ def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint,
         names: the model's class names, one per class; ``None`` leaves the rows where they are.
 
     Raises:
-        ValueError: the file is not YOLOv8 detection weights, or its scale or shapes do not fit ``model``.
+        ValueError: the file is not YOLOv8 or YOLO11 detection weights, or its scale or shapes do not fit ``model``.
     """
     if not isinstance(weights, UltralyticsCheckpoint):
         weights = read_ultralytics_checkpoint(resolve_weights(weights))
     path, scale = weights.path, weights.scale
     if scale != model.scale:
         raise ValueError(
-            f"{path}: holds YOLOv8{scale} weights but the model is scale {model.scale!r}; build it with scale={scale!r}"
+            f"{path}: holds {display_name(scale)} weights but the model is scale {model.scale!r}; build it with "
+            f"scale={scale!r}"
         )
-    incoming = convert_yolov8_state_dict(weights.state_dict)
+    incoming = convert_state_dict(weights.state_dict)
     own = model.state_dict()
     moved, named = moved_class_rows(incoming, own, weights.class_names, names) if names is not None else ({}, 0)
     misfits = [key for key in incoming.keys() | own.keys() if _shape(incoming, key) != _shape(own, key)]
@@ -264,7 +371,8 @@ def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint,
 
 
 def _module_of(key: str) -> str:
-    """``"head.cv3.0.1.bn.weight"`` -> ``"head.cv3.0.1"``: the classification-branch module a key belongs to."""
+    """``"head.cv3.0.1.bn.weight"`` -> ``"head.cv3.0.1"``, ``"head.cv3.0.0.1.conv.weight"`` -> ``"head.cv3.0.0.1"``:
+    the classification-branch module a key belongs to."""
     match = _CLASS_BRANCH.match(key)
     return match.group(1) if match else ""
 

@@ -1,4 +1,5 @@
-"""``--weights x.pt`` for val and predict: ours, else Ultralytics' YOLOv8; a file that is neither is one sentence."""
+"""``--weights x.pt`` for val and predict: ours, else Ultralytics' YOLOv8 or YOLO11; a file that is neither is one
+sentence."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 from detector.checkpoint import CheckpointError
 from detector.inference.pt_model import model_from_pt
 
-NEITHER = "not a PyTorch checkpoint (neither this project's nor Ultralytics' YOLOv8 weights)"
+NEITHER = "not a PyTorch checkpoint (neither this project's nor Ultralytics' YOLOv8 or YOLO11 weights)"
 
 
 class _Exploit:
@@ -56,15 +57,29 @@ def test_a_file_that_would_run_code_is_still_refused(tmp_path: Path, monkeypatch
     assert "not a PyTorch checkpoint" not in message and not (tmp_path / "pwned.txt").exists()
 
 
-def test_an_ultralytics_file_of_another_architecture_names_it_without_advice_to_do_what_failed(tmp_path: Path) -> None:
-    """A YOLO11 file (what Ultralytics trains by default now) said "its weights are read with --weights FILE ...;
-    nor is it Ultralytics YOLOv8 weights": the user had given --weights FILE. Now: what it is, what loads here."""
-    from tests.weights.lookalike import yolo11_lookalike_bytes
+def test_an_ultralytics_file_of_another_architecture_names_it_without_advice_to_do_what_failed(
+        tmp_path: Path) -> None:
+    """A file neither family's layers make up said "its weights are read with --weights FILE ...; nor is it Ultralytics
+    YOLOv8 weights": the user had given --weights FILE. Now: what it is, what loads here."""
+    from tests.weights.lookalike import mixed_lookalike_bytes
 
-    path = tmp_path / "yolo11n.pt"
-    path.write_bytes(yolo11_lookalike_bytes())
+    path = tmp_path / "edited.pt"
+    path.write_bytes(mixed_lookalike_bytes())
     with pytest.raises(CheckpointError) as failed:
         model_from_pt(path)
-    assert str(failed.value) == (f"{path}: an Ultralytics checkpoint, but not a YOLOv8 detection model (built from "
-                                 "yolo11n.yaml: layer 2 is C3k2, expected C2f); only yolov8n/s/m/l/x detection weights "
-                                 "are supported")
+    assert str(failed.value) == (f"{path}: an Ultralytics checkpoint, but not a YOLOv8 or YOLO11 detection model (built "
+                                 "from yolo11n.yaml: layer 4 is C2f, expected C3k2); only YOLOv8 and YOLO11 n/s/m/l/x "
+                                 "detection weights are supported")
+
+
+def test_a_yolo11_file_runs_and_says_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """yolo11n.pt (what Ultralytics trains from by default now) was refused as not YOLOv8; val and predict run it."""
+    from tests.weights.lookalike import lookalike_bytes
+
+    path = tmp_path / "yolo11n.pt"
+    path.write_bytes(lookalike_bytes("11n", num_classes=3))
+    model, meta = model_from_pt(path)
+    assert (model.scale, model.family, model.training) == ("11n", "11", False)
+    assert meta == {"names": ["class0", "class1", "class2"], "source": "ultralytics"}
+    assert f"{path}: Ultralytics YOLO11n weights (3 classes), read without running code" in capsys.readouterr().out
+    assert [level.shape[1] for level in model(torch.rand(1, 3, 64, 64))] == [64 + 3] * 3

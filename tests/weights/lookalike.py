@@ -1,8 +1,8 @@
-"""A file laid out like Ultralytics' released ``yolov8n.pt``, written without Ultralytics.
+"""Files laid out like Ultralytics' released ``yolov8n.pt`` and ``yolo11n.pt``, written without Ultralytics.
 
-Our model already has YOLOv8's module tree (detector/weights/ultralytics.py maps it layer by layer), so the
-file pickles our own modules in Ultralytics' order (``model.model.<i>``) under Ultralytics' class paths:
-a pickler that writes those paths for our classes. The reader never imports a class from the file (it
+Our model already has YOLOv8's and YOLO11's module trees (detector/weights/ultralytics.py maps them layer by
+layer), so the file pickles our own modules in Ultralytics' order (``model.model.<i>``) under Ultralytics' class
+paths: a pickler that writes those paths for our classes. The reader never imports a class from the file (it
 uses inert stand-ins), so it reads this file exactly as it reads a released one.
 """
 
@@ -16,17 +16,18 @@ import torch
 from torch import nn
 
 from detector.model import build_model
-from detector.model.blocks import SPPF, Bottleneck, C2f, Conv
+from detector.model.attention import C2PSA, Attention, PSABlock
+from detector.model.blocks import SPPF, Bottleneck, C2f, C3k, C3k2, Conv
 from detector.model.head import DFL, Detect
-from detector.weights.ultralytics import YOLOV8_LAYERS
+from detector.weights.ultralytics import LAYERS, YOLOV8_LAYERS
 
 
 class DetectionModel(nn.Module):
     """Stands for ``ultralytics.nn.tasks.DetectionModel``: ``.model`` is the layer list."""
 
 
-class C3k2(C2f):
-    """Stands for ``ultralytics.nn.modules.block.C3k2``, YOLO11's layer 2 (where YOLOv8 has a C2f)."""
+class MixedC3k2(C2f):
+    """A ``C3k2`` (its class path) holding YOLOv8's C2f layers: a file laid out as YOLOv8 but for layer 2."""
 
 
 class Concat(nn.Module):
@@ -39,6 +40,11 @@ CLASS_PATHS = {
     Conv: "ultralytics.nn.modules.conv",
     C2f: "ultralytics.nn.modules.block",
     C3k2: "ultralytics.nn.modules.block",
+    MixedC3k2: "ultralytics.nn.modules.block",
+    C3k: "ultralytics.nn.modules.block",
+    C2PSA: "ultralytics.nn.modules.block",
+    PSABlock: "ultralytics.nn.modules.block",
+    Attention: "ultralytics.nn.modules.block",
     Bottleneck: "ultralytics.nn.modules.block",
     SPPF: "ultralytics.nn.modules.block",
     DFL: "ultralytics.nn.modules.block",
@@ -49,43 +55,54 @@ CLASS_PATHS = {
 class _UltralyticsPathPickler(pickle._Pickler):  # the Python pickler: its save_global can be overridden
     def save_global(self, obj: object, name: str | None = None) -> None:
         if obj in CLASS_PATHS:
-            self.write(pickle.GLOBAL + f"{CLASS_PATHS[obj]}\n{obj.__name__}\n".encode())
+            name = "C3k2" if obj is MixedC3k2 else obj.__name__
+            self.write(pickle.GLOBAL + f"{CLASS_PATHS[obj]}\n{name}\n".encode())
             self.memoize(obj)
             return
         super().save_global(obj, name)
 
 
-def yolov8_lookalike_bytes(scale: str = "n", num_classes: int = 80, seed: int = 0, stem_width: int | None = None) -> bytes:
-    """``torch.save`` bytes of ``{"model": <FP16 DetectionModel>, "ema": None, ...}`` with random weights;
-    ``stem_width`` gives the first conv another width (a custom YOLOv8 that is none of n/s/m/l/x)."""
+def lookalike_bytes(scale: str = "n", num_classes: int = 80, seed: int = 0, stem_width: int | None = None,
+                    yaml_file: str = "") -> bytes:
+    """``torch.save`` bytes of ``{"model": <FP16 DetectionModel>, "ema": None, ...}`` with random weights, laid out as
+    Ultralytics lays out the model ``scale`` (ours: ``n`` is YOLOv8n, ``11n`` YOLO11n); ``stem_width`` gives the
+    first conv another width (a custom model that is none of n/s/m/l/x); ``yaml_file``: what the model's ``yaml``
+    says it was built from (as ``YOLO('yolo11n.yaml').save(...)`` records it)."""
     torch.manual_seed(seed)
     ours = build_model(num_classes=num_classes, scale=scale)
     if stem_width is not None:
         ours.stem.conv.weight = nn.Parameter(torch.zeros(stem_width, *ours.stem.conv.weight.shape[1:]))
     parameter_free = {"Upsample": lambda: nn.Upsample(scale_factor=2.0), "Concat": Concat}
-    layers = [getattr(ours, attribute) if attribute else parameter_free[kind]() for kind, attribute in YOLOV8_LAYERS]
+    layers = [getattr(ours, attribute) if attribute else parameter_free[kind]()
+              for kind, attribute in LAYERS[ours.family]]
+    return _saved(layers, num_classes, yaml_file)
+
+
+def _saved(layers: list[nn.Module], num_classes: int, yaml_file: str) -> bytes:
     network = DetectionModel()
     network.model = nn.Sequential(*layers)
     network.nc, network.names = num_classes, {i: f"class{i}" for i in range(num_classes)}
+    if yaml_file:
+        network.yaml = {"yaml_file": yaml_file}
     buffer = io.BytesIO()
     pickle_module = types.SimpleNamespace(__name__="pickle", Pickler=_UltralyticsPathPickler)
     torch.save({"model": network.half(), "ema": None, "license": "AGPL-3.0"}, buffer, pickle_module=pickle_module)
     return buffer.getvalue()
 
 
-def yolo11_lookalike_bytes() -> bytes:
-    """``torch.save`` bytes laid out as a YOLO11n file where they differ from YOLOv8n first: layer 2 a ``C3k2``,
-    and the model's ``yaml`` naming ``yolo11n.yaml`` (as ``YOLO('yolo11n.yaml').save(...)`` writes it)."""
+def yolov8_lookalike_bytes(scale: str = "n", num_classes: int = 80, seed: int = 0,
+                           stem_width: int | None = None) -> bytes:
+    """A YOLOv8 file (:func:`lookalike_bytes`, the model ``scale``)."""
+    return lookalike_bytes(scale, num_classes, seed, stem_width)
+
+
+def mixed_lookalike_bytes() -> bytes:
+    """Laid out as YOLOv8n but for layer 2, a ``C3k2``, and the model's ``yaml`` naming ``yolo11n.yaml``: neither
+    family's layers (what an edited YAML gives)."""
     torch.manual_seed(0)
     ours = build_model(num_classes=80, scale="n")
-    stage2 = C3k2(ours.stage2.cv1.conv.in_channels, ours.stage2.cv2.conv.out_channels, 1, shortcut=True)
+    stage2 = MixedC3k2(ours.stage2.cv1.conv.in_channels, ours.stage2.cv2.conv.out_channels, 1, shortcut=True)
     parameter_free = {"Upsample": lambda: nn.Upsample(scale_factor=2.0), "Concat": Concat}
     layers = [getattr(ours, attribute) if attribute else parameter_free[kind]() for kind, attribute in YOLOV8_LAYERS]
     layers[2] = stage2
-    network = DetectionModel()
-    network.model = nn.Sequential(*layers)
-    network.nc, network.names, network.yaml = 80, {i: f"class{i}" for i in range(80)}, {"yaml_file": "yolo11n.yaml"}
-    buffer = io.BytesIO()
-    pickle_module = types.SimpleNamespace(__name__="pickle", Pickler=_UltralyticsPathPickler)
-    torch.save({"model": network.half(), "ema": None, "license": "AGPL-3.0"}, buffer, pickle_module=pickle_module)
-    return buffer.getvalue()
+    return _saved(layers, 80, "yolo11n.yaml")

@@ -22,7 +22,7 @@ from detector.model import build_model
 from detector.postprocess import NMSConfig, postprocess
 from detector.weights import (
     UnsafeCheckpointError,
-    convert_yolov8_state_dict,
+    convert_state_dict,
     load_pretrained,
     read_ultralytics_checkpoint,
     resolve_weights,
@@ -219,7 +219,7 @@ def test_other_class_count_reinitialises_only_the_class_branch(saved_checkpoint,
     model = build_model(num_classes=3, scale=scale)
     fresh = {key: tensor.clone() for key, tensor in model.state_dict().items()}
     report = load_pretrained(model, path)
-    incoming = convert_yolov8_state_dict(read_ultralytics_checkpoint(path).state_dict)
+    incoming = convert_state_dict(read_ultralytics_checkpoint(path).state_dict)
 
     loaded = model.state_dict()
     if expected is None:
@@ -235,9 +235,10 @@ def test_wrong_scale_and_other_architectures_are_named(saved_checkpoint) -> None
     with pytest.raises(ValueError, match=r"yolov8s\.pt: holds YOLOv8s weights but the model is scale 'n'"):
         load_pretrained(build_model(num_classes=80, scale="n"), path)
 
-    path = saved_checkpoint("yolo11n")
-    with pytest.raises(ValueError, match=r"yolo11n\.pt: not a YOLOv8 detection model \(built from yolo11n\.yaml: "
-                                         r"layer 2 is C3k2"):
+    path = saved_checkpoint("yolov8n-p2")  # an extra head level: another layout than YOLOv8's (or YOLO11's)
+    with pytest.raises(ValueError, match=r"yolov8n-p2\.pt: not a YOLOv8 or YOLO11 detection model \(built from "
+                                         r"yolov8n-p2\.yaml: layer 16 is Upsample, expected Conv\); only YOLOv8 and "
+                                         r"YOLO11 n/s/m/l/x detection weights are supported$"):
         read_ultralytics_checkpoint(path)
 
 
@@ -392,7 +393,7 @@ def test_fine_tuning_keeps_the_source_width_and_moves_class_rows_by_name(saved_c
     model = build_model(num_classes=3, scale="n", class_channels=checkpoint.class_channels)
     fresh = {key: tensor.clone() for key, tensor in model.state_dict().items()}
     report = load_pretrained(model, checkpoint, names)
-    incoming = convert_yolov8_state_dict(checkpoint.state_dict)
+    incoming = convert_state_dict(checkpoint.state_dict)
     loaded = model.state_dict()
     assert report.named == 2 and report.reinitialised == ()
     assert "2 of the model's 3 classes start from the weights' class of the same name, 1 fresh" in report.summary()
