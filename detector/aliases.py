@@ -1,8 +1,8 @@
 """Ultralytics' argument names, and what each one is here: the one table the command line and the API share.
 
-A user coming from Ultralytics types ``amp=False``, ``cos_lr=True``, ``nbs=64`` or ``model=yolov8n.pt``.
+A user coming from Ultralytics types ``amp=False``, ``cos_lr=True``, ``nbs=64`` or ``model=yolo11n.pt``.
 :func:`translate` turns those into our option fields (``precision="fp32"``, ``cosine=True``,
-``nominal_batch=64``, ``weights="yolov8n.pt", model="n"``) and says so in one line per alias, so the user learns
+``nominal_batch=64``, ``weights="yolo11n.pt", model="11n"``) and says so in one line per alias, so the user learns
 our name once. A name that has no equivalent answers in one line with what we do instead: given at
 Ultralytics' own default (a value that asks for nothing, ``copy_paste=0.0``) it is accepted with a note; any other
 value raises ``TypeError``, because silently ignoring a setting would train something the user did not ask for.
@@ -20,8 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from detector.architecture import MODEL_NAMES, display_name, standard_scale
+
 COMMANDS = ("train", "val", "predict", "export", "benchmark")
-YOLOV8_NAME = re.compile(r"yolov8([nsmlx])(\.pt|\.yaml)?")
+# Ultralytics' names of the models built here: yolov8n ... yolov8x, yolo11n ... yolo11x (weights .pt, or a .yaml).
+ULTRALYTICS_NAME = re.compile(r"yolo(v8|11)([nsmlx])(\.pt|\.yaml)?")
 NOTE = "_note"  # a key an alias's mapping may hold: what its note adds for this value (not a field)
 
 
@@ -89,36 +92,37 @@ def device(value: Any) -> dict[str, Any]:
 
 
 def train_model(value: Any) -> dict[str, Any]:
-    """``model=yolov8n.pt`` (or ``yolov8n``, or any ``.pt`` path) -> ``--weights`` with its scale;
-    ``yolov8n.yaml`` -> ``--model n`` from scratch; our scale letters pass through. A model YAML that exists is
-    read: only the standard YOLOv8 architecture is accepted (detector/architecture.py)."""
+    """``model=yolo11n.pt`` (or ``yolo11n``, ``yolov8n.pt``, or any ``.pt`` path) -> ``--weights`` with its model;
+    ``yolo11n.yaml`` -> ``--model 11n`` from scratch (``yolov8n.yaml``: ``n``); our model names pass through. A model
+    YAML that exists is read: only the standard YOLOv8 and YOLO11 architectures are accepted
+    (detector/architecture.py)."""
     text = str(value)
-    if text.lower() in ("n", "s", "m", "l", "x"):
+    if text.lower() in MODEL_NAMES:
         return {"model": text.lower()}
     if text.lower().endswith((".yaml", ".yml")) and Path(text).is_file() and not other_ultralytics_family(
             text.rsplit("/", 1)[-1]):  # the file's architecture, not its name: an edited one is refused
-        from detector.architecture import standard_scale
-
-        scale, says = standard_scale(text)
-        return {"model": scale, NOTE: f"the file's architecture is YOLOv8{scale}'s{says}"}
-    match = YOLOV8_NAME.fullmatch(text.rsplit("/", 1)[-1].lower())
-    if match and match.group(2) == ".yaml":
-        return {"model": match.group(1)}
+        name, says = standard_scale(text)
+        return {"model": name, NOTE: f"the file's architecture is {display_name(name)}'s{says}"}
+    match = ULTRALYTICS_NAME.fullmatch(text.rsplit("/", 1)[-1].lower())
+    name = ("11" if match.group(1) == "11" else "") + match.group(2) if match else ""
+    if match and match.group(3) == ".yaml":
+        return {"model": name}
     if match:
-        return {"weights": text if match.group(2) else f"{text}.pt", "model": match.group(1)}
+        return {"weights": text if match.group(3) else f"{text}.pt", "model": name}
     if text.lower().endswith(".pt"):
-        return {"weights": text}  # our own checkpoint or another YOLOv8 file: the file decides the scale
+        return {"weights": text}  # our own checkpoint or another Ultralytics file: the file decides the model
     family = other_ultralytics_family(text.rsplit("/", 1)[-1])
-    built = f"{family} is not built here, only YOLOv8 detection: " if family else ""
-    raise ValueError(f"{built}expected a scale (n, s, m, l, x), yolov8n...yolov8x (.pt or .yaml), or a .pt file")
+    built = f"{family} is not built here, only YOLOv8 and YOLO11 detection: " if family else ""
+    raise ValueError(f"{built}expected a model (n ... x, 11n ... 11x), yolov8n...yolov8x or yolo11n...yolo11x (.pt or "
+                     ".yaml), or a .pt file")
 
 
 def other_ultralytics_family(name: str) -> str | None:
-    """``"yolo11n.pt"`` -> ``"YOLO11"``, ``"yolov8n-seg.pt"`` -> ``"YOLOv8 segmentation"``: Ultralytics' names of
-    weights this project cannot read; None for any other name."""
+    """``"yolo26n.pt"`` -> ``"YOLO26"``, ``"yolo11n-seg.pt"`` -> ``"YOLO11 segmentation"``: Ultralytics' names of
+    weights this project cannot read; None for any other name (YOLOv8's and YOLO11's detection models among them)."""
     match = re.fullmatch(r"(yolo)(v?\d+)([nsmlxbc]u?6?)?(-(seg|pose|cls|obb|world\w*|oiv7|p2|p6|ghost))?"
                          r"(\.pt|\.ya?ml)?", name.lower())
-    if match is None or (match.group(2) == "v8" and match.group(5) is None):
+    if match is None or (match.group(2) in ("v8", "11") and match.group(5) is None):
         return None
     family = "YOLO" + match.group(2)
     tasks = {"seg": "segmentation", "pose": "pose", "cls": "classification", "obb": "oriented-box",
@@ -172,9 +176,10 @@ def batch(value: Any) -> dict[str, Any]:
 
 
 def weights(value: Any) -> dict[str, Any]:
-    """``model=`` in val, predict and export: the file to run (ours, an Ultralytics yolov8*.pt, an export)."""
-    match = YOLOV8_NAME.fullmatch(str(value).rsplit("/", 1)[-1].lower())
-    return {"weights": f"{value}.pt" if match and not match.group(2) else value}
+    """``model=`` in val, predict and export: the file to run (ours, an Ultralytics yolov8*.pt or yolo11*.pt, an
+    export); ``yolo11n`` is ``yolo11n.pt``."""
+    match = ULTRALYTICS_NAME.fullmatch(str(value).rsplit("/", 1)[-1].lower())
+    return {"weights": f"{value}.pt" if match and not match.group(3) else value}
 
 
 def resume(value: Any) -> Any:
@@ -215,8 +220,8 @@ def resume_and_weights(resume: str, weights: str, *, resume_true: bool, pretrain
             return resume, ""
     if pretrained_false and weights and not resume:
         raise TypeError(f"Ultralytics' pretrained=False beside weights={weights!r}: that file's weights would be "
-                        f"loaded all the same; to train from scratch give a scale instead (model=yolov8n.yaml, "
-                        f"--model n), to fine-tune drop pretrained=False")
+                        f"loaded all the same; to train from scratch give a model instead (model=yolov8n.yaml or "
+                        f"yolo11n.yaml, --model n or 11n), to fine-tune drop pretrained=False")
     return resume, weights
 
 

@@ -32,6 +32,10 @@ def test_our_own_names_pass_through_silently() -> None:
     ("train", {"model": "yolov8x"}, {"weights": "yolov8x.pt", "model": "x"}),
     ("train", {"model": "weights/yolov8l.pt"}, {"weights": "weights/yolov8l.pt", "model": "l"}),
     ("train", {"model": "yolov8n.yaml"}, {"model": "n"}),
+    ("train", {"model": "yolo11n"}, {"weights": "yolo11n.pt", "model": "11n"}),  # these were "YOLO11 is not built"
+    ("train", {"model": "weights/YOLO11m.pt"}, {"weights": "weights/YOLO11m.pt", "model": "11m"}),
+    ("train", {"model": "yolo11x.yaml"}, {"model": "11x"}),
+    ("val", {"model": "yolo11s"}, {"weights": "yolo11s.pt"}),
     ("train", {"cache": False}, {"cache": "none"}),
     ("train", {"multi_scale": 0.0}, {"multi_scale": False}),
     ("train", {"resume": True}, {"resume": "auto"}),
@@ -95,17 +99,20 @@ def test_resume_true_beside_a_weights_file_resumes_it() -> None:
         quiet("train", {"resume": "a/last.pt", "weights": "b.pt"})
 
 
-@pytest.mark.parametrize(("model", "family"), [("yolo11n.yaml", "YOLO11"), ("yolo11n", "YOLO11"),
+@pytest.mark.parametrize(("model", "family"), [("yolo26n.yaml", "YOLO26"), ("yolo26n", "YOLO26"),
+                                               ("yolo11n-seg.yaml", "YOLO11 segmentation"),
                                                ("yolov8n-p2.yaml", "YOLOv8 with a P2 head"),
                                                ("yolov8n-seg.yaml", "YOLOv8 segmentation")])
 def test_a_model_name_of_another_architecture_says_it_is_not_built(model: str, family: str) -> None:
-    said = rf"^train: model={model!r}: {family} is not built here, only YOLOv8 detection: expected a scale"
+    said = (rf"^train: model={model!r}: {family} is not built here, only YOLOv8 and YOLO11 detection: expected a "
+            r"model \(n \.\.\. x, 11n \.\.\. 11x\)")
     with pytest.raises(ValueError, match=said):
         quiet("train", {"model": model})
 
 
-def test_a_scale_letter_reads_in_any_case() -> None:
+def test_a_model_name_reads_in_any_case() -> None:
     assert quiet("train", {"model": "N"})[0] == {"model": "n"}
+    assert quiet("train", {"model": "11S"})[0] == {"model": "11s"}
 
 
 def test_pretrained_false_is_refused_only_beside_weights() -> None:
@@ -135,3 +142,13 @@ def test_benchmark_takes_ultralytics_arguments(capsys) -> None:
     with pytest.raises(SystemExit):
         parse_command(build_parser(), BenchmarkOptions, "benchmark", ["model=best.onnx", "int8=True"])
     assert "int8=True has no equivalent here: FP32 and FP16 only" in capsys.readouterr().err
+
+
+def test_train_takes_ultralytics_yolo11_names_on_the_command_line(capsys) -> None:
+    """``detector train model=yolo11n.yaml`` trains YOLO11n from scratch, ``--model yolo11n.pt`` from the file."""
+    from detector.cli.train import parse_args
+
+    assert (parse_args(["model=yolo11n.yaml"]).model, parse_args(["model=yolo11n.yaml"]).weights) == ("11n", "")
+    args = parse_args(["--model", "yolo11n.pt"])
+    assert (args.model, args.weights) == ("11n", "yolo11n.pt")
+    assert "model='yolo11n.pt' is weights='yolo11n.pt' model='11n' here" in capsys.readouterr().err

@@ -193,3 +193,10 @@ def test_yolo11_multipliers_without_scales_follow_the_letter_in_the_name(tmp_pat
     with pytest.raises(ValueError, match="width_multiple 0.5 match no YOLO11 scale"):
         standard_scale(written(tmp_path, "my-yolo11m.yaml", text))
 
+
+def test_model_alias_reads_a_yolo11_file(tmp_path: Path) -> None:
+    notes: list[str] = []
+    path = written(tmp_path, "yolo11s.yaml", YOLO11_YAML.replace("nc: 80", "nc: 2"))
+    assert translate("train", {"model": path}, note=notes.append) == {"model": "11s"}
+    assert notes == [f"note: Ultralytics' model={path!r} is model='11s' here (the file's architecture is YOLO11s's; "
+                     f"its nc: 2 is not read, the data YAML's names set the classes)"]

@@ -1,11 +1,11 @@
-"""``python -m detector download yolov8n``: fetch pretrained weights into the weights folder, check them, prove they
+"""``python -m detector download yolo11n``: fetch pretrained weights into the weights folder, check them, prove they
 load.
 
 The same downloader as the datasets (:func:`detector.data.transfer.fetch`): https only (``--allow-http`` for
 a plain-http mirror), never more bytes than the file's exact size, a progress bar, a ``<file>.part`` that a cut
 transfer resumes with an HTTP ``Range`` request, and an atomic rename into place. The checks: the exact size
 and the SHA-256 pinned in :mod:`detector.weights.catalog` (of the whole file, resumed or not), then a read
-through the restricted unpickler, which must find YOLOv8 detection weights of the expected scale; a file that
+through the restricted unpickler, which must find detection weights of the expected model; a file that
 fails any of them is deleted. A file already in ``weights/`` is checked the same way but never deleted (it may be
 the user's own, fine-tuned say): the command refuses in one line and leaves it. All of it runs under
 ``<file>.lock`` (:func:`detector.data.transfer.one_download`): a second download of the same file stops at once.
@@ -20,6 +20,7 @@ import pickle
 import shlex
 from pathlib import Path
 
+from detector.architecture import display_name
 from detector.data.catalog import human_size
 from detector.data.transfer import (BASE_URL_ENV, DownloadError, check_transport, digest_problem, fetch, mirrored_url,
                                      one_download)
@@ -39,7 +40,7 @@ def check_weights(path: Path, weights: PretrainedWeights, url: str, *, fetched: 
     if problem is None:
         try:
             checkpoint = read_ultralytics_checkpoint(path)
-            problem = None if checkpoint.scale == weights.scale else f"holds YOLOv8{checkpoint.scale} weights"
+            problem = None if checkpoint.scale == weights.scale else f"holds {display_name(checkpoint.scale)} weights"
         except (ValueError, KeyError, pickle.UnpicklingError, RuntimeError, EOFError) as error:
             problem = f"does not load ({str(error).splitlines()[0] if str(error) else type(error).__name__})"
     if problem and not fetched:
@@ -48,16 +49,16 @@ def check_weights(path: Path, weights: PretrainedWeights, url: str, *, fetched: 
     if problem:
         path.unlink()
         raise DownloadError(f"{path} (from {url}): {problem}; deleted it, run the command again to fetch it anew")
-    return (f"loads: YOLOv8{checkpoint.scale}, {checkpoint.num_classes} classes, "
+    return (f"loads: {display_name(checkpoint.scale)}, {checkpoint.num_classes} classes, "
             f"{len(checkpoint.state_dict)} tensors")
 
 
 def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path | None = None,
                      base_url: str | None = None, allow_http: bool = False, timeout: float = 30.0, attempts: int = 3,
                      retry_wait: float = 2.0) -> Path:
-    """Fetch ``weights`` (``"yolov8n"`` ... ``"yolov8x"``) into ``weights_dir`` unless it is there; check it; return
-    its path. ``weights_dir``: default :func:`detector.paths.default_weights_dir`, where ``--weights yolov8n.pt``
-    looks. Raises :class:`DownloadError` (one line naming the URL or file)."""
+    """Fetch ``weights`` (``"yolov8n"`` ... ``"yolov8x"``, ``"yolo11n"`` ... ``"yolo11x"``) into ``weights_dir`` unless
+    it is there; check it; return its path. ``weights_dir``: default :func:`detector.paths.default_weights_dir`, where
+    ``--weights yolov8n.pt`` looks. Raises :class:`DownloadError` (one line naming the URL or file)."""
     weights_dir = weights_dir or default_weights_dir()
     spec = PRETRAINED[weights] if isinstance(weights, str) else weights
     url = mirrored_url(spec.url, base_url)

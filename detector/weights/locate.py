@@ -11,7 +11,7 @@ from detector.weights.catalog import pretrained_name
 
 
 def is_bare_name(name_or_path: str | Path) -> bool:
-    """Whether ``name_or_path`` is a file name alone (``yolov8n.pt``), which the weights folder is searched for."""
+    """Whether ``name_or_path`` is a file name alone (``yolo11n.pt``), which the weights folder is searched for."""
     return Path(name_or_path).expanduser().name == str(name_or_path)
 
 
@@ -20,7 +20,7 @@ def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None
 
     ``weights_dir`` defaults to :func:`detector.paths.default_weights_dir`: ``weights/`` in a source checkout,
     else ``$DETECTOR_HOME/weights`` or the user's data folder (``~/.local/share/detector/weights``), read when
-    called. Nothing is downloaded here: ``python -m detector download yolov8n`` fetches the catalogued files
+    called. Nothing is downloaded here: ``python -m detector download yolo11n`` fetches the catalogued files
     (:mod:`detector.weights.catalog`); the error for a missing one names that command.
 
     Raises:
@@ -41,12 +41,12 @@ def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None
             hint += f" --weights-dir {shlex.quote(str(weights_dir))}"  # a copy-paste command: quote spaces
     elif path.suffix.lower() in (".yaml", ".yml"):  # an architecture file: "obtain it by hand" sent users astray
         family = other_ultralytics_family(path.name)
-        hint = (f"{family} is not built here: only YOLOv8 detection is (--model n ... x)" if family else
-                "a .yaml names an architecture, not weights: --model n ... x (or model=yolov8n.yaml) trains YOLOv8 "
-                "from scratch")
+        hint = (f"{family} is not built here: only YOLOv8 and YOLO11 detection are (--model n ... x, 11n ... 11x)"
+                if family else "a .yaml names an architecture, not weights: --model n ... x or 11n ... 11x (or "
+                "model=yolov8n.yaml, model=yolo11n.yaml) trains from scratch")
     elif bare and (family := other_ultralytics_family(path.name)):
-        hint = (f"{family} weights would not load here either: only YOLOv8 detection weights are (yolov8n.pt ... "
-                "yolov8x.pt, python -m detector download yolov8n)")
+        hint = (f"{family} weights would not load here either: only YOLOv8 and YOLO11 detection weights are "
+                "(yolov8n.pt ... yolov8x.pt, yolo11n.pt ... yolo11x.pt; python -m detector download yolo11n)")
     else:
         hint = f"obtain the file by hand and put it in {weights_dir}"
     raise FileNotFoundError(f"weights {str(name_or_path)!r} not found (looked for {looked}); {hint}")
@@ -55,7 +55,7 @@ def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None
 def located(name_or_path: str | Path) -> Path:
     """``--weights`` for val, predict, export and benchmark as training finds it: a bare name of a file in the
     weights folder (``yolov8n.pt``, where ``download`` puts it) is that file, a missing catalogued name says how
-    to fetch it and another Ultralytics family's (``yolo11n.pt``) that it cannot load (:func:`resolve_weights`).
+    to fetch it and another Ultralytics family's (``yolo26n.pt``) that it cannot load (:func:`resolve_weights`).
     Anything else comes back as given, for the caller's own checks."""
     path = Path(name_or_path).expanduser()
     if path.is_file() or not is_bare_name(name_or_path):

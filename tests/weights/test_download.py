@@ -22,7 +22,7 @@ from detector.weights import resolve_weights
 from detector.weights.catalog import PRETRAINED, PretrainedWeights
 from detector.weights.download import download_weights
 from tests.data.test_download import TIMEOUT_S, Served, server  # noqa: F401 - the fixture, shared
-from tests.weights.lookalike import yolov8_lookalike_bytes
+from tests.weights.lookalike import lookalike_bytes, yolov8_lookalike_bytes
 
 OPTIONS = {"timeout": TIMEOUT_S, "retry_wait": 0.0, "allow_http": True}  # the local server speaks plain http
 
@@ -147,6 +147,30 @@ def test_every_catalogued_file_is_pinned_and_fetched_over_https():
         assert weights.url.startswith("https://") and weights.url.endswith(f"/{weights.filename}")
 
 
+def test_yolo11_weights_are_pinned_fetched_and_read_as_yolo11(tmp_path: Path, server: tuple[str, Served],
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture):
+    """``download yolo11n``: the file Ultralytics' Hugging Face repository holds at the pinned commit, read as YOLO11n;
+    a YOLOv8 file served in its place is deleted, named for what it is."""
+    assert [(weights.scale, weights.url.split("/resolve/")[0]) for name, weights in PRETRAINED.items()
+            if name.startswith("yolo11")] == [(f"11{letter}", "https://huggingface.co/Ultralytics/YOLO11")
+                                             for letter in "nsmlx"]
+    base, served = server
+    monkeypatch.setenv(transfer.BASE_URL_ENV, base)
+    yolo11, yolov8 = lookalike_bytes("11n"), yolov8_lookalike_bytes("n")
+    for content, folder in ((yolo11, tmp_path / "a"), (yolov8, tmp_path / "b")):
+        served.files["yolo11n.pt"] = content
+        fields = {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+        monkeypatch.setitem(PRETRAINED, "yolo11n", dataclasses.replace(PRETRAINED["yolo11n"], **fields))
+        if content is yolo11:
+            assert download_command.main(["YOLO11n.pt", "--weights-dir", str(folder), "--allow-http"]) == 0
+            assert "(loads: YOLO11n, 80 classes, 499 tensors)" in capsys.readouterr().out
+        else:
+            with pytest.raises(DownloadError, match=r"holds YOLOv8n weights; deleted it"):
+                download_weights("yolo11n", weights_dir=folder, **OPTIONS)
+            assert not any(folder.iterdir())
+
+
 def test_a_second_download_of_the_same_weights_stops_at_once(tmp_path: Path, served_weights: tuple[str, Served]):
     _, served = served_weights
     folder = tmp_path / "weights"
@@ -191,7 +215,8 @@ def test_suggested_commands_quote_a_weights_folder_with_spaces(tmp_path: Path, s
 
 @pytest.mark.parametrize(("name", "hint"), [
     ("yolov8n.yaml", "a .yaml names an architecture, not weights: --model n ... x"),  # was: "obtain the file by hand"
-    ("yolo11n.yaml", "YOLO11 is not built here: only YOLOv8 detection is (--model n ... x)"),
+    ("yolo11n.yaml", "a .yaml names an architecture, not weights: --model n ... x or 11n ... 11x"),
+    ("yolo26n.yaml", "YOLO26 is not built here: only YOLOv8 and YOLO11 detection are (--model n ... x, 11n ... 11x)"),
     ("yolov8n-p2.yaml", "YOLOv8 with a P2 head is not built here"),
 ])
 def test_an_architecture_yaml_given_as_weights_says_what_to_do(tmp_path: Path, name: str, hint: str) -> None:

@@ -426,5 +426,8 @@ def test_val_predict_export_and_load_find_a_bare_name_where_train_does(tmp_path:
     assert located("mine.pt") == Path("mine.pt")  # not there: as given, for the caller's own "not found"
     with pytest.raises(FileNotFoundError, match=r"fetch it: python -m detector download yolov8s$"):
         located("yolov8s.pt")
-    with pytest.raises(FileNotFoundError, match=r"YOLO11 weights would not load here either: only YOLOv8 detection"):
-        located("yolo11n.pt")  # val, predict, export, benchmark and load() say it as train does
+    with pytest.raises(FileNotFoundError, match=r"fetch it: python -m detector download yolo11n$"):
+        located("yolo11n.pt")
+    with pytest.raises(FileNotFoundError, match=r"YOLO26 weights would not load here either: only YOLOv8 and YOLO11 "
+                                                r"detection weights are"):
+        located("yolo26n.pt")  # val, predict, export, benchmark and load() say it as train does
