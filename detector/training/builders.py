@@ -18,6 +18,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from detector.architecture import HEAD_LAYER, display_name, family_and_scale
 from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, load_matching, model_args
 from detector.checkpoint_integrity import damage
 from detector.data.augment import AugmentConfig
@@ -179,9 +180,10 @@ def build_run_model(config: TrainConfig, names: list[str], log, resumed: tuple[d
 
 
 def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO:
-    """A fresh model, or one started from ``--weights``: our own checkpoint or an Ultralytics YOLOv8 file.
+    """A fresh model, or one started from ``--weights``: our own checkpoint or an Ultralytics YOLOv8 or YOLO11 file.
 
-    The scale comes from the weights file when there is one; a mismatch with ``--model`` is reported. So does the
+    The model (family and scale) comes from the weights file when there is one; a mismatch with ``--model`` is
+    reported. So does the
     class branch's width, so that its hidden layers carry over to another class count (as in Ultralytics 8.4), and
     the class-logit rows of classes the weights name alike start from those (:mod:`detector.weights.class_rows`).
     Ultralytics files are read with a restricted unpickler (no code from the file runs).
@@ -200,7 +202,9 @@ def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO
         ours, refused = None, error  # not one of ours: the Ultralytics reader's turn, then both reasons if it fails
     if ours is not None and "model_args" in ours:
         scale, weights = model_args(ours, path)["scale"], ours.get("ema") or ours["model"]
-        width = weights.get("head.cv3.0.0.conv.weight") if isinstance(weights, dict) else None
+        # The class branch's first width-setting conv: YOLO11's opens with a depthwise conv at its input's width.
+        first = "head.cv3.0.0.1.conv.weight" if family_and_scale(scale)[0] == "11" else "head.cv3.0.0.conv.weight"
+        width = weights.get(first) if isinstance(weights, dict) else None
         model = build_model(num_classes=len(names), scale=scale,
                             class_channels=int(width.shape[0]) if isinstance(width, torch.Tensor) else None)
         moved, matched = (moved_class_rows(weights, model.state_dict(), [str(name) for name in ours.get("names") or []],
@@ -215,32 +219,44 @@ def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO
     # As val and predict say it: our reader's refusal (naming the global the file would run) was dropped here.
     checkpoint = read_ultralytics_checkpoint(path) if refused is None else read_foreign_weights(path, refused)
     if checkpoint.scale != config.model:
-        log(f"weights: {path.name} is YOLOv8{checkpoint.scale}; building scale {checkpoint.scale} instead of --model {config.model}")
+        log(f"weights: {path.name} is {display_name(checkpoint.scale)}; building it instead of --model {config.model} "
+            f"({display_name(config.model)}): the file decides")
     model = build_model(num_classes=len(names), scale=checkpoint.scale, class_channels=checkpoint.class_channels)
     log(f"weights: {load_pretrained(model, checkpoint, names).summary()}")
     return model
 
 
 def freeze_layers(model: YOLO, count: int, log) -> tuple[str, ...]:
-    """``--freeze N``: YOLOv8 layers ``0..N-1`` stop training, as Ultralytics' ``freeze=N`` does; -> our modules frozen.
+    """``--freeze N``: layers ``0..N-1`` stop training, numbered as Ultralytics numbers the model's family and as its
+    ``freeze=N`` freezes them; -> our modules frozen.
 
-    YOLOv8's layer numbers map onto our attributes (:data:`detector.weights.ultralytics.YOLOV8_LAYERS`): 0-9 are
-    the backbone (``stem`` ... ``sppf``), 10-21 the neck (upsample and concat layers have no parameters), 22 the
-    head. Frozen parameters get ``requires_grad=False``, so :func:`build_optimizer` leaves them out and no
-    gradient is computed for them. BatchNorm layers inside keep updating their running statistics in training
-    mode, as in Ultralytics: the frozen weights stay the pretrained ones, while the statistics follow the new
-    data's distribution (the cheapest part of adapting to it), and the same ``--freeze`` trains what it trains
-    there. The module types stay as they are, so checkpoints, the EMA and export see the same model.
+    The family's layer numbers map onto our attributes (:data:`detector.weights.ultralytics.LAYERS`). YOLOv8: 0-9 are
+    the backbone (``stem`` ... ``sppf``), 10-21 the neck (upsample and concat layers have no parameters), 22 the head.
+    YOLO11: 0-10 the backbone (its C2PSA attention, ``psa``, is 10), 11-22 the neck, 23 the head. Frozen parameters
+    get ``requires_grad=False``, so :func:`build_optimizer` leaves them out and no gradient is computed for them.
+    BatchNorm layers inside keep updating their running statistics in training mode, as in Ultralytics: the frozen
+    weights stay the pretrained ones, while the statistics follow the new data's distribution (the cheapest part of
+    adapting to it), and the same ``--freeze`` trains what it trains there. The module types stay as they are, so
+    checkpoints, the EMA and export see the same model.
+
+    Raises:
+        ValueError: ``count`` reaches past the family's head (``--freeze 23`` on YOLOv8, whose head is 22: the
+            configuration allows 23 for YOLO11 before the weights file has decided the family).
     """
-    from detector.weights.ultralytics import YOLOV8_LAYERS
+    from detector.weights.ultralytics import LAYERS
 
-    names = tuple(name for _, name in YOLOV8_LAYERS[:count] if name is not None)
+    family = model.family
+    if count > HEAD_LAYER[family]:
+        raise ValueError(f"--freeze {count}: {display_name(model.scale)} numbers its layers 0-{HEAD_LAYER[family]}, "
+                         f"its head {HEAD_LAYER[family]}; --freeze {HEAD_LAYER[family]} trains the head alone")
+    names = tuple(name for _, name in LAYERS[family][:count] if name is not None)
     for name in names:
         getattr(model, name).requires_grad_(False)
     if names:
         frozen = sum(p.numel() for name in names for p in getattr(model, name).parameters())
         total = sum(p.numel() for p in model.parameters())
-        log(f"freeze: YOLOv8 layers 0-{count - 1} ({', '.join(names)}): {frozen:,} of {total:,} parameters frozen")
+        log(f"freeze: YOLO{family} layers 0-{count - 1} ({', '.join(names)}): {frozen:,} of {total:,} parameters "
+            "frozen")
     return names
 
 

@@ -17,7 +17,7 @@ from detector.choices import PIXEL_AUGMENT as PIXEL_AUGMENT_CHOICES
 from detector.choices import OPTIMIZER as OPTIMIZER_CHOICES
 from detector.choices import PRECISION as PRECISION_CHOICES
 from detector.choices import RECOMPUTE as RECOMPUTE_CHOICES
-from detector.architecture import MODEL_NAMES
+from detector.architecture import HEAD_LAYER, MODEL_NAMES, family_and_scale
 from detector.choices import VAL_BACKGROUND as VAL_BACKGROUND_CHOICES
 from detector.options import option
 from detector.runs import name_problem
@@ -29,9 +29,11 @@ BUILTIN_EPOCHS = 20  # the recipe's length: close-mosaic and warm-up keep their 
 # The demo promises to finish in under 10 minutes on any 2-core x86 CPU: with BF16 the 20 epochs fit in
 # about 7; without it (FP32, ~3x slower) only a budget keeps the promise, so the built-in run has one.
 BUILTIN_TIME = "8m"
-# --freeze N freezes YOLOv8 layers 0..N-1 (detector.training.builders.freeze_layers maps them to our modules);
-# layer 22 is the head, so 22 leaves only the head to train and more would leave nothing.
-FREEZABLE_LAYERS = 22
+# --freeze N freezes layers 0..N-1, numbered as Ultralytics numbers the model's family (detector.training.builders.
+# freeze_layers maps them to our modules); the head is layer 22 in YOLOv8 and 23 in YOLO11 (HEAD_LAYER), so that
+# count leaves only the head to train and more would leave nothing. With --weights the file decides the family, so up
+# to 23 passes here and freeze_layers refuses 23 for a YOLOv8 model.
+FREEZABLE_LAYERS = max(HEAD_LAYER.values())
 SEED_MAX = 2**32 - 1  # --seed's largest: NumPy's legacy generator (np.random.seed) takes no more
 
 
@@ -49,10 +51,12 @@ class TrainConfig:
                                                    "0 2; the model keeps every class (Ultralytics' classes)")
     model: str = option("n", "model: YOLOv8 at a scale (n s m l x) or YOLO11 (11n 11s 11m 11l 11x)",
                         choices=MODEL_NAMES)
-    weights: str = option("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 .pt "
-                                "(bare names look in weights/; python -m detector download yolov8n fetches one)")
-    freeze: int = option(0, "freeze the first N layers, numbered as in YOLOv8 (10 = the backbone, 22 = all but the "
-                            "head): their weights and BN affine parameters stay as loaded; 0 = train everything")
+    weights: str = option("", "start from these weights: our .pt (best.pt, last.pt), or an Ultralytics YOLOv8 or "
+                                "YOLO11 .pt, whose model it builds (bare names look in weights/; python -m detector "
+                                "download yolo11n fetches one)")
+    freeze: int = option(0, "freeze the first N layers, numbered as Ultralytics does (YOLOv8: 10 = the backbone, 22 = "
+                            "all but the head; YOLO11: 11 = the backbone, 23 = all but the head): their weights and BN "
+                            "affine parameters stay as loaded; 0 = train everything")
     imgsz: int = option(0, "image size (pixels, multiple of 32); 0 = 320 on the built-in dataset, else 640")
     epochs: int = option(0, "training epochs; 0 = tuned default on the built-in dataset, else 100")
     time: str = option("", "wall-clock budget for the whole run, e.g. 8m, 1.5h, 90s (bare number = hours): the epoch "
@@ -182,6 +186,16 @@ class TrainConfig:
             self.data = str(Path(self.data).resolve())
         return self
 
+    def freeze_problem(self) -> str | None:
+        """Why ``--freeze`` cannot work: beyond the head of ``--model``'s family, or of either family with ``--weights``
+        (whose file decides the family: detector.training.builders.freeze_layers checks it then)."""
+        family = None if self.weights or self.model not in MODEL_NAMES else family_and_scale(self.model)[0]
+        most = FREEZABLE_LAYERS if family is None else HEAD_LAYER[family]
+        if 0 <= self.freeze <= most:
+            return None
+        heads = f"{most} = all but the head" if family else "all but the head: 22 for YOLOv8, 23 for YOLO11"
+        return f"--freeze must be in [0, {most}] ({heads}; got {self.freeze})"
+
     def validate(self) -> "TrainConfig":
         """Reject values that cannot work, with a message naming the flag."""
         problems = []
@@ -205,8 +219,8 @@ class TrainConfig:
                 parse_duration(self.time)
             except ValueError as error:
                 problems.append(str(error))
-        if not 0 <= self.freeze <= FREEZABLE_LAYERS:
-            problems.append(f"--freeze must be in [0, {FREEZABLE_LAYERS}] (22 = all but the head; got {self.freeze})")
+        if problem := self.freeze_problem():
+            problems.append(problem)
         if self.patience < 0:
             problems.append(f"--patience must be >= 0 (got {self.patience})")
         if self.unamp and self.precision not in ("auto", "fp32"):  # --unamp silently won over the other one

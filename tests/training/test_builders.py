@@ -40,6 +40,29 @@ def test_freeze_maps_yolov8_layer_numbers_onto_our_modules() -> None:
     assert freeze_layers(build_model(num_classes=3, scale="n"), 0, lines.append) == ()
 
 
+def test_freeze_maps_yolo11_layer_numbers_onto_our_modules() -> None:
+    """YOLO11 numbers its layers as its YAML does: C2PSA attention is layer 10 of the backbone, the head 23."""
+    lines: list[str] = []
+    assert freeze_layers(build_model(num_classes=3, scale="11n"), 11, lines.append) == (*BACKBONE, "psa")
+    assert lines[0].startswith("freeze: YOLO11 layers 0-10 (stem, ") and lines[0].endswith(" parameters frozen")
+    # 13 adds layer 11 (upsample) and 12 (concat), neither with parameters; 14 the first neck block
+    assert freeze_layers(build_model(num_classes=3, scale="11n"), 13, lines.append) == (*BACKBONE, "psa")
+    assert freeze_layers(build_model(num_classes=3, scale="11n"), 14, lines.append)[-1] == "top_down4"
+    model = build_model(num_classes=3, scale="11n")
+    everything_but_head = freeze_layers(model, 23, lines.append)
+    assert everything_but_head[-1] == "bottom_up5" and "head" not in everything_but_head
+    assert {name.split(".")[0] for name, p in model.named_parameters() if p.requires_grad} == {"head"}
+
+
+def test_freeze_past_a_yolov8_head_is_refused_once_the_weights_decide_the_family(tmp_path: Path) -> None:
+    """--freeze 23 passes the configuration beside --weights (a YOLO11 file's head is 23); a YOLOv8 model's is 22."""
+    torch.save({}, tmp_path / "yolov8n.pt")
+    TrainConfig(freeze=23, weights=str(tmp_path / "yolov8n.pt"), epochs=1, imgsz=64).validate()
+    with pytest.raises(ValueError, match=r"^--freeze 23: YOLOv8n numbers its layers 0-22, its head 22; --freeze 22 "
+                                         r"trains the head alone$"):
+        freeze_layers(build_model(num_classes=3, scale="n"), 23, lambda line: None)
+
+
 def test_frozen_parameters_leave_the_optimizer_and_keep_their_values() -> None:
     torch.manual_seed(0)
     model = build_model(num_classes=3, scale="n")
@@ -66,10 +89,20 @@ def test_frozen_parameters_leave_the_optimizer_and_keep_their_values() -> None:
     assert not torch.equal(model.stem.bn.running_mean, stem_bn)
 
 
-@pytest.mark.parametrize("count", [-1, 23])
-def test_freeze_beyond_the_layers_is_refused(count: int) -> None:
-    with pytest.raises(ValueError, match=rf"--freeze must be in \[0, 22\] \(22 = all but the head; got {count}\)"):
-        TrainConfig(freeze=count, epochs=1, imgsz=64).validate()
+@pytest.mark.parametrize(("count", "model", "weights", "most", "heads"), [
+    (-1, "n", "", 22, "22 = all but the head"),
+    (23, "n", "", 22, "22 = all but the head"),
+    (24, "11n", "", 23, "23 = all but the head"),
+    (24, "n", "any.pt", 23, "all but the head: 22 for YOLOv8, 23 for YOLO11"),  # the file decides the family
+])
+def test_freeze_beyond_the_layers_is_refused(count: int, model: str, weights: str, most: int, heads: str,
+                                             tmp_path: Path) -> None:
+    if weights:
+        weights = str(tmp_path / weights)
+        torch.save({}, weights)  # the configuration checks that it is a torch file, not what it holds
+    with pytest.raises(ValueError, match=rf"--freeze must be in \[0, {most}\] \({heads}; got {count}\)"):
+        TrainConfig(freeze=count, model=model, weights=weights, epochs=1, imgsz=64).validate()
+    TrainConfig(freeze=most, model=model, weights=weights, epochs=1, imgsz=64).validate()
 
 
 @pytest.mark.parametrize("saved", [{}, {"val_rect": True}, {"val_rect": False}])
@@ -437,6 +470,40 @@ def test_a_fine_tune_from_our_checkpoint_keeps_its_class_width_and_rows_by_name(
     save_checkpoint({"model": state, "ema": None, "model_args": model.rebuild_args(), "names": ["a", "b", "c"],
                      "config": {}}, tmp_path / "tuned.pt")
     assert model_args(load_checkpoint(tmp_path / "tuned.pt"), "tuned.pt")["class_channels"] == 80
+
+
+def test_a_fine_tune_from_our_yolo11_checkpoint_keeps_its_class_width(tmp_path: Path) -> None:
+    """Our 80-class YOLO11n (class branch 80 wide): the width is read from the 1x1 conv after the branch's depthwise
+    one (``head.cv3.0.0.1``; the depthwise conv keeps its input's 64), so a 3-class fine-tune builds it 80 wide."""
+    from detector.checkpoint import save_checkpoint
+
+    source = build_model(num_classes=80, scale="11n")
+    path = tmp_path / "ours.pt"
+    save_checkpoint({"model": source.state_dict(), "ema": None, "model_args": source.rebuild_args(),
+                     "names": [f"class{index}" for index in range(80)], "config": {}}, path)
+    lines: list[str] = []
+    model = build_run_model(TrainConfig(weights=str(path)), ["a", "b", "c"], lines.append, None)
+    assert (model.scale, model.head.class_channels) == ("11n", 80)
+    assert f"{len(model.state_dict()) - 6}/{len(model.state_dict())} tensors" in lines[-1]  # all but the logits
+
+
+def test_yolo11_weights_build_yolo11_whatever_model_was_asked(tmp_path: Path) -> None:
+    """``--weights yolo11n.pt`` (``model=yolo11n.pt``) with the default ``--model n``: the file decides, and says so;
+    the class branch keeps the file's width (80) and the rows of classes named alike."""
+    from tests.weights.lookalike import lookalike_bytes
+
+    path = tmp_path / "yolo11n.pt"
+    path.write_bytes(lookalike_bytes("11n", num_classes=80))
+    lines: list[str] = []
+    model = build_model_from_weights(TrainConfig(weights=str(path), model="n"), ["class7", "zebra"], lines.append)
+    assert (model.scale, model.num_classes, model.head.class_channels) == ("11n", 2, 80)
+    assert lines[0] == ("weights: yolo11n.pt is YOLO11n; building it instead of --model n (YOLOv8n): the file "
+                        "decides")
+    assert lines[1].startswith(f"weights: loaded {len(model.state_dict())} tensors from {path} (YOLO11n, 80 classes); "
+                               "1 of the model's 2 classes start from the weights' class of the same name, 1 fresh")
+    quiet: list[str] = []
+    assert build_model_from_weights(TrainConfig(weights=str(path), model="11n"), ["a"], quiet.append).scale == "11n"
+    assert len(quiet) == 1  # asked for what the file is: no note
 
 
 class _Exploit:
