@@ -133,9 +133,10 @@ def train(
     """Train a detector: ``python train.py`` with these flags (``python train.py --help`` describes each).
 
     Common ones: ``data`` (a data YAML, a shipped name such as ``"coco128"``; empty: the built-in shapes set),
-    ``model`` (scale ``n``...``x``, or an Ultralytics ``"yolov8n.pt"``: its weights and scale), ``weights`` (start
-    from a ``.pt``), ``epochs``, ``imgsz``, ``batch``, ``time`` (a wall-clock budget such as ``"1h"``),
-    ``freeze`` (YOLOv8 layers ``0..N-1`` stay fixed), ``device``, ``project``/``name`` (the run folder).
+    ``model`` (``n``...``x``, ``11n``...``11x``, or an Ultralytics ``"yolo11n.pt"``: its weights and model),
+    ``weights`` (start from a ``.pt``), ``epochs``, ``imgsz``, ``batch``, ``time`` (a wall-clock budget such as
+    ``"1h"``), ``freeze`` (layers ``0..N-1``, numbered as Ultralytics does, stay fixed), ``device``,
+    ``project``/``name`` (the run folder).
 
     Returns ``{"metrics" (last evaluation), "run_dir" (absolute), "best" (path of best.pt), "seconds", "epochs_done",
     "precision", "interrupted"}``.
@@ -171,8 +172,8 @@ def val(
     name: str = "exp",
     **ultralytics: Any,
 ) -> dict[str, float]:
-    """Score ``weights`` (our ``.pt``, an Ultralytics ``yolov8*.pt``, an ``.onnx`` or ``.engine``, or a
-    :func:`load` ed model) on a split of ``data``: ``python -m detector val`` with these flags.
+    """Score ``weights`` (our ``.pt``, an Ultralytics ``yolov8*.pt`` or ``yolo11*.pt``, an ``.onnx`` or ``.engine``, or
+    a :func:`load` ed model) on a split of ``data``: ``python -m detector val`` with these flags.
 
     Returns the metrics (``mAP50-95``, ``mAP50``, ``mAP75``, ...). The table, plots and predictions.json are
     written under ``project/name`` as by the command; ``verbose=False`` prints no table (results.txt has it).
@@ -385,7 +386,8 @@ class Model:
 
 
 def load(weights: str | Path, *, device: str = "", imgsz: int | None = None, half: bool = False) -> Model:
-    """Load ``weights`` (a training checkpoint, full or stripped, Ultralytics ``yolov8*.pt``, or an export) for
+    """Load ``weights`` (a training checkpoint, full or stripped, Ultralytics ``yolov8*.pt`` or ``yolo11*.pt``, or an
+    export) for
     :meth:`Model.predict`.
 
     ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (default: CUDA when there is one); ``imgsz``: the input size of a

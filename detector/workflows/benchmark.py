@@ -168,7 +168,7 @@ def backends_for_checkpoint(
     progress: Callable[[str], None] = print,
 ) -> Iterator[Candidate | str]:
     """Yield each backend to time (built lazily, so exports happen just before they are timed), or a skip note."""
-    model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8 weights as val and predict read them
+    model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8/YOLO11 weights, as val reads them
     reference = TorchBackend.from_model(model, checkpoint, imgsz=imgsz, device=device)
     if "pytorch" not in skip:
         yield Candidate(reference.name, lambda batch: reference)

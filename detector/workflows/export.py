@@ -138,7 +138,7 @@ def run_export(options: ExportOptions) -> list[Path]:
             raise ValueError("--format pt2 has no NMS inside (its batch is free, the in-graph NMS is not); drop --nms, "
                              "predict/val/benchmark apply NMS after the package")
         pt2_precision(options.half, device)  # refuses --half where it would not pay, before any work
-    model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8 weights as predict and val read them
+    model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8/YOLO11 weights, as val reads them
     names = list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)])
     info = model_info(options, names, tuple(model.strides), (checkpoint.get("config") or {}).get("imgsz"))
     folder = export_folder(options.weights, weights)

@@ -29,8 +29,8 @@ from detector.runs import name_problem
 class ValOptions(Options):
     """The flags of ``python -m detector val``."""
 
-    weights: Path = option(help="checkpoint (.pt) written by training, Ultralytics yolov8*.pt, or an export "
-                                "(.onnx, .engine, .pt2)")
+    weights: Path = option(help="checkpoint (.pt) written by training, Ultralytics yolov8*.pt or yolo11*.pt, or an "
+                                "export (.onnx, .engine, .pt2)")
     data: Path | None = option(None, "dataset YAML, or a shipped one's name (coco.yaml) (default: the one a checkpoint "
                                      "of ours trained on, as Ultralytics' val does)")
     datasets_dir: Path | None = option(None, "root of downloaded datasets (default: $DETECTOR_DATASETS, else "
@@ -67,8 +67,8 @@ class ValOptions(Options):
 class PredictOptions(Options):
     """The flags of ``python -m detector predict``."""
 
-    weights: Path | None = option(None, ".pt (ours or an Ultralytics yolov8*.pt), .onnx, .engine or .pt2 (default: the "
-                                        "newest runs/train/*/weights/best.pt)")
+    weights: Path | None = option(None, ".pt (ours, or an Ultralytics yolov8*.pt or yolo11*.pt), .onnx, .engine or "
+                                        ".pt2 (default: the newest runs/train/*/weights/best.pt)")
     source: str = option(help="an image, a folder (searched recursively), a glob ('imgs/*.jpg'), a video, a "
                               "webcam index (0) or a stream URL (rtsp://, http://)")
     save: bool = option(False, "write annotated images / video (default: off; predictions.json always)")
