@@ -26,7 +26,7 @@ import sys
 
 import torch
 
-from detector.architecture import MODEL_NAMES
+from detector.architecture import MODEL_NAMES, display_name
 from detector.loss import DetectionLoss, box_slots, targets_to_padded
 from detector.model import build_model
 
@@ -97,7 +97,7 @@ def main() -> int:
         print(f"error: this PyTorch ({torch.__version__}) lacks the fake-tensor memory tracker: {error}",
               file=sys.stderr)
         return 1
-    print(f"YOLOv8{args.model}, {args.classes} classes, batch {args.batch}, {args.boxes} boxes an image "
+    print(f"{display_name(args.model)}, {args.classes} classes, batch {args.batch}, {args.boxes} boxes an image "
           f"({box_slots(args.boxes)} slots), model in {args.dtype}, loss in FP32, --recompute {args.recompute}; "
           f"tensors only")
     print("| size px | after forward MB | step peak MB | loss and backward above forward MB |\n|---:|---:|---:|---:|")

@@ -34,7 +34,7 @@ import torch
 from gpu_busy import busy_text
 from isolated import run_isolated
 
-from detector.architecture import MODEL_NAMES
+from detector.architecture import MODEL_NAMES, display_name
 from detector.precision import resolve_precision
 from detector.training.multiscale import MultiScale
 from detector.tuning import ONEDNN_CACHE_ENV
@@ -264,7 +264,7 @@ def main() -> int:
     rows = [*rows, compile_row] if args.compile else rows
     steps = timed_steps(args.imgsz, args.cycles)  # whole cycles: every size equally often
     where = torch.cuda.get_device_name(args.device) if cuda else f"CPU, threads {torch.get_num_threads()}"
-    print(f"{where}, YOLOv8{args.model}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
+    print(f"{where}, {display_name(args.model)}, imgsz {args.imgsz}, batch {args.batch}, {args.cycles} cycles\n")
     print("| step | images/s | GPU busy | input ms | forward ms | loss ms | backward ms | optimizer + EMA ms | "
           "peak MB |")
     print("|---|---|---|---|---|---|---|---|---|")

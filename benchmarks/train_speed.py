@@ -302,7 +302,7 @@ def bccd_rows(args: argparse.Namespace, work: Path) -> list[str]:
     if "ultralytics" in trainers:
         print("BCCD: running Ultralytics ...", file=sys.stderr, flush=True)
         theirs = train_ultralytics(settings, data, work / "bccd", val=True)
-        rows.append(f"| Ultralytics YOLOv8{args.model} | {theirs['wall_seconds'] / 60:.1f} | {theirs['map']:.4f} | "
+        rows.append(f"| Ultralytics {display_name(args.model)} | {theirs['wall_seconds'] / 60:.1f} | {theirs['map']:.4f} | "
                     f"{theirs['map50']:.4f} |")
     return rows
 
@@ -334,7 +334,7 @@ def main() -> int:
                              "fewer has no mosaic, and ours trains at imgsz throughout); 0: mosaic, and our "
                              "multi-scale, all run long, as in most epochs of a long run")
     args = parser.parse_args()
-    RUNS["ultralytics"] = f"Ultralytics YOLOv8{args.model}"
+    RUNS["ultralytics"] = f"Ultralytics {display_name(args.model)}"
     runs = (args.runs or ("amp,unamp,ultralytics" if args.device == "cpu" else ",".join(RUNS))).split(",")
     if args.runs == "none":
         if not args.bccd:
@@ -393,7 +393,7 @@ def main_table(args: argparse.Namespace, runs: list[str], rounds: list[dict[str,
     mosaic = mosaic_epochs(args)
     regime = (f"mosaic (and our multi-scale) in {'all' if mosaic == args.epochs else f'the first {mosaic}'} epochs"
               if mosaic else "no mosaic (close-mosaic epochs all run long; ours at imgsz)")
-    print(f"\n{images} train images, YOLOv8{args.model}, {args.epochs} epochs, {regime}, imgsz {args.imgsz}, "
+    print(f"\n{images} train images, {display_name(args.model)}, {args.epochs} epochs, {regime}, imgsz {args.imgsz}, "
           f"batch {args.batch}, workers {args.workers}, device {args.device}, {args.repeats} round(s), "
           f"data {args.data}\n")
     print(f"| trainer | precision | train images/s | first epoch images/s | steady images/s | step alone images/s | "
