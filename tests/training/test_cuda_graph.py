@@ -36,11 +36,12 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph
 def _train_step(device: str, *, precision: str = "fp32", cuda_graphs: str = "off", optimizer: str = "SGD",
                 warmup_steps: int = 0, steps_per_epoch: int = 6, warmup_momentum: float = 0.9,
                 nominal_batch: int = 2, num_classes: int = 2, channels_last: bool = False,
-                recompute: bool = False, class_weights: torch.Tensor | None = None) -> TrainStep:
-    """A small run's TrainStep on ``device``: the nano model, 2 images per step, no accumulation (unless
-    ``nominal_batch`` asks for it); ``channels_last`` and ``recompute`` as the trainer's CUDA defaults have them."""
+                recompute: bool = False, class_weights: torch.Tensor | None = None, scale: str = "n") -> TrainStep:
+    """A small run's TrainStep on ``device``: the nano model (YOLOv8n unless ``scale`` says), 2 images per step, no
+    accumulation (unless ``nominal_batch`` asks for it); ``channels_last`` and ``recompute`` as the trainer's CUDA
+    defaults have them."""
     torch.manual_seed(0)
-    model = build_model(num_classes=num_classes).to(device)
+    model = build_model(num_classes=num_classes, scale=scale).to(device)
     if channels_last:
         model.to(memory_format=torch.channels_last)
     recompute_activations(model, recompute)
@@ -235,19 +236,20 @@ def test_the_graph_body_reads_nothing_on_the_host(optimizer, precision, chunked,
 
 
 @cuda_only
-@pytest.mark.parametrize("precision,optimizer,warmup_steps,chunked,cuda_defaults,weighted", [
-    ("fp16", "SGD", 0, False, False, False), ("fp32", "AdamW", 0, False, False, False),
-    ("fp16", "AdamW", 5, False, False, False), ("fp32", "SGD", 5, False, False, False),
-    ("fp16", "SGD", 0, True, False, False), ("fp16", "AdamW", 3, False, True, False),
-    ("fp16", "AdamW", 0, False, True, True)])
+@pytest.mark.parametrize("precision,optimizer,warmup_steps,chunked,cuda_defaults,weighted,scale", [
+    ("fp16", "SGD", 0, False, False, False, "n"), ("fp32", "AdamW", 0, False, False, False, "n"),
+    ("fp16", "AdamW", 5, False, False, False, "n"), ("fp32", "SGD", 5, False, False, False, "n"),
+    ("fp16", "SGD", 0, True, False, False, "n"), ("fp16", "AdamW", 3, False, True, False, "n"),
+    ("fp16", "AdamW", 0, False, True, True, "n"), ("fp16", "AdamW", 3, False, True, False, "11n")])
 def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_steps, chunked, cuda_defaults, weighted,
-                                                monkeypatch):
+                                                scale, monkeypatch):
     """Graphs are captured and replayed (not failed), and train to the eager run's weights and losses; in warm-up,
     whose momentum ramps (0.8 -> 0.9 here), graphs of the forward and backward passes with eager optimizer steps.
     ``chunked``: the assigner one image at a time, as at batch 64 (detector.loss.assignment_chunks).
     ``cuda_defaults``: what a CUDA run trains with by default besides FP16 and AdamW (short runs): a channels-last
     model and input, and BatchNorm's largest outputs recomputed in the backward pass (detector/model/recompute.py).
-    ``weighted``: --cls-pw's class weights, a buffer on the device multiplied into the captured BCE."""
+    ``weighted``: --cls-pw's class weights, a buffer on the device multiplied into the captured BCE. ``scale`` 11n:
+    YOLO11, whose attention reshapes a channels-last map inside the graph."""
     if chunked:
         monkeypatch.setattr(detector.loss, "ASSIGNER_CHUNK_ELEMENTS", 1)
     results = []
@@ -255,7 +257,8 @@ def test_captured_steps_train_as_the_eager_ones(precision, optimizer, warmup_ste
         step = _train_step("cuda", precision=precision, optimizer=optimizer, cuda_graphs=choice, steps_per_epoch=10,
                            warmup_steps=warmup_steps, warmup_momentum=0.8 if warmup_steps else 0.9,
                            channels_last=cuda_defaults, recompute=cuda_defaults,
-                           class_weights=frequency_weights(torch.tensor([30, 5]), 1.0) if weighted else None)
+                           class_weights=frequency_weights(torch.tensor([30, 5]), 1.0) if weighted else None,
+                           scale=scale)
         with same_kernels():
             stats = train_one_epoch(step, _batches(10), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
                                     progress=False)
