@@ -58,6 +58,29 @@ def test_planted_fp16_overflow_is_detected_and_falls_back(tmp_path):
     assert evidence["chosen"] == chosen.name and evidence["checks"][0]["loss_amp"] is None
 
 
+def test_a_gradient_unrelated_to_fp32s_fails_the_check(monkeypatch):
+    """A precision whose loss is right but whose gradient points anywhere: the cosine bound is what catches it (a
+    random direction's cosine is ~1/sqrt(parameters), 6e-4 here, under the bound of 0.01)."""
+    from detector.training import amp_check
+
+    real_step = amp_check._step
+
+    def scrambled(model, criterion, images, targets, precision, assigned=None):
+        loss, grad, kept = real_step(model, criterion, images, targets, precision, assigned)
+        if precision.name == "fp32":
+            return loss, grad, kept
+        noise = torch.randn(grad.shape, generator=torch.Generator().manual_seed(0))
+        return loss, noise * grad.norm() / noise.norm(), kept  # same norm, unrelated direction
+
+    monkeypatch.setattr(amp_check, "_step", scrambled)
+    images, targets = _batch()
+    name = "bf16" if cpu_has_native_bf16() else "fp16"
+    chosen, result = amp_preflight(make_train_step(build_model(num_classes=2), precision=name), images, targets)
+    check = result.checks[0]
+    assert result.fell_back and not check.passed and abs(check.gradient_cosine) < 0.01
+    assert check.reason.startswith("gradient direction differs from FP32")
+
+
 def test_the_check_steps_on_the_first_images_of_the_batch_with_their_targets():
     from detector.training.amp_check import CHECK_IMAGES, first_images
 
