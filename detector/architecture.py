@@ -57,14 +57,6 @@ def display_name(name: str) -> str:
     return f"YOLO{family}{scale}"
 
 
-def model_name(text: str) -> str | None:
-    """What a user may type for ``--model`` -> its name here: ``n``, ``11n``, ``yolov8n``, ``YOLO11n`` (any case);
-    ``None`` when it names no model built here."""
-    lowered = text.strip().lower()
-    match = re.fullmatch(r"(?:yolo)?(v8|11)?([nsmlx])", lowered)
-    if not match or (lowered.startswith("yolo") and not match.group(1)):
-        return None
-    return (YOLO11_PREFIX if match.group(1) == "11" else "") + match.group(2)
 BACKBONE: list[list[Any]] = [
     [-1, 1, "Conv", [64, 3, 2]],
     [-1, 1, "Conv", [128, 3, 2]],

@@ -199,7 +199,7 @@ def test_a_stripped_best_starts_a_fine_tune_with_its_backbone_frozen(run: dict, 
                     freeze=10, **TRAIN_FLAGS)
     assert summary["epochs_done"] == 1
     out = capsys.readouterr().out
-    assert f"tensors from {run['best']} (scale n)" in out and "freeze: YOLOv8 layers 0-9 (stem, " in out
+    assert f"tensors from {run['best']} (YOLOv8n)" in out and "freeze: YOLOv8 layers 0-9 (stem, " in out
     before, after = (load_checkpoint(path)["model"] for path in (run["best"], summary["best"]))
     backbone = ("stem.", "down2.", "stage2.", "down3.", "stage3.", "down4.", "stage4.", "down5.", "stage5.", "sppf.")
     parameters = {name for name, _ in detector.model.build_model(num_classes=3).named_parameters()}

@@ -214,7 +214,7 @@ def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO
         model.load_state_dict(moved, strict=False)
         named = (f"; {matched} of {len(names)} classes start from its class of the same name, {len(names) - matched} "
                  "fresh") if moved else ""
-        log(f"weights: {copied + len(moved)}/{total} tensors from {path} (scale {scale}){named}")
+        log(f"weights: {copied + len(moved)}/{total} tensors from {path} ({display_name(scale)}){named}")
         return model
     # As val and predict say it: our reader's refusal (naming the global the file would run) was dropped here.
     checkpoint = read_ultralytics_checkpoint(path) if refused is None else read_foreign_weights(path, refused)

@@ -32,9 +32,12 @@ __all__ = [
     "resolve_weights",
 ]
 _ELSEWHERE = {"resolve_weights": "locate", "UnsafeCheckpointError": "safe_pickle"}  # the others: ultralytics
+# The names these had while only YOLOv8 loaded: kept so that code importing them goes on working.
+_RENAMED = {"convert_yolov8_state_dict": "convert_state_dict", "detect_yolov8_scale": "detect_scale"}
 
 
 def __getattr__(name: str) -> Any:
+    name = _RENAMED.get(name, name)
     if name in __all__:
         module = _ELSEWHERE.get(name, "ultralytics")
         return getattr(importlib.import_module(f"detector.weights.{module}"), name)

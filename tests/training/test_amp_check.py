@@ -7,7 +7,7 @@ from torch import nn
 from detector.loss import DetectionLoss
 from detector.model import build_model
 from detector.precision import cpu_has_native_bf16
-from detector.training.amp_check import amp_preflight, save_preflight
+from detector.training.amp_check import amp_preflight, median_tensor_cosine, save_preflight
 from tests.conftest import make_train_step
 
 
@@ -59,26 +59,34 @@ def test_planted_fp16_overflow_is_detected_and_falls_back(tmp_path):
 
 
 def test_a_gradient_unrelated_to_fp32s_fails_the_check(monkeypatch):
-    """A precision whose loss is right but whose gradient points anywhere: the cosine bound is what catches it (a
-    random direction's cosine is ~1/sqrt(parameters), 6e-4 here, under the bound of 0.01)."""
+    """A precision whose loss is right but whose gradient points anywhere, with the real one's magnitudes (FP32's
+    gradient with random signs: its energy in the same few coordinates, the hardest unrelated case): the median
+    tensor's cosine is what catches it, ~0 against the bound of 0.1."""
     from detector.training import amp_check
 
     real_step = amp_check._step
+    generator = torch.Generator().manual_seed(0)
 
     def scrambled(model, criterion, images, targets, precision, assigned=None):
-        loss, grad, kept = real_step(model, criterion, images, targets, precision, assigned)
+        loss, grads, kept = real_step(model, criterion, images, targets, precision, assigned)
         if precision.name == "fp32":
-            return loss, grad, kept
-        noise = torch.randn(grad.shape, generator=torch.Generator().manual_seed(0))
-        return loss, noise * grad.norm() / noise.norm(), kept  # same norm, unrelated direction
+            return loss, grads, kept
+        return loss, [grad * (torch.randint(0, 2, grad.shape, generator=generator) * 2 - 1) for grad in grads], kept
 
     monkeypatch.setattr(amp_check, "_step", scrambled)
     images, targets = _batch()
     name = "bf16" if cpu_has_native_bf16() else "fp16"
     chosen, result = amp_preflight(make_train_step(build_model(num_classes=2), precision=name), images, targets)
     check = result.checks[0]
-    assert result.fell_back and not check.passed and abs(check.gradient_cosine) < 0.01
-    assert check.reason.startswith("gradient direction differs from FP32")
+    assert result.fell_back and not check.passed and abs(check.median_tensor_cosine) < 0.1
+    assert check.reason.startswith("gradient direction differs from FP32 (cosine per tensor")
+
+
+def test_the_median_tensor_cosine_ignores_tensors_without_a_reference_direction():
+    ones, zero = torch.ones(4), torch.zeros(4)
+    assert median_tensor_cosine([ones, -ones, ones], [ones, ones, ones]) == 1.0  # median of 1, -1, 1
+    assert median_tensor_cosine([-ones, ones], [zero, ones]) == 1.0  # the zero reference says nothing
+    assert median_tensor_cosine([-ones], [ones]) == -1.0
 
 
 def test_the_check_steps_on_the_first_images_of_the_batch_with_their_targets():

@@ -226,3 +226,12 @@ def test_a_yolov8_model_is_told_it_holds_yolo11_weights(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"yolo11n\.pt: holds YOLO11n weights but the model is scale 'n'; build it "
                                          r"with scale='11n'"):
         load_pretrained(build_model(num_classes=80, scale="n"), path)
+
+
+def test_the_readers_yolov8_era_names_still_import() -> None:
+    """``convert_yolov8_state_dict`` and ``detect_yolov8_scale`` were public before YOLO11 loaded: the renamed
+    functions answer to them."""
+    import detector.weights as weights
+    from detector.weights import convert_yolov8_state_dict, detect_yolov8_scale
+
+    assert convert_yolov8_state_dict is weights.convert_state_dict and detect_yolov8_scale is weights.detect_scale
