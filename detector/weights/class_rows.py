@@ -39,12 +39,15 @@ def remap_class_rows(incoming: Mapping[str, torch.Tensor], own: Mapping[str, tor
                      rows: Sequence[int]) -> dict[str, torch.Tensor]:
     """The class-logit tensors of ``own`` (the fresh model's, our key names) with each row ``j`` that has a source
     (``rows[j] >= 0``) taken from ``incoming``'s row ``rows[j]``. A level whose input width differs (another class
-    branch width) is left out: its rows cannot be moved."""
+    branch width) is left out, its bias with its weight: a weight's rows cannot be moved, and a bias alone would be
+    counted as a class that starts from the weights' while its weight row is fresh."""
     moved: dict[str, torch.Tensor] = {}
     target = torch.tensor([j for j, row in enumerate(rows) if row >= 0])
     source = torch.tensor([row for row in rows if row >= 0])
     for key, tensor in own.items():
-        if not _CLASS_LOGITS.fullmatch(key) or key not in incoming or incoming[key].shape[1:] != tensor.shape[1:]:
+        weight = key.rsplit(".", 1)[0] + ".weight"  # the level's convolution weight, whose width decides
+        if (not _CLASS_LOGITS.fullmatch(key) or key not in incoming or weight not in incoming or weight not in own
+                or incoming[weight].shape[1:] != own[weight].shape[1:]):
             continue
         result = tensor.detach().clone()
         result[target] = incoming[key][source].to(result.dtype)

@@ -29,3 +29,11 @@ def test_only_the_final_convs_rows_move_and_other_widths_are_left_alone() -> Non
     assert moved["head.cv3.0.2.bias"].tolist() == [2.0, -1.0]
     assert moved["head.cv3.0.2.weight"][:, :, 0, 0].tolist() == [[8.0, 9.0, 10.0, 11.0], [-1.0] * 4]
     assert own["head.cv3.0.2.bias"].tolist() == [-1.0, -1.0]  # the model's own tensors are not written
+
+
+def test_a_level_whose_weight_cannot_move_keeps_its_bias_too() -> None:
+    """Another branch width: the weight's rows cannot move, so neither does the bias (moved alone it would count a
+    class as starting from the weights' while its weight row stays fresh)."""
+    incoming = {"head.cv3.0.2.weight": torch.ones(3, 8, 1, 1), "head.cv3.0.2.bias": torch.arange(3.0)}
+    own = {"head.cv3.0.2.weight": torch.zeros(2, 4, 1, 1), "head.cv3.0.2.bias": torch.zeros(2)}
+    assert remap_class_rows(incoming, own, [2, -1]) == {}
