@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from detector.architecture import MODEL_NAMES, display_name, standard_scale
+from detector.architecture import MODEL_NAMES, display_name, model_name, standard_scale
 
 COMMANDS = ("train", "val", "predict", "export", "benchmark")
 # Ultralytics' names of the models built here: yolov8n ... yolov8x, yolo11n ... yolo11x (weights .pt, or a .yaml).
@@ -104,7 +104,7 @@ def train_model(value: Any) -> dict[str, Any]:
         name, says = standard_scale(text)
         return {"model": name, NOTE: f"the file's architecture is {display_name(name)}'s{says}"}
     match = ULTRALYTICS_NAME.fullmatch(text.rsplit("/", 1)[-1].lower())
-    name = ("11" if match.group(1) == "11" else "") + match.group(2) if match else ""
+    name = model_name(match.group(1), match.group(2)) if match else ""  # the name's family: "v8" or "11", as ours
     if match and match.group(3) == ".yaml":
         return {"model": name}
     if match:

@@ -51,10 +51,15 @@ def family_and_scale(name: str) -> tuple[str, str]:
     return ("11", name[len(YOLO11_PREFIX):]) if name.startswith(YOLO11_PREFIX) else ("v8", name)
 
 
+def model_name(family: str, letter: str) -> str:
+    """``("v8", "n")`` -> ``"n"``, ``("11", "s")`` -> ``"11s"``: :func:`family_and_scale` the other way."""
+    return (YOLO11_PREFIX if family == "11" else "") + letter
+
+
 def display_name(name: str) -> str:
     """``"n"`` -> ``"YOLOv8n"``, ``"11n"`` -> ``"YOLO11n"``: as Ultralytics names the model."""
     family, scale = family_and_scale(name)
-    return f"YOLO{family}{scale}"
+    return f"{family_name(family)}{scale}"
 
 
 BACKBONE: list[list[Any]] = [
@@ -135,8 +140,8 @@ def custom(what: str) -> ValueError:
 
 def effective(depth: float, width: float, max_channels: float,
               family: str = "v8") -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The repeats and channel counts a ``[depth, width, max_channels]`` gives a family's layers (as
-    detector/model/yolo.py and Ultralytics' parse_model both compute them): YOLOv8 repeats 3 and 6 blocks, YOLO11 2."""
+    """The repeats and channel counts a ``[depth, width, max_channels]`` gives a family's layers, as Ultralytics'
+    parse_model computes them (detector/model/yolo.py builds from these): YOLOv8 repeats 3 and 6 blocks, YOLO11 2."""
     repeats = tuple(max(round(n * depth), 1) for n in ((3, 6) if family == "v8" else (2,)))
     channels = tuple(int(math.ceil(min(c, max_channels) * width / 8) * 8) for c in (64, 128, 256, 512, 1024))
     return repeats, channels
@@ -175,8 +180,8 @@ def standard_scale(path: str) -> tuple[str, str]:
             raise custom(f"{key}: {spec[key]!r}")
     letter, note = scale_of(path, spec, family)
     nc = spec.get("nc")
-    name = (YOLO11_PREFIX if family == "11" else "") + letter
-    return name, note + (f"; its nc: {nc} is not read, the data YAML's names set the classes" if nc else "")
+    unread = f"; its nc: {nc} is not read, the data YAML's names set the classes" if nc else ""
+    return model_name(family, letter), note + unread
 
 
 def family_of_layers(layers: list[Any], backbone: int) -> str:

@@ -10,6 +10,12 @@ from torch import nn
 from detector.model.blocks import DFL, Conv, concat
 
 
+def class_width_key(depthwise: bool) -> str:
+    """The head's state-dict key whose output channels are its class branch's hidden width: the first convolution
+    that sets it (YOLO11's branch opens with a depthwise one at its input's width, then a 1x1)."""
+    return "cv3.0.0.1.conv.weight" if depthwise else "cv3.0.0.conv.weight"
+
+
 def default_class_channels(num_classes: int, first_channels: int) -> int:
     """YOLOv8's class-branch width for a freshly built head: ``max(P3 channels, min(classes, 100))``."""
     return max(first_channels, min(num_classes, 100))

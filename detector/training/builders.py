@@ -18,7 +18,7 @@ import yaml
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from detector.architecture import HEAD_LAYER, display_name, family_and_scale
+from detector.architecture import HEAD_LAYER, display_name, family_and_scale, family_name
 from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, load_matching, model_args
 from detector.checkpoint_integrity import damage
 from detector.data.augment import AugmentConfig
@@ -33,6 +33,7 @@ from detector.distributed import DistInfo, broadcast_from_main
 from detector.files import write_text_atomically
 from detector.loss import DetectionLoss, LossGains, frequency_weights
 from detector.model import YOLO, build_model
+from detector.model.head import class_width_key
 from detector.runs import claim_run_dir
 from detector.training.budget import MAX_WARMUP_SHARE, MIN_WARMUP_STEPS
 from detector.training.config import SEED_MAX, TrainConfig
@@ -202,8 +203,7 @@ def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO
         ours, refused = None, error  # not one of ours: the Ultralytics reader's turn, then both reasons if it fails
     if ours is not None and "model_args" in ours:
         scale, weights = model_args(ours, path)["scale"], ours.get("ema") or ours["model"]
-        # The class branch's first width-setting conv: YOLO11's opens with a depthwise conv at its input's width.
-        first = "head.cv3.0.0.1.conv.weight" if family_and_scale(scale)[0] == "11" else "head.cv3.0.0.conv.weight"
+        first = "head." + class_width_key(depthwise=family_and_scale(scale)[0] == "11")
         width = weights.get(first) if isinstance(weights, dict) else None
         model = build_model(num_classes=len(names), scale=scale,
                             class_channels=int(width.shape[0]) if isinstance(width, torch.Tensor) else None)
@@ -255,8 +255,8 @@ def freeze_layers(model: YOLO, count: int, log) -> tuple[str, ...]:
     if names:
         frozen = sum(p.numel() for name in names for p in getattr(model, name).parameters())
         total = sum(p.numel() for p in model.parameters())
-        log(f"freeze: YOLO{family} layers 0-{count - 1} ({', '.join(names)}): {frozen:,} of {total:,} parameters "
-            "frozen")
+        log(f"freeze: {family_name(family)} layers 0-{count - 1} ({', '.join(names)}): {frozen:,} of {total:,} "
+            "parameters frozen")
     return names
 
 

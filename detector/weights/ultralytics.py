@@ -18,7 +18,6 @@ Typical use::
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,7 +26,8 @@ from pathlib import Path
 import torch
 
 from detector.aliases import other_ultralytics_family
-from detector.architecture import FAMILY_SCALES, HEAD_LAYER, YOLO11_PREFIX, display_name, family_name
+from detector.architecture import FAMILY_SCALES, HEAD_LAYER, display_name, effective, family_name, model_name
+from detector.model.head import class_width_key
 from detector.model.yolo import YOLO, build_model
 from detector.weights.class_rows import moved_class_rows
 from detector.weights.locate import resolve_weights
@@ -145,8 +145,7 @@ def _types(layers: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
 
 
 def _class_width(ultra_state_dict: dict[str, torch.Tensor], family: str) -> int:
-    first = "cv3.0.0.1.conv.weight" if family == "11" else "cv3.0.0.conv.weight"
-    return int(ultra_state_dict[_head_key(family, first)].shape[0])
+    return int(ultra_state_dict[_head_key(family, class_width_key(depthwise=family == "11"))].shape[0])
 
 
 @dataclass(frozen=True)
@@ -286,13 +285,10 @@ def detect_scale(ultra_state_dict: dict[str, torch.Tensor], family: str | None =
     stem_width = ultra_state_dict["model.0.conv.weight"].shape[0]
     blocks = {key.split(".")[3] for key in ultra_state_dict if key.startswith("model.2.m.")}
     c3k = any(key.startswith("model.2.m.0.m.") for key in ultra_state_dict)
-    repeats = 3 if family == "v8" else 2  # layer 2's in the family's YAML
-    for letter, (depth, width, max_channels) in FAMILY_SCALES[family].items():
-        # Same rounding as detector.model.yolo: widths up to a multiple of 8, depths to the nearest integer.
-        expected = (math.ceil(min(64, max_channels) * width / 8) * 8, max(round(repeats * depth), 1),
-                    family == "11" and letter in "mlx")
-        if (stem_width, len(blocks), c3k) == expected:
-            return (YOLO11_PREFIX if family == "11" else "") + letter
+    for letter, multipliers in FAMILY_SCALES[family].items():
+        repeats, channels = effective(*multipliers, family)  # layer 2's repeats first, the stem's width first
+        if (stem_width, len(blocks), c3k) == (channels[0], repeats[0], family == "11" and letter in "mlx"):
+            return model_name(family, letter)
     kind = "C3k blocks" if c3k else "bottlenecks"
     raise ValueError(f"unrecognised {family_name(family)} size: stem width {stem_width}, {len(blocks)} {kind} in "
                      "layer 2")
