@@ -7,12 +7,11 @@ SPPF, and a depthwise class branch in the head.
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import nn
 
-from detector.architecture import MODEL_NAMES, SCALES, YOLO11_SCALES, family_and_scale
+from detector.architecture import MODEL_NAMES, SCALES, YOLO11_SCALES, effective, family_and_scale
 from detector.model.attention import C2PSA
 from detector.model.blocks import SPPF, C2f, C3k2, Conv, concat
 from detector.model.head import Detect
@@ -27,15 +26,6 @@ def image_size_problem(size: int) -> str | None:
         nearest = max(INPUT_MULTIPLE, round(size / INPUT_MULTIPLE) * INPUT_MULTIPLE)
         return f"--imgsz must be a positive multiple of {INPUT_MULTIPLE} (got {size}); try {nearest}"
     return None
-
-
-def _width(channels: int, width: float, max_channels: int) -> int:
-    """Scale a channel count and round up to a multiple of 8."""
-    return int(math.ceil(min(channels, max_channels) * width / 8) * 8)
-
-
-def _depth(repeats: int, depth: float) -> int:
-    return max(round(repeats * depth), 1)
 
 
 class YOLO(nn.Module):
@@ -68,9 +58,7 @@ class YOLO(nn.Module):
 
     def _yolov8(self, letter: str) -> tuple[int, int, int]:
         """YOLOv8's layers (Ultralytics' yolov8.yaml); -> the head's input widths."""
-        depth, width, max_ch = SCALES[letter]
-        c = {k: _width(k, width, max_ch) for k in (64, 128, 256, 512, 1024)}
-        d3, d6 = _depth(3, depth), _depth(6, depth)
+        (d3, d6), c = _scaled(SCALES[letter], "v8")
         # Backbone
         self.stem = Conv(3, c[64], 3, 2)  # P1/2
         self.down2 = Conv(c[64], c[128], 3, 2)  # P2/4
@@ -95,9 +83,7 @@ class YOLO(nn.Module):
     def _yolo11(self, letter: str) -> tuple[int, int, int]:
         """YOLO11's layers (Ultralytics' yolo11.yaml, with its parse_model's C3k blocks at m/l/x); -> the head's
         input widths."""
-        depth, width, max_ch = YOLO11_SCALES[letter]
-        c = {k: _width(k, width, max_ch) for k in (64, 128, 256, 512, 1024)}
-        n = _depth(2, depth)
+        (n,), c = _scaled(YOLO11_SCALES[letter], "11")
         deep = letter in "mlx"  # Ultralytics' parse_model turns every C3k2's C3k blocks on at these scales
         # Backbone: the first two stages widen their input (and narrow their hidden branches to a quarter).
         self.stem = Conv(3, c[64], 3, 2)  # P1/2
@@ -142,6 +128,13 @@ class YOLO(nn.Module):
         o4 = self.bottom_up4(concat((self.bottom_up_down3(n3), n4), 1))
         o5 = self.bottom_up5(concat((self.bottom_up_down4(o4), p5), 1))
         return self.head([n3, o4, o5])
+
+
+def _scaled(multipliers: tuple[float, float, int], family: str) -> tuple[tuple[int, ...], dict[int, int]]:
+    """The family's block repeats and each YAML channel count (64 ... 1024) as ``multipliers`` scale it: the rounding
+    Ultralytics' parse_model applies, shared with the model-YAML check (:func:`~detector.architecture.effective`)."""
+    repeats, channels = effective(*multipliers, family)
+    return repeats, dict(zip((64, 128, 256, 512, 1024), channels))
 
 
 def build_model(*, num_classes: int, scale: str = "n", reg_max: int = 16, class_channels: int | None = None) -> YOLO:
