@@ -1,12 +1,11 @@
-"""The YOLOv8 and YOLO11 architectures as Ultralytics' yolov8.yaml and yolo11.yaml write them (their scales and
-layers), the model names built here, and a model YAML (``model=my/yolov8n.yaml``, ``model=yolo11n.yaml``) checked
-against them.
+"""The YOLOv8, YOLO11 and YOLO26 architectures as Ultralytics' yolov8.yaml, yolo11.yaml and yolo26.yaml write them
+(their scales and layers), the model names built here, and a model YAML (``model=my/yolov8n.yaml``,
+``model=yolo26n.yaml``) checked against them.
 
-Only the standard detectors are built (detector/model/yolo.py, from :data:`SCALES` and :data:`YOLO11_SCALES`), at a
-scale letter. A file a user edited (another backbone, head, activation or scale multipliers) would otherwise train a
+Only the standard detectors are built (detector/model/yolo.py, from :data:`FAMILY_SCALES`), at a scale letter. A file a user edited (another backbone, head, activation or scale multipliers) would otherwise train a
 standard model under its name, so a file is read and accepted only where it describes one of them; its ``nc`` is not
-read (the data YAML's names set the classes). The layers below are Ultralytics' ``cfg/models/v8/yolov8.yaml`` and
-``cfg/models/11/yolo11.yaml`` as ``yaml.safe_load`` reads them. Imports nothing of the package: the alias table
+read (the data YAML's names set the classes). The layers below are Ultralytics' ``cfg/models/v8/yolov8.yaml``,
+``cfg/models/11/yolo11.yaml`` and ``cfg/models/26/yolo26.yaml`` (8.4) as ``yaml.safe_load`` reads them. Imports nothing of the package: the alias table
 (layer 1) reads it.
 """
 
@@ -33,31 +32,43 @@ YOLO11_SCALES: dict[str, tuple[float, float, int]] = {
     "l": (1.00, 1.00, 512),
     "x": (1.00, 1.50, 512),
 }
+# YOLO26's are YOLO11's (cfg/models/26/yolo26.yaml): the two families differ in layers, not in scaling.
+YOLO26_SCALES: dict[str, tuple[float, float, int]] = dict(YOLO11_SCALES)
 # What --model takes (and checkpoints keep as model_args' "scale"): a YOLOv8 scale letter alone, as before YOLO11
-# was built (files written since stay readable by older versions), or YOLO11's "11" and a letter. An older version
-# refuses "11n" in one line (its check of model_args' scale) instead of building the wrong network.
+# was built (files written since stay readable by older versions), or a family's number and a letter ("11n",
+# "26n"). An older version refuses "11n" or "26n" in one line (its check of model_args' scale) instead of building
+# the wrong network.
 YOLO11_PREFIX = "11"
-MODEL_NAMES: tuple[str, ...] = (*SCALES, *(YOLO11_PREFIX + letter for letter in YOLO11_SCALES))
+YOLO26_PREFIX = "26"
+FAMILY_SCALES: dict[str, dict[str, tuple[float, float, int]]] = {"v8": SCALES, "11": YOLO11_SCALES,
+                                                                 "26": YOLO26_SCALES}
+MODEL_NAMES: tuple[str, ...] = tuple(("" if family == "v8" else family) + letter
+                                     for family, scales in FAMILY_SCALES.items() for letter in scales)
+# Box regression per family: YOLOv8 and YOLO11 predict 16 DFL bins a box side, YOLO26 the distance itself (1).
+REG_MAX: dict[str, int] = {"v8": 16, "11": 16, "26": 1}
+# Families whose head has a second, one-to-one branch (trained beside the usual one; NMS-free inference).
+END_TO_END_FAMILIES: frozenset[str] = frozenset({"26"})
 
 
 def family_and_scale(name: str) -> tuple[str, str]:
-    """``"n"`` -> ``("v8", "n")``, ``"11s"`` -> ``("11", "s")``: a model name's family and scale letter.
+    """``"n"`` -> ``("v8", "n")``, ``"11s"`` -> ``("11", "s")``, ``"26m"`` -> ``("26", "m")``: a model name's family
+    and scale letter.
 
     Raises:
         ValueError: ``name`` is not one of :data:`MODEL_NAMES`.
     """
     if name not in MODEL_NAMES:
         raise ValueError(f"unknown model {name!r}; choose one of {' '.join(MODEL_NAMES)}")
-    return ("11", name[len(YOLO11_PREFIX):]) if name.startswith(YOLO11_PREFIX) else ("v8", name)
+    return (name[:-1], name[-1]) if len(name) > 1 else ("v8", name)
 
 
 def model_name(family: str, letter: str) -> str:
     """``("v8", "n")`` -> ``"n"``, ``("11", "s")`` -> ``"11s"``: :func:`family_and_scale` the other way."""
-    return (YOLO11_PREFIX if family == "11" else "") + letter
+    return ("" if family == "v8" else family) + letter
 
 
 def display_name(name: str) -> str:
-    """``"n"`` -> ``"YOLOv8n"``, ``"11n"`` -> ``"YOLO11n"``: as Ultralytics names the model."""
+    """``"n"`` -> ``"YOLOv8n"``, ``"11n"`` -> ``"YOLO11n"``, ``"26n"`` -> ``"YOLO26n"``: as Ultralytics names it."""
     family, scale = family_and_scale(name)
     return f"{family_name(family)}{scale}"
 
@@ -117,31 +128,54 @@ YOLO11_HEAD: list[list[Any]] = [
     [-1, 2, "C3k2", [1024, True]],
     [[16, 19, 22], 1, "Detect", ["nc"]],
 ]
+# YOLO26 is YOLO11 with three layers changed: SPPF with a residual connection and an unactivated first convolution
+# (Ultralytics reads a fourth argument as that), attention blocks in the last neck C3k2, and an NMS-free head.
+YOLO26_BACKBONE: list[list[Any]] = [*YOLO11_BACKBONE[:9], [-1, 1, "SPPF", [1024, 5, 3, True]], YOLO11_BACKBONE[10]]
+YOLO26_HEAD: list[list[Any]] = [
+    [-1, 1, "nn.Upsample", ["None", 2, "nearest"]],
+    [[-1, 6], 1, "Concat", [1]],
+    [-1, 2, "C3k2", [512, True]],
+    [-1, 1, "nn.Upsample", ["None", 2, "nearest"]],
+    [[-1, 4], 1, "Concat", [1]],
+    [-1, 2, "C3k2", [256, True]],
+    [-1, 1, "Conv", [256, 3, 2]],
+    [[-1, 13], 1, "Concat", [1]],
+    [-1, 2, "C3k2", [512, True]],
+    [-1, 1, "Conv", [512, 3, 2]],
+    [[-1, 10], 1, "Concat", [1]],
+    [-1, 1, "C3k2", [1024, True, 0.5, True]],
+    [[16, 19, 22], 1, "Detect", ["nc"]],
+]
 # Each family's (backbone, head), by its name in family_and_scale; the head's last layer is Detect, whose index
-# (HEAD_LAYER: 22 in YOLOv8, 23 in YOLO11) --freeze counts up to.
+# (HEAD_LAYER: 22 in YOLOv8, 23 in YOLO11 and YOLO26) --freeze counts up to.
 FAMILY_LAYERS: dict[str, tuple[list[list[Any]], list[list[Any]]]] = {"v8": (BACKBONE, HEAD),
-                                                                      "11": (YOLO11_BACKBONE, YOLO11_HEAD)}
+                                                                      "11": (YOLO11_BACKBONE, YOLO11_HEAD),
+                                                                      "26": (YOLO26_BACKBONE, YOLO26_HEAD)}
 HEAD_LAYER: dict[str, int] = {family: len(backbone + head) - 1 for family, (backbone, head) in FAMILY_LAYERS.items()}
-FAMILY_SCALES: dict[str, dict[str, tuple[float, float, int]]] = {"v8": SCALES, "11": YOLO11_SCALES}
-# Other top-level keys Ultralytics reads that change the model, at the values that leave it standard.
-STANDARD_KEYS: dict[str, tuple[Any, ...]] = {"activation": (None, "nn.SiLU()"), "ch": (None, 3),
-                                             "reg_max": (None, 16), "end2end": (None, False)}
+# Other top-level keys Ultralytics reads that change the model, at the values that leave it standard (for YOLO26,
+# its file's reg_max: 1 and end2end: True, or those keys left out: then the head is YOLOv8's, not YOLO26's).
+_SHARED_KEYS: dict[str, tuple[Any, ...]] = {"activation": (None, "nn.SiLU()"), "ch": (None, 3)}
+STANDARD_KEYS: dict[str, dict[str, tuple[Any, ...]]] = {
+    family: {**_SHARED_KEYS, "reg_max": (REG_MAX[family],) if family in END_TO_END_FAMILIES else (None, 16),
+             "end2end": (True,) if family in END_TO_END_FAMILIES else (None, False)}
+    for family in FAMILY_LAYERS}
 SCALE_IN_NAME = re.compile(r"yolo(e-)?v?\d+([nslmx])")  # Ultralytics' guess_model_scale
 
 
 def family_name(family: str) -> str:
-    """``"v8"`` -> ``"YOLOv8"``, ``"11"`` -> ``"YOLO11"``."""
+    """``"v8"`` -> ``"YOLOv8"``, ``"11"`` -> ``"YOLO11"``, ``"26"`` -> ``"YOLO26"``."""
     return f"YOLO{family}"
 
 
 def custom(what: str) -> ValueError:
-    return ValueError(f"a custom architecture ({what}); only the standard YOLOv8 and YOLO11 n/s/m/l/x are built here")
+    return ValueError(f"a custom architecture ({what}); only the standard YOLOv8, YOLO11 and YOLO26 n/s/m/l/x are built here")
 
 
 def effective(depth: float, width: float, max_channels: float,
               family: str = "v8") -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The repeats and channel counts a ``[depth, width, max_channels]`` gives a family's layers, as Ultralytics'
-    parse_model computes them (detector/model/yolo.py builds from these): YOLOv8 repeats 3 and 6 blocks, YOLO11 2."""
+    parse_model computes them (detector/model/yolo.py builds from these): YOLOv8 repeats 3 and 6 blocks, YOLO11 and
+    YOLO26 2."""
     repeats = tuple(max(round(n * depth), 1) for n in ((3, 6) if family == "v8" else (2,)))
     channels = tuple(int(math.ceil(min(c, max_channels) * width / 8) * 8) for c in (64, 128, 256, 512, 1024))
     return repeats, channels
@@ -157,7 +191,7 @@ def normalised(layer: Any) -> Any:
 
 def standard_scale(path: str) -> tuple[str, str]:
     """``(model name, note)`` of the model YAML at ``path``: ``n`` ... ``x`` for YOLOv8's layers, ``11n`` ... ``11x``
-    for YOLO11's, at the scale Ultralytics picks (the letter in the file's name, else the first of its ``scales``,
+    for YOLO11's, ``26n`` ... ``26x`` for YOLO26's, at the scale Ultralytics picks (the letter in the file's name, else the first of its ``scales``,
     else the one its ``depth_multiple``/``width_multiple`` give), and what the note should add (its ``nc`` is not
     read; a scale picked without a letter in the name).
 
@@ -175,9 +209,9 @@ def standard_scale(path: str) -> tuple[str, str]:
             or not isinstance(spec.get("head"), list):
         raise ValueError("not a model YAML (expected backbone: and head: lists, as in yolov8.yaml)")
     family = family_of_layers([normalised(layer) for layer in spec["backbone"] + spec["head"]], len(spec["backbone"]))
-    for key, standard in STANDARD_KEYS.items():
+    for key, standard in STANDARD_KEYS[family].items():
         if spec.get(key) not in standard:
-            raise custom(f"{key}: {spec[key]!r}")
+            raise custom(f"{key}: {spec.get(key)!r}")
     letter, note = scale_of(path, spec, family)
     nc = spec.get("nc")
     unread = f"; its nc: {nc} is not read, the data YAML's names set the classes" if nc else ""

@@ -106,7 +106,10 @@ def flatten_head_outputs(outputs: list[torch.Tensor]) -> torch.Tensor:
 
 
 def dfl_expectation(box_logits: torch.Tensor, reg_max: int) -> torch.Tensor:
-    """DFL bin logits ``[..., 4*reg_max]`` -> expected distances ``[..., 4]`` in grid units."""
+    """DFL bin logits ``[..., 4*reg_max]`` -> expected distances ``[..., 4]`` in grid units. With ``reg_max`` 1
+    (YOLO26) the head's values are the distances themselves."""
+    if reg_max == 1:
+        return box_logits
     # Three dimensions, never four: Inductor lays every 4-D tensor of a convolutional graph out channels-last,
     # which put the [B, A, 4, reg_max] softmax's anchors innermost and its exponentials into a scalar loop (the
     # compiled decode took 4.8 ms instead of 2.5; nano at 640 px, 2-core CPU). The leading dims merge into a view.

@@ -1,5 +1,5 @@
-"""A model YAML given as model=PATH is read: only the standard YOLOv8 and YOLO11 architectures are built, whatever the
-name says."""
+"""A model YAML given as model=PATH is read: only the standard YOLOv8, YOLO11 and YOLO26 architectures are built,
+whatever the name says."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ head:
   - [-1, 2, C3k2, [1024, True]] # 22 (P5/32-large)
   - [[16, 19, 22], 1, Detect, [nc]] # Detect(P3, P4, P5)
 """
-REFUSED = "a custom architecture ({}); only the standard YOLOv8 and YOLO11 n/s/m/l/x are built here"
+REFUSED = "a custom architecture ({}); only the standard YOLOv8, YOLO11 and YOLO26 n/s/m/l/x are built here"
 
 
 def written(folder: Path, name: str, text: str = YOLOV8_YAML) -> str:
@@ -200,3 +200,40 @@ def test_model_alias_reads_a_yolo11_file(tmp_path: Path) -> None:
     assert translate("train", {"model": path}, note=notes.append) == {"model": "11s"}
     assert notes == [f"note: Ultralytics' model={path!r} is model='11s' here (the file's architecture is YOLO11s's; "
                      f"its nc: 2 is not read, the data YAML's names set the classes)"]
+
+
+# Ultralytics' cfg/models/26/yolo26.yaml (8.4): YOLO11's file with three layers and two keys changed.
+YOLO26_YAML = (YOLO11_YAML.replace("nc: 80 # number of classes\n", "nc: 80\nend2end: True\nreg_max: 1\n")
+               .replace("[-1, 1, SPPF, [1024, 5]] # 9", "[-1, 1, SPPF, [1024, 5, 3, True]] # 9")
+               .replace("C3k2, [512, False]]", "C3k2, [512, True]]").replace("C3k2, [256, False]]", "C3k2, [256, True]]")
+               .replace("[-1, 2, C3k2, [1024, True]] # 22", "[-1, 1, C3k2, [1024, True, 0.5, True]] # 22"))
+
+
+@pytest.mark.parametrize("letter", ["n", "s", "m", "l", "x"])
+def test_the_standard_yolo26_file_is_its_named_model(tmp_path: Path, letter: str) -> None:
+    assert YOLO26_YAML.count("True") == YOLO11_YAML.count("True") + 6  # every replacement above took
+    assert standard_scale(written(tmp_path, f"yolo26{letter}.yaml", YOLO26_YAML))[0] == f"26{letter}"
+
+
+def test_the_yolo26_file_as_ultralytics_ships_it(tmp_path: Path) -> None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("ultralytics")
+    if spec is None or spec.origin is None:
+        pytest.skip("ultralytics is not installed (the dev extra)")
+    shipped = Path(spec.origin).parent / "cfg" / "models" / "26" / "yolo26.yaml"
+    if not shipped.exists():
+        pytest.skip("this Ultralytics predates YOLO26 (8.4)")
+    assert standard_scale(written(tmp_path, "yolo26s.yaml", shipped.read_text()))[0] == "26s"
+
+
+@pytest.mark.parametrize(("old", "new", "what"), [
+    ("end2end: True\n", "", "end2end: None"),  # the head would be YOLOv8's kind, with NMS alone
+    ("reg_max: 1\n", "reg_max: 16\n", "reg_max: 16"),
+    ("[-1, 1, C3k2, [1024, True, 0.5, True]] # 22", "[-1, 1, C3k2, [1024, True]] # 22", "layer 22 differs"),
+])
+def test_an_edited_yolo26_file_is_refused(tmp_path: Path, old: str, new: str, what: str) -> None:
+    assert old in YOLO26_YAML
+    with pytest.raises(ValueError) as error:
+        standard_scale(written(tmp_path, "yolo26n.yaml", YOLO26_YAML.replace(old, new)))
+    assert str(error.value) == REFUSED.format(what)

@@ -1,4 +1,5 @@
-"""YOLO11's attention at the smallest scale: C2PSA, its PSA blocks and their multi-head self-attention.
+"""YOLO11's attention at the smallest scale: C2PSA, its PSA blocks and their multi-head self-attention; and YOLO26's
+C3k2 whose blocks end in a PSA block.
 
 Built as Ultralytics' ``C2PSA`` / ``PSABlock`` / ``Attention`` compute them, with their attribute names (``cv1``,
 ``m``, ``attn.qkv``, ``ffn``) so that a YOLO11 state dict maps onto them tensor for tensor. The attention runs over
@@ -10,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from detector.model.blocks import Conv, concat
+from detector.model.blocks import Bottleneck, C3k2, Conv, concat
 
 
 class Attention(nn.Module):
@@ -67,3 +68,15 @@ class C2PSA(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         a, b = self.cv1(x).split((self.c, self.c), dim=1)
         return self.cv2(concat((a, self.m(b)), 1))
+
+
+class C3k2Attention(C3k2):
+    """YOLO26's last neck block (Ultralytics' ``C3k2(..., attn=True)``): a C3k2 whose ``n`` blocks are each a
+    bottleneck narrowed to half its width, then a :class:`PSABlock` (one head per 64 channels)."""
+
+    def __init__(self, c_in: int, c_out: int, n: int = 1, expansion: float = 0.5) -> None:
+        super().__init__(c_in, c_out, n, expansion=expansion)
+        self.m = nn.ModuleList(
+            nn.Sequential(Bottleneck(self.c, self.c, True, expansion=0.5),
+                          PSABlock(self.c, attn_ratio=0.5, num_heads=max(self.c // 64, 1)))
+            for _ in range(n))

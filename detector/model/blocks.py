@@ -1,8 +1,8 @@
-"""Building blocks of the YOLOv8 and YOLO11 families: Conv-BN-SiLU, Bottleneck, the CSP blocks (C2f; YOLO11's C3k2
+"""Building blocks of the YOLOv8, YOLO11 and YOLO26 families: Conv-BN-SiLU, Bottleneck, the CSP blocks (C2f; YOLO11's C3k2
 and the C3k inside it) and SPPF.
 
 Attribute names (``conv``, ``bn``, ``cv1``, ``cv2``, ``m``) follow Ultralytics' layout on purpose, so a
-pretrained YOLOv8 or YOLO11 state dict maps onto these modules tensor for tensor.
+pretrained YOLOv8, YOLO11 or YOLO26 state dict maps onto these modules tensor for tensor.
 """
 
 from __future__ import annotations
@@ -132,20 +132,24 @@ class C3k(nn.Module):
 
 
 class SPPF(nn.Module):
-    """Spatial pyramid pooling (fast): three chained 5x5 max-pools, concatenated."""
+    """Spatial pyramid pooling (fast): ``pools`` chained 5x5 max-pools, concatenated. YOLO26's (``shortcut``) adds its
+    input back and leaves the first convolution unactivated (Ultralytics' ``SPPF(c, c, 5, 3, True)``)."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: int = 5) -> None:
+    def __init__(self, c_in: int, c_out: int, kernel: int = 5, pools: int = 3, shortcut: bool = False) -> None:
         super().__init__()
         hidden = c_in // 2
-        self.cv1 = Conv(c_in, hidden, 1)
-        self.cv2 = Conv(hidden * 4, c_out, 1)
+        self.cv1 = Conv(c_in, hidden, 1, act=not shortcut)
+        self.cv2 = Conv(hidden * (pools + 1), c_out, 1)
         self.m = nn.MaxPool2d(kernel, 1, kernel // 2)
+        self.pools = pools
+        self.add = shortcut and c_in == c_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         parts = [self.cv1(x)]
-        for _ in range(3):
+        for _ in range(self.pools):
             parts.append(self.m(parts[-1]))
-        return self.cv2(concat(parts, 1))
+        y = self.cv2(concat(parts, 1))
+        return x + y if self.add else y
 
 
 class DFL(nn.Module):

@@ -1,7 +1,9 @@
-"""Decoupled, anchor-free detection head with distribution-focal box regression."""
+"""Decoupled, anchor-free detection head: distribution-focal box regression (YOLOv8, YOLO11) or direct distances
+with a second, one-to-one branch (YOLO26)."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -25,7 +27,15 @@ class Detect(nn.Module):
     """One box branch (``cv2``) and one class branch (``cv3``) per pyramid level.
 
     ``forward`` returns the raw per-level maps ``[B, 4*reg_max + num_classes, H_i, W_i]``; decoding
-    lives in :mod:`detector.postprocess`, and the loss in :mod:`detector.loss`.
+    lives in :mod:`detector.postprocess`, and the loss in :mod:`detector.loss`. ``reg_max`` 1 (YOLO26): each box side
+    is the distance itself, in grid units, with no DFL bins.
+
+    ``end_to_end`` (YOLO26): a second pair of branches, ``one2one_cv2`` and ``one2one_cv3``, copies of the first at
+    initialisation, trained to give one box per object (one positive anchor a box), so that inference may skip NMS.
+    In training ``forward`` returns both branches' maps, the usual ones first (``2 * levels`` maps); the one-to-one
+    branch sees its inputs detached, so its loss trains the head alone, not the network under it (as in
+    Ultralytics). In evaluation it returns one branch's: the usual one, as Ultralytics 8.4 infers by default
+    (with NMS), or with :attr:`one_to_one` set, the one-to-one branch's (Ultralytics' ``nms=False``).
 
     ``depthwise``: YOLO11's class branch (Ultralytics' ``legacy=False``), each 3x3 convolution a depthwise 3x3 then a
     1x1; YOLOv8's is plain 3x3 convolutions. ``class_channels`` (default :func:`default_class_channels`) is the class
@@ -35,7 +45,7 @@ class Detect(nn.Module):
     """
 
     def __init__(self, num_classes: int, channels: tuple[int, ...], strides: tuple[int, ...], reg_max: int = 16,
-                 class_channels: int | None = None, depthwise: bool = False):
+                 class_channels: int | None = None, depthwise: bool = False, end_to_end: bool = False):
         super().__init__()
         self.num_classes = num_classes
         self.reg_max = reg_max
@@ -54,18 +64,34 @@ class Detect(nn.Module):
             else nn.Sequential(Conv(c, cls_ch, 3), Conv(cls_ch, cls_ch, 3), nn.Conv2d(cls_ch, num_classes, 1))
             for c in channels
         )
-        # Part of the YOLOv8 layout (and so of its state dict); used by the exportable decode path.
-        self.dfl = DFL(reg_max)
-        self.init_biases()
+        # Part of the YOLOv8 layout (and so of its state dict); used by the exportable decode path. YOLO26's head has
+        # no bins to integrate (Ultralytics' nn.Identity: no state-dict key).
+        self.dfl = DFL(reg_max) if reg_max > 1 else nn.Identity()
+        self.init_biases(self.cv2, self.cv3)
+        self.end_to_end = end_to_end
+        self.one_to_one = False  # in evaluation, the one-to-one branch's maps instead of the usual ones
+        if end_to_end:
+            self.one2one_cv2, self.one2one_cv3 = copy.deepcopy(self.cv2), copy.deepcopy(self.cv3)
 
-    def init_biases(self) -> None:
-        """Start box logits flat and class scores near a 1% prior for ~5 objects in a 640 px image."""
-        for box_branch, cls_branch, stride in zip(self.cv2, self.cv3, self.strides):
-            box_branch[-1].bias.data[:] = 1.0
+    def init_biases(self, box_branches: nn.ModuleList, class_branches: nn.ModuleList) -> None:
+        """Start box logits flat (direct distances at two grid cells a side, Ultralytics' start for YOLO26) and class
+        scores near a 1% prior for ~5 objects in a 640 px image."""
+        for box_branch, cls_branch, stride in zip(box_branches, class_branches, self.strides):
+            box_branch[-1].bias.data[:] = 1.0 if self.reg_max > 1 else 2.0
             cls_branch[-1].bias.data[:] = math.log(5 / self.num_classes / (640 / stride) ** 2)
 
     def forward(self, features: list[torch.Tensor]) -> list[torch.Tensor]:
-        return [concat((box(x), cls(x)), 1) for x, box, cls in zip(features, self.cv2, self.cv3)]
+        if not self.end_to_end:
+            return _maps(features, self.cv2, self.cv3)
+        if self.training:
+            detached = [x.detach() for x in features]
+            return _maps(features, self.cv2, self.cv3) + _maps(detached, self.one2one_cv2, self.one2one_cv3)
+        return _maps(features, *((self.one2one_cv2, self.one2one_cv3) if self.one_to_one else (self.cv2, self.cv3)))
+
+
+def _maps(features: list[torch.Tensor], box_branches: nn.ModuleList, class_branches: nn.ModuleList) -> list[torch.Tensor]:
+    """Each level's box and class maps, concatenated: ``[B, 4*reg_max + C, H, W]``."""
+    return [concat((box(x), cls(x)), 1) for x, box, cls in zip(features, box_branches, class_branches)]
 
 
 def _depthwise_separable(c_in: int, c_out: int) -> nn.Sequential:

@@ -1,8 +1,9 @@
-"""YOLOv8- and YOLO11-style backbone + PAN-FPN neck + head, at the n/s/m/l/x scales.
+"""YOLOv8-, YOLO11- and YOLO26-style backbone + PAN-FPN neck + head, at the n/s/m/l/x scales.
 
-Both families share one topology (five stages down to stride 32, SPPF, a top-down then bottom-up neck, the decoupled
+The families share one topology (five stages down to stride 32, SPPF, a top-down then bottom-up neck, the decoupled
 head) and so one forward pass. YOLO11 differs in its blocks: C3k2 for C2f, wider stage outputs, C2PSA attention after
-SPPF, and a depthwise class branch in the head.
+SPPF, and a depthwise class branch in the head. YOLO26 is YOLO11 with C3k blocks throughout the neck, a residual SPPF,
+attention in the last neck block, and an end-to-end head that regresses distances directly (no DFL bins).
 """
 
 from __future__ import annotations
@@ -11,8 +12,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from detector.architecture import MODEL_NAMES, SCALES, YOLO11_SCALES, effective, family_and_scale
-from detector.model.attention import C2PSA
+from detector.architecture import (
+    END_TO_END_FAMILIES,
+    FAMILY_SCALES,
+    MODEL_NAMES,
+    REG_MAX,
+    SCALES,
+    effective,
+    family_and_scale,
+)
+from detector.model.attention import C2PSA, C3k2Attention
 from detector.model.blocks import SPPF, C2f, C3k2, Conv, concat
 from detector.model.head import Detect
 
@@ -34,27 +43,30 @@ class YOLO(nn.Module):
     Args:
         num_classes: number of object classes.
         scale: the model's name (:data:`~detector.architecture.MODEL_NAMES`): ``n s m l x`` for YOLOv8, ``11n``
-            ... ``11x`` for YOLO11.
-        reg_max: DFL bins per box side.
+            ... ``11x`` for YOLO11, ``26n`` ... ``26x`` for YOLO26.
+        reg_max: DFL bins per box side; ``None``: the family's (:data:`~detector.architecture.REG_MAX`: 16, or 1 for
+            YOLO26, whose head regresses distances directly). Another value is refused for YOLO26.
         class_channels: the class branch's hidden width; ``None``: Ultralytics' default for the class count
             (:func:`~detector.model.head.default_class_channels`).
     """
 
-    def __init__(self, num_classes: int = 80, scale: str = "n", reg_max: int = 16,
+    def __init__(self, num_classes: int = 80, scale: str = "n", reg_max: int | None = None,
                  class_channels: int | None = None) -> None:
         super().__init__()
         if scale not in MODEL_NAMES:
             raise ValueError(f"unknown model {scale!r}; choose one of {', '.join(MODEL_NAMES)}")
         family, letter = family_and_scale(scale)
+        reg_max = REG_MAX[family] if reg_max is None else reg_max
+        end_to_end = family in END_TO_END_FAMILIES
+        if end_to_end and reg_max != REG_MAX[family]:
+            raise ValueError(f"YOLO26 regresses box distances directly (reg_max {REG_MAX[family]}), not {reg_max} bins")
         self.num_classes, self.scale, self.reg_max, self.strides = num_classes, scale, reg_max, STRIDES
         self.family = family
         # Names stay positional-free; detector.weights maps Ultralytics' layer indices onto them.
-        if family == "11":
-            channels = self._yolo11(letter)
-        else:
-            channels = self._yolov8(letter)
+        channels = self._yolov8(letter) if family == "v8" else self._yolo11(letter, yolo26=family == "26")
         self.upsample = nn.Upsample(scale_factor=2, mode="nearest")
-        self.head = Detect(num_classes, channels, STRIDES, reg_max, class_channels, depthwise=family == "11")
+        self.head = Detect(num_classes, channels, STRIDES, reg_max, class_channels, depthwise=family != "v8",
+                           end_to_end=end_to_end)
 
     def _yolov8(self, letter: str) -> tuple[int, int, int]:
         """YOLOv8's layers (Ultralytics' yolov8.yaml); -> the head's input widths."""
@@ -80,11 +92,13 @@ class YOLO(nn.Module):
         self.bottom_up5 = C2f(c[512] + c[1024], c[1024], d3)
         return c[256], c[512], c[1024]
 
-    def _yolo11(self, letter: str) -> tuple[int, int, int]:
-        """YOLO11's layers (Ultralytics' yolo11.yaml, with its parse_model's C3k blocks at m/l/x); -> the head's
-        input widths."""
-        (n,), c = _scaled(YOLO11_SCALES[letter], "11")
+    def _yolo11(self, letter: str, yolo26: bool = False) -> tuple[int, int, int]:
+        """YOLO11's layers (Ultralytics' yolo11.yaml, with its parse_model's C3k blocks at m/l/x), or with ``yolo26``
+        YOLO26's (yolo26.yaml: C3k blocks in every neck block, SPPF with a residual, attention in the last block);
+        -> the head's input widths."""
+        (n,), c = _scaled(FAMILY_SCALES["26" if yolo26 else "11"][letter], "26" if yolo26 else "11")
         deep = letter in "mlx"  # Ultralytics' parse_model turns every C3k2's C3k blocks on at these scales
+        neck = deep or yolo26  # YOLO26's file asks for them in the neck at every scale
         # Backbone: the first two stages widen their input (and narrow their hidden branches to a quarter).
         self.stem = Conv(3, c[64], 3, 2)  # P1/2
         self.down2 = Conv(c[64], c[128], 3, 2)  # P2/4
@@ -95,15 +109,17 @@ class YOLO(nn.Module):
         self.stage4 = C3k2(c[512], c[512], n, c3k=True)
         self.down5 = Conv(c[512], c[1024], 3, 2)  # P5/32
         self.stage5 = C3k2(c[1024], c[1024], n, c3k=True)
-        self.sppf = SPPF(c[1024], c[1024], 5)
+        self.sppf = SPPF(c[1024], c[1024], 5, shortcut=yolo26)
         self.psa = C2PSA(c[1024], c[1024], n)
         # Neck: top-down (FPN) then bottom-up (PAN).
-        self.top_down4 = C3k2(c[1024] + c[512], c[512], n, c3k=deep)
-        self.top_down3 = C3k2(c[512] + c[512], c[256], n, c3k=deep)
+        self.top_down4 = C3k2(c[1024] + c[512], c[512], n, c3k=neck)
+        self.top_down3 = C3k2(c[512] + c[512], c[256], n, c3k=neck)
         self.bottom_up_down3 = Conv(c[256], c[256], 3, 2)
-        self.bottom_up4 = C3k2(c[256] + c[512], c[512], n, c3k=deep)
+        self.bottom_up4 = C3k2(c[256] + c[512], c[512], n, c3k=neck)
         self.bottom_up_down4 = Conv(c[512], c[512], 3, 2)
-        self.bottom_up5 = C3k2(c[512] + c[1024], c[1024], n, c3k=True)
+        # YOLO26's file repeats this block once (at every depth multiplier, once).
+        self.bottom_up5 = (C3k2Attention(c[512] + c[1024], c[1024], 1) if yolo26
+                           else C3k2(c[512] + c[1024], c[1024], n, c3k=True))
         return c[256], c[512], c[1024]
 
     def rebuild_args(self) -> dict[str, int | str]:
@@ -116,7 +132,8 @@ class YOLO(nn.Module):
         return args
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
-        """images ``[B, 3, H, W]`` in [0, 1], H and W multiples of 32 -> 3 maps ``[B, 4*reg_max+C, H/s, W/s]``."""
+        """images ``[B, 3, H, W]`` in [0, 1], H and W multiples of 32 -> 3 maps ``[B, 4*reg_max+C, H/s, W/s]`` (6 in
+        training an end-to-end head: :class:`~detector.model.head.Detect`)."""
         x = self.stage2(self.down2(self.stem(images)))
         p3 = self.stage3(self.down3(x))
         p4 = self.stage4(self.down4(p3))
@@ -137,6 +154,7 @@ def _scaled(multipliers: tuple[float, float, int], family: str) -> tuple[tuple[i
     return repeats, dict(zip((64, 128, 256, 512, 1024), channels))
 
 
-def build_model(*, num_classes: int, scale: str = "n", reg_max: int = 16, class_channels: int | None = None) -> YOLO:
+def build_model(*, num_classes: int, scale: str = "n", reg_max: int | None = None,
+                class_channels: int | None = None) -> YOLO:
     """Build a freshly initialised detector."""
     return YOLO(num_classes=num_classes, scale=scale, reg_max=reg_max, class_channels=class_channels)

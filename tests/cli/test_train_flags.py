@@ -169,7 +169,7 @@ def test_model_flag_with_an_edited_yaml_is_refused(tmp_path: Path, capsys: pytes
     assert exit_info.value.code == 2
     line = capsys.readouterr().err.splitlines()[-1]
     assert line.count(str(path)) == 1, line  # the alias names the file; the architecture check does not again
-    assert f"model={str(path)!r}: a custom architecture (layer 9 differs); only the standard YOLOv8 and YOLO11 " \
-           "n/s/m/l/x are built here" in line
+    assert f"model={str(path)!r}: a custom architecture (layer 9 differs); only the standard YOLOv8, YOLO11 and " \
+           "YOLO26 n/s/m/l/x are built here" in line
     path.write_text(YOLOV8_YAML)
     assert parse(["--model", str(path)]).model == "s"

@@ -72,3 +72,44 @@ def test_one_image_size_rule_for_every_command():
         TrainConfig(imgsz=100).validate()
     assert image_size_problem(100) in str(refused.value)
     assert image_size_problem(320) is None and image_size_problem(0) is not None
+
+
+# Ultralytics' yolo26.yaml states each scale's parameter count at 80 classes (its model summary, both heads).
+@pytest.mark.parametrize(("name", "parameters"), [("26n", 2_572_280), ("26s", 10_009_784), ("26m", 21_896_248),
+                                                  ("26l", 26_299_704), ("26x", 58_993_368)])
+def test_yolo26_parameter_counts_match_ultralytics(name, parameters):
+    with torch.device("meta"):
+        model = build_model(num_classes=80, scale=name)
+    assert sum(p.numel() for p in model.parameters()) == parameters
+    assert model.reg_max == 1 and model.head.end_to_end
+
+
+def test_yolo26_trains_both_branches_and_infers_with_one():
+    """In training its head returns the usual maps then the one-to-one branch's (6 maps of 4 + C channels: distances,
+    no DFL bins); the one-to-one branch's loss reaches the head alone (its inputs are detached). In evaluation one
+    branch's 3 maps: the usual one by default, the one-to-one with ``head.one_to_one``."""
+    torch.manual_seed(0)
+    model = build_model(num_classes=3, scale="26n")
+    images = torch.rand(2, 3, 64, 96)
+    outputs = model(images)
+    assert [tuple(o.shape) for o in outputs] == [(2, 4 + 3, 64 // s, 96 // s) for s in (8, 16, 32)] * 2
+    sum(o.float().square().mean() for o in outputs[3:]).backward()  # the one-to-one branch's alone
+    one_to_one = {name for name, _ in model.named_parameters() if name.startswith("head.one2one_")}
+    reached = {name for name, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert one_to_one and reached == one_to_one
+    model.eval()
+    with torch.no_grad():
+        usual = model(images)
+        model.head.one_to_one = True
+        paired = model(images)
+    assert len(usual) == len(paired) == 3
+    for a, b, c, d in zip(usual, paired, outputs[:3], outputs[3:]):
+        # The branches start as copies (Ultralytics deep-copies them), so at initialisation they agree; evaluation
+        # differs from training in BatchNorm's statistics only, which both branches share upstream.
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(c, d)
+
+
+def test_yolo26_refuses_dfl_bins():
+    with pytest.raises(ValueError, match="regresses box distances directly"):
+        build_model(num_classes=3, scale="26n", reg_max=16)
