@@ -2,11 +2,12 @@
 (their scales and layers), the model names built here, and a model YAML (``model=my/yolov8n.yaml``,
 ``model=yolo26n.yaml``) checked against them.
 
-Only the standard detectors are built (detector/model/yolo.py, from :data:`FAMILY_SCALES`), at a scale letter. A file a user edited (another backbone, head, activation or scale multipliers) would otherwise train a
-standard model under its name, so a file is read and accepted only where it describes one of them; its ``nc`` is not
-read (the data YAML's names set the classes). The layers below are Ultralytics' ``cfg/models/v8/yolov8.yaml``,
-``cfg/models/11/yolo11.yaml`` and ``cfg/models/26/yolo26.yaml`` (8.4) as ``yaml.safe_load`` reads them. Imports nothing of the package: the alias table
-(layer 1) reads it.
+Only the standard detectors are built (detector/model/yolo.py, from :data:`FAMILY_SCALES`), at a scale letter. A file
+a user edited (another backbone, head, activation or scale multipliers) would otherwise train a standard model under
+its name, so a file is read and accepted only where it describes one of them; its ``nc`` is not read (the data YAML's
+names set the classes). The layers below are Ultralytics' ``cfg/models/v8/yolov8.yaml``,
+``cfg/models/11/yolo11.yaml`` and ``cfg/models/26/yolo26.yaml`` (8.4) as ``yaml.safe_load`` reads them. Imports
+nothing of the package: the alias table (layer 1) reads it.
 """
 
 from __future__ import annotations
@@ -168,7 +169,8 @@ def family_name(family: str) -> str:
 
 
 def custom(what: str) -> ValueError:
-    return ValueError(f"a custom architecture ({what}); only the standard YOLOv8, YOLO11 and YOLO26 n/s/m/l/x are built here")
+    return ValueError(f"a custom architecture ({what}); only the standard YOLOv8, YOLO11 and YOLO26 n/s/m/l/x are "
+                      "built here")
 
 
 def effective(depth: float, width: float, max_channels: float,
@@ -191,9 +193,9 @@ def normalised(layer: Any) -> Any:
 
 def standard_scale(path: str) -> tuple[str, str]:
     """``(model name, note)`` of the model YAML at ``path``: ``n`` ... ``x`` for YOLOv8's layers, ``11n`` ... ``11x``
-    for YOLO11's, ``26n`` ... ``26x`` for YOLO26's, at the scale Ultralytics picks (the letter in the file's name, else the first of its ``scales``,
-    else the one its ``depth_multiple``/``width_multiple`` give), and what the note should add (its ``nc`` is not
-    read; a scale picked without a letter in the name).
+    for YOLO11's, ``26n`` ... ``26x`` for YOLO26's, at the scale Ultralytics picks (the letter in the file's name,
+    else the first of its ``scales``, else the one its ``depth_multiple``/``width_multiple`` give), and what the note
+    should add (its ``nc`` is not read; a scale picked without a letter in the name).
 
     Raises:
         ValueError: the file cannot be read, or describes another architecture; one line that does not name the

@@ -29,6 +29,9 @@ class AssignerConfig:
     alpha: float = 0.5
     beta: float = 6.0
     min_side: float = 16.0
+    # Then, of each box's positives, only its ``top_k_after`` best by alignment stay (None: all): 1 gives each box one
+    # anchor, which YOLO26's one-to-one branch learns (Ultralytics' ``topk2``).
+    top_k_after: int | None = None
 
 
 @dataclass
@@ -94,10 +97,12 @@ def alignment_metric(
 
 
 def select_positives(
-    alignment: torch.Tensor, iou: torch.Tensor, candidates: torch.Tensor, *, top_k: int
+    alignment: torch.Tensor, iou: torch.Tensor, candidates: torch.Tensor, *, top_k: int,
+    top_k_after: int | None = None,
 ) -> torch.Tensor:
     """``[B, M, A]`` bool: each box's ``top_k`` candidates by alignment; an anchor claimed by several boxes
-    keeps the box it overlaps most, so every anchor ends with at most one box."""
+    keeps the box it overlaps most, so every anchor ends with at most one box. ``top_k_after``: then each box keeps
+    only that many of its positives, the best aligned (:class:`AssignerConfig`)."""
     k = min(top_k, alignment.shape[-1])
     top_idx = alignment.topk(k, dim=-1).indices
     in_top_k = torch.zeros_like(candidates).scatter_(-1, top_idx, True)
@@ -106,7 +111,13 @@ def select_positives(
     # max(dim).indices, not argmax(dim): same first-maximum rule, ~5x faster over a non-innermost dim on CPU.
     best_gt = iou.max(1, keepdim=True).indices
     best_onehot = torch.zeros_like(positive).scatter_(1, best_gt, True)
-    return torch.where(multi, best_onehot, positive) & candidates
+    positive = torch.where(multi, best_onehot, positive) & candidates
+    if top_k_after is not None and top_k_after < k:
+        # As Ultralytics' topk2: the best of what is left. A box whose positives all align at 0 (a score or overlap
+        # that underflowed) may then keep none, as there.
+        kept = (alignment * positive).topk(min(top_k_after, alignment.shape[-1]), dim=-1).indices
+        positive &= torch.zeros_like(positive).scatter_(-1, kept, True)
+    return positive
 
 
 def gather_matched(
@@ -166,7 +177,7 @@ def assign_targets(
     candidates = candidate_anchors(anchor_points, gt_boxes, gt_mask, config.min_side)
     alignment, iou = alignment_metric(class_logits, pred_boxes, gt_labels, gt_boxes, candidates, alpha=config.alpha,
                                        beta=config.beta)
-    positive = select_positives(alignment, iou, candidates, top_k=config.top_k)
+    positive = select_positives(alignment, iou, candidates, top_k=config.top_k, top_k_after=config.top_k_after)
     foreground, labels, boxes = gather_matched(positive, gt_labels, gt_boxes)
     scores = soft_class_targets(alignment, iou, positive, labels, foreground, num_classes)
     return AssignedTargets(labels=labels, boxes=boxes, scores=scores, foreground=foreground)

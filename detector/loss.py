@@ -1,4 +1,5 @@
-"""The detection criterion: CIoU box loss + BCE classification + distribution focal loss.
+"""The detection criterion: CIoU box loss + BCE classification + distribution focal loss (YOLOv8, YOLO11), or for
+YOLO26 an L1 loss of the box distances in place of DFL, on both of its head's branches (:class:`DetectionLoss`).
 
 Computed in FP32, outside autocast, whatever precision the forward pass used.
 """
@@ -179,8 +180,11 @@ def foreground_losses(
     *,
     reg_max: int,
     slots: int,
+    side_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Weighted sums of the CIoU and DFL losses over the foreground anchors.
+    """Weighted sums of the CIoU and DFL losses over the foreground anchors; with ``reg_max`` 1 (YOLO26's direct
+    distances) the second is an L1 loss of the four distances, each as a share of the image's width or height
+    (``side_scale`` ``[A, 4]``: each anchor's stride over the input's width, height, width, height), as Ultralytics'.
 
     ``box_logits`` ``[B, A, 4 * reg_max]`` (any float dtype; computed in FP32), ``target_boxes`` ``[B, A, 4]`` xyxy
     grid units, ``points`` ``[A, 2]``, ``weights`` and ``foreground`` ``[B, A]``; ``slots``
@@ -209,9 +213,17 @@ def foreground_losses(
     # copy may sit inside a captured CUDA graph.
     safe = (torch.arange(4, device=points.device) >= 2).to(points.dtype)  # = _SAFE_BOX
     mask = chosen[..., None]
-    pred = torch.where(mask, distances_to_boxes(anchor, dfl_expectation(logits, reg_max)), safe)
+    distances = dfl_expectation(logits, reg_max)
+    pred = torch.where(mask, distances_to_boxes(anchor, distances), safe)
     target = torch.where(mask, target_boxes.gather(1, index[..., None].expand(-1, -1, 4)), safe)
     box_sum = (complete_iou_loss(pred.flatten(0, 1), target.flatten(0, 1)) * weight).sum()
+    if reg_max == 1:
+        if side_scale is None:
+            raise ValueError("direct distances (reg_max 1) need side_scale")
+        # Unclamped (no bin range); padding rows zeroed before the weight, so a diverging logit there adds no NaN.
+        target_dist = torch.cat((anchor - target[..., :2], target[..., 2:] - anchor), -1)
+        error = torch.where(mask, (distances - target_dist) * side_scale[index], 0.0)
+        return box_sum, (error.abs().mean(-1).flatten() * weight).sum()
     target_dist = boxes_to_distances(anchor, target, reg_max - 1 - 0.01).flatten(0, 1)
     dfl_sum = (distribution_focal_loss(logits.reshape(-1, 4, reg_max), target_dist) * weight).sum()
     return box_sum, dfl_sum
@@ -233,12 +245,35 @@ def assignment_chunks(batch: int, box_slots: int, anchors: int) -> list[slice]:
     return [slice(start, start + size) for start, size in zip(starts, sizes)]
 
 
+Assignment = AssignedTargets | tuple[AssignedTargets, AssignedTargets]  # one per head branch where there are two
+
+# YOLO26's two branches (Ultralytics' E2ELoss): the usual one assigns each box its top 10 anchors, the one-to-one
+# branch its best of 7. The usual branch's share of the loss falls linearly over the run from 0.8 to 0.1.
+ONE_TO_ONE_TOP_K = (7, 1)
+ONE_TO_MANY_WEIGHTS = (0.8, 0.1)
+
+
+def one_to_many_weight(epoch: int, epochs: int) -> float:
+    """The usual branch's weight in an end-to-end head's loss in ``epoch`` (from 0) of ``epochs``: 0.8 in the first
+    epoch, 0.1 in the last, linear between (Ultralytics' decay, its ``updates`` being the epochs done); the
+    one-to-one branch has the rest."""
+    first, last = ONE_TO_MANY_WEIGHTS
+    return max(1 - epoch / max(epochs - 1, 1), 0.0) * (first - last) + last
+
+
 class DetectionLoss(torch.nn.Module):
     """Callable criterion: ``loss(outputs, targets, image_hw) -> (total, {box, cls, dfl})``.
 
     ``total`` is the gain-weighted sum multiplied by the (global) batch size, so the gradient scale does
     not depend on batch size once the optimizer's nominal-batch accumulation is taken into account.
     Under torch.distributed each rank returns its share: the parts of all ranks sum to the global loss.
+
+    ``end_to_end`` (YOLO26): in training ``outputs`` holds both branches' maps (detector/model/head.py), each branch
+    is assigned and scored by itself (the one-to-one branch with :data:`ONE_TO_ONE_TOP_K`), and ``total`` is their
+    weighted sum (:meth:`set_epoch`). The parts returned are the usual branch's, the one evaluation decodes, so that
+    the ``train/*`` and ``val/*`` columns of results.csv measure one branch (a validation pass has its maps alone:
+    given one branch's maps, the loss is that branch's). Ultralytics logs the one-to-one branch's in training. With
+    ``reg_max`` 1 the ``dfl`` part is the L1 loss of the distances (:func:`foreground_losses`), under the same gain.
     """
 
     def __init__(
@@ -252,6 +287,7 @@ class DetectionLoss(torch.nn.Module):
         alpha: float = 0.5,
         beta: float = 6.0,
         class_weights: torch.Tensor | None = None,
+        end_to_end: bool = False,
     ) -> None:
         super().__init__()
         self.num_classes, self.strides, self.reg_max, self.gains = num_classes, strides, reg_max, gains
@@ -260,11 +296,20 @@ class DetectionLoss(torch.nn.Module):
         # Boxes narrower than the second stride are widened to it to find their anchors, as Ultralytics does.
         min_side = float(strides[1] if len(strides) > 1 else strides[0])
         self.assigner = AssignerConfig(top_k=top_k, alpha=alpha, beta=beta, min_side=min_side)
-        self.last_assignment: AssignedTargets | None = None  # the last call's, when it asked to keep it
+        self.end_to_end = end_to_end
+        self.one_to_one = AssignerConfig(top_k=ONE_TO_ONE_TOP_K[0], alpha=alpha, beta=beta, min_side=min_side,
+                                         top_k_after=ONE_TO_ONE_TOP_K[1])
+        # A tensor filled in place (set_epoch), not a float: a captured CUDA graph reads it at each replay.
+        self.register_buffer("many_weight", torch.tensor(ONE_TO_MANY_WEIGHTS[0]), persistent=False)
+        self.last_assignment: Assignment | None = None  # the last call's, when it asked to keep it
+
+    def set_epoch(self, epoch: int, epochs: int) -> None:
+        """The end-to-end branches' weights for ``epoch`` of ``epochs`` (:func:`one_to_many_weight`)."""
+        self.many_weight.fill_(one_to_many_weight(epoch, epochs))
 
     @torch.no_grad()
     def assign(self, box_logits: torch.Tensor, cls_logits: torch.Tensor, points: torch.Tensor, stride: torch.Tensor,
-               padded: PaddedTargets) -> AssignedTargets:
+               padded: PaddedTargets, config: AssignerConfig | None = None) -> AssignedTargets:
         """The assigner's targets for every image, over a few images at a time (:func:`assignment_chunks`).
 
         Its ``[B, M, A]`` tensors (box slots x anchors) and every anchor's decoded box (``[B, A, 4 * reg_max]`` in
@@ -275,29 +320,32 @@ class DetectionLoss(torch.nn.Module):
         round differently, and where a loop ends moves with the chunk's length; on CUDA the top-k's tie-breaking
         among candidates of zero alignment may depend on the row count (tests/test_loss.py bounds both). A chunk
         count that depends on shapes alone keeps one captured graph a shape."""
+        config = config or self.assigner
         batch, anchors = cls_logits.shape[:2]
         chunks = assignment_chunks(batch, padded.boxes.shape[1], anchors)
         anchor_pixels = points * stride  # the same for every chunk
         if len(chunks) == 1:  # the whole batch at once (a CPU's usual batch): no copies into the batch's targets
-            return self._assign_chunk(box_logits, cls_logits, points, stride, anchor_pixels, padded, chunks[0])
+            return self._assign_chunk(box_logits, cls_logits, (points, stride, anchor_pixels), padded, chunks[0],
+                                      config)
         labels = torch.empty(batch, anchors, dtype=torch.long, device=cls_logits.device)
         boxes = torch.empty(batch, anchors, 4, device=cls_logits.device)
         scores = torch.empty(batch, anchors, self.num_classes, device=cls_logits.device)
         foreground = torch.empty(batch, anchors, dtype=torch.bool, device=cls_logits.device)
         for chunk in chunks:
-            part = self._assign_chunk(box_logits, cls_logits, points, stride, anchor_pixels, padded, chunk)
+            part = self._assign_chunk(box_logits, cls_logits, (points, stride, anchor_pixels), padded, chunk, config)
             labels[chunk], boxes[chunk], scores[chunk], foreground[chunk] = (
                 part.labels, part.boxes, part.scores, part.foreground)
         return AssignedTargets(labels=labels, boxes=boxes, scores=scores, foreground=foreground)
 
-    def _assign_chunk(self, box_logits: torch.Tensor, cls_logits: torch.Tensor, points: torch.Tensor,
-                      stride: torch.Tensor, anchor_pixels: torch.Tensor, padded: PaddedTargets,
-                      chunk: slice) -> AssignedTargets:
+    def _assign_chunk(self, box_logits: torch.Tensor, cls_logits: torch.Tensor,
+                      anchors: tuple[torch.Tensor, torch.Tensor, torch.Tensor], padded: PaddedTargets,
+                      chunk: slice, config: AssignerConfig) -> AssignedTargets:
+        points, stride, anchor_pixels = anchors
         # Every anchor's box, for the assigner alone (the loss decodes the foreground's with gradient).
         pred_boxes = distances_to_boxes(points, dfl_expectation(box_logits[chunk].float(), self.reg_max))
         return assign_targets(cls_logits[chunk], pred_boxes * stride, anchor_pixels, padded.labels[chunk],
                               padded.boxes[chunk], padded.mask[chunk], num_classes=self.num_classes,
-                              config=self.assigner)
+                              config=config)
 
     def forward(
         self,
@@ -305,21 +353,53 @@ class DetectionLoss(torch.nn.Module):
         targets: torch.Tensor | PaddedTargets,
         image_hw: tuple[int, int],
         *,
-        assigned: AssignedTargets | None = None,
+        assigned: Assignment | None = None,
         across_ranks: bool = True,
         keep_assignment: bool = False,
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """``targets``: ``[N, 6]`` rows (padded here), or :class:`PaddedTargets` already on the device (the
         captured step's fixed-shape buffers). ``assigned``: reuse an earlier assignment (the AMP check holds it
-        fixed to compare precisions). ``keep_assignment``: keep this call's in :attr:`last_assignment` (else None
-        there): the AMP check's next step reuses it. Not kept otherwise: a training step's would stay alive through
-        the next step's peak (its scores alone are ``[B, A, C]`` FP32: 172 MB at batch 64, 640 px and 80 classes).
+        fixed to compare precisions; a pair for an end-to-end head). ``keep_assignment``: keep this call's in
+        :attr:`last_assignment` (else None there): the AMP check's next step reuses it. Not kept otherwise: a training
+        step's would stay alive through the next step's peak (its scores alone are ``[B, A, C]`` FP32: 172 MB at
+        batch 64, 640 px and 80 classes).
 
         ``across_ranks=False`` computes this process's loss alone, with no collective call: for work that
         one rank does by itself (the AMP check), where a collective would wait forever for the others.
         """
+        levels = len(self.strides)
+        batch, device = outputs[0].shape[0], outputs[0].device
+        # Padded where the targets are (the loader's host memory in training): sizing the padding there needs
+        # no wait for the GPU; the three small results then travel to the device.
+        padded = targets if isinstance(targets, PaddedTargets) else targets_to_padded(
+            targets, batch, image_hw, pin=device.type == "cuda" and targets.device.type == "cpu")
+        padded = PaddedTargets(*(t.to(device, non_blocking=True) for t in padded))
+        global_batch = batch * (torch.distributed.get_world_size() if self._across(across_ranks) else 1)
+        if len(outputs) not in (levels, 2 * levels) or (len(outputs) > levels and not self.end_to_end):
+            raise ValueError(f"expected {levels} head maps (or {2 * levels} from an end-to-end head in training), "
+                             f"got {len(outputs)}")
+        if len(outputs) == levels:  # one branch: the usual one, or an end-to-end head's in evaluation
+            total, parts, kept = self._branch(outputs, padded, image_hw, assigned, self.assigner, across_ranks)
+            assignment: Assignment = kept
+        else:
+            many_assigned, one_assigned = assigned if isinstance(assigned, tuple) else (None, None)
+            many, parts, many_kept = self._branch(outputs[:levels], padded, image_hw, many_assigned, self.assigner,
+                                                  across_ranks)
+            one, _, one_kept = self._branch(outputs[levels:], padded, image_hw, one_assigned, self.one_to_one,
+                                            across_ranks)
+            total, assignment = many * self.many_weight + one * (1 - self.many_weight), (many_kept, one_kept)
+        self.last_assignment = assignment if keep_assignment else None
+        return total * global_batch, {k: v.detach() for k, v in parts.items()}
+
+    @staticmethod
+    def _across(across_ranks: bool) -> bool:
+        return across_ranks and torch.distributed.is_available() and torch.distributed.is_initialized()
+
+    def _branch(self, outputs: list[torch.Tensor], padded: PaddedTargets, image_hw: tuple[int, int],
+                assigned: AssignedTargets | None, config: AssignerConfig, across_ranks: bool,
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor], AssignedTargets]:
+        """One head branch's gain-weighted loss (not yet times the batch), its parts, and its assignment."""
         flat = flatten_head_outputs(outputs)  # [B, A, 4*reg_max + C] in the head's dtype
-        batch = flat.shape[0]
         box_logits, cls_logits = flat.split((4 * self.reg_max, self.num_classes), -1)
         # A tensor of its own (in FP32): the classification loss keeps its input for the backward pass, and a view
         # would keep all of ``flat`` (and an FP32 copy of it) alive until then.
@@ -327,35 +407,28 @@ class DetectionLoss(torch.nn.Module):
         points, stride = make_anchors(
             [o.shape[2:] for o in outputs], self.strides, device=flat.device, dtype=torch.float32
         )
-        # Padded where the targets are (the loader's host memory in training): sizing the padding there needs
-        # no wait for the GPU; the three small results then travel to the device.
-        padded = targets if isinstance(targets, PaddedTargets) else targets_to_padded(
-            targets, batch, image_hw, pin=flat.device.type == "cuda" and targets.device.type == "cpu")
-        gt_labels, gt_boxes, gt_mask = (t.to(flat.device, non_blocking=True) for t in padded)
-
         if assigned is None:
-            assigned = self.assign(box_logits, cls_logits, points, stride, PaddedTargets(gt_labels, gt_boxes, gt_mask))
-        score_sum, global_batch = assigned.scores.sum(), batch
-        if across_ranks and torch.distributed.is_available() and torch.distributed.is_initialized():
+            assigned = self.assign(box_logits, cls_logits, points, stride, padded, config)
+        score_sum = assigned.scores.sum()
+        if self._across(across_ranks):
             # Normalise by the target mass of the whole global batch (as DETR does with its box count):
             # the ranks' loss parts then add up to exactly what one process with that batch computes.
             torch.distributed.all_reduce(score_sum)
-            global_batch = batch * torch.distributed.get_world_size()
         score_sum = score_sum.clamp(min=1)
         cls_loss = F.binary_cross_entropy_with_logits(cls_logits, assigned.scores, weight=self.class_weights,
                                                       reduction="sum") / score_sum
-
+        height, width = image_hw
+        # Made from the strides on the device (scalar divisions): no host tensor to copy inside a captured step.
+        side_scale = torch.cat((stride / width, stride / height, stride / width, stride / height), -1) \
+            if self.reg_max == 1 else None
         box_sum, dfl_sum = foreground_losses(
             box_logits, assigned.boxes / stride, points, assigned.scores.sum(-1), assigned.foreground,
-            reg_max=self.reg_max, slots=foreground_slots(flat.shape[1], gt_boxes.shape[1], self.assigner.top_k),
+            reg_max=self.reg_max, slots=foreground_slots(flat.shape[1], padded.boxes.shape[1], config.top_k),
+            side_scale=side_scale,
         )
-        box_loss, dfl_loss = box_sum / score_sum, dfl_sum / score_sum
-
         parts = {
-            "box": box_loss * self.gains.box,
+            "box": box_sum / score_sum * self.gains.box,
             "cls": cls_loss * self.gains.cls,
-            "dfl": dfl_loss * self.gains.dfl,
+            "dfl": dfl_sum / score_sum * self.gains.dfl,
         }
-        total = sum(parts.values()) * global_batch
-        self.last_assignment = assigned if keep_assignment else None
-        return total, {k: v.detach() for k, v in parts.items()}
+        return sum(parts.values()), parts, assigned

@@ -205,7 +205,8 @@ def test_model_alias_reads_a_yolo11_file(tmp_path: Path) -> None:
 # Ultralytics' cfg/models/26/yolo26.yaml (8.4): YOLO11's file with three layers and two keys changed.
 YOLO26_YAML = (YOLO11_YAML.replace("nc: 80 # number of classes\n", "nc: 80\nend2end: True\nreg_max: 1\n")
                .replace("[-1, 1, SPPF, [1024, 5]] # 9", "[-1, 1, SPPF, [1024, 5, 3, True]] # 9")
-               .replace("C3k2, [512, False]]", "C3k2, [512, True]]").replace("C3k2, [256, False]]", "C3k2, [256, True]]")
+               .replace("C3k2, [512, False]]", "C3k2, [512, True]]")
+               .replace("C3k2, [256, False]]", "C3k2, [256, True]]")
                .replace("[-1, 2, C3k2, [1024, True]] # 22", "[-1, 1, C3k2, [1024, True, 0.5, True]] # 22"))
 
 

@@ -1,5 +1,5 @@
-"""Building blocks of the YOLOv8, YOLO11 and YOLO26 families: Conv-BN-SiLU, Bottleneck, the CSP blocks (C2f; YOLO11's C3k2
-and the C3k inside it) and SPPF.
+"""Building blocks of the YOLOv8, YOLO11 and YOLO26 families: Conv-BN-SiLU, Bottleneck, the CSP blocks (C2f;
+YOLO11's C3k2 and the C3k inside it) and SPPF.
 
 Attribute names (``conv``, ``bn``, ``cv1``, ``cv2``, ``m``) follow Ultralytics' layout on purpose, so a
 pretrained YOLOv8, YOLO11 or YOLO26 state dict maps onto these modules tensor for tensor.

@@ -89,7 +89,8 @@ class Detect(nn.Module):
         return _maps(features, *((self.one2one_cv2, self.one2one_cv3) if self.one_to_one else (self.cv2, self.cv3)))
 
 
-def _maps(features: list[torch.Tensor], box_branches: nn.ModuleList, class_branches: nn.ModuleList) -> list[torch.Tensor]:
+def _maps(features: list[torch.Tensor], box_branches: nn.ModuleList,
+          class_branches: nn.ModuleList) -> list[torch.Tensor]:
     """Each level's box and class maps, concatenated: ``[B, 4*reg_max + C, H, W]``."""
     return [concat((box(x), cls(x)), 1) for x, box, cls in zip(features, box_branches, class_branches)]
 

@@ -95,7 +95,8 @@ def build_criterion(config: TrainConfig, model: YOLO, class_counts: np.ndarray |
         gains=LossGains(box=config.box_gain, cls=config.cls_gain, dfl=config.dfl_gain),
         top_k=config.assigner_topk, alpha=config.assigner_alpha, beta=config.assigner_beta,
         class_weights=None if weights is None else weights.to(next(model.parameters()).device),
-    )
+        end_to_end=model.head.end_to_end,
+    ).to(next(model.parameters()).device)  # its buffers (the end-to-end branch weight) where the maps are
 
 
 def build_train_loader(

@@ -296,6 +296,7 @@ def train_one_epoch(
     precision, schedule, device, world_size = step.precision, step.schedule, step.device, step.world_size
     channels_last = step.channels_last
     model.train()
+    criterion.set_epoch(epoch, schedule.epochs)  # an end-to-end head's branch weights (a captured step reads them)
     steps = len(loader)
     sizes = multi_scale.sizes(steps, seed=seed, epoch=epoch)
     # Running totals stay on the device: the host reads them once, after the epoch (no per-step sync).

@@ -196,6 +196,7 @@ def test_the_epochs_mean_loss_leaves_out_non_finite_steps_and_is_nan_when_none_w
         seen.append(torch.stack([parts["box"], parts["cls"], parts["dfl"]]).detach())
         return loss, parts
 
+    every_other_broken.set_epoch = criterion.set_epoch  # what the epoch asks of its criterion first
     step.criterion = every_other_broken
     stats = train_one_epoch(step, _loader(4), multi_scale=MultiScale(64, enabled=False), epoch=0, seed=0,
                             progress=False)
@@ -203,8 +204,12 @@ def test_the_epochs_mean_loss_leaves_out_non_finite_steps_and_is_nan_when_none_w
     assert stats["nonfinite_losses"] == 2
     assert [stats["train/box"], stats["train/cls"], stats["train/dfl"]] == pytest.approx(finite_mean.tolist())
 
-    step.criterion = lambda outputs, targets, size: (lambda loss, parts: (loss * float("nan"), parts))(
-        *criterion(outputs, targets, size))
+    def all_broken(outputs, targets, size):
+        loss, parts = criterion(outputs, targets, size)
+        return loss * float("nan"), parts
+
+    all_broken.set_epoch = criterion.set_epoch
+    step.criterion = all_broken
     stats = train_one_epoch(step, _loader(2), multi_scale=MultiScale(64, enabled=False), epoch=1, seed=0,
                             progress=False)
     assert stats["nonfinite_losses"] == 2 and all(math.isnan(stats[f"train/{part}"]) for part in ("box", "cls", "dfl"))
