@@ -25,7 +25,7 @@ args = json.loads(sys.argv[1])
 torch.set_num_threads(args["threads"])
 device = torch.device(args["device"])
 model = build_model(num_classes=3).to(device).to(memory_format=torch.channels_last).train()
-criterion = DetectionLoss(num_classes=3, strides=model.strides)
+criterion = DetectionLoss.for_model(model).to(device)
 precision = resolve_precision("auto", device)
 batch, size = args["batch"], args["size"]
 targets = torch.tensor([[i, i % 3, 0.5, 0.5, 0.2, 0.3] for i in range(batch)], device=device)

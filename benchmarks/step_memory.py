@@ -57,7 +57,8 @@ def step_memory(*, scale: str, classes: int, batch: int, size: int, boxes: int, 
         recompute_activations(model, recompute)
     for parameter in model.parameters():
         parameter.requires_grad_(True)  # the tracker hooks every parameter, the frozen DFL integral's too (tiny)
-    criterion = DetectionLoss(num_classes=classes, strides=model.strides, reg_max=model.reg_max)
+    criterion = (DetectionLoss.for_model(model) if hasattr(DetectionLoss, "for_model")  # a checkout before YOLO26's
+                 else DetectionLoss(num_classes=classes, strides=model.strides, reg_max=model.reg_max))
     if hasattr(criterion, "dense"):  # a checkout from before the loss's fixed foreground slots: CUDA's (dense) form
         criterion.dense = True
     padded = targets_to_padded(synthetic_targets(batch, boxes, classes), batch, (size, size), slots=box_slots(boxes))

@@ -77,7 +77,7 @@ model = build_model(num_classes=spec.num_classes, scale=args.get("scale", "n")).
 recompute_activations(model, cuda if args.get("recompute") is None else args["recompute"])
 if args["channels_last"]:
     model.to(memory_format=torch.channels_last)
-criterion = DetectionLoss(num_classes=spec.num_classes, strides=model.strides)
+criterion = DetectionLoss.for_model(model).to(device)
 optimizer = build_optimizer(model, name="SGD", lr=0.001, momentum=0.9, weight_decay=5e-4, num_classes=spec.num_classes,
                             total_steps=10**6).optimizer  # fused where the device has it, as in training
 precision = Precision(("fp16" if cuda else "bf16") if args["amp"] else "fp32", device.type, "benchmark")
@@ -257,7 +257,7 @@ def main() -> int:
     parser.add_argument("--compile", action="store_true", help="add a torch.compile row (AMP, channels-last, fixed)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     parser.add_argument("--model", default="n", choices=MODEL_NAMES,
-                        help="a YOLOv8 scale or YOLO11's 11n ... 11x (default: n)")
+                        help="a YOLOv8 scale, or 11n ... 11x, 26n ... 26x (default: n)")
     args = parser.parse_args()
     cuda = args.device.startswith("cuda")
     rows, compile_row = ([*CUDA_ROWS, *CUDA_GRAPH_ROWS], CUDA_COMPILE_ROW) if cuda else (ROWS, COMPILE_ROW)

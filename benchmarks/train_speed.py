@@ -325,8 +325,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=1, help="rounds of all runs; the table gives medians")
     parser.add_argument("--extra", default="", help="extra flags for our runs, e.g. '--no-multi-scale'")
     parser.add_argument("--model", default="n", choices=MODEL_NAMES,
-                        help="both trainers' model: a YOLOv8 scale or YOLO11's 11n ... 11x (default: n; issue 29 "
-                             "also asks for s)")
+                        help="both trainers' model: a YOLOv8 scale, or 11n ... 11x, 26n ... 26x (default: n; "
+                             "issue 29 also asks for s)")
     parser.add_argument("--step-alone", action="store_true",
                         help="time each of our runs' step alone beside its loop (always on a GPU)")
     parser.add_argument("--close-mosaic", type=int, default=None,

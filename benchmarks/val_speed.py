@@ -198,7 +198,7 @@ def main() -> int:
     graphs = None
     if args.cuda_graphs and device.type == "cuda":  # as training's validator runs them
         graphs = graphed_forward(model, precision, device, channels_last=args.channels_last)
-    criterion = DetectionLoss(num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max)
+    criterion = DetectionLoss.for_model(model).to(device)
     passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms,
                        channels_last=args.channels_last, graphs=graphs,
                        losses=LossMeter(criterion) if args.val_loss else None)

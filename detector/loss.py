@@ -7,7 +7,7 @@ Computed in FP32, outside autocast, whatever precision the forward pass used.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -167,7 +167,8 @@ def foreground_slots(anchors: int, box_slots: int, top_k: int) -> int:
     the ``top_k`` candidates of at least one of the ``box_slots`` boxes (an anchor several boxes picked then goes to
     the one it overlaps most, which may not have picked it: detector/assigner.py), so an image has at most
     ``top_k * box_slots`` (and never more than there are anchors; at least 1, so an empty batch keeps a graph).
-    Crowded images (840 box slots and more at 640 px with top_k 10) take every anchor."""
+    Crowded images (840 box slots and more at 640 px with top_k 10) take every anchor. Where each box then keeps
+    only its best positives (the one-to-one branch's ``top_k_after``), that count bounds it in place of ``top_k``."""
     return max(1, min(anchors, top_k * box_slots))
 
 
@@ -303,6 +304,13 @@ class DetectionLoss(torch.nn.Module):
         self.register_buffer("many_weight", torch.tensor(ONE_TO_MANY_WEIGHTS[0]), persistent=False)
         self.last_assignment: Assignment | None = None  # the last call's, when it asked to keep it
 
+    @classmethod
+    def for_model(cls, model: torch.nn.Module, **options: Any) -> DetectionLoss:
+        """The criterion of a built model (detector/model/yolo.py): its classes, strides, box regression and head
+        branches; ``options``: the constructor's others (gains, assigner, class weights)."""
+        return cls(num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max,
+                   end_to_end=model.head.end_to_end, **options)
+
     def set_epoch(self, epoch: int, epochs: int) -> None:
         """The end-to-end branches' weights for ``epoch`` of ``epochs`` (:func:`one_to_many_weight`)."""
         self.many_weight.fill_(one_to_many_weight(epoch, epochs))
@@ -417,13 +425,15 @@ class DetectionLoss(torch.nn.Module):
         score_sum = score_sum.clamp(min=1)
         cls_loss = F.binary_cross_entropy_with_logits(cls_logits, assigned.scores, weight=self.class_weights,
                                                       reduction="sum") / score_sum
+        # Each box keeps at most this many positives (the one-to-one branch's: 1), so the foreground fits fewer slots.
+        positives_per_box = min(config.top_k, config.top_k_after or config.top_k)
         height, width = image_hw
         # Made from the strides on the device (scalar divisions): no host tensor to copy inside a captured step.
         side_scale = torch.cat((stride / width, stride / height, stride / width, stride / height), -1) \
             if self.reg_max == 1 else None
         box_sum, dfl_sum = foreground_losses(
             box_logits, assigned.boxes / stride, points, assigned.scores.sum(-1), assigned.foreground,
-            reg_max=self.reg_max, slots=foreground_slots(flat.shape[1], padded.boxes.shape[1], config.top_k),
+            reg_max=self.reg_max, slots=foreground_slots(flat.shape[1], padded.boxes.shape[1], positives_per_box),
             side_scale=side_scale,
         )
         parts = {

@@ -283,7 +283,7 @@ def make_train_step(
                             final_lr_fraction=1.0, cosine=False, warmup_bias_lr=0.0, warmup_momentum=0.9,
                             momentum=0.9, batch_size=2, nominal_batch=2, clip_grad=10.0)
     chosen = Precision(precision, torch.device(device).type, "test")
-    criterion = DetectionLoss(num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max)
+    criterion = DetectionLoss.for_model(model).to(device)
     return TrainStep(model, criterion, choice.optimizer, chosen.make_scaler(), ModelEMA(model) if ema else None,
                      chosen, schedule, torch.device(device), channels_last=channels_last)
 

@@ -90,12 +90,10 @@ def build_criterion(config: TrainConfig, model: YOLO, class_counts: np.ndarray |
     """The run's loss on ``model``'s device; ``class_counts``: the training split's boxes per class, which
     ``--cls-pw`` weights the classes by (:func:`~detector.loss.frequency_weights`; without them, no weights)."""
     weights = None if class_counts is None else frequency_weights(torch.from_numpy(class_counts), config.cls_pw)
-    return DetectionLoss(
-        num_classes=model.num_classes, strides=model.strides, reg_max=model.reg_max,
-        gains=LossGains(box=config.box_gain, cls=config.cls_gain, dfl=config.dfl_gain),
+    return DetectionLoss.for_model(
+        model, gains=LossGains(box=config.box_gain, cls=config.cls_gain, dfl=config.dfl_gain),
         top_k=config.assigner_topk, alpha=config.assigner_alpha, beta=config.assigner_beta,
         class_weights=None if weights is None else weights.to(next(model.parameters()).device),
-        end_to_end=model.head.end_to_end,
     ).to(next(model.parameters()).device)  # its buffers (the end-to-end branch weight) where the maps are
 
 
