@@ -20,7 +20,7 @@ ZIP_START = b"PK\x03\x04"
 PICKLE_START = b"\x80"  # the PROTO opcode that protocols 2 and later open with
 NOT_A_CHECKPOINT = "not a PyTorch checkpoint"
 # The readers a --weights file goes to (train, val and predict): what a file neither can read is said to be neither.
-BOTH_READERS = "neither this project's nor Ultralytics' YOLOv8 or YOLO11 weights"
+BOTH_READERS = "neither this project's nor Ultralytics' YOLOv8, YOLO11 or YOLO26 weights"
 # What a file that is no checkpoint often is instead, by its first bytes: said, since it says what to do next.
 LOOKS_LIKE = (
     (b"version https://git-lfs", "it is a Git LFS pointer, not the file itself: fetch it with git lfs pull"),

@@ -202,7 +202,7 @@ def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO
         ours, refused = None, error  # not one of ours: the Ultralytics reader's turn, then both reasons if it fails
     if ours is not None and "model_args" in ours:
         scale, weights = model_args(ours, path)["scale"], ours.get("ema") or ours["model"]
-        first = "head." + class_width_key(depthwise=family_and_scale(scale)[0] == "11")
+        first = "head." + class_width_key(depthwise=family_and_scale(scale)[0] != "v8")
         width = weights.get(first) if isinstance(weights, dict) else None
         model = build_model(num_classes=len(names), scale=scale,
                             class_channels=int(width.shape[0]) if isinstance(width, torch.Tensor) else None)

@@ -1,8 +1,9 @@
 """Fine-tuning onto other classes: the class logits' rows of the weights moved to the classes of the same name.
 
-The final convolution of each class branch (``head.cv3.<level>.2``) has one output row per class. When the new
-dataset names classes the weights know (COCO weights, a dataset with ``person`` and ``car``), those rows start from
-what the weights learned for them, in the new order; the other rows keep their fresh initialisation. Ultralytics 8.4
+The final convolution of each class branch (``head.cv3.<level>.2``, and YOLO26's ``head.one2one_cv3.<level>.2``) has
+one output row per class. When the new dataset names classes the weights know (COCO weights, a dataset with
+``person`` and ``car``), those rows start from what the weights learned for them, in the new order; the other rows
+keep their fresh initialisation. Ultralytics 8.4
 does the same (names compared without case or surrounding spaces), so a fine-tune starts where its does.
 """
 
@@ -13,7 +14,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-_CLASS_LOGITS = re.compile(r"head\.cv3\.\d+\.2\.(weight|bias)")
+# YOLO26's one-to-one class branch (head.one2one_cv3) has a row per class as head.cv3 has: its rows move alike.
+_CLASS_LOGITS = re.compile(r"head\.(?:one2one_)?cv3\.\d+\.2\.(weight|bias)")
 
 
 def _placeholder(names: Sequence[str]) -> bool:

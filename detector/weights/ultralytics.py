@@ -1,12 +1,13 @@
-"""Start from Ultralytics YOLOv8 and YOLO11 detection weights (``yolov8n.pt`` ... ``yolov8x.pt``, ``yolo11n.pt`` ...
-``yolo11x.pt``, and models fine-tuned from them).
+"""Start from Ultralytics YOLOv8, YOLO11 and YOLO26 detection weights (``yolov8n.pt`` ... ``yolov8x.pt``,
+``yolo11n.pt`` ... ``yolo11x.pt``, ``yolo26n.pt`` ... ``yolo26x.pt``, and models fine-tuned from them).
 
 Those files pickle Ultralytics' own classes. We never import ``ultralytics`` (it is AGPL-3.0) and never
 run code from the file: :mod:`detector.weights.safe_pickle` reads it into inert stand-ins, and this module
 walks them for tensors, renames the layer indices (``model.4.``) to our attribute names (``stage3.``) by the
-family's layer table (:data:`YOLOV8_LAYERS`, :data:`YOLO11_LAYERS`) and copies the result into a
-:class:`~detector.model.YOLO`. A file is taken only where every tensor has the name and shape of ours at the
-scale its shapes give (a YOLO26 file, whose layer types are YOLO11's, differs in its head and is refused).
+family's layer table (:data:`YOLOV8_LAYERS`, :data:`YOLO11_LAYERS`, :data:`YOLO26_LAYERS`) and copies the result
+into a :class:`~detector.model.YOLO`. A file is taken only where every tensor has the name and shape of ours at the
+scale its shapes give. YOLO26's layer types are YOLO11's; its head's one-to-one branch (``one2one_cv2``,
+``one2one_cv3``) tells the two apart (:func:`family_of`).
 
 Typical use::
 
@@ -26,7 +27,8 @@ from pathlib import Path
 import torch
 
 from detector.aliases import other_ultralytics_family
-from detector.architecture import FAMILY_SCALES, HEAD_LAYER, display_name, effective, family_name, model_name
+from detector.architecture import (END_TO_END_FAMILIES, FAMILY_SCALES, HEAD_LAYER, display_name, effective,
+                                   family_name, model_name)
 from detector.model.head import class_width_key
 from detector.model.yolo import YOLO, build_model
 from detector.weights.class_rows import moved_class_rows
@@ -87,19 +89,45 @@ YOLO11_LAYERS: tuple[tuple[str, str | None], ...] = (
     ("C3k2", "bottom_up5"),
     ("Detect", "head"),
 )
+# YOLO26's (cfg/models/26/yolo26.yaml) has YOLO11's layers by type and index: what differs is inside them (SPPF's
+# residual, attention blocks in layer 22's C3k2, the head's one-to-one branch and 4 box channels), and our modules
+# have the same names for those, so the table is YOLO11's.
+YOLO26_LAYERS: tuple[tuple[str, str | None], ...] = YOLO11_LAYERS
 # Each family's table, by its name in detector.architecture.family_and_scale.
-LAYERS: dict[str, tuple[tuple[str, str | None], ...]] = {"v8": YOLOV8_LAYERS, "11": YOLO11_LAYERS}
+LAYERS: dict[str, tuple[tuple[str, str | None], ...]] = {"v8": YOLOV8_LAYERS, "11": YOLO11_LAYERS,
+                                                         "26": YOLO26_LAYERS}
 _LAYER_KEY = re.compile(r"model\.(\d+)\.(.+)")
 # A module of the classification branch: its widths depend on the class count, so it is re-initialised when they
 # differ. The module is the innermost numbered one: ``head.cv3.0.1`` (YOLOv8: a Conv), ``head.cv3.0.0.1`` (YOLO11:
-# the 1x1 Conv after a depthwise one, which keeps its input's width and so loads), ``head.cv3.0.2`` (the logits).
-_CLASS_BRANCH = re.compile(r"(head\.cv3(?:\.\d+)+)\.")
-SUPPORTED = "only YOLOv8 and YOLO11 n/s/m/l/x detection weights are supported"
+# the 1x1 Conv after a depthwise one, which keeps its input's width and so loads), ``head.cv3.0.2`` (the logits);
+# YOLO26's one-to-one class branch (``head.one2one_cv3``) is a copy of ``head.cv3`` and goes the same way.
+_CLASS_BRANCH = re.compile(r"(head\.(?:one2one_)?cv3(?:\.\d+)+)\.")
+SUPPORTED = "only YOLOv8, YOLO11 and YOLO26 n/s/m/l/x detection weights are supported"
+
+
+def family_of(layer_types: tuple[str, ...], ultra_state_dict: dict[str, torch.Tensor]) -> str | None:
+    """The family whose layer table the file's layer types are (None: none's). YOLO11 and YOLO26 have the same
+    types: a YOLO26 head holds a one-to-one branch (``model.23.one2one_cv2.*``), which no YOLO11 has; where the
+    types match but the branch does not (a YOLO26 file built with ``end2end: False``), the first family matching
+    by types is returned and the shape check names what differs."""
+    matching = [family for family, table in LAYERS.items() if layer_types == _types(table)]
+    end_to_end = _has_one_to_one(ultra_state_dict)
+    return next((family for family in matching if (family in END_TO_END_FAMILIES) == end_to_end),
+                matching[0] if matching else None)
 
 
 def family_of_keys(ultra_state_dict: dict[str, torch.Tensor]) -> str:
-    """``"11"`` where the Detect layer is layer 23 (after YOLO11's C2PSA), else ``"v8"`` (layer 22)."""
-    return "11" if any(key.startswith(f"model.{HEAD_LAYER['11']}.") for key in ultra_state_dict) else "v8"
+    """The family from the tensors' names alone: ``"v8"`` where the Detect layer is layer 22, else (layer 23, after
+    YOLO11's C2PSA) ``"26"`` with a one-to-one branch in the head, ``"11"`` without."""
+    if not any(key.startswith(f"model.{HEAD_LAYER['11']}.") for key in ultra_state_dict):
+        return "v8"
+    return "26" if _has_one_to_one(ultra_state_dict) else "11"
+
+
+def _has_one_to_one(ultra_state_dict: dict[str, torch.Tensor]) -> bool:
+    """Whether the Detect layer (23: YOLO26's, as YOLO11's) has the one-to-one branch of an end-to-end head."""
+    prefix = f"model.{HEAD_LAYER['26']}.one2one_"
+    return any(key.startswith(prefix) for key in ultra_state_dict)
 
 
 def _head_key(family: str, rest: str) -> str:
@@ -119,19 +147,23 @@ class UltralyticsCheckpoint:
 
     @property
     def family(self) -> str:
-        """``"v8"`` or ``"11"``, from the layers' types."""
-        return next(family for family, layers in LAYERS.items() if self.layer_types == _types(layers))
+        """``"v8"``, ``"11"`` or ``"26"``, from the layers' types and (YOLO11 or YOLO26) the head's branches."""
+        family = family_of(self.layer_types, self.state_dict)
+        if family is None:
+            raise ValueError(f"{self.path}: no family has these layers")
+        return family
 
     @property
     def scale(self) -> str:
-        """Our model name (``n`` ... ``x``, ``11n`` ... ``11x``), read from tensor shapes."""
+        """Our model name (``n`` ... ``x``, ``11n`` ... ``11x``, ``26n`` ... ``26x``), read from tensor shapes."""
         return detect_scale(self.state_dict, self.family)
 
     @property
     def class_channels(self) -> int:
         """The class branch's hidden width. Not always the default for the class count: Ultralytics 8.4 keeps the
         width of the weights a model was fine-tuned from (a 3-class nano from ``yolov8n.pt`` is 80 wide). YOLO11's
-        branch opens with a depthwise conv at its input's width, so the width is that of the 1x1 conv after it."""
+        and YOLO26's branch opens with a depthwise conv at its input's width, so the width is that of the 1x1 conv
+        after it."""
         return _class_width(self.state_dict, self.family)
 
     @property
@@ -145,7 +177,7 @@ def _types(layers: tuple[tuple[str, str | None], ...]) -> tuple[str, ...]:
 
 
 def _class_width(ultra_state_dict: dict[str, torch.Tensor], family: str) -> int:
-    return int(ultra_state_dict[_head_key(family, class_width_key(depthwise=family == "11"))].shape[0])
+    return int(ultra_state_dict[_head_key(family, class_width_key(depthwise=family != "v8"))].shape[0])
 
 
 @dataclass(frozen=True)
@@ -177,15 +209,15 @@ class LoadReport:
 
 
 def read_ultralytics_checkpoint(path: str | Path) -> UltralyticsCheckpoint:
-    """Read an Ultralytics ``.pt`` YOLOv8 or YOLO11 detection checkpoint without importing ultralytics or running
-    its code.
+    """Read an Ultralytics ``.pt`` YOLOv8, YOLO11 or YOLO26 detection checkpoint without importing ultralytics or
+    running its code.
 
     Prefers the EMA weights (what Ultralytics evaluates and exports) when the file has them; released
     files keep them under ``"model"`` with ``"ema": None``.
 
     Raises:
         UnsafeCheckpointError: the file would import anything outside the allow-list.
-        ValueError: the file is not a YOLOv8 or YOLO11 detection checkpoint of a standard scale.
+        ValueError: the file is not a YOLOv8, YOLO11 or YOLO26 detection checkpoint of a standard scale.
     """
     path = Path(path)
     checkpoint = load_checkpoint(path)
@@ -198,14 +230,15 @@ def read_ultralytics_checkpoint(path: str | Path) -> UltralyticsCheckpoint:
 
     layers = list(network.state["_modules"]["model"].state.get("_modules", {}).values())
     layer_types = tuple(layer.class_name if isinstance(layer, StandIn) else "?" for layer in layers)
-    family = next((family for family, table in LAYERS.items() if layer_types == _types(table)), None)
-    if family is None:
+    by_types = family_of(layer_types, {})  # YOLO11's or YOLO26's layers: the tensors below tell which
+    if by_types is None:
         raise ValueError(f"{path}: {_layout_problem(layer_types, _yaml_file(network))}")
-    title = family_name(family)
     try:
         state_dict = stand_in_state_dict(network)
     except TypeError as error:  # a layer pickled as something other than a module
-        raise ValueError(f"{path}: not a {title} detection model ({error})") from None
+        raise ValueError(f"{path}: not a {family_name(by_types)} detection model ({error})") from None
+    family = family_of(layer_types, state_dict) or by_types
+    title = family_name(family)
     for key in ("model.0.conv.weight", _head_key(family, "cv3.0.2.bias")):  # the scale and the class count
         if not isinstance(state_dict.get(key), torch.Tensor) or state_dict[key].ndim < 1:
             raise ValueError(f"{path}: not {title} detection weights (no tensor {key})")
@@ -235,13 +268,15 @@ def _layout_problem(layer_types: tuple[str, ...], built_from: str) -> str:
     found = layer_types[first] if first < len(layer_types) else "nothing"
     want = expected[first] if first < len(expected) else "nothing"
     built = f"built from {built_from}: " if built_from else ""
-    return f"not a YOLOv8 or YOLO11 detection model ({built}layer {first} is {found}, expected {want}); {SUPPORTED}"
+    return (f"not a YOLOv8, YOLO11 or YOLO26 detection model ({built}layer {first} is {found}, expected {want}); "
+            f"{SUPPORTED}")
 
 
 def _shape_problem(ultra_state_dict: dict[str, torch.Tensor], scale: str, num_classes: int, family: str) -> str:
     """What differs between the file's tensors and our model's at ``scale`` (names and shapes; "" when nothing):
-    the layer types alone let through files whose blocks are configured otherwise (YOLO26's head: one-to-one
-    branches, 4 box channels instead of 64). The model is built on the meta device: no memory, no initialisation."""
+    the layer types alone let through files whose blocks are configured otherwise (a YOLO26 head without its
+    one-to-one branch: 4 box channels where YOLO11 has 64). The model is built on the meta device, at the family's
+    ``reg_max`` (16, YOLO26's 1): no memory, no initialisation."""
     try:
         width = _class_width(ultra_state_dict, family)
         theirs = convert_state_dict(ultra_state_dict)
@@ -274,12 +309,12 @@ def _read_names(names: object) -> dict[int, str]:
 
 
 def detect_scale(ultra_state_dict: dict[str, torch.Tensor], family: str | None = None) -> str:
-    """Our model name (``n`` ... ``x``, ``11n`` ... ``11x``) from the stem width, the number of blocks in layer 2 and
-    (YOLO11) whether they are C3k blocks; ``family`` default: :func:`family_of_keys`.
+    """Our model name (``n`` ... ``x``, ``11n`` ... ``11x``, ``26n`` ... ``26x``) from the stem width, the number of
+    blocks in layer 2 and (YOLO11, YOLO26) whether they are C3k blocks; ``family`` default: :func:`family_of_keys`.
 
     The stem width alone tells YOLOv8's scales apart, the depth check catches a custom YAML. YOLO11's m and l share
     the stem width (64) and differ in depth (1 block, 2); its n and s (Bottleneck blocks) differ from m, l and x
-    (C3k blocks, which hold bottlenecks of their own under ``m``) in the blocks' kind.
+    (C3k blocks, which hold bottlenecks of their own under ``m``) in the blocks' kind. YOLO26 scales as YOLO11.
     """
     family = family or family_of_keys(ultra_state_dict)
     stem_width = ultra_state_dict["model.0.conv.weight"].shape[0]
@@ -287,7 +322,7 @@ def detect_scale(ultra_state_dict: dict[str, torch.Tensor], family: str | None =
     c3k = any(key.startswith("model.2.m.0.m.") for key in ultra_state_dict)
     for letter, multipliers in FAMILY_SCALES[family].items():
         repeats, channels = effective(*multipliers, family)  # layer 2's repeats first, the stem's width first
-        if (stem_width, len(blocks), c3k) == (channels[0], repeats[0], family == "11" and letter in "mlx"):
+        if (stem_width, len(blocks), c3k) == (channels[0], repeats[0], family != "v8" and letter in "mlx"):
             return model_name(family, letter)
     kind = "C3k blocks" if c3k else "bottlenecks"
     raise ValueError(f"unrecognised {family_name(family)} size: stem width {stem_width}, {len(blocks)} {kind} in "
@@ -300,7 +335,8 @@ def convert_state_dict(ultra_state_dict: dict[str, torch.Tensor], *,
     as float32.
 
     Args:
-        ultra_state_dict: a flat Ultralytics YOLOv8 or YOLO11 state dict, e.g. ``UltralyticsCheckpoint.state_dict``.
+        ultra_state_dict: a flat Ultralytics YOLOv8, YOLO11 or YOLO26 state dict, e.g.
+            ``UltralyticsCheckpoint.state_dict`` (YOLO26's ``model.23.one2one_cv2.*`` -> ``head.one2one_cv2.*``).
         scale: our model name; if given, checked against the one the tensor shapes imply.
     """
     family = family_of_keys(ultra_state_dict)
@@ -320,24 +356,27 @@ def convert_state_dict(ultra_state_dict: dict[str, torch.Tensor], *,
     return converted
 def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint,
                     names: Sequence[str] | None = None) -> LoadReport:
-    """Copy YOLOv8 or YOLO11 weights into ``model`` in place.
+    """Copy YOLOv8, YOLO11 or YOLO26 weights into ``model`` in place.
 
-    With a different class count, every module of the classification branch (``head.cv3``) whose shape
-    depends on it keeps its fresh initialisation: the final ``head.cv3.<i>.2`` convs, and the branch's hidden
-    layers where the model's branch width is not the file's (YOLOv8: the whole branch; YOLO11: all but the depthwise
-    conv on the branch's input) (build the model with ``class_channels=
-    weights.class_channels`` to keep its hidden layers, as training does). Everything else must match exactly.
+    With a different class count, every module of the classification branch (``head.cv3``, and YOLO26's one-to-one
+    copy ``head.one2one_cv3`` alike) whose shape depends on it keeps its fresh initialisation: the final
+    ``head.cv3.<i>.2`` convs, and the branch's hidden layers where the model's branch width is not the file's
+    (YOLOv8: the whole branch; YOLO11, YOLO26: all but the depthwise conv on the branch's input) (build the model
+    with ``class_channels=weights.class_channels`` to keep its hidden layers, as training does). Everything else must
+    match exactly.
     With ``names`` (the model's classes), the final convs' rows of classes the file names alike are moved to
     those classes (:mod:`detector.weights.class_rows`), as Ultralytics 8.4 does.
 
     Args:
-        model: built at the checkpoint's scale (see ``UltralyticsCheckpoint.scale``) with ``reg_max=16``.
+        model: built at the checkpoint's scale (see ``UltralyticsCheckpoint.scale``) with its family's ``reg_max``
+            (build_model's default: 16, YOLO26's 1).
         weights: a path, a bare name looked up in the repository's ``weights/`` folder, or a checkpoint
             already read by :func:`read_ultralytics_checkpoint`.
         names: the model's class names, one per class; ``None`` leaves the rows where they are.
 
     Raises:
-        ValueError: the file is not YOLOv8 or YOLO11 detection weights, or its scale or shapes do not fit ``model``.
+        ValueError: the file is not YOLOv8, YOLO11 or YOLO26 detection weights, or its scale or shapes do not fit
+            ``model``.
     """
     if not isinstance(weights, UltralyticsCheckpoint):
         weights = read_ultralytics_checkpoint(resolve_weights(weights))
@@ -367,8 +406,9 @@ def load_pretrained(model: YOLO, weights: str | Path | UltralyticsCheckpoint,
 
 
 def _module_of(key: str) -> str:
-    """``"head.cv3.0.1.bn.weight"`` -> ``"head.cv3.0.1"``, ``"head.cv3.0.0.1.conv.weight"`` -> ``"head.cv3.0.0.1"``:
-    the classification-branch module a key belongs to."""
+    """``"head.cv3.0.1.bn.weight"`` -> ``"head.cv3.0.1"``, ``"head.cv3.0.0.1.conv.weight"`` -> ``"head.cv3.0.0.1"``,
+    ``"head.one2one_cv3.0.2.bias"`` -> ``"head.one2one_cv3.0.2"``: the classification-branch module a key belongs
+    to ("" for any other key)."""
     match = _CLASS_BRANCH.match(key)
     return match.group(1) if match else ""
 

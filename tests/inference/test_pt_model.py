@@ -14,7 +14,7 @@ import torch
 from detector.checkpoint import CheckpointError
 from detector.inference.pt_model import model_from_pt
 
-NEITHER = "not a PyTorch checkpoint (neither this project's nor Ultralytics' YOLOv8 or YOLO11 weights)"
+NEITHER = "not a PyTorch checkpoint (neither this project's nor Ultralytics' YOLOv8, YOLO11 or YOLO26 weights)"
 
 
 class _Exploit:
@@ -67,9 +67,9 @@ def test_an_ultralytics_file_of_another_architecture_names_it_without_advice_to_
     path.write_bytes(mixed_lookalike_bytes())
     with pytest.raises(CheckpointError) as failed:
         model_from_pt(path)
-    assert str(failed.value) == (f"{path}: an Ultralytics checkpoint, but not a YOLOv8 or YOLO11 detection model (built "
-                                 "from yolo11n.yaml: layer 4 is C2f, expected C3k2); only YOLOv8 and YOLO11 n/s/m/l/x "
-                                 "detection weights are supported")
+    assert str(failed.value) == (f"{path}: an Ultralytics checkpoint, but not a YOLOv8, YOLO11 or YOLO26 detection "
+                                 "model (built from yolo11n.yaml: layer 4 is C2f, expected C3k2); only YOLOv8, YOLO11 "
+                                 "and YOLO26 n/s/m/l/x detection weights are supported")
 
 
 def test_a_yolo11_file_runs_and_says_what_it_is(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

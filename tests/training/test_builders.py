@@ -54,6 +54,19 @@ def test_freeze_maps_yolo11_layer_numbers_onto_our_modules() -> None:
     assert {name.split(".")[0] for name, p in model.named_parameters() if p.requires_grad} == {"head"}
 
 
+def test_freeze_maps_yolo26_layer_numbers_as_yolo11s() -> None:
+    """YOLO26 numbers its layers as YOLO11 (same types at the same indices); --freeze 23 leaves both head branches."""
+    lines: list[str] = []
+    assert freeze_layers(build_model(num_classes=3, scale="26n"), 11, lines.append) == (*BACKBONE, "psa")
+    assert lines[0].startswith("freeze: YOLO26 layers 0-10 (stem, ")
+    model = build_model(num_classes=3, scale="26n")
+    assert freeze_layers(model, 23, lines.append)[-1] == "bottom_up5"
+    trainable = {name.split(".")[1] for name, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"cv2", "cv3", "one2one_cv2", "one2one_cv3"}
+    with pytest.raises(ValueError, match=r"^--freeze 24: YOLO26n numbers its layers 0-23"):
+        freeze_layers(build_model(num_classes=3, scale="26n"), 24, lambda line: None)
+
+
 def test_freeze_past_a_yolov8_head_is_refused_once_the_weights_decide_the_family(tmp_path: Path) -> None:
     """--freeze 23 passes the configuration beside --weights (a YOLO11 file's head is 23); a YOLOv8 model's is 22."""
     torch.save({}, tmp_path / "yolov8n.pt")

@@ -597,7 +597,8 @@ def test_weights_that_are_no_checkpoint_stop_the_run_before_the_data_scan(yolo_y
     monkeypatch.setattr(trainer, "build_data", lambda *args, **kwargs: pytest.fail("scanned the data first"))
     notes = tmp_path / "notes.pt"
     notes.write_text("not weights\n")
-    said = r"notes.pt: not a PyTorch checkpoint \(neither this project's nor Ultralytics' YOLOv8 or YOLO11 weights\)$"
+    said = (r"notes.pt: not a PyTorch checkpoint \(neither this project's nor Ultralytics' YOLOv8, YOLO11 or YOLO26 "
+            r"weights\)$")
     with pytest.raises(ValueError, match=said):
         train(_config(yolo_yaml, tmp_path, weights=str(notes)), progress=False)
 

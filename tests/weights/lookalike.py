@@ -1,6 +1,7 @@
-"""Files laid out like Ultralytics' released ``yolov8n.pt`` and ``yolo11n.pt``, written without Ultralytics.
+"""Files laid out like Ultralytics' released ``yolov8n.pt``, ``yolo11n.pt`` and ``yolo26n.pt``, written without
+Ultralytics.
 
-Our model already has YOLOv8's and YOLO11's module trees (detector/weights/ultralytics.py maps them layer by
+Our model already has YOLOv8's, YOLO11's and YOLO26's module trees (detector/weights/ultralytics.py maps them layer by
 layer), so the file pickles our own modules in Ultralytics' order (``model.model.<i>``) under Ultralytics' class
 paths: a pickler that writes those paths for our classes. The reader never imports a class from the file (it
 uses inert stand-ins), so it reads this file exactly as it reads a released one.
@@ -15,8 +16,9 @@ import types
 import torch
 from torch import nn
 
+from detector.architecture import family_and_scale
 from detector.model import build_model
-from detector.model.attention import C2PSA, Attention, PSABlock
+from detector.model.attention import C2PSA, Attention, C3k2Attention, PSABlock
 from detector.model.blocks import SPPF, Bottleneck, C2f, C3k, C3k2, Conv
 from detector.model.head import DFL, Detect
 from detector.weights.ultralytics import LAYERS, YOLOV8_LAYERS
@@ -40,6 +42,7 @@ CLASS_PATHS = {
     Conv: "ultralytics.nn.modules.conv",
     C2f: "ultralytics.nn.modules.block",
     C3k2: "ultralytics.nn.modules.block",
+    C3k2Attention: "ultralytics.nn.modules.block",  # Ultralytics' C3k2(..., attn=True): pickled as a C3k2
     MixedC3k2: "ultralytics.nn.modules.block",
     C3k: "ultralytics.nn.modules.block",
     C2PSA: "ultralytics.nn.modules.block",
@@ -55,7 +58,7 @@ CLASS_PATHS = {
 class _UltralyticsPathPickler(pickle._Pickler):  # the Python pickler: its save_global can be overridden
     def save_global(self, obj: object, name: str | None = None) -> None:
         if obj in CLASS_PATHS:
-            name = "C3k2" if obj is MixedC3k2 else obj.__name__
+            name = "C3k2" if obj in (MixedC3k2, C3k2Attention) else obj.__name__
             self.write(pickle.GLOBAL + f"{CLASS_PATHS[obj]}\n{name}\n".encode())
             self.memoize(obj)
             return
@@ -65,9 +68,9 @@ class _UltralyticsPathPickler(pickle._Pickler):  # the Python pickler: its save_
 def lookalike_bytes(scale: str = "n", num_classes: int = 80, seed: int = 0, stem_width: int | None = None,
                     yaml_file: str = "") -> bytes:
     """``torch.save`` bytes of ``{"model": <FP16 DetectionModel>, "ema": None, ...}`` with random weights, laid out as
-    Ultralytics lays out the model ``scale`` (ours: ``n`` is YOLOv8n, ``11n`` YOLO11n); ``stem_width`` gives the
-    first conv another width (a custom model that is none of n/s/m/l/x); ``yaml_file``: what the model's ``yaml``
-    says it was built from (as ``YOLO('yolo11n.yaml').save(...)`` records it)."""
+    Ultralytics lays out the model ``scale`` (ours: ``n`` is YOLOv8n, ``11n`` YOLO11n, ``26n`` YOLO26n); ``stem_width``
+    gives the first conv another width (a custom model that is none of n/s/m/l/x); ``yaml_file``: what the model's
+    ``yaml`` says it was built from (as ``YOLO('yolo11n.yaml').save(...)`` records it)."""
     torch.manual_seed(seed)
     ours = build_model(num_classes=num_classes, scale=scale)
     if stem_width is not None:
@@ -106,3 +109,12 @@ def mixed_lookalike_bytes() -> bytes:
     layers = [getattr(ours, attribute) if attribute else parameter_free[kind]() for kind, attribute in YOLOV8_LAYERS]
     layers[2] = stage2
     return _saved(layers, 80, "yolo11n.yaml")
+
+
+def as_ultralytics_keys(name: str) -> dict[str, torch.Tensor]:
+    """Our model ``name``'s state dict under Ultralytics' keys (``stage2.`` -> ``model.2.``), on the meta device: the
+    tensors' names and shapes of Ultralytics' model at that scale, with no memory (the x models are 57-59M)."""
+    with torch.device("meta"):
+        ours = build_model(num_classes=80, scale=name).state_dict()
+    index = {attribute: layer for layer, (_, attribute) in enumerate(LAYERS[family_and_scale(name)[0]]) if attribute}
+    return {f"model.{index[key.split('.', 1)[0]]}.{key.split('.', 1)[1]}": tensor for key, tensor in ours.items()}

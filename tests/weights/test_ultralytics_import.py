@@ -236,9 +236,9 @@ def test_wrong_scale_and_other_architectures_are_named(saved_checkpoint) -> None
         load_pretrained(build_model(num_classes=80, scale="n"), path)
 
     path = saved_checkpoint("yolov8n-p2")  # an extra head level: another layout than YOLOv8's (or YOLO11's)
-    with pytest.raises(ValueError, match=r"yolov8n-p2\.pt: not a YOLOv8 or YOLO11 detection model \(built from "
-                                         r"yolov8n-p2\.yaml: layer 16 is Upsample, expected Conv\); only YOLOv8 and "
-                                         r"YOLO11 n/s/m/l/x detection weights are supported$"):
+    with pytest.raises(ValueError, match=r"yolov8n-p2\.pt: not a YOLOv8, YOLO11 or YOLO26 detection model \(built "
+                                         r"from yolov8n-p2\.yaml: layer 16 is Upsample, expected Conv\); only YOLOv8, "
+                                         r"YOLO11 and YOLO26 n/s/m/l/x detection weights are supported$"):
         read_ultralytics_checkpoint(path)
 
 
@@ -428,6 +428,6 @@ def test_val_predict_export_and_load_find_a_bare_name_where_train_does(tmp_path:
         located("yolov8s.pt")
     with pytest.raises(FileNotFoundError, match=r"fetch it: python -m detector download yolo11n$"):
         located("yolo11n.pt")
-    with pytest.raises(FileNotFoundError, match=r"YOLO26 weights would not load here either: only YOLOv8 and YOLO11 "
-                                                r"detection weights are"):
-        located("yolo26n.pt")  # val, predict, export, benchmark and load() say it as train does
+    with pytest.raises(FileNotFoundError, match=r"YOLO12 weights would not load here either: only YOLOv8, YOLO11 and "
+                                                r"YOLO26 detection weights are"):
+        located("yolo12n.pt")  # val, predict, export, benchmark and load() say it as train does
