@@ -23,8 +23,9 @@ from typing import Any
 from detector.architecture import MODEL_NAMES, display_name, model_name, standard_scale
 
 COMMANDS = ("train", "val", "predict", "export", "benchmark")
-# Ultralytics' names of the models built here: yolov8n ... yolov8x, yolo11n ... yolo11x (weights .pt, or a .yaml).
-ULTRALYTICS_NAME = re.compile(r"yolo(v8|11)([nsmlx])(\.pt|\.yaml)?")
+# Ultralytics' names of the models built here: yolov8n ... yolov8x, yolo11n ... yolo11x, yolo26n ... yolo26x (weights
+# .pt, or a .yaml).
+ULTRALYTICS_NAME = re.compile(r"yolo(v8|11|26)([nsmlx])(\.pt|\.yaml)?")
 NOTE = "_note"  # a key an alias's mapping may hold: what its note adds for this value (not a field)
 
 
@@ -93,9 +94,9 @@ def device(value: Any) -> dict[str, Any]:
 
 def train_model(value: Any) -> dict[str, Any]:
     """``model=yolo11n.pt`` (or ``yolo11n``, ``yolov8n.pt``, or any ``.pt`` path) -> ``--weights`` with its model;
-    ``yolo11n.yaml`` -> ``--model 11n`` from scratch (``yolov8n.yaml``: ``n``); our model names pass through. A model
-    YAML that exists is read: only the standard YOLOv8 and YOLO11 architectures are accepted
-    (detector/architecture.py)."""
+    ``yolo11n.yaml`` -> ``--model 11n`` from scratch (``yolov8n.yaml``: ``n``, ``yolo26n.yaml``: ``26n``); our model
+    names pass through. A model YAML that exists is read: only the standard YOLOv8, YOLO11 and YOLO26 architectures
+    are accepted (detector/architecture.py)."""
     text = str(value)
     if text.lower() in MODEL_NAMES:
         return {"model": text.lower()}
@@ -104,7 +105,7 @@ def train_model(value: Any) -> dict[str, Any]:
         name, says = standard_scale(text)
         return {"model": name, NOTE: f"the file's architecture is {display_name(name)}'s{says}"}
     match = ULTRALYTICS_NAME.fullmatch(text.rsplit("/", 1)[-1].lower())
-    name = model_name(match.group(1), match.group(2)) if match else ""  # the name's family: "v8" or "11", as ours
+    name = model_name(match.group(1), match.group(2)) if match else ""  # the name's family: "v8", "11", "26"
     if match and match.group(3) == ".yaml":
         return {"model": name}
     if match:
@@ -112,17 +113,18 @@ def train_model(value: Any) -> dict[str, Any]:
     if text.lower().endswith(".pt"):
         return {"weights": text}  # our own checkpoint or another Ultralytics file: the file decides the model
     family = other_ultralytics_family(text.rsplit("/", 1)[-1])
-    built = f"{family} is not built here, only YOLOv8 and YOLO11 detection: " if family else ""
-    raise ValueError(f"{built}expected a model (n ... x, 11n ... 11x), yolov8n...yolov8x or yolo11n...yolo11x (.pt or "
-                     ".yaml), or a .pt file")
+    built = f"{family} is not built here, only YOLOv8, YOLO11 and YOLO26 detection: " if family else ""
+    raise ValueError(f"{built}expected a model (n ... x, 11n ... 11x, 26n ... 26x), yolov8n...yolov8x, "
+                     "yolo11n...yolo11x or yolo26n...yolo26x (.pt or .yaml), or a .pt file")
 
 
 def other_ultralytics_family(name: str) -> str | None:
-    """``"yolo26n.pt"`` -> ``"YOLO26"``, ``"yolo11n-seg.pt"`` -> ``"YOLO11 segmentation"``: Ultralytics' names of
-    weights this project cannot read; None for any other name (YOLOv8's and YOLO11's detection models among them)."""
+    """``"yolo12n.pt"`` -> ``"YOLO12"``, ``"yolo26n-seg.pt"`` -> ``"YOLO26 segmentation"``: Ultralytics' names of
+    weights this project cannot read; None for any other name (YOLOv8's, YOLO11's and YOLO26's detection models among
+    them)."""
     match = re.fullmatch(r"(yolo)(v?\d+)([nsmlxbc]u?6?)?(-(seg|pose|cls|obb|world\w*|oiv7|p2|p6|ghost))?"
                          r"(\.pt|\.ya?ml)?", name.lower())
-    if match is None or (match.group(2) in ("v8", "11") and match.group(5) is None):
+    if match is None or (match.group(2) in ("v8", "11", "26") and match.group(5) is None):
         return None
     family = "YOLO" + match.group(2)
     tasks = {"seg": "segmentation", "pose": "pose", "cls": "classification", "obb": "oriented-box",
@@ -176,8 +178,8 @@ def batch(value: Any) -> dict[str, Any]:
 
 
 def weights(value: Any) -> dict[str, Any]:
-    """``model=`` in val, predict and export: the file to run (ours, an Ultralytics yolov8*.pt or yolo11*.pt, an
-    export); ``yolo11n`` is ``yolo11n.pt``."""
+    """``model=`` in val, predict and export: the file to run (ours, an Ultralytics yolov8*.pt, yolo11*.pt or
+    yolo26*.pt, an export); ``yolo11n`` is ``yolo11n.pt``."""
     match = ULTRALYTICS_NAME.fullmatch(str(value).rsplit("/", 1)[-1].lower())
     return {"weights": f"{value}.pt" if match and not match.group(3) else value}
 

@@ -36,6 +36,11 @@ def test_our_own_names_pass_through_silently() -> None:
     ("train", {"model": "weights/YOLO11m.pt"}, {"weights": "weights/YOLO11m.pt", "model": "11m"}),
     ("train", {"model": "yolo11x.yaml"}, {"model": "11x"}),
     ("val", {"model": "yolo11s"}, {"weights": "yolo11s.pt"}),
+    ("train", {"model": "yolo26n"}, {"weights": "yolo26n.pt", "model": "26n"}),  # these were "YOLO26 is not built"
+    ("train", {"model": "weights/YOLO26l.pt"}, {"weights": "weights/YOLO26l.pt", "model": "26l"}),
+    ("train", {"model": "yolo26x.yaml"}, {"model": "26x"}),
+    ("train", {"model": "26S"}, {"model": "26s"}),
+    ("val", {"model": "yolo26m"}, {"weights": "yolo26m.pt"}),
     ("train", {"cache": False}, {"cache": "none"}),
     ("train", {"multi_scale": 0.0}, {"multi_scale": False}),
     ("train", {"resume": True}, {"resume": "auto"}),
@@ -99,13 +104,17 @@ def test_resume_true_beside_a_weights_file_resumes_it() -> None:
         quiet("train", {"resume": "a/last.pt", "weights": "b.pt"})
 
 
-@pytest.mark.parametrize(("model", "family"), [("yolo26n.yaml", "YOLO26"), ("yolo26n", "YOLO26"),
+@pytest.mark.parametrize(("model", "family"), [("yolo12n.yaml", "YOLO12"), ("yolo12n", "YOLO12"),
+                                               ("yolo26n-seg.yaml", "YOLO26 segmentation"),
+                                               ("yolo26s-pose", "YOLO26 pose"),
+                                               ("yolo26m-obb.yaml", "YOLO26 oriented-box"),
+                                               ("yolo26l-cls", "YOLO26 classification"),
                                                ("yolo11n-seg.yaml", "YOLO11 segmentation"),
                                                ("yolov8n-p2.yaml", "YOLOv8 with a P2 head"),
                                                ("yolov8n-seg.yaml", "YOLOv8 segmentation")])
 def test_a_model_name_of_another_architecture_says_it_is_not_built(model: str, family: str) -> None:
-    said = (rf"^train: model={model!r}: {family} is not built here, only YOLOv8 and YOLO11 detection: expected a "
-            r"model \(n \.\.\. x, 11n \.\.\. 11x\)")
+    said = (rf"^train: model={model!r}: {family} is not built here, only YOLOv8, YOLO11 and YOLO26 detection: "
+            r"expected a model \(n \.\.\. x, 11n \.\.\. 11x, 26n \.\.\. 26x\)")
     with pytest.raises(ValueError, match=said):
         quiet("train", {"model": model})
 
@@ -152,3 +161,16 @@ def test_train_takes_ultralytics_yolo11_names_on_the_command_line(capsys) -> Non
     args = parse_args(["--model", "yolo11n.pt"])
     assert (args.model, args.weights) == ("11n", "yolo11n.pt")
     assert "model='yolo11n.pt' is weights='yolo11n.pt' model='11n' here" in capsys.readouterr().err
+
+
+def test_train_takes_ultralytics_yolo26_names_on_the_command_line(capsys) -> None:
+    """``detector train model=yolo26n.yaml`` trains YOLO26n from scratch, ``--model yolo26s.pt`` from the file."""
+    from detector.cli.train import parse_args
+
+    assert (parse_args(["model=yolo26n.yaml"]).model, parse_args(["model=yolo26n.yaml"]).weights) == ("26n", "")
+    args = parse_args(["--model", "yolo26s.pt"])
+    assert (args.model, args.weights) == ("26s", "yolo26s.pt")
+    assert "model='yolo26s.pt' is weights='yolo26s.pt' model='26s' here" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args(["model=yolo26n-seg.yaml"])
+    assert "YOLO26 segmentation is not built here" in capsys.readouterr().err

@@ -55,7 +55,8 @@ def test_keywords_are_the_option_objects_fields():
         predict(weights="x.pt")
     with pytest.raises(TypeError, match=r"^train: unknown argument 'epoch'; known: .*\bepochs\b"):
         train(epoch=3)
-    with pytest.raises(ValueError, match=r"^train: model='z': expected a model \(n \.\.\. x, 11n \.\.\. 11x\), yolov8n"):
+    with pytest.raises(ValueError, match=r"^train: model='z': expected a model \(n \.\.\. x, 11n \.\.\. 11x, 26n "
+                                         r"\.\.\. 26x\), yolov8n"):
         train(model="z")  # a scale or Ultralytics' model= (detector/aliases.py)
     with pytest.raises(ValueError, match=r"^train: optimizer='Lion': choose one of auto, SGD, AdamW, Adam, "):
         train(optimizer="Lion")

@@ -41,12 +41,14 @@ def resolve_weights(name_or_path: str | Path, *, weights_dir: Path | None = None
             hint += f" --weights-dir {shlex.quote(str(weights_dir))}"  # a copy-paste command: quote spaces
     elif path.suffix.lower() in (".yaml", ".yml"):  # an architecture file: "obtain it by hand" sent users astray
         family = other_ultralytics_family(path.name)
-        hint = (f"{family} is not built here: only YOLOv8 and YOLO11 detection are (--model n ... x, 11n ... 11x)"
-                if family else "a .yaml names an architecture, not weights: --model n ... x or 11n ... 11x (or "
-                "model=yolov8n.yaml, model=yolo11n.yaml) trains from scratch")
+        hint = (f"{family} is not built here: only YOLOv8, YOLO11 and YOLO26 detection are (--model n ... x, "
+                "11n ... 11x, 26n ... 26x)" if family else "a .yaml names an architecture, not weights: --model "
+                "n ... x, 11n ... 11x or 26n ... 26x (or model=yolov8n.yaml, model=yolo11n.yaml, model=yolo26n.yaml) "
+                "trains from scratch")
     elif bare and (family := other_ultralytics_family(path.name)):
-        hint = (f"{family} weights would not load here either: only YOLOv8 and YOLO11 detection weights are "
-                "(yolov8n.pt ... yolov8x.pt, yolo11n.pt ... yolo11x.pt; python -m detector download yolo11n)")
+        hint = (f"{family} weights would not load here either: only YOLOv8, YOLO11 and YOLO26 detection weights are "
+                "(yolov8n.pt ... yolov8x.pt, yolo11n.pt ... yolo11x.pt, yolo26n.pt ... yolo26x.pt; python -m "
+                "detector download yolo26n)")
     else:
         hint = f"obtain the file by hand and put it in {weights_dir}"
     raise FileNotFoundError(f"weights {str(name_or_path)!r} not found (looked for {looked}); {hint}")

@@ -215,8 +215,10 @@ def test_suggested_commands_quote_a_weights_folder_with_spaces(tmp_path: Path, s
 
 @pytest.mark.parametrize(("name", "hint"), [
     ("yolov8n.yaml", "a .yaml names an architecture, not weights: --model n ... x"),  # was: "obtain the file by hand"
-    ("yolo11n.yaml", "a .yaml names an architecture, not weights: --model n ... x or 11n ... 11x"),
-    ("yolo26n.yaml", "YOLO26 is not built here: only YOLOv8 and YOLO11 detection are (--model n ... x, 11n ... 11x)"),
+    ("yolo11n.yaml", "a .yaml names an architecture, not weights: --model n ... x, 11n ... 11x or 26n ... 26x"),
+    ("yolo26n.yaml", "a .yaml names an architecture, not weights: --model n ... x, 11n ... 11x or 26n ... 26x"),
+    ("yolo26n-seg.yaml", "YOLO26 segmentation is not built here: only YOLOv8, YOLO11 and YOLO26 detection are "
+                         "(--model n ... x, 11n ... 11x, 26n ... 26x)"),
     ("yolov8n-p2.yaml", "YOLOv8 with a P2 head is not built here"),
 ])
 def test_an_architecture_yaml_given_as_weights_says_what_to_do(tmp_path: Path, name: str, hint: str) -> None:
