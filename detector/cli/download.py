@@ -27,9 +27,8 @@ PROG = "python -m detector download"  # detector.cli.main passes how the command
 def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     parser = CommandParser(
         prog=prog,
-        description="Fetch a dataset into the datasets root, or Ultralytics' YOLOv8 or YOLO11 detection weights into "
-                    "the weights folder "
-                    "(explicit: nothing in detector downloads by itself).",
+        description="Fetch a dataset into the datasets root, or Ultralytics' YOLOv8, YOLO11 or YOLO26 detection "
+                    "weights into the weights folder (explicit: nothing in detector downloads by itself).",
         epilog="Every file is fetched over https (see --allow-http), capped in bytes fetched and unpacked, and checked "
                "against the SHA-256 pinned in detector's catalog (COCO: its published MD5; coco128 and VOC have none "
                "pinned: size and zip CRCs, with a warning). Weights are then read through detector's restricted "
@@ -38,7 +37,7 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
     )
     parser.add_argument("name", type=_name, choices=sorted(DOWNLOADS) + sorted(PRETRAINED),
                         help="dataset (coco.yaml, VOC.yaml ... also work), or weights (yolov8n ... yolov8x, "
-                             "yolo11n ... yolo11x; yolov8n.pt also works)")
+                             "yolo11n ... yolo11x, yolo26n ... yolo26x; yolov8n.pt also works)")
     parser.add_argument("--split", choices=("all", "val"), default="all",
                         help="datasets: val: only what the val split needs "
                              "(COCO: annotations + val2017, 1.1 GB; VOC: the 2007 test zip) (default: all)")

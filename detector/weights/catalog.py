@@ -1,5 +1,5 @@
-"""The pretrained checkpoints ``python -m detector download yolo11n`` can fetch: Ultralytics' YOLOv8 and YOLO11
-detection files.
+"""The pretrained checkpoints ``python -m detector download yolo11n`` can fetch: Ultralytics' YOLOv8, YOLO11 and
+YOLO26 detection files.
 
 No network code here (:mod:`detector.weights.download` fetches); this module only names the files, so
 ``--weights yolo11n.pt`` that finds nothing can say which command fetches it.
@@ -26,6 +26,16 @@ whose digest differs is deleted.
   (``Omarrran/yolo_onnx_hnm`` commit 39f1767, ``StableDiffusionVN/yolo`` commit 549ddd3: same oid, that size), and
   all five sizes and digests are the ones projects pin for Ultralytics' GitHub release assets
   (``ultralytics/assets`` v8.3.0 and v8.4.0), the files Ultralytics' package downloads: the same weights.
+* YOLO26: no Ultralytics Hugging Face commit pinning these files could be found from here, so they are fetched from
+  Ultralytics' GitHub release ``ultralytics/assets`` v8.4.0 (the URL Ultralytics' own package downloads). A release
+  asset can be replaced, so the pin is the digest alone: the size and SHA-256 of each file are those that several
+  unrelated public projects pin for that asset, found in their source through this project's code search, and every
+  one of those that names a given file agrees: one records GitHub's release metadata for tag v8.4.0 (all five files:
+  yolo26n.pt 5544453 bytes SHA256 9b09cc8b...ad4fef, yolo26s.pt 20422725 646f8bc3...384a1b, yolo26m.pt 44255705
+  401cea9a...45d0b7, yolo26l.pt 53211173 9fe3c544...32db26, yolo26x.pt 118667365 9fdd44a3...003e92), and two to
+  four others pin each file alike. These digests were NOT checked against a download here (this project's build
+  machines reach no network but package registries): a user's first ``python -m detector download yolo26n`` is their
+  first check, and a file whose size or digest differs is deleted, not loaded.
 
 After the digest, the file is read through the restricted unpickler (:mod:`detector.weights.safe_pickle`), which
 proves it is a detection checkpoint of the expected model.
@@ -35,20 +45,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Ultralytics' Hugging Face repositories at one commit each (see the module docstring for why not the GitHub release).
+# Ultralytics' Hugging Face repositories at one commit each (see the module docstring for why not the GitHub release),
+# and for YOLO26 the GitHub release.
 ULTRALYTICS_RELEASE = "https://huggingface.co/Ultralytics/YOLOv8/resolve/8a9e1a55f987a77f9966c2ac3f80aa8aa37b3c1a"
 YOLO11_RELEASE = "https://huggingface.co/Ultralytics/YOLO11/resolve/a01aaa06caeff788b052e193acb76b3f21571b3a"
+YOLO26_RELEASE = "https://github.com/ultralytics/assets/releases/download/v8.4.0"  # pinned by digest only: see above
 LICENCE_NOTE = (
-    "Ultralytics' YOLOv8 and YOLO11 weights are licensed AGPL-3.0 (https://ultralytics.com/license), not Apache-2.0 "
-    "like detector; models fine-tuned from them may carry AGPL-3.0 obligations. detector never imports Ultralytics "
-    "code: it reads the file's tensors only."
+    "Ultralytics' YOLOv8, YOLO11 and YOLO26 weights are licensed AGPL-3.0 (https://ultralytics.com/license), not "
+    "Apache-2.0 like detector; models fine-tuned from them may carry AGPL-3.0 obligations. detector never imports "
+    "Ultralytics code: it reads the file's tensors only."
 )
 
 
 @dataclass(frozen=True)
 class PretrainedWeights:
     name: str  # what ``python -m detector download NAME`` takes: "yolov8n"
-    scale: str  # our model name the file maps onto: "n", "11n"
+    scale: str  # our model name the file maps onto: "n", "11n", "26n"
     size: int  # bytes, exact
     sha256: str  # of the whole file: the Git LFS object id at ``source``'s commit
     source: str = ULTRALYTICS_RELEASE
@@ -78,11 +90,20 @@ PRETRAINED = {
             ("l", 51_387_343, "9ebd0e09d59811db4b1d61e2bc6730649608b1ac47f8dd01e2da6bca7c20023f"),
             ("x", 114_636_239, "7bc158aa95c0ebfdd87f70f01653c1131b93e92522dbe15c228bcd742e773a24"),
         )),
+        *(PretrainedWeights(f"yolo26{letter}", f"26{letter}", size, sha256, YOLO26_RELEASE)
+          for letter, size, sha256 in (
+            ("n", 5_544_453, "9b09cc8bf347f0fc8a5f7657480587f25db09b34bf33b0652110fb03a8ad4fef"),
+            ("s", 20_422_725, "646f8bc3fe0a656803d95c294f7852321748cb29d13466a1af8862e2db384a1b"),
+            ("m", 44_255_705, "401cea9ab23ad19246ff7744859816bc599f350e93c9dd30367b6f0a0745d0b7"),
+            ("l", 53_211_173, "9fe3c544f2b19bebad7ea41e76d7ad3d88b7c2f10d11d24430c5311f6b32db26"),
+            ("x", 118_667_365, "9fdd44a31c504547ffb81d2c6d9e6dac3493c8eaa8b0398d3f43bae6c7003e92"),
+        )),
     )
 }
 
 
 def pretrained_name(text: str) -> str | None:
-    """``"yolov8n"``, ``"YOLO11n.pt"`` -> ``"yolov8n"``, ``"yolo11n"``; None when ``text`` names no catalogued file."""
+    """``"yolov8n"``, ``"YOLO11n.pt"``, ``"yolo26n"`` -> ``"yolov8n"``, ``"yolo11n"``, ``"yolo26n"``; None when
+    ``text`` names no catalogued file."""
     name = text.strip().lower().removesuffix(".pt")
     return name if name in PRETRAINED else None

@@ -56,9 +56,10 @@ def check_weights(path: Path, weights: PretrainedWeights, url: str, *, fetched: 
 def download_weights(weights: str | PretrainedWeights, *, weights_dir: Path | None = None,
                      base_url: str | None = None, allow_http: bool = False, timeout: float = 30.0, attempts: int = 3,
                      retry_wait: float = 2.0) -> Path:
-    """Fetch ``weights`` (``"yolov8n"`` ... ``"yolov8x"``, ``"yolo11n"`` ... ``"yolo11x"``) into ``weights_dir`` unless
-    it is there; check it; return its path. ``weights_dir``: default :func:`detector.paths.default_weights_dir`, where
-    ``--weights yolov8n.pt`` looks. Raises :class:`DownloadError` (one line naming the URL or file)."""
+    """Fetch ``weights`` (``"yolov8n"`` ... ``"yolov8x"``, ``"yolo11n"`` ... ``"yolo11x"``, ``"yolo26n"`` ...
+    ``"yolo26x"``) into ``weights_dir`` unless it is there; check it; return its path. ``weights_dir``: default
+    :func:`detector.paths.default_weights_dir`, where ``--weights yolov8n.pt`` looks. Raises :class:`DownloadError`
+    (one line naming the URL or file)."""
     weights_dir = weights_dir or default_weights_dir()
     spec = PRETRAINED[weights] if isinstance(weights, str) else weights
     url = mirrored_url(spec.url, base_url)

@@ -171,6 +171,30 @@ def test_yolo11_weights_are_pinned_fetched_and_read_as_yolo11(tmp_path: Path, se
             assert not any(folder.iterdir())
 
 
+def test_yolo26_weights_are_pinned_fetched_and_read_as_yolo26(tmp_path: Path, server: tuple[str, Served],
+                                                              monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture):
+    """``download yolo26n``: Ultralytics' GitHub release asset, pinned by size and SHA-256 (no Hugging Face commit to
+    pin), read as YOLO26n; a YOLO11 file served in its place (same layer types) is deleted, named for what it is."""
+    assert [(weights.scale, weights.url) for name, weights in PRETRAINED.items() if name.startswith("yolo26")] == [
+        (f"26{letter}", f"https://github.com/ultralytics/assets/releases/download/v8.4.0/yolo26{letter}.pt")
+        for letter in "nsmlx"]
+    base, served = server
+    monkeypatch.setenv(transfer.BASE_URL_ENV, base)
+    yolo26, yolo11 = lookalike_bytes("26n"), lookalike_bytes("11n")
+    for content, folder in ((yolo26, tmp_path / "a"), (yolo11, tmp_path / "b")):
+        served.files["yolo26n.pt"] = content
+        fields = {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+        monkeypatch.setitem(PRETRAINED, "yolo26n", dataclasses.replace(PRETRAINED["yolo26n"], **fields))
+        if content is yolo26:
+            assert download_command.main(["yolo26n.pt", "--weights-dir", str(folder), "--allow-http"]) == 0
+            assert "(loads: YOLO26n, 80 classes, 708 tensors)" in capsys.readouterr().out
+        else:
+            with pytest.raises(DownloadError, match=r"holds YOLO11n weights; deleted it"):
+                download_weights("yolo26n", weights_dir=folder, **OPTIONS)
+            assert not any(folder.iterdir())
+
+
 def test_a_second_download_of_the_same_weights_stops_at_once(tmp_path: Path, served_weights: tuple[str, Served]):
     _, served = served_weights
     folder = tmp_path / "weights"

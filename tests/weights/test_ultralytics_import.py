@@ -428,6 +428,8 @@ def test_val_predict_export_and_load_find_a_bare_name_where_train_does(tmp_path:
         located("yolov8s.pt")
     with pytest.raises(FileNotFoundError, match=r"fetch it: python -m detector download yolo11n$"):
         located("yolo11n.pt")
+    with pytest.raises(FileNotFoundError, match=r"fetch it: python -m detector download yolo26n$"):
+        located("yolo26n.pt")
     with pytest.raises(FileNotFoundError, match=r"YOLO12 weights would not load here either: only YOLOv8, YOLO11 and "
                                                 r"YOLO26 detection weights are"):
         located("yolo12n.pt")  # val, predict, export, benchmark and load() say it as train does
