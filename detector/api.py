@@ -166,6 +166,7 @@ def val(
     fp32: bool = False,
     half: bool = False,
     augment: bool = False,
+    end_to_end: bool = False,
     plots: bool = True,
     verbose: bool = True,
     project: str | Path = Path("runs/val"),
@@ -179,7 +180,8 @@ def val(
     written under ``project/name`` as by the command; ``verbose=False`` prints no table (results.txt has it).
     ``weights`` is required (``None`` here only so that Ultralytics' ``model=`` can stand for it); without ``data``
     a checkpoint of ours is scored on the dataset it trained on, as Ultralytics' ``val`` does. ``augment``:
-    test-time augmentation (three views of each image, one NMS; about 2.1x the time).
+    test-time augmentation (three views of each image, one NMS; about 2.1x the time). ``end_to_end``: a YOLO26
+    model's NMS-free one-to-one head and its top-k (Ultralytics' ``nms=False``); refused for any other model.
     """
     from detector.workflows.options import ValOptions
     from detector.workflows.val import run_val
@@ -210,6 +212,7 @@ def predict(
     device: str | int = "",
     half: bool = False,
     augment: bool = False,
+    end_to_end: bool = False,
     verbose: bool = True,
     project: str | Path = Path("runs/predict"),
     name: str = "exp",
@@ -228,6 +231,8 @@ def predict(
     nothing is written unless one of them is set. ``batch`` images or frames go through the model per call (faster
     on a GPU; a stream waits for a whole batch).
     ``augment``: test-time augmentation (three views of each image, one NMS; about 2.1x the time).
+    ``end_to_end``: a YOLO26 model's NMS-free one-to-one head, each image's best ``max_det`` (box, class) pairs
+    above ``conf`` (Ultralytics' ``nms=False``; a loaded model takes it at :func:`load`).
     ``verbose=False`` prints nothing but warnings and notes (a line per image otherwise).
 
     Returns one dict per image or video frame: ``{"file", "frame"`` (None for images), ``"boxes"`` float32
@@ -264,6 +269,7 @@ def export(
     conf: float = 0.25,
     iou: float = 0.7,
     max_det: int = 300,
+    end_to_end: bool = False,
     data: str | Path | None = None,
     datasets_dir: str | Path | None = None,
     no_check: bool = False,
@@ -277,7 +283,8 @@ def export(
     """Export ``weights`` (default: the newest ``runs/train/*/weights/best.pt``) to ONNX and/or TensorRT
     (``format="onnx"``, ``"engine"`` or ``"onnx,engine"``): ``python export.py`` with these flags.
 
-    Returns the files written, after their parity check against the FP32 PyTorch model.
+    Returns the files written, after their parity check against the FP32 PyTorch model. ``end_to_end`` (YOLO26
+    only): the NMS-free one-to-one head, recorded in the file's metadata (with ``nms``, a top-k in the graph).
     """
     from detector.workflows.export import run_export
     from detector.workflows.options import ExportOptions
@@ -385,15 +392,19 @@ class Model:
         return self.predict(source, stream=stream, **flags)
 
 
-def load(weights: str | Path, *, device: str = "", imgsz: int | None = None, half: bool = False) -> Model:
+def load(weights: str | Path, *, device: str = "", imgsz: int | None = None, half: bool = False,
+         end_to_end: bool = False) -> Model:
     """Load ``weights`` (a training checkpoint, full or stripped, Ultralytics ``yolov8*.pt`` or ``yolo11*.pt``, or an
     export) for
     :meth:`Model.predict`.
 
     ``device``: ``cpu``, ``cuda`` or ``cuda:N`` (default: CUDA when there is one); ``imgsz``: the input size of a
     ``.pt`` model (default: its training size); ``half``: a ``.pt`` model in FP16 on CUDA, BF16 on a CPU with
-    native BF16 (as ``predict --half``). A loaded model's ``predict`` takes neither ``device`` nor ``half``.
+    native BF16 (as ``predict --half``); ``end_to_end``: a YOLO26 model's NMS-free one-to-one head (as ``predict
+    --end-to-end``; an export made with it runs so anyway). A loaded model's ``predict`` takes neither ``device`` nor
+    ``half``, nor ``end_to_end`` unless it loaded so.
     """
+    from detector.postprocess import NMSConfig
     from detector.device import resolve_device
     from detector.inference import load_backend
     from detector.inference.torch_backend import half_precision
@@ -402,6 +413,7 @@ def load(weights: str | Path, *, device: str = "", imgsz: int | None = None, hal
 
     path, resolved = located(weights), resolve_device(device)  # yolov8n.pt: the weights folder's
     precision = half_precision(resolved) if half else "fp32"
-    backend = load_backend(path, device=str(resolved), imgsz=imgsz, precision=precision)
+    backend = load_backend(path, device=str(resolved), imgsz=imgsz, precision=precision,
+                           nms=NMSConfig(end_to_end=end_to_end))
     input_size(backend, imgsz)  # here, not at the first call: an imgsz of 100 or one a fixed export cannot take
     return Model(path, backend, Path(weights))

@@ -1,4 +1,5 @@
-"""Raw head maps -> final detections: DFL decode, confidence filter, class-aware NMS."""
+"""Raw head maps -> final detections: DFL decode, confidence filter, class-aware NMS (or, for an end-to-end head,
+the NMS-free top-k of :mod:`detector.topk`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from detector.boxes import box_iou, dfl_expectation, distances_to_boxes, flatten_head_outputs, make_anchors
 from detector.nms import COORDINATE_LIMIT, batched_nms
+from detector.topk import top_k_detections
 
 
 def decode_outputs(outputs: list[torch.Tensor], strides: tuple[int, ...], reg_max: int) -> torch.Tensor:
@@ -36,6 +38,9 @@ class NMSConfig:
     max_candidates: int = 30000  # cap on boxes that enter NMS (bounds worst-case time)
     multi_label: bool = False  # one candidate per (box, class) above threshold, as COCO eval expects
     agnostic: bool = False  # boxes of every class suppress each other (predict --agnostic-nms); labels are kept
+    # No NMS: each image's best max_detections (box, class) pairs above conf_threshold (detector/topk.py), for a
+    # YOLO26 one-to-one head (--end-to-end); multi-label by nature, one pair per box with agnostic; no iou_threshold.
+    end_to_end: bool = False
 
 
 def nms_groups(labels: torch.Tensor, config: NMSConfig) -> torch.Tensor:
@@ -83,7 +88,10 @@ def non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) 
     because torchvision's large-input path masks every candidate once per group, O(groups x candidates).
     On CUDA the opposite holds (a launch per image costs more than the kernel): one call for the batch,
     :func:`batched_non_max_suppression`.
+    ``config.end_to_end``: no NMS, the top-k of :func:`detector.topk.top_k_detections` instead.
     """
+    if config.end_to_end:
+        return _top_k(decoded, config)
     if decoded.is_cuda:
         return batched_non_max_suppression(decoded, config)
     # The candidates here, on torch's intra-op threads (their [anchors, classes] tensors are large enough to run in
@@ -97,6 +105,11 @@ def non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSConfig()) 
         return [_kept(*image, config) for image in per_image]
     with ThreadPoolExecutor(threads) as pool:
         return list(pool.map(lambda image: _kept(*image, config), per_image))
+
+
+def _top_k(decoded: torch.Tensor, config: NMSConfig) -> list[dict[str, torch.Tensor]]:
+    return top_k_detections(decoded, conf_threshold=config.conf_threshold, max_detections=config.max_detections,
+                            agnostic=config.agnostic)
 
 
 def grouped_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor, iou_threshold: float) -> torch.Tensor:
@@ -193,6 +206,8 @@ def batched_non_max_suppression(decoded: torch.Tensor, config: NMSConfig = NMSCo
     ~200). Only an image with more than ``max_candidates`` candidates takes :func:`candidates`' top-k, per image;
     with more than :func:`first_pass_size`, NMS runs over its best first (:func:`_first_pass_then_rest`).
     """
+    if config.end_to_end:  # no NMS: the top-k, batched on any device (detector/topk.py)
+        return _top_k(decoded, config)
     batch, num_classes = decoded.shape[0], decoded.shape[-1] - 4
     (image, _), boxes, scores, labels = above_conf(decoded, config)
     counts = torch.bincount(image, minlength=batch).tolist()

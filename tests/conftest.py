@@ -165,11 +165,16 @@ def lively_model(seed: int = 0, *, randomise_boxes: bool = True, num_classes: in
             module.momentum = None  # cumulative average: one pass sets the statistics
     with torch.no_grad():
         model.train()(synthetic_images(MODEL_IMGSZ, count=8, seed=1).float() / 255)
-        for box_branch, class_branch in zip(model.head.cv2, model.head.cv3):
-            class_branch[-1].weight.normal_(0, 0.01)
-            class_branch[-1].bias.fill_(-1.0)
-            if randomise_boxes:
-                box_branch[-1].weight.normal_(0, 0.01)
+        # YOLO26's one-to-one branch too, after the usual one (so the other models draw the same numbers as before):
+        # its own scores and boxes, not the copy it starts as.
+        heads = [(model.head.cv2, model.head.cv3)]
+        heads += [(model.head.one2one_cv2, model.head.one2one_cv3)] if model.head.end_to_end else []
+        for box_branches, class_branches in heads:
+            for box_branch, class_branch in zip(box_branches, class_branches):
+                class_branch[-1].weight.normal_(0, 0.01)
+                class_branch[-1].bias.fill_(-1.0)
+                if randomise_boxes:
+                    box_branch[-1].weight.normal_(0, 0.01)
     return model.eval()
 
 

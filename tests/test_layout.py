@@ -17,8 +17,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "detector"
 # layer or above (inside one package, modules import each other freely). docs/development.md draws this map.
 LAYERS: list[set[str]] = [
     {"choices", "defaults", "version", "architecture"},
-    {"boxes", "nms", "files", "device", "precision", "tuning", "options", "paths", "extras", "aliases", "forked",
-     "checkpoint_problems", "checkpoint_integrity", "signals"},
+    {"boxes", "nms", "topk", "files", "device", "precision", "tuning", "options", "paths", "extras", "aliases",
+     "forked", "checkpoint_problems", "checkpoint_integrity", "signals"},
     {"distributed", "postprocess", "assigner", "runs"},
     {"model", "loss"},
     {"checkpoint", "data"},

@@ -66,7 +66,7 @@ def opset_problem(opset: int, *, nms: bool) -> str | None:
 
 def trace_to_onnx(model: YOLO, info: ModelInfo, *, opset: int, device: str) -> onnx.ModelProto:
     """The raw traced graph of the export wrapper (no metadata yet)."""
-    wrapper = ExportWrapper(model, half=info.precision == "fp16", nms=info.nms).to(device)
+    wrapper = ExportWrapper(model, half=info.precision == "fp16", nms=info.nms, end_to_end=info.end_to_end).to(device)
     example = torch.zeros(info.batch, 3, info.imgsz, info.imgsz, device=device)
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():

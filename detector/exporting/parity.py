@@ -16,6 +16,7 @@ unchecked.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -74,12 +75,19 @@ class ParityReport:
                          f"no box was compared{hint}")
         if self.map_reference is not None and self.map_exported is not None:
             lines.append(
-                f"mAP50-95 on {self.map_images} val images (NMS conf {self.nms.conf_threshold}, IoU "
-                f"{self.nms.iou_threshold}): pytorch fp32 {self.map_reference:.2f}, {self.name} "
+                f"mAP50-95 on {self.map_images} val images ({postprocess_words(self.nms)}): pytorch fp32 "
+                f"{self.map_reference:.2f}, {self.name} "
                 f"{self.map_exported:.2f} (change {self.map_exported - self.map_reference:+.2f} points)"
             )
         lines += [f"parity FAILED: {failure}" for failure in self.failures]
         return "\n".join(lines)
+
+
+def postprocess_words(nms: NMSConfig) -> str:
+    """How both sides were postprocessed, in words for the summary."""
+    if nms.end_to_end:
+        return f"NMS-free top-{nms.max_detections} above conf {nms.conf_threshold}"
+    return f"NMS conf {nms.conf_threshold}, IoU {nms.iou_threshold}"
 
 
 def synthetic_images(size: int, count: int = 4, seed: int = 0) -> torch.Tensor:
@@ -184,9 +192,16 @@ def check_parity(
     With ``split``, also score both with the COCO evaluator ``val`` uses and fail when the exported mAP50-95 is
     more than ``map_margin`` points lower; without it, fail when a score differs by more than ``score_tolerance``.
     Sets both backends' NMS to the evaluation thresholds (conf 0.001, IoU 0.7, 300, multi-label), or to
-    the exported graph's own thresholds when it has NMS inside, so both sides are judged alike.
+    the exported graph's own thresholds when it has NMS inside, so both sides are judged alike. An end-to-end export
+    (YOLO26's one-to-one head) is compared with a reference in that branch, both postprocessed by the NMS-free top-k
+    (``ValueError`` for a reference in the other branch).
     """
-    reference.nms = exported.nms = exported.info.nms or EVAL_NMS
+    if reference.info.end_to_end != exported.info.end_to_end:  # one branch's boxes against the other's
+        branch = {True: "the one-to-one (end-to-end) head", False: "the usual head"}
+        raise ValueError(f"parity: {exported.name} runs {branch[exported.info.end_to_end]}, the reference "
+                         f"{branch[reference.info.end_to_end]}: give the reference the same one")
+    reference.nms = exported.nms = exported.info.nms or dataclasses.replace(EVAL_NMS,
+                                                                            end_to_end=exported.info.end_to_end)
     report = ParityReport(exported.name, images=len(images), nms=reference.nms)
     compare_on_images(reference, exported, images, report, batch=batch_size, score_tolerance=score_tolerance)
     report.name = exported.name  # again: a backend may say only once it has run how it ran (pt2: "cuda graph")

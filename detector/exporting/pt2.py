@@ -70,7 +70,8 @@ def export_program(model: YOLO, info: ModelInfo, *, device: str) -> torch.export
     """``torch.export`` of the wrapper with a free batch dimension (traced at batch >= 2: 1 would specialise)."""
     if info.dynamic:
         raise ValueError("pt2 export takes a fixed --imgsz (its batch is always free); drop --dynamic")
-    wrapper = ExportWrapper(model, nms=info.nms, compute_dtype=COMPUTE_DTYPES[info.precision]).to(device)
+    wrapper = ExportWrapper(model, nms=info.nms, compute_dtype=COMPUTE_DTYPES[info.precision],
+                            end_to_end=info.end_to_end).to(device)
     example = torch.zeros(max(2, info.batch), 3, info.imgsz, info.imgsz, device=device)
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     with torch.no_grad():

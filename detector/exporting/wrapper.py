@@ -8,6 +8,9 @@ contract:
   both FP32, anchors in level order (stride 8, 16, 32) exactly as :func:`detector.postprocess.decode_outputs`;
 * with NMS: ``detections [B, K, 6]`` rows ``(x1, y1, x2, y2, score, label)`` sorted by score, K =
   ``max_detections``; rows past ``num_detections [B]`` (int64) are padding (all zeros).
+
+``end_to_end`` (YOLO26, ``export --end-to-end``): the outputs are the one-to-one branch's, and "with NMS" is the
+NMS-free top-k instead (:func:`pack_top_k`, the same outputs).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from detector.architecture import display_name
 from detector.defaults import EXPORT_CONF, EXPORT_IOU, EXPORT_MAX_DET
 from detector.model import YOLO
 from detector.nms import nms_kernel
@@ -97,6 +101,31 @@ def pack_detections(boxes: torch.Tensor, scores: torch.Tensor, config: NMSConfig
     return detections * valid.unsqueeze(-1).to(boxes.dtype), valid.sum(1)
 
 
+def pack_top_k(boxes: torch.Tensor, scores: torch.Tensor, config: NMSConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """The NMS-free top-k of :mod:`detector.topk` with a fixed-size result, in ops that export to ONNX (``TopK``):
+    boxes ``[B, A, 4]`` and scores ``[B, A, C]`` (FP32) -> ``detections [B, K, 6]``, ``num_detections [B]``: each
+    image's best K = ``max_detections`` (box, class) pairs above ``conf_threshold`` (at most A of them, as
+    :mod:`detector.topk`), best first, equal scores by pair index (ONNX's TopK promises the lower index first).
+    Not ``agnostic`` (export has no such flag), and boxes are not checked for finite coordinates (nor does the
+    in-graph NMS check them)."""
+    batch, anchors, classes = scores.shape
+    keep = config.max_detections
+    # K zero columns (and K zero boxes) guarantee top-k has K entries to pick whatever the input size: a padding
+    # pair's index p < A x C + K points at a box row p // C < A + K, and its score 0 is never above conf.
+    flat = torch.cat((scores.flatten(1), scores.new_zeros(batch, keep)), 1)
+    top_scores, top_index = flat.topk(keep, 1)
+    # Computed from the tensor, not the traced shape: a dynamic export's anchor count is the input's.
+    anchor_count = torch.ones_like(scores[:, :, 0]).sum(1, keepdim=True)
+    rank = torch.arange(keep, device=scores.device, dtype=scores.dtype).unsqueeze(0)
+    valid = (top_scores > config.conf_threshold) & (rank < anchor_count)
+    anchor = torch.div(top_index, classes, rounding_mode="floor")
+    labels = (top_index - anchor * classes).to(boxes.dtype)  # exact as floats below 2**24 classes
+    padded_boxes = torch.cat((boxes, boxes.new_zeros(batch, keep, 4)), 1)
+    top_boxes = padded_boxes.gather(1, anchor.unsqueeze(-1).expand(-1, -1, 4))
+    detections = torch.cat((top_boxes, top_scores.unsqueeze(-1), labels.unsqueeze(-1)), -1)
+    return detections * valid.unsqueeze(-1).to(boxes.dtype), valid.sum(1)
+
+
 class ExportWrapper(nn.Module):
     """``images [B, 3, H, W]`` float in [0, 1] RGB (H, W multiples of 32) -> decoded boxes and scores.
 
@@ -105,16 +134,23 @@ class ExportWrapper(nn.Module):
         half: run backbone, neck and head convolutions in FP16; inputs, outputs, the DFL expectation,
             box arithmetic and NMS stay FP32. Why: FP16 has a 0.25-0.5 px step at 256-1024 px, which
             would quantise box corners, and FP32 I/O lets callers feed the same tensors to every export.
-        nms: append in-graph NMS with this config (see module docstring for the output layout).
+        nms: append in-graph NMS with this config (see module docstring for the output layout); with
+            ``nms.end_to_end``, the NMS-free top-k (:func:`pack_top_k`) instead.
         compute_dtype: the network's dtype, overriding ``half`` (BF16 for the pt2 export on CPUs with it).
+        end_to_end: trace the head's one-to-one branch (YOLO26 only), whose boxes need no NMS.
     """
 
     def __init__(
         self, model: YOLO, *, half: bool = False, nms: NMSConfig | None = None,
-        compute_dtype: torch.dtype | None = None,
+        compute_dtype: torch.dtype | None = None, end_to_end: bool = False,
     ) -> None:
         super().__init__()
+        if (nms is not None and nms.end_to_end) and not end_to_end:
+            raise ValueError("the NMS-free top-k goes with the one-to-one branch: ExportWrapper(end_to_end=True)")
         self.model = copy.deepcopy(model).eval()
+        if end_to_end and not self.model.head.end_to_end:
+            raise ValueError(f"end_to_end: only YOLO26 has a one-to-one head; this is {display_name(model.scale)}")
+        self.model.head.one_to_one = end_to_end
         self.compute_dtype = compute_dtype or (torch.float16 if half else torch.float32)
         self.model.to(self.compute_dtype)
         self.strides = tuple(model.strides)
@@ -140,4 +176,4 @@ class ExportWrapper(nn.Module):
         boxes, scores = self.decode(self.model(images.to(self.compute_dtype)))
         if self.nms is None:
             return boxes, scores
-        return pack_detections(boxes, scores, self.nms)
+        return (pack_top_k if self.nms.end_to_end else pack_detections)(boxes, scores, self.nms)

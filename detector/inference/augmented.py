@@ -89,7 +89,9 @@ def augmented(forward: Callable[[torch.Tensor], torch.Tensor], images: torch.Ten
 
 def augment_problem(backend: Backend) -> str | None:
     """Why ``backend`` cannot run augmented (one line), or None: the views are smaller inputs, so its graph must take
-    any shape, and their boxes meet in one NMS, so it must not have NMS inside."""
+    any shape, and their boxes meet in one NMS, so it must not have NMS inside, nor be end-to-end (NMS-free)."""
+    if backend.info.end_to_end:  # the views' boxes would meet without NMS: one object, up to three boxes
+        return "--augment merges its views' boxes with NMS: an end-to-end (NMS-free) model has none to merge them"
     if backend.info.nms is not None:
         return "--augment needs the boxes before NMS: this export has NMS inside (export without --nms)"
     if not backend.info.dynamic:

@@ -7,6 +7,7 @@ can time the two apart and every runtime is judged by the same NMS.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 
@@ -28,7 +29,9 @@ class Backend(ABC):
     Attributes:
         info: names, strides, input size, precision and any in-graph NMS of the model.
         nms: thresholds of the Python NMS; for graphs with NMS inside only a higher ``conf_threshold``
-            than the baked one has an effect (as a filter on the graph's detections).
+            than the baked one has an effect (as a filter on the graph's detections). A model whose outputs are an
+            end-to-end head's (``info.end_to_end``: YOLO26's one-to-one branch) is postprocessed by the NMS-free
+            top-k whatever ``nms.end_to_end`` says; ``nms.end_to_end`` on any other model is refused.
         name: a short label for tables, e.g. ``"onnxruntime fp16"``.
     """
 
@@ -37,9 +40,12 @@ class Backend(ABC):
     # then pads each image only to its own stride-divisible canvas instead of the square.
     shapes_are_free = False
 
-    def __init__(self, info: ModelInfo, nms: NMSConfig | None = None) -> None:
+    def __init__(self, info: ModelInfo, nms: NMSConfig | None = None, *, source: str = "the model") -> None:
         self.info = info
         self.nms = nms or NMSConfig()
+        if self.nms.end_to_end and not info.end_to_end:
+            raise ValueError(end_to_end_refusal(source, "this export was written without it (export a YOLO26 "
+                                                        "checkpoint with --end-to-end)"))
 
     @property
     def free_batch(self) -> bool:
@@ -54,16 +60,27 @@ class Backend(ABC):
     def postprocess(self, raw: RawOutputs, classes: Sequence[int] | None = None,
                     nms: NMSConfig | None = None) -> Detections:
         """``classes``: keep only these class ids, chosen before NMS and the ``max_detections`` cap, as Ultralytics
-        does, so boxes of other classes take none of the kept places. A graph with NMS inside has already filled
-        its K rows with every class: there the filter and the cap apply to those rows. ``nms``: this call's
+        does, so boxes of other classes take none of the kept places (the NMS-free top-k too, where Ultralytics
+        filters its top-k's pairs after). A graph with NMS inside has already filled its K rows with every class:
+        there the filter and the cap apply to those rows. ``nms``: this call's
         thresholds instead of :attr:`nms` (two predict streams on one loaded model each keep their own)."""
-        nms = nms or self.nms
+        nms = self.as_run(nms or self.nms)
         if self.info.nms is None:
             boxes, scores = raw
-            scores = scores.float() if classes is None else only_classes(scores.float(), classes, nms.multi_label)
+            per_pair = nms.multi_label or (nms.end_to_end and not nms.agnostic)  # the top-k ranks (box, class) pairs
+            scores = scores.float() if classes is None else only_classes(scores.float(), classes, per_pair)
             return non_max_suppression(torch.cat((boxes.float(), scores), -1), nms)
         return unpack_detections(*raw, conf_threshold=nms.conf_threshold,
                                  max_detections=nms.max_detections, classes=classes)
+
+    def as_run(self, nms: NMSConfig) -> NMSConfig:
+        """``nms`` as this model's outputs take it: the top-k for an end-to-end head's (no NMS: its boxes are one an
+        object already), NMS for any other's, where ``nms.end_to_end`` is refused (``ValueError``)."""
+        if nms.end_to_end == self.info.end_to_end:
+            return nms
+        if nms.end_to_end:
+            raise ValueError(end_to_end_refusal(self.name, "this model was loaded without it"))
+        return dataclasses.replace(nms, end_to_end=True)
 
     def __call__(self, images: torch.Tensor, classes: Sequence[int] | None = None,
                  nms: NMSConfig | None = None) -> Detections:
@@ -82,6 +99,18 @@ class Backend(ABC):
             raise ValueError(f"this model was exported at {self.info.imgsz} px (not --dynamic); got {height}x{width}")
         if height % self.info.stride or width % self.info.stride:
             raise ValueError(f"image sides must be multiples of {self.info.stride}; got {height}x{width}")
+
+
+def outputs_label(info: ModelInfo) -> str:
+    """What a backend's name adds for its graph's outputs: ``" end-to-end"`` for a YOLO26 one-to-one head's, then
+    ``" +nms"`` (``" +top-k"`` end-to-end) for a graph with its postprocess inside."""
+    branch = " end-to-end" if info.end_to_end else ""
+    return branch + ((" +top-k" if info.end_to_end else " +nms") if info.nms else "")
+
+
+def end_to_end_refusal(source: str, why: str) -> str:
+    """The one line refusing ``--end-to-end`` for ``source``: ``why`` it has no NMS-free head."""
+    return (f"{source}: --end-to-end runs YOLO26's NMS-free (one-to-one) head, which only YOLO26 models have; {why}")
 
 
 def only_classes(scores: torch.Tensor, classes: Sequence[int], multi_label: bool) -> torch.Tensor:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from detector.extras import require
-from detector.inference.backend import Backend, RawOutputs, read_model_info, run_in_fixed_batches
+from detector.inference.backend import Backend, RawOutputs, outputs_label, read_model_info, run_in_fixed_batches
 from detector.inference.preprocess import model_input
 from detector.model.metadata import INPUT_NAME, ModelInfo
 from detector.paths import data_home
@@ -96,7 +96,7 @@ class OnnxBackend(Backend):
         except Exception as error:  # onnxruntime's own types (InvalidProtobuf, Fail, ...), none a bug of ours
             raise ValueError(f"{path}: not a loadable ONNX model ({_reason(error)})") from None
         info = read_model_info(self.session.get_modelmeta().custom_metadata_map, source=str(path))
-        super().__init__(info, nms)
+        super().__init__(info, nms, source=str(path))
         self.provider = self.session.get_providers()[0]  # the first in priority: with TensorRT, what it cannot
         # build runs on the next provider (CUDA), so the name says which one leads, not that it ran every node
         self.gpu = session_gpu(self.session, self.provider, gpu)
@@ -104,7 +104,7 @@ class OnnxBackend(Backend):
         where = f" (GPU {self.gpu})" if self.provider != CPU_PROVIDER else ""
         print(f"onnxruntime: {Path(path).name} runs on {self.provider}{where}", file=sys.stderr)
         label = "" if self.provider == CPU_PROVIDER else f" {self.provider.removesuffix('ExecutionProvider')}"
-        self.name = f"onnxruntime {info.precision}{label}" + (" +nms" if info.nms else "")
+        self.name = f"onnxruntime {info.precision}{label}" + outputs_label(info)
 
     def run_on_cpu(self, chunk: torch.Tensor) -> list[torch.Tensor]:
         inputs = chunk.cpu().numpy().astype(np.float32) / np.float32(255)

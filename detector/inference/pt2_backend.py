@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from detector.inference.backend import Backend, RawOutputs, read_model_info
+from detector.inference.backend import Backend, RawOutputs, outputs_label, read_model_info
 from detector.inference.cuda_graph import CudaGraphRunner, Outputs
 from detector.inference.preprocess import model_input
 from detector.model.metadata import ModelInfo
@@ -153,10 +153,10 @@ class Pt2Backend(Backend):
         atexit.register(self._release)
         try:
             info = self._load(path, folder, index, options)
+            super().__init__(info, nms, source=str(path))  # refuses --end-to-end for a package without that head
         except BaseException:
             self.close()
             raise
-        super().__init__(info, nms)
         if self.device.type == "cuda":
             self._graphs.append(CudaGraphRunner(self.run))  # a graph per batch size: the height and width are fixed
 
@@ -198,7 +198,7 @@ class Pt2Backend(Backend):
 
     @property
     def name(self) -> str:  # type: ignore[override]  # what ran: a failed capture leaves the package's own run
-        base = f"pt2 {self.info.precision}" + (" +nms" if self.info.nms else "")
+        base = f"pt2 {self.info.precision}" + outputs_label(self.info)
         if not isinstance(self.forward, CudaGraphRunner):
             return base
         return base + (" cuda graph" if self.forward.failed is None else " eager")

@@ -22,7 +22,7 @@ import torch
 
 from detector.extras import Unavailable
 from detector.files import write_atomically
-from detector.inference.backend import Backend, RawOutputs, read_model_info, run_in_fixed_batches
+from detector.inference.backend import Backend, RawOutputs, outputs_label, read_model_info, run_in_fixed_batches
 from detector.inference.preprocess import model_input
 from detector.model.metadata import HOW_TO_EXPORT, INPUT_NAME, ModelInfo, encode_metadata
 from detector.postprocess import NMSConfig
@@ -74,7 +74,7 @@ class TensorRTBackend(Backend):
             raise Unavailable(reason)
         import tensorrt as trt
 
-        super().__init__(info, nms)
+        super().__init__(info, nms, source=str(path))
         self.device = torch.device(device)
         # TensorRT works on the current CUDA device: with --device cuda:1 the engine must be made there too.
         with torch.cuda.device(self.device):
@@ -91,7 +91,7 @@ class TensorRTBackend(Backend):
         }
         if hasattr(trt, "int64"):
             self.dtypes[trt.int64] = torch.int64
-        self.name = f"tensorrt {info.precision}" + (" +nms" if info.nms else "")
+        self.name = f"tensorrt {info.precision}" + outputs_label(info)
 
     def run(self, images: torch.Tensor) -> list[torch.Tensor]:
         with torch.cuda.device(self.device):  # the engine's device (see __init__)

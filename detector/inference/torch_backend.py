@@ -6,6 +6,7 @@ both ending in the FP32 decode of :func:`detector.postprocess.decode_outputs` (t
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ from torch import nn
 from detector.defaults import DEFAULT_IMGSZ
 from detector.distributed import unwrap
 from detector.inference.augmented import augmented
-from detector.inference.backend import Backend, RawOutputs
+from detector.architecture import display_name
+from detector.inference.backend import Backend, RawOutputs, end_to_end_refusal
 from detector.inference.cuda_graph import CudaGraphRunner
 from detector.inference.fusion import fuse_conv_bn
 from detector.inference.preprocess import Detections, model_input
@@ -64,11 +66,15 @@ def make_torch_infer(
     test-time augmentation (:mod:`detector.inference.augmented`; no maps then).
 
     Runs ``model`` itself (unwrapped from DDP, not copied): training's validator hands it the EMA's folded copy
-    (detector/training/validator.py), the benchmarks a model.
+    (detector/training/validator.py), the benchmarks a model. ``nms.end_to_end`` (the NMS-free top-k) needs the
+    model in its one-to-one branch (:func:`use_one_to_one`), and that branch needs it.
     """
     if with_maps and augment:
         raise ValueError("the head's maps of an augmented pass are three views' own: ask for one or the other")
     bare = unwrap(model)
+    # The one-to-one branch's boxes are one an object (no NMS); the usual branch's need NMS.
+    if nms.end_to_end != bool(getattr(getattr(bare, "head", None), "one_to_one", False)):
+        raise ValueError("nms.end_to_end goes with the head's one-to-one branch: use_one_to_one(model, source=...)")
 
     def decode(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return decode_images_with_maps(bare, images, precision=precision, device=device, channels_last=channels_last)
@@ -83,6 +89,15 @@ def make_torch_infer(
         return (detections, maps) if with_maps else detections
 
     return infer
+
+
+def use_one_to_one(model: YOLO, *, source: str | Path) -> YOLO:
+    """``model`` (itself, changed) evaluating its one-to-one branch, for the NMS-free top-k (``--end-to-end``);
+    ``ValueError`` in one line naming ``source`` for a model without one (YOLOv8, YOLO11)."""
+    if not model.head.end_to_end:
+        raise ValueError(end_to_end_refusal(str(source), f"this is a {display_name(model.scale)} model"))
+    model.head.one_to_one = True
+    return model
 
 
 class TorchBackend(Backend):
@@ -100,19 +115,26 @@ class TorchBackend(Backend):
         info: names and input size; PyTorch takes any size and batch, so ``info.dynamic`` is true.
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         precision: ``"fp32"``, ``"fp16"`` or ``"bf16"`` weights and activations (see :func:`half_precision`).
+        nms: as :class:`Backend`'s; with ``end_to_end`` (or ``info.end_to_end``), the copy runs its one-to-one
+            branch (YOLO26; any other model is refused in one line naming ``source``) and the NMS-free top-k.
     """
 
     def __init__(
         self, model: YOLO, info: ModelInfo, *, device: str = "cpu", precision: str = "fp32",
-        nms: NMSConfig | None = None,
+        nms: NMSConfig | None = None, source: str | Path = "the model",
     ) -> None:
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
-        super().__init__(info, nms)
+        copied = copy.deepcopy(model).float().eval()
+        copied.head.one_to_one = False  # the usual branch unless asked for, whatever the caller's model was left in
+        if info.end_to_end or (nms is not None and nms.end_to_end):
+            use_one_to_one(copied, source=source)
+            info = dataclasses.replace(info, end_to_end=True)
+        super().__init__(info, nms, source=str(source))
         self.device = torch.device(device)
         self.precision = Precision(precision, self.device.type, "asked for")
         self.dtype = self.precision.dtype or torch.float32
-        fused = fuse_conv_bn(copy.deepcopy(model).float().eval())
+        fused = fuse_conv_bn(copied)
         self.model = fused.to(self.device, self.dtype, memory_format=torch.channels_last)
         self.forward: Callable[[torch.Tensor], torch.Tensor] = self.decode
         if self.device.type == "cuda":
@@ -121,9 +143,10 @@ class TorchBackend(Backend):
 
     @property
     def name(self) -> str:  # type: ignore[override]  # what ran: a failed capture leaves the forward eager
+        branch = " end-to-end" if self.info.end_to_end else ""  # the one-to-one head, no NMS
         if not isinstance(self.forward, CudaGraphRunner):
-            return f"pytorch {self.precision.name}"
-        return f"pytorch {self.precision.name} " + ("cuda graph" if self.forward.failed is None else "eager")
+            return f"pytorch {self.precision.name}{branch}"
+        return f"pytorch {self.precision.name}{branch} " + ("cuda graph" if self.forward.failed is None else "eager")
 
     def decode(self, images: torch.Tensor) -> torch.Tensor:
         """uint8 ``[B, 3, S, S]`` on the device -> ``[B, A, 4 + C]`` FP32 decoded boxes and scores.
@@ -137,7 +160,7 @@ class TorchBackend(Backend):
     def from_checkpoint(cls, path: str | Path, *, imgsz: int | None = None, **kwargs: Any) -> TorchBackend:
         """EMA weights when the checkpoint has them; ``imgsz`` defaults to the training size, else 640."""
         model, checkpoint = model_from_pt(path)  # ours, or Ultralytics YOLOv8/YOLO11 weights through the safe reader
-        return cls.from_model(model, checkpoint, imgsz=imgsz, **kwargs)
+        return cls.from_model(model, checkpoint, imgsz=imgsz, source=str(path), **kwargs)
 
     @classmethod
     def from_model(cls, model: YOLO, checkpoint: dict[str, Any], *, imgsz: int | None = None,

@@ -11,7 +11,11 @@ ONNX files keep it in ``metadata_props`` and TensorRT engines in a JSON header (
     dynamic    false                  batch, height and width are free dimensions
     precision  "fp32" | "fp16"        fp16 = FP16 convolutions inside; inputs and outputs are always FP32
     nms        false                  true: outputs are detections [B, K, 6] + num_detections [B]
-    nms_config {"conf_threshold": ...} the NMS thresholds baked into the graph (null without NMS)
+    nms_config {"conf_threshold": ...} the NMS thresholds baked into the graph (null without NMS); with
+                                      end_to_end, the top-k's (its "end_to_end" true, no suppression)
+    end_to_end false                  true: the outputs are a YOLO26 one-to-one head's (export --end-to-end), to be
+                                      postprocessed by the NMS-free top-k (detector/topk.py), never NMS; a file
+                                      without the key is false (exports before the key; YOLOv8, YOLO11)
     outputs    ["boxes", "scores"]    output names in order
 """
 
@@ -40,6 +44,7 @@ class ModelInfo:
     dynamic: bool = False
     precision: str = "fp32"
     nms: NMSConfig | None = None
+    end_to_end: bool = False
 
     @property
     def stride(self) -> int:
@@ -63,6 +68,7 @@ def encode_metadata(info: ModelInfo) -> dict[str, str]:
         "nms": info.nms is not None,
         "nms_config": dataclasses.asdict(info.nms) if info.nms else None,
         "outputs": info.outputs,
+        "end_to_end": info.end_to_end,
     }
     return {key: json.dumps(value) for key, value in values.items()}
 
@@ -72,6 +78,8 @@ def decode_metadata(props: dict[str, str], *, source: str = "<model>") -> ModelI
     try:
         values = {key: json.loads(value) for key, value in props.items()}
         nms = NMSConfig(**values["nms_config"]) if values.get("nms") else None
+        if not isinstance(end_to_end := values.get("end_to_end", False), bool):  # "true" the text is no answer
+            raise ValueError(f"end_to_end is {end_to_end!r}, not true or false")
         return ModelInfo(
             names=list(values["names"]),
             strides=tuple(values["strides"]),
@@ -80,6 +88,7 @@ def decode_metadata(props: dict[str, str], *, source: str = "<model>") -> ModelI
             dynamic=bool(values.get("dynamic", False)),
             precision=str(values.get("precision", "fp32")),
             nms=nms,
+            end_to_end=end_to_end,
         )
     except (KeyError, TypeError, ValueError) as error:
         message = f"{source}: missing or malformed detector metadata ({error}); was it made by {HOW_TO_EXPORT}?"

@@ -33,6 +33,7 @@ from detector.inference.tensorrt_backend import tensorrt_missing
 from detector.inference.torch_backend import TorchBackend, half_precision
 from detector.model import YOLO
 from detector.model.metadata import ModelInfo
+from detector.postprocess import NMSConfig
 from detector.tuning import tune_process
 from detector.workflows.options import BenchmarkOptions, skipped
 
@@ -165,11 +166,14 @@ def per_batch(build: Callable[[int], Backend]) -> Callable[[int], Backend]:
 
 def backends_for_checkpoint(
     weights: Path, *, imgsz: int | None, device: str, folder: Path, skip: set[str],
-    progress: Callable[[str], None] = print,
+    progress: Callable[[str], None] = print, end_to_end: bool = False,
 ) -> Iterator[Candidate | str]:
-    """Yield each backend to time (built lazily, so exports happen just before they are timed), or a skip note."""
+    """Yield each backend to time (built lazily, so exports happen just before they are timed), or a skip note.
+    ``end_to_end``: every one runs the one-to-one head (YOLO26) and the NMS-free top-k, the exports made so."""
     model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8/YOLO11 weights, as val reads them
-    reference = TorchBackend.from_model(model, checkpoint, imgsz=imgsz, device=device)
+    # Refuses --end-to-end in one line for a model without that head; its info's end_to_end reaches every export.
+    reference = TorchBackend.from_model(model, checkpoint, imgsz=imgsz, device=device,
+                                        nms=NMSConfig(end_to_end=end_to_end), source=str(weights))
     if "pytorch" not in skip:
         yield Candidate(reference.name, lambda batch: reference)
         half = half_precision(device)
@@ -307,10 +311,10 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
         if Path(weights).suffix == ".pt":
             candidates: Iterator[Candidate | str] = backends_for_checkpoint(
                 Path(weights), imgsz=options.imgsz, device=device, folder=Path(folder), skip=skipped(options.skip),
-                progress=progress,
+                progress=progress, end_to_end=options.end_to_end,
             )
-        else:
-            single = load_backend(weights, device=device)
+        else:  # an export made with --end-to-end runs its top-k with or without the flag; refused it without one
+            single = load_backend(weights, device=device, nms=NMSConfig(end_to_end=options.end_to_end))
             candidates = iter([Candidate(single.name, lambda batch: single)])
             if not single.info.dynamic and single.info.batch != options.batch:
                 notes.append(fixed_batch_note(single.info.batch, options.batch))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from detector.architecture import display_name
 from detector.inference.pt_model import model_from_pt
 from detector.defaults import DEFAULT_IMGSZ
 from detector.device import resolve_device
@@ -22,6 +23,7 @@ from detector.exporting.tensorrt import build_engine
 from detector.extras import Unavailable
 from detector.files import publish, staging_folder
 from detector.inference import load_backend, weights_or_latest
+from detector.inference.backend import end_to_end_refusal
 from detector.inference.tensorrt_backend import tensorrt_missing
 from detector.inference.torch_backend import TorchBackend
 from detector.model import YOLO, image_size_problem
@@ -61,11 +63,12 @@ def model_info(options: ExportOptions, names: list[str], strides: tuple[int, ...
     if options.batch < 1:
         raise ValueError(f"--batch must be at least 1 (got {options.batch})")
     nms = None
-    if options.nms:
-        nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det)
+    if options.nms:  # with --end-to-end, the top-k in the graph instead of NMS
+        nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
+                        end_to_end=options.end_to_end)
     return ModelInfo(
         names=names, strides=strides, imgsz=imgsz, batch=options.batch, dynamic=options.dynamic,
-        precision="fp16" if options.half else "fp32", nms=nms,
+        precision="fp16" if options.half else "fp32", nms=nms, end_to_end=options.end_to_end,
     )
 
 
@@ -139,6 +142,8 @@ def run_export(options: ExportOptions) -> list[Path]:
                              "predict/val/benchmark apply NMS after the package")
         pt2_precision(options.half, device)  # refuses --half where it would not pay, before any work
     model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8/YOLO11 weights, as val reads them
+    if options.end_to_end and not model.head.end_to_end:  # before any work: YOLOv8 and YOLO11 have no such head
+        raise ValueError(end_to_end_refusal(str(weights), f"this is a {display_name(model.scale)} model"))
     names = list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)])
     info = model_info(options, names, tuple(model.strides), (checkpoint.get("config") or {}).get("imgsz"))
     folder = export_folder(options.weights, weights)

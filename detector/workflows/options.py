@@ -24,6 +24,11 @@ from detector.defaults import (
 from detector.options import Options, option
 from detector.runs import name_problem
 
+# val's and predict's --end-to-end: what it is, what it needs, and Ultralytics' names for both branches.
+END_TO_END_HELP = ("YOLO26 only: its NMS-free one-to-one head, each image's best --max-det (box, class) pairs above "
+                   "--conf, no NMS (--iou unused; Ultralytics' nms=False) (default: off: the usual head with NMS, "
+                   "Ultralytics 8.4's default)")
+
 
 @dataclass(kw_only=True)
 class ValOptions(Options):
@@ -52,6 +57,7 @@ class ValOptions(Options):
                                "else FP32 (default: off, autocast); BatchNorm is folded either way")
     augment: bool = option(False, "test-time augmentation: each batch also run flipped at 0.83 of its size and at 0.67,"
                                   " one NMS over the three (Ultralytics' augment=True; ~2.1x the time)")
+    end_to_end: bool = option(False, END_TO_END_HELP)
     plots: bool = option(True, "write PR curve, confusion matrix and prediction images")
     verbose: bool = option(True, "print the per-class table and summary (--no-verbose: results.txt only)")
     project: Path = option(Path("runs/val"), "parent folder of the run folder")
@@ -61,6 +67,7 @@ class ValOptions(Options):
         super().__post_init__()
         check_detection_flags(conf=self.conf, iou=self.iou, max_det=self.max_det, imgsz=self.imgsz)
         at_least(("--batch", self.batch, 1), ("--workers", self.workers, 0))
+        check_end_to_end(self.end_to_end, augment=self.augment)
 
 
 @dataclass(kw_only=True)
@@ -95,6 +102,7 @@ class PredictOptions(Options):
                                "(default: off)")
     augment: bool = option(False, "test-time augmentation: each batch also run flipped at 0.83 of its size and at 0.67,"
                                   " one NMS over the three (Ultralytics' augment=True; ~2.1x the time) (default: off)")
+    end_to_end: bool = option(False, END_TO_END_HELP)
     verbose: bool = option(True, "print a line per image or frame and one at the end (default: on)")
     project: Path = option(Path("runs/predict"), "parent folder of runs (default: runs/predict)")
     name: str = option("exp", "run folder; exp, exp2, ... when taken (default: exp)")
@@ -106,6 +114,7 @@ class PredictOptions(Options):
         at_least(("--batch", self.batch, 1), ("--vid-stride", self.vid_stride, 1),
                  *([("--line-width", self.line_width, 1)] if self.line_width is not None else []))
         check_detection_flags(conf=self.conf, iou=self.iou, max_det=self.max_det, imgsz=self.imgsz)
+        check_end_to_end(self.end_to_end, augment=self.augment)
 
 
 @dataclass(kw_only=True)
@@ -128,6 +137,10 @@ class ExportOptions(Options):
     conf: float = option(EXPORT_CONF, f"with --nms: score threshold (default: {EXPORT_CONF})")
     iou: float = option(EXPORT_IOU, f"with --nms: IoU threshold (default: {EXPORT_IOU})")
     max_det: int = option(EXPORT_MAX_DET, f"with --nms: K, detections per image (default: {EXPORT_MAX_DET})")
+    end_to_end: bool = option(False, "YOLO26 only: export its NMS-free one-to-one head; the file says so in its "
+                                     "metadata and predict/val/benchmark take each image's best (box, class) pairs "
+                                     "from it, no NMS; with --nms the graph ends in that top-k instead of NMS "
+                                     "(default: off, the usual head)")
     data: Path | None = option(None, "dataset YAML: check parity on its val split, with mAP (default: synthetic "
                                      "images, no mAP)")
     datasets_dir: Path | None = option(None, "with --data: root of downloaded datasets (default: $DETECTOR_DATASETS, "
@@ -146,6 +159,14 @@ class ExportOptions(Options):
         parse_formats(self.format)  # --format is free text ("onnx,engine"): refused here, before any work
         check_detection_flags(conf=self.conf, iou=self.iou, max_det=self.max_det, imgsz=self.imgsz)
         at_least(("--workers", self.workers, 0))
+
+
+def check_end_to_end(end_to_end: bool, *, augment: bool) -> None:
+    """``ValueError`` for ``--end-to-end`` with a flag it cannot go with: test-time augmentation merges its views'
+    boxes with NMS, which an end-to-end run has none of."""
+    if end_to_end and augment:
+        raise ValueError("--augment merges its three views' boxes with NMS and --end-to-end runs without NMS: "
+                         "drop one")
 
 
 def check_detection_flags(*, conf: float, iou: float, max_det: int, imgsz: int | None) -> None:
@@ -204,6 +225,9 @@ class BenchmarkOptions(Options):
     skip: str = option("", f"comma-separated backends not to time: {', '.join(BENCHMARK_SKIP)} (default: none; "
                            "pt2 compiles for minutes on a small CPU)")
     device: str = option("", "cpu or cuda (default: cuda if available, else cpu)")
+    end_to_end: bool = option(False, "YOLO26 only: time its NMS-free one-to-one head with the top-k postprocess "
+                                     "(.pt: every backend exported so; an export: one made with --end-to-end) "
+                                     "(default: off, the usual head with NMS)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -168,7 +168,7 @@ def nms_config(options: PredictOptions) -> NMSConfig:
     """The run's NMS thresholds, handed to every model call (never set on a loaded model's backend, which two
     streams at once may share)."""
     return NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
-                     agnostic=options.agnostic_nms)
+                     agnostic=options.agnostic_nms, end_to_end=options.end_to_end)
 
 
 def on_cuda(backend: Backend) -> bool:
@@ -197,9 +197,10 @@ def in_batches(frames: Iterable[Frame], size: int) -> Iterator[list[Frame]]:
 
 def baked_nms_limits(baked: NMSConfig, conf: float, iou: float, max_det: int) -> str:
     """What of ``--conf``/``--iou``/``--max-det`` a graph with NMS inside cannot honour ("" where nothing): a
-    higher --conf still filters, a lower one, another IoU or more detections cannot be had from it."""
+    higher --conf still filters, a lower one, another IoU or more detections cannot be had from it (an end-to-end
+    graph's top-k has no IoU)."""
     limits = [f"--conf {conf} cannot go lower"] if conf < baked.conf_threshold else []
-    if iou != baked.iou_threshold:
+    if iou != baked.iou_threshold and not baked.end_to_end:
         limits.append(f"--iou {iou} cannot change its IoU")
     if max_det > baked.max_detections:
         limits.append(f"--max-det {max_det} cannot give more than {baked.max_detections}")
@@ -236,15 +237,19 @@ def run_predict(options: PredictOptions, *, backend: Backend | None = None, writ
         if options.half or options.device:
             raise ValueError("half= and device= of a loaded model are chosen when it loads: "
                              "detector.load(weights, device=..., half=True); predict cannot change them")
+        if options.end_to_end and not backend.info.end_to_end:  # its branch was chosen when it loaded
+            raise ValueError("end_to_end= of a loaded model is chosen when it loads: "
+                             "detector.load(weights, end_to_end=True); predict cannot change it")
     if options.augment:
         backend = AugmentedBackend(backend)  # ValueError for an export it cannot run: NMS inside, a fixed size
     baked = backend.info.nms
     if baked is not None and options.agnostic_nms:
-        raise ValueError("--agnostic-nms: this graph has NMS inside, per class; export it without --nms to choose "
-                         "at predict time")
+        inside = "its top-k inside, over every (box, class) pair" if baked.end_to_end else "NMS inside, per class"
+        raise ValueError(f"--agnostic-nms: this graph has {inside}; export it without --nms to choose at predict time")
     if baked is not None and (fixed := baked_nms_limits(baked, options.conf, options.iou, options.max_det)):
-        print(f"warning: the graph has NMS inside (conf {baked.conf_threshold}, IoU {baked.iou_threshold}, "
-              f"{baked.max_detections} per image); {fixed}", file=sys.stderr)
+        inside = (f"its top-k inside (conf {baked.conf_threshold}," if baked.end_to_end
+                  else f"NMS inside (conf {baked.conf_threshold}, IoU {baked.iou_threshold},")
+        print(f"warning: the graph has {inside} {baked.max_detections} per image); {fixed}", file=sys.stderr)
     size = input_size(backend, options.imgsz)
     outputs = None
     if write or options.save or options.save_txt or options.save_crop or options.save_frames:

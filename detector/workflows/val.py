@@ -37,7 +37,7 @@ from detector.inference import Backend, exported_precision_note, load_backend
 from detector.inference.augmented import AugmentedBackend
 from detector.inference.fusion import fuse_conv_bn
 from detector.inference.pt_model import model_from_pt
-from detector.inference.torch_backend import TorchBackend, half_precision, make_torch_infer
+from detector.inference.torch_backend import TorchBackend, half_precision, make_torch_infer, use_one_to_one
 from detector.metrics.coco import evaluator_name, resolve_backend
 from detector.metrics.loop import Validation, make_val_loader, run_validation
 from detector.model import image_size_problem
@@ -112,7 +112,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
     data, datasets_dir = data_to_score(options, checkpoint)
     spec = load_dataset_spec(data, datasets_dir=datasets_dir)
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
-                    multi_label=True)
+                    multi_label=True, end_to_end=options.end_to_end)
     if checkpoint is not None:
         num_classes, names = model.num_classes, checkpoint.get("names")
         image_size = resolve_image_size(options.imgsz, checkpoint.get("config"))
@@ -120,6 +120,8 @@ def run_val(options: ValOptions) -> dict[str, float]:
         if options.fp32:  # the rule's reason names train's flag
             precision = Precision("fp32", device.type, "--fp32 requested")
         model = model.to(device).float()
+        if options.end_to_end:  # YOLO26's one-to-one branch, for the top-k; refused in one line for another model
+            use_one_to_one(model, source=options.weights)
         if options.half:  # the inference backend's prepared copy: fused, converted once, CUDA graphs on CUDA
             precision = Precision(half_precision(device), device.type, "--half: weights converted, no autocast")
             info = ModelInfo(names=spec.names, strides=tuple(model.strides), imgsz=image_size, dynamic=True)
@@ -131,14 +133,21 @@ def run_val(options: ValOptions) -> dict[str, float]:
                                      augment=options.augment)
         runtime = f"{device.type} {precision.name.upper()} ({precision.reason}{trained_in(checkpoint, precision)})"
         runtime += ", augmented" if options.augment else ""
+        runtime += ", end-to-end (one-to-one head, no NMS)" if options.end_to_end else ""
     else:
-        backend = load_backend(options.weights, device=str(device), nms=nms)
+        backend = load_backend(options.weights, device=str(device), nms=nms)  # refuses --end-to-end without the head
         if note := exported_precision_note(options.weights, backend, half=options.half, fp32=options.fp32):
             print(note)
         num_classes, names = len(backend.info.names), backend.info.names
         image_size = exported_image_size(options.imgsz, backend)
         infer = AugmentedBackend(backend) if options.augment else backend  # refused here, before any note
-        if backend.info.nms is not None:
+        if backend.info.end_to_end and not options.end_to_end:
+            print(f"note: {options.weights} was exported with --end-to-end: its one-to-one head's boxes are scored by "
+                  "the NMS-free top-k (--iou unused)")
+        if backend.info.nms is not None and backend.info.end_to_end:
+            print(f"note: {options.weights} has its top-k inside (conf {backend.info.nms.conf_threshold}): mAP is "
+                  "lower than with the Python top-k at --conf 0.001; export without --nms to evaluate")
+        elif backend.info.nms is not None:
             print(f"note: {options.weights} has NMS inside (conf {backend.info.nms.conf_threshold}, one class per box):"
                   " mAP is lower than with the Python NMS at --conf 0.001; export without --nms to evaluate")
         runtime = infer.name
