@@ -109,6 +109,8 @@ def run_val(options: ValOptions) -> dict[str, float]:
     checkpoint = None
     if options.weights.suffix.lower() == ".pt":
         model, checkpoint = model_from_pt(options.weights)
+        if options.end_to_end:  # YOLO26's one-to-one branch, for the top-k; refused in one line for another model
+            use_one_to_one(model, source=options.weights)
     data, datasets_dir = data_to_score(options, checkpoint)
     spec = load_dataset_spec(data, datasets_dir=datasets_dir)
     nms = NMSConfig(conf_threshold=options.conf, iou_threshold=options.iou, max_detections=options.max_det,
@@ -120,8 +122,6 @@ def run_val(options: ValOptions) -> dict[str, float]:
         if options.fp32:  # the rule's reason names train's flag
             precision = Precision("fp32", device.type, "--fp32 requested")
         model = model.to(device).float()
-        if options.end_to_end:  # YOLO26's one-to-one branch, for the top-k; refused in one line for another model
-            use_one_to_one(model, source=options.weights)
         if options.half:  # the inference backend's prepared copy: fused, converted once, CUDA graphs on CUDA
             precision = Precision(half_precision(device), device.type, "--half: weights converted, no autocast")
             info = ModelInfo(names=spec.names, strides=tuple(model.strides), imgsz=image_size, dynamic=True)
