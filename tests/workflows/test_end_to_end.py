@@ -20,7 +20,8 @@ from detector.workflows.predict import run_predict
 from detector.workflows.val import run_val
 from tests.conftest import lively_model, write_checkpoint, write_yolo_dataset
 
-REFUSAL = "--end-to-end runs YOLO26's NMS-free (one-to-one) head, which only YOLO26 models have; this is a YOLOv8n model"
+REFUSAL = ("--end-to-end runs YOLO26's NMS-free (one-to-one) head, which only YOLO26 models have; this is a YOLOv8n "
+           "model")
 
 
 @pytest.fixture(scope="module")
