@@ -23,8 +23,7 @@ from typing import Any
 from detector.architecture import MODEL_NAMES, display_name, model_name, standard_scale
 
 COMMANDS = ("train", "val", "predict", "export", "benchmark")
-# Ultralytics' names of the models built here: yolov8n ... yolov8x, yolo11n ... yolo11x, yolo26n ... yolo26x (weights
-# .pt, or a .yaml).
+# Ultralytics' names of the models built here, yolov8n ... yolo26x: weights (.pt), or a model file (.yaml).
 ULTRALYTICS_NAME = re.compile(r"yolo(v8|11|26)([nsmlx])(\.pt|\.yaml)?")
 NOTE = "_note"  # a key an alias's mapping may hold: what its note adds for this value (not a field)
 
@@ -167,6 +166,14 @@ def square_size(value: Any) -> dict[str, Any]:
         raise ValueError(f"sizes are square here (the longer side, letterboxed): give one number, e.g. "
                          f"imgsz={max(sides)}")
     return {"imgsz": sides.pop()}
+
+
+def nms(value: Any, *, export: bool = False) -> dict[str, Any]:
+    """Ultralytics' ``nms=False``: YOLO26's NMS-free head (``--end-to-end``); ``True`` on export: NMS in the graph
+    (``--nms``); ``None`` (its default), or ``True`` elsewhere, asks for nothing: NMS runs after the usual head."""
+    if value is None or value == "":
+        return {}
+    return {"end_to_end": True} if not is_true(value) else {"nms": True} if export else {}
 
 
 def batch(value: Any) -> dict[str, Any]:
@@ -331,6 +338,7 @@ VAL: dict[str, Alias] = {
     "classes": unsupported("every class the data YAML names is scored (a model trained with classes= only those); "
                            "the per-class table gives each one's AP"),
     "dnn": unsupported("exported files run on ONNX Runtime or TensorRT", False),
+    "nms": Alias(nms),
 }
 PREDICT: dict[str, Alias] = {
     **COMMON,
@@ -343,6 +351,7 @@ PREDICT: dict[str, Alias] = {
     "stream_buffer": unsupported("video frames are read into a small bounded queue ahead of the model", False),
     "show_boxes": unsupported("annotations always show the boxes", True),
     "dnn": unsupported("exported files run on ONNX Runtime or TensorRT", False),
+    "nms": Alias(nms),
 }
 EXPORT: dict[str, Alias] = {
     **COMMON,
@@ -351,6 +360,7 @@ EXPORT: dict[str, Alias] = {
     "int8": unsupported("FP32 or FP16 (--half) only", False),
     "optimize": unsupported("mobile export is not supported", False),
     "keras": unsupported("ONNX and TensorRT only", False),
+    "nms": Alias(lambda value: nms(value, export=True)),
 }
 BENCHMARK: dict[str, Alias] = {
     **COMMON,

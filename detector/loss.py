@@ -6,7 +6,7 @@ Computed in FP32, outside autocast, whatever precision the forward pass used.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import torch
@@ -284,22 +284,21 @@ class DetectionLoss(torch.nn.Module):
         strides: tuple[int, ...],
         reg_max: int = 16,
         gains: LossGains = LossGains(),
-        top_k: int = 10,
-        alpha: float = 0.5,
-        beta: float = 6.0,
+        assigner: AssignerConfig = AssignerConfig(),
         class_weights: torch.Tensor | None = None,
         end_to_end: bool = False,
     ) -> None:
+        """``assigner``: its candidates per box and alignment exponents (``--assigner-*``); its ``min_side`` is the
+        strides' second, here, whatever it holds."""
         super().__init__()
         self.num_classes, self.strides, self.reg_max, self.gains = num_classes, strides, reg_max, gains
         # [C] multiplying each class's BCE terms (frequency_weights); a buffer, so it goes where the criterion goes.
         self.register_buffer("class_weights", class_weights, persistent=False)
         # Boxes narrower than the second stride are widened to it to find their anchors, as Ultralytics does.
         min_side = float(strides[1] if len(strides) > 1 else strides[0])
-        self.assigner = AssignerConfig(top_k=top_k, alpha=alpha, beta=beta, min_side=min_side)
+        self.assigner = replace(assigner, min_side=min_side)
         self.end_to_end = end_to_end
-        self.one_to_one = AssignerConfig(top_k=ONE_TO_ONE_TOP_K[0], alpha=alpha, beta=beta, min_side=min_side,
-                                         top_k_after=ONE_TO_ONE_TOP_K[1])
+        self.one_to_one = replace(self.assigner, top_k=ONE_TO_ONE_TOP_K[0], top_k_after=ONE_TO_ONE_TOP_K[1])
         # A tensor filled in place (set_epoch), not a float: a captured CUDA graph reads it at each replay.
         self.register_buffer("many_weight", torch.tensor(ONE_TO_MANY_WEIGHTS[0]), persistent=False)
         self.last_assignment: Assignment | None = None  # the last call's, when it asked to keep it

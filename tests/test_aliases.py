@@ -49,6 +49,9 @@ def test_our_own_names_pass_through_silently() -> None:
     ("val", {"device": "-1"}, {"device": ""}),
     ("val", {"model": "yolov8n"}, {"weights": "yolov8n.pt"}),
     ("predict", {"model": "best.onnx"}, {"weights": "best.onnx"}),
+    ("val", {"nms": False}, {"end_to_end": True}),  # Ultralytics' "NMS-free head if available": YOLO26's
+    ("predict", {"nms": "False"}, {"end_to_end": True}),
+    ("export", {"nms": False}, {"end_to_end": True}),
 ])
 def test_conversions(command: str, given: dict, expected: dict) -> None:
     converted, notes = quiet(command, given)
@@ -70,13 +73,24 @@ def test_unset_and_harmless_values_ask_for_nothing() -> None:
 def test_every_alias_lands_on_a_real_field() -> None:
     """What an alias converts to must be a flag of its command (a renamed field would fail here)."""
     samples = {"amp": False, "model": "yolov8n.pt", "cache": True, "multi_scale": 0.5, "resume": True, "device": 0,
-               "half": True, "val": False, "imgsz": [320, 320], "optimizer": "adam", "batch": 8}
+               "half": True, "val": False, "imgsz": [320, 320], "optimizer": "adam", "batch": 8, "nms": False}
     for command, table in TABLES.items():
         known = {item.name for item in fields(OPTIONS[command])}
         for name, alias in table.items():
             if alias.means is not None:
                 converted = alias.means(samples.get(name, 1.0))
                 assert set(converted) <= known, (command, name, converted)
+
+
+def test_nms_true_or_unset_asks_for_nothing_outside_export() -> None:
+    """Ultralytics' default ``nms=None`` (and ``True`` for val and predict) is NMS after the usual head: ours too.
+    On export ``nms=True`` is our own flag (NMS in the graph)."""
+    assert quiet("val", {"nms": None}) == ({}, [])
+    converted, notes = quiet("predict", {"nms": True})
+    assert converted == {} and notes == ["note: Ultralytics' nms=True changes nothing here"]
+    assert quiet("export", {"nms": True}) == ({"nms": True}, [])  # NMS in the graph: our name too, silently
+    with pytest.raises(ValueError, match="^val: nms='sometimes': expected True or False"):
+        quiet("val", {"nms": "sometimes"})
 
 
 def test_val_false_evaluates_the_last_epoch_alone_and_val_true_asks_for_nothing() -> None:

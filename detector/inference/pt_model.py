@@ -1,4 +1,4 @@
-"""A ``.pt`` file as a model to run: one of our checkpoints, or Ultralytics YOLOv8 or YOLO11 detection weights.
+"""A ``.pt`` file as a model to run: one of our checkpoints, or Ultralytics YOLOv8, YOLO11 or YOLO26 detection weights.
 
 ``val`` and ``predict`` take ``yolov8n.pt`` and ``yolo11n.pt`` directly, as ``train --weights`` does: the file is read
 by the safe reader of :mod:`detector.weights.ultralytics` (no code from it runs, ``ultralytics`` is never imported)
@@ -23,8 +23,8 @@ ULTRALYTICS_FILE = ": an Ultralytics checkpoint (it names ultralytics."
 
 
 def read_foreign_weights(path: str | Path, ours: CheckpointError) -> UltralyticsCheckpoint:
-    """``path`` read as Ultralytics YOLOv8 or YOLO11 weights once our reader refused it with ``ours`` (val, predict and
-    ``train --weights`` alike).
+    """``path`` read as Ultralytics YOLOv8, YOLO11 or YOLO26 weights once our reader refused it with ``ours`` (val,
+    predict and ``train --weights`` alike).
 
     Raises:
         CheckpointError: one line: the file is no PyTorch checkpoint at all (said once, for both readers), or each
@@ -39,20 +39,21 @@ def read_foreign_weights(path: str | Path, ours: CheckpointError) -> Ultralytics
 
     try:
         return read_ultralytics_checkpoint(path)
-    except Exception as error:  # noqa: BLE001 - the reader's own one-line reasons (unsafe, not YOLOv8/YOLO11, ...)
+    except Exception as error:  # noqa: BLE001 - the reader's own one-line reasons (unsafe, not YOLOv8/YOLO11/YOLO26, ...)
         prefix = f"{Path(path)}: "  # both messages start with the file's name: said once
         reason = (str(error).splitlines()[0] if str(error) else type(error).__name__).removeprefix(prefix)
         if reason == str(ours).removeprefix(prefix):  # the same bytes failed both the same way (damaged, empty)
             raise ours from None
         if ULTRALYTICS_FILE in str(ours):  # ours says "read with --weights": what was just tried, and failed
             raise CheckpointError(f"{prefix}an Ultralytics checkpoint, but {reason}") from None
-        raise CheckpointError(f"{ours}; nor is it Ultralytics YOLOv8 or YOLO11 weights ({reason})") from None
+        raise CheckpointError(f"{ours}; nor is it Ultralytics YOLOv8, YOLO11 or YOLO26 weights ({reason})") from None
 
 
 def model_from_pt(path: str | Path) -> tuple[YOLO, dict[str, Any]]:
     """-> (the model in eval mode, FP32, a checkpoint dict: ``"names"``, and ``"config"`` when the file has one).
 
-    Ours first (EMA weights when present); a file that is not ours is tried as Ultralytics YOLOv8 or YOLO11 weights.
+    Ours first (EMA weights when present); a file that is not ours is tried as Ultralytics YOLOv8, YOLO11 or YOLO26
+    weights.
 
     Raises:
         CheckpointError: neither, in one line (:func:`read_foreign_weights`).

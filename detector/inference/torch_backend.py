@@ -159,7 +159,7 @@ class TorchBackend(Backend):
     @classmethod
     def from_checkpoint(cls, path: str | Path, *, imgsz: int | None = None, **kwargs: Any) -> TorchBackend:
         """EMA weights when the checkpoint has them; ``imgsz`` defaults to the training size, else 640."""
-        model, checkpoint = model_from_pt(path)  # ours, or Ultralytics YOLOv8/YOLO11 weights through the safe reader
+        model, checkpoint = model_from_pt(path)  # ours, or Ultralytics weights through the safe reader
         return cls.from_model(model, checkpoint, imgsz=imgsz, source=str(path), **kwargs)
 
     @classmethod

@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
 from detector.architecture import HEAD_LAYER, display_name, family_and_scale, family_name
+from detector.assigner import AssignerConfig
 from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, load_matching, model_args
 from detector.checkpoint_integrity import damage
 from detector.data.augment import AugmentConfig
@@ -92,7 +93,7 @@ def build_criterion(config: TrainConfig, model: YOLO, class_counts: np.ndarray |
     weights = None if class_counts is None else frequency_weights(torch.from_numpy(class_counts), config.cls_pw)
     return DetectionLoss.for_model(
         model, gains=LossGains(box=config.box_gain, cls=config.cls_gain, dfl=config.dfl_gain),
-        top_k=config.assigner_topk, alpha=config.assigner_alpha, beta=config.assigner_beta,
+        assigner=AssignerConfig(top_k=config.assigner_topk, alpha=config.assigner_alpha, beta=config.assigner_beta),
         class_weights=None if weights is None else weights.to(next(model.parameters()).device),
     ).to(next(model.parameters()).device)  # its buffers (the end-to-end branch weight) where the maps are
 
@@ -180,7 +181,8 @@ def build_run_model(config: TrainConfig, names: list[str], log, resumed: tuple[d
 
 
 def build_model_from_weights(config: TrainConfig, names: list[str], log) -> YOLO:
-    """A fresh model, or one started from ``--weights``: our own checkpoint or an Ultralytics YOLOv8 or YOLO11 file.
+    """A fresh model, or one started from ``--weights``: our own checkpoint or an Ultralytics YOLOv8, YOLO11 or YOLO26
+    file.
 
     The model (family and scale) comes from the weights file when there is one; a mismatch with ``--model`` is
     reported. So does the

@@ -193,7 +193,7 @@ class TrainConfig:
         most = FREEZABLE_LAYERS if family is None else HEAD_LAYER[family]
         if 0 <= self.freeze <= most:
             return None
-        heads = f"{most} = all but the head" if family else "all but the head: 22 for YOLOv8, 23 for YOLO11"
+        heads = f"{most} = all but the head" if family else "all but the head: 22 for YOLOv8, 23 for YOLO11 and YOLO26"
         return f"--freeze must be in [0, {most}] ({heads}; got {self.freeze})"
 
     def validate(self) -> "TrainConfig":

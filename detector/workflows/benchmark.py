@@ -170,7 +170,7 @@ def backends_for_checkpoint(
 ) -> Iterator[Candidate | str]:
     """Yield each backend to time (built lazily, so exports happen just before they are timed), or a skip note.
     ``end_to_end``: every one runs the one-to-one head (YOLO26) and the NMS-free top-k, the exports made so."""
-    model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8/YOLO11 weights, as val reads them
+    model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8/YOLO11/YOLO26 weights, as val reads them
     # Refuses --end-to-end in one line for a model without that head; its info's end_to_end reaches every export.
     reference = TorchBackend.from_model(model, checkpoint, imgsz=imgsz, device=device,
                                         nms=NMSConfig(end_to_end=end_to_end), source=str(weights))

@@ -141,7 +141,7 @@ def run_export(options: ExportOptions) -> list[Path]:
             raise ValueError("--format pt2 has no NMS inside (its batch is free, the in-graph NMS is not); drop --nms, "
                              "predict/val/benchmark apply NMS after the package")
         pt2_precision(options.half, device)  # refuses --half where it would not pay, before any work
-    model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8/YOLO11 weights, as val reads them
+    model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8/YOLO11/YOLO26 weights, as val reads them
     if options.end_to_end and not model.head.end_to_end:  # before any work: YOLOv8 and YOLO11 have no such head
         raise ValueError(end_to_end_refusal(str(weights), f"this is a {display_name(model.scale)} model"))
     names = list(checkpoint.get("names") or [str(i) for i in range(model.num_classes)])

@@ -11,7 +11,7 @@ when taken)::
     confusion_matrix.png  at conf 0.25, IoU 0.45
     val_batch0_pred.png   ground truth beside predictions for the first 16 images
 
-``--weights`` is one of our checkpoints, Ultralytics YOLOv8 or YOLO11 weights (``yolo11n.pt``, read by the safe
+``--weights`` is one of our checkpoints, Ultralytics YOLOv8, YOLO11 or YOLO26 weights (``yolo11n.pt``, read by the safe
 converter, detector/weights/ultralytics.py), or an export (``.onnx``, ``.engine``) run through its
 :class:`~detector.inference.Backend`, the same runtime predict and benchmark use.
 

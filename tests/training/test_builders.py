@@ -106,7 +106,7 @@ def test_frozen_parameters_leave_the_optimizer_and_keep_their_values() -> None:
     (-1, "n", "", 22, "22 = all but the head"),
     (23, "n", "", 22, "22 = all but the head"),
     (24, "11n", "", 23, "23 = all but the head"),
-    (24, "n", "any.pt", 23, "all but the head: 22 for YOLOv8, 23 for YOLO11"),  # the file decides the family
+    (24, "n", "any.pt", 23, "all but the head: 22 for YOLOv8, 23 for YOLO11 and YOLO26"),  # the file decides
 ])
 def test_freeze_beyond_the_layers_is_refused(count: int, model: str, weights: str, most: int, heads: str,
                                              tmp_path: Path) -> None:
