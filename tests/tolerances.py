@@ -86,12 +86,20 @@ def fp32_tolerance(
       bin dominates) and dl is the relative error times that side's largest bin logit; the bound is taken
       at its largest over all anchors and sides. Anchor +- distance then rounds once more: eps times the
       coordinate, at most the image side plus the longest distance, (reg_max - 1) * the largest stride.
+    * box with ``reg_max`` 1 (YOLO26: the distance is the raw value ``d`` itself, in grid units): a side is
+      ``stride * d``, so it moves by ``stride * dl`` with dl the relative error times ``|d|``; the bound is taken at
+      its largest over all anchors and sides, then the same final rounding, the longest distance being the largest
+      ``stride * |d|``.
     """
     reg_max = model.reg_max
     relative = fp32_relative_error(model) if relative is None else relative
     box_logits = max(float(level[:, : 4 * reg_max].abs().max()) for level in raw)
     class_logits = max(float(level[:, 4 * reg_max :].abs().max()) for level in raw)
     logit = relative * max(box_logits, class_logits)
+    if reg_max == 1:
+        longest = max(stride * float(level[:, :4].float().abs().max()) for level, stride in zip(raw, model.strides))
+        box = relative * longest + FP32_EPS * (image_size + longest)
+        return Tolerance(logit=logit, score=relative * class_logits / 4, box=box)
     bins = torch.arange(reg_max, dtype=torch.float32)
     box = 0.0
     for level, stride in zip(raw, model.strides):

@@ -75,11 +75,16 @@ def test_fp16_onnx_close_to_pytorch_fp32(model: YOLO, images: torch.Tensor, tmp_
     assert (scores - ref_scores).abs().max() <= tolerance.score
 
 
-@pytest.mark.parametrize("precision", ["fp32", "fp16"])
-def test_yolo11_exports_within_the_same_bounds(images: torch.Tensor, tmp_path: Path, precision: str) -> None:
+@pytest.mark.parametrize(("scale", "precision"), [("11n", "fp32"), ("11n", "fp16"), ("26n", "fp32")])
+def test_yolo11_and_yolo26_export_within_the_same_bounds(images: torch.Tensor, tmp_path: Path, precision: str,
+                                                         scale: str) -> None:
     """YOLO11's attention (reshapes, two matrix products, a softmax) and depthwise class branch through ONNX: the
-    bounds of the YOLOv8 tests above, whose layer count takes in the attention's products."""
-    model = lively_model(scale="11n")
+    bounds of the YOLOv8 tests above, whose layer count takes in the attention's products. YOLO26 (its usual head,
+    the distances direct, attention in a neck block too) within the same in FP32. Not in FP16 with these random
+    weights: its neck attention's logits reach ~4,400 here (YOLO11n's ~280), where FP16's rounding (2^-10 of a
+    value) moves one by ~4, which a softmax passes on whole, and the per-layer bound above assumes each layer adds
+    at most its rounding; a trained YOLO26's FP16 export meets the export's own parity gate instead."""
+    model = lively_model(scale=scale)
     path = export_onnx(model, tmp_path / f"{precision}.onnx", info_for(precision=precision))
     boxes, scores = OnnxBackend(path).infer(images)
     ref_boxes, ref_scores = reference(model, images)
