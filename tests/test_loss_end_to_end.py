@@ -14,7 +14,7 @@ import torch
 
 from detector.boxes import distances_to_boxes, flatten_head_outputs, make_anchors
 from detector.loss import DetectionLoss, LossGains, complete_iou_loss, one_to_many_weight
-from tests.test_loss_oracle import BOX_COUNTS, FP32_EPS, NUM_CLASSES, box_gap, score_tolerance
+from tests.test_loss_oracle import BOX_COUNTS, FP32_EPS, NUM_CLASSES, box_gap, random_targets, score_tolerance
 
 STRIDES, IMAGE_HW, EPOCH, EPOCHS = (8, 16, 32), (96, 128), 3, 10
 
@@ -74,14 +74,8 @@ def compared(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, dict, Dete
         pytest.skip("ultralytics (the dev extra) is not installed")
     generator = torch.Generator().manual_seed(26)
     many, one = random_maps(generator), random_maps(generator)
-    rows = []
-    for image, count in enumerate(BOX_COUNTS):
-        centres = torch.rand(count, 2, generator=generator) * 0.8 + 0.1
-        sides = torch.rand(count, 2, generator=generator) * 0.5 + 0.01
-        labels = torch.randint(0, NUM_CLASSES, (count, 1), generator=generator).float()
-        rows.append(torch.cat([torch.full((count, 1), float(image)), labels, centres, sides], 1))
     gains = LossGains()
-    case = {"many": many, "one": one, "targets": torch.cat(rows), "strides": STRIDES, "classes": NUM_CLASSES,
+    case = {"many": many, "one": one, "targets": random_targets(generator), "strides": STRIDES, "classes": NUM_CLASSES,
             "epoch": EPOCH, "epochs": EPOCHS, "gains": {"box": gains.box, "cls": gains.cls, "dfl": gains.dfl}}
     criterion = DetectionLoss(num_classes=NUM_CLASSES, strides=STRIDES, reg_max=1, end_to_end=True)
     criterion.set_epoch(EPOCH, EPOCHS)

@@ -56,20 +56,26 @@ torch.save(results, sys.argv[2])
 """
 
 
-def random_case(seed: int, strides: tuple[int, ...], image_hw: tuple[int, int]) -> dict:
-    generator = torch.Generator().manual_seed(seed)
-    batch = len(BOX_COUNTS)
-    # Logits of spread 2: boxes from a few cells to the whole image, scores from near 0 to near 1.
-    outputs = [torch.randn(batch, 4 * REG_MAX + NUM_CLASSES, image_hw[0] // s, image_hw[1] // s,
-                           generator=generator) * 2 for s in strides]
+def random_targets(generator: torch.Generator) -> torch.Tensor:
+    """``[N, 6]`` rows (image, class, cx, cy, w, h normalised), :data:`BOX_COUNTS` boxes per image."""
     rows = []
     for image, count in enumerate(BOX_COUNTS):
         centres = torch.rand(count, 2, generator=generator) * 0.8 + 0.1
         sides = torch.rand(count, 2, generator=generator) * 0.5 + 0.01
         labels = torch.randint(0, NUM_CLASSES, (count, 1), generator=generator).float()
         rows.append(torch.cat([torch.full((count, 1), float(image)), labels, centres, sides], 1))
+    return torch.cat(rows)
+
+
+def random_case(seed: int, strides: tuple[int, ...], image_hw: tuple[int, int]) -> dict:
+    generator = torch.Generator().manual_seed(seed)
+    batch = len(BOX_COUNTS)
+    # Logits of spread 2: boxes from a few cells to the whole image, scores from near 0 to near 1.
+    outputs = [torch.randn(batch, 4 * REG_MAX + NUM_CLASSES, image_hw[0] // s, image_hw[1] // s,
+                           generator=generator) * 2 for s in strides]
+    targets = random_targets(generator)
     gains = LossGains()
-    return {"outputs": outputs, "targets": torch.cat(rows), "strides": strides, "image_hw": image_hw,
+    return {"outputs": outputs, "targets": targets, "strides": strides, "image_hw": image_hw,
             "classes": NUM_CLASSES, "gains": {"box": gains.box, "cls": gains.cls, "dfl": gains.dfl}}
 
 

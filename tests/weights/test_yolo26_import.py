@@ -23,6 +23,7 @@ from detector.model import build_model
 from detector.weights import convert_state_dict, detect_scale, load_pretrained, read_ultralytics_checkpoint
 from detector.weights.ultralytics import LAYERS, YOLO11_LAYERS, YOLO26_LAYERS, family_of_keys
 from tests.tolerances import fp32_tolerance
+from tests.weights.oracle_child import PRELUDE
 from tests.weights.lookalike import as_ultralytics_keys, lookalike_bytes
 
 # Run as `python -c ORACLE OUT`: every file below, into OUT. The BN statistics and the class biases are not at their
@@ -31,53 +32,10 @@ from tests.weights.lookalike import as_ultralytics_keys, lookalike_bytes
 # yolo26n.pt is published; "training": what BaseTrainer.save_model writes (FP16 "ema", "model": None, the optimizer's
 # state beside). The raw outputs are those of the file as Ultralytics reads it back (eval mode: a (y, preds) tuple
 # whose preds hold each branch's "boxes" [B, 4, A] and "scores" [B, nc, A]).
-ORACLE = r'''
-import copy, sys
-import torch
-from ultralytics import YOLO
-from ultralytics.cfg import get_cfg
-from ultralytics.nn.tasks import DetectionModel, yaml_model_load
-
+ORACLE = PRELUDE + r'''
 out = sys.argv[1]
 images = torch.rand(2, 3, 160, 224, generator=torch.Generator().manual_seed(7))  # non-square on purpose
 torch.save(images, f"{out}/images.pt")
-
-
-def randomised(network, seed):
-    generator = torch.Generator().manual_seed(seed)
-    head = network.model[-1]
-    with torch.no_grad():
-        for module in network.modules():
-            if isinstance(module, torch.nn.BatchNorm2d):
-                module.weight.uniform_(0.5, 1.5, generator=generator)
-                module.bias.normal_(0.0, 0.2, generator=generator)
-                module.running_mean.normal_(0.0, 0.2, generator=generator)
-                module.running_var.uniform_(0.5, 2.0, generator=generator)
-        for branch in (*head.cv3, *head.one2one_cv3):
-            branch[-1].bias.normal_(-6.0, 2.0, generator=generator)
-        for branch in head.one2one_cv2:
-            branch[-1].weight.mul_(torch.empty_like(branch[-1].weight).uniform_(0.5, 1.5, generator=generator))
-    return network
-
-
-def save_training(network, path):
-    args = get_cfg()
-    network.nc, network.names, network.args = 80, {i: f"class{i}" for i in range(80)}, args
-    optimizer = torch.optim.SGD(network.parameters(), lr=0.01, momentum=0.9)
-    for parameter in network.parameters():
-        parameter.grad = torch.zeros_like(parameter)
-    optimizer.step()  # momentum buffers: the optimizer state a last.pt holds
-    torch.save({"epoch": 3, "best_fitness": 0.1, "model": None, "ema": copy.deepcopy(network).half(), "updates": 120,
-                "optimizer": optimizer.state_dict(), "train_args": vars(args), "version": "8.4"}, path)
-
-
-def raw_outputs(path, name):
-    stored = torch.load(path, map_location="cpu", weights_only=False)
-    with torch.no_grad():
-        _, raw = (stored["ema"] or stored["model"]).float().eval()(images)
-    for branch in ("one2many", "one2one"):
-        torch.save(torch.cat((raw[branch]["boxes"], raw[branch]["scores"]), 1), f"{out}/{name}.{branch}.pt")
-
 
 built = {}
 for name, seed, layout in (("yolo26n", 0, "training"), ("yolo26m", 1, "release")):
