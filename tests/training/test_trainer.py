@@ -123,6 +123,23 @@ def test_a_yolo11_run_resumes_and_its_weights_come_back_as_yolo11(yolo_yaml: Pat
     assert capsys.readouterr().out.count("detector: YOLO11n (2.59M params, 3 classes)") == 2
 
 
+def test_a_yolo26_run_resumes_with_both_branches_and_its_weights_come_back_as_yolo26(yolo_yaml: Path, tmp_path: Path,
+                                                                                     capsys):
+    """--model 26n end to end: last.pt keeps its name and its reg_max 1, a resume rebuilds it with both head branches
+    (their weights set by the epoch, not kept), and best.pt loads as YOLO26 evaluating its usual branch."""
+    from detector.checkpoint import model_from_checkpoint
+
+    partial = train(_config(yolo_yaml, tmp_path, model="26n"), progress=False, stop_after_epochs=1)
+    last = partial["run_dir"] / "weights" / "last.pt"
+    assert {k: load_checkpoint(last)["model_args"][k] for k in ("scale", "reg_max")} == {"scale": "26n", "reg_max": 1}
+    summary = train(_config(yolo_yaml, tmp_path, resume=str(last)), progress=False)
+    assert summary["epochs_done"] == 2 and math.isfinite(summary["metrics"]["mAP50-95"])
+    model, checkpoint = model_from_checkpoint(summary["run_dir"] / "weights" / "best.pt")
+    assert (model.family, model.reg_max, model.head.end_to_end, model.head.one_to_one) == ("26", 1, True, False)
+    assert sum(p.numel() for p in model.parameters()) == 2_504_970  # YOLO26n at 3 classes (2,572,280 at 80)
+    assert capsys.readouterr().out.count("detector: YOLO26n (2.50M params, 3 classes)") == 2
+
+
 def test_the_loader_workers_change_nothing_in_the_weights(yolo_yaml: Path, tmp_path: Path):
     """docs/training.md, reproducibility: augmentation is keyed by seed, epoch and image, not by the worker that draws
     it, so --workers 0 and 2 train the same run bit for bit (mosaic on: close_mosaic=0)."""
