@@ -10,9 +10,9 @@ PIXEL_AUGMENT = ("auto", "workers", "pixels", "device")  # --pixel-augment
 CUDA_GRAPHS = ("auto", "on", "off")  # --cuda-graphs
 CUDNN_BENCHMARK = ("auto", "on", "off")  # --cudnn-benchmark
 RECOMPUTE = ("auto", "on", "off")  # --recompute
-# --optimizer: every optimizer Ultralytics takes by name (its MuSGD aside); the Adam family's share one setting
+# --optimizer: every optimizer Ultralytics takes by name; the Adam family's share one setting
 ADAM_FAMILY = ("AdamW", "Adam", "Adamax", "NAdam", "RAdam")
-OPTIMIZER = ("auto", "SGD", *ADAM_FAMILY, "RMSprop")
+OPTIMIZER = ("auto", "SGD", *ADAM_FAMILY, "RMSprop", "MuSGD")
 COCO_EVAL = ("faster", "pycocotools")  # --coco-eval; faster = faster-coco-eval
 VAL_BACKGROUND = ("auto", "on", "off")  # --val-background
 EXPORT_FORMAT = ("onnx", "engine", "pt2")  # export --format, one or several comma-separated

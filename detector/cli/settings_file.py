@@ -5,7 +5,7 @@ The file's keys are read as the same ``key=value`` arguments would be (:mod:`det
 line's own: a setting the command line gives wins. An ``args.yaml`` holds every setting of every mode (``source``,
 ``format``, ``conf`` beside ``epochs``), and Ultralytics-only ones (``save_dir``): what the command does not take,
 or has no equivalent for, is left out and named in one note, where the same key typed on the command line would
-be refused. A value that cannot be converted (``optimizer: MuSGD``) is refused as on the command line.
+be refused. A value that cannot be converted (``optimizer: Lion``) is refused as on the command line.
 """
 
 from __future__ import annotations

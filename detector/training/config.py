@@ -88,8 +88,8 @@ class TrainConfig:
                                     "keeping them (less GPU memory, a little more work): auto = on CUDA, on, off",
                             choices=RECOMPUTE_CHOICES)
     # Optimisation
-    optimizer: str = option("auto", "SGD, AdamW (also Adam, Adamax, NAdam, RAdam, RMSprop), or auto (AdamW for short "
-                                    "runs under 10k steps, else SGD)", choices=OPTIMIZER_CHOICES)
+    optimizer: str = option("auto", "SGD, AdamW (also Adam, Adamax, NAdam, RAdam, RMSprop), MuSGD (Muon + SGD), or "
+                                    "auto (AdamW for runs of up to 10k steps, else SGD)", choices=OPTIMIZER_CHOICES)
     lr0: float = option(0.01, "initial learning rate (ignored where --optimizer auto picks AdamW, which picks its "
                               "own: name the optimizer to use it)")
     lrf: float = option(0.01, "final learning rate as a fraction of lr0")

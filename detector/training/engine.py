@@ -25,6 +25,7 @@ from detector.training.cuda_graph import Body, DeviceEMA, StaticBatch, StepGraph
 from detector.training.ema import ModelEMA
 from detector.training.feed import EpochBatches, uploaded_ahead
 from detector.training.multiscale import MultiScale
+from detector.training.musgd import MuSGD
 from detector.training.schedule import StepSchedule, StepValues, step_role
 from detector.training.step_input import step_input, step_input_dtype
 
@@ -32,10 +33,18 @@ T = TypeVar("T")
 
 
 def set_learning_rates(optimizer: torch.optim.Optimizer, step: int, schedule: StepSchedule) -> StepValues:
-    """Apply the schedule's values at ``step`` (detector/training/schedule.py). Groups: [decay, no-decay, bias]."""
+    """Apply the schedule's values at ``step`` (detector/training/schedule.py). Groups: [decay, no-decay, bias], or
+    MuSGD's, which name their role (``param_group``) and carry an ``lr_scale`` (3 on the class branches).
+
+    A scaled group's rate is the schedule's curve at ``lr_scale`` times its target, as Ultralytics interpolates
+    each group to its own ``initial_lr``: weights ``scale * weight_lr``; biases from ``warmup_bias_lr`` to ``scale *
+    target``, which is ``bias_lr + (scale - 1) * weight_lr`` (weight_lr = ramp * target). Scale 1: the plain values.
+    """
     values = schedule.values(step)
     for index, group in enumerate(optimizer.param_groups):
-        group["lr"] = values.bias_lr if index == 2 else values.weight_lr
+        scale = group.get("lr_scale", 1.0)
+        bias = group["param_group"] == "bias" if "param_group" in group else index == 2
+        group["lr"] = values.bias_lr + (scale - 1.0) * values.weight_lr if bias else scale * values.weight_lr
         if "betas" in group:  # ours: Ultralytics' warm-up ramps only a "momentum" key, not the Adam family's beta1
             group["betas"] = (values.momentum, group["betas"][1])
         elif "momentum" in group:
@@ -184,6 +193,8 @@ class TrainStep:
         if self.graphs is None and not self.graphs_checked:
             self.graphs_checked = True
             reason = graphs_unavailable(self.cuda_graphs, self.device, world_size=self.world_size)
+            # MuSGD cannot skip a non-finite step on the device (no found_inf): it steps eagerly, on the host's check
+            reason = reason or ("MuSGD steps eagerly" if isinstance(self.optimizer, MuSGD) else None)
             if reason is None:
                 ema = DeviceEMA(self.ema, unwrap(self.model)) if self.ema is not None else None
                 self.graphs = StepGraphs(graphed_body(self, parameters, ema), optimizer=self.optimizer,
@@ -402,7 +413,7 @@ def train_one_epoch(
         "train/box": means[0],
         "train/cls": means[1],
         "train/dfl": means[2],
-        "lr": optimizer.param_groups[0]["lr"],
+        "lr": optimizer.param_groups[0]["lr"] / optimizer.param_groups[0].get("lr_scale", 1.0),  # MuSGD's may be 3x
         "images_per_s": images_seen * world_size / seconds,
         "epoch_seconds": seconds,
         "data_wait": waited[0] / seconds,  # the share of the epoch the loop waited for the loader

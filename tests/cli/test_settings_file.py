@@ -70,7 +70,7 @@ def test_val_reads_the_settings_it_takes(tmp_path: Path, capsys: pytest.CaptureF
     (None, "cannot read it"),
     ("epochs: [1,\n", "not a YAML file"),
     ("- epochs\n", "expected 'key: value' settings, found list"),
-    ("optimizer: MuSGD\n", "optimizer='MuSGD'"),
+    ("optimizer: Lion\n", "optimizer='Lion'"),
 ])
 def test_a_bad_settings_file_is_one_line_naming_it(tmp_path: Path, capsys: pytest.CaptureFixture, content: str | None,
                                                     problem: str) -> None:
