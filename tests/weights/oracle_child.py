@@ -45,6 +45,34 @@ def save_training(network, path):
                 "optimizer": optimizer.state_dict(), "train_args": vars(args), "version": "8.4"}, path)
 
 
+def built_and_saved(cases):
+    """Each ``(name, seed, layout)``: Ultralytics' model from ``NAME.yaml``, made lively, saved as ``NAME.pt`` as
+    released ("release": Model.save, FP16 "model", "ema": None) or as a run's last.pt ("training"), and its raw
+    outputs written; -> {name: network}."""
+    built = {}
+    for name, seed, layout in cases:
+        torch.manual_seed(seed)
+        wrapper = YOLO(f"{name}.yaml", verbose=False)
+        built[name] = randomised(wrapper.model, seed)
+        if layout == "release":
+            wrapper.save(f"{out}/{name}.pt")
+        else:
+            save_training(wrapper.model, f"{out}/{name}.pt")
+        raw_outputs(f"{out}/{name}.pt", name)
+    return built
+
+
+def fine_tuned(yaml_name, source):
+    """A 3-class model fine-tuned from the 80-class ``source``, as Ultralytics 8.4 keeps it (class branches at the
+    source's width), made lively and saved as ``fine-tuned.pt``, its raw outputs written."""
+    tuned = DetectionModel(yaml_name, nc=3, verbose=False)
+    tuned.names = {0: "cat", 1: "dog", 2: "person"}
+    tuned.load(source, verbose=False)
+    randomised(tuned, 3)
+    torch.save({"model": copy.deepcopy(tuned).half(), "ema": None}, f"{out}/fine-tuned.pt")
+    raw_outputs(f"{out}/fine-tuned.pt", "fine-tuned")
+
+
 def raw_outputs(path, name):
     """The raw head outputs of the file as Ultralytics reads it back (so both sides see the same FP16 rounding):
     ``NAME.raw.pt``, or for a two-branch head ``NAME.one2many.pt`` and ``NAME.one2one.pt``; each ``[B, 4*reg_max + nc,

@@ -35,25 +35,8 @@ out = sys.argv[1]
 images = torch.rand(2, 3, 192, 320, generator=torch.Generator().manual_seed(5))  # non-square on purpose
 torch.save(images, f"{out}/images.pt")
 
-built = {}
-for name, seed, layout in (("yolo11n", 0, "training"), ("yolo11m", 1, "release")):
-    torch.manual_seed(seed)
-    wrapper = YOLO(f"{name}.yaml", verbose=False)
-    built[name] = randomised(wrapper.model, seed)
-    if layout == "release":
-        wrapper.save(f"{out}/{name}.pt")
-    else:
-        save_training(wrapper.model, f"{out}/{name}.pt")
-    raw_outputs(f"{out}/{name}.pt", name)
-
-# A 3-class nano fine-tuned from the 80-class one, as Ultralytics 8.4 keeps it: the class branch at the source's width.
-source = built["yolo11n"]
-tuned = DetectionModel("yolo11n.yaml", nc=3, verbose=False)
-tuned.names = {0: "cat", 1: "dog", 2: "person"}
-tuned.load(source, verbose=False)
-randomised(tuned, 3)
-torch.save({"model": copy.deepcopy(tuned).half(), "ema": None}, f"{out}/fine-tuned.pt")
-raw_outputs(f"{out}/fine-tuned.pt", "fine-tuned")
+built = built_and_saved((("yolo11n", 0, "training"), ("yolo11m", 1, "release")))
+fine_tuned("yolo11n.yaml", built["yolo11n"])  # the class branch at the source's width
 
 YOLO("yolo11n-seg.yaml", verbose=False).save(f"{out}/yolo11n-seg.pt")  # another head (YOLO26: its own test file)
 '''

@@ -37,25 +37,8 @@ out = sys.argv[1]
 images = torch.rand(2, 3, 160, 224, generator=torch.Generator().manual_seed(7))  # non-square on purpose
 torch.save(images, f"{out}/images.pt")
 
-built = {}
-for name, seed, layout in (("yolo26n", 0, "training"), ("yolo26m", 1, "release")):
-    torch.manual_seed(seed)
-    wrapper = YOLO(f"{name}.yaml", verbose=False)
-    built[name] = randomised(wrapper.model, seed)
-    if layout == "release":
-        wrapper.save(f"{out}/{name}.pt")
-    else:
-        save_training(wrapper.model, f"{out}/{name}.pt")
-    raw_outputs(f"{out}/{name}.pt", name)
-
-# A 3-class nano fine-tuned from the 80-class one, as Ultralytics 8.4 keeps it: both class branches at the source's
-# width.
-tuned = DetectionModel("yolo26n.yaml", nc=3, verbose=False)
-tuned.names = {0: "cat", 1: "dog", 2: "person"}
-tuned.load(built["yolo26n"], verbose=False)
-randomised(tuned, 3)
-torch.save({"model": copy.deepcopy(tuned).half(), "ema": None}, f"{out}/fine-tuned.pt")
-raw_outputs(f"{out}/fine-tuned.pt", "fine-tuned")
+built = built_and_saved((("yolo26n", 0, "training"), ("yolo26m", 1, "release")))
+fine_tuned("yolo26n.yaml", built["yolo26n"])  # both class branches at the source's width
 
 # Refused: YOLO26 segmentation (another head), and yolo26n.yaml built without its one-to-one branch (end2end: False).
 YOLO("yolo26n-seg.yaml", verbose=False).save(f"{out}/yolo26n-seg.pt")
