@@ -83,8 +83,11 @@ from ultralytics import YOLO
 args = json.loads(sys.argv[1])
 model = YOLO(args["weights"])
 start = time.perf_counter()
+# project=: its own folder beside the run's; without it Ultralytics writes runs/detect/val into the working directory
+# (the checkout's).
 metrics = model.val(data=args["data"], imgsz=args["imgsz"], batch=args["batch"] * 2, device=args["device"], plots=False,
-                    workers=args["workers"], verbose=False)
+                    workers=args["workers"], verbose=False, project=args["project"], name="ultralytics-val",
+                    exist_ok=True)
 print("RESULT", json.dumps({"val_seconds": time.perf_counter() - start, "own_map": float(metrics.box.map)}))
 """
 
