@@ -2,7 +2,32 @@
 Python source prepended to each one's own script, run as ``python -c SCRIPT OUT``. It defines how a network's
 statistics are made lively, the two ways Ultralytics 8.4 saves a checkpoint, and how the raw head outputs of a saved
 file are written; the script itself sets ``out`` (the folder) and ``images`` (the fixed inputs) before calling them.
+:func:`run_oracle` runs such a script.
 """
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def run_oracle(script: str, out: Path) -> Path:
+    """Run ``script`` (``python -c SCRIPT OUT``) in a child process writing into ``out``; -> ``out``.
+
+    YOLO_OFFLINE: never reach the network; YOLO_CONFIG_DIR: its settings file goes to the temporary folder;
+    OMP_NUM_THREADS: this process's torch threads (1, tests/conftest.py), so that both sides split each
+    convolution's sums alike (on another thread count the kernels add them in another order: 1e-5 apart, measured),
+    and two threads on the shared 2 cores made a setup ~35 s."""
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(out / "config"),
+           "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    done = subprocess.run([sys.executable, "-c", script, str(out)], env=env, cwd=out, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
 
 PRELUDE = r'''
 import copy, sys

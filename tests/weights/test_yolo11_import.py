@@ -9,9 +9,6 @@ head outputs for fixed images; this process reads those files as a user's. The t
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +19,7 @@ from detector.model import build_model
 from detector.weights import convert_state_dict, detect_scale, load_pretrained, read_ultralytics_checkpoint
 from detector.weights.ultralytics import LAYERS, YOLO11_LAYERS
 from tests.tolerances import fp32_tolerance
-from tests.weights.oracle_child import PRELUDE
+from tests.weights.oracle_child import PRELUDE, run_oracle
 from tests.weights.lookalike import as_ultralytics_keys, lookalike_bytes
 
 # Run as `python -c ORACLE OUT`: every file below, into OUT. The BN statistics and class biases are not at their
@@ -47,16 +44,7 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder :data:`ORACLE` wrote, once per module (about 3 s on a 2-core CPU)."""
     if importlib.util.find_spec("ultralytics") is None:
         pytest.skip("ultralytics is not installed (the dev extra): it is the oracle")
-    out = tmp_path_factory.mktemp("yolo11-oracle")
-    # YOLO_OFFLINE: never reach the network; YOLO_CONFIG_DIR: its settings file goes to the temporary folder;
-    # OMP_NUM_THREADS: this process's torch threads (1, tests/conftest.py), as the suite's other subprocesses: two
-    # threads on the shared 2 cores made this setup ~35 s, and another thread count than ours sums in another order.
-    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(out / "config"),
-           "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    done = subprocess.run([sys.executable, "-c", ORACLE, str(out)], env=env, cwd=out, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return run_oracle(ORACLE, tmp_path_factory.mktemp("yolo11-oracle"))
 
 
 def _max_difference(model: torch.nn.Module, raw_file: Path, images: torch.Tensor) -> tuple[float, float]:

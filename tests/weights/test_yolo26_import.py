@@ -10,9 +10,6 @@ skip without it.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +20,7 @@ from detector.model import build_model
 from detector.weights import convert_state_dict, detect_scale, load_pretrained, read_ultralytics_checkpoint
 from detector.weights.ultralytics import LAYERS, YOLO11_LAYERS, YOLO26_LAYERS, family_of_keys
 from tests.tolerances import fp32_tolerance
-from tests.weights.oracle_child import PRELUDE
+from tests.weights.oracle_child import PRELUDE, run_oracle
 from tests.weights.lookalike import as_ultralytics_keys, lookalike_bytes
 
 # Run as `python -c ORACLE OUT`: every file below, into OUT. The BN statistics and the class biases are not at their
@@ -53,16 +50,7 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder :data:`ORACLE` wrote, once per module (a few seconds on a 2-core CPU)."""
     if importlib.util.find_spec("ultralytics") is None:
         pytest.skip("ultralytics is not installed (the dev extra): it is the oracle")
-    out = tmp_path_factory.mktemp("yolo26-oracle")
-    # YOLO_OFFLINE: never reach the network; YOLO_CONFIG_DIR: its settings file goes to the temporary folder;
-    # OMP_NUM_THREADS: this process's torch threads (1, tests/conftest.py), so that both sides split each convolution's
-    # sums alike: on another thread count the kernels add them in another order (1e-5 apart, measured).
-    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(out / "config"),
-           "OMP_NUM_THREADS": str(torch.get_num_threads())}
-    done = subprocess.run([sys.executable, "-c", ORACLE, str(out)], env=env, cwd=out, capture_output=True, text=True,
-                          timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+    return run_oracle(ORACLE, tmp_path_factory.mktemp("yolo26-oracle"))
 
 
 def _flat(model: torch.nn.Module, images: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
