@@ -94,6 +94,10 @@ class Archive:
     provides: tuple[str, ...]  # paths under ``extract_to``; all present = already extracted (and converted)
     exact_size: bool = True
     sha256: str | None = None  # pinned from a named source (see DOWNLOADS), or None: unpinned
+    # The zip may hold the dataset folder's own entries (images/, labels/) at its top level instead of the folder
+    # itself; they are then unpacked into that folder. Ultralytics' unzip does this with any zip that has no single
+    # top folder, so its YAMLs cannot tell us which form a zip has: where we could not look, we take either.
+    flat: bool = False
 
     @property
     def filename(self) -> str:

@@ -1,4 +1,4 @@
-"""``python -m detector download coco|coco128|voc [--split val] [--datasets-dir D]``.
+"""``python -m detector download NAME [--split val] [--datasets-dir D]``: coco, coco128, voc, coco8 ... (the catalog).
 
 Fetch, verify, extract (convert), prove.
 
@@ -14,7 +14,9 @@ entry is never run. For each archive the dataset still lacks:
    anything is extracted; a file that fails is deleted;
 3. extract into a temporary folder in the datasets root, at most :data:`EXTRACT_RATIO` times the zip's size
    (a zip bomb stops there), and rename its entries into place, so a failure leaves nothing half-extracted;
-   only the top-level entries the dataset reads are unpacked (others are named in a note); then delete the zip;
+   only the top-level entries the dataset reads are unpacked (others are named in a note); a zip of Ultralytics' small
+   sets may hold its dataset folder's ``images/`` and ``labels/`` at its top level instead of the folder itself, and
+   those are unpacked into that folder; then delete the zip;
 4. where the dataset has a ``convert`` step (VOC: XML -> YOLO txt, :mod:`detector.data.voc`), run it.
 
 All of it runs under ``<root>/<name>.lock`` (:mod:`detector.data.lock`): a second download of the same dataset
@@ -77,17 +79,26 @@ def top_entries(path: Path) -> list[str]:
         return sorted({PurePosixPath(name).parts[0] for name in bundle.namelist() if PurePosixPath(name).parts})
 
 
-def layout_problem(tops: list[str], expected: list[str]) -> str | None:
+def flat_entries(archive: Archive) -> list[str]:
+    """What a :attr:`~detector.data.catalog.Archive.flat` zip may hold at its top level in place of its dataset
+    folder: the entries of that folder the dataset reads (``images``, ``labels``); [] for any other archive."""
+    if not archive.flat:
+        return []
+    return sorted({PurePosixPath(entry).parts[1] for entry in archive.provides})
+
+
+def layout_problem(tops: list[str], expected: list[str], flat: list[str] | None = None) -> str | None:
     """What the zip's top level ``tops`` (:func:`top_entries`) lacks of the ``expected`` entries
-    (:func:`expected_tops`: for a dataset without a ``convert`` step), or None.
+    (:func:`expected_tops`: for a dataset without a ``convert`` step), or None. Where ``flat``
+    (:func:`flat_entries`) is given, a zip holding all of those at its top level is accepted too.
 
     Checked before extracting: a zip with another top folder (``coco128-main/``) used to be extracted and deleted,
     after which the dataset was still missing and the hint named the same command again, for ever.
     """
-    if set(expected) <= set(tops):
+    if set(expected) <= set(tops) or (flat and set(flat) <= set(tops)):
         return None
     held = ", ".join(tops[:3]) + (f" and {len(tops) - 3} more" if len(tops) > 3 else "") if tops else "nothing"
-    return f"holds {held} at its top level, not {', '.join(expected)}"
+    return f"holds {held} at its top level, not {', '.join(expected)}" + (f" (nor {', '.join(flat)})" if flat else "")
 
 
 def verify(path: Path, archive: Archive, url: str, *, fetched: bool = True) -> None:
@@ -131,10 +142,12 @@ class _ExtractionCap(Exception):
     """More bytes came out of the zip than :data:`EXTRACT_RATIO` allows."""
 
 
-def extract(path: Path, destination: Path, root: Path, only: Collection[str] | None = None) -> None:
+def extract(path: Path, destination: Path, root: Path, only: Collection[str] | None = None, under: str = "") -> None:
     """Unpack ``path`` into ``destination`` all at once: into a temporary folder in ``root``, then rename.
 
     ``only``: the top-level entries to unpack (None: all); the others are not written.
+    ``under``: a folder the members are unpacked into (``images/x.jpg`` -> ``<destination>/<under>/images/x.jpg``),
+    for a flat zip (:func:`flat_entries`); staged as that one folder, so it too appears whole or not at all.
     At most :data:`EXTRACT_RATIO` times the zip's size is unpacked: the declared sizes are checked first, the bytes
     actually decompressed while extracting.
     """
@@ -151,7 +164,7 @@ def extract(path: Path, destination: Path, root: Path, only: Collection[str] | N
             for member in archive.infolist():
                 parts = PurePosixPath(member.filename).parts
                 if only is None or (parts and parts[0] in only):
-                    _copy_member(archive, member, staging, budget)
+                    _copy_member(archive, member, staging / under if under else staging, budget)
         entries = sorted(staging.iterdir())
         clashes = [entry.name for entry in entries if (destination / entry.name).exists()]
         if clashes:
@@ -230,16 +243,21 @@ def download(dataset: str | Download, *, root: Path, split: str = "all", base_ur
             # top-level entries (__MACOSX/, a README) landed in the shared datasets root, where the next extraction
             # of a zip holding the same name refused to run.
             only, tops = (expected_tops(archive), top_entries(path)) if spec.convert is None else (None, [])
-            if only is not None and (problem := layout_problem(tops, only)):
+            if only is not None and (problem := layout_problem(tops, only, flat_entries(archive))):
                 raise DownloadError(f"{path} (from {url}): {problem}, so it is not {spec.name}'s archive; kept it and "
                                     "extracted nothing: delete it, and check the mirror if one is set")
+            under = ""
+            if only is not None and not set(only) <= set(tops):  # a flat zip (layout_problem let it through)
+                only, under = flat_entries(archive), only[0]
+                print(f"{spec.name}: {archive.filename} holds {', '.join(only)} at its top level: unpacking them into "
+                      f"{destination / under}")
             if not archive.sha256 and not archive.md5:
                 warn_unpinned(path)  # accepted now: its SHA-256 is worth comparing
             if extra := sorted(set(tops) - set(only or ())):
                 print(f"note: {spec.name}: not extracted from {archive.filename}, which {spec.name} does not "
                       f"read: {', '.join(extra[:5])}{f' and {len(extra) - 5} more' if len(extra) > 5 else ''}",
                       file=sys.stderr)
-            extract(path, destination, root, only)
+            extract(path, destination, root, only, under)
             path.unlink()  # the extracted files are what training reads; the zip would double the disk use
             convert(spec, destination)
     folder = root / spec.folder_name

@@ -671,3 +671,39 @@ def test_extraction_counts_the_bytes_it_writes(tmp_path: Path, monkeypatch: pyte
     with pytest.raises(DownloadError, match="zip bomb"):
         downloader.extract(zipped, tmp_path / "out", tmp_path)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".a-*"))
+
+
+def small_set_zip(tmp_path: Path, folder: str, *, flat: bool, extras: tuple[str, ...] = ()) -> bytes:
+    """A tiny dataset in the layout of Ultralytics' small-set zips: ``<folder>/{images,labels}/{train,val}``, or with
+    ``flat`` the same ``images/`` and ``labels/`` at the zip's top level; ``extras``: top-level files beside them."""
+    source = tmp_path / "zip-source"
+    dataset = source if flat else source / folder
+    write_yolo_split(dataset, "train", 3, 64, 0)
+    write_yolo_split(dataset, "val", 2, 64, 1)
+    for name in extras:
+        (source / name).write_text("not read by the dataset")
+    return stored_zip(source, names_from=source)
+
+
+def test_a_flat_zip_is_unpacked_into_its_folder_all_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The folder a flat zip is unpacked into is staged whole: a failure leaves no <root>/coco8 half filled."""
+    zipped = tmp_path / "coco8.zip"
+    zipped.write_bytes(small_set_zip(tmp_path, "coco8", flat=True))
+    root = tmp_path / "datasets"
+    root.mkdir()
+    calls = []
+
+    def fail_on_the_second(*args: object) -> None:
+        calls.append(args)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        real_copy(*args)
+
+    real_copy = downloader._copy_member
+    monkeypatch.setattr(downloader, "_copy_member", fail_on_the_second)
+    with pytest.raises(DownloadError, match="No space left on device"):
+        downloader.extract(zipped, root, root, ["images", "labels"], "coco8")
+    assert sorted(p.name for p in root.iterdir()) == []
+    monkeypatch.setattr(downloader, "_copy_member", real_copy)
+    downloader.extract(zipped, root, root, ["images", "labels"], "coco8")
+    assert sorted(p.name for p in (root / "coco8").iterdir()) == ["images", "labels"]
