@@ -39,7 +39,7 @@ COMMANDS = {
     "tune": ("detector.cli.tune", "evolve train's hyperparameters over many short runs (Ultralytics' tune)"),
     "ablate-amp": ("detector.cli.ablate", "train with AMP and with --unamp, and report the difference"),
     "download": ("detector.cli.download",
-                 "fetch a dataset (coco, coco128, voc) or weights (yolov8n...x, yolo11n...x, yolo26n...x)"),
+                 "fetch a dataset (coco, coco128, voc, coco8...) or weights (yolov8n...x, yolo11n...x, yolo26n...x)"),
 }
 
 

@@ -30,13 +30,16 @@ def build_parser(prog: str = PROG) -> argparse.ArgumentParser:
         description="Fetch a dataset into the datasets root, or Ultralytics' YOLOv8, YOLO11 or YOLO26 detection "
                     "weights into the weights folder (explicit: nothing in detector downloads by itself).",
         epilog="Every file is fetched over https (see --allow-http), capped in bytes fetched and unpacked, and checked "
-               "against the SHA-256 pinned in detector's catalog (COCO: its published MD5; coco128 and VOC have none "
-               "pinned: size and zip CRCs, with a warning). Weights are then read through detector's restricted "
-               "unpickler. They are AGPL-3.0, not Apache-2.0 (see weights/README.md). $DETECTOR_DOWNLOAD_URL "
-               "fetches every file from that base URL (a mirror); the same checks apply. See docs/security.md.",
+               "against the SHA-256 pinned in detector's catalog (COCO: its published MD5; coco128, VOC and "
+               "Ultralytics' small sets have none pinned: size and zip CRCs, with a warning). Weights are then read "
+               "through detector's restricted unpickler. They are AGPL-3.0, not Apache-2.0 (see weights/README.md). "
+               "$DETECTOR_DOWNLOAD_URL fetches every file from that base URL (a mirror); the same checks apply. See "
+               "docs/security.md.",
     )
     parser.add_argument("name", type=_name, choices=sorted(DOWNLOADS) + sorted(PRETRAINED),
-                        help="dataset (coco.yaml, VOC.yaml ... also work), or weights (yolov8n ... yolov8x, "
+                        help="dataset, any case (coco, coco128, voc; Ultralytics' small sets: coco8, brain-tumor, "
+                             "medical-pills, signature, african-wildlife, construction-ppe, HomeObjects-3K, kitti; "
+                             "coco.yaml, VOC.yaml ... also work), or weights (yolov8n ... yolov8x, "
                              "yolo11n ... yolo11x, yolo26n ... yolo26x; yolov8n.pt also works)")
     parser.add_argument("--split", choices=("all", "val"), default="all",
                         help="datasets: val: only what the val split needs "

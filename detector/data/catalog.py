@@ -1,7 +1,8 @@
 """Where data YAMLs and datasets live, and what ``python -m detector download NAME`` would fetch.
 
-* The shipped YAMLs (``coco.yaml``, ``coco128.yaml``, ``VOC.yaml``, ``shapes.yaml``) are the files of the
-  top-level ``data/`` folder; a non-editable install copies them to ``detector/datasets/`` (see pyproject.toml).
+* The shipped YAMLs (``coco.yaml``, ``coco128.yaml``, ``VOC.yaml``, ``shapes.yaml``, and Ultralytics' small
+  detection sets: ``coco8.yaml`` ... :data:`SMALL_DATASETS`) are the files of the top-level ``data/`` folder; a
+  non-editable install copies them to ``detector/datasets/`` (see pyproject.toml).
 * ``--data NAME`` is a path first, then a shipped YAML (``coco`` and ``coco.yaml`` both work; case does
   not matter, so ``voc``, ``VOC`` and ``VOC.yaml`` all name ``VOC.yaml``).
 * The datasets root holds downloaded datasets and the generated built-in one: ``--datasets-dir``, else
@@ -158,12 +159,43 @@ def _present(path: Path) -> bool:
     return path.is_file() or (path.is_dir() and any(path.iterdir()))
 
 
+ULTRALYTICS_ASSETS = "https://github.com/ultralytics/assets/releases/download/v0.0.0"
+
+
+def ultralytics_zip(name: str, size: int, *, folder: str = "", yaml: str = "") -> Download:
+    """One of Ultralytics' small detection sets: one zip, ``<folder>.zip`` on its assets release, of
+    ``<folder>/{images,labels}/{train,val}`` (a ``test`` split, where there is one, comes with it), or of the same
+    ``images/`` and ``labels/`` at its top level (:attr:`Archive.flat`). ``size``: bytes, as approximate as the size
+    Ultralytics' YAML gives."""
+    folder = folder or name
+    provides = tuple(f"{folder}/{kind}/{split}" for kind in ("images", "labels") for split in ("train", "val"))
+    archive = Archive(f"{ULTRALYTICS_ASSETS}/{folder}.zip", size, None, ("train", "val"), provides,
+                      exact_size=False, flat=True)
+    return Download(name, yaml or f"{name}.yaml", "", (archive,), folder="" if folder == name else folder)
+
+
+# Ultralytics' small detection sets, the names its users type (``yolo train data=coco8.yaml``). UNPINNED, like
+# coco128: no checksum is published for these assets and none could be found from this machine; their sizes are the
+# approximate ones Ultralytics' YAMLs state (the fetch stops at twice that), and neither the sizes nor the zips'
+# layouts could be checked against the host from here (hence ``flat``: either layout is taken). The download
+# name is lower case, as the command takes any case; HomeObjects-3K keeps Ultralytics' spelling of its YAML, folder
+# and zip.
+SMALL_DATASETS = (
+    ultralytics_zip("coco8", 1_000_000),
+    ultralytics_zip("brain-tumor", 4_210_000),
+    ultralytics_zip("medical-pills", 8_190_000),
+    ultralytics_zip("signature", 11_300_000),
+    ultralytics_zip("african-wildlife", 100_000_000),
+    ultralytics_zip("construction-ppe", 178_400_000),
+    ultralytics_zip("homeobjects-3k", 390_000_000, folder="homeobjects-3K", yaml="HomeObjects-3K.yaml"),
+    ultralytics_zip("kitti", 390_500_000),
+)
+
 # Sizes and MD5s are the ones published with COCO 2017 and quoted by torchvision, mmdetection and others. COCO
 # publishes no SHA-256 and none could be found from a second source, so these three are checked by their MD5
 # (a pinned MD5 still cannot be matched by a forged file: that would take a second preimage). COCO's own host
 # serves plain http (its https certificate is not reliably valid), so fetching them needs --allow-http.
 COCO_ZIPS = "http://images.cocodataset.org"
-ULTRALYTICS_ASSETS = "https://github.com/ultralytics/assets/releases/download/v0.0.0"
 DOWNLOADS = {
     "coco": Download("coco", "coco.yaml", "coco", (
         Archive(f"{COCO_ZIPS}/annotations/annotations_trainval2017.zip", 252_907_541,
@@ -194,6 +226,7 @@ DOWNLOADS = {
         Archive(f"{ULTRALYTICS_ASSETS}/VOCtrainval_11-May-2012.zip", 1_950_000_000, None, ("train",),
                 ("images/trainval2012", "labels/trainval2012"), exact_size=False),
     ), folder="VOC", convert=convert_voc),
+    **{download.name: download for download in SMALL_DATASETS},
 }
 
 

@@ -311,8 +311,8 @@ def _refuse_url_or_archive(typed: str | Path) -> None:
 
 def _read_yaml(source: Path) -> dict:
     if not source.is_file():
-        # Ultralytics' quick-start sets have a shipped neighbour here.
-        nearest = {"coco8": "coco128", "coco8-grayscale": "coco128", "voc2007": "VOC", "voc2012": "VOC"}.get(
+        # Ultralytics' names for sets we do not ship that have a shipped neighbour here.
+        nearest = {"coco8-grayscale": "coco8", "voc2007": "VOC", "voc2012": "VOC"}.get(
             source.stem.lower()) if len(source.parts) == 1 else None
         hint = f"; did you mean {nearest}?" if nearest else ""
         raise DatasetError(f"{source}: data YAML not found (nor a shipped one in {shipped_yaml_dir()}: "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 import yaml
 
@@ -14,7 +16,9 @@ from detector.data.catalog import (
     DATASETS_ENV,
     DOWNLOADS,
     PACKAGE_DIR,
+    SMALL_DATASETS,
     datasets_root,
+    fetching_command,
     resolve_data_yaml,
     shipped_yaml_dir,
 )
@@ -166,9 +170,9 @@ def test_pyproject_lists_every_subpackage_and_ships_the_yamls():
 
 
 def test_ultralytics_quick_start_names_point_at_the_shipped_neighbour():
-    """``coco8`` (Ultralytics' 8-image set) is not shipped: the line names coco128, which is."""
-    with pytest.raises(DatasetError, match=r"coco8\.yaml: data YAML not found .*; did you mean coco128\?$"):
-        load_dataset_spec("coco8.yaml")
+    """``coco8-grayscale`` is not shipped: the line names coco8, which is."""
+    with pytest.raises(DatasetError, match=r"coco8-grayscale\.yaml: data YAML not found .*; did you mean coco8\?$"):
+        load_dataset_spec("coco8-grayscale.yaml")
     with pytest.raises(DatasetError, match=r"not found \(nor a shipped one in .*\)$"):
         load_dataset_spec("objects365.yaml")
 
@@ -205,7 +209,9 @@ def test_suggested_commands_quote_a_datasets_root_with_spaces(tmp_path: Path):
 
 
 @pytest.mark.parametrize("typed,name", [("coco.yaml", "coco"), ("coco128.yaml", "coco128"), ("VOC.yaml", "voc"),
-                                        ("VOC", "voc"), ("yolov8n.pt", "yolov8n")])
+                                        ("VOC", "voc"), ("yolov8n.pt", "yolov8n"), ("COCO8", "coco8"),
+                                        ("coco8.yaml", "coco8"), ("HomeObjects-3K", "homeobjects-3k"),
+                                        ("HomeObjects-3K.yaml", "homeobjects-3k"), ("Brain-Tumor", "brain-tumor")])
 def test_download_takes_a_dataset_by_its_yaml_name_as_data_does(typed: str, name: str):
     assert download_command.build_parser().parse_args([typed]).name == name
 
@@ -222,3 +228,75 @@ def test_the_missing_dataset_line_names_what_chose_the_datasets_root(tmp_path: P
         load_dataset_spec("coco128.yaml")
     with pytest.raises(DatasetError, match=r"\(datasets root .*flag, set by --datasets-dir\)"):
         load_dataset_spec("coco128.yaml", datasets_dir=tmp_path / "flag")
+
+
+# Ultralytics' small detection sets: YAML -> (class count, {index: name}), from each set's own class list.
+SMALL_SET_CLASSES = {
+    "coco8.yaml": (80, {0: "person", 79: "toothbrush"}),
+    "brain-tumor.yaml": (2, {0: "negative", 1: "positive"}),
+    "medical-pills.yaml": (1, {0: "pill"}),
+    "signature.yaml": (1, {0: "signature"}),
+    "african-wildlife.yaml": (4, {0: "buffalo", 3: "zebra"}),
+    "construction-ppe.yaml": (11, {0: "helmet", 6: "Person", 10: "no_boots"}),
+    "HomeObjects-3K.yaml": (12, {0: "bed", 11: "photo frame"}),
+    "kitti.yaml": (8, {0: "car", 7: "misc"}),
+}
+
+
+def write_split(folder: Path, split: str, count: int) -> None:
+    """``count`` tiny images and class-0 labels (every set has a class 0) under ``folder/{images,labels}/split``."""
+    (folder / "images" / split).mkdir(parents=True)
+    (folder / "labels" / split).mkdir(parents=True)
+    for index in range(count):
+        cv2.imwrite(str(folder / "images" / split / f"{index}.jpg"), np.full((16, 16, 3), 128, np.uint8))
+        (folder / "labels" / split / f"{index}.txt").write_text("0 0.5 0.5 0.25 0.25\n")
+
+
+def test_every_small_set_is_a_download_with_a_shipped_yaml():
+    assert {download.yaml for download in SMALL_DATASETS} == set(SMALL_SET_CLASSES)
+    for download in SMALL_DATASETS:
+        assert DOWNLOADS[download.name] is download and download.name == download.name.lower()
+        raw = yaml.safe_load((REPO / "data" / download.yaml).read_text())
+        assert raw["relative_to"] == "datasets" and raw["path"] == download.folder_name and "download" not in raw
+        (archive,) = download.archives
+        assert archive.url == f"https://github.com/ultralytics/assets/releases/download/v0.0.0/{raw['path']}.zip"
+        assert archive.flat and not archive.exact_size and archive.md5 is None and archive.sha256 is None
+        assert fetching_command(archive.filename) == (f"python -m detector download {download.name}", download.yaml)
+
+
+@pytest.mark.parametrize("name", sorted(SMALL_SET_CLASSES))
+def test_each_small_set_yaml_loads_and_names_its_classes(name: str, tmp_path: Path):
+    raw = yaml.safe_load((REPO / "data" / name).read_text())
+    splits = [split for split in ("train", "val", "test") if split in raw]
+    for count, split in enumerate(splits, start=1):
+        write_split(tmp_path / raw["path"], split, count)
+    spec = load_dataset_spec(name, datasets_dir=tmp_path)
+    classes, known = SMALL_SET_CLASSES[name]
+    assert spec.num_classes == classes == len(set(spec.names))
+    assert {index: spec.names[index] for index in known} == known
+    assert len(spec.train.images) == 1 and len(spec.val.images) == 2
+    # Ultralytics' african-wildlife and construction-ppe have a test split; ours reads it (val --split test)
+    assert (spec.test is not None and len(spec.test.images) == 3) == (name in ("african-wildlife.yaml",
+                                                                             "construction-ppe.yaml"))
+
+
+@pytest.mark.parametrize("typed,shipped", [("coco8", "coco8.yaml"), ("COCO8.yaml", "coco8.yaml"),
+                                           ("homeobjects-3k", "HomeObjects-3K.yaml"),
+                                           ("HOMEOBJECTS-3K.YAML", "HomeObjects-3K.yaml"), ("Kitti", "kitti.yaml"),
+                                           ("Brain-Tumor.yaml", "brain-tumor.yaml")])
+def test_a_small_set_is_found_by_its_bare_name_in_any_case(typed: str, shipped: str, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.chdir(tmp_path)  # no file of that name here: the shipped YAML is meant
+    assert resolve_data_yaml(typed) == REPO / "data" / shipped
+
+
+def test_train_on_missing_coco8_names_its_download_command(tmp_path: Path, capsys: pytest.CaptureFixture):
+    """``python train.py --data coco8.yaml`` said "data YAML not found ... did you mean coco128?"."""
+    empty = tmp_path / "datasets"
+    empty.mkdir()
+    code = train_command.main(["--data", "coco8.yaml", "--datasets-dir", str(empty), "--device", "cpu",
+                               "--epochs", "1"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 1 and len(lines) == 1, lines
+    assert str(empty / "coco8") in lines[0]
+    assert lines[0].endswith(f"fetch it (about 1 MB): python -m detector download coco8 --datasets-dir {empty}")

@@ -685,6 +685,58 @@ def small_set_zip(tmp_path: Path, folder: str, *, flat: bool, extras: tuple[str,
     return stored_zip(source, names_from=source)
 
 
+@pytest.mark.parametrize("flat", [False, True], ids=["top-folder", "flat"])
+def test_coco8_downloads_from_either_zip_layout_and_its_yaml_loads(tmp_path: Path, server: tuple[str, Served],
+                                                                  capsys: pytest.CaptureFixture, flat: bool):
+    """Ultralytics' unzip takes a zip with one top folder as it is and unpacks any other into a folder named after
+    the zip; which form its assets have could not be seen from here, so both must end in <root>/coco8."""
+    base, served = server
+    served.files["coco8.zip"] = small_set_zip(tmp_path, "coco8", flat=flat, extras=("data.yaml",))
+    root = tmp_path / "datasets"
+    folder = download("coco8", root=root, **fetch_options(base))
+    assert folder == root / "coco8" and sorted(p.name for p in root.iterdir()) == ["coco8"]  # no zip, no staging
+    assert sorted(p.name for p in folder.iterdir()) == ["images", "labels"]
+    spec = load_dataset_spec("coco8.yaml", datasets_dir=root)
+    assert spec.num_classes == 80 and spec.names[0] == "person"
+    assert len(spec.train.images) == 3 and len(spec.val.images) == 2
+    assert all(Path(image).is_relative_to(root / "coco8/images/train") for image in spec.train.images)
+    out, err = capsys.readouterr()
+    assert ("coco8.zip holds images, labels at its top level: unpacking them into" in out) == flat
+    assert "not extracted from coco8.zip, which coco8 does not read: data.yaml" in err
+    download("coco8", root=root, **fetch_options(base))  # already there: nothing fetched again
+    assert len(served.requests) == 1
+
+
+def test_homeobjects_downloads_into_ultralytics_folder_name(tmp_path: Path, server: tuple[str, Served]):
+    """Download name in lower case, zip and folder as Ultralytics spells them (homeobjects-3K)."""
+    base, served = server
+    served.files["homeobjects-3K.zip"] = small_set_zip(tmp_path, "homeobjects-3K", flat=True)
+    root = tmp_path / "datasets"
+    assert download("homeobjects-3k", root=root, **fetch_options(base)) == root / "homeobjects-3K"
+    spec = load_dataset_spec("HomeObjects-3K", datasets_dir=root)
+    assert spec.num_classes == 12 and len(spec.train.images) == 3 and len(spec.val.images) == 2
+
+
+@pytest.mark.parametrize("tops", [("coco8-main/images/train/a.jpg", "coco8-main/labels/train/a.txt"),
+                                  ("images/train/a.jpg", "README.txt")], ids=["other-folder", "no-labels"])
+def test_a_small_set_zip_in_neither_layout_is_refused_before_extraction(tmp_path: Path, server: tuple[str, Served],
+                                                                       tops: tuple[str, ...]):
+    base, served = server
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as bundle:
+        for name in tops:
+            bundle.writestr(name, b"x")
+    served.files["coco8.zip"] = buffer.getvalue()
+    root = tmp_path / "datasets"
+    with pytest.raises(DownloadError) as error:
+        download("coco8", root=root, **fetch_options(base))
+    message = str(error.value)
+    held = sorted({name.split("/")[0] for name in tops})
+    assert "\n" not in message and f"holds {', '.join(held)} at its top level, not coco8 (nor images, labels)" \
+        in message and "kept it and extracted nothing" in message
+    assert sorted(p.name for p in root.iterdir()) == ["coco8.zip"]  # no dataset folder, no staging folder
+
+
 def test_a_flat_zip_is_unpacked_into_its_folder_all_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The folder a flat zip is unpacked into is staged whole: a failure leaves no <root>/coco8 half filled."""
     zipped = tmp_path / "coco8.zip"
