@@ -75,6 +75,10 @@ def load_unpacking_into(folder: str, path: str | Path, **options: Any) -> AOTICo
     TMPDIR says. An internal detail either way: where it does not hold, ``folder`` stays empty and the loader's
     destructor is what cleans up. Another thread reading TMPDIR during the load (the unzip and dlopen) sees ``folder``.
     """
+    # torch 2.10's loader reads torch._inductor.codecache without importing it ("module 'torch._inductor' has no
+    # attribute 'codecache'" in a process where nothing else had); 2.11 imports it itself. Importing it is harmless.
+    import torch._inductor.codecache  # noqa: F401
+
     with _TMPDIR_LOCK:
         previous = os.environ.get("TMPDIR")
         os.environ["TMPDIR"] = folder
