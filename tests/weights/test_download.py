@@ -27,10 +27,16 @@ from tests.weights.lookalike import lookalike_bytes, yolov8_lookalike_bytes
 OPTIONS = {"timeout": TIMEOUT_S, "retry_wait": 0.0, "allow_http": True}  # the local server speaks plain http
 
 
-def pinned(content: bytes, **changes: object) -> PretrainedWeights:
-    """yolov8n's catalogue entry with the size and SHA-256 of ``content`` (what the local server holds)."""
+def pinned(content: bytes, name: str = "yolov8n", **changes: object) -> PretrainedWeights:
+    """``name``'s catalogue entry with the size and SHA-256 of ``content`` (what the local server holds)."""
     fields = {"size": len(content), "sha256": hashlib.sha256(content).hexdigest(), **changes}
-    return dataclasses.replace(PRETRAINED["yolov8n"], **fields)
+    return dataclasses.replace(PRETRAINED[name], **fields)
+
+
+def serve_pinned(name: str, content: bytes, served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local server holds ``content`` as ``name``'s file, and the catalogue pins ``name`` to it."""
+    served.files[PRETRAINED[name].filename] = content
+    monkeypatch.setitem(PRETRAINED, name, pinned(content, name))
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +47,7 @@ def body() -> bytes:
 @pytest.fixture
 def served_weights(server: tuple[str, Served], body: bytes, monkeypatch: pytest.MonkeyPatch) -> tuple[str, Served]:
     base, served = server
-    served.files["yolov8n.pt"] = body
-    monkeypatch.setitem(PRETRAINED, "yolov8n", pinned(body))
+    serve_pinned("yolov8n", body, served, monkeypatch)
     monkeypatch.setenv(transfer.BASE_URL_ENV, base)
     return base, served
 
@@ -107,8 +112,7 @@ def test_a_file_that_does_not_load_as_the_expected_weights_is_deleted(kind: str,
         content = content.read_bytes()
     else:
         content = yolov8_lookalike_bytes("s")
-    served.files["yolov8n.pt"] = content
-    monkeypatch.setitem(PRETRAINED, "yolov8n", pinned(content))
+    serve_pinned("yolov8n", content, served, monkeypatch)
     folder = tmp_path / "weights"
     expected = {"junk": "does not load", "hostile": "refuses to load global", "yolov8s": "holds YOLOv8s weights"}[kind]
     with pytest.raises(DownloadError, match=expected) as error:
@@ -157,18 +161,13 @@ def test_yolo11_weights_are_pinned_fetched_and_read_as_yolo11(tmp_path: Path, se
                                              for letter in "nsmlx"]
     base, served = server
     monkeypatch.setenv(transfer.BASE_URL_ENV, base)
-    yolo11, yolov8 = lookalike_bytes("11n"), yolov8_lookalike_bytes("n")
-    for content, folder in ((yolo11, tmp_path / "a"), (yolov8, tmp_path / "b")):
-        served.files["yolo11n.pt"] = content
-        fields = {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
-        monkeypatch.setitem(PRETRAINED, "yolo11n", dataclasses.replace(PRETRAINED["yolo11n"], **fields))
-        if content is yolo11:
-            assert download_command.main(["YOLO11n.pt", "--weights-dir", str(folder), "--allow-http"]) == 0
-            assert "(loads: YOLO11n, 80 classes, 499 tensors)" in capsys.readouterr().out
-        else:
-            with pytest.raises(DownloadError, match=r"holds YOLOv8n weights; deleted it"):
-                download_weights("yolo11n", weights_dir=folder, **OPTIONS)
-            assert not any(folder.iterdir())
+    serve_pinned("yolo11n", lookalike_bytes("11n"), served, monkeypatch)
+    assert download_command.main(["YOLO11n.pt", "--weights-dir", str(tmp_path / "a"), "--allow-http"]) == 0
+    assert "(loads: YOLO11n, 80 classes, 499 tensors)" in capsys.readouterr().out
+    serve_pinned("yolo11n", yolov8_lookalike_bytes("n"), served, monkeypatch)
+    with pytest.raises(DownloadError, match=r"holds YOLOv8n weights; deleted it"):
+        download_weights("yolo11n", weights_dir=tmp_path / "b", **OPTIONS)
+    assert not any((tmp_path / "b").iterdir())
 
 
 def test_yolo26_weights_are_pinned_fetched_and_read_as_yolo26(tmp_path: Path, server: tuple[str, Served],
@@ -181,18 +180,13 @@ def test_yolo26_weights_are_pinned_fetched_and_read_as_yolo26(tmp_path: Path, se
         for letter in "nsmlx"]
     base, served = server
     monkeypatch.setenv(transfer.BASE_URL_ENV, base)
-    yolo26, yolo11 = lookalike_bytes("26n"), lookalike_bytes("11n")
-    for content, folder in ((yolo26, tmp_path / "a"), (yolo11, tmp_path / "b")):
-        served.files["yolo26n.pt"] = content
-        fields = {"size": len(content), "sha256": hashlib.sha256(content).hexdigest()}
-        monkeypatch.setitem(PRETRAINED, "yolo26n", dataclasses.replace(PRETRAINED["yolo26n"], **fields))
-        if content is yolo26:
-            assert download_command.main(["yolo26n.pt", "--weights-dir", str(folder), "--allow-http"]) == 0
-            assert "(loads: YOLO26n, 80 classes, 708 tensors)" in capsys.readouterr().out
-        else:
-            with pytest.raises(DownloadError, match=r"holds YOLO11n weights; deleted it"):
-                download_weights("yolo26n", weights_dir=folder, **OPTIONS)
-            assert not any(folder.iterdir())
+    serve_pinned("yolo26n", lookalike_bytes("26n"), served, monkeypatch)
+    assert download_command.main(["yolo26n.pt", "--weights-dir", str(tmp_path / "a"), "--allow-http"]) == 0
+    assert "(loads: YOLO26n, 80 classes, 708 tensors)" in capsys.readouterr().out
+    serve_pinned("yolo26n", lookalike_bytes("11n"), served, monkeypatch)
+    with pytest.raises(DownloadError, match=r"holds YOLO11n weights; deleted it"):
+        download_weights("yolo26n", weights_dir=tmp_path / "b", **OPTIONS)
+    assert not any((tmp_path / "b").iterdir())
 
 
 def test_a_second_download_of_the_same_weights_stops_at_once(tmp_path: Path, served_weights: tuple[str, Served]):
