@@ -151,7 +151,7 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
 
 # What a stripped checkpoint keeps besides the weights (:func:`strip_checkpoint`).
 STRIPPED_KEYS = ("epoch", "model_args", "names", "metrics", "config", "precision", "best_fitness", "best_epoch",
-                 "versions")
+                 "fitness_rule", "versions")
 FP16_MAX = torch.finfo(torch.float16).max
 
 
@@ -302,6 +302,7 @@ class RunState:
         mosaic_closed_at: the epoch mosaic was turned off at, if it was.
         best_fitness, best_epoch: the best evaluation so far (best.pt's).
         patience_epoch: the epoch ``--patience`` counts from (detector/training/verdicts.py); None in older checkpoints.
+        fitness_rule: how best_fitness was scored (detector/training/decision.py); None in older checkpoints.
         metrics: the last evaluation's metrics; names: class names; config: ``TrainConfig.to_dict()``.
         precision: the precision the run trains in; ``precision_fell_back``: it is not what the run's device
             resolved (the AMP check or a fallback during training chose it), so a resume keeps it where it is safer.
@@ -325,6 +326,7 @@ class RunState:
     best_fitness: float = -1.0
     best_epoch: int = -1
     patience_epoch: int | None = None
+    fitness_rule: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     unjudged: dict[str, Any] | None = None
 
@@ -349,6 +351,7 @@ def run_checkpoint(trained: Trained, state: RunState) -> dict[str, Any]:
         "best_fitness": state.best_fitness,
         "best_epoch": state.best_epoch,
         "patience_epoch": state.patience_epoch,
+        "fitness_rule": state.fitness_rule,
         "metrics": state.metrics,
         "unjudged": state.unjudged,
         "model_args": model.rebuild_args(),
@@ -426,6 +429,7 @@ def restore_run(checkpoint: dict[str, Any], trained: Trained) -> RunState:
         best_fitness=checkpoint.get("best_fitness", -1.0),
         best_epoch=checkpoint.get("best_epoch", -1),
         patience_epoch=checkpoint.get("patience_epoch"),
+        fitness_rule=checkpoint.get("fitness_rule"),
         metrics=dict(checkpoint.get("metrics") or {}),
         unjudged=checkpoint.get("unjudged"),
     )

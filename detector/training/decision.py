@@ -28,10 +28,21 @@ class EpochDecision:
     final: dict[str, Any] | None = None  # best.pt's final report (metrics, best_epoch), once the run has one
 
 
-def fitness(metrics: dict[str, float]) -> float:
-    """Checkpoint selection score: mostly mAP50-95, a little mAP50 (YOLOv5's and Ultralytics' up to 8.3; 8.4 takes
-    mAP50-95 alone). Kept: a resumed run compares with the best fitness its checkpoint holds, on this scale."""
-    return 0.9 * metrics.get("mAP50-95", 0.0) + 0.1 * metrics.get("mAP50", 0.0)
+# best.pt's selection score. mAP50-95 alone, as Ultralytics 8.4's ``DetMetrics.fitness`` (and our tune's fitness): the
+# epoch best.pt holds is the one with the highest mAP50-95 the run printed. Runs begun before it scored 0.9 x mAP50-95
+# + 0.1 x mAP50 (YOLOv5's and Ultralytics' up to 8.3); their checkpoints name no rule, and a resume of one keeps that
+# rule, since its saved best fitness is on that scale (a mAP50-95 would rarely beat it, and best.pt stop moving).
+FITNESS = "mAP50-95"
+LEGACY_FITNESS = "0.9 mAP50-95 + 0.1 mAP50"
+
+
+def fitness(metrics: dict[str, float], rule: str = FITNESS) -> float:
+    """An evaluation's selection score under ``rule`` (:data:`FITNESS` or :data:`LEGACY_FITNESS`)."""
+    if rule == FITNESS:
+        return metrics.get("mAP50-95", 0.0)
+    if rule == LEGACY_FITNESS:
+        return 0.9 * metrics.get("mAP50-95", 0.0) + 0.1 * metrics.get("mAP50", 0.0)
+    raise ValueError(f"unknown fitness rule {rule!r}; expected {FITNESS!r} or {LEGACY_FITNESS!r}")
 
 
 def fallback_after_epoch(precision: Precision, stats: dict[str, float], device_type: str, *,

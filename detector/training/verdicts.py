@@ -16,7 +16,7 @@ from typing import Any
 
 from detector.checkpoint import CheckpointError, RunState, load_checkpoint
 from detector.metrics.loop import Validation
-from detector.training.decision import fitness
+from detector.training.decision import FITNESS, LEGACY_FITNESS, fitness
 
 
 def graph_costs_text(stats: dict[str, float]) -> str:
@@ -63,6 +63,7 @@ class Verdicts:
         # best.pt's: of equal fitnesses the latest, as Ultralytics rewrites best.pt on a tie (kept the first, a run
         # that scored 0 throughout took away its first validated, nearly untrained, epoch).
         self.best_fitness, self.best_epoch = -1.0, -1
+        self.rule = FITNESS  # how epochs are scored (detector/training/decision.py); a resume keeps its run's
         # --patience counts from this epoch: the last that raised the best fitness (a tie does not, as in Ultralytics'
         # EarlyStopping: "fitness > self.best_fitness"), or while every score has been 0 (no box found yet, as in the
         # first epochs of a short run's warm-up) the latest scored, as that EarlyStopping allows for "an early
@@ -76,6 +77,7 @@ class Verdicts:
         """A resumed run's verdicts so far, from its last.pt; an epoch still being scored when that was written is
         :attr:`saved` for the trainer to score and judge first."""
         self.best_fitness, self.best_epoch = state.best_fitness, state.best_epoch
+        self.rule = state.fitness_rule or LEGACY_FITNESS  # None: a checkpoint from before the rule was named
         self.patience_epoch = state.best_epoch if state.patience_epoch is None else state.patience_epoch
         self.saved = (state.epoch, state.unjudged) if state.unjudged else None
 
@@ -96,16 +98,18 @@ class Verdicts:
                          "epoch evaluated writes best.pt anew")
             self.best_fitness, self.best_epoch = -1.0, -1
             return
-        fitness, epoch = saved.get("best_fitness"), int(saved.get("best_epoch", -1))
-        if isinstance(fitness, (int, float)) and (fitness, epoch) > (self.best_fitness, self.best_epoch):
-            if fitness > self.best_fitness:  # a tie does not restart patience (see __init__)
+        score, epoch = saved.get("best_fitness"), int(saved.get("best_epoch", -1))
+        if (saved.get("fitness_rule") or LEGACY_FITNESS) != self.rule and isinstance(saved.get("metrics"), dict):
+            score = fitness(saved["metrics"], self.rule)  # a best.pt scored by another rule: on the run's scale
+        if isinstance(score, (int, float)) and (score, epoch) > (self.best_fitness, self.best_epoch):
+            if score > self.best_fitness:  # a tie does not restart patience (see __init__)
                 self.patience_epoch = max(self.patience_epoch, epoch)
-            self.best_fitness, self.best_epoch = float(fitness), epoch
+            self.best_fitness, self.best_epoch = float(score), epoch
 
-    def state(self) -> dict[str, float | int]:
+    def state(self) -> dict[str, float | int | str]:
         """What a checkpoint keeps of the verdicts (detector/checkpoint.py, ``RunState``)."""
         return {"best_fitness": self.best_fitness, "best_epoch": self.best_epoch,
-                "patience_epoch": self.patience_epoch}
+                "patience_epoch": self.patience_epoch, "fitness_rule": self.rule}
 
     def unjudged(self, epoch: int) -> dict[str, Any] | None:
         """What a checkpoint of ``epoch`` keeps of it when its verdict is still pending (None: it was judged)."""
@@ -122,7 +126,7 @@ class Verdicts:
             shown = "  ".join(f"{key} {validation.metrics[key]:.4f}" for key in ("mAP50-95", "mAP50", "mAP75"))
             self.log(f"epoch {epoch + 1}: {shown} | {stats['images_per_s']:.1f} img/s, {stats['data_wait']:.0%} "
                      f"waiting for data{graph_costs_text(stats)} | val {validation.seconds:.1f}s")
-            score, before = fitness(validation.metrics), self.best_fitness
+            score, before = fitness(validation.metrics, self.rule), self.best_fitness
             if score >= before:  # a tie too: best.pt is the latest of equal epochs (see __init__)
                 self.best_fitness, self.best_epoch = score, epoch
             if score > before or self.best_fitness <= 0:  # patience: only a better one (see __init__)

@@ -22,7 +22,7 @@ def test_the_final_fp32_evaluation_is_best_pts_in_true_fp32(yolo_yaml: Path, tmp
     from detector.training.validator import Validator
 
     scores = iter([0.9, 0.1, 0.2])  # epoch 1 is the best
-    monkeypatch.setattr(verdicts, "fitness", lambda metrics: next(scores))
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics, rule: next(scores))
     passes = []
     real_run_weights = Validator.run_weights
 

@@ -44,6 +44,11 @@ def test_tiny_train_and_eval_end_to_end(yolo_yaml: Path, tmp_path: Path, capsys,
     checkpoint = load_checkpoint(run_dir / "weights" / "last.pt")  # weights_only=True inside
     assert checkpoint["epoch"] == 1 and checkpoint["names"] == ["circle", "square", "triangle"]
     assert (run_dir / "weights" / "best.pt").is_file() and (run_dir / "predictions.json").is_file()
+    # best.pt's fitness is its epoch's mAP50-95 as results.csv has it (4 decimals), and it names its rule.
+    best = load_checkpoint(run_dir / "weights" / "best.pt")
+    assert best["fitness_rule"] == "mAP50-95" == checkpoint["fitness_rule"]
+    assert best["best_fitness"] == pytest.approx(float(rows[best["best_epoch"]]["mAP50-95"]), abs=5e-5)
+    assert float(rows[best["best_epoch"]]["mAP50-95"]) == max(float(row["mAP50-95"]) for row in rows)
     # The run finished: best.pt and last.pt hold FP16 EMA weights and metadata, no optimizer; nano fits in 7 MB.
     for name in ("best.pt", "last.pt"):
         path = run_dir / "weights" / name
@@ -396,7 +401,7 @@ def test_early_stop_ends_with_the_final_report(background, yolo_yaml: Path, tmp_
 
     # Epoch 1 is the best there will be, above 0 (while all score 0, --patience waits, as Ultralytics' does)
     scores = iter([0.5, 0.4, 0.4, 0.4])
-    monkeypatch.setattr(detector.training.verdicts, "fitness", lambda metrics: next(scores))
+    monkeypatch.setattr(detector.training.verdicts, "fitness", lambda metrics, rule: next(scores))
     summary = train(_config(yolo_yaml, tmp_path, epochs=4, patience=1, plots=True, val_background=background),
                     progress=False)
     # Scored in the background, epoch 2 is judged at once all the same (patience runs out there if it does not
@@ -422,7 +427,7 @@ def test_scoring_in_the_background_makes_the_same_run(yolo_yaml: Path, tmp_path:
     runs = {}
     for background in ("off", "on"):
         scores = iter([0.1, 0.3, 0.2])  # epoch 2 is the best: scored in the background, its best.pt waits a verdict
-        monkeypatch.setattr(detector.training.verdicts, "fitness", lambda metrics: next(scores))
+        monkeypatch.setattr(detector.training.verdicts, "fitness", lambda metrics, rule: next(scores))
         config = _config(yolo_yaml, tmp_path, epochs=3, name=background, val_background=background)
         runs[background] = train(config, progress=False)["run_dir"]
     printed = capsys.readouterr().out
@@ -581,7 +586,7 @@ def test_the_final_report_is_best_pts(yolo_yaml: Path, tmp_path: Path, monkeypat
     from detector.training.validator import Validator
 
     scores = iter([0.9, 0.1, 0.2] if best == 0 else [0.1, 0.2, 0.9])
-    monkeypatch.setattr(verdicts, "fitness", lambda metrics: next(scores))
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics, rule: next(scores))
     passes = []
     real = Validator.run_weights
 
@@ -629,7 +634,7 @@ def test_a_resumed_run_whose_best_pt_is_damaged_or_missing_writes_it_anew(yolo_y
     import detector.training.verdicts as verdicts
 
     scores = iter([0.9, 0.1, 0.2])  # epoch 1 the best
-    monkeypatch.setattr(verdicts, "fitness", lambda metrics: next(scores))
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics, rule: next(scores))
     first = train(_config(yolo_yaml, tmp_path, epochs=3), progress=False, stop_after_epochs=2)
     weights = first["run_dir"] / "weights"
     if damage == "damaged":
@@ -727,7 +732,7 @@ def test_a_stop_asked_in_the_epoch_where_patience_runs_out_ends_as_the_early_sto
     from detector.training import trainer as trainer_module
 
     scores = iter([0.5, 0.1, 0.1, 0.1])
-    monkeypatch.setattr(verdicts, "fitness", lambda metrics: next(scores))
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics, rule: next(scores))
     seen = iter([False, True, True, True])  # the Ctrl-C arrives in epoch 2
     if stop == "ctrl-c":
         monkeypatch.setattr(trainer_module, "any_rank", lambda value, dist: next(seen))
@@ -780,7 +785,7 @@ def test_patience_under_the_val_interval_is_noted_and_its_stop_says_the_epochs_t
     import detector.training.verdicts as verdicts
 
     scores = iter([0.5, 0.4])
-    monkeypatch.setattr(verdicts, "fitness", lambda metrics: next(scores))
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics, rule: next(scores))
     summary = train(_config(yolo_yaml, tmp_path, epochs=9, val_interval=3, patience=2), progress=False)
     printed = capsys.readouterr().out
     assert summary["epochs_done"] == 6 and summary["best_epoch"] == 2
@@ -793,6 +798,6 @@ def test_a_run_that_scores_0_throughout_takes_away_its_last_epoch(yolo_yaml: Pat
     validated epoch, nearly untrained, of a run whose every score was 0."""
     import detector.training.verdicts as verdicts
 
-    monkeypatch.setattr(verdicts, "fitness", lambda metrics: 0.0)
+    monkeypatch.setattr(verdicts, "fitness", lambda metrics, rule: 0.0)
     summary = train(_config(yolo_yaml, tmp_path, epochs=3), progress=False)
     assert summary["best_epoch"] == 2 and load_checkpoint(summary["run_dir"] / "weights" / "best.pt")["epoch"] == 2

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
-from detector.checkpoint import RunState
+from detector.checkpoint import RunState, save_checkpoint
 from detector.training.verdicts import Verdicts, patience_note
 
 STATS = {"images_per_s": 100.0, "data_wait": 0.0}
 
 
-def scored(map50_95: float) -> SimpleNamespace:
-    """What ``judge`` reads of a validation: its metrics and seconds."""
-    return SimpleNamespace(metrics={"mAP50-95": map50_95, "mAP50": map50_95, "mAP75": map50_95}, seconds=0.1)
+def scored(map50_95: float, map50: float | None = None) -> SimpleNamespace:
+    """What ``judge`` reads of a validation: its metrics (mAP50 and mAP75 as mAP50-95 unless given) and seconds."""
+    map50 = map50_95 if map50 is None else map50
+    return SimpleNamespace(metrics={"mAP50-95": map50_95, "mAP50": map50, "mAP75": map50_95}, seconds=0.1)
 
 
 def verdicts(patience: int) -> Verdicts:
@@ -42,7 +44,8 @@ def test_a_resumed_run_counts_patience_from_where_it_was():
         judge.judge(epoch, STATS, scored(0.0), "fp32")
     resumed = verdicts(3)
     resumed.restore(RunState(epoch=4, config={}, names=[], precision="fp32", **judge.state()))
-    assert resumed.state() == judge.state() == {"best_fitness": 0.0, "best_epoch": 4, "patience_epoch": 4}
+    assert resumed.state() == judge.state() == {"best_fitness": 0.0, "best_epoch": 4, "patience_epoch": 4,
+                                                "fitness_rule": "mAP50-95"}
     assert not resumed.patience_ran_out(6) and resumed.patience_ran_out(7)
     older = verdicts(3)  # a checkpoint from before patience_epoch: counted from its best epoch, as it was
     older.restore(RunState(epoch=4, config={}, names=[], precision="fp32", best_fitness=0.0, best_epoch=0))
@@ -86,3 +89,42 @@ def test_ties_keep_the_latest_for_best_pt_and_do_not_restart_patience_as_in_ultr
                                                "to epoch 1's, --patience 2)")
     judge.judge(3, STATS, scored(0.4), "fp32")
     assert not judge.improved(3) and judge.best_epoch == 2
+
+
+# Two epochs the rules rank differently: 0.9 x 0.50 + 0.1 x 0.90 = 0.540 against 0.9 x 0.51 + 0.1 x 0.60 = 0.519.
+HIGH_MAP50, HIGH_MAP50_95 = scored(0.50, 0.90), scored(0.51, 0.60)
+
+
+def test_best_pt_is_the_epoch_with_the_highest_map50_95_as_in_ultralytics_8_4():
+    """best.pt is chosen by mAP50-95 alone (Ultralytics 8.4's ``DetMetrics.fitness``, our tune's fitness): the epoch
+    with the higher mAP50-95 wins though its mAP50 is lower, and the checkpoint names the rule."""
+    judge = verdicts(0)
+    judge.judge(0, STATS, HIGH_MAP50, "fp32")
+    judge.judge(1, STATS, HIGH_MAP50_95, "fp32")
+    assert judge.best_epoch == 1 and judge.best_fitness == 0.51
+    assert judge.state()["fitness_rule"] == "mAP50-95"
+
+
+def test_a_run_resumed_from_a_checkpoint_without_a_rule_keeps_the_older_one():
+    """A checkpoint written before the rule was named holds a best fitness of 0.9 x mAP50-95 + 0.1 x mAP50: its resume
+    goes on scoring that way, so a later epoch is compared on the same scale (mAP50-95 alone would rarely beat it)."""
+    judge = verdicts(0)
+    judge.restore(RunState(epoch=0, config={}, names=[], precision="fp32", best_fitness=0.54, best_epoch=0))
+    judge.judge(1, STATS, HIGH_MAP50_95, "fp32")
+    assert judge.best_epoch == 0 and judge.state()["fitness_rule"] == "0.9 mAP50-95 + 0.1 mAP50"
+    judge.judge(2, STATS, scored(0.6), "fp32")
+    assert judge.best_epoch == 2 and abs(judge.best_fitness - 0.6) < 1e-12
+
+
+def test_a_best_pt_scored_by_another_rule_is_rescored_from_its_metrics(tmp_path: Path):
+    """A resumed run's best.pt newer than its last.pt is the best to beat (``keep_best_on_disk``); one whose fitness was
+    scored by another rule is compared by its metrics on the run's scale, not by its number."""
+    best = tmp_path / "best.pt"
+    save_checkpoint({"model": {}, "best_fitness": 0.54, "best_epoch": 3, "metrics": HIGH_MAP50.metrics}, best)
+    judge = verdicts(0)
+    judge.restore(RunState(epoch=3, config={}, names=[], precision="fp32", best_fitness=0.4, best_epoch=1,
+                           fitness_rule="mAP50-95"))
+    judge.keep_best_on_disk(best)
+    assert (judge.best_fitness, judge.best_epoch) == (0.5, 3)
+    judge.judge(4, STATS, HIGH_MAP50_95, "fp32")  # 0.51 beats best.pt's 0.50 here, not its stored 0.54
+    assert judge.best_epoch == 4
