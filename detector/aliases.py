@@ -297,7 +297,6 @@ TRAIN: dict[str, Alias] = {
     # val=True asks for nothing (the interval stays as given); val=False validates after the last epoch alone.
     "val": Alias(lambda value: {} if is_true(value) else {"val_interval": 0},
                  "the last epoch is still evaluated, as Ultralytics evaluates its final epoch"),
-    "rect": unsupported("training batches are square letterboxes with mosaic", False),
     # Label lines whose class id is not in the YAML's names are dropped, not merged: one name alone loses boxes.
     # False is what runs here do, so it asks for nothing either (it was refused: a common Ultralytics speed setting).
     "deterministic": unsupported("runs are seeded (--seed); bitwise-deterministic kernels are not forced (on a CPU a "

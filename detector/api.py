@@ -107,6 +107,7 @@ def train(
     bgr: float = 0.0,
     albumentations: float = 0.01,
     pixel_augment: str = "auto",
+    rect: bool = False,
     multi_scale: bool | float = True,
     multi_scale_min: float = 0.875,
     multi_scale_max: float = 1.125,

@@ -60,12 +60,20 @@ def test_conversions(command: str, given: dict, expected: dict) -> None:
 
 def test_unset_and_harmless_values_ask_for_nothing() -> None:
     assert quiet("predict", {"embed": None, "show_boxes": None}) == ({}, [])  # Ultralytics' "unset"
-    converted, notes = quiet("train", {"deterministic": True, "rect": False, "exist_ok": True})
+    converted, notes = quiet("train", {"deterministic": True, "profile": False, "exist_ok": True})
     assert converted == {} and len(notes) == 3 and all("changes nothing" in line for line in notes)
     # deterministic=False is what runs do here (it was refused): accepted with the same note
     assert quiet("train", {"deterministic": False})[0] == {}
-    with pytest.raises(TypeError, match="rect=0 has no equivalent"):  # 0 is not False: a bool is expected
-        quiet("train", {"rect": 0})
+    with pytest.raises(TypeError, match="profile=0 has no equivalent"):  # 0 is not False: a bool is expected
+        quiet("train", {"profile": 0})
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_rect_is_ours_in_train_and_val(value: bool) -> None:
+    """Ultralytics' rect=True trains in rectangular batches here too (--rect); val's rect is its --rect, as it was:
+    both spelled the same, so they pass through without a note."""
+    assert quiet("train", {"rect": value}) == ({"rect": value}, [])
+    assert quiet("val", {"rect": value}) == ({"rect": value}, [])
     with pytest.raises(TypeError, match=r"^predict: Ultralytics' show=True has no equivalent here: save annotated"):
         quiet("predict", {"show": True})
 

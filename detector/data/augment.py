@@ -25,6 +25,19 @@ os.environ.setdefault("NO_ALBUMENTATIONS_UPDATE", "1")
 
 PAD_VALUE = 114  # grey letterbox / mosaic fill, as YOLO tools use
 
+# A warp's output: the side of a square (every item but --rect's), or a canvas's (height, width) (--rect training,
+# one canvas per batch: detector.data.letterbox.rect_batches).
+OutSize = int | tuple[int, int]
+
+
+def output_hw(out_size: OutSize) -> tuple[int, int]:
+    """``out_size`` as (height, width): a square's side given once, or the pair itself."""
+    if np.ndim(out_size) == 0:
+        side = int(out_size)  # type: ignore[arg-type]
+        return side, side
+    height, width = out_size  # type: ignore[misc]
+    return int(height), int(width)
+
 
 @dataclass(frozen=True)
 class AugmentConfig:
@@ -138,20 +151,25 @@ def mosaic(
 
 
 def affine_matrix(
-    height: int, width: int, out_size: int, config: AugmentConfig, rng: np.random.Generator
+    height: int, width: int, out_size: OutSize, config: AugmentConfig, rng: np.random.Generator
 ) -> tuple[np.ndarray, float]:
-    """The random affine's float64 ``[3, 3]`` matrix (image pixels -> ``out_size`` square pixels) and its zoom.
+    """The random affine's float64 ``[3, 3]`` matrix (image pixels -> output pixels: the ``out_size`` square, or a
+    ``(height, width)`` canvas) and its zoom.
 
-    Rotate/scale/shear/translate around the image centre; six draws, in that order. With ``config.perspective``
-    above 0, two more after them: the perspective coefficients ``U(-p, p)`` of x and y, applied first to the centred
-    canvas (Ultralytics' ``M = T @ S @ R @ P @ C``), so the matrix's bottom row is no longer ``[0, 0, 1]``. At 0
-    nothing more is drawn and the matrix is what it was, bit for bit.
+    Rotate/scale/shear/translate around the image centre; six draws, in that order. The zoom is relative to the
+    output's long side (a --rect canvas's is --imgsz, as the square's: objects keep the scale they have in a square),
+    the translation to each side's own length, as Ultralytics' RandomPerspective takes a rect batch's shape. With
+    ``config.perspective`` above 0, two more after them: the perspective coefficients ``U(-p, p)`` of x and y,
+    applied first to the centred canvas (Ultralytics' ``M = T @ S @ R @ P @ C``), so the matrix's bottom row is no
+    longer ``[0, 0, 1]``. At 0 nothing more is drawn and the matrix is what it was, bit for bit.
     """
+    out_height, out_width = output_hw(out_size)
+    long_side = max(out_height, out_width)
     to_origin = np.array([[1, 0, -width / 2], [0, 1, -height / 2], [0, 0, 1]], np.float64)
     angle = rng.uniform(-config.degrees, config.degrees)
     # A mosaic canvas is twice the output size; fold that into the zoom so objects keep their scale.
-    zoom = rng.uniform(1 - config.scale, 1 + config.scale) * out_size / max(height, width) * (
-        2 if height >= 2 * out_size else 1
+    zoom = rng.uniform(1 - config.scale, 1 + config.scale) * long_side / max(height, width) * (
+        2 if height >= 2 * long_side else 1
     )
     rotate = np.eye(3)
     rotate[:2] = cv2.getRotationMatrix2D((0, 0), angle, zoom)
@@ -159,8 +177,8 @@ def affine_matrix(
     shear[0, 1] = math.tan(math.radians(rng.uniform(-config.shear, config.shear)))
     shear[1, 0] = math.tan(math.radians(rng.uniform(-config.shear, config.shear)))
     to_output = np.eye(3)
-    to_output[0, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_size
-    to_output[1, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_size
+    to_output[0, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_width
+    to_output[1, 2] = rng.uniform(0.5 - config.translate, 0.5 + config.translate) * out_height
     if config.perspective <= 0:
         return to_output @ shear @ rotate @ to_origin, zoom
     # In canvas pixels, as Ultralytics applies it: the canvas is its size too (long side --imgsz, mosaic twice).
@@ -175,12 +193,14 @@ def is_affine(matrix: np.ndarray) -> bool:
     return bool(matrix[2, 0] == 0 and matrix[2, 1] == 0 and matrix[2, 2] == 1)
 
 
-def warp_image(image: np.ndarray, matrix: np.ndarray, out_size: int) -> np.ndarray:
-    """OpenCV's bilinear warp of ``image`` by ``matrix`` into an ``out_size`` square, fill outside: ``warpAffine``,
-    or ``warpPerspective`` where the matrix has a perspective term (as Ultralytics chooses)."""
+def warp_image(image: np.ndarray, matrix: np.ndarray, out_size: OutSize) -> np.ndarray:
+    """OpenCV's bilinear warp of ``image`` by ``matrix`` into an ``out_size`` square (or ``(height, width)`` canvas),
+    fill outside: ``warpAffine``, or ``warpPerspective`` where the matrix has a perspective term (as Ultralytics
+    chooses)."""
+    out_height, out_width = output_hw(out_size)
     if is_affine(matrix):
-        return cv2.warpAffine(image, matrix[:2], (out_size, out_size), borderValue=(PAD_VALUE,) * 3)
-    return cv2.warpPerspective(image, matrix, (out_size, out_size), borderValue=(PAD_VALUE,) * 3)
+        return cv2.warpAffine(image, matrix[:2], (out_width, out_height), borderValue=(PAD_VALUE,) * 3)
+    return cv2.warpPerspective(image, matrix, (out_width, out_height), borderValue=(PAD_VALUE,) * 3)
 
 
 # |w| below which a point counts as on the horizon, the line a perspective matrix sends to infinity. Not a tuned
@@ -193,19 +213,21 @@ EDGES = ((0, 3), (3, 1), (1, 2), (2, 0))
 
 
 def warp_boxes(
-    boxes: np.ndarray, classes: np.ndarray, matrix: np.ndarray, zoom: float, out_size: int
+    boxes: np.ndarray, classes: np.ndarray, matrix: np.ndarray, zoom: float, out_size: OutSize
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes moved by ``matrix`` (the enclosing box of their four corners), clipped and filtered."""
+    """Boxes moved by ``matrix`` (the enclosing box of their four corners), clipped to the output (a square or a
+    ``(height, width)`` canvas) and filtered."""
     if len(boxes) == 0:
         return boxes, classes
+    out_height, out_width = output_hw(out_size)
     scaled_before = boxes * np.float32(zoom)
-    return filter_boxes(warped_extent(boxes, matrix, out_size), classes, out_size, out_size, before=scaled_before)
+    return filter_boxes(warped_extent(boxes, matrix, out_size), classes, out_width, out_height, before=scaled_before)
 
 
-def warped_extent(boxes: np.ndarray, matrix: np.ndarray, out_size: int) -> np.ndarray:
+def warped_extent(boxes: np.ndarray, matrix: np.ndarray, out_size: OutSize) -> np.ndarray:
     """float32 ``[n, 4]``: the enclosing box of each xyxy box's corners mapped by ``matrix`` and divided by their
     homogeneous coordinate w (Ultralytics' ``apply_bboxes``; w is exactly 1 for an affine matrix, so the division
-    changes nothing there). Not clipped to the ``out_size`` square, except where a box meets the horizon:
+    changes nothing there). Not clipped to the ``out_size`` output, except where a box meets the horizon:
 
     a box that a perspective matrix cuts with its horizon (w of both signs among its corners: at --imgsz 640 and
     --perspective 0.001, w at a mosaic canvas's corner goes down to 1 - 0.001 * (640 + 640) = -0.28) is not bounded
@@ -227,12 +249,14 @@ def warped_extent(boxes: np.ndarray, matrix: np.ndarray, out_size: int) -> np.nd
     return extent.astype(np.float32)
 
 
-def _split_extent(mapped: np.ndarray, out_size: int) -> np.ndarray:
+def _split_extent(mapped: np.ndarray, out_size: OutSize) -> np.ndarray:
     """``[n, 4]`` boxes of quadrilaterals whose homogeneous corners ``mapped`` (``[n, 4, 3]``) lie on both sides of
     the horizon. Each side's part is the polygon of its own corners and the points where its edges cross
-    ``|w| = HORIZON_W``, which project to finite points; its enclosing box, clipped to the ``out_size`` square, is
+    ``|w| = HORIZON_W``, which project to finite points; its enclosing box, clipped to the ``out_size`` output, is
     kept where it is not empty, and the result encloses the kept ones. None kept: an empty box, which the filter
     drops."""
+    out_height, out_width = output_hw(out_size)
+    upper = np.array([out_width, out_height] * 2)  # x1 y1 x2 y2: a square's side four times, as it was
     parts: list[np.ndarray] = []
     with np.errstate(divide="ignore", invalid="ignore"):  # the corners of the other side divide too, then dropped
         for side in (1.0, -1.0):  # the part with w > 0, then the part with w < 0 (which OpenCV draws too)
@@ -249,7 +273,7 @@ def _split_extent(mapped: np.ndarray, out_size: int) -> np.ndarray:
             points = np.concatenate(found, 1)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN rows: no part on this side
-                part = np.concatenate((np.nanmin(points, 1), np.nanmax(points, 1)), 1).clip(0, out_size)
+                part = np.concatenate((np.nanmin(points, 1), np.nanmax(points, 1)), 1).clip(0, upper)
             empty = ~((part[:, 2] > part[:, 0]) & (part[:, 3] > part[:, 1]))  # NaN compares False: empty too
             part[empty] = (np.inf, np.inf, -np.inf, -np.inf)  # the identity of the union below
             parts.append(part)
@@ -262,12 +286,12 @@ def random_affine(
     image: np.ndarray,
     boxes: np.ndarray,
     classes: np.ndarray,
-    out_size: int,
+    out_size: OutSize,
     config: AugmentConfig,
     rng: np.random.Generator,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Rotate/scale/shear/translate (and tilt, with ``config.perspective``) around the image centre into an
-    ``out_size`` square, in one warp."""
+    ``out_size`` square (or ``(height, width)`` canvas), in one warp."""
     matrix, zoom = affine_matrix(image.shape[0], image.shape[1], out_size, config, rng)
     new_boxes, new_classes = warp_boxes(boxes, classes, matrix, zoom, out_size)
     return warp_image(image, matrix, out_size), new_boxes, new_classes

@@ -58,8 +58,9 @@ class DetectionDataset(Dataset):
     """Images and labels for one split.
 
     Training items are ``(image uint8 [3, S, S], labels [n, 5] (class, cx, cy, w, h normalised), meta)``
-    after mosaic/affine/HSV/albumentations/flip/channel swap; evaluation items are letterboxed to ``S x S`` (or to
-    their rectangular batch's canvas: :meth:`with_canvases`) with no augmentation. With ``pixel_ops_on_device`` the
+    after mosaic/affine/HSV/albumentations/flip/channel swap (under ``--rect``, ``[3, H, W]``: the image alone,
+    warped into its batch's canvas, labels normalised by it); evaluation items are letterboxed to ``S x S`` (or to
+    their rectangular batch's canvas) with no augmentation (:meth:`with_canvases`). With ``pixel_ops_on_device`` the
     HSV operations, flips and channel swap are drawn as always and the boxes flipped, but the pixels are left to the
     training step: ``meta.pixel_ops`` carries them there
     (:mod:`detector.data.batch_augment`). With ``geometry_on_device`` too, mosaic and the random affine are
@@ -87,20 +88,29 @@ class DetectionDataset(Dataset):
         self.geometry_on_device = geometry_on_device  # mosaic and affine in the step (implies the pixel ops there)
         self.albumentations = build_albumentations(augment.albumentations) if augment else None
         self.image_cache = image_cache  # set by detector.data.build once filled (detector/data/ram_cache.py)
-        # Evaluation items: each image's canvas (height, width) when batches are rectangular (with_canvases).
+        # Each image's canvas (height, width) when batches are rectangular (with_canvases); None: the square.
         self.canvas_hw: np.ndarray | None = None
 
     def with_canvases(self, canvas_hw: np.ndarray) -> DetectionDataset:
-        """This evaluation dataset letterboxing image ``i`` to ``canvas_hw[i]`` (height, width) instead of the
-        square (:func:`detector.data.letterbox.rect_batches`); a shallow copy: records and cache are shared."""
-        if self.augment is not None:
-            raise ValueError("rectangular canvases are for evaluation; training items are squares")
+        """This dataset putting image ``i`` on ``canvas_hw[i]`` (height, width) instead of the square
+        (:func:`detector.data.letterbox.rect_batches`): an evaluation item letterboxed into it, a training item
+        (``--rect``) warped into it by the random affine. A shallow copy: records and cache are shared.
+
+        Raises:
+            ValueError: a training dataset that mixes images (mosaic, MixUp, CutMix) or warps on the device: a
+                rectangular item is one image, warped in the workers (as Ultralytics' rect=True has it).
+        """
+        config = self.augment
+        if config is not None and (config.mosaic > 0 or config.mixup > 0 or config.cutmix > 0
+                                   or self.geometry_on_device):
+            raise ValueError("rectangular training batches take no mosaic, MixUp or CutMix, and warp in the loader "
+                             "workers (not --pixel-augment device)")
         view = copy.copy(self)
         view.canvas_hw = canvas_hw
         return view
 
     def canvas(self, index: int) -> tuple[int, int]:
-        """The (height, width) an evaluation item is letterboxed to."""
+        """The (height, width) item ``index`` is letterboxed (evaluation) or warped (training) into."""
         if self.canvas_hw is None:
             return self.image_size, self.image_size
         height, width = self.canvas_hw[index]
@@ -147,34 +157,35 @@ class DetectionDataset(Dataset):
         return image, boxes.astype(np.float32).reshape(-1, 4), labels[:, 0].copy()
 
     def _train_item(
-        self, index: int, epoch: int, use_mosaic: bool, stream: int
+        self, index: int, epoch: int, use_mosaic: bool, stream: int, out_hw: tuple[int, int]
     ) -> tuple[np.ndarray | WarpSource, np.ndarray, np.ndarray, PixelOps | None]:
         """Image (or what the step warps into one), xyxy pixel boxes, classes, and the pixel operations left to
         the device (None: all applied); ``stream`` names the random draws (the sampler's key: ``index`` itself, or
-        past the dataset's size for a padded batch's repeat of it, see :class:`~detector.data.sampler.EpochSampler`)."""
+        past the dataset's size for a padded batch's repeat of it, see :class:`~detector.data.sampler.EpochSampler`);
+        ``out_hw``: the output, the ``image_size`` square or a ``--rect`` batch's canvas."""
         config, size = self.augment, self.image_size
         assert config is not None
         # Augmentation is a pure function of (seed, epoch, index): the same with any number of workers,
         # and a resumed run replays exactly what an uninterrupted one would have drawn. All three paths
         # draw the same numbers in the same order, so their geometry and boxes are identical.
         rng = np.random.default_rng((self.seed, epoch, stream))
-        tiles, height, width, matrix, boxes, classes = self._geometry(index, rng, use_mosaic)
+        tiles, height, width, matrix, boxes, classes = self._geometry(index, rng, use_mosaic, out_hw)
         # MixUp (Ultralytics' mixup, off in close-mosaic epochs as there): this image blended with a second one of
         # its own geometry, drawn from a stream of its own; nothing is drawn at 0, so other draws stay as they were.
         image = None  # the item's pixels, once a second image is mixed into them here
         if use_mosaic and config.mixup > 0 and rng.random() < config.mixup:
             partner, ratio = int(rng.integers(0, len(self.records))), float(rng.beta(32.0, 32.0))
-            other = self._geometry(partner, np.random.default_rng((self.seed, epoch, stream, 1)), use_mosaic)
-            image = mixup(warp_image(canvas(tiles, height, width), matrix, size),
-                          warp_image(canvas(*other[:3]), other[3], size), ratio)
+            other = self._geometry(partner, np.random.default_rng((self.seed, epoch, stream, 1)), use_mosaic, out_hw)
+            image = mixup(warp_image(canvas(tiles, height, width), matrix, out_hw),
+                          warp_image(canvas(*other[:3]), other[3], out_hw), ratio)
             boxes, classes = np.concatenate((boxes, other[4])), np.concatenate((classes, other[5]))
         # CutMix (Ultralytics' cutmix, after MixUp and off in close-mosaic epochs as there): a rectangle of a second
         # image pasted in, its partner's geometry on a stream of its own; nothing is drawn at 0 either.
-        cut = self._cutmix(rng, boxes, epoch, stream) if (
+        cut = self._cutmix(rng, boxes, epoch, stream, out_hw) if (
             use_mosaic and config.cutmix > 0 and rng.random() < config.cutmix) else None
         if cut is not None:
             rectangle, pixels, pasted, pasted_classes = cut
-            first = warp_image(canvas(tiles, height, width), matrix, size) if image is None else image
+            first = warp_image(canvas(tiles, height, width), matrix, out_hw) if image is None else image
             image = paste_rectangle(first, pixels, rectangle)
             boxes, classes = np.concatenate((boxes, pasted)), np.concatenate((classes, pasted_classes))
         if image is None and self.geometry_on_device and is_affine(matrix):
@@ -183,7 +194,7 @@ class DetectionDataset(Dataset):
                 image = image.compact()
         else:
             if image is None:  # the device warp is affine: a perspective term (--perspective) is warped here
-                image = warp_image(canvas(tiles, height, width), matrix, size)
+                image = warp_image(canvas(tiles, height, width), matrix, out_hw)
             if self.geometry_on_device:  # a mix or a perspective warp made here; the step's warp copies it as it is
                 image = WarpSource.of_pixels(image, np.eye(3), size)
         # Here HSV, then albumentations; Ultralytics 8.4 runs albumentations first (augment.py v8_transforms), as the
@@ -202,33 +213,32 @@ class DetectionDataset(Dataset):
             elif drawn:
                 image = self.albumentations.apply(image, drawn)
         flip_lr, flip_ud = draw_flips(config, rng)
-        boxes = flip_boxes(boxes, size, size, flip_lr=flip_lr, flip_ud=flip_ud)
+        boxes = flip_boxes(boxes, out_hw[1], out_hw[0], flip_lr=flip_lr, flip_ud=flip_ud)
         # The channel swap (--bgr) last, as Ultralytics' Format: it changes no box, and at 0 nothing is drawn.
         swap = draw_channel_swap(config, rng)
         if pixels_on_device:
             return image, boxes, classes, PixelOps(*hsv, flip_lr=flip_lr, flip_ud=flip_ud, swap_channels=swap)
         return swap_channels(flip_image(image, flip_lr=flip_lr, flip_ud=flip_ud), swap), boxes, classes, None
 
-    def _cutmix(self, rng: np.random.Generator, boxes: np.ndarray, epoch: int,
-                stream: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    def _cutmix(self, rng: np.random.Generator, boxes: np.ndarray, epoch: int, stream: int,
+                out_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
         """CutMix's draws for an item of ``boxes`` (:mod:`detector.data.cutmix`): its rectangle, the partner's
         warped pixels, and the partner's boxes and classes the rectangle brings; None when it brings none."""
-        size = self.image_size
         partner = int(rng.integers(0, len(self.records)))
-        rectangle = choose_rectangle(rng, draw_rectangles(rng, size, size), boxes)
+        rectangle = choose_rectangle(rng, draw_rectangles(rng, *out_hw), boxes)
         if rectangle is None:  # every candidate covers a box: the item is left as it is
             return None
         tiles, height, width, matrix, other_boxes, other_classes = self._geometry(
-            partner, np.random.default_rng((self.seed, epoch, stream, 2)), True)
+            partner, np.random.default_rng((self.seed, epoch, stream, 2)), True, out_hw)
         pasted, pasted_classes = boxes_inside(rectangle, other_boxes, other_classes)
         if len(pasted) == 0:
             return None
-        return rectangle, warp_image(canvas(tiles, height, width), matrix, size), pasted, pasted_classes
+        return rectangle, warp_image(canvas(tiles, height, width), matrix, out_hw), pasted, pasted_classes
 
-    def _geometry(self, index: int, rng: np.random.Generator, use_mosaic: bool) -> tuple:
+    def _geometry(self, index: int, rng: np.random.Generator, use_mosaic: bool, out_hw: tuple[int, int]) -> tuple:
         """An item's canvas before its warp, as ``(tiles, height, width, matrix, boxes, classes)``: a mosaic of it
-        and three others (when drawn) or the image alone, the random affine ``matrix`` drawn for it, and the boxes
-        and classes already warped by it."""
+        and three others (when drawn) or the image alone, the random affine ``matrix`` drawn for it (into
+        ``out_hw``), and the boxes and classes already warped by it."""
         config, size = self.augment, self.image_size
         assert config is not None
         if use_mosaic and rng.random() < config.mosaic:
@@ -240,8 +250,8 @@ class DetectionDataset(Dataset):
         else:
             image, boxes, classes = self._image_and_boxes(index)
             tiles, (height, width) = [(image, 0, 0)], image.shape[:2]
-        matrix, zoom = affine_matrix(height, width, size, config, rng)
-        boxes, classes = warp_boxes(boxes, classes, matrix, zoom, size)
+        matrix, zoom = affine_matrix(height, width, out_hw, config, rng)
+        boxes, classes = warp_boxes(boxes, classes, matrix, zoom, out_hw)
         return tiles, height, width, matrix, boxes, classes
 
     def __getitem__(self, key: int | tuple[int, int, bool]) -> tuple[torch.Tensor, torch.Tensor, ImageMeta]:
@@ -253,11 +263,12 @@ class DetectionDataset(Dataset):
         ``meta.unreadable`` carries the path so the training loop can count it.
         """
         index, epoch, use_mosaic = key if isinstance(key, tuple) else (key, 0, False)
+        out_hw = self.canvas(index % len(self))  # a replacement image goes on the canvas of the batch it is in
         failed = ""
         for attempt in range(MAX_REPLACEMENTS):
             try:
                 image, boxes, classes, meta = self._item((index + attempt) % len(self), epoch, use_mosaic,
-                                                         stream=index + attempt)
+                                                         stream=index + attempt, out_hw=out_hw)
                 break
             except UnreadableImage as error:
                 warnings.warn(f"{error}; {'replaced by another image' if self.augment else 'scored blank'}",
@@ -270,8 +281,8 @@ class DetectionDataset(Dataset):
             raise DatasetError(f"{MAX_REPLACEMENTS} images in a row failed to decode, from {failed}")
         if failed:
             meta = dataclasses.replace(meta, unreadable=failed)
-        # Training items are image_size squares; evaluation items their canvas (a square unless rectangular).
-        height, width = (self.image_size, self.image_size) if self.augment is not None else self.canvas(index)
+        # Labels are normalised by the item's canvas: the square, or its rectangular batch's.
+        height, width = out_hw
         scale = np.array([width, height], np.float32)
         centres = (boxes[:, :2] + boxes[:, 2:]) / 2 / scale
         sides = (boxes[:, 2:] - boxes[:, :2]) / scale
@@ -280,18 +291,17 @@ class DetectionDataset(Dataset):
         image_chw = image if isinstance(image, WarpSource) else torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)
         return image_chw, torch.from_numpy(labels), meta
 
-    def _item(self, index: int, epoch: int, use_mosaic: bool,
-              stream: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, ImageMeta]:
+    def _item(self, index: int, epoch: int, use_mosaic: bool, stream: int,
+              out_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, ImageMeta]:
         """Image, xyxy pixel boxes, classes and meta of one item, before conversion to tensors; ``stream``: its random
-        draws' key (:meth:`_train_item`)."""
+        draws' key (:meth:`_train_item`); ``out_hw``: its canvas (:meth:`canvas`)."""
         image_id = int(self.records.image_ids[index])
         if self.augment is not None:
-            image, boxes, classes, pixel_ops = self._train_item(index, epoch, use_mosaic, stream)
-            size = (self.image_size, self.image_size)
-            return image, boxes, classes, ImageMeta(image_id, size, 1.0, (0.0, 0.0), pixel_ops)
+            image, boxes, classes, pixel_ops = self._train_item(index, epoch, use_mosaic, stream, out_hw)
+            return image, boxes, classes, ImageMeta(image_id, out_hw, 1.0, (0.0, 0.0), pixel_ops)
         resized, original_hw = self.load(index)
         # ``shrink`` is 1 unless the image no longer fits the canvas its recorded size gave (see letterbox).
-        image, shrink, pad = letterbox(resized, self.image_size, self.canvas(index))
+        image, shrink, pad = letterbox(resized, self.image_size, out_hw)
         ratio = self.image_size / max(original_hw) * shrink
         _, boxes, classes = self._image_and_boxes(index, resized)
         boxes = boxes * np.float32(shrink) + np.array(pad * 2, np.float32)
@@ -322,8 +332,8 @@ def mixup(first: np.ndarray, second: np.ndarray, ratio: float) -> np.ndarray:
 def collate(
     batch: list[tuple[torch.Tensor | WarpSource, torch.Tensor, ImageMeta]],
 ) -> tuple[torch.Tensor | WarpBatch, torch.Tensor, list[ImageMeta]]:
-    """-> images ``uint8 [B, 3, H, W]`` (``S x S`` but in rectangular evaluation batches), targets ``[N, 6]``
-    (image index, class, cx, cy, w, h), metas.
+    """-> images ``uint8 [B, 3, H, W]`` (``S x S`` but in rectangular batches: evaluation's, and ``--rect``
+    training's, one canvas a batch), targets ``[N, 6]`` (image index, class, cx, cy, w, h), metas.
 
     The images come out in channels-last memory (the decoder's HWC order), the layout the model trains
     in, so the training step needs no transposing copy of the batch. Items whose geometry is left to the

@@ -23,11 +23,11 @@ from detector.assigner import AssignerConfig
 from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, load_matching, model_args
 from detector.checkpoint_integrity import damage
 from detector.data.augment import AugmentConfig
-from detector.data.batch_augment import resolve_pixel_augment
 from detector.data.build import SplitData, build_split
 from detector.data.catalog import resolve_data_yaml
 from detector.data.dataset import collate
-from detector.data.sampler import EpochSampler
+from detector.data.letterbox import rect_batches
+from detector.data.sampler import EpochSampler, RectBatchSampler
 from detector.data.spec import DatasetError, DatasetSpec, load_dataset_spec, only_classes, single_class
 from detector.data.workers import PREFETCH_FACTOR, worker_init
 from detector.distributed import DistInfo, broadcast_from_main
@@ -35,21 +35,25 @@ from detector.files import write_text_atomically
 from detector.loss import DetectionLoss, LossGains, frequency_weights
 from detector.model import YOLO, build_model
 from detector.model.head import class_width_key
+from detector.model.yolo import INPUT_MULTIPLE
 from detector.runs import claim_run_dir
 from detector.training.budget import MAX_WARMUP_SHARE, MIN_WARMUP_STEPS
 from detector.training.config import SEED_MAX, TrainConfig
 from detector.training.optim import OptimizerChoice, build_optimizer
+from detector.training.rect import augment_placement
 from detector.training.run_lock import hold_run_lock
 from detector.training.schedule import StepSchedule
 
 
 def build_augment(config: TrainConfig) -> AugmentConfig:
-    return AugmentConfig(
+    """The workers' augmentation; ``--rect`` mixes no images (detector/training/rect.py)."""
+    augment = AugmentConfig(
         mosaic=config.mosaic, mixup=config.mixup, cutmix=config.cutmix, degrees=config.degrees,
         translate=config.translate, scale=config.scale, shear=config.shear, perspective=config.perspective,
         hsv_h=config.hsv_h, hsv_s=config.hsv_s, hsv_v=config.hsv_v, fliplr=config.fliplr, flipud=config.flipud,
         bgr=config.bgr, albumentations=config.albumentations,
     )
+    return dataclasses.replace(augment, mosaic=0.0, mixup=0.0, cutmix=0.0) if config.rect else augment
 
 
 def resolve_data(config: TrainConfig) -> DatasetSpec:
@@ -65,7 +69,8 @@ def build_data(
     Under torchrun, call it on each node's local rank 0 first (:func:`detector.distributed.local_main_first`):
     that process scans the data and fills the RAM cache the node's processes share.
 
-    ``device`` decides where ``--pixel-augment auto`` puts mosaic, affine, HSV and flips (see :func:`resolve_pixel_augment`).
+    ``device`` decides where ``--pixel-augment auto`` puts mosaic, affine, HSV and flips
+    (:func:`~detector.training.rect.augment_placement`).
     """
     dist = dist or DistInfo()
     spec = resolve_data(config)
@@ -75,7 +80,7 @@ def build_data(
     train = build_split(spec, "train", image_size=config.imgsz, augment=build_augment(config), cache=config.cache,
                         local_rank=dist.local_rank, local_world_size=dist.local_world_size, run_id=run_id())
     train.dataset.seed = config.seed
-    where = resolve_pixel_augment(config.pixel_augment, device)
+    where = augment_placement(config, device)
     train.dataset.pixel_ops_on_device = where in ("pixels", "device")
     train.dataset.geometry_on_device = where == "device"
     val = build_split(spec, "val", image_size=config.imgsz, augment=None, cache=config.cache) if with_val else None
@@ -100,20 +105,25 @@ def build_criterion(config: TrainConfig, model: YOLO, class_counts: np.ndarray |
 
 def build_train_loader(
     data: SplitData, config: TrainConfig, dist: DistInfo, device: torch.device
-) -> tuple[EpochSampler, DataLoader]:
-    sampler = EpochSampler(len(data.dataset), seed=config.seed, rank=dist.rank, world_size=dist.world_size,
-                           batch=config.batch)  # whole batches: one batch size, see detector/training/multiscale.py
+) -> tuple[EpochSampler | RectBatchSampler, DataLoader]:
+    """The training sampler and loader: whole batches of ``--batch`` images a rank (one batch size, see
+    detector/training/multiscale.py), shuffled images, or under ``--rect`` batches of one canvas each."""
     pinned = device.type == "cuda"
     # Pinned, every batch is copied out by the pin thread, which frees the worker's pooled buffer (BatchPool; its
     # docstring says why PREFETCH_FACTOR buffers a worker).
-    loader = DataLoader(
-        data.dataset, batch_size=config.batch, sampler=sampler, num_workers=config.workers,
-        collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=pinned,
+    workers: dict[str, Any] = dict(
+        num_workers=config.workers, collate_fn=collate, persistent_workers=config.workers > 0, pin_memory=pinned,
         prefetch_factor=PREFETCH_FACTOR if config.workers > 0 else None,
         worker_init_fn=worker_init(shares_cores_with_compute=device.type == "cpu",
-                                   pool_slots=PREFETCH_FACTOR if pinned else 0),
-    )
-    return sampler, loader
+                                   pool_slots=PREFETCH_FACTOR if pinned else 0))
+    if config.rect:  # after --batch -1 is sized: the batches (and so their canvases) are cut at the batch size
+        order, canvases = rect_batches(data.records.image_hw, config.imgsz, config.batch, INPUT_MULTIPLE)
+        batches = RectBatchSampler(order, canvases, batch=config.batch, seed=config.seed, rank=dist.rank,
+                                   world_size=dist.world_size)
+        return batches, DataLoader(data.dataset.with_canvases(canvases), batch_sampler=batches, **workers)
+    sampler = EpochSampler(len(data.dataset), seed=config.seed, rank=dist.rank, world_size=dist.world_size,
+                           batch=config.batch)
+    return sampler, DataLoader(data.dataset, batch_size=config.batch, sampler=sampler, **workers)
 
 
 def build_optimization(
@@ -264,6 +274,7 @@ def freeze_layers(model: YOLO, count: int, log) -> tuple[str, ...]:
 # Options added since a checkpoint may have been written, where the new default would change what a resumed run
 # measures: a run that began before them continues as it ran. Rectangular validation batches (2026-11) move
 # mAP slightly (other padding), so a run that validated on squares keeps squares: one method for its whole curve.
+# (Not --rect: its default, off, is how every run before it trained, and a missing key takes the default.)
 BEFORE_THEIR_TIME: dict[str, Any] = {"val_rect": False}
 
 

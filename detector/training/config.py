@@ -138,6 +138,10 @@ class TrainConfig:
                                       "and flips batched on the training device), device (mosaic, affine, HSV and "
                                       "flips there; decoding, boxes and albumentations stay in the workers), "
                                       "auto = device on CUDA, workers elsewhere", choices=PIXEL_AUGMENT_CHOICES)
+    rect: bool = option(False, "rectangular training batches (Ultralytics' rect=True): images in aspect-ratio order, "
+                               "each batch warped into its own canvas (long side imgsz, the short side rounded up to "
+                               "32) instead of the square, the batches' order shuffled every epoch; no mosaic, MixUp, "
+                               "CutMix, multi-scale or CUDA graphs, and the warp in the loader workers")
     multi_scale: bool = option(True, "train at multiples of 32 in [min, max] x imgsz (imgsz in close-mosaic epochs)")
     multi_scale_min: float = option(0.875, "smallest multi-scale factor of imgsz")
     multi_scale_max: float = option(1.125, "largest multi-scale factor of imgsz (peak memory grows with its square)")

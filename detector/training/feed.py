@@ -26,7 +26,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from detector.data.device_augment import WarpBatch
-from detector.data.sampler import EpochSampler
+from detector.data.sampler import EpochSampler, RectBatchSampler
 from detector.data.workers import stop_workers
 
 
@@ -47,7 +47,7 @@ class EpochBatches:
 class EpochFeed:
     """The train loader's passes, one per epoch, each begun by :meth:`begin` or, at the latest, by :meth:`epoch`."""
 
-    def __init__(self, sampler: EpochSampler, loader: DataLoader) -> None:
+    def __init__(self, sampler: EpochSampler | RectBatchSampler, loader: DataLoader) -> None:
         self.sampler, self.loader = sampler, loader
         self._begun: tuple[tuple[int, bool], Iterator[Any]] | None = None  # (epoch, use_mosaic), the pass
 

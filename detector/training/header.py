@@ -36,13 +36,13 @@ class Run(Protocol):
     run_dir: Path
     recomputed: list[str]
 
-    def input_shapes(self) -> list[tuple[int, int]]: ...
+    def input_shapes(self) -> list[tuple[int, ...]]: ...
 
 
 def mixing_text(config: TrainConfig) -> str:
     """``", MixUp 0.1 (in the workers), CutMix 0.5 (in the workers)"``, those asked for; nothing where every epoch
-    is a close-mosaic one, whose items are never mixed."""
-    if config.epochs <= config.close_mosaic:
+    is a close-mosaic one, whose items are never mixed, nor under ``--rect``, which mixes none."""
+    if config.epochs <= config.close_mosaic or config.rect:
         return ""
     mixes = [(name, value) for name, value in (("MixUp", config.mixup), ("CutMix", config.cutmix)) if value]
     return "".join(f", {name} {value:g} (in the workers)" for name, value in mixes)
@@ -73,8 +73,18 @@ def run_header(trainer: Run) -> str:
         f"{background_text(config.val_background, trainer.device)} | "
         f"{trainer.optimizer_name} lr {step.schedule.base_lr:g}{lr_text(trainer)} | {epochs_text(trainer)}"
         f"{warmup_text(trainer)} | "
-        f"{trainer.multi_scale.describe(len(trainer.input_shapes()))} | run {trainer.run_dir}"
+        f"{shapes_text(trainer)} | run {trainer.run_dir}"
     )
+
+
+def shapes_text(trainer: Run) -> str:
+    """The training inputs: multi-scale's scheme (:meth:`MultiScale.describe`), or ``--rect``'s canvases."""
+    shapes = trainer.input_shapes()
+    if not trainer.config.rect:
+        return trainer.multi_scale.describe(len(shapes))
+    canvases = ", ".join(f"{height}x{width}" for _, height, width in shapes[:4]) + (" ..." if len(shapes) > 4 else "")
+    return (f"rectangular batches (--rect): {len(shapes)} canvas{'es' if len(shapes) != 1 else ''} of height x width "
+            f"{canvases}, the batches' order shuffled every epoch; no mosaic or multi-scale")
 
 
 def lr_text(trainer: Run) -> str:

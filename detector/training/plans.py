@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from detector.data.build import SplitData
+from detector.data.sampler import RectBatchSampler
 from detector.distributed import DistInfo, decide_on_main, unwrap
 from detector.plots.reporter import RunReporter
 from detector.precision import Precision
@@ -44,7 +45,7 @@ class RunPlans:
     dist: DistInfo
     device: torch.device
     multi_scale: MultiScale
-    sampler: object  # the training sampler: its len() is the images of a pass
+    sampler: object  # the training sampler: its len() is the images of a pass (a RectBatchSampler's: the batches)
     train_loader: DataLoader
     validator: Validator | None
     reporter: RunReporter | None  # rank 0's: what a figure takes here sizes the final report's allowance
@@ -57,8 +58,11 @@ class RunPlans:
     mosaic_closed_at: int | None
     log: Callable[[str], None]  # the Trainer's method: rank 0 prints
 
-    def input_shapes(self) -> list[tuple[int, int]]:
-        """The distinct (batch, size) training inputs of the epochs still to run (for cuDNN and the header)."""
+    def input_shapes(self) -> list[tuple[int, ...]]:
+        """The distinct (batch, size) training inputs of the epochs still to run (for cuDNN and the header); under
+        ``--rect`` (batch, height, width), one per canvas."""
+        if isinstance(self.sampler, RectBatchSampler):
+            return list(self.sampler.input_shapes())
         return self.multi_scale.input_shapes(
             steps_per_epoch=len(self.train_loader), batch=images_per_step(len(self.sampler), self.config.batch),
             seed=self.config.seed, start_epoch=self.start_epoch)

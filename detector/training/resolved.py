@@ -4,7 +4,7 @@
 auto``, ``--workers -1``, ``--batch -1``, ``--device ''``) so that ``cfg=config.yaml`` asks the same again; on another
 host those resolve differently (BF16 or FP32 on a CPU, AdamW or SGD by run length). This file records the choices
 once they are known, after the AMP check, beside the versions that made them, so a run can be compared or repeated
-with every choice named (its keys are our flags' names).
+with every choice named (its keys are our flags' names), and what ``--rect`` turned off (mosaic, multi-scale).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from detector.checkpoint import software_versions
 from detector.distributed import unwrap
 from detector.files import write_text_atomically
 from detector.training.header import Run, cache_used, pixel_augment_path
+from detector.training.rect import trains_multi_scale
 
 RESOLVED_FILE = "resolved.yaml"
 
@@ -33,6 +34,9 @@ def resolved_settings(run: Run) -> dict[str, Any]:
         "lr0": step.schedule.base_lr,
         "momentum": config.momentum,  # SGD/RMSprop momentum, the Adam family's beta1
         "pixel_augment": pixel_augment_path(run),
+        "rect": config.rect,  # and what it turned off (detector/training/rect.py), as the run had them
+        "multi_scale": trains_multi_scale(config),
+        "mosaic": 0.0 if config.rect else config.mosaic,
         "cache": cache_used(run),
         "workers": config.workers,
         "device": str(run.device),

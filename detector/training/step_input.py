@@ -42,7 +42,8 @@ def step_input(
     fused: bool = True,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """A training step's input: the loader's uint8 ``[B, 3, S, S]`` batch as float model input ``[B, 3, size, size]``.
+    """A training step's input: the loader's uint8 ``[B, 3, S, S]`` batch as float model input ``[B, 3, size, size]``
+    (a ``--rect`` batch, ``[B, 3, H, W]`` with its long side ``size``, keeps its shape: :func:`resize_batch`).
 
     ``pixel_ops`` (the device path, one per image) are applied on ``device`` in float, before the resize.
     A :class:`WarpBatch` (mosaic and affine left to the device) is warped there straight to ``size``; on CUDA
@@ -98,10 +99,19 @@ def as_trained(batch: tuple[torch.Tensor, torch.Tensor, list[ImageMeta]], *, fir
 
 
 def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
-    """Bilinear resize of a ``[B, 3, H, W]`` batch to ``size x size`` (the input when already that size).
+    """Bilinear resize of a ``[B, 3, H, W]`` batch to ``size x size`` (the input when already that size, or a
+    rectangular one whose long side is ``size``: a ``--rect`` batch at its canvas).
 
     Keeps dtype and memory layout; labels are normalised, so they need no change.
+
+    Raises:
+        ValueError: a rectangular batch of another long side: multi-scale would have to choose its shape, and
+            ``--rect`` trains without it.
     """
-    if images.shape[-2:] == (size, size):
+    height, width = images.shape[-2:]
+    if (height, width) == (size, size) or (height != width and max(height, width) == size):
         return images
+    if height != width:
+        raise ValueError(f"a rectangular {height}x{width} batch cannot train at {size} px: --rect batches train at "
+                         "their canvas (multi-scale is off)")
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)

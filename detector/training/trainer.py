@@ -50,6 +50,7 @@ from detector.training.header import run_header
 from detector.training.interrupt import CtrlC
 from detector.training.multiscale import MultiScale
 from detector.training.plans import RunPlans
+from detector.training.rect import cuda_graphs_choice, rect_notes, trains_multi_scale
 from detector.training.resolved import write_resolved
 from detector.training.results import results_row
 from detector.training.time_account import TimeAccount, process_age
@@ -90,6 +91,8 @@ class Trainer(RunPlans, FinalReports):
         if note := patience_note(config.patience, config.val_interval):
             self.log(note)
         seed_everything(config.seed + self.dist.rank)
+        for note in rect_notes(config, self.device, world_size=self.dist.world_size):  # what --rect turns off
+            self.log(note)
         self._build_data()
         torch.manual_seed(config.seed)  # identical initial weights on every rank
         model = build_run_model(config, list(self.spec.names), self.log,
@@ -121,11 +124,11 @@ class Trainer(RunPlans, FinalReports):
         self.step = TrainStep(model, criterion, choice.optimizer, precision.make_scaler(),
                               ModelEMA(model, decay=config.ema_decay), precision, schedule, self.device,
                               channels_last=config.channels_last, world_size=self.dist.world_size,
-                              cuda_graphs=config.cuda_graphs)
+                              cuda_graphs=cuda_graphs_choice(config))
         self.optimizer_name = choice.name
         self.multi_scale = MultiScale(config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max,
                                       hold=config.multi_scale_hold, epochs=config.epochs,
-                                      fixed_last_epochs=config.close_mosaic, enabled=config.multi_scale)
+                                      fixed_last_epochs=config.close_mosaic, enabled=trains_multi_scale(config))
         self.epochs, self.close_mosaic, self.warmup_epochs = config.epochs, config.close_mosaic, config.warmup_epochs
         self.start_epoch = 0
         self.mosaic_closed_at: int | None = None

@@ -36,6 +36,13 @@ def test_key_value_arguments_are_flags(capsys: pytest.CaptureFixture) -> None:
     assert parse(["--name", "a=b"]).name == "a=b"  # a flag's value is never read as key=value
 
 
+def test_rect_is_ultralytics_rect(capsys: pytest.CaptureFixture) -> None:
+    """``rect=True`` (it was refused) is --rect: the same name, said nothing about; --no-rect spells the default."""
+    assert parse(["rect=True"]).rect is True and parse(["--rect"]).rect is True and parse(["rect"]).rect is True
+    assert parse([]).rect is False and parse(["--no-rect"]).rect is False and parse(["rect=False"]).rect is False
+    assert capsys.readouterr().err == ""
+
+
 def test_ultralytics_names_say_once_what_ours_are(capsys: pytest.CaptureFixture) -> None:
     config = parse(["amp=False", "cos_lr=True", "nbs=32", "box=5", "cls=1.0", "dfl=2", "cache=True", "device=cpu",
                     "multi_scale=0.25", "copy_paste=0.0", "resume=False"])

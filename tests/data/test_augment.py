@@ -390,3 +390,93 @@ def test_boxes_move_as_ultralytics_moves_them(tmp_path):
         # No box here meets the horizon (w stays within 1 +/- 0.13 on a 128 canvas). Both multiply the same float64
         # rows by the same float64 matrix, divide, take the extremes and round to float32: the same numbers.
         np.testing.assert_array_equal(warped_extent(boxes, matrix, 64), expected)
+
+
+@pytest.mark.parametrize("perspective", [0.0, 0.0005, 0.012])
+def test_a_square_given_as_height_and_width_warps_bit_for_bit_as_the_square(perspective):
+    """--rect generalised the warp to a (height, width) output; the square given either way draws, warps and moves
+    boxes the same, bit for bit (every item but --rect's passes the side alone). 0.012 tilts boxes across the
+    horizon (the split extent, clipped to the output)."""
+    config = AugmentConfig(degrees=10, shear=3, translate=0.2, scale=0.5, perspective=perspective)
+    for height, width in SHAPES:
+        for seed in range(3):
+            side, pair = np.random.default_rng(seed), np.random.default_rng(seed)
+            matrix, zoom = affine_matrix(height, width, 64, config, side)
+            matrix_hw, zoom_hw = affine_matrix(height, width, (64, 64), config, pair)
+            assert np.array_equal(matrix, matrix_hw) and zoom == zoom_hw and side.random() == pair.random()
+            image = side.integers(0, 256, (height, width, 3), dtype=np.uint8)
+            assert np.array_equal(warp_image(image, matrix, 64), warp_image(image, matrix, (64, 64)))
+            boxes = _random_boxes(side, height, width, count=12)
+            assert np.array_equal(warped_extent(boxes, matrix, 64), warped_extent(boxes, matrix, (64, 64)))
+            for ours, theirs in zip(warp_boxes(boxes, np.arange(12.0), matrix, zoom, 64),
+                                    warp_boxes(boxes, np.arange(12.0), matrix, zoom, (64, 64))):
+                assert np.array_equal(ours, theirs)
+
+
+def test_a_canvas_warp_centres_the_image_shifts_by_each_side_and_clips_boxes_to_it():
+    """Into a 48x64 canvas (height x width): the image's centre goes to (0.5 +/- translate) of each side, the zoom is
+    relative to the canvas's long side (--imgsz), and boxes are clipped to 64 wide, 48 tall."""
+    config = AugmentConfig(translate=0.2, scale=0.5)
+    for seed in range(8):
+        rng = np.random.default_rng(seed)
+        matrix, zoom = affine_matrix(40, 64, (48, 64), config, rng)
+        centre = matrix @ [32, 20, 1]
+        assert 0.3 * 64 <= centre[0] <= 0.7 * 64 and 0.3 * 48 <= centre[1] <= 0.7 * 48 and 0.5 <= zoom <= 1.5
+        image = rng.integers(0, 256, (40, 64, 3), dtype=np.uint8)
+        assert warp_image(image, matrix, (48, 64)).shape == (48, 64, 3)
+        boxes = np.array([[0, 0, 64, 40], [30, 10, 50, 30]], np.float32)
+        kept, _ = warp_boxes(boxes, np.zeros(2, np.float32), matrix, zoom, (48, 64))
+        assert (kept[:, [0, 2]] >= 0).all() and (kept[:, [0, 2]] <= 64).all()
+        assert (kept[:, [1, 3]] >= 0).all() and (kept[:, [1, 3]] <= 48).all()
+        # The whole image's box: its corners about the centre at the zoom (no rotation or shear), cut at the edges.
+        whole = np.array([centre[0] - 32 * zoom, centre[1] - 20 * zoom, centre[0] + 32 * zoom, centre[1] + 20 * zoom])
+        np.testing.assert_allclose(kept[0], whole.clip(0, [64, 48, 64, 48]), rtol=1e-6, atol=1e-5)
+
+
+# The child: Ultralytics' RandomPerspective.get_params for an image in a rect batch (its rect_shape), its
+# random.uniform answering with the numbers our draws gave, in its own order of draws.
+RECT_ORACLE = """
+import random
+import sys
+import numpy as np
+from ultralytics.data.augment import RandomPerspective
+
+cases = np.load(sys.argv[1])
+transform = RandomPerspective(degrees=10, translate=0.2, scale=0.5, shear=3, perspective=0.0005, size=(64, 64))
+matrices = []
+for draws, shape, canvas in zip(cases["draws"], cases["shapes"], cases["canvases"]):
+    answers = iter(draws.tolist())
+    random.uniform = lambda low, high: next(answers)
+    params = transform.get_params({"img": np.zeros((*shape, 3), np.uint8), "rect_shape": canvas})
+    matrices.append(params["M"])
+np.save(sys.argv[2], np.stack(matrices))
+"""
+
+
+def test_a_canvas_matrix_is_ultralytics_rect_matrix(tmp_path):
+    """An image (long side 64) in its rect batch's canvas: Ultralytics' RandomPerspective (with the batch's
+    rect_shape, which takes precedence over its square size) builds the same matrix from the same numbers. It draws
+    the perspective pair first, we last (so that a run without perspective draws as before): the child is given
+    ours in its order."""
+    if importlib.util.find_spec("ultralytics") is None:  # looked for, not imported: it patches the process
+        pytest.skip("ultralytics (the dev extra) is not installed")
+    config = AugmentConfig(degrees=10, translate=0.2, scale=0.5, shear=3, perspective=0.0005)
+    cases = [((48, 64), (64, 64)), ((40, 64), (64, 64)), ((64, 40), (64, 64)), ((48, 64), (48, 64)),
+             ((40, 64), (40, 64)), ((64, 40), (64, 48))]  # (image, canvas) as (height, width); canvases of rect_batches
+    ours, draws = [], []
+    for seed, (shape, canvas) in enumerate(cases):
+        ours.append(affine_matrix(*shape, canvas, config, np.random.default_rng(seed))[0])
+        again = np.random.default_rng(seed)  # the same numbers, drawn in our order (angle, zoom, shears, shifts, tilt)
+        numbers = [again.uniform(-10, 10), again.uniform(0.5, 1.5), again.uniform(-3, 3), again.uniform(-3, 3),
+                   again.uniform(0.3, 0.7), again.uniform(0.3, 0.7), again.uniform(-5e-4, 5e-4),
+                   again.uniform(-5e-4, 5e-4)]
+        draws.append(numbers[6:] + numbers[:6])  # theirs: the tilt first
+    np.savez(tmp_path / "cases.npz", draws=np.array(draws), shapes=np.array([shape for shape, _ in cases]),
+             canvases=np.array([canvas for _, canvas in cases]))
+    env = {**os.environ, "YOLO_OFFLINE": "1", "YOLO_CONFIG_DIR": str(tmp_path)}
+    command = [sys.executable, "-c", RECT_ORACLE, str(tmp_path / "cases.npz"), str(tmp_path / "theirs.npy")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    # Theirs is made of float32 matrices (ours float64): five 3x3 factors, a few float32 roundings (eps 1.2e-7) per
+    # entry on the way; 1e-5 relative leaves room, and the perspective row (~5e-4) gets an absolute 1e-9.
+    np.testing.assert_allclose(np.stack(ours), np.load(tmp_path / "theirs.npy"), rtol=1e-5, atol=1e-9)
