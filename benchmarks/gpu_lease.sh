@@ -73,7 +73,7 @@ for stage in $STAGES; do
       tests/inference/test_inference_backends.py tests/inference/test_onnx_providers.py tests/data/test_warp_kernel.py \
       tests/training/test_feed.py tests/data/test_workers.py tests/data/test_pinned.py \
       tests/training/test_amp_check.py tests/training/test_engine.py tests/training/test_validator.py \
-      tests/test_checkpoint.py tests/model/test_recompute.py > "$OUT/tests_device.log" 2>&1
+      tests/test_checkpoint.py tests/model/test_recompute.py tests/training/test_rect.py > "$OUT/tests_device.log" 2>&1
     echo "device tests rc $?"; grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests_device.log" | tail -8 ;;
   preflight)  # ~20 s: does the CUDA defaults' step (FP16, AdamW, channels-last, recomputed BatchNorm) capture and
     # train as eager? Before the stages that time it: a failed capture there would time eager steps, said in one line

@@ -122,3 +122,20 @@ def test_a_rect_batch_is_the_step_s_input_at_its_canvas() -> None:
                                          "their canvas"):
         resize_batch(batch, 96)
     assert resize_batch(torch.zeros(1, 3, 64, 64), 96).shape == (1, 3, 96, 96)  # squares: multi-scale as before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the pixels path and the graphs' note")
+def test_a_rect_run_on_cuda_takes_the_pixels_path_without_graphs(tmp_path: Path, capsys, watchdog) -> None:
+    """On CUDA --pixel-augment auto would warp on the device, which renders squares: a --rect run takes ``pixels``
+    (HSV and flips on the device, at each batch's canvas), runs its steps eagerly, and trains. No GPU has run --rect
+    before this test; ``watchdog``: a hang ends the test run with every thread's traceback."""
+    data = write_mixed_dataset(tmp_path / "data")
+    summary = train(_config(data, tmp_path, device="cuda", epochs=1, mixup=0.0, amp_check=True), progress=False)
+    rows = list(csv.DictReader((summary["run_dir"] / "results.csv").open()))
+    assert len(rows) == 1 and math.isfinite(float(rows[0]["train/box"])) and int(rows[0]["optimizer_steps"]) >= 1
+    assert int(rows[0].get("graph_captures") or 0) == 0  # eager: a graph per canvas would be captured otherwise
+    resolved = yaml.safe_load((summary["run_dir"] / "resolved.yaml").read_text())
+    assert (resolved["rect"], resolved["pixel_augment"]) == (True, "pixels")
+    printed = capsys.readouterr().out
+    assert "note: --rect warps in the loader workers: --pixel-augment auto runs as pixels" in printed
+    assert "note: --rect turns CUDA graphs off" in printed
