@@ -6,11 +6,11 @@ Inputs and outputs are those of :class:`~detector.exporting.wrapper.ExportWrappe
 ``boxes`` + ``scores`` or, with ``--nms``, ``detections`` + ``num_detections`` out) and the metadata of
 :mod:`detector.model.metadata` is stored in the package (AOTInductor's own ``aot_inductor.metadata``).
 
-* **Batch**: always free (``torch.export.Dim``, 1..:data:`MAX_BATCH`). On the CPU that costs the prepacked
-  weights: Inductor packs convolution weights into oneDNN's blocked layout for static shapes only, so each call
-  reorders them (2.5 ms of ~90 for the nano model at 640 px; docs/inference.md). Height and width are fixed at
-  ``imgsz`` (``--dynamic`` is refused). The metadata's ``batch`` is ``--batch`` (the graph is traced at 2 or
-  more: 1 would specialise).
+* **Batch**: ``--batch`` (1 by default), fixed, as in the ONNX export; with ``info.batch_free`` (``--dynamic``) free
+  (``torch.export.Dim``, 1..:data:`MAX_BATCH`; traced at 2 or more: 1 would specialise). A fixed batch lets
+  Inductor pack the convolution weights into oneDNN's blocked layout once, at compile time; with a free batch it
+  packs them at every call: the nano model at 640 px, batch 1, took 30.7 ms a call free against 25.2 fixed on a
+  2-core AMD EPYC (docs/inference.md). Height and width are always fixed at ``imgsz``.
 * **Precision**: FP32 on the CPU; ``--half`` is FP16 on CUDA, or BF16 on a CPU with native BF16 (elsewhere
   refused: emulated BF16 is slower than FP32).
 * **Device**: the package runs on the kind of device it was compiled on (``--device``).
@@ -19,6 +19,7 @@ Inputs and outputs are those of :class:`~detector.exporting.wrapper.ExportWrappe
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -67,26 +68,30 @@ def pt2_precision(half: bool, device: str) -> str:
 
 
 def export_program(model: YOLO, info: ModelInfo, *, device: str) -> torch.export.ExportedProgram:
-    """``torch.export`` of the wrapper with a free batch dimension (traced at batch >= 2: 1 would specialise)."""
+    """``torch.export`` of the wrapper at ``info.batch``, or with a free batch dimension where ``info.batch_free``
+    (traced at batch >= 2 then: 1 would specialise)."""
     if info.dynamic:
-        raise ValueError("pt2 export takes a fixed --imgsz (its batch is always free); drop --dynamic")
+        raise ValueError("pt2 export takes a fixed --imgsz (--dynamic frees its batch alone: batch_free)")
     wrapper = ExportWrapper(model, nms=info.nms, compute_dtype=COMPUTE_DTYPES[info.precision],
                             end_to_end=info.end_to_end).to(device)
-    example = torch.zeros(max(2, info.batch), 3, info.imgsz, info.imgsz, device=device)
-    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    free = bool(info.batch_free)
+    example = torch.zeros(max(2, info.batch) if free else info.batch, 3, info.imgsz, info.imgsz, device=device)
+    shapes = {INPUT_NAME: {0: torch.export.Dim("batch", min=1, max=MAX_BATCH)}} if free else None
     with torch.no_grad():
-        return torch.export.export(wrapper, (example,), dynamic_shapes={INPUT_NAME: {0: batch}}, strict=False)
+        return torch.export.export(wrapper, (example,), dynamic_shapes=shapes, strict=False)
 
 
 def export_pt2(model: YOLO, path: str | Path, info: ModelInfo, *, device: str = "cpu") -> Path:
     """Compile ``model`` (FP32 weights; cast inside for ``info.precision`` fp16/bf16) into the package ``path``.
 
     Compiled in a staging folder beside ``path`` and renamed into place, so a failure leaves nothing.
-    Raises :class:`~detector.extras.Unavailable` (no compiler) or ``ValueError`` (``--dynamic``) before any work.
+    Raises :class:`~detector.extras.Unavailable` (no compiler) or ``ValueError`` (``info.dynamic``: a free height and
+    width) before any work. The package's metadata always says ``batch_free`` (None is taken as fixed).
     """
     if (reason := compiler_missing()) is not None:
         raise Unavailable(reason)
     path = Path(path)
+    info = dataclasses.replace(info, batch_free=bool(info.batch_free))
     program = export_program(model, info, device=device)
     # Freezing folds the weights into the graph as constants, so BatchNorm folds into the convolutions and the CPU
     # ones become oneDNN convolutions with the SiLU fused in. Inductor freezes only a compile that runs with

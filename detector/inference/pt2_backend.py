@@ -1,7 +1,8 @@
 """AOTInductor backend for ``.pt2`` packages written by :func:`detector.exporting.pt2.export_pt2`.
 
 The package is native code plus weights; loading it needs torch but neither a compiler nor the model's
-Python code. Its batch dimension is free, so any batch runs in one call; height and width are fixed.
+Python code. Height and width are fixed; so is the batch (``--batch``, fed in calls of that many, as a fixed
+ONNX graph is), unless the package was exported with ``--dynamic``, whose any batch runs in one call.
 
 On CUDA the package's run (and the uint8 input's scaling before it) is replayed from a CUDA graph, one per batch
 size, captured on first use (:class:`~detector.inference.cuda_graph.CudaGraphRunner`), as the PyTorch backend's
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from detector.inference.backend import Backend, RawOutputs, outputs_label, read_model_info
+from detector.inference.backend import Backend, RawOutputs, outputs_label, read_model_info, run_in_fixed_batches
 from detector.inference.cuda_graph import CudaGraphRunner, Outputs
 from detector.inference.preprocess import model_input
 from detector.model.metadata import ModelInfo
@@ -197,8 +198,8 @@ class Pt2Backend(Backend):
         return self._graphs[0] if self._graphs else self.run
 
     @property
-    def free_batch(self) -> bool:  # a fixed size (info.dynamic is false), but every package takes any batch
-        return True
+    def free_batch(self) -> bool:  # a fixed size (info.dynamic is false); the batch: batch_free (older packages: free)
+        return self.info.batch_free is not False
 
     @property
     def name(self) -> str:  # type: ignore[override]  # what ran: a failed capture leaves the package's own run
@@ -215,8 +216,12 @@ class Pt2Backend(Backend):
     def infer(self, images: torch.Tensor) -> RawOutputs:
         self.check_input(images)
         if self.device.type != "cuda":
-            return self.run(images)  # type: ignore[return-value]  # boxes and scores, or NMS's two outputs
-        # AOTInductor's CUDA runner launches on the current stream of the *current* device: on cuda:1 with cuda:0
-        # current that is another GPU's stream, unordered with this input's upload (as TensorRT's backend does).
-        # CudaGraphRunner makes the input's device current around its calls.
-        return self.forward(images.to(self.device, non_blocking=True))  # type: ignore[return-value]
+            run = self.run
+        else:
+            # AOTInductor's CUDA runner launches on the current stream of the *current* device: on cuda:1 with cuda:0
+            # current that is another GPU's stream, unordered with this input's upload (as TensorRT's backend does).
+            # CudaGraphRunner makes the input's device current around its calls.
+            images, run = images.to(self.device, non_blocking=True), self.forward
+        if self.free_batch:
+            return run(images)  # type: ignore[return-value]  # boxes and scores
+        return run_in_fixed_batches(run, images, self.info.batch)

@@ -9,6 +9,9 @@ ONNX files keep it in ``metadata_props`` and TensorRT engines in a JSON header (
     imgsz      640                    square input size the graph was traced at (the only size unless dynamic)
     batch      1                      batch size traced (the largest TensorRT profile batch when dynamic)
     dynamic    false                  batch, height and width are free dimensions
+    batch_free false                  pt2 packages only: the batch is free (export --dynamic), height and width
+                                      fixed; false: every call runs ``batch`` images. A package without the key
+                                      is free (pt2 exports before it); other formats never write it
     precision  "fp32" | "fp16"        fp16 = FP16 convolutions inside; inputs and outputs are always FP32
     nms        false                  true: outputs are detections [B, K, 6] + num_detections [B]
     nms_config {"conf_threshold": ...} the NMS thresholds baked into the graph (null without NMS); with
@@ -45,6 +48,7 @@ class ModelInfo:
     precision: str = "fp32"
     nms: NMSConfig | None = None
     end_to_end: bool = False
+    batch_free: bool | None = None  # pt2 only (None elsewhere): a free batch at a fixed height and width
 
     @property
     def stride(self) -> int:
@@ -70,6 +74,8 @@ def encode_metadata(info: ModelInfo) -> dict[str, str]:
         "outputs": info.outputs,
         "end_to_end": info.end_to_end,
     }
+    if info.batch_free is not None:  # a pt2 package's; the other formats' metadata stays as it was
+        values["batch_free"] = info.batch_free
     return {key: json.dumps(value) for key, value in values.items()}
 
 
@@ -80,6 +86,8 @@ def decode_metadata(props: dict[str, str], *, source: str = "<model>") -> ModelI
         nms = NMSConfig(**values["nms_config"]) if values.get("nms") else None
         if not isinstance(end_to_end := values.get("end_to_end", False), bool):  # "true" the text is no answer
             raise ValueError(f"end_to_end is {end_to_end!r}, not true or false")
+        if not isinstance(batch_free := values.get("batch_free"), (bool, type(None))):
+            raise ValueError(f"batch_free is {batch_free!r}, not true or false")
         return ModelInfo(
             names=list(values["names"]),
             strides=tuple(values["strides"]),
@@ -89,6 +97,7 @@ def decode_metadata(props: dict[str, str], *, source: str = "<model>") -> ModelI
             precision=str(values.get("precision", "fp32")),
             nms=nms,
             end_to_end=end_to_end,
+            batch_free=batch_free,
         )
     except (KeyError, TypeError, ValueError) as error:
         message = f"{source}: missing or malformed detector metadata ({error}); was it made by {HOW_TO_EXPORT}?"

@@ -236,8 +236,9 @@ def pt2_candidates(
     model: YOLO, static: ModelInfo, device: str, folder: Path, *, progress: Callable[[str], None] = print
 ) -> Iterator[Candidate | str]:
     """The pt2 package in FP32, and in what ``--half`` exports here (FP16 on CUDA, BF16 on a CPU with native BF16,
-    where it is the fastest CPU backend: docs/inference.md): one compile each (its batch is free). ``progress`` gets
-    one line as the first compile is about to start."""
+    where it is the fastest CPU backend: docs/inference.md): one compile per batch size, as export makes them (a
+    fixed batch; a free one packs the CPU's convolution weights at every call). ``progress`` gets one line as the
+    first compile is about to start."""
     from detector.exporting.pt2 import compiler_missing, export_pt2
 
     if (reason := compiler_missing()) is not None:
@@ -247,16 +248,15 @@ def pt2_candidates(
     precisions = ("fp32",) if half == "fp32" else ("fp32", half)
     # Said once, just before the first build: the compiles print nothing of their own and are most of a CPU
     # benchmark's time (of ~2.5 minutes at 320 px on 2 cores).
-    many = len(precisions) > 1
-    progress(f"pt2: compiling the {' and '.join(precisions)} package{'s' if many else ''} (minutes on a small CPU; "
-             f"--skip pt2 leaves {'them' if many else 'it'} out)")
+    progress(f"pt2: compiling the {' and '.join(precisions)} packages, one per batch size (minutes on a small CPU; "
+             "--skip pt2 leaves them out)")
     for precision in precisions:
         def build(batch: int, precision: str = precision) -> Backend:
-            info = dataclasses.replace(static, precision=precision)
-            return load_backend(export_pt2(model, folder / f"{precision}.pt2", info, device=device), device=device)
+            info = dataclasses.replace(static, precision=precision, batch=batch, batch_free=False)
+            package = export_pt2(model, folder / f"{precision}-{batch}.pt2", info, device=device)
+            return load_backend(package, device=device)
 
-        built = per_batch(build)
-        yield Candidate(f"pt2 {precision}", lambda batch, built=built: built(1))
+        yield Candidate(f"pt2 {precision}", per_batch(build))
 
 
 def markdown_table(rows: list[tuple[str, dict[str, float]]], notes: list[str], *, throughput_batch: int = 0) -> str:

@@ -85,8 +85,9 @@ def stage_exports(
         source = staged.get("onnx") or export_onnx(model, staging / "engine-source.onnx", info, **onnx_options)
         staged["engine"] = build_engine(source, staging / f"{stem}.engine", info, workspace_gib=options.workspace,
                                        device=device)
-    if "pt2" in formats:
-        pt2_info = dataclasses.replace(info, precision=pt2_precision(options.half, device))
+    if "pt2" in formats:  # --dynamic frees a package's batch; its height and width stay --imgsz
+        pt2_info = dataclasses.replace(info, precision=pt2_precision(options.half, device), dynamic=False,
+                                       batch_free=options.dynamic)
         staged["pt2"] = export_pt2(model, staging / f"{stem}.pt2", pt2_info, device=device)
     return staged
 
@@ -135,11 +136,9 @@ def run_export(options: ExportOptions) -> list[Path]:
     weights = resolve_weights(options.weights)
     device = str(resolve_device(options.device))
     if "pt2" in formats:
-        if options.dynamic:
-            raise ValueError("--format pt2 takes a fixed --imgsz (its batch is always free); drop --dynamic")
-        if options.nms:  # the graph's NMS loops over the batch in Python: torch.export would fix the free batch
-            raise ValueError("--format pt2 has no NMS inside (its batch is free, the in-graph NMS is not); drop --nms, "
-                             "predict/val/benchmark apply NMS after the package")
+        if options.nms:  # the graph's NMS loops over the batch in Python: never compiled into a package
+            raise ValueError("--format pt2 has no NMS inside; drop --nms, predict/val/benchmark apply NMS after the "
+                             "package")
         pt2_precision(options.half, device)  # refuses --half where it would not pay, before any work
     model, checkpoint = model_from_pt(weights)  # ours, or Ultralytics YOLOv8/YOLO11/YOLO26 weights, as val reads them
     if options.end_to_end and not model.head.end_to_end:  # before any work: YOLOv8 and YOLO11 have no such head

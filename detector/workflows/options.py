@@ -129,7 +129,8 @@ class ExportOptions(Options):
     imgsz: int | None = option(None, "square input size, a multiple of 32 (default: the training size, else "
                                      f"{DEFAULT_IMGSZ})")
     batch: int = option(1, "batch size; with --dynamic the largest TensorRT batch (default: 1)")
-    dynamic: bool = option(False, "free batch, height and width (default: off, fixed shape)")
+    dynamic: bool = option(False, "free batch, height and width; a pt2 package's batch alone (default: off, fixed "
+                                  "shape)")
     opset: int = option(DEFAULT_OPSET, f"ONNX opset (default: {DEFAULT_OPSET})")
     simplify: bool = option(False, "slim the ONNX graph with onnxslim (default: off)")
     nms: bool = option(False, "NMS inside the graph, one class per box: outputs detections + num_detections "

@@ -6,6 +6,7 @@ command itself in a subprocess with a timeout, parity check included; every test
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -72,20 +73,58 @@ def test_metadata_is_the_onnx_exports(package: tuple[Path, str], model: YOLO) ->
     assert backend.forward == backend.run  # no CUDA graph on the CPU
     info = backend.info
     assert (info.names, info.strides, info.imgsz, info.batch) == (NAMES, tuple(model.strides), IMGSZ, 2)
-    assert (info.precision, info.dynamic, info.nms) == ("fp32", False, None)
+    assert (info.precision, info.dynamic, info.nms, info.batch_free) == ("fp32", False, None, False)
 
 
-def test_any_batch_runs_and_matches_pytorch(package: tuple[Path, str], model: YOLO, images: torch.Tensor) -> None:
+def calls_counted(backend: Pt2Backend) -> list[int]:
+    """The batch of each call ``backend`` makes of its package, recorded from now on."""
+    batches: list[int] = []
+    run = backend.run
+
+    def counted(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        batches.append(len(images))
+        return run(images)
+
+    backend.run = counted  # type: ignore[method-assign]
+    return batches
+
+
+def test_any_batch_runs_in_calls_of_the_packages_and_matches_pytorch(package: tuple[Path, str], model: YOLO,
+                                                                    images: torch.Tensor) -> None:
+    """The package's batch is fixed (``--batch 2``, as a fixed ONNX graph's): one image is padded to a call of 2, four
+    are two calls."""
     backend = load_backend(package[0], nms=NMS)
-    assert backend.free_batch and not backend.info.dynamic  # predict on CUDA fills a short last batch up for it
+    assert not backend.free_batch and not backend.info.dynamic
+    calls = calls_counted(backend)
     one = backend.infer(images[:1])
     assert one[0].shape == (1, 84, 4) and one[1].shape == (1, 84, len(NAMES))  # 8x8 + 4x4 + 2x2 anchors at 64 px
     reference = TorchBackend(model, backend.info, nms=NMS)
     # Inductor folds BatchNorm and picks its own convolution kernels: the same FP32 network summed in
-    # another order, so the summation-order tolerances apply; 4 images through a package traced at batch 2.
+    # another order, so the summation-order tolerances apply.
     assert_same_detections(reference(images), backend(images), nms=NMS, tolerance=fp32_tolerance_on(model, images))
+    assert calls == [2, 2, 2]
     report = check_parity(TorchBackend(model, backend.info), backend, images=images)
     assert report.passed, report.summary()
+
+
+@needs_compiler
+def test_dynamic_frees_the_batch_alone_and_any_batch_runs_in_one_call(model: YOLO, images: torch.Tensor,
+                                                                      tmp_path: Path) -> None:
+    """``export --format pt2 --dynamic``: the package takes any batch in one call (traced at 2: 1 would specialise);
+    its height and width stay ``--imgsz``. A second compile (~15 s of the suite on 2 cores)."""
+    from detector.exporting.pt2 import export_pt2
+    from detector.model.metadata import ModelInfo
+
+    info = ModelInfo(names=NAMES, strides=tuple(model.strides), imgsz=IMGSZ, batch_free=True)
+    backend = load_backend(export_pt2(model, tmp_path / "free.pt2", info), nms=NMS)
+    assert backend.free_batch and backend.info.batch_free and not backend.info.dynamic
+    calls = calls_counted(backend)
+    reference = TorchBackend(model, backend.info, nms=NMS)
+    for batch in (images[:1], images[:3]):
+        assert_same_detections(reference(batch), backend(batch), nms=NMS, tolerance=fp32_tolerance_on(model, batch))
+    assert calls == [1, 3]
+    with pytest.raises(ValueError, match=f"exported at {IMGSZ} px"):
+        backend.infer(torch.zeros(1, 3, IMGSZ + 32, IMGSZ, dtype=torch.uint8))
 
 
 def test_runs_without_the_model_code(package: tuple[Path, str]) -> None:
@@ -93,12 +132,12 @@ def test_runs_without_the_model_code(package: tuple[Path, str]) -> None:
     code = ("import sys, torch; sys.modules['detector'] = None  # any import of our package fails\n"
             "import torch._inductor.codecache\n"
             f"runner = torch._inductor.aoti_load_package({str(package[0])!r})\n"
-            f"boxes, scores = runner(torch.rand(3, 3, {IMGSZ}, {IMGSZ}))\n"
+            f"boxes, scores = runner(torch.rand(2, 3, {IMGSZ}, {IMGSZ}))\n"
             "print(tuple(boxes.shape), tuple(scores.shape), runner.get_metadata()['imgsz'])")
     done = subprocess.run([sys.executable, "-c", code], cwd="/", capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": "", "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-1] == str(IMGSZ) and "(3, 84, 4) (3, 84, 3)" in done.stdout
+    assert done.stdout.split()[-1] == str(IMGSZ) and "(2, 84, 4) (2, 84, 3)" in done.stdout
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="the fused CPU convolutions are oneDNN's")
@@ -202,13 +241,17 @@ def test_a_failed_compile_is_one_line_with_the_compilers_first_error() -> None:
     assert compile_problem(ValueError("not a compile")) is None
 
 
-def test_dynamic_and_nms_are_refused_before_any_work(model: YOLO, tmp_path: Path) -> None:
+def test_nms_and_a_free_size_are_refused_before_any_work(model: YOLO, tmp_path: Path) -> None:
+    from detector.exporting.pt2 import export_program
+    from detector.model.metadata import ModelInfo
+
     checkpoint = write_checkpoint(model, tmp_path / "best.pt")
-    with pytest.raises(ValueError, match="pt2 takes a fixed --imgsz"):
-        run_export(ExportOptions(weights=checkpoint, format="pt2", dynamic=True, device="cpu"))
     with pytest.raises(ValueError, match="pt2 has no NMS inside"):  # torch.export failed on it in a traceback
         run_export(ExportOptions(weights=checkpoint, format="pt2", nms=True, device="cpu"))
     assert [path.name for path in tmp_path.iterdir()] == ["best.pt"]
+    info = ModelInfo(names=NAMES, strides=tuple(model.strides), imgsz=IMGSZ, dynamic=True)
+    with pytest.raises(ValueError, match="pt2 export takes a fixed --imgsz"):  # --dynamic frees the batch alone
+        export_program(model, info, device="cpu")
 
 
 def test_half_is_fp16_on_cuda_and_bf16_only_on_cpus_that_have_it() -> None:
@@ -230,7 +273,7 @@ def test_fp16_package_on_cuda(model: YOLO, images: torch.Tensor, tmp_path: Path)
     from detector.exporting import ExportError
     from detector.precision import fp32_settings_kept, set_strict_fp32
 
-    info = ModelInfo(names=NAMES, strides=tuple(model.strides), imgsz=IMGSZ, precision="fp16")
+    info = ModelInfo(names=NAMES, strides=tuple(model.strides), imgsz=IMGSZ, precision="fp16", batch_free=True)
     try:
         package = export_pt2(model, tmp_path / "half.pt2", info, device="cuda")
     except ExportError as error:  # a CUDA compile needs Triton and the CUDA headers, which a GPU image may lack
@@ -251,3 +294,17 @@ def test_fp16_package_on_cuda(model: YOLO, images: torch.Tensor, tmp_path: Path)
     if getattr(backend.forward, "failed", None) is not None:
         pytest.xfail(f"the pt2 package ran eagerly: its capture failed ({backend.forward.failed})")
     assert backend.name == "pt2 fp16 cuda graph" and len(backend.forward.graphs) == 2  # one per batch size
+
+
+def test_batch_free_is_written_for_pt2_packages_alone_and_read_back() -> None:
+    """Only a pt2 package's metadata says ``batch_free``; an ONNX file's or an engine's stays as it was, and a package
+    from before the key reads as None, which the backend takes as free (tests/inference/test_pt2_backend.py)."""
+    from detector.model.metadata import ModelInfo, decode_metadata, encode_metadata
+
+    plain = ModelInfo(names=NAMES, strides=(8, 16, 32), imgsz=IMGSZ)
+    assert "batch_free" not in encode_metadata(plain) and decode_metadata(encode_metadata(plain)).batch_free is None
+    for free in (False, True):
+        props = encode_metadata(dataclasses.replace(plain, batch_free=free))
+        assert props["batch_free"] == ("true" if free else "false") and decode_metadata(props).batch_free is free
+    with pytest.raises(ValueError, match=r"batch_free is 'yes', not true or false"):
+        decode_metadata({**encode_metadata(plain), "batch_free": '"yes"'})

@@ -61,6 +61,8 @@ def left_in(root: Path) -> list[str]:
 def test_close_removes_what_the_load_unpacked(temp_root: Path, package: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     stand_in(monkeypatch)
     backend = Pt2Backend(package)
+    # Its metadata names no batch_free, as packages exported before the key: their batch was always free.
+    assert backend.info.batch_free is None and backend.free_batch
     (ours,) = temp_root.glob("detector-pt2-*")  # the loader's folder inside ours: TMPDIR named ours for the load
     assert ours.name.startswith("detector-pt2-") and [path.name[:12] for path in ours.iterdir()] == ["aotinductor_"]
     assert os.environ["TMPDIR"] == str(temp_root)

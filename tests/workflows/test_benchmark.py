@@ -173,7 +173,8 @@ def test_a_line_says_the_pt2_compiles_take_minutes_before_they_start(monkeypatch
     monkeypatch.setattr(benchmark, "half_precision", lambda device: "bf16")  # two packages, as on a CPU with BF16
     benchmark.run_benchmark(BenchmarkOptions(weights=str(checkpoint), imgsz=64, runs=1, warmup=0, throughput_batch=0,
                                              skip=skip, device="cpu"), progress=printed.append)
-    line = "pt2: compiling the fp32 and bf16 packages (minutes on a small CPU; --skip pt2 leaves them out)"
+    line = ("pt2: compiling the fp32 and bf16 packages, one per batch size (minutes on a small CPU; --skip pt2 leaves "
+            "them out)")
     if "pt2" in skip:
         assert not [entry for entry in printed if entry.startswith("pt2")] and "export_pt2 called" not in printed
     else:

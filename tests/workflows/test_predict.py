@@ -308,9 +308,9 @@ def test_on_cuda_a_short_last_batch_is_filled_up(device: str, dynamic: bool, fre
                                                  calls: list[int], monkeypatch) -> None:
     """Five frames at --batch 2. A free-shape backend on CUDA (it captures or builds per input shape) gets three
     calls of 2, the last with a copy of frame 4 whose result is dropped; on the CPU, or for a fixed-batch export
-    (which pads to its own batch), the last call stays short. A pt2 package has a fixed size but a free batch
-    (``free_batch``, a graph per batch size on CUDA): filled up too. Five results in order either way. Nothing runs
-    on the device: the fake backend only names it, and the letterbox runs on the CPU."""
+    (which pads to its own batch), the last call stays short. A pt2 package exported with --dynamic has a fixed size
+    but a free batch (``free_batch``, a graph per batch size on CUDA): filled up too. Five results in order either
+    way. Nothing runs on the device: the fake backend only names it, and the letterbox runs on the CPU."""
     import detector.workflows.predict as predict_module
     from detector.workflows.predict import predict_frames
 
