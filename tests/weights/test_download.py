@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -151,41 +152,35 @@ def test_every_catalogued_file_is_pinned_and_fetched_over_https():
         assert weights.url.startswith("https://") and weights.url.endswith(f"/{weights.filename}")
 
 
-def test_yolo11_weights_are_pinned_fetched_and_read_as_yolo11(tmp_path: Path, server: tuple[str, Served],
-                                                              monkeypatch: pytest.MonkeyPatch,
-                                                              capsys: pytest.CaptureFixture):
-    """``download yolo11n``: the file Ultralytics' Hugging Face repository holds at the pinned commit, read as YOLO11n;
-    a YOLOv8 file served in its place is deleted, named for what it is."""
+def test_yolo11_and_yolo26_weights_are_pinned_where_ultralytics_publishes_them():
+    """YOLO11: the files Ultralytics' Hugging Face repository holds at the pinned commit; YOLO26: Ultralytics' GitHub
+    release assets, pinned by size and SHA-256 (no Hugging Face commit to pin)."""
     assert [(weights.scale, weights.url.split("/resolve/")[0]) for name, weights in PRETRAINED.items()
             if name.startswith("yolo11")] == [(f"11{letter}", "https://huggingface.co/Ultralytics/YOLO11")
                                              for letter in "nsmlx"]
-    base, served = server
-    monkeypatch.setenv(transfer.BASE_URL_ENV, base)
-    serve_pinned("yolo11n", lookalike_bytes("11n"), served, monkeypatch)
-    assert download_command.main(["YOLO11n.pt", "--weights-dir", str(tmp_path / "a"), "--allow-http"]) == 0
-    assert "(loads: YOLO11n, 80 classes, 499 tensors)" in capsys.readouterr().out
-    serve_pinned("yolo11n", yolov8_lookalike_bytes("n"), served, monkeypatch)
-    with pytest.raises(DownloadError, match=r"holds YOLOv8n weights; deleted it"):
-        download_weights("yolo11n", weights_dir=tmp_path / "b", **OPTIONS)
-    assert not any((tmp_path / "b").iterdir())
-
-
-def test_yolo26_weights_are_pinned_fetched_and_read_as_yolo26(tmp_path: Path, server: tuple[str, Served],
-                                                              monkeypatch: pytest.MonkeyPatch,
-                                                              capsys: pytest.CaptureFixture):
-    """``download yolo26n``: Ultralytics' GitHub release asset, pinned by size and SHA-256 (no Hugging Face commit to
-    pin), read as YOLO26n; a YOLO11 file served in its place (same layer types) is deleted, named for what it is."""
     assert [(weights.scale, weights.url) for name, weights in PRETRAINED.items() if name.startswith("yolo26")] == [
         (f"26{letter}", f"https://github.com/ultralytics/assets/releases/download/v8.4.0/yolo26{letter}.pt")
         for letter in "nsmlx"]
+
+
+@pytest.mark.parametrize(("name", "typed", "loads", "impostor", "refusal"), [
+    ("yolo11n", "YOLO11n.pt", "YOLO11n, 80 classes, 499 tensors", lambda: yolov8_lookalike_bytes("n"), "YOLOv8n"),
+    ("yolo26n", "yolo26n.pt", "YOLO26n, 80 classes, 708 tensors", lambda: lookalike_bytes("11n"), "YOLO11n"),
+])
+def test_yolo11_and_yolo26_weights_are_fetched_and_read_as_theirs(
+    tmp_path: Path, server: tuple[str, Served], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture,
+    name: str, typed: str, loads: str, impostor: Callable[[], bytes], refusal: str,
+):
+    """``download yolo11n`` (any case) and ``yolo26n``: the pinned file, read as its family; the family before it served
+    in its place (for YOLO26, YOLO11: the same layer types) is deleted, named for what it is."""
     base, served = server
     monkeypatch.setenv(transfer.BASE_URL_ENV, base)
-    serve_pinned("yolo26n", lookalike_bytes("26n"), served, monkeypatch)
-    assert download_command.main(["yolo26n.pt", "--weights-dir", str(tmp_path / "a"), "--allow-http"]) == 0
-    assert "(loads: YOLO26n, 80 classes, 708 tensors)" in capsys.readouterr().out
-    serve_pinned("yolo26n", lookalike_bytes("11n"), served, monkeypatch)
-    with pytest.raises(DownloadError, match=r"holds YOLO11n weights; deleted it"):
-        download_weights("yolo26n", weights_dir=tmp_path / "b", **OPTIONS)
+    serve_pinned(name, lookalike_bytes(name.removeprefix("yolo")), served, monkeypatch)
+    assert download_command.main([typed, "--weights-dir", str(tmp_path / "a"), "--allow-http"]) == 0
+    assert f"(loads: {loads})" in capsys.readouterr().out
+    serve_pinned(name, impostor(), served, monkeypatch)
+    with pytest.raises(DownloadError, match=rf"holds {refusal} weights; deleted it"):
+        download_weights(name, weights_dir=tmp_path / "b", **OPTIONS)
     assert not any((tmp_path / "b").iterdir())
 
 
