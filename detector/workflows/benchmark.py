@@ -316,7 +316,7 @@ def run_benchmark(options: BenchmarkOptions, progress: Callable[[str], None] = p
         else:  # an export made with --end-to-end runs its top-k with or without the flag; refused it without one
             single = load_backend(weights, device=device, nms=NMSConfig(end_to_end=options.end_to_end))
             candidates = iter([Candidate(single.name, lambda batch: single)])
-            if not single.info.dynamic and single.info.batch != options.batch:
+            if not single.free_batch and single.info.batch != options.batch:  # a --dynamic pt2 package is free
                 notes.append(fixed_batch_note(single.info.batch, options.batch))
         timed: list[Timed] = []
         for candidate in candidates:

@@ -108,8 +108,8 @@ def test_any_batch_runs_in_calls_of_the_packages_and_matches_pytorch(package: tu
 
 
 @needs_compiler
-def test_dynamic_frees_the_batch_alone_and_any_batch_runs_in_one_call(model: YOLO, images: torch.Tensor,
-                                                                      tmp_path: Path) -> None:
+def test_dynamic_frees_the_batch_alone_and_any_batch_runs_in_one_call(package: tuple[Path, str], model: YOLO,
+                                                                      images: torch.Tensor, tmp_path: Path) -> None:
     """``export --format pt2 --dynamic``: the package takes any batch in one call (traced at 2: 1 would specialise);
     its height and width stay ``--imgsz``. A second compile (~15 s of the suite on 2 cores)."""
     from detector.exporting.pt2 import export_pt2
@@ -125,6 +125,16 @@ def test_dynamic_frees_the_batch_alone_and_any_batch_runs_in_one_call(model: YOL
     assert calls == [1, 3]
     with pytest.raises(ValueError, match=f"exported at {IMGSZ} px"):
         backend.infer(torch.zeros(1, 3, IMGSZ + 32, IMGSZ, dtype=torch.uint8))
+    # benchmark of the file alone: a free package timed at another batch is not called fixed (a fixed one is)
+    from detector.workflows.benchmark import run_benchmark
+    from detector.workflows.options import BenchmarkOptions
+
+    def table(path: Path) -> str:
+        return run_benchmark(BenchmarkOptions(weights=str(path), batch=3, runs=1, warmup=0, rounds=1,
+                                              throughput_batch=0, device="cpu"), progress=lambda line: None)
+
+    assert "exported with a fixed batch" not in table(tmp_path / "free.pt2")
+    assert "exported with a fixed batch of 2: a batch of 3 runs in calls of 2" in table(package[0])
 
 
 def test_runs_without_the_model_code(package: tuple[Path, str]) -> None:
