@@ -40,20 +40,19 @@ from detector.runs import claim_run_dir
 from detector.training.budget import MAX_WARMUP_SHARE, MIN_WARMUP_STEPS
 from detector.training.config import SEED_MAX, TrainConfig
 from detector.training.optim import OptimizerChoice, build_optimizer
-from detector.training.rect import augment_placement
+from detector.training.rect import augment_placement, mixing
 from detector.training.run_lock import hold_run_lock
 from detector.training.schedule import StepSchedule
 
 
 def build_augment(config: TrainConfig) -> AugmentConfig:
     """The workers' augmentation; ``--rect`` mixes no images (detector/training/rect.py)."""
-    augment = AugmentConfig(
-        mosaic=config.mosaic, mixup=config.mixup, cutmix=config.cutmix, degrees=config.degrees,
+    return AugmentConfig(
+        **mixing(config), degrees=config.degrees,
         translate=config.translate, scale=config.scale, shear=config.shear, perspective=config.perspective,
         hsv_h=config.hsv_h, hsv_s=config.hsv_s, hsv_v=config.hsv_v, fliplr=config.fliplr, flipud=config.flipud,
         bgr=config.bgr, albumentations=config.albumentations,
     )
-    return dataclasses.replace(augment, mosaic=0.0, mixup=0.0, cutmix=0.0) if config.rect else augment
 
 
 def resolve_data(config: TrainConfig) -> DatasetSpec:

@@ -15,6 +15,7 @@ from detector.training.budget import MIN_WARMUP_STEPS, RunClock
 from detector.training.config import TrainConfig
 from detector.training.engine import TrainStep
 from detector.training.multiscale import MultiScale
+from detector.training.rect import mixing
 from detector.training.validator import background_text
 
 
@@ -42,9 +43,10 @@ class Run(Protocol):
 def mixing_text(config: TrainConfig) -> str:
     """``", MixUp 0.1 (in the workers), CutMix 0.5 (in the workers)"``, those asked for; nothing where every epoch
     is a close-mosaic one, whose items are never mixed, nor under ``--rect``, which mixes none."""
-    if config.epochs <= config.close_mosaic or config.rect:
+    if config.epochs <= config.close_mosaic:
         return ""
-    mixes = [(name, value) for name, value in (("MixUp", config.mixup), ("CutMix", config.cutmix)) if value]
+    asked = mixing(config)
+    mixes = [(name, value) for name, value in (("MixUp", asked["mixup"]), ("CutMix", asked["cutmix"])) if value]
     return "".join(f", {name} {value:g} (in the workers)" for name, value in mixes)
 
 

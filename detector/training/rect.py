@@ -23,9 +23,9 @@ from detector.data.batch_augment import resolve_pixel_augment
 from detector.training.config import TrainConfig
 
 
-def mixes_images(config: TrainConfig) -> bool:
-    """Whether items may mix images (mosaic, MixUp, CutMix): never under ``--rect``."""
-    return not config.rect and (config.mosaic > 0 or config.mixup > 0 or config.cutmix > 0)
+def mixing(config: TrainConfig) -> dict[str, float]:
+    """``{"mosaic", "mixup", "cutmix"}`` as the run has them: each 0 under ``--rect`` (its items are one image each)."""
+    return {name: 0.0 if config.rect else getattr(config, name) for name in ("mosaic", "mixup", "cutmix")}
 
 
 def trains_multi_scale(config: TrainConfig) -> bool:
