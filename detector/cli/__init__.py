@@ -108,7 +108,7 @@ def exit_with(code: int) -> NoReturn:
 
     * after a training run there are ~420k live objects (torch, sympy, matplotlib); collecting them took
       1.4-1.9 s after the last line on a 2-core EPYC. Frozen (``gc.freeze``) the teardown still took 0.4-0.9 s,
-      skipped 0.2 s (``docs/training.md``, "Where the time goes");
+      skipped 0.2 s (``docs/training-log.md``, 2026-11-26);
     * with torch 2.15, whose triton (3.9) is built with nanobind, that frozen teardown printed ~30 lines of
       ``nanobind: leaked 4 instances!`` on stderr at the end of every command.
 

@@ -31,7 +31,7 @@ def uncollected_imports() -> Iterator[None]:
 
     Importing torch, torchvision and ``torch._dynamo`` created ~540k objects that live as long as the process. The
     collector's thresholds made it run 5 full passes and ~800 young ones over them while they were being created:
-    0.6 s of the 4.2-4.4 s these imports took on a 2-core AMD EPYC (docs/training.md, "Where the time goes"); the
+    0.6 s of the 4.2-4.4 s these imports took on a 2-core AMD EPYC (docs/training-log.md, 2026-11-26); the
     commands now import torch here, and training ``torch._dynamo`` too (detector/cli/train.py). Frozen, they cost no
     later pass either, and the loader workers forked from this process do not copy the pages the collector would
     have written to.

@@ -3,7 +3,7 @@ matplotlib nor waits for a figure.
 
 matplotlib is all Python: a run's figures cost its training thread 4-5 s on a 2-core Xeon (the import 0.4-0.9 s,
 labels.png 0.8 s, each results.png 0.9-1.0 s, the PR curves and confusion matrix 0.7 s), against 30-50 s of training
-and validation in a short run (docs/training.md, "Where the time goes"). :class:`FigureWorker` forks one helper
+and validation in a short run (docs/training-log.md, 2026-11-27). :class:`FigureWorker` forks one helper
 (detector/forked.py) at the start of the run and sends it each figure's data, small arrays and paths (what it
 inherited at the fork, the training split's label records, it reads from its own memory: :class:`Inherited`); the
 helper answers with the seconds the figure took. The run waits for its figures once, at its end
