@@ -97,7 +97,7 @@ import torch
 from detector.data.build import build_split
 from detector.data.spec import load_dataset_spec
 from detector.inference.torch_backend import make_torch_infer
-from detector.metrics.loop import make_val_loader, run_validation
+from detector.metrics.loop import Scoring, make_val_loader, run_validation
 from detector.model import build_model
 from detector.postprocess import NMSConfig
 from detector.precision import resolve_precision
@@ -122,7 +122,7 @@ infer = make_torch_infer(model, precision=precision, device=device,
 # pycocotools itself, so the table's "pycocotools" column is literally so (faster-coco-eval gives the same
 # numbers within 1e-12: tests/metrics/test_coco.py)
 loader = make_val_loader(split, batch_size=args["batch"] * 2, workers=args["workers"])
-result = run_validation(infer, split, loader, progress=False, coco_eval="pycocotools").result
+result = run_validation(infer, split, loader, progress=False, scoring=Scoring("pycocotools")).result
 print("RESULT", json.dumps({"val_seconds": time.perf_counter() - start, "map": result.metrics["mAP50-95"],
                             "map50": result.metrics["mAP50"]}))
 """

@@ -57,6 +57,11 @@ class EvalResult:
     summary: str = ""  # the evaluator's printed table (the 12 "Average Precision / Recall" lines)
     evaluator: str = ""  # which library produced these numbers, with its version: "faster-coco-eval 1.8.0"
     stats: np.ndarray | None = None  # [12] the evaluator's summary numbers (COCOeval.stats); None without detections
+    # The val table's "all" P and R of the same pass (detector/metrics/matching.py, mean_precision_recall), where its
+    # scoring was asked for them (training's epochs: results.csv's P and R); None otherwise. Not COCO's: matched by
+    # whoever scores the pass, beside the evaluator (with_precision_recall), in the background worker too.
+    mean_precision: float | None = None
+    mean_recall: float | None = None
 
 
 def to_coco_detections(

@@ -24,6 +24,7 @@ from detector.data.letterbox import ImageMeta, rect_batches
 from detector.data.workers import capped_workers, worker_init
 from detector.metrics.background import BackgroundScorer, PendingScore
 from detector.metrics.coco import DETECTION_COLUMNS, EvalResult, evaluate_coco, to_coco_detections, write_results_json
+from detector.metrics.matching import prediction_rows, with_precision_recall
 from detector.metrics.val_loss import InferWithLoss
 from detector.model.yolo import INPUT_MULTIPLE
 from detector.postprocess import detections_to_host
@@ -59,13 +60,26 @@ def make_val_loader(
     )
 
 
+@dataclass(frozen=True)
+class Scoring:
+    """How :func:`run_validation` scores its pass: with the ``coco_eval`` evaluator (a detector.choices.COCO_EVAL
+    name), in ``background``'s worker (whose split and evaluator these must be) or, without one, in the calling
+    process; ``precision_recall``: the val table's "all" P and R too (:attr:`EvalResult.mean_precision`,
+    :attr:`~EvalResult.mean_recall`), matched where the mAP is computed, in the worker too."""
+
+    coco_eval: str = "faster"
+    background: BackgroundScorer | None = None
+    precision_recall: bool = False
+
+
 @dataclass
 class Validation:
     """One pass of a model over a split, scored.
 
     Attributes:
-        scores: the COCO metrics, the evaluator's summary and its name (:class:`EvalResult`), or, for a pass scored
-            in the background, their :class:`PendingScore` until :attr:`result` is first read.
+        scores: the COCO metrics, the evaluator's summary and its name (:class:`EvalResult`; with the mean P and R
+            where the pass asked for them), or, for a pass scored in the background, their :class:`PendingScore`
+            until :attr:`result` is first read.
         seconds: wall time of the pass on the calling thread: loading, inference, NMS, and the evaluator unless
             it ran in the background.
         images: images scored.
@@ -85,7 +99,7 @@ class Validation:
     losses: dict[str, float] = field(default_factory=dict)
     # Seconds of :attr:`seconds` by part: "loading" (blocked on the loader: decoding and letterboxing not yet done
     # by its workers), "inference" (the model, NMS and the detections brought to the host), "scoring" (the COCO
-    # evaluation and predictions.json; 0 when scored in the background).
+    # evaluation, the mean P and R where asked for, and predictions.json; 0 when scored in the background).
     parts: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -119,12 +133,11 @@ def run_validation(
     results_json: Path | None = None,
     progress: bool = True,
     keep_predictions: bool = False,
-    coco_eval: str = "faster",
-    scorer: BackgroundScorer | None = None,
+    scoring: Scoring = Scoring(),
 ) -> Validation:
     """Run ``infer`` over ``loader`` (:func:`make_val_loader` of ``split``, or the batches it yielded before) and
-    score it with the ``coco_eval`` evaluator (see detector.metrics.coco); with ``results_json``, write the COCO
-    results there too. With ``scorer`` (whose split and evaluator these must be), the scoring runs in its worker
+    score it as ``scoring`` says (the COCO evaluator of detector.metrics.coco, the mean P and R if asked for); with
+    ``results_json``, write the COCO results there too. With a background scorer, the scoring runs in its worker
     and this returns without waiting for it (:attr:`Validation.result` waits). An :class:`InferWithLoss` ``infer`` takes
     each batch's targets too, and the pass's mean loss is :attr:`Validation.losses`."""
     coco_detections: list[np.ndarray] = []
@@ -144,7 +157,8 @@ def run_validation(
         images, targets, metas = batch
         detections = infer(images, targets) if isinstance(infer, InferWithLoss) else infer(images)
         coco_detections.append(to_coco_detections(detections, metas, split.category_ids))
-        if keep_predictions:  # on the host in one copy: the per-image matching and plots would wait on each image
+        # On the host in one copy: the per-image matching (P and R, the plots) would wait on each image.
+        if keep_predictions or scoring.precision_recall:
             predictions.extend(zip(detections_to_host(detections), metas))
     # Waits for the device: counted in the inference time.
     mean_losses = infer.meter.means() if isinstance(infer, InferWithLoss) else {}
@@ -154,16 +168,19 @@ def run_validation(
     if split.json_scale:
         detections = in_json_pixels(detections, split.json_scale)
     image_ids = split.records.image_ids.tolist()
-    if scorer is not None:
+    # The boxes the mean P and R are matched from: one array, which a background scorer's worker receives.
+    rows = prediction_rows(predictions) if scoring.precision_recall else None
+    if scoring.background is not None:
         if results_json is not None:
             write_results_json(results_json, detections, split.ground_truth)
-        pending = scorer.submit(detections, image_ids)
+        pending = scoring.background.submit(detections, image_ids, rows)
         parts = timing_parts(start, loading, inferred)
         return Validation(pending, sum(parts.values()), len(split.records), detections,
                           predictions if keep_predictions else None, in_background=True, losses=mean_losses,
                           parts=parts)
     result = evaluate_coco(split.ground_truth, detections, image_ids=image_ids, results_json=results_json,
-                           backend=coco_eval)
+                           backend=scoring.coco_eval)
+    result = with_precision_recall(result, rows, split)
     parts = timing_parts(start, loading, inferred)
     return Validation(result, sum(parts.values()), len(split.records), detections,
                       predictions if keep_predictions else None, losses=mean_losses, parts=parts)

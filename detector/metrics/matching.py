@@ -7,11 +7,13 @@ the best-overlapping box not yet claimed, as COCO's evaluation and Ultralytics 8
 does (:func:`claim_by_confidence`). Each
 prediction and each ground-truth box is used once. All boxes are xyxy pixels of the original image. P and R are
 Ultralytics 8.4's ``ap_per_class`` values (:func:`pr_curves`): each class's curves against confidence interpolated
-between its detections' scores, read where the smoothed mean F1 peaks.
+between its detections' scores, read where the smoothed mean F1 peaks. A training epoch's ``P`` and ``R`` columns are
+the same table's "all" row (:func:`mean_precision_recall`), without the confusion matrix.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,8 +22,9 @@ import torch
 
 from detector.boxes import box_intersection, box_iou, cxcywh_to_xyxy
 from detector.data.build import SplitData
-from detector.data.letterbox import ImageMeta, unletterbox_boxes
+from detector.data.letterbox import ImageMeta, unletterbox_rows
 from detector.data.records import ImageRecord
+from detector.metrics.coco import EvalResult
 
 CONF_GRID = np.linspace(0, 1, 1000)  # confidence thresholds at which P, R and F1 are sampled
 RECALL_GRID = np.linspace(0, 1, 101)  # COCO's 101 recall points, for the PR plot and its AP50 legend
@@ -139,7 +142,7 @@ class DatasetMatches:
     scores: np.ndarray  # [N]
     labels: np.ndarray  # [N] predicted class
     gt_labels: np.ndarray  # [M] class of every ground-truth box
-    confusion: np.ndarray  # [C + 1, C + 1] counts, see confusion_matrix
+    confusion: np.ndarray | None  # [C + 1, C + 1] counts, see confusion_matrix; None where not asked for
 
 
 Crowds = dict[int, tuple[np.ndarray, np.ndarray]]  # image id -> crowd regions' (class [K], xyxy px boxes [K, 4])
@@ -178,35 +181,76 @@ def in_crowd(pred_boxes: torch.Tensor, pred_labels: torch.Tensor, correct: np.nd
     return (covered & same_class).any(1) & ~correct
 
 
+Predictions = list[tuple[dict[str, torch.Tensor], ImageMeta]]  # run_validation(..., keep_predictions=True)
+ROW_COLUMNS = ("image_id", "x1", "y1", "x2", "y2", "score", "class")  # prediction_rows' [N, 7] rows
+
+
+def prediction_rows(predictions: Predictions) -> np.ndarray:
+    """A pass's predictions (per image ``({boxes [n, 4] letterboxed xyxy px, scores, labels}, meta)``) as one float64
+    ``[N, 7]`` array of :data:`ROW_COLUMNS`: boxes in the original image's pixels (the letterbox undone and clipped),
+    each value the FP32 number (the label: the integer) that :func:`match_rows` reads, exact in float64.
+
+    One array, not three tensors an image: a pass scored in the background sends it to the scoring worker
+    (detector/metrics/background.py), and :func:`match_dataset` reads the same rows, so the two match alike.
+    """
+    if not predictions:
+        return np.zeros((0, len(ROW_COLUMNS)))
+    detections, metas = zip(*predictions)
+    counts = [len(detection["scores"]) for detection in detections]
+    # The whole pass at once: unletterbox_rows gives each box the bits a per-image unletterbox_boxes would.
+    boxes = unletterbox_rows(torch.cat([d["boxes"].reshape(-1, 4) for d in detections]), metas, counts)
+    rows = np.empty((sum(counts), len(ROW_COLUMNS)))
+    rows[:, 0] = np.repeat(np.array([meta.image_id for meta in metas], np.float64), counts)
+    rows[:, 1:5] = boxes.numpy()
+    rows[:, 5] = torch.cat([d["scores"].reshape(-1) for d in detections]).float().cpu().numpy()
+    rows[:, 6] = torch.cat([d["labels"].reshape(-1) for d in detections]).long().cpu().numpy()
+    return rows
+
+
 def match_dataset(
-    predictions: list[tuple[dict[str, torch.Tensor], ImageMeta]],
+    predictions: Predictions,
     records: list[ImageRecord],
     image_hw: list[tuple[int, int]],
     num_classes: int,
     crowds: Crowds | None = None,
 ) -> DatasetMatches:
-    """Match ``run_validation(..., keep_predictions=True)`` predictions against the records' labels.
+    """Match ``run_validation(..., keep_predictions=True)`` predictions against the records' labels
+    (:func:`match_rows` of their :func:`prediction_rows`)."""
+    return match_rows(prediction_rows(predictions), records, image_hw, num_classes, crowds)
 
-    ``predictions`` are per image ``({boxes [n, 4] letterboxed xyxy px, scores, labels}, meta)``; they are
-    paired with records by ``meta.image_id``. Images without predictions still count their ground truth.
+
+def match_rows(
+    rows: np.ndarray,
+    records: list[ImageRecord],
+    image_hw: list[tuple[int, int]],
+    num_classes: int,
+    crowds: Crowds | None = None,
+    *,
+    confusion: bool = True,
+) -> DatasetMatches:
+    """Match a pass's :func:`prediction_rows` against the records' labels, image by image (``rows[:, 0]`` names each
+    box's image). Images without predictions still count their ground truth. ``confusion=False``: no confusion
+    matrix (None), which P and R do not read.
+
     A prediction in a crowd region (``crowds``, :func:`crowd_regions`) that matches no box is left out of P / R and
     the PR curves, as COCO's evaluation ignores it (counted as a false positive, P on COCO read lower than its
     mAP); the confusion matrix counts it as Ultralytics' does, which reads no crowds.
     """
-    by_id = {meta.image_id: (detection, meta) for detection, meta in predictions}
+    rows = rows[np.argsort(rows[:, 0], kind="stable")]  # each image's boxes together, in their own order
+    image_ids = np.array([record.image_id for record in records], np.float64)
+    starts = np.searchsorted(rows[:, 0], image_ids, side="left")
+    ends = np.searchsorted(rows[:, 0], image_ids, side="right")
     correct, scores, labels, gt_all = [], [], [], []
-    confusion = np.zeros((num_classes + 1, num_classes + 1), np.int64)
-    empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0, dtype=torch.long)}
-    for record, hw in zip(records, image_hw):
+    matrix = np.zeros((num_classes + 1, num_classes + 1), np.int64) if confusion else None
+    for record, hw, start, end in zip(records, image_hw, starts, ends):
         gt_labels, gt_boxes = labels_to_boxes(record.labels, hw)
-        if record.image_id in by_id:
-            detection, meta = by_id[record.image_id]
-            boxes = unletterbox_boxes(detection["boxes"], meta)
-        else:
-            detection, boxes = empty, empty["boxes"]
-        pred_scores, pred_labels = detection["scores"].float().cpu(), detection["labels"].long().cpu()
+        image = rows[start:end]
+        boxes = torch.from_numpy(image[:, 1:5].astype(np.float32))
+        pred_scores = torch.from_numpy(image[:, 5].astype(np.float32))
+        pred_labels = torch.from_numpy(image[:, 6].astype(np.int64))
         matched = match_predictions(boxes, pred_labels, pred_scores, gt_boxes, gt_labels)
-        confusion += confusion_matrix(boxes, pred_labels, pred_scores, gt_boxes, gt_labels, num_classes)
+        if matrix is not None:
+            matrix += confusion_matrix(boxes, pred_labels, pred_scores, gt_boxes, gt_labels, num_classes)
         counted = ~in_crowd(boxes, pred_labels, matched, (crowds or {}).get(record.image_id))
         correct.append(matched[counted])
         scores.append(pred_scores.numpy()[counted])
@@ -217,7 +261,7 @@ def match_dataset(
         return np.concatenate(parts).astype(dtype) if parts else np.zeros(0, dtype)
 
     return DatasetMatches(join(correct, bool), join(scores, np.float64), join(labels, np.int64),
-                          join(gt_all, np.int64), confusion)
+                          join(gt_all, np.int64), matrix)
 
 
 @dataclass
@@ -288,9 +332,6 @@ def pr_curves(
     )
 
 
-Predictions = list[tuple[dict[str, torch.Tensor], ImageMeta]]  # run_validation(..., keep_predictions=True)
-
-
 @dataclass
 class ValidationStats:
     precision: np.ndarray  # [C] at best_confidence; NaN for classes without ground truth
@@ -310,10 +351,31 @@ class ValidationStats:
 
 
 def validation_stats(predictions: Predictions, split: SplitData, num_classes: int) -> ValidationStats:
-    """Match ``run_validation(..., keep_predictions=True).predictions`` to the split's labels.
+    """Match ``run_validation(..., keep_predictions=True).predictions`` to the split's labels: the val table's P and R,
+    the PR curves and the confusion matrix. No figures."""
+    return stats_of_rows(prediction_rows(predictions), split, num_classes)
 
-    No figures; cheap enough to call every epoch for a ``precision`` / ``recall`` column.
-    """
-    matches = match_dataset(predictions, split.records, split.image_hw, num_classes, crowd_regions(split))
+
+def stats_of_rows(rows: np.ndarray, split: SplitData, num_classes: int, *, confusion: bool = True) -> ValidationStats:
+    """:func:`validation_stats` of a pass's :func:`prediction_rows`; ``confusion=False``: no confusion matrix."""
+    matches = match_rows(rows, split.records, split.image_hw, num_classes, crowd_regions(split), confusion=confusion)
     curves = pr_curves(matches.correct, matches.scores, matches.labels, matches.gt_labels, num_classes)
     return ValidationStats(curves.best_precision, curves.best_recall, curves.best_confidence, curves, matches)
+
+
+def mean_precision_recall(rows: np.ndarray, split: SplitData) -> tuple[float, float]:
+    """The val table's "all" P and R (:attr:`ValidationStats.mean_precision`, :attr:`~ValidationStats.mean_recall`)
+    of a pass's :func:`prediction_rows`, without the confusion matrix: a training epoch's ``P`` and ``R`` columns."""
+    stats = stats_of_rows(rows, split, len(split.category_ids), confusion=False)
+    return stats.mean_precision, stats.mean_recall
+
+
+def with_precision_recall(result: EvalResult, rows: np.ndarray | None, split: SplitData | None) -> EvalResult:
+    """``result`` (a pass's COCO scores) with its :attr:`~EvalResult.mean_precision` and
+    :attr:`~EvalResult.mean_recall` (:func:`mean_precision_recall` of the pass's ``rows`` against ``split``); as it
+    is where either is None. What scores a pass calls it beside the evaluator, in this process or in the background
+    worker (detector/metrics/background.py), so the two paths give the same numbers."""
+    if rows is None or split is None:
+        return result
+    precision, recall = mean_precision_recall(rows, split)
+    return dataclasses.replace(result, mean_precision=precision, mean_recall=recall)

@@ -26,7 +26,7 @@ from detector.inference.torch_backend import decode_images_with_maps, make_torch
 from detector.forked import HELPER_MIN_CORES, fork_available
 from detector.metrics.background import BackgroundScorer
 from detector.metrics.coco import resolve_backend
-from detector.metrics.loop import Detections, Validation, make_val_loader, run_validation
+from detector.metrics.loop import Detections, Scoring, Validation, make_val_loader, run_validation
 from detector.metrics.val_loss import InferWithLoss, LossMeter
 from detector.postprocess import NMSConfig, non_max_suppression
 from detector.precision import Precision
@@ -155,7 +155,8 @@ class Validator:
         or at its first pass)."""
         if self._scorer is None:
             assert self.split.ground_truth is not None, "evaluation split was built without ground truth"
-            self._scorer = BackgroundScorer(self.split.ground_truth, backend=resolve_backend(self.config.coco_eval))
+            self._scorer = BackgroundScorer(self.split.ground_truth, backend=resolve_backend(self.config.coco_eval),
+                                            split=self.split)
         return self._scorer
 
     def model_for(self, model: nn.Module, precision: Precision) -> nn.Module:
@@ -208,7 +209,8 @@ class Validator:
             background: bool = False, graphed: bool = True, criterion: DetectionLoss | None = None) -> Validation:
         """One pass; ``background``: its COCO scoring in the worker process (detector/metrics/background.py), the
         returned :class:`Validation` waiting for it where its result is read. ``criterion``: the pass's loss too
-        (:attr:`Validation.losses`), from the forward that gave its detections."""
+        (:attr:`Validation.losses`), from the forward that gave its detections. Every pass is scored with the val
+        table's mean P and R too (results.csv's P and R), where its mAP is."""
         # predictions.json is written by the final evaluations only (the trainer's after_epoch and after_train): at
         # COCO size (1.5M detections) its json.dumps costs seconds, every epoch, for a file the next epoch replaces.
         batches = self.batches()
@@ -216,9 +218,9 @@ class Validator:
         backend = resolve_backend(self.config.coco_eval)
         with heuristics_over_many_shapes(self.device, shapes, self.config.cudnn_benchmark):
             infer = self.infer(model, precision, graphed=graphed, criterion=criterion)
+            scoring = Scoring(backend, self.scorer() if background else None, precision_recall=True)
             return run_validation(infer, self.split, batches, progress=self.progress,
-                                  keep_predictions=keep_predictions, coco_eval=backend,
-                                  scorer=self.scorer() if background else None)
+                                  keep_predictions=keep_predictions, scoring=scoring)
 
     def run_weights(self, model: nn.Module, weights: dict[str, Any], path: Path, precision: Precision) -> Validation:
         """One pass of ``model``'s architecture with ``weights`` (a state dict read from ``path``: best.pt's FP16

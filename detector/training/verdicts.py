@@ -124,6 +124,9 @@ class Verdicts:
         its row."""
         if validation is not None:
             shown = "  ".join(f"{key} {validation.metrics[key]:.4f}" for key in ("mAP50-95", "mAP50", "mAP75"))
+            result = validation.result
+            if result.mean_precision is not None and result.mean_recall is not None:  # as the val table prints them
+                shown += f"  P {result.mean_precision:.3f}  R {result.mean_recall:.3f}"
             self.log(f"epoch {epoch + 1}: {shown} | {stats['images_per_s']:.1f} img/s, {stats['data_wait']:.0%} "
                      f"waiting for data{graph_costs_text(stats)} | val {validation.seconds:.1f}s")
             score, before = fitness(validation.metrics, self.rule), self.best_fitness

@@ -39,7 +39,7 @@ from detector.inference.fusion import fuse_conv_bn
 from detector.inference.pt_model import model_from_pt
 from detector.inference.torch_backend import TorchBackend, half_precision, make_torch_infer, use_one_to_one
 from detector.metrics.coco import evaluator_name, resolve_backend
-from detector.metrics.loop import Validation, make_val_loader, run_validation
+from detector.metrics.loop import Scoring, Validation, make_val_loader, run_validation
 from detector.model import image_size_problem
 from detector.model.metadata import ModelInfo
 from detector.plots.reporter import validation_report
@@ -184,7 +184,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
         try:
             validation = run_validation(infer, split, loader, results_json=save_dir / "predictions.json",
                                         progress=options.verbose and sys.stderr.isatty(), keep_predictions=True,
-                                        coco_eval=coco_eval)
+                                        scoring=Scoring(coco_eval))
         finally:
             stop_workers(loader)  # now, not at the process's exit (see stop_workers)
         result = validation.result

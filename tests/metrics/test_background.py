@@ -244,3 +244,35 @@ def _alive(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):
         return False
     return state != "Z"
+
+
+def test_the_worker_scores_p_and_r_to_the_bit_of_this_process(tiny_split, watchdog) -> None:
+    """A training pass scored in the background sends its prediction rows with its detections: the worker matches
+    them against the split it inherited, to the bit of the same pass scored inline (mAP, P and R)."""
+    from detector.metrics.loop import Scoring, make_val_loader, run_validation
+    from detector.metrics.matching import prediction_rows
+    from tests.metrics.test_matching import noisy_predictions
+
+    predictions = noisy_predictions(tiny_split)
+    batches = list(make_val_loader(tiny_split, batch_size=4, workers=0, rect=False))  # one batch: the 4 images
+
+    def infer(images):
+        return [detection for detection, _ in predictions]
+
+    inline = run_validation(infer, tiny_split, batches, progress=False,
+                            scoring=Scoring("pycocotools", precision_recall=True)).result
+    children = set(multiprocessing.active_children())
+    scorer = BackgroundScorer(tiny_split.ground_truth, backend="pycocotools", split=tiny_split)
+    try:
+        validation = run_validation(infer, tiny_split, batches, progress=False,
+                                    scoring=Scoring("pycocotools", scorer, precision_recall=True))
+        assert validation.in_background
+        result = validation.result
+        assert len(_workers(children)) == 1 and not scorer.failed  # scored in the worker, not inline after a failure
+    finally:
+        scorer.close()
+    assert _same(result, inline) and 0 < inline.mean_precision < 1 and 0 < inline.mean_recall <= 1
+    assert (result.mean_precision, result.mean_recall) == (inline.mean_precision, inline.mean_recall)
+    unmatched = BackgroundScorer(tiny_split.ground_truth, backend="pycocotools")  # no split: nothing to match against
+    with pytest.raises(ValueError, match="need the split"):
+        unmatched.submit(validation.detections, None, prediction_rows(predictions))

@@ -15,7 +15,7 @@ from detector.data.build import SplitData, build_split
 from detector.data.dataset import collate
 from detector.data.letterbox import unletterbox_boxes
 from detector.data.spec import load_dataset_spec
-from detector.metrics.loop import make_val_loader, run_validation
+from detector.metrics.loop import Scoring, make_val_loader, run_validation
 
 SIZE = 160
 # (height, width) and YOLO rows: landscape, portrait and square images, so batches get different canvases.
@@ -154,7 +154,7 @@ def test_the_ground_truth_fed_back_as_detections_scores_one_whatever_the_roundin
                 found.append({"boxes": boxes, "scores": torch.ones(len(rows)), "labels": rows[:, 1].long()})
             return found
 
-        metrics = run_validation(infer, split_data, batches, progress=False, coco_eval="pycocotools").metrics
+        metrics = run_validation(infer, split_data, batches, progress=False, scoring=Scoring("pycocotools")).metrics
         assert metrics["mAP50-95"] == pytest.approx(1.0, abs=1e-9), (rect, metrics)
 
 
@@ -175,3 +175,26 @@ def test_the_val_bar_ends_its_line_in_a_log_and_vanishes_on_a_terminal(tiny_spli
     run_validation(lambda images: [empty] * len(images), tiny_split, [batch], progress=True)
     written = stream.getvalue()
     assert written.endswith("\r") if terminal else written.endswith("\n") and "val: 100%" in written.splitlines()[-1]
+
+
+def test_a_pass_asked_for_p_and_r_scores_the_val_tables_all_row_beside_its_map(tiny_split) -> None:
+    """Training's passes ask for the val table's mean P and R (results.csv's P and R): matched from the same
+    detections as its mAP, to the bit of the table `detector val` prints; a pass that does not ask has none, and keeps
+    no predictions for them unless asked to."""
+    from detector.metrics.matching import validation_stats
+    from tests.metrics.test_matching import noisy_predictions
+
+    predictions = noisy_predictions(tiny_split)
+    batches = list(make_val_loader(tiny_split, batch_size=4, workers=0, rect=False))
+    assert [meta.image_id for meta in batches[0][2]] == [meta.image_id for _, meta in predictions]  # one batch
+
+    def infer(images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
+        return [detection for detection, _ in predictions]
+
+    matched = run_validation(infer, tiny_split, batches, progress=False, scoring=Scoring(precision_recall=True))
+    plain = run_validation(infer, tiny_split, batches, progress=False)
+    table = validation_stats(predictions, tiny_split, 2)
+    assert (matched.result.mean_precision, matched.result.mean_recall) == (table.mean_precision, table.mean_recall)
+    assert 0 < table.mean_precision < 1 and matched.predictions is None
+    assert plain.result.mean_precision is None and plain.result.mean_recall is None
+    assert matched.metrics == plain.metrics

@@ -321,3 +321,39 @@ def test_a_detection_in_a_crowd_region_is_left_out_of_precision_as_coco_leaves_i
     stats = validation_stats(validation.predictions, split, 3)
     assert np.nanmin(stats.precision) == 1.0 and np.nanmin(stats.recall) == 1.0
     assert stats.matches.confusion[1, 3] == 1  # the background column: a false positive to Ultralytics
+
+
+def noisy_predictions(split) -> list:
+    """:func:`perfect_predictions` with, per image, a duplicate of each box 3 px off (score 0.5) and a box on no object
+    (class 0, score 0.7): P and R strictly between 0 and 1."""
+    predictions = []
+    for detection, meta in perfect_predictions(split):
+        boxes, labels = detection["boxes"], detection["labels"]
+        boxes = torch.cat((boxes, boxes + 3.0, torch.tensor([[1.0, 1.0, 9.0, 9.0]])))
+        scores = torch.cat((detection["scores"], torch.full((len(labels),), 0.5), torch.tensor([0.7])))
+        predictions.append(({"boxes": boxes, "scores": scores, "labels": torch.cat((labels, labels, torch.tensor([0])))},
+                            meta))
+    return predictions
+
+
+def test_prediction_rows_hold_the_numbers_matching_reads_and_p_and_r_skip_the_confusion_matrix(tiny_split) -> None:
+    """A pass's predictions as one array (what a background scorer is sent): each box in its image's pixels exactly as
+    unletterbox_boxes gives it, its score and class; matched from it, an epoch's P and R are the val table's "all" row
+    to the bit, in any order of its images, without the confusion matrix that P and R do not read."""
+    from detector.metrics.matching import mean_precision_recall, prediction_rows, stats_of_rows, validation_stats
+
+    predictions = noisy_predictions(tiny_split)
+    rows = prediction_rows(predictions)
+    assert rows.shape == (sum(len(d["scores"]) for d, _ in predictions), 7) and rows.dtype == np.float64
+    for detection, meta in predictions:
+        mine = rows[rows[:, 0] == meta.image_id]
+        assert torch.equal(torch.from_numpy(mine[:, 1:5].astype(np.float32)), unletterbox_boxes(detection["boxes"], meta))
+        assert torch.equal(torch.from_numpy(mine[:, 5].astype(np.float32)), detection["scores"])
+        assert mine[:, 6].tolist() == detection["labels"].tolist()
+    table = validation_stats(predictions, tiny_split, 2)  # what `detector val` prints
+    assert 0 < table.mean_precision < 1 and 0 < table.mean_recall <= 1
+    assert mean_precision_recall(rows, tiny_split) == (table.mean_precision, table.mean_recall)
+    assert mean_precision_recall(prediction_rows(predictions[::-1]), tiny_split) == (table.mean_precision,
+                                                                                  table.mean_recall)
+    assert stats_of_rows(rows, tiny_split, 2, confusion=False).matches.confusion is None
+    assert prediction_rows([]).shape == (0, 7) and mean_precision_recall(prediction_rows([]), tiny_split) == (0.0, 0.0)

@@ -11,10 +11,14 @@ from detector.training.verdicts import Verdicts, patience_note
 STATS = {"images_per_s": 100.0, "data_wait": 0.0}
 
 
-def scored(map50_95: float, map50: float | None = None) -> SimpleNamespace:
-    """What ``judge`` reads of a validation: its metrics (mAP50 and mAP75 as mAP50-95 unless given) and seconds."""
+def scored(map50_95: float, map50: float | None = None, precision_recall: tuple[float, float] | None = None,
+           ) -> SimpleNamespace:
+    """What ``judge`` reads of a validation: its metrics (mAP50 and mAP75 as mAP50-95 unless given), its mean P and R
+    (none unless given) and seconds."""
     map50 = map50_95 if map50 is None else map50
-    return SimpleNamespace(metrics={"mAP50-95": map50_95, "mAP50": map50, "mAP75": map50_95}, seconds=0.1)
+    precision, recall = precision_recall or (None, None)
+    return SimpleNamespace(metrics={"mAP50-95": map50_95, "mAP50": map50, "mAP75": map50_95}, seconds=0.1,
+                           result=SimpleNamespace(mean_precision=precision, mean_recall=recall))
 
 
 def verdicts(patience: int) -> Verdicts:
@@ -128,3 +132,14 @@ def test_a_best_pt_scored_by_another_rule_is_rescored_from_its_metrics(tmp_path:
     assert (judge.best_fitness, judge.best_epoch) == (0.5, 3)
     judge.judge(4, STATS, HIGH_MAP50_95, "fp32")  # 0.51 beats best.pt's 0.50 here, not its stored 0.54
     assert judge.best_epoch == 4
+
+
+def test_the_epochs_line_says_p_and_r_after_the_maps_as_the_val_table_rounds_them():
+    """Ultralytics prints P and R every epoch: ours follow mAP75, to the val table's 3 decimals; a pass scored without
+    them (none in training) prints the mAPs alone."""
+    lines = []
+    judge = Verdicts(0, log=lines.append, record=lambda *row: None)
+    judge.judge(0, STATS, scored(0.25, precision_recall=(0.81234, 0.5)), "fp32")
+    judge.judge(1, STATS, scored(0.25), "fp32")
+    assert lines[0].startswith("epoch 1: mAP50-95 0.2500  mAP50 0.2500  mAP75 0.2500  P 0.812  R 0.500 | ")
+    assert lines[1].startswith("epoch 2: mAP50-95 0.2500  mAP50 0.2500  mAP75 0.2500 | ")
