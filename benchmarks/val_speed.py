@@ -1,8 +1,10 @@
-"""Where validation's time goes: loader start-up, forward, decode, the loss, NMS, COCO results, pycocotools.
+"""Where validation's time goes: loader start-up, forward, decode, the loss, NMS, COCO results, P and R, pycocotools.
 
 Runs the same stages as :func:`detector.metrics.loop.run_validation` (the loader, ``decode_images_with_maps``'
 network and decode, the loss on the batch's targets as training's validation computes it, ``LossMeter``:
-``--no-val-loss`` leaves it out, ``non_max_suppression``, ``to_coco_detections``, ``evaluate_coco``) on the model
+``--no-val-loss`` leaves it out, ``non_max_suppression``, ``to_coco_detections``, ``evaluate_coco``, and the mean P
+and R of results.csv as training's passes score them: the detections kept on the host, ``prediction_rows`` and
+``mean_precision_recall``; ``--no-precision-recall`` leaves them out) on the model
 as training's validator runs it (BatchNorm folded, channels-last: ``--no-fold``, ``--no-channels-last`` to
 compare), timing each one, over ``--repeats`` passes in one process. The loader is made once and kept, as
 training keeps it; the first pass's first batch is the cold start (worker processes forked), the later passes'
@@ -16,7 +18,9 @@ A fresh model scores almost no box above conf 0.001, which under-measures NMS: `
 ``--weights``) zeroes the class-logit biases so every (anchor, class) pair enters NMS -- the worst case the
 ``max_candidates`` cap bounds. Its scores are all equal (0.5), so NMS's first pass over each image's best
 candidates never settles there and runs again over all of them (``--first-pass``; a barely trained checkpoint
-shows the first pass). Prints a markdown table: per pass, median and range over the repeats.
+shows the first pass). Prints a markdown table: per pass, median and range over the repeats. Rows marked "not in the
+total" are references: pycocotools' evaluation (``--coco-eval pycocotools``), and the matching with the confusion
+matrix, as ``detector val``'s table and plots run it (``validation_stats``), which training's epochs skip.
 """
 
 from __future__ import annotations
@@ -43,15 +47,18 @@ from detector.loss import DetectionLoss
 from detector.metrics.val_loss import LossMeter
 from detector.metrics.coco import evaluate_coco, scored_detections, to_coco_detections
 from detector.metrics.loop import make_val_loader
+from detector.metrics.matching import mean_precision_recall, prediction_rows, validation_stats
 from detector.model import build_model
 from detector import postprocess
-from detector.postprocess import NMSConfig, decode_outputs, non_max_suppression
+from detector.postprocess import NMSConfig, decode_outputs, detections_to_host, non_max_suppression
 from detector.precision import resolve_precision
 from detector.tuning import enlarge_onednn_cache
 
+PR_STAGE, FULL_MATCHING = "P and R (matching)", "P and R with the confusion matrix (val's)"
 STAGES = ("loader first batch", "loader other batches", "forward", "decode", "loss", "NMS", "COCO results",
-          "COCO evaluation (faster-coco-eval)", "COCO evaluation (pycocotools)")
-REFERENCE_STAGE = "COCO evaluation (pycocotools)"  # what --coco-eval pycocotools would cost: not in the total
+          "COCO evaluation (faster-coco-eval)", PR_STAGE, "COCO evaluation (pycocotools)", FULL_MATCHING)
+# What --coco-eval pycocotools would cost, and what the val command's matching costs: not in the total.
+REFERENCE_STAGES = ("COCO evaluation (pycocotools)", FULL_MATCHING)
 
 
 def lap(device: torch.device) -> float:
@@ -61,12 +68,14 @@ def lap(device: torch.device) -> float:
 
 
 def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, channels_last: bool,
-             graphs: CudaGraphRunner | None = None, losses: LossMeter | None = None) -> dict[str, float]:
+             graphs: CudaGraphRunner | None = None, losses: LossMeter | None = None,
+             precision_recall: bool = True) -> dict[str, float]:
     """One validation pass; seconds per stage, candidate and detection counts. ``graphs``: the forward and decode
     replayed from them, as training's validator does on CUDA (timed as "forward"; "decode" is then 0). ``losses``:
-    the loss of each batch from the same maps, as training's validation computes it (else "loss" is 0)."""
+    the loss of each batch from the same maps, as training's validation computes it (else "loss" is 0).
+    ``precision_recall``: results.csv's P and R as training's pass scores them (else their stages are 0)."""
     seconds: dict[str, float] = defaultdict(float)
-    detections_all = []
+    detections_all, predictions = [], []
     start = lap(device)
     batches = iter(loader)  # the cold start forks the workers here, and a warm one hands them their indices
     for index, (images, targets, metas) in enumerate(batches):
@@ -89,6 +98,9 @@ def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, channel
             t_nms = lap(device)
         detections_all.append(to_coco_detections(detections, metas, split.category_ids))
         t_coco = lap(device)
+        if precision_recall:  # kept on the host, as run_validation keeps them for the matching
+            predictions.extend(zip(detections_to_host(detections), metas))
+        seconds[PR_STAGE] += lap(device) - t_coco
         seconds["forward"] += t_forward - now
         seconds["decode"] += t_decode - t_forward
         seconds["loss"] += t_loss - t_decode
@@ -100,6 +112,14 @@ def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, channel
     seconds["detections"] = len(detections_all)
     seconds["scored"] = len(scored_detections(detections_all))  # what the evaluator reads: each class's best 100
     seconds.update(time_cocoeval(split, detections_all))
+    if precision_recall:
+        start = time.perf_counter()
+        seconds["P"], seconds["R"] = mean_precision_recall(prediction_rows(predictions), split)
+        seconds[PR_STAGE] += time.perf_counter() - start
+        start = time.perf_counter()
+        stats = validation_stats(predictions, split, len(split.category_ids))
+        seconds[FULL_MATCHING] = time.perf_counter() - start
+        assert (stats.mean_precision, stats.mean_recall) == (seconds["P"], seconds["R"])  # the same numbers
     return seconds
 
 
@@ -147,6 +167,8 @@ def main() -> int:
                         help="channels-last weights and inputs, as training's default (default: on)")
     parser.add_argument("--val-loss", action=argparse.BooleanOptionalAction, default=True,
                         help="the loss on each batch's targets, as training's validation computes it (default: on)")
+    parser.add_argument("--precision-recall", action=argparse.BooleanOptionalAction, default=True,
+                        help="results.csv's mean P and R, matched as training's passes score them (default: on)")
     parser.add_argument("--repeats", type=int, default=3, help="passes over the split (the loader is kept)")
     parser.add_argument("--first-pass", type=int, default=None,
                         help="NMS first over each image's best N candidates (default: detector.postprocess's "
@@ -201,13 +223,15 @@ def main() -> int:
     criterion = DetectionLoss.for_model(model).to(device)
     passes = [one_pass(model, loader, split, precision=precision, device=device, nms=nms,
                        channels_last=args.channels_last, graphs=graphs,
-                       losses=LossMeter(criterion) if args.val_loss else None)
+                       losses=LossMeter(criterion) if args.val_loss else None, precision_recall=args.precision_recall)
               for _ in range(args.repeats)]
     images = len(split.records)
+    matched = f", P {passes[0]['P']:.3f} R {passes[0]['R']:.3f}" if args.precision_recall else ""
     print(f"\n{images} val images of {args.data}, imgsz {size}, batch {args.batch}, workers {args.workers}, "
           f"{device} {precision.name}, {'folded' if args.fold else 'BatchNorm kept'}, "
           f"{'channels-last' if args.channels_last else 'contiguous'}, {'rectangular' if args.rect else 'square'} "
-          f"batches, {'with' if args.val_loss else 'without'} the loss"
+          f"batches, {'with' if args.val_loss else 'without'} the loss, "
+          f"{'with' if args.precision_recall else 'without'} P and R"
           f"{', pinned' if device.type == 'cuda' else ''}"
           f"{f', forward and decode from {len(graphs.graphs)} CUDA graphs' if graphs is not None else ''}, "
           f"weights {args.weights or 'fresh'}{' (lively)' if lively else ''}, "
@@ -217,18 +241,19 @@ def main() -> int:
           f"{statistics.median(p['candidates'] for p in passes) / images:.0f} "
           f"(anchor, class) pairs above conf and {statistics.median(p['detections'] for p in passes) / images:.0f} "
           f"detections per image ({statistics.median(p['scored'] for p in passes) / images:.0f} scored); "
-          f"mAP50-95 {passes[0]['mAP50-95']:.4f}; {args.repeats} passes, loader kept\n")
+          f"mAP50-95 {passes[0]['mAP50-95']:.4f}{matched}; "
+          f"{args.repeats} passes, loader kept\n")
     print("| stage | ms per pass, median (range) | ms per image | share |")
     print("|---|---|---|---|")
     stages = STAGES
-    total = [sum(p[s] for s in STAGES if s != REFERENCE_STAGE) for p in passes]
+    total = [sum(p[s] for s in STAGES if s not in REFERENCE_STAGES) for p in passes]
     for stage in stages:
         values = [p[stage] for p in passes]
         if stage == "loader first batch":
             label = f"{stage} (cold {values[0] * 1000:.0f} ms; warm below)"
             values = values[1:] or values
         else:
-            label = f"{stage}, not in the total" if stage == REFERENCE_STAGE else stage
+            label = f"{stage}, not in the total" if stage in REFERENCE_STAGES else stage
         share = f"{100 * statistics.median(values) / statistics.median(total):.0f}%"
         print(f"| {label} | {spread(values, 1000)} | {statistics.median(values) * 1000 / images:.1f} | {share} |")
     print(f"| total (pass 1 includes the cold start) | {spread(total, 1000)} | "
