@@ -111,7 +111,12 @@ class Validation:
 
     @property
     def metrics(self) -> dict[str, float]:
-        return self.result.metrics
+        """The COCO metrics, and ``P`` and ``R`` (the val table's "all" row) where the pass was scored for them: what
+        best.pt and ``train()``'s result keep, as Ultralytics' checkpoints keep its precision and recall."""
+        result = self.result
+        if result.mean_precision is None or result.mean_recall is None:
+            return result.metrics
+        return {**result.metrics, "P": result.mean_precision, "R": result.mean_recall}
 
 
 def in_json_pixels(detections: np.ndarray, scale: dict[int, float]) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""``results.csv`` -> ``results.png``: every loss column and every mAP column against epoch."""
+"""``results.csv`` -> ``results.png``: every loss column, the learning rate, P and R and every mAP column against
+epoch."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from detector.plots.canvas import panel_grid, save_figure
 TRAIN_LOSS_PREFIX, VAL_LOSS_PREFIX = "train/", "val/"  # loss columns: train/box, train/cls, train/dfl, val/box...
 METRIC_PREFIX = "mAP"  # metric columns, e.g. mAP50-95, mAP50, mAP75
 LEARNING_RATE = "lr"  # the weights' learning rate at the epoch's end: drawn after the losses, as it drives them
+# The val table's "all" precision and recall (detector/training/results.py's PR_COLUMNS; not the numeric precision,
+# whose column is "precision"): drawn after the validation losses, as Ultralytics' results.png draws its P and R.
+PRECISION_RECALL = ("P", "R")
 SMOOTH_MIN_POINTS = 10  # draw a smoothed trend only when there are enough points for it to mean something
 
 
@@ -54,9 +58,9 @@ def plot_results(csv_path: str | Path, out_png: str | Path) -> Path:
     """Plot a training ``results.csv`` and return ``out_png``.
 
     Top row: one panel per training loss column (``train/*``), then the learning rate (``lr``); below it one per
-    validation loss column (``val/*``), each under its training column as Ultralytics' results.png has them; bottom
-    row: one panel per ``mAP*`` column. The x axis is the ``epoch`` column (row number when absent). Cells that are
-    empty or not numbers (epochs without evaluation) are skipped, not drawn as zeros.
+    validation loss column (``val/*``), each under its training column as Ultralytics' results.png has them, then
+    ``P`` and ``R``; bottom row: one panel per ``mAP*`` column. The x axis is the ``epoch`` column (row number when
+    absent). Cells that are empty or not numbers (epochs without evaluation) are skipped, not drawn as zeros.
     """
     columns = read_numeric_columns(csv_path)
     epochs = columns.get("epoch")
@@ -83,15 +87,16 @@ def results_panels(names: list[str]) -> list[list[str]]:
     """results.png's panels, row by row, of a results.csv with columns ``names``: the training losses and the
     learning rate (Ultralytics' three lr/pg columns are one here: the biases' warm-up ends at the weights' rate), the
     validation losses (a resumed run's file has them after its other columns: ordered as the training ones, so that
-    val/box stands under train/box), then the mAPs. The learning rate took none, while the top row left three of
-    the bottom row's six places empty."""
+    val/box stands under train/box) with P and R after them (their row's other places: the mAPs' row is full), then
+    the mAPs. The learning rate took none, while the top row left three of the bottom row's six places empty."""
     train = [name for name in names if name.startswith(TRAIN_LOSS_PREFIX)]
     place = {name[len(TRAIN_LOSS_PREFIX):]: index for index, name in enumerate(train)}  # box: 0, cls: 1, ...
     val = sorted((name for name in names if name.startswith(VAL_LOSS_PREFIX)),
                  key=lambda name: place.get(name[len(VAL_LOSS_PREFIX):], len(place)))
     metrics = [name for name in names if name.startswith(METRIC_PREFIX)]
     top = train + [LEARNING_RATE] * (LEARNING_RATE in names)
-    return [group for group in (top, val, metrics) if group] or [[]]
+    middle = val + [name for name in PRECISION_RECALL if name in names]
+    return [group for group in (top, middle, metrics) if group] or [[]]
 
 
 def _plot_series(axis, epochs: np.ndarray, values: np.ndarray, name: str, *, smooth: bool = True) -> None:

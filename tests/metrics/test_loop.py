@@ -197,4 +197,5 @@ def test_a_pass_asked_for_p_and_r_scores_the_val_tables_all_row_beside_its_map(t
     assert (matched.result.mean_precision, matched.result.mean_recall) == (table.mean_precision, table.mean_recall)
     assert 0 < table.mean_precision < 1 and matched.predictions is None
     assert plain.result.mean_precision is None and plain.result.mean_recall is None
-    assert matched.metrics == plain.metrics
+    assert matched.result.metrics == plain.metrics  # the COCO metrics alike; the pass's metrics add P and R:
+    assert matched.metrics == {**plain.metrics, "P": table.mean_precision, "R": table.mean_recall}

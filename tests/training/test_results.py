@@ -2,6 +2,7 @@ import csv
 import math
 from pathlib import Path
 
+from detector.checkpoint import load_checkpoint
 from detector.metrics.coco import METRIC_NAMES
 from detector.training.config import TrainConfig
 from detector.training.results import results_row
@@ -119,6 +120,10 @@ def test_an_epochs_p_and_r_are_what_val_reports_for_its_weights(tmp_path: Path, 
     first, second = csv.DictReader((summary["run_dir"] / "results.csv").open())
     assert (first["P"], first["R"], first["mAP50"]) == ("", "", "")  # not evaluated
     assert len(validated) == 1 and 0 < float(second["P"]) < 1 and 0 < float(second["R"]) <= 1
+    # best.pt (epoch 2, the one evaluated) and train()'s result keep them beside the mAPs, as Ultralytics' do.
+    kept = load_checkpoint(summary["run_dir"] / "weights" / "best.pt")["metrics"]
+    assert (f"{kept['P']:.6g}", f"{kept['R']:.6g}") == (second["P"], second["R"])
+    assert {k: summary["metrics"][k] for k in ("P", "R")} == {k: kept[k] for k in ("P", "R")}
 
     model = build_model(num_classes=3, scale="n")
     model.load_state_dict(validated[0])

@@ -81,7 +81,7 @@ def test_a_pass_scored_in_the_background_has_the_inline_scores_and_close_ends_it
     later = validator.run(model, precision, background=True)
     assert set(multiprocessing.active_children()) - children == {worker}  # the pass went to that worker
     assert later.in_background and not inline.in_background and len(later.detections) > 100
-    assert later.result.metrics == inline.metrics and later.result.summary == inline.result.summary
+    assert later.metrics == inline.metrics and later.result.summary == inline.result.summary  # P and R too
     assert (later.result.per_class_ap == inline.result.per_class_ap).all()
     validator.close()
     assert set(multiprocessing.active_children()) <= children
@@ -110,7 +110,7 @@ def test_a_pass_computes_the_training_loss_of_the_forward_it_scores_inline_and_i
     validator.scorer().start()
     later = validator.run(model, precision, background=True, criterion=criterion)
     assert later.in_background and later.losses == inline.losses  # known before the worker's scores are read
-    assert later.result.metrics == inline.metrics
+    assert later.metrics == inline.metrics
     assert validator.run(model, precision).losses == {}  # no criterion: no loss (the final report's passes)
     validator.close()
 
