@@ -7,7 +7,7 @@ workflow as the command (``detector/workflows``)::
     from detector import train, val, predict, load
 
     run = train(data="coco128", model="n", epochs=10, imgsz=320)          # {"metrics", "run_dir", "best", ...}
-    metrics = val(weights=run["best"], data="coco128")                    # {"mAP50-95": ..., "mAP50": ...}
+    metrics = val(weights=run["best"], data="coco128")     # {"mAP50-95": ..., "mAP50": ..., "P": ..., "R": ...}
     for image in predict("photos/", weights=run["best"], conf=0.3):       # one dict per image
         print(image["file"], image["boxes"], image["scores"], image["labels"])
     for frame in predict("clip.mp4", weights=run["best"], stream=True):   # a generator: constant memory

@@ -184,7 +184,9 @@ def run_val(options: ValOptions) -> dict[str, float]:
         try:
             validation = run_validation(infer, split, loader, results_json=save_dir / "predictions.json",
                                         progress=options.verbose and sys.stderr.isatty(), keep_predictions=True,
-                                        scoring=Scoring(coco_eval))
+                                        # P and R in the result too (the table's "all" row, as training's epochs
+                                        # score it): Ultralytics' metrics.box.mp and .mr.
+                                        scoring=Scoring(coco_eval, precision_recall=True))
         finally:
             stop_workers(loader)  # now, not at the process's exit (see stop_workers)
         result = validation.result
@@ -194,7 +196,7 @@ def run_val(options: ValOptions) -> dict[str, float]:
         if options.verbose:
             print(report)
             print(f"Results saved to {save_dir}")
-        return dict(result.metrics)
+        return dict(validation.metrics)
 
 
 def speed_line(validation: Validation, evaluator: str) -> str:

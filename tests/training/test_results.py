@@ -130,9 +130,10 @@ def test_an_epochs_p_and_r_are_what_val_reports_for_its_weights(tmp_path: Path, 
     weights = write_checkpoint(model.eval(), tmp_path / "epoch2.pt")
     reported, real_rows = [], table.per_class_rows
     monkeypatch.setattr(table, "per_class_rows", lambda *args: reported.append(real_rows(*args)) or reported[-1])
-    run_val(ValOptions(weights=weights, data=data, imgsz=64, batch=8, workers=0, device="cpu", fp32=True,
-                       plots=False, project=tmp_path / "val", verbose=False))
+    returned = run_val(ValOptions(weights=weights, data=data, imgsz=64, batch=8, workers=0, device="cpu", fp32=True,
+                                  plots=False, project=tmp_path / "val", verbose=False))
     everything = reported[0][0]
+    assert (returned["P"], returned["R"]) == (everything.precision, everything.recall)  # val()'s result has them too
     assert everything.name == "all" and (second["P"], second["R"]) == (
         f"{everything.precision:.6g}", f"{everything.recall:.6g}")  # results.csv's 6 digits of the same number
     assert f"  P {everything.precision:.3f}  R {everything.recall:.3f} | " in capsys.readouterr().out
