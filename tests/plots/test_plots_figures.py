@@ -57,18 +57,26 @@ def test_results_png_draws_the_learning_rate_beside_the_losses(tmp_path: Path, m
     assert curves.results_panels(["epoch", "lr"]) == [["lr"]]
 
 
+def _panels_drawn(tmp_path: Path, monkeypatch, results_csv: str) -> list[tuple[str, int, int, list[float]]]:
+    """results.png of ``results_csv``: each panel drawn, as (column, grid row, grid column, its values)."""
+    import detector.plots.curves as curves
+
+    csv_path = tmp_path / "results.csv"
+    csv_path.write_text(results_csv)
+    drawn = []
+    monkeypatch.setattr(curves, "_plot_series", lambda axis, epochs, values, name, smooth=True: drawn.append(
+        (name, axis.get_subplotspec().rowspan.start, axis.get_subplotspec().colspan.start, values.tolist())))
+    curves.plot_results(csv_path, tmp_path / "results.png")
+    return drawn
+
+
 def test_results_png_draws_p_and_r_after_the_validation_losses(tmp_path: Path, monkeypatch) -> None:
     """results.csv's P and R (the val table's all row, as Ultralytics' results.png draws its precision and recall)
     get panels after the validation losses; ``precision`` (the numeric one, a word) gets none."""
     import detector.plots.curves as curves
 
-    csv_path = tmp_path / "results.csv"
-    csv_path.write_text("epoch,train/box,val/box,lr,mAP50-95,P,R,precision\n"
-                        "1,2.1,2.4,0.01,0.1,0.30,0.20,bf16\n2,1.9,2.2,0.01,,,,bf16\n3,1.8,2.1,0.01,0.2,0.45,0.35,bf16\n")
-    drawn = []
-    monkeypatch.setattr(curves, "_plot_series", lambda axis, epochs, values, name, smooth=True: drawn.append(
-        (name, axis.get_subplotspec().rowspan.start, axis.get_subplotspec().colspan.start, values.tolist())))
-    curves.plot_results(csv_path, tmp_path / "results.png")
+    drawn = _panels_drawn(tmp_path, monkeypatch, "epoch,train/box,val/box,lr,mAP50-95,P,R,precision\n"
+                          "1,2.1,2.4,0.01,0.1,0.30,0.20,bf16\n2,1.9,2.2,0.01,,,,bf16\n3,1.8,2.1,0.01,0.2,0.45,0.35,bf16\n")
     assert [(name, row, col) for name, row, col, _ in drawn] == [
         ("train/box", 0, 0), ("lr", 0, 1), ("val/box", 1, 0), ("P", 1, 1), ("R", 1, 2), ("mAP50-95", 2, 0)]
     assert drawn[3][3][0::2] == [0.30, 0.45] and np.isnan(drawn[3][3][1])  # an unevaluated epoch is not a zero
@@ -79,15 +87,8 @@ def test_results_png_draws_each_validation_loss_under_its_training_loss(tmp_path
     """As Ultralytics' results.png: train/box, train/cls, train/dfl on top, val/box, val/cls, val/dfl below them
     (in that order even where a resumed run's file has them at its end), then the mAPs; a resumed run's older rows,
     blank there, are left out of the line rather than drawn as zeros."""
-    import detector.plots.curves as curves
-
-    csv_path = tmp_path / "results.csv"
-    csv_path.write_text("epoch,train/box,train/cls,train/dfl,lr,mAP50-95,val_seconds,val/cls,val/box,val/dfl\n"
-                        "1,2.1,3.0,1.5,0.01,0.1,1.0,,,\n2,1.9,2.6,1.4,0.01,0.2,1.0,2.4,1.8,1.3\n")
-    drawn = []
-    monkeypatch.setattr(curves, "_plot_series", lambda axis, epochs, values, name, smooth=True: drawn.append(
-        (name, axis.get_subplotspec().rowspan.start, axis.get_subplotspec().colspan.start, values.tolist())))
-    curves.plot_results(csv_path, tmp_path / "results.png")
+    drawn = _panels_drawn(tmp_path, monkeypatch, "epoch,train/box,train/cls,train/dfl,lr,mAP50-95,val_seconds,val/cls,"
+                          "val/box,val/dfl\n1,2.1,3.0,1.5,0.01,0.1,1.0,,,\n2,1.9,2.6,1.4,0.01,0.2,1.0,2.4,1.8,1.3\n")
     assert [(name, row, col) for name, row, col, _ in drawn] == [
         ("train/box", 0, 0), ("train/cls", 0, 1), ("train/dfl", 0, 2), ("lr", 0, 3),
         ("val/box", 1, 0), ("val/cls", 1, 1), ("val/dfl", 1, 2), ("mAP50-95", 2, 0)]
