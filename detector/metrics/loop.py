@@ -161,10 +161,13 @@ def run_validation(
             break
         images, targets, metas = batch
         detections = infer(images, targets) if isinstance(infer, InferWithLoss) else infer(images)
+        # On the host in one copy a batch, which the COCO rows and the per-image matching (P and R, the plots) both
+        # read: on CUDA the rows' own boxes, scores and labels were three waits a batch, and P and R a fourth copy.
+        # The same numbers: the copy is FP32, which the rows convert to anyway (tests/metrics/test_loop.py).
+        detections = detections_to_host(detections)
         coco_detections.append(to_coco_detections(detections, metas, split.category_ids))
-        # On the host in one copy: the per-image matching (P and R, the plots) would wait on each image.
         if keep_predictions or scoring.precision_recall:
-            predictions.extend(zip(detections_to_host(detections), metas))
+            predictions.extend(zip(detections, metas))
     # Waits for the device: counted in the inference time.
     mean_losses = infer.meter.means() if isinstance(infer, InferWithLoss) else {}
     inferred = time.perf_counter()

@@ -199,3 +199,22 @@ def test_a_pass_asked_for_p_and_r_scores_the_val_tables_all_row_beside_its_map(t
     assert plain.result.mean_precision is None and plain.result.mean_recall is None
     assert matched.result.metrics == plain.metrics  # the COCO metrics alike; the pass's metrics add P and R:
     assert matched.metrics == {**plain.metrics, "P": table.mean_precision, "R": table.mean_recall}
+
+
+def test_a_batchs_coco_rows_are_the_same_from_its_host_copy(split: SplitData):
+    """run_validation brings each batch's detections to the host in one copy and makes the COCO rows from that copy:
+    FP16 boxes and scores (``--half``) and int64 labels, packed in FP32 and back, give the rows the detections gave."""
+    from detector.metrics.coco import to_coco_detections
+    from detector.postprocess import detections_to_host
+
+    generator = torch.Generator().manual_seed(0)
+    metas = [meta for _, _, batch_metas in make_val_loader(split, batch_size=8, workers=0) for meta in batch_metas]
+    detections = []
+    for count in (7, 0, 300, 1, 12):
+        corners = torch.rand(count, 2, 2, generator=generator) * SIZE
+        detections.append({"boxes": torch.cat([corners.amin(1), corners.amax(1)], 1).half(),
+                           "scores": torch.rand(count, generator=generator).half(),
+                           "labels": torch.randint(0, 2, (count,), generator=generator)})
+    expected = to_coco_detections(detections, metas, split.category_ids)
+    assert len(expected) == 320
+    assert np.array_equal(to_coco_detections(detections_to_host(detections), metas, split.category_ids), expected)
