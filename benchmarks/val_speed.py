@@ -3,8 +3,8 @@
 Runs the same stages as :func:`detector.metrics.loop.run_validation` (the loader, ``decode_images_with_maps``'
 network and decode, the loss on the batch's targets as training's validation computes it, ``LossMeter``:
 ``--no-val-loss`` leaves it out, ``non_max_suppression``, ``to_coco_detections``, ``evaluate_coco``, and the mean P
-and R of results.csv as training's passes score them: the detections kept on the host, ``prediction_rows`` and
-``mean_precision_recall``; ``--no-precision-recall`` leaves them out) on the model
+and R of results.csv as training's passes score them: ``prediction_rows`` and ``mean_precision_recall``;
+``--no-precision-recall`` leaves them out; the batch's one copy to the host is timed with the COCO results) on the model
 as training's validator runs it (BatchNorm folded, channels-last: ``--no-fold``, ``--no-channels-last`` to
 compare), timing each one, over ``--repeats`` passes in one process. The loader is made once and kept, as
 training keeps it; the first pass's first batch is the cold start (worker processes forked), the later passes'
@@ -96,10 +96,13 @@ def one_pass(model, loader, split, *, precision, device, nms: NMSConfig, channel
             t_loss = lap(device)
             detections = non_max_suppression(decoded, nms)
             t_nms = lap(device)
+        # As run_validation: the batch to the host in one copy (timed with the COCO results), which the rows and the
+        # matching both read.
+        detections = detections_to_host(detections)
         detections_all.append(to_coco_detections(detections, metas, split.category_ids))
         t_coco = lap(device)
-        if precision_recall:  # kept on the host, as run_validation keeps them for the matching
-            predictions.extend(zip(detections_to_host(detections), metas))
+        if precision_recall:  # kept for the matching, as run_validation keeps them
+            predictions.extend(zip(detections, metas))
         seconds[PR_STAGE] += lap(device) - t_coco
         seconds["forward"] += t_forward - now
         seconds["decode"] += t_decode - t_forward
