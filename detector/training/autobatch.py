@@ -170,11 +170,11 @@ def batch_for(config: TrainConfig, model: nn.Module, criterion: DetectionLoss, m
     loss over the box slots of the dataset's fullest image (``most_boxes``), counting CUDA graphs' pool where the
     run (``world_size`` processes) will replay them."""
     from detector.training.cuda_graph import graphs_unavailable
-    from detector.training.rect import cuda_graphs_choice, trains_multi_scale
+    from detector.training.rect import cuda_graphs_choice
 
-    # Under --rect the square at --imgsz: every canvas fits in it.
+    # Under --rect the square at the largest size: every canvas, scaled to it, fits in it.
     largest = MultiScale(config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max,
-                         enabled=trains_multi_scale(config)).ladder()[-1]
+                         enabled=config.multi_scale).ladder()[-1]
     step = RunStep(padded_loss(criterion, box_slots(most_boxes)), config.channels_last,
                    cuda_graphs=graphs_unavailable(cuda_graphs_choice(config), device, world_size=world_size) is None)
     return auto_batch(model, largest, precision, device, log, fraction=config.batch_memory, step=step)

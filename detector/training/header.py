@@ -80,13 +80,15 @@ def run_header(trainer: Run) -> str:
 
 
 def shapes_text(trainer: Run) -> str:
-    """The training inputs: multi-scale's scheme (:meth:`MultiScale.describe`), or ``--rect``'s canvases."""
-    shapes = trainer.input_shapes()
+    """The training inputs: multi-scale's scheme (:meth:`MultiScale.describe`), after ``--rect``'s canvases."""
+    scheme = trainer.multi_scale.describe(len(trainer.input_shapes()))
     if not trainer.config.rect:
-        return trainer.multi_scale.describe(len(shapes))
-    canvases = ", ".join(f"{height}x{width}" for _, height, width in shapes[:4]) + (" ..." if len(shapes) > 4 else "")
-    return (f"rectangular batches (--rect): {len(shapes)} canvas{'es' if len(shapes) != 1 else ''} of height x width "
-            f"{canvases}, the batches' order shuffled every epoch; no mosaic or multi-scale")
+        return scheme
+    canvases = trainer.sampler.input_shapes()  # type: ignore[attr-defined]  # a RectBatchSampler's, at --imgsz
+    listed = ", ".join(f"{height}x{width}" for _, height, width in canvases[:4]) + (" ..." if len(canvases) > 4 else "")
+    return (f"rectangular batches (--rect): {len(canvases)} canvas{'es' if len(canvases) != 1 else ''} of height x "
+            f"width {listed} at --imgsz {trainer.config.imgsz}, the batches' order shuffled every epoch, no mosaic; "
+            f"{scheme} (each canvas's long side)")
 
 
 def lr_text(trainer: Run) -> str:

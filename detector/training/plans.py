@@ -28,6 +28,7 @@ from detector.training.engine import TrainStep
 from detector.training.multiscale import MultiScale, images_per_step
 from detector.training.probe import ProbeResult, plan_from_probe, size_factor, time_training_steps
 from detector.training.schedule import StepSchedule
+from detector.training.step_input import sized_shape
 from detector.training.validator import Validator
 from detector.tuning import autotune_convolutions
 
@@ -60,12 +61,17 @@ class RunPlans:
 
     def input_shapes(self) -> list[tuple[int, ...]]:
         """The distinct (batch, size) training inputs of the epochs still to run (for cuDNN and the header); under
-        ``--rect`` (batch, height, width), one per canvas."""
-        if isinstance(self.sampler, RectBatchSampler):
-            return list(self.sampler.input_shapes())
-        return self.multi_scale.input_shapes(
-            steps_per_epoch=len(self.train_loader), batch=images_per_step(len(self.sampler), self.config.batch),
+        ``--rect`` (batch, height, width): each canvas at each size multi-scale draws (:func:`sized_shape`)."""
+        rect = isinstance(self.sampler, RectBatchSampler)
+        shapes = self.multi_scale.input_shapes(
+            steps_per_epoch=len(self.train_loader),
+            batch=self.sampler.batch if rect else images_per_step(len(self.sampler), self.config.batch),
             seed=self.config.seed, start_epoch=self.start_epoch)
+        if not rect:
+            return shapes
+        canvases = self.sampler.input_shapes()
+        return sorted({(batch, *sized_shape(height, width, size)) for batch, height, width in canvases
+                       for _, size in shapes})
 
     def _settings(self, *, warmup_epochs: float) -> RunSettings:
         config = self.config

@@ -3,7 +3,9 @@ instead of the ``--imgsz`` square, and what that turns off.
 
 A rectangular item is one image in its batch's canvas (:meth:`detector.data.dataset.DetectionDataset.with_canvases`),
 so mosaic, MixUp and CutMix, which mix images in a square, are off (Ultralytics sets them to 0 under rect=True too).
-Multi-scale is off: each batch runs at its canvas, whose long side is ``--imgsz``. The geometry stays in the loader
+Multi-scale stays on, as Ultralytics' multi_scale scales rect batches: a batch's canvas (long side ``--imgsz``) is
+resized so that its long side is the step's drawn size, the other side rounded up to the stride
+(:func:`detector.training.step_input.sized_shape`). The geometry stays in the loader
 workers: the device warp (``--pixel-augment device``, auto's choice on CUDA) renders squares, so the run takes
 ``pixels`` instead (HSV and flips on the device, which take any shape). CUDA graphs are off: they are captured per
 input shape, and a dataset of mixed aspect ratios has a canvas per few batches (each new shape costs eager warm-up
@@ -28,11 +30,6 @@ def mixing(config: TrainConfig) -> dict[str, float]:
     return {name: 0.0 if config.rect else getattr(config, name) for name in ("mosaic", "mixup", "cutmix")}
 
 
-def trains_multi_scale(config: TrainConfig) -> bool:
-    """``--multi-scale``, which ``--rect`` turns off (each batch runs at its own canvas)."""
-    return config.multi_scale and not config.rect
-
-
 def cuda_graphs_choice(config: TrainConfig) -> str:
     """``--cuda-graphs`` as the step takes it: ``off`` under ``--rect`` (a graph per canvas)."""
     return "off" if config.rect else config.cuda_graphs
@@ -54,9 +51,6 @@ def rect_notes(config: TrainConfig, device: torch.device, *, world_size: int) ->
     if mixes:  # as Ultralytics' rect=True sets mosaic, mixup and cutmix to 0
         notes.append(f"note: --rect trains without mosaic, MixUp and CutMix ({', '.join(mixes)} off): each item is "
                      "its own image in its batch's canvas")
-    if config.multi_scale:
-        notes.append("note: --rect trains without multi-scale: each batch runs at its own canvas, long side "
-                     f"--imgsz {config.imgsz}")
     if resolve_pixel_augment(config.pixel_augment, device) == "device":
         notes.append(f"note: --rect warps in the loader workers: --pixel-augment {config.pixel_augment} runs as "
                      "pixels (HSV and flips on the device)")

@@ -19,7 +19,7 @@ from detector.checkpoint import software_versions
 from detector.distributed import unwrap
 from detector.files import write_text_atomically
 from detector.training.header import Run, cache_used, pixel_augment_path
-from detector.training.rect import mixing, trains_multi_scale
+from detector.training.rect import mixing
 
 RESOLVED_FILE = "resolved.yaml"
 
@@ -35,7 +35,7 @@ def resolved_settings(run: Run) -> dict[str, Any]:
         "momentum": config.momentum,  # SGD/RMSprop momentum, the Adam family's beta1
         "pixel_augment": pixel_augment_path(run),
         "rect": config.rect,  # and what it turned off (detector/training/rect.py), as the run had them
-        "multi_scale": trains_multi_scale(config),
+        "multi_scale": config.multi_scale,
         "mosaic": mixing(config)["mosaic"],
         "cache": cache_used(run),
         "workers": config.workers,

@@ -15,6 +15,7 @@ from detector.data.device_augment import WarpBatch, render, render_uint8
 from detector.data.letterbox import ImageMeta
 from detector.data.warp_kernel import render_fused
 from detector.inference.preprocess import model_input
+from detector.model.yolo import INPUT_MULTIPLE
 from detector.precision import Precision
 
 
@@ -43,7 +44,7 @@ def step_input(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A training step's input: the loader's uint8 ``[B, 3, S, S]`` batch as float model input ``[B, 3, size, size]``
-    (a ``--rect`` batch, ``[B, 3, H, W]`` with its long side ``size``, keeps its shape: :func:`resize_batch`).
+    (a ``--rect`` batch, ``[B, 3, H, W]``, its canvas scaled to a long side of ``size``: :func:`resize_batch`).
 
     ``pixel_ops`` (the device path, one per image) are applied on ``device`` in float, before the resize.
     A :class:`WarpBatch` (mosaic and affine left to the device) is warped there straight to ``size``; on CUDA
@@ -99,19 +100,26 @@ def as_trained(batch: tuple[torch.Tensor, torch.Tensor, list[ImageMeta]], *, fir
 
 
 def resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
-    """Bilinear resize of a ``[B, 3, H, W]`` batch to ``size x size`` (the input when already that size, or a
-    rectangular one whose long side is ``size``: a ``--rect`` batch at its canvas).
+    """Bilinear resize of a ``[B, 3, H, W]`` batch to its shape at ``size`` (:func:`sized_shape`: a square to
+    ``size x size``, a ``--rect`` batch to its canvas scaled so that its long side is ``size``), or the input itself
+    when it has that shape already.
 
     Keeps dtype and memory layout; labels are normalised, so they need no change.
-
-    Raises:
-        ValueError: a rectangular batch of another long side: multi-scale would have to choose its shape, and
-            ``--rect`` trains without it.
     """
     height, width = images.shape[-2:]
-    if (height, width) == (size, size) or (height != width and max(height, width) == size):
+    shape = sized_shape(height, width, size)
+    if shape == (height, width):
         return images
-    if height != width:
-        raise ValueError(f"a rectangular {height}x{width} batch cannot train at {size} px: --rect batches train at "
-                         "their canvas (multi-scale is off)")
-    return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False)
+    return F.interpolate(images, size=shape, mode="bilinear", align_corners=False)
+
+
+def sized_shape(height: int, width: int, size: int, multiple: int = INPUT_MULTIPLE) -> tuple[int, int]:
+    """The (height, width) a batch of ``height x width`` trains at when multi-scale draws ``size``: its long side
+    ``size``, the other scaled alike and rounded up to ``multiple`` (the model's largest stride), as Ultralytics'
+    multi_scale scales a rect batch. A square is ``size x size``; a ``--rect`` canvas at ``--imgsz`` is itself."""
+    longest = max(height, width)
+
+    def scaled(side: int) -> int:  # ceil(side * size / longest / multiple) * multiple, in integers
+        return -(-side * size // (longest * multiple)) * multiple
+
+    return scaled(height), scaled(width)

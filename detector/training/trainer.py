@@ -50,7 +50,7 @@ from detector.training.header import run_header
 from detector.training.interrupt import CtrlC
 from detector.training.multiscale import MultiScale
 from detector.training.plans import RunPlans
-from detector.training.rect import cuda_graphs_choice, rect_notes, trains_multi_scale
+from detector.training.rect import cuda_graphs_choice, rect_notes
 from detector.training.resolved import write_resolved
 from detector.training.results import results_row
 from detector.training.time_account import TimeAccount, process_age
@@ -128,7 +128,7 @@ class Trainer(RunPlans, FinalReports):
         self.optimizer_name = choice.name
         self.multi_scale = MultiScale(config.imgsz, low=config.multi_scale_min, high=config.multi_scale_max,
                                       hold=config.multi_scale_hold, epochs=config.epochs,
-                                      fixed_last_epochs=config.close_mosaic, enabled=trains_multi_scale(config))
+                                      fixed_last_epochs=config.close_mosaic, enabled=config.multi_scale)
         self.epochs, self.close_mosaic, self.warmup_epochs = config.epochs, config.close_mosaic, config.warmup_epochs
         self.start_epoch = 0
         self.mosaic_closed_at: int | None = None

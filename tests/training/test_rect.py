@@ -15,8 +15,8 @@ import yaml
 
 from detector.data.synthetic import make_image
 from detector.training.config import TrainConfig
-from detector.training.rect import augment_placement, cuda_graphs_choice, rect_notes, trains_multi_scale
-from detector.training.step_input import resize_batch, step_input
+from detector.training.rect import augment_placement, cuda_graphs_choice, rect_notes
+from detector.training.step_input import resize_batch, sized_shape, step_input
 from detector.training.trainer import Trainer, train
 from tests.conftest import NAMES
 
@@ -64,13 +64,14 @@ def test_a_rect_run_trains_at_its_canvases_says_what_it_turned_off_and_resumes(t
     printed = capsys.readouterr().out
     assert ("note: --rect trains without mosaic, MixUp and CutMix (--mosaic 1, --mixup 0.1 off): each item is its "
             "own image in its batch's canvas") in printed
-    assert "note: --rect trains without multi-scale: each batch runs at its own canvas, long side --imgsz 64" in printed
-    assert ("| rectangular batches (--rect): 3 canvases of height x width 32x64, 64x32, 64x64, the batches' order "
-            "shuffled every epoch; no mosaic or multi-scale |") in printed
+    assert "multi-scale" not in "".join(line for line in printed.splitlines() if line.startswith("note: --rect"))
+    assert ("| rectangular batches (--rect): 3 canvases of height x width 32x64, 64x32, 64x64 at --imgsz 64, the "
+            "batches' order shuffled every epoch, no mosaic; multi-scale 64 px only (no other multiple of 32 in range; "
+            "no mosaic and 64 px for the last 1 epochs): 3 input shapes (each canvas's long side) |") in printed
     assert "MixUp" not in printed.split("| rectangular")[0].split("augmentation in the workers")[1]  # none mixed
     resolved = yaml.safe_load((summary["run_dir"] / "resolved.yaml").read_text())
     assert (resolved["rect"], resolved["multi_scale"], resolved["mosaic"], resolved["pixel_augment"]) == (
-        True, False, 0.0, "workers")
+        True, True, 0.0, "workers")
     assert (summary["run_dir"] / "train_batch0.png").is_file()  # a rectangular batch, drawn
     # Stopped after epoch 1 (a loader worker making its batches), resumed: the run's own --rect (rect=False is
     # ignored, with a warning), epoch 2 from the disk cache.
@@ -86,19 +87,45 @@ def test_a_rect_run_trains_at_its_canvases_says_what_it_turned_off_and_resumes(t
     assert "| disk cache " in header
 
 
-def test_rect_turns_off_mixing_multi_scale_the_device_warp_and_cuda_graphs_with_a_note_each() -> None:
+def test_a_rect_run_with_multi_scale_trains_each_canvas_at_the_drawn_sizes(tmp_path: Path, monkeypatch,
+                                                                          watchdog) -> None:
+    """Multi-scale under --rect, as Ultralytics' multi_scale scales rect batches: each step's input is its batch's
+    canvas with the long side at the step's drawn size, the other side rounded up to the stride; the run's input
+    shapes (the header's count, cuDNN's) are every canvas at every size drawn, and the steps take some of each."""
+    import detector.training.engine as engine
+
+    taken, real = [], engine.step_input
+
+    def recorded(*args, **kwargs) -> torch.Tensor:
+        made = real(*args, **kwargs)
+        taken.append(tuple(made.shape))
+        return made
+
+    monkeypatch.setattr(engine, "step_input", recorded)
+    data = write_mixed_dataset(tmp_path / "data")
+    trainer = Trainer(_config(data, tmp_path, multi_scale_min=0.5, multi_scale_max=1.5, multi_scale_hold=1,
+                              close_mosaic=0, epochs=3), progress=False)
+    sizes, planned = trainer.multi_scale.ladder(), set(trainer.input_shapes())
+    assert sizes == [32, 64, 96] and planned <= {
+        (4, *sized_shape(height, width, size)) for height, width in ((32, 64), (64, 32), (64, 64)) for size in sizes}
+    assert (4, 64, 96) in planned and (4, 32, 32) in planned  # the 32x64 canvas at 96 and at 32 px
+    trainer.fit()
+    steps = {(batch, height, width) for batch, _, height, width in taken}
+    assert steps <= planned and len(steps) > 3  # every step at a planned shape, and not the three canvases alone
+
+
+def test_rect_turns_off_mixing_the_device_warp_and_cuda_graphs_with_a_note_each() -> None:
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     config = TrainConfig(rect=True, mosaic=1.0, cutmix=0.5, multi_scale=True, pixel_augment="auto", imgsz=320)
     notes = rect_notes(config, cuda, world_size=1)
     assert notes == [
         "note: --rect trains without mosaic, MixUp and CutMix (--mosaic 1, --cutmix 0.5 off): each item is its own "
         "image in its batch's canvas",
-        "note: --rect trains without multi-scale: each batch runs at its own canvas, long side --imgsz 320",
         "note: --rect warps in the loader workers: --pixel-augment auto runs as pixels (HSV and flips on the device)",
         "note: --rect turns CUDA graphs off: they are captured per input shape, and each canvas is one",
     ]
     assert (augment_placement(config, cuda), augment_placement(config, cpu)) == ("pixels", "workers")
-    assert (trains_multi_scale(config), cuda_graphs_choice(config)) == (False, "off")
+    assert cuda_graphs_choice(config) == "off"
     # Only what the run would have done: on a CPU no graph and no device warp; nothing at all without --rect.
     quiet = TrainConfig(rect=True, mosaic=0.0, multi_scale=False, pixel_augment="workers")
     assert rect_notes(quiet, cpu, world_size=1) == [] and rect_notes(quiet, cuda, world_size=2) == []
@@ -107,8 +134,9 @@ def test_rect_turns_off_mixing_multi_scale_the_device_warp_and_cuda_graphs_with_
 
 
 def test_a_rect_batch_is_the_step_s_input_at_its_canvas() -> None:
-    """A --rect batch has its canvas's shape, long side --imgsz: the step takes it as it is (multi-scale is off),
-    with the pixel operations of --pixel-augment pixels applied; another long side is refused in one line."""
+    """A --rect batch has its canvas's shape, long side --imgsz: at that size the step takes it as it is, with the
+    pixel operations of --pixel-augment pixels applied; at another size multi-scale resizes it to a long side of that
+    size, the other side rounded up to the stride, as Ultralytics' multi_scale does."""
     from detector.data.batch_augment import PixelOps
 
     batch = torch.randint(0, 256, (2, 3, 32, 64), dtype=torch.uint8)
@@ -118,10 +146,14 @@ def test_a_rect_batch_is_the_step_s_input_at_its_canvas() -> None:
     flipped = step_input(batch, 64, torch.device("cpu"), channels_last=True,
                          pixel_ops=[PixelOps(flip_lr=True), PixelOps()])
     assert torch.equal(flipped[0], made[0].flip(2)) and torch.equal(flipped[1], made[1])
-    with pytest.raises(ValueError, match="a rectangular 32x64 batch cannot train at 96 px: --rect batches train at "
-                                         "their canvas"):
-        resize_batch(batch, 96)
+    scaled = resize_batch(batch.float(), 96)  # 32 x 96 / 64 = 48, rounded up to 64
+    assert torch.equal(scaled, torch.nn.functional.interpolate(batch.float(), size=(64, 96), mode="bilinear",
+                                                               align_corners=False))
+    assert resize_batch(batch, 32).shape == (2, 3, 32, 32) and resize_batch(batch, 160).shape == (2, 3, 96, 160)
     assert resize_batch(torch.zeros(1, 3, 64, 64), 96).shape == (1, 3, 96, 96)  # squares: multi-scale as before
+    # Ultralytics' rule, ceil(side * size / long side / 32) * 32, at a 640x480 camera's canvas (480x640 at 640 px):
+    assert [sized_shape(480, 640, size) for size in (576, 608, 640, 672, 704)] == [
+        (448, 576), (480, 608), (480, 640), (512, 672), (544, 704)]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: the pixels path and the graphs' note")
