@@ -363,10 +363,6 @@ def flip_image(image: np.ndarray, *, flip_lr: bool, flip_ud: bool) -> np.ndarray
     return image
 
 
-# albumentations' transforms, in the order Ultralytics applies them, each at the --albumentations probability.
-PIXEL_TRANSFORMS = ("Blur", "MedianBlur", "ToGray", "CLAHE")
-
-
 class PixelTransforms:
     """albumentations' blur, median blur, gray and CLAHE, each applied with ``probability`` (pixel-level only, so
     boxes stay valid by construction).
@@ -376,36 +372,30 @@ class PixelTransforms:
     with ``p=probability`` decides the same way, independently per transform and in this order, but reseeding its
     five generators and passing the image through cost ~0.4 ms per item (2-core AMD EPYC), for transforms that,
     at the default 1%, fire on ~4% of items.
-
-    albumentations itself is imported when a transform first fires, in the process that applies it (a loader
-    worker, usually): drawing needs only how many there are. Imported where the dataset was built, it held up the
-    training process's start by 0.24-0.37 s (with SciPy; 2-core AMD EPYC), before the workers that use it forked.
     """
 
     def __init__(self, probability: float) -> None:
+        # Imported here, not with this module: predict, val and export read PAD_VALUE and the letterbox from this
+        # package, and albumentations (with SciPy) took ~0.6 s of their start on a 2-core EPYC. Not later either,
+        # in each loader worker at its first transform: that saved training's start ~0.3 s but cost every worker
+        # ~60 MB of private memory, which workers forked after this import share (docs/training.md).
+        import albumentations as A
+
         self.probability = probability
-        self._transforms: list[A.ImageOnlyTransform] | None = None
+        self.transforms: list[A.ImageOnlyTransform] = [A.Blur(p=1.0), A.MedianBlur(p=1.0), A.ToGray(p=1.0),
+                                                       A.CLAHE(p=1.0)]
 
-    @property
-    def transforms(self) -> list[A.ImageOnlyTransform]:
-        """The transforms, in :data:`PIXEL_TRANSFORMS`' order, made (and albumentations imported) on first use."""
-        if self._transforms is None:
-            # Not with this module either: predict, val and export read PAD_VALUE and the letterbox from this package.
-            import albumentations as A
-
-            self._transforms = [getattr(A, name)(p=1.0) for name in PIXEL_TRANSFORMS]
-        return self._transforms
-
-    def draw(self, rng: np.random.Generator) -> list[tuple[int, int]]:
-        """The transforms that fire on this item, as (index in :data:`PIXEL_TRANSFORMS`, seed) (usually none)."""
-        fires = rng.random(len(PIXEL_TRANSFORMS)) < self.probability
+    def draw(self, rng: np.random.Generator) -> list[tuple[A.ImageOnlyTransform, int]]:
+        """The transforms that fire on this item, with their seeds (usually none)."""
+        fires = rng.random(len(self.transforms)) < self.probability
         seed = int(rng.integers(2**31))  # drawn whether or not one fires: the draws after it stay where they were
-        return [(index, seed + index) for index, fire in enumerate(fires) if fire]
+        return [(transform, seed + offset) for offset, (transform, fire) in enumerate(zip(self.transforms, fires))
+                if fire]
 
-    def apply(self, image: np.ndarray, drawn: list[tuple[int, int]]) -> np.ndarray:
+    @staticmethod
+    def apply(image: np.ndarray, drawn: list[tuple[A.ImageOnlyTransform, int]]) -> np.ndarray:
         """``image`` through the ``drawn`` transforms, in order."""
-        for index, seed in drawn:
-            transform = self.transforms[index]
+        for transform, seed in drawn:
             transform.set_random_seed(seed)
             image = transform(image=image)["image"]
         return image
