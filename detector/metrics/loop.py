@@ -72,6 +72,11 @@ class Scoring:
     precision_recall: bool = False
 
 
+# The val table's "all" P and R in a pass's metrics (:attr:`Validation.metrics`), Ultralytics' metrics/precision(B) and
+# metrics/recall(B): named as the table names them, since results.csv's ``precision`` is the numeric precision.
+PR_COLUMNS = ("P", "R")
+
+
 @dataclass
 class Validation:
     """One pass of a model over a split, scored.
@@ -116,7 +121,7 @@ class Validation:
         result = self.result
         if result.mean_precision is None or result.mean_recall is None:
             return result.metrics
-        return {**result.metrics, "P": result.mean_precision, "R": result.mean_recall}
+        return {**result.metrics, **dict(zip(PR_COLUMNS, (result.mean_precision, result.mean_recall)))}
 
 
 def in_json_pixels(detections: np.ndarray, scale: dict[int, float]) -> np.ndarray:

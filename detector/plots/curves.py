@@ -14,7 +14,7 @@ from detector.plots.canvas import panel_grid, save_figure
 TRAIN_LOSS_PREFIX, VAL_LOSS_PREFIX = "train/", "val/"  # loss columns: train/box, train/cls, train/dfl, val/box...
 METRIC_PREFIX = "mAP"  # metric columns, e.g. mAP50-95, mAP50, mAP75
 LEARNING_RATE = "lr"  # the weights' learning rate at the epoch's end: drawn after the losses, as it drives them
-# The val table's "all" precision and recall (detector/training/results.py's PR_COLUMNS; not the numeric precision,
+# The val table's "all" precision and recall (detector/metrics/loop.py's PR_COLUMNS; not the numeric precision,
 # whose column is "precision"): drawn after the validation losses, as Ultralytics' results.png draws its P and R.
 PRECISION_RECALL = ("P", "R")
 SMOOTH_MIN_POINTS = 10  # draw a smoothed trend only when there are enough points for it to mean something

@@ -4,12 +4,8 @@ R, precision, validation time, evaluator."""
 from __future__ import annotations
 
 from detector.metrics.coco import METRIC_NAMES
-from detector.metrics.loop import Validation
+from detector.metrics.loop import PR_COLUMNS, Validation
 from detector.metrics.val_loss import LOSS_COLUMNS
-
-# The val table's "all" P and R (EvalResult.mean_precision, mean_recall), Ultralytics' metrics/precision(B) and
-# metrics/recall(B); named as the table names them, since ``precision`` is the column of the numeric precision.
-PR_COLUMNS = ("P", "R")
 
 
 def results_row(epoch: int, stats: dict[str, float], validation: Validation | None, precision: str) -> dict[str, object]:
@@ -23,9 +19,7 @@ def results_row(epoch: int, stats: dict[str, float], validation: Validation | No
     row: dict[str, object] = {"epoch": epoch + 1, **{k: stats[k] for k in ("train/box", "train/cls", "train/dfl")}}
     row.update({k: losses.get(k, "") for k in LOSS_COLUMNS})
     row["lr"] = stats["lr"]
-    row.update({k: metrics.get(k, "") for k in METRIC_NAMES})
-    matched = (validation.result.mean_precision, validation.result.mean_recall) if validation else (None, None)
-    row.update({k: "" if value is None else value for k, value in zip(PR_COLUMNS, matched)})
+    row.update({k: metrics.get(k, "") for k in (*METRIC_NAMES, *PR_COLUMNS)})  # P and R where the pass scored them
     row.update({"precision": precision, "val_seconds": validation.seconds if validation else float("nan"),
                 "evaluator": validation.result.evaluator if validation else ""})
     row.update({k: v for k, v in stats.items() if k not in row})
