@@ -79,12 +79,17 @@ def host_copies(tensors: list[torch.Tensor], *,
     return copies  # type: ignore[return-value]
 
 
-def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
+def save_checkpoint(payload: dict[str, Any] | memoryview, path: str | Path) -> None:
     """Write atomically (:func:`detector.files.atomic_file`): a crash at any moment leaves either the old
-    file or the new one, never half of one. Refuses to write non-finite weights, which would poison a resume."""
+    file or the new one, never half of one. Refuses to write non-finite weights, which would poison a resume.
+    ``payload`` may be encoded already (:func:`~detector.training.checkpoint_writer.encode_checkpoint`, which
+    checked it): its bytes are written."""
     path = Path(path)
-    if key := non_finite_weights(payload):
-        raise CheckpointError(f"{path}: refusing to save non-finite '{key}' weights")
+    if isinstance(payload, memoryview):
+        with atomic_file(path) as file:
+            file.write(payload)
+        return
+    refuse_non_finite(payload, path)
     with atomic_file(path) as file:
         try:
             torch.save(payload, file)
@@ -95,6 +100,12 @@ def save_checkpoint(payload: dict[str, Any], path: str | Path) -> None:
             if isinstance(cause, OSError):
                 raise cause from None
             raise
+
+
+def refuse_non_finite(payload: dict[str, Any], path: Path) -> None:
+    """Raise :class:`CheckpointError` naming ``path`` when a weight of ``payload`` is NaN or infinite."""
+    if key := non_finite_weights(payload):
+        raise CheckpointError(f"{path}: refusing to save non-finite '{key}' weights")
 
 
 # The oldest torch whose ``weights_only`` loader has no published bypass: CVE-2025-32434 (GHSA-53q9-r3pm-6pq6,

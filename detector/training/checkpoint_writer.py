@@ -1,9 +1,11 @@
 """Checkpoints written off the training thread: one writer thread, one file at a time, the newest per file wins.
 
-The trainer snapshots the checkpoint (every tensor copied to the CPU, :func:`snapshot`) on the training thread, so
-the next steps may change the live weights, optimizer state and BatchNorm counters while the writer works; then it
-hands the snapshot to :class:`CheckpointWriter` and goes on training. (A CPU run writes on the training thread,
-``background=False``: the file is on disk before training goes on, so it writes the live state without a copy.)
+The trainer takes what the writer needs on the training thread, so that the next steps may change the live weights,
+optimizer state and BatchNorm counters while the writer works; then it hands it to :class:`CheckpointWriter` and
+goes on training. On a GPU that is a snapshot (every tensor copied to the CPU, :func:`snapshot`), which the writer
+serialises and writes. On the CPU (``serialise_here``) it is the file's bytes (:func:`encode_checkpoint`): the live
+state serialised without a copy, since a copy cost a CPU run ~2%, and a writer thread that serialised took cores
+from the step; the writer only writes them and waits for the disk (``fsync``), which takes no core.
 The writer:
 
 * writes through :func:`detector.checkpoint.save_checkpoint` (atomic: a temporary file renamed over the old one), so
@@ -19,6 +21,7 @@ The writer:
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Callable
@@ -28,7 +31,8 @@ from typing import Any
 
 import torch
 
-from detector.checkpoint import CheckpointError, host_copies, load_checkpoint, save_checkpoint, strip_checkpoint
+from detector.checkpoint import (CheckpointError, host_copies, load_checkpoint, refuse_non_finite, save_checkpoint,
+                                 strip_checkpoint)
 
 
 def snapshot(value: Any) -> Any:
@@ -63,29 +67,36 @@ def stripped_snapshot(checkpoint: dict[str, Any]) -> dict[str, Any]:
     return {**snapshot({key: value for key, value in stripped.items() if key != "model"}), "model": stripped["model"]}
 
 
+def encode_checkpoint(payload: dict[str, Any], path: Path) -> memoryview:
+    """``payload`` serialised as :func:`~detector.checkpoint.save_checkpoint` writes it, which writes these bytes
+    as they are. Refuses non-finite weights as it does, naming ``path``, the file they are meant for."""
+    refuse_non_finite(payload, path)
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    return buffer.getbuffer()
+
+
 class CheckpointWriter:
     """One background thread that writes checkpoint snapshots (see the module docstring).
 
     Args:
         save: writes one payload to one path (tests inject failures here); default :func:`save_checkpoint`.
-        background: False writes on the caller's thread at :meth:`submit` (the same code path, synchronously).
     """
 
-    def __init__(self, save: Callable[[dict[str, Any], Path], None] = save_checkpoint, *,
-                 background: bool = True) -> None:
+    def __init__(self, save: Callable[[dict[str, Any] | memoryview, Path], None] = save_checkpoint) -> None:
         self._save = save
-        self.in_background = background  # False: each write happens at submit, on the caller's thread
-        self._pending: dict[Path, tuple[dict[str, Any], bool]] = {}  # path -> (snapshot, strip), in order
+        self._pending: dict[Path, tuple[dict[str, Any] | memoryview, bool]] = {}  # path -> (payload, strip), in order
         self._busy = False
         self._error: Exception | None = None  # a CheckpointError line, or what no write should raise
         self._closed = False
         self._condition = threading.Condition()
-        self.write_seconds = 0.0  # time the writer spent writing (off the training thread when in the background)
+        self.write_seconds = 0.0  # time the writer thread spent writing
         self.writes = 0
         self._thread: threading.Thread | None = None
 
-    def submit(self, path: Path, payload: dict[str, Any], *, strip: bool = False) -> None:
-        """Queue ``payload`` (already a :func:`snapshot`) for ``path``; ``strip``: write its stripped form.
+    def submit(self, path: Path, payload: dict[str, Any] | memoryview, *, strip: bool = False) -> None:
+        """Queue ``payload`` (a :func:`snapshot`, or the bytes of :func:`encode_checkpoint`) for ``path``; ``strip``:
+        write its stripped form (a snapshot's only).
 
         Replaces a snapshot for the same path that is still waiting. Raises the writer's earlier error, if any.
         """
@@ -95,12 +106,8 @@ class CheckpointWriter:
                 raise RuntimeError("checkpoint writer is closed")
             self._pending.pop(path, None)  # re-inserted last: files are written in submission order
             self._pending[path] = (payload, strip)
-            if self.in_background:
-                self._start()
-                self._condition.notify_all()
-                return
-        self._write_pending()
-        self._raise_error()
+            self._start()
+            self._condition.notify_all()
 
     def drain(self) -> None:
         """Wait until everything submitted is on disk; raise the writer's error, if any."""
@@ -194,10 +201,12 @@ class Cadence:
         self.cost = 0.0
         self.written_at: float | None = None
 
-    def due(self, *, must: bool = False) -> bool:
+    def due(self, *, must: bool = False, writer_seconds: float = 0.0) -> bool:
+        """``writer_seconds``: what the writer thread spent on the last hand-over's files, where its work takes
+        cores from the step (the CPU's), counted with the training thread's part."""
         if must or self.written_at is None:
             return True
-        return (self.clock() - self.written_at) * self.share >= self.cost
+        return (self.clock() - self.written_at) * self.share >= self.cost + writer_seconds
 
     def wrote(self, started: float) -> None:
         """A write that began at ``started`` (this cadence's clock) has just been handed over."""
@@ -215,16 +224,18 @@ class RunCheckpoints:
     or drops.
     """
 
-    def __init__(self, folder: Path, *, background: bool, log: Callable[[str], None],
+    def __init__(self, folder: Path, *, serialise_here: bool, log: Callable[[str], None],
                  cadence: Cadence | None = None,
                  detail: Callable[[str], AbstractContextManager[None]] = lambda name: nullcontext(),
                  period: int = 0) -> None:
         self.last, self.best = folder / "last.pt", folder / "best.pt"
         self.period = period  # --save-period: every this many epochs a lasting epoch<N>.pt too (0: none)
-        self.writer = CheckpointWriter(background=background)
+        self.writer = CheckpointWriter()
+        self.serialise_here = serialise_here  # the CPU: the live state encoded here, the writer writes the bytes
+        self.handed_over_at = 0.0  # the writer's write_seconds when the last files were handed to it
         self.cadence = cadence or Cadence()
         self.log = log
-        self.detail = detail  # times a part of the work ("copies", "writes"): the run's time account
+        self.detail = detail  # times a part of the work ("encoding", "copies", "writes"): the run's time account
         self.held_best: dict[str, Any] | None = None
         self.candidate: dict[str, Any] | None = None  # the stripped snapshot of an epoch not judged yet
         self.said_so = False
@@ -237,7 +248,9 @@ class RunCheckpoints:
         last.pt is due, and the same checkpoint is kept as ``epoch<N>.pt`` (Ultralytics' ``save_period``)."""
         kept = self.period > 0 and (epoch + 1) % self.period == 0
         must = finished or wait or kept
-        if not self.cadence.due(must=must):
+        # On the CPU the writer's time counts too: its writes take the step's cores (a GPU run's have cores spare).
+        writer_seconds = self.writer.write_seconds - self.handed_over_at if self.serialise_here else 0.0
+        if not self.cadence.due(must=must, writer_seconds=writer_seconds):
             if improved is not False:
                 state = checkpoint()
                 with self.detail("copies"):
@@ -250,27 +263,37 @@ class RunCheckpoints:
             return
         started = self.cadence.clock()
         state = checkpoint()
-        with self.detail("copies"):
-            if self.writer.in_background:  # the next steps change the live tensors while the writer works
-                payload = snapshot(state)
-                if improved is None:  # the writer strips its own payload; the candidate is a stripped copy of it
-                    self.candidate = strip_checkpoint(payload)
-            else:  # written before this returns: the live state as it is (a copy cost a CPU run ~2% of its wall)
-                payload = state
-                if improved is None:
+        last: dict[str, Any] | memoryview
+        best: dict[str, Any] | memoryview | None = None
+        if self.serialise_here:  # the live state as it is now, before the next step changes it: no copy
+            with self.detail("encoding"):
+                last = encode_checkpoint(strip_checkpoint(state) if finished else state, self.last)
+                if improved:
+                    best = last if finished else encode_checkpoint(strip_checkpoint(state), self.best)
+            if improved is None:
+                with self.detail("copies"):
                     self.candidate = stripped_snapshot(state)
-        with self.detail("writes"):  # on the CPU the writes themselves; on a GPU handing them over, or the wait
-            self.writer.submit(self.last, payload, strip=finished)
+            strip_last = strip_best = False
+        else:  # the next steps change the live tensors while the writer works: it gets a copy to serialise
+            with self.detail("copies"):
+                last = snapshot(state)
+                if improved is None:  # the writer strips its own payload; the candidate is a stripped copy of it
+                    self.candidate = strip_checkpoint(last)
+            best = last if improved else None
+            strip_last, strip_best = finished, True
+        with self.detail("writes"):  # handing the files over, and the wait for them where the run waits
+            self.writer.submit(self.last, last, strip=strip_last)
             if kept:  # a resumable checkpoint of its own, as last.pt is at that epoch
-                self.writer.submit(self.last.with_name(f"epoch{epoch + 1}.pt"), payload, strip=finished)
-            if improved:
+                self.writer.submit(self.last.with_name(f"epoch{epoch + 1}.pt"), last, strip=strip_last)
+            if best is not None:
                 self.held_best = None
-                self.writer.submit(self.best, payload, strip=True)
+                self.writer.submit(self.best, best, strip=strip_best)
             else:
                 self._submit_held_best()
             if must:
                 self.writer.drain()
         self.cadence.wrote(started)
+        self.handed_over_at = self.writer.write_seconds
 
     def judged(self, improved: bool, fields: dict[str, Any]) -> None:
         """The candidate's epoch was judged: when it ``improved``, it becomes the held best.pt with ``fields``
@@ -301,7 +324,7 @@ class RunCheckpoints:
     def _submit_held_best(self) -> None:
         if self.held_best is not None:
             held, self.held_best = self.held_best, None
-            self.writer.submit(self.best, held)
+            self.writer.submit(self.best, encode_checkpoint(held, self.best) if self.serialise_here else held)
 
     def _say_once(self) -> None:
         if not self.said_so:

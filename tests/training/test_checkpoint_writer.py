@@ -7,7 +7,8 @@ import torch
 
 from detector.checkpoint import CheckpointError, is_stripped, load_checkpoint, save_checkpoint
 from detector.training import checkpoint_writer
-from detector.training.checkpoint_writer import Cadence, CheckpointWriter, RunCheckpoints, snapshot, stripped_snapshot
+from detector.training.checkpoint_writer import (Cadence, CheckpointWriter, RunCheckpoints, encode_checkpoint, snapshot,
+                                                 stripped_snapshot)
 from tests.conftest import FakeClock
 
 
@@ -91,18 +92,20 @@ def test_a_full_disk_leaves_the_previous_checkpoint_and_stops_with_one_line(tmp_
     assert not writer._thread.is_alive()
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_a_write_torch_fails_is_one_line_and_never_a_silent_thread_death(tmp_path: Path, monkeypatch, background: bool):
+@pytest.mark.parametrize("encoded", [False, True])
+def test_a_write_torch_fails_is_one_line_and_never_a_silent_thread_death(tmp_path: Path, monkeypatch, encoded: bool):
     """A full disk inside torch.save came out as torch's "RuntimeError: [enforce fail at inline_container.cc] unexpected
-    pos", the OSError saying why only chained inside it: a traceback on the CPU, and on a GPU (the writer in the
-    background) a thread that died of it, its run going on without checkpoints. A file-size limit fails the same
-    write, for real, without a small disk."""
+    pos", the OSError saying why only chained inside it: a writer thread that died of it, its run going on without
+    checkpoints. A file-size limit fails the same write, for real, without a small disk; the CPU's encoded bytes
+    (``encoded``) fail in the write itself, and say so in the same line."""
     resource = pytest.importorskip("resource", reason="no file-size limit here (not a Unix)")
 
-    writer = CheckpointWriter(background=background)
+    writer = CheckpointWriter()
     writer.submit(tmp_path / "last.pt", payload(0))
     writer.drain()
     big = {**payload(1), "model": {"w": torch.zeros(1 << 20)}}  # 4 MB, over the limit below
+    if encoded:
+        big = encode_checkpoint(big, tmp_path / "last.pt")
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, hard))  # Python ignores SIGXFSZ: the write fails, EFBIG
     try:
@@ -115,7 +118,7 @@ def test_a_write_torch_fails_is_one_line_and_never_a_silent_thread_death(tmp_pat
     assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 0
     assert [p.name for p in tmp_path.iterdir()] == ["last.pt"]
     # Any other failure of a write reaches the training thread too, as it is (a bug keeps its traceback).
-    failing = CheckpointWriter(lambda payload, path: 1 / 0, background=background)
+    failing = CheckpointWriter(lambda payload, path: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         failing.submit(tmp_path / "best.pt", payload(2))
         failing.drain()
@@ -124,17 +127,25 @@ def test_a_write_torch_fails_is_one_line_and_never_a_silent_thread_death(tmp_pat
     assert not failing._busy and (failing._thread is None or not failing._thread.is_alive())
 
 
-def test_synchronous_mode_writes_on_the_callers_thread(tmp_path: Path):
-    threads = []
+def test_encoded_bytes_are_written_as_they_are_and_refuse_non_finite_weights(tmp_path: Path):
+    """The CPU's checkpoints: serialised on the training thread, the writer thread writes the bytes. The file is what
+    ``save_checkpoint`` writes from the dict; non-finite weights are refused at encoding, naming the file."""
+    threads, kinds = [], []
 
-    def recording_save(data: dict, path: Path) -> None:
-        threads.append(threading.current_thread())
+    def recording_save(data: object, path: Path) -> None:
+        threads.append(threading.current_thread()), kinds.append(type(data))
         save_checkpoint(data, path)
 
-    writer = CheckpointWriter(save=recording_save, background=False)
-    writer.submit(tmp_path / "last.pt", payload(3))
-    assert threads == [threading.current_thread()] and load_checkpoint(tmp_path / "last.pt")["epoch"] == 3
+    writer = CheckpointWriter(save=recording_save)
+    writer.submit(tmp_path / "last.pt", encode_checkpoint(payload(3), tmp_path / "last.pt"))
     writer.close()
+    assert kinds == [memoryview] and threads[0] is not threading.current_thread()
+    save_checkpoint(payload(3), tmp_path / "direct.pt")
+    assert (tmp_path / "last.pt").read_bytes() == (tmp_path / "direct.pt").read_bytes()
+    assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 3
+    poisoned = {**payload(4), "model": {"w": torch.tensor([1.0, float("nan")])}}
+    with pytest.raises(CheckpointError, match=r"last.pt: refusing to save non-finite 'model' weights"):
+        encode_checkpoint(poisoned, tmp_path / "last.pt")
 
 
 def test_the_cadence_keeps_writes_to_their_share_of_the_run():
@@ -147,6 +158,10 @@ def test_the_cadence_keeps_writes_to_their_share_of_the_run():
     assert not cadence.due() and cadence.due(must=True)
     clock.now += 0.5  # 12.5 s: exactly 2%
     assert cadence.due()
+    # On the CPU the writer thread's seconds for those files count too: 0.25 + 0.25 s wait for 25 s
+    assert not cadence.due(writer_seconds=0.25)
+    clock.now += 12.5
+    assert cadence.due(writer_seconds=0.25)
 
 
 def full_checkpoint(epoch: int) -> dict:
@@ -157,10 +172,11 @@ def full_checkpoint(epoch: int) -> dict:
 
 def test_best_pt_keeps_an_improvement_made_between_writes(tmp_path: Path):
     clock, said = FakeClock(tick=0.1), []  # every write costs 0.1 s: due again 5 s after the last one
-    checkpoints = RunCheckpoints(tmp_path, background=False, log=said.append,
+    checkpoints = RunCheckpoints(tmp_path, serialise_here=True, log=said.append,
                                  cadence=Cadence(share=0.02, clock=clock))
     clock.now = 1.0
     checkpoints.epoch_done(lambda: full_checkpoint(0), improved=True, finished=False, wait=False)
+    checkpoints.writer.drain()
     assert load_checkpoint(tmp_path / "last.pt")["epoch"] == 0
     for epoch in (1, 2):  # short epochs: last.pt is not due, and epoch 1 was the best
         clock.now += 1.0
@@ -180,10 +196,11 @@ def test_an_epoch_still_being_scored_leaves_a_candidate_that_its_verdict_makes_b
     """--val-background: an epoch's best.pt is known one epoch later; its candidate is that epoch's weights, with
     the metrics and best fitness its verdict brings, whether or not its own last.pt was due."""
     clock = FakeClock(tick=0.1)  # every write costs 0.1 s: due again 5 s after the last one
-    checkpoints = RunCheckpoints(tmp_path, background=False, log=print, cadence=Cadence(share=0.02, clock=clock))
+    checkpoints = RunCheckpoints(tmp_path, serialise_here=True, log=print, cadence=Cadence(share=0.02, clock=clock))
     checkpoints.epoch_done(lambda: full_checkpoint(0), improved=True, finished=False, wait=False)
     clock.now += 100.0 if due else 1.0
     checkpoints.epoch_done(lambda: full_checkpoint(1), improved=None, finished=False, wait=False)
+    checkpoints.writer.drain()
     assert load_checkpoint(tmp_path / "last.pt")["epoch"] == (1 if due else 0)
     checkpoints.judged(True, {"metrics": {"mAP50-95": 0.5}, "best_fitness": 0.5, "best_epoch": 1})
     checkpoints.epoch_done(lambda: full_checkpoint(2), improved=None, finished=False, wait=False)
@@ -194,51 +211,58 @@ def test_an_epoch_still_being_scored_leaves_a_candidate_that_its_verdict_makes_b
     assert best["metrics"] == {"mAP50-95": 0.5} and (best["best_fitness"], best["best_epoch"]) == (0.5, 1)
 
 
-def test_a_finished_run_writes_at_once_and_strips_last_pt(tmp_path: Path):
+@pytest.mark.parametrize("serialise_here", [False, True])
+@pytest.mark.parametrize("improved", [False, True])
+def test_a_finished_run_writes_at_once_and_strips_last_pt(tmp_path: Path, serialise_here: bool, improved: bool):
     clock = FakeClock()
-    checkpoints = RunCheckpoints(tmp_path, background=True, log=print, cadence=Cadence(share=0.02, clock=clock))
+    checkpoints = RunCheckpoints(tmp_path, serialise_here=serialise_here, log=print,
+                                 cadence=Cadence(share=0.02, clock=clock))
     checkpoints.epoch_done(lambda: full_checkpoint(0), improved=True, finished=False, wait=False)
     clock.now += 0.1  # far too soon for the cadence, but the run finished
-    checkpoints.epoch_done(lambda: full_checkpoint(1), improved=False, finished=True, wait=False)
+    checkpoints.epoch_done(lambda: full_checkpoint(1), improved=improved, finished=True, wait=False)
     last = load_checkpoint(tmp_path / "last.pt")  # on disk before epoch_done returned
     assert last["epoch"] == 1 and is_stripped(last)
-    assert load_checkpoint(tmp_path / "best.pt")["epoch"] == 0
+    best = load_checkpoint(tmp_path / "best.pt")
+    assert best["epoch"] == (1 if improved else 0) and is_stripped(best)
     checkpoints.close()
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_only_a_background_writer_copies_the_live_state(tmp_path: Path, monkeypatch, background: bool):
-    """In the background the next steps change the live tensors while the file is written: it gets a copy. A
-    synchronous writer (the CPU's) has the file on disk before epoch_done returns, so it writes the live tensors
-    as they are and skips the copy. Either way the file holds that epoch's values, not a later step's."""
+@pytest.mark.parametrize("serialise_here", [False, True])
+def test_the_written_file_holds_the_epochs_values_and_only_a_gpu_run_copies_them(tmp_path: Path, monkeypatch,
+                                                                               serialise_here: bool):
+    """The next steps change the live tensors while the writer thread works. A GPU run hands it a copy to serialise;
+    a CPU run (``serialise_here``) serialises the live state before epoch_done returns, with no copy. Either way
+    the files hold that epoch's values, not a later step's."""
     start_writing = threading.Event()
-    if not background:
-        start_writing.set()  # a synchronous write happens inside epoch_done: it must not wait for the change below
+    kinds = []
 
-    def slow_save(checkpoint: dict, path: Path) -> None:
-        start_writing.wait(timeout=10)  # in the background, the live weights change before this write starts
+    def slow_save(checkpoint: object, path: Path) -> None:
+        start_writing.wait(timeout=10)  # the live weights change before this write starts
+        kinds.append(type(checkpoint))
         save_checkpoint(checkpoint, path)
 
     copies = []
     monkeypatch.setattr(checkpoint_writer, "snapshot", lambda value: copies.append(value) or snapshot(value))
     live = full_checkpoint(1)
-    checkpoints = RunCheckpoints(tmp_path, background=background, log=print)
+    checkpoints = RunCheckpoints(tmp_path, serialise_here=serialise_here, log=print)
     checkpoints.writer._save = slow_save
     checkpoints.epoch_done(lambda: live, improved=True, finished=False, wait=False)
     live["model"]["w"].fill_(7.0)  # the next step
     start_writing.set()
     checkpoints.close()
-    assert len(copies) == (1 if background else 0)
+    assert len(copies) == (0 if serialise_here else 1)
+    assert kinds == [memoryview if serialise_here else dict] * 2
     for name in ("last.pt", "best.pt"):
         assert torch.equal(load_checkpoint(tmp_path / name)["model"]["w"].float(), torch.ones(4))
+    assert is_stripped(load_checkpoint(tmp_path / "best.pt")) and not is_stripped(load_checkpoint(tmp_path / "last.pt"))
 
 
-@pytest.mark.parametrize("background", [True, False])
-def test_save_period_keeps_every_nth_epoch_as_a_resumable_file_of_its_own(tmp_path: Path, background: bool):
+@pytest.mark.parametrize("serialise_here", [False, True])
+def test_save_period_keeps_every_nth_epoch_as_a_resumable_file_of_its_own(tmp_path: Path, serialise_here: bool):
     """--save-period 2 (Ultralytics' save_period): epochs 2 and 4 (counted from 1) each leave epoch<N>.pt, a full
     last.pt of that epoch, though short epochs make last.pt due only now and then; the others leave none."""
     clock = FakeClock(tick=0.1)  # every write costs 0.1 s: due again 5 s after the last one
-    checkpoints = RunCheckpoints(tmp_path, background=background, log=print,
+    checkpoints = RunCheckpoints(tmp_path, serialise_here=serialise_here, log=print,
                                  cadence=Cadence(share=0.02, clock=clock), period=2)
     for epoch in range(5):
         clock.now += 0.5  # far too soon for the cadence
