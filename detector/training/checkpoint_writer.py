@@ -77,7 +77,7 @@ def encode_checkpoint(payload: dict[str, Any], path: Path) -> memoryview:
 
 
 class CheckpointWriter:
-    """One background thread that writes checkpoint snapshots (see the module docstring).
+    """One background thread that writes checkpoints, snapshots or encoded bytes (see the module docstring).
 
     Args:
         save: writes one payload to one path (tests inject failures here); default :func:`save_checkpoint`.
