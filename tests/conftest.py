@@ -243,25 +243,33 @@ def tiny_split(tmp_path: Path) -> SplitData:
 
 # The nano checkpoint shared by the command and inference tests, and its FP32 ONNX export.
 @pytest.fixture(scope="session")
-def model() -> YOLO:
+def session_model() -> YOLO:
+    """The model behind the session's checkpoint and ONNX export; no folder overrides this name. Built from
+    ``model``, which tests/exporting overrides, they were cached with whichever ``model`` asked first: a worker that
+    ran an export test first gave the inference tests another model's checkpoint (a CI run failed on it)."""
     return lively_model(randomise_boxes=False)  # scores varied, so NMS has no ties to break
 
 
 @pytest.fixture(scope="session")
-def checkpoint(model: YOLO, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_checkpoint(model, tmp_path_factory.mktemp("weights") / "best.pt")
+def model(session_model: YOLO) -> YOLO:
+    return session_model
 
 
 @pytest.fixture(scope="session")
-def onnx_fp32(model: YOLO, checkpoint: Path) -> Path:
+def checkpoint(session_model: YOLO, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_checkpoint(session_model, tmp_path_factory.mktemp("weights") / "best.pt")
+
+
+@pytest.fixture(scope="session")
+def onnx_fp32(session_model: YOLO, checkpoint: Path) -> Path:
     """Fixed-shape FP32 export with batch 2 (so a 3-image batch exercises the chunking)."""
     pytest.importorskip("onnx", reason="the ONNX backend needs an ONNX export (the 'export' extra)")
     pytest.importorskip("onnxruntime", reason="the ONNX backend runs on onnxruntime (the 'export' extra)")
     from detector.exporting import export_onnx  # imports onnx
     from detector.model.metadata import ModelInfo
 
-    info = ModelInfo(names=NAMES, strides=model.strides, imgsz=MODEL_IMGSZ, batch=2)
-    return export_onnx(model, checkpoint.with_suffix(".onnx"), info)
+    info = ModelInfo(names=NAMES, strides=session_model.strides, imgsz=MODEL_IMGSZ, batch=2)
+    return export_onnx(session_model, checkpoint.with_suffix(".onnx"), info)
 
 
 def write_records(folder: Path, count: int, seed: int) -> Records:
