@@ -5,7 +5,7 @@ optimizer state and BatchNorm counters while the writer works; then it hands it 
 goes on training. On a GPU that is a snapshot (every tensor copied to the CPU, :func:`snapshot`), which the writer
 serialises and writes. On the CPU (``serialise_here``) it is the file's bytes (:func:`encode_checkpoint`): the live
 state serialised without a copy, since a copy cost a CPU run ~2%, and a writer thread that serialised took cores
-from the step; the writer only writes them and waits for the disk (``fsync``), which takes no core.
+from the step; the writer only writes them (a copy into the page cache) and waits for the disk (``fsync``).
 The writer:
 
 * writes through :func:`detector.checkpoint.save_checkpoint` (atomic: a temporary file renamed over the old one), so
